@@ -1,0 +1,1 @@
+"""longctx: long-context language-model research framework (power attention, ICL metrics)."""

@@ -1,0 +1,113 @@
+"""Where metrics go: metrics.jsonl in the run directory, wandb (offline by default), and the ICL-curve PNG."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+class JsonlLogger:
+    """One JSON object per evaluation, appended to <run_dir>/metrics.jsonl."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / "metrics.jsonl"
+
+    def log(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop evaluations newer than the checkpoint (they are redone identically), atomically."""
+        kept = [r for r in self.records() if r["step"] <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+class WandbLogger:
+    """wandb run in <run_dir>/wandb; mode offline (sync later with `wandb sync`), online or disabled."""
+
+    def __init__(self, cfg_logger, run_dir: str | Path, config: dict, run_name: str, resume_id: str | None):
+        import wandb
+
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=cfg_logger.wandb.project, entity=cfg_logger.wandb.entity, group=cfg_logger.wandb.group,
+            tags=list(cfg_logger.wandb.tags), name=run_name, config=config, dir=str(run_dir),
+            mode=cfg_logger.wandb.mode, id=resume_id, resume="allow" if resume_id else None,
+        )
+        self.id = self.run.id if self.run is not None else None
+
+    def log_train(self, step: int, scalars: dict) -> None:
+        self.run.log(scalars, step=step)
+
+    def log_eval(self, step: int, record: dict, png: Path | None) -> None:
+        wandb = self._wandb
+        scalars = {f"eval/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        centers = [float(np.sqrt(max(a, 1) * b)) for a, b, _ in record["icl_curve"]]
+        ys = [[v for _, _, v in record["icl_curve"]]]
+        keys = ["model"]
+        if "bayes_curve" in record:
+            ys.append([v for _, _, v in record["bayes_curve"]])
+            keys.append("bayes_optimal")
+        scalars["eval/icl_curve"] = wandb.plot.line_series(
+            xs=centers, ys=ys, keys=keys, title=f"ICL curve (step {step})", xname="position")
+        table = wandb.Table(columns=["step", "bin_start", "bin_end", "loss"],
+                            data=[[step, a, b, v] for a, b, v in record["icl_curve"]])
+        scalars["eval/icl_table"] = table
+        if png is not None and png.exists():
+            scalars["eval/icl_curves_png"] = wandb.Image(str(png))
+        self.run.log(scalars, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def plot_icl_curves(records: list[dict], path: str | Path, title: str) -> Path:
+    """ICL curves of every evaluation (colour = training step) with the Bayes-optimal curve dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    cmap = plt.get_cmap("viridis")
+    steps = [r["step"] for r in records]
+    for i, rec in enumerate(records):
+        centers = [np.sqrt(max(a, 1) * b) for a, b, _ in rec["icl_curve"]]
+        color = cmap(i / max(1, len(records) - 1))
+        ax.plot(centers, [v for *_, v in rec["icl_curve"]], color=color, marker=".", lw=1.2,
+                label=f"step {rec['step']}" if i in (0, len(records) - 1) else None)
+    if records and "bayes_curve" in records[-1]:
+        rec = records[-1]
+        centers = [np.sqrt(max(a, 1) * b) for a, b, _ in rec["bayes_curve"]]
+        ax.plot(centers, [v for *_, v in rec["bayes_curve"]], "k--", lw=1.5, label="Bayes-optimal")
+    ax.set_xscale("log")
+    ax.set_xlabel("position in context (log scale; bin centres)")
+    ax.set_ylabel("heldout loss (nats)")
+    ax.set_title(title, fontsize=10)
+    if steps:
+        sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(min(steps), max(steps)))
+        fig.colorbar(sm, ax=ax, label="training step")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,307 @@
+"""The training loop. Components are built in dependency order (torchtitan's habit):
+config -> distributed -> data description -> model -> optimizer -> scheduler -> data readers -> checkpoint
+-> loggers -> loop. Each stateful piece has state_dict()/load_state_dict(); the checkpoint collects them.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from longctx.models import ModelSpec, build_model
+from longctx.train import checkpoint as ckpt
+from longctx.train.config import validate
+from longctx.train.data import build_heldout, build_train_reader, resolve_splits
+from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
+from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves
+from longctx.train.metrics import icl_summary
+from longctx.train.optim import build_optimizer, build_scheduler
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("config: device='cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+def model_vocab_size(data_vocab: int) -> int:
+    """Large vocabularies are padded to a multiple of 64 (faster matmuls; nanoGPT's 50257 -> 50304)."""
+    return data_vocab if data_vocab < 1024 else 64 * math.ceil(data_vocab / 64)
+
+
+def model_spec(cfg: DictConfig, vocab_size: int) -> ModelSpec:
+    att = cfg.attention
+    return ModelSpec(
+        arch=cfg.arch.name, attention=att.name, vocab_size=vocab_size, d_model=cfg.model.d_model,
+        n_layers=cfg.model.n_layers, n_heads=cfg.model.n_heads, mlp_ratio=cfg.model.mlp_ratio, ctx=cfg.ctx,
+        p=att.get("p", cfg.p), window=att.get("window", cfg.window), chunk_size=att.get("chunk_size"),
+        gating=att.get("gating", True), rope_base=cfg.arch.rope_base,
+        checkpoint_activations=cfg.trainer.activation_checkpointing,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig):
+        validate(cfg)
+        self.cfg = cfg
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        self.device = pick_device(cfg.device)
+        self.dist: DistInfo = init_distributed(self.device.type)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)
+        self.run_dir = Path(cfg.run_dir)
+        if cfg.data.docs_per_batch % self.dist.world_size:
+            raise ValueError(f"data.docs_per_batch={cfg.data.docs_per_batch} is not divisible by the "
+                             f"world size {self.dist.world_size}")
+        resume_from = self._check_run_dir()
+        seed_everything(cfg.seed)
+
+        # Data description first: the model's vocabulary comes from it. Rank 0 generates the default
+        # dataset if needed; the others wait for it.
+        if self.dist.is_main:
+            self.splits = resolve_splits(cfg.data, cfg.ctx)
+        barrier(self.dist)
+        if not self.dist.is_main:
+            self.splits = resolve_splits(cfg.data, cfg.ctx)
+        self.spec = model_spec(cfg, model_vocab_size(self.splits.info["vocab_size"]))
+
+        self.model = build_model(self.spec).to(self.device)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.trainer.max_steps)
+        self.train_model = self.model
+        if cfg.trainer.compile:
+            self.train_model = torch.compile(self.model)
+        if self.dist.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
+
+        self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.dist.rank, self.dist.world_size,
+                                         self.spec.vocab_size)
+        self.heldout = build_heldout(self.splits, cfg.data, cfg.ctx)
+        self.bayes_curve = (self.heldout["bayes_nll"].double().mean(0).numpy()
+                            if self.heldout.get("bayes_nll") is not None else None)
+
+        self.step, self.tokens, self.elapsed = 0, 0, 0.0
+        self.wandb_id = None
+        if resume_from is not None:
+            self._load(resume_from)
+
+        self.jsonl = JsonlLogger(self.run_dir) if self.dist.is_main else None
+        self.wandb = None
+        if self.dist.is_main:
+            self._write_config()
+            if resume_from is not None:
+                self.jsonl.truncate_after(self.step)
+            if cfg.logger.wandb.mode != "disabled":
+                self.wandb = WandbLogger(cfg.logger, self.run_dir, OmegaConf.to_container(cfg, resolve=True),
+                                         cfg.run_name, self.wandb_id)
+                self.wandb_id = self.wandb.id
+
+    # ----- run directory, config, checkpoints -------------------------------------------------------------
+    def _check_run_dir(self) -> Path | None:
+        """Never overwrite an earlier run: continue it only when asked (trainer.resume)."""
+        resume = self.cfg.trainer.resume
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        used = latest is not None or (self.run_dir / "metrics.jsonl").exists()
+        if resume is True and latest is None:
+            raise FileNotFoundError(f"trainer.resume=true but {self.run_dir} holds no checkpoint "
+                                    f"(looked in {ckpt.checkpoint_dir(self.run_dir)})")
+        if resume is False and used:
+            raise FileExistsError(
+                f"{self.run_dir} already holds a run (checkpoint: {latest[1].name if latest else 'none'}); "
+                f"pass trainer.resume=true (or auto) to continue it, or run_name=<new name> to start another. "
+                f"Nothing was overwritten.")
+        if latest is not None and self.dist.is_main:
+            print(f"resuming from {latest[1]} (step {latest[0]})", flush=True)
+        return latest[1] if latest is not None else None
+
+    def _write_config(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        name = "config.yaml" if self.step == 0 else f"config.resume_step{self.step}.yaml"
+        path = self.run_dir / name
+        if not path.exists():
+            path.write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "data": self.reader.state_dict(),
+            "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "rng": rng_state(),
+            "config": OmegaConf.to_container(self.cfg, resolve=True), "wandb_id": self.wandb_id,
+            "spec": self.spec.__dict__,
+        }
+
+    def _load(self, path: Path) -> None:
+        state = ckpt.load_checkpoint(path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.reader.load_state_dict(state["data"])
+        self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
+        self.wandb_id = state.get("wandb_id")
+        set_rng_state(state["rng"])
+
+    def save(self) -> None:
+        if self.dist.is_main:
+            ckpt.save_checkpoint(self.run_dir, self.step, self.state_dict(), self.cfg.trainer.keep_checkpoints)
+        barrier(self.dist)
+
+    # ----- numerics ---------------------------------------------------------------------------------------
+    def autocast(self):
+        precision = self.cfg.trainer.precision
+        if precision == "bf16" or (precision == "auto" and self.device.type == "cuda"):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self, batch: dict) -> float:
+        """One optimizer step over the local batch, in micro-batches of trainer.micro_docs documents."""
+        inputs, targets = batch["inputs"].to(self.device), batch["targets"].to(self.device)
+        local_docs = inputs.shape[0]
+        micro = self.cfg.trainer.micro_docs or local_docs
+        starts = list(range(0, local_docs, micro))
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        for i, s in enumerate(starts):
+            sync = i == len(starts) - 1
+            no_sync = (self.train_model.no_sync() if self.dist.enabled and not sync else contextlib.nullcontext())
+            with no_sync, self.autocast():
+                nll = self.train_model(inputs[s:s + micro], targets[s:s + micro])  # (docs, t) fp32
+                loss = nll.sum() / targets.numel()
+            loss.backward()
+            loss_sum += loss.detach().double()
+        loss_value = float(all_reduce_sum(loss_sum, self.dist).item()) / self.dist.world_size
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"non-finite training loss {loss_value} at step {self.step}; stopping")
+        if self.cfg.optim.grad_clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+            if not torch.isfinite(grad_norm):
+                raise FloatingPointError(f"non-finite gradient norm at step {self.step}; stopping")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_value
+
+    @torch.no_grad()
+    def per_position_loss(self) -> np.ndarray:
+        """Mean next-token NLL at each position over the fixed heldout subset, all ranks together."""
+        self.model.eval()
+        inputs, targets = self.heldout["inputs"], self.heldout["targets"]
+        n = inputs.shape[0]
+        share = range(self.dist.rank * n // self.dist.world_size, (self.dist.rank + 1) * n // self.dist.world_size)
+        micro = self.cfg.trainer.micro_docs or self.cfg.data.docs_per_batch
+        total = torch.zeros(inputs.shape[1], device=self.device, dtype=torch.float64)
+        for s in range(share.start, share.stop, micro):
+            e = min(s + micro, share.stop)
+            with self.autocast():
+                nll = self.model(inputs[s:e].to(self.device), targets[s:e].to(self.device))
+            total += nll.double().sum(0)
+        total = all_reduce_sum(total, self.dist) / n
+        self.model.train()
+        return total.cpu().numpy()
+
+    def evaluate(self, train_loss: float, tokens_per_s: float) -> dict:
+        curve = self.per_position_loss()
+        record = {"step": self.step, "tokens": self.tokens, "elapsed_s": round(self.elapsed, 2),
+                  "train_loss": train_loss, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s}
+        record.update(icl_summary(curve, self.cfg.trainer.icl_bins, self.bayes_curve))
+        record["per_position_loss"] = [round(float(x), 5) for x in curve]
+        if self.dist.is_main:
+            self.jsonl.log(record)
+            png = plot_icl_curves(self.jsonl.records(), self.run_dir / "icl_curves.png",
+                                  f"{self.cfg.run_name}: ICL curves over training")
+            if self.wandb is not None:
+                self.wandb.log_eval(self.step, record, png)
+        return record
+
+    # ----- loop -------------------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        cfg = self.cfg
+        max_steps, eval_every = cfg.trainer.max_steps, cfg.trainer.eval_every
+        batches = iter(self.reader)
+        bar = tqdm(total=max_steps, initial=self.step, desc=cfg.run_name, disable=not self.dist.is_main,
+                   dynamic_ncols=True)
+        window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
+        record = None
+        while self.step < max_steps:
+            batch = next(batches)
+            t0 = time.time()
+            loss = self.train_step(batch)
+            self.step += 1
+            step_tokens = batch["targets"].numel() * self.dist.world_size
+            self.tokens += step_tokens
+            self.elapsed += time.time() - t0
+            window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + step_tokens
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+            if self.wandb is not None:
+                self.wandb.log_train(self.step, {"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0],
+                                                 "train/tokens": self.tokens})
+            if self.step % eval_every == 0 or self.step == max_steps:
+                tokens_per_s = window_tokens / max(1e-9, time.time() - window_start)
+                record = self.evaluate(window_loss / window_steps, tokens_per_s)
+                self.save()
+                if self.dist.is_main:
+                    bar.write(self._describe(record))
+                window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
+        bar.close()
+        if record is None:  # resumed a finished run: report its last evaluation
+            records = self.jsonl.records() if self.jsonl else []
+            record = records[-1] if records else self.evaluate(float("nan"), 0.0)
+        if self.dist.is_main:
+            print(self._final_summary(record), flush=True)
+        if self.wandb is not None:
+            self.wandb.finish()
+        shutdown(self.dist)
+        return record
+
+    @staticmethod
+    def _describe(rec: dict) -> str:
+        text = (f"step {rec['step']:>6d} | train {rec['train_loss']:.4f} | best-context {rec['best_context_loss']:.4f}"
+                f" | last10% {rec['last10_loss']:.4f}")
+        if "last_bin_gap" in rec:
+            text += f" | gap to Bayes: last bin {rec['last_bin_gap']:+.4f}, best {rec['best_context_gap']:+.4f}"
+        return text
+
+    def _final_summary(self, rec: dict) -> str:
+        lines = [f"final (step {rec['step']}, {rec['tokens']:,} tokens) -> {self.run_dir}",
+                 f"  best-context loss {rec['best_context_loss']:.4f} (bin {rec['best_context_bin']})"
+                 f", last-10% loss {rec['last10_loss']:.4f}"]
+        if "bayes_curve" in rec:
+            lines.append(f"  Bayes-optimal best-context loss {rec['bayes_best_context_loss']:.4f}: gap "
+                         f"{rec['best_context_gap']:+.4f} nats; last-bin gap {rec['last_bin_gap']:+.4f} nats")
+        lines.append(f"  metrics: {self.run_dir / 'metrics.jsonl'}  plot: {self.run_dir / 'icl_curves.png'}")
+        return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> dict:
+    return Trainer(cfg).fit()

@@ -1,0 +1,60 @@
+"""Shared fixtures: Hydra composition of the real config, a small cached ICL dataset, GPU skipping."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Overrides that make the real default run small enough for the CPU test suite.
+TINY = [
+    "trainer.max_steps=6", "trainer.eval_every=3", "logger.wandb.mode=disabled",
+    "data.train_tokens=262144", "data.n_heldout=64", "data.eval_docs=32", "data.docs_per_batch=8",
+    "ctx=64", "trainer.num_threads=2",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def tiny():
+    """Overrides (a list) that make the real default run small enough for the CPU test suite."""
+    return list(TINY)
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """One dataset cache for the whole session (generated once, on first use)."""
+    return tmp_path_factory.mktemp("longctx_cache")
+
+
+@pytest.fixture
+def compose(data_cache):
+    """compose(*overrides) -> the real conf/ config, as train.py would see it (run_dir set by the caller)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    def _compose(*overrides: str):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            return hydra_compose("config", overrides=[f"cache_dir={data_cache}", *overrides])
+
+    return _compose
+
+
+@pytest.fixture
+def train_env(data_cache):
+    """Environment for running train.py in a subprocess (CPU, the session's dataset cache)."""
+    env = dict(os.environ)
+    env["LONGCTX_CACHE"] = str(data_cache)
+    env["WANDB_SILENT"] = "true"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env

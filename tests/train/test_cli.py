@@ -1,0 +1,147 @@
+"""The real entry point and config: composition, validation errors naming their key, runs, resume."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from longctx.train.config import validate
+from longctx.train.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[2]
+ICL_ONLY = ("data.train_tokens", "data.n_heldout")
+
+
+def generic(overrides):
+    """The tiny overrides that apply to any data config (drops the ICL generator's sizes)."""
+    return [o for o in overrides if not o.startswith(ICL_ONLY)]
+
+
+def run_cli(args, env, cwd):
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_mission_overrides_compose_as_typed(compose):
+    cfg = compose("attention=power", "p=2", "ctx=65536")
+    validate(cfg)
+    assert cfg.attention.name == "power" and cfg.attention.p == 2 and cfg.ctx == 65536
+    assert cfg.run_name == "gpt2_power_p2_tiny_ctx65536_s0"
+    for name in ("small", "medium", "large"):
+        m = compose(f"model={name}").model
+        assert (m.d_model, m.n_layers, m.n_heads, m.mlp_ratio) == {
+            "small": (768, 12, 12, 4), "medium": (1024, 24, 16, 4), "large": (1280, 36, 20, 4)}[name]
+    cfg = compose()
+    assert cfg.trainer.max_steps > 0 and cfg.trainer.eval_every > 0 and cfg.logger.wandb.mode == "offline"
+
+
+def test_unknown_key_is_refused_naming_it(compose):
+    with pytest.raises(ConfigCompositionException, match="trainer.max_stepz"):
+        compose("trainer.max_stepz=3")
+
+
+def test_unknown_attention_is_refused_naming_the_group(compose):
+    with pytest.raises(ConfigCompositionException, match="attention/softmax"):
+        compose("attention=softmax")
+
+
+@pytest.mark.parametrize("override,key", [
+    ("ctx=0", "ctx"), ("p=7", "p"), ("trainer.precision=fp8", "trainer.precision"),
+    ("logger.wandb.mode=sometimes", "logger.wandb.mode"), ("model.n_heads=3", "model.d_model"),
+    ("trainer.resume=maybe", "trainer.resume"), ("optim.lr=-1", "optim.lr"), ("trainer.eval_every=0", "trainer.eval_every"),
+])
+def test_bad_values_name_their_key(compose, override, key):
+    extra = ["attention=power"] if override.startswith("p=") else []
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        validate(compose(override, *extra))
+
+
+def test_ctx_longer_than_documents_is_refused(compose, tiny, tmp_path):
+    cfg = compose(*tiny, "data.doc_len=128", "ctx=256", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(ValueError, match=r"ctx=256 is larger than the documents.*doc_len=128"):
+        Trainer(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_data_path_is_refused(compose, tiny, tmp_path):
+    cfg = compose(*generic(tiny), "data=longcrawl64", f"data.path={tmp_path / 'nowhere'}", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        Trainer(cfg)
+
+
+def test_data_of_wrong_dtype_or_shape_is_refused(compose, tiny, tmp_path):
+    import zarr
+
+    root = tmp_path / "bad"
+    zarr.open_array(str(root / "train.zarr"), mode="w", shape=(16, 256), dtype="float32", zarr_format=2)[:] = 1.0
+    zarr.open_array(str(root / "heldout.zarr"), mode="w", shape=(4, 256), dtype="uint16", zarr_format=2)[:] = 1
+    cfg = compose(*generic(tiny), "data=longcrawl64", f"data.path={root}", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(ValueError, match="float32"):
+        Trainer(cfg)
+    zarr.open_array(str(root / "train.zarr"), mode="w", shape=(16 * 256,), dtype="uint16", zarr_format=2)[:] = 1
+    with pytest.raises(ValueError, match="rank|2-D|2D|dimension"):
+        Trainer(compose(*generic(tiny), "data=longcrawl64", f"data.path={root}", f"run_dir={tmp_path / 'run'}"))
+
+
+def test_end_to_end_cli_run_then_resume(train_env, tiny, tmp_path):
+    """The real CLI, as a user types it: trains, evaluates, logs, checkpoints; refuses to overwrite; resumes."""
+    args = [*tiny, "hydra.run.dir=" + str(tmp_path / "run"), "logger.wandb.mode=offline"]
+    out = run_cli(args, train_env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6]
+    for r in records:
+        for key in ("step", "tokens", "best_context_loss", "icl_curve", "bayes_curve", "last10_loss"):
+            assert key in r, key
+        assert r["icl_curve"][0][0] == 0 and r["icl_curve"][-1][1] == 64
+        assert [b[:2] for b in r["bayes_curve"]] == [b[:2] for b in r["icl_curve"]]
+        assert r["best_context_loss"] == min(v for *_, v in r["icl_curve"])
+        assert np.isfinite(r["best_context_loss"])
+    assert records[-1]["tokens"] == 6 * 8 * 64
+    assert (run / "icl_curves.png").stat().st_size > 10_000
+    assert (run / "checkpoints" / "step_00000006.pt").exists()
+    assert (run / "config.yaml").exists() and any((run / "wandb").iterdir())
+    assert "best-context loss" in out.stdout and "Bayes-optimal" in out.stdout
+
+    # the same run again is refused, and nothing is touched
+    before = (run / "metrics.jsonl").read_bytes()
+    again = run_cli(args, train_env, tmp_path)
+    assert again.returncode != 0 and "trainer.resume" in again.stderr
+    assert (run / "metrics.jsonl").read_bytes() == before
+
+    # resume: continue to 9 steps
+    more = run_cli([*args, "trainer.resume=true", "trainer.max_steps=9"], train_env, tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3, 6, 9]
+    assert "resuming from" in more.stdout
+
+
+def test_resume_after_interruption_is_exact(compose, tiny, tmp_path):
+    """Kill after the step-3 checkpoint (simulated: drop what came after it); resuming reproduces step 6 exactly."""
+    full = tmp_path / "full"
+    Trainer(compose(*tiny, "trainer.keep_checkpoints=5", f"run_dir={full}")).fit()
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    (cut / "checkpoints" / "step_00000006.pt").unlink()
+    lines = (cut / "metrics.jsonl").read_text().splitlines()
+    (cut / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n")  # a step-6 line written before the kill
+    Trainer(compose(*tiny, "trainer.resume=true", f"run_dir={cut}")).fit()
+    a = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in b] == [3, 6]
+    for key in ("train_loss", "best_context_loss", "icl_curve", "per_position_loss", "tokens"):
+        assert a[-1][key] == b[-1][key], key
+
+
+@pytest.mark.parametrize("attention", ["exp", "power"])
+def test_each_attention_trains_through_the_cli_config(compose, tiny, tmp_path, attention):
+    rec = Trainer(compose(*tiny, f"attention={attention}", f"run_dir={tmp_path / attention}")).fit()
+    assert np.isfinite(rec["best_context_loss"]) and rec["step"] == 6

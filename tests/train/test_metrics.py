@@ -1,0 +1,71 @@
+"""Binning, best-context loss and last-10% mean on curves with known answers."""
+import math
+
+import numpy as np
+import pytest
+
+from longctx.train.metrics import bin_curve, exponential_bins, icl_summary, last_fraction_mean
+
+
+@pytest.mark.parametrize("ctx,num_bins", [(128, 16), (1000, 10), (65536, 32), (7, 16), (2, 4)])
+def test_bins_cover_context_exactly_once_and_grow(ctx, num_bins):
+    bins = exponential_bins(ctx, num_bins)
+    assert bins[0][0] == 0 and bins[-1][1] == ctx
+    assert all(a < b for a, b in bins)
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(bins[:-1], bins[1:]))  # contiguous, no overlap
+    widths = [b - a for a, b in bins]
+    if ctx >= 4 * num_bins:
+        assert widths[-1] > 4 * widths[0]  # bins widen along the context
+    assert len(bins) <= num_bins + 1  # position 0 (predicted from BOS alone) gets a bin of its own
+
+
+def test_bin_edges_are_geometric():
+    bins = exponential_bins(65536, 16)  # edges 0 and 65536^(i/16) = 2^i
+    assert [b for _, b in bins] == [2 ** i for i in range(0, 17)]
+    assert bins[0] == (0, 1)
+
+
+def test_bin_curve_means():
+    curve = np.arange(8, dtype=float)
+    assert bin_curve(curve, [(0, 1), (1, 4), (4, 8)]).tolist() == [0.0, 2.0, 5.5]
+
+
+def test_power_law_curve_best_context_is_last_bin():
+    ctx = 4096
+    curve = 2.0 + 3.0 * (np.arange(ctx) + 1.0) ** -0.5  # falls forever: best context = the last bin
+    s = icl_summary(curve, 12)
+    bins = exponential_bins(ctx, 12)
+    a, b = bins[-1]
+    assert s["best_context_bin"] == [a, b]
+    assert math.isclose(s["best_context_loss"], curve[a:b].mean(), rel_tol=1e-12)
+    assert math.isclose(s["last10_loss"], curve[-410:].mean(), rel_tol=1e-12)
+
+
+def test_u_shaped_curve_best_context_is_interior_minimum():
+    ctx = 1024
+    pos = np.arange(ctx) + 1.0
+    curve = 3.0 + (np.log(pos) - np.log(100.0)) ** 2  # minimum near position 100 (a model that breaks past it)
+    s = icl_summary(curve, 20)
+    a, b = s["best_context_bin"]
+    assert a <= 100 < b
+    assert s["best_context_loss"] == min(v for *_, v in s["icl_curve"])
+
+
+def test_summary_with_bayes_curve_reports_gaps():
+    ctx = 256
+    bayes = 1.0 + 1.0 / np.sqrt(np.arange(ctx) + 1.0)
+    model = bayes + 0.02
+    s = icl_summary(model, 8, bayes)
+    assert [r[:2] for r in s["bayes_curve"]] == [r[:2] for r in s["icl_curve"]]
+    assert math.isclose(s["last_bin_gap"], 0.02, abs_tol=1e-12)
+    assert math.isclose(s["best_context_gap"], 0.02, abs_tol=1e-12)
+
+
+def test_last_fraction_rounds_up_to_one_position():
+    assert last_fraction_mean(np.array([5.0, 1.0])) == 1.0
+    assert last_fraction_mean(np.arange(20.0)) == 18.5
+
+
+def test_bad_bins_argument_names_the_key():
+    with pytest.raises(ValueError, match="trainer.icl_bins"):
+        exponential_bins(128, 0)
