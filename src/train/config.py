@@ -46,6 +46,8 @@ def validate(cfg: DictConfig) -> None:
         _fail("trainer.precision", cfg.trainer.precision, f"expected one of {PRECISIONS}")
     if cfg.trainer.resume not in RESUME:
         _fail("trainer.resume", cfg.trainer.resume, "expected false, true or auto")
+    if cfg.trainer.on_nonfinite not in ("stop", "skip"):
+        _fail("trainer.on_nonfinite", cfg.trainer.on_nonfinite, "expected stop or skip")
     if cfg.logger.wandb.mode not in WANDB_MODES:
         _fail("logger.wandb.mode", cfg.logger.wandb.mode, f"expected one of {WANDB_MODES}")
     optim = cfg.optim

@@ -19,6 +19,7 @@ from longctx.models import ModelSpec, build_model
 from longctx.train import checkpoint as ckpt
 from longctx.train.config import validate
 from longctx.train.data import build_heldout, build_train_reader, resolve_splits
+from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves
 from longctx.train.metrics import icl_summary
@@ -97,6 +98,8 @@ class Trainer:
         self.spec = model_spec(cfg, model_vocab_size(self.splits.info["vocab_size"]))
 
         self.model = build_model(self.spec).to(self.device)
+        self.flops = flops_report(self.model, cfg.ctx)
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.trainer.max_steps)
         self.train_model = self.model
@@ -113,6 +116,7 @@ class Trainer:
                             if self.heldout.get("bayes_nll") is not None else None)
 
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
+        self.skipped_steps, self.consecutive_skips = 0, 0
         self.wandb_id = None
         if resume_from is not None:
             self._load(resume_from)
@@ -158,6 +162,7 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "data": self.reader.state_dict(),
             "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "rng": rng_state(),
+            "skipped_steps": self.skipped_steps,
             "config": OmegaConf.to_container(self.cfg, resolve=True), "wandb_id": self.wandb_id,
             "spec": self.spec.__dict__,
         }
@@ -170,6 +175,7 @@ class Trainer:
         self.reader.load_state_dict(state["data"])
         self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
         self.wandb_id = state.get("wandb_id")
+        self.skipped_steps = state.get("skipped_steps", 0)
         set_rng_state(state["rng"])
 
     def save(self) -> None:
@@ -200,16 +206,31 @@ class Trainer:
             loss.backward()
             loss_sum += loss.detach().double()
         loss_value = float(all_reduce_sum(loss_sum, self.dist).item()) / self.dist.world_size
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"non-finite training loss {loss_value} at step {self.step}; stopping")
-        if self.cfg.optim.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-            if not torch.isfinite(grad_norm):
-                raise FloatingPointError(f"non-finite gradient norm at step {self.step}; stopping")
-        self.optimizer.step()
+        clip = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip is not None else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        bad = [name for name, v in (("loss", loss_value), ("grad_norm", grad_norm)) if not math.isfinite(v)]
+        if bad:
+            self._non_finite(bad, loss_value, grad_norm)
+        else:
+            self.consecutive_skips = 0
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_value
+
+    def _non_finite(self, names: list[str], loss: float, grad_norm: float) -> None:
+        """Never a silent NaN run: stop naming the step and metric, or (trainer.on_nonfinite=skip) skip
+        the update, up to trainer.max_skipped_steps in a row."""
+        what = f"non-finite {' and '.join(names)} at step {self.step + 1} (loss={loss}, grad_norm={grad_norm})"
+        self.consecutive_skips += 1
+        self.skipped_steps += 1
+        if self.cfg.trainer.on_nonfinite == "stop":
+            raise FloatingPointError(f"{what}; stopping (trainer.on_nonfinite=stop)")
+        if self.consecutive_skips > self.cfg.trainer.max_skipped_steps:
+            raise FloatingPointError(f"{what}; {self.consecutive_skips} steps in a row, more than "
+                                     f"trainer.max_skipped_steps={self.cfg.trainer.max_skipped_steps}; stopping")
+        if self.dist.is_main:
+            print(f"warning: {what}; update skipped (trainer.on_nonfinite=skip)", flush=True)
 
     @torch.no_grad()
     def per_position_loss(self) -> np.ndarray:
@@ -232,7 +253,11 @@ class Trainer:
     def evaluate(self, train_loss: float, tokens_per_s: float) -> dict:
         curve = self.per_position_loss()
         record = {"step": self.step, "tokens": self.tokens, "elapsed_s": round(self.elapsed, 2),
-                  "train_loss": train_loss, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s}
+                  "train_loss": train_loss, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s,
+                  "skipped_steps": self.skipped_steps}
+        record.update({k: self.flops[k] for k in ("weight_flops_per_token", "state_flops_per_token", "wsfr")})
+        record["flops"] = self.tokens * self.flops["train_flops_per_token"]
+        record["mfu"] = mfu(tokens_per_s, self.flops["train_flops_per_token"], self.device_name, self.dist.world_size)
         record.update(icl_summary(curve, self.cfg.trainer.icl_bins, self.bayes_curve))
         record["per_position_loss"] = [round(float(x), 5) for x in curve]
         if self.dist.is_main:
@@ -252,6 +277,12 @@ class Trainer:
                    dynamic_ncols=True)
         window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
         record = None
+        budget = cfg.trainer.flops_budget
+        if self.dist.is_main:
+            params = sum(p.numel() for p in self.model.parameters())
+            print(f"{cfg.run_name}: {params / 1e6:.2f}M parameters on {self.device_name} x{self.dist.world_size}; "
+                  f"forward FLOPs/token weight {self.flops['weight_flops_per_token']:.3g}, state "
+                  f"{self.flops['state_flops_per_token']:.3g} (WSFR {format_ratio(self.flops['wsfr'])})", flush=True)
         while self.step < max_steps:
             batch = next(batches)
             t0 = time.time()
@@ -266,13 +297,18 @@ class Trainer:
             if self.wandb is not None:
                 self.wandb.log_train(self.step, {"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0],
                                                  "train/tokens": self.tokens})
-            if self.step % eval_every == 0 or self.step == max_steps:
+            out_of_budget = budget is not None and self.tokens * self.flops["train_flops_per_token"] >= budget
+            if self.step % eval_every == 0 or self.step == max_steps or out_of_budget:
                 tokens_per_s = window_tokens / max(1e-9, time.time() - window_start)
                 record = self.evaluate(window_loss / window_steps, tokens_per_s)
                 self.save()
                 if self.dist.is_main:
                     bar.write(self._describe(record))
                 window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
+            if out_of_budget:
+                if self.dist.is_main:
+                    bar.write(f"stopping at step {self.step}: trainer.flops_budget={budget:.3g} reached")
+                break
         bar.close()
         if record is None:  # resumed a finished run: report its last evaluation
             records = self.jsonl.records() if self.jsonl else []

@@ -1,0 +1,60 @@
+"""Weight and state FLOPs per token, and their ratio (WSFR), for a config given as train.py overrides.
+
+    python scripts/flops.py arch=gpt2 model=small attention=exp ctx=1024
+
+Prints a table; the last line is one JSON object with weight_flops_per_token, state_flops_per_token, wsfr.
+The vocabulary is the data's: icl_markov's `vocab + 1`, LongCrawl64's GPT-2 50257 (padded to 50304).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from longctx.models import build_model
+from longctx.train.config import validate
+from longctx.train.flops import flops_report, format_ratio
+from longctx.train.trainer import model_spec, model_vocab_size
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GPT2_VOCAB = 50257
+
+
+def main(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["run_dir=unused", *overrides])
+    validate(cfg)
+    vocab = cfg.data.vocab + 1 if cfg.data.name == "icl_markov" else GPT2_VOCAB
+    spec = model_spec(cfg, model_vocab_size(vocab))
+    with torch.device("meta"):  # shapes only: no memory, no init time, even for large models
+        model = build_model(spec)
+    report = flops_report(model, cfg.ctx)
+    # The paper's WSFR table appears to count weight FLOPs without the LM head (see README): report both.
+    lm_head = 2.0 * spec.d_model * spec.vocab_size
+    report["weight_flops_per_token_no_lm_head"] = report["weight_flops_per_token"] - lm_head
+    report["wsfr_no_lm_head"] = report["weight_flops_per_token_no_lm_head"] / report["state_flops_per_token"]
+    params = sum(p.numel() for p in model.parameters())
+    rows = [("arch", spec.arch), ("attention", cfg.attention.tag), ("model", cfg.model.name),
+            ("ctx", cfg.ctx), ("parameters", f"{params / 1e6:.1f}M"), ("vocab", spec.vocab_size),
+            ("weight FLOPs/token (fwd)", f"{report['weight_flops_per_token']:.4g}"),
+            ("state FLOPs/token (fwd)", f"{report['state_flops_per_token']:.4g}"),
+            ("WSFR (weight:state)", format_ratio(report["wsfr"])),
+            ("WSFR without the LM head", format_ratio(report["wsfr_no_lm_head"])),
+            ("state size (floats, all layers)", f"{report['state_size']:.4g}"),
+            ("train FLOPs/token (3x fwd)", f"{report['train_flops_per_token']:.4g}")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    out = {"weight_flops_per_token": report["weight_flops_per_token"],
+           "state_flops_per_token": report["state_flops_per_token"], "wsfr": report["wsfr"],
+           "wsfr_no_lm_head": report["wsfr_no_lm_head"],
+           "state_size": report["state_size"], "parameters": params}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

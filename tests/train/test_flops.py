@@ -1,0 +1,53 @@
+"""FLOP accounting: closed forms for GPT-2 small, the flops script's JSON line, MFU lookup."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from longctx.train.flops import mfu, peak_bf16_flops
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def flops_json(*overrides: str) -> dict:
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "flops.py"), *overrides],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "WSFR" in out.stdout
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_gpt2_small_exp_closed_form():
+    d, layers, vocab, ctx = 768, 12, 50304, 1024
+    r = flops_json("arch=gpt2", "model=small", "attention=exp", f"ctx={ctx}", "data=longcrawl64")
+    # weights: 12 d^2 per layer (qkv 3d^2, out d^2, MLP 8d^2) plus the LM head d*V; 2 FLOPs per multiply-add
+    weight_params = layers * 12 * d * d + d * vocab
+    assert r["weight_flops_per_token"] == pytest.approx(2 * weight_params, rel=0.01)
+    # state: q.K and A.V over the causal average of (ctx + 1) / 2 keys per query
+    assert r["state_flops_per_token"] == pytest.approx(layers * 4 * d * (ctx + 1) / 2, rel=0.01)
+    assert r["wsfr"] == pytest.approx(r["weight_flops_per_token"] / r["state_flops_per_token"])
+
+
+def test_state_flops_scale_with_context_only_for_exp():
+    exp = [flops_json("model=small", "attention=exp", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
+    assert exp[1] / exp[0] == pytest.approx(8, rel=0.01)
+    lin = [flops_json("model=small", "attention=power", "p=2", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
+    assert lin[0] == lin[1]
+    # power p=2, d=64 keeps the kernel's tiled symmetric-power state: D = C(d/t + p - 1, p) t^p with tile
+    # t = 8 -> C(9, 2) * 64 = 2304 (the untiled symmetric power would be C(65, 2) = 2080); D x (d + 1) per
+    # head (numerator + normalizer), 12 heads, 12 layers
+    r = flops_json("model=small", "attention=power", "p=2", "ctx=1024")
+    assert r["state_size"] == 12 * 12 * math.comb(9, 2) * 8**2 * 65
+
+
+def test_mfu_lookup_by_device_name():
+    assert peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_bf16_flops("NVIDIA H200") == 989e12
+    assert peak_bf16_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_bf16_flops("cpu") is None and mfu(1e6, 1e9, "cpu") is None
+    assert mfu(1e5, 1e9, "NVIDIA H100 80GB HBM3") == pytest.approx(1e14 / 989e12)
