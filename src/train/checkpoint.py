@@ -51,6 +51,8 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, keep: int) -> P
         os.fsync(f.fileno())
     os.replace(tmp, final)
     _fsync_dir(folder)
+    for stale in folder.glob(".step_*.pt.tmp*"):  # left by a process killed mid-write
+        stale.unlink(missing_ok=True)
     for _, old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return final

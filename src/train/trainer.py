@@ -148,6 +148,9 @@ class Trainer:
                 f"Nothing was overwritten.")
         if latest is not None and self.dist.is_main:
             print(f"resuming from {latest[1]} (step {latest[0]})", flush=True)
+        elif used and self.dist.is_main:  # resume=auto, killed before its first checkpoint: start over
+            print(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet; starting it from step 0", flush=True)
+            JsonlLogger(self.run_dir).truncate_after(0)
         return latest[1] if latest is not None else None
 
     def _write_config(self) -> None:

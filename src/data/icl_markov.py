@@ -1,0 +1,198 @@
+"""The bundled default dataset: in-context Markov chains, stored in the LongCrawl64 layout.
+
+Every document draws its own transition matrix P (each row ~ Dirichlet(alpha * 1_k) over k = `vocab`
+states), a first state uniformly, and then a chain of `doc_len` tokens. Nothing is shared across
+documents, so a model can only lower its loss by inferring P from the document's own prefix: the data has
+genuine long-range (in-context) structure and a known optimum. Because the rows are independent
+Dirichlet, the Bayes-optimal next-token predictor is the posterior predictive
+
+    p(x_t = j | x_<t) = (n_ij + alpha) / (n_i + k * alpha),   i = x_{t-1},
+
+with n_ij the number of i->j transitions in x_<t (and n_i = sum_j n_ij); the first token is uniform, so
+its optimal loss is ln k. `bayes_nll` returns -ln of that probability for every position.
+
+Layout written by `ensure_icl_markov` (folder name derived from a hash of the parameters):
+
+    root/params.json
+    root/train.zarr                 uint16 [n_train, doc_len]      ids 0..vocab-1
+    root/heldout.zarr               uint16 [n_heldout, doc_len]
+    root/heldout_bayes_nll.zarr     float32 [n_heldout, doc_len]   -ln p_bayes(x_t | x_<t), nats
+
+Token ids are 0..vocab-1 and the BOS id is `vocab`, so the model's vocabulary is vocab + 1. The arrays'
+attributes carry `bos_id`, `vocab_size`, `max_token_id`, `rolled` (false), `generator` (all parameters)
+and, on heldout, `bayes_nll` (the relative path of its optimum).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import zarr
+from tqdm.auto import tqdm
+
+GENERATOR = "icl_markov"
+VERSION = 1  # bump when the sampling procedure changes: a new folder is generated, nothing overwritten
+
+
+def _block_docs(doc_len: int) -> int:
+    """Documents generated per random stream: a function of doc_len only (so the data never depends on
+    chunking), small enough that a block's working set stays ~100-200 MB for long documents."""
+    return max(16, min(512, (1 << 23) // doc_len))
+
+
+def sample_transition_matrices(rng: np.random.Generator, n: int, vocab: int, alpha: float) -> np.ndarray:
+    """(n, vocab, vocab) float64 row-stochastic matrices, every row ~ Dirichlet(alpha * ones(vocab))."""
+    return rng.dirichlet(np.full(vocab, float(alpha)), size=(n, vocab))
+
+
+def sample_chains(rng: np.random.Generator, P: np.ndarray, doc_len: int) -> np.ndarray:
+    """Sample one chain per matrix. P (n, k, k) -> tokens (n, doc_len) int64; first state uniform.
+
+    Vectorized over documents; the Python loop runs over positions only.
+    """
+    n, k, _ = P.shape
+    cum = np.cumsum(P, axis=-1)
+    cum[..., -1] = 1.0  # guard against rounding: u < 1 always lands in a state
+    cum = cum.reshape(n * k, k)
+    u = rng.random((doc_len, n))
+    x = np.empty((doc_len, n), dtype=np.int64)
+    x[0] = rng.integers(0, k, size=n)
+    row_base = np.arange(n) * k
+    for t in range(1, doc_len):
+        rows = cum[row_base + x[t - 1]]                          # (n, k) cumulative probs of the current rows
+        x[t] = (rows <= u[t, :, None]).sum(axis=1)               # inverse-CDF draw
+    return np.ascontiguousarray(x.T)
+
+
+def bayes_nll(tokens: np.ndarray, vocab: int, alpha: float) -> np.ndarray:
+    """Exact Bayes-optimal per-token NLL (nats) of chains drawn from the prior above.
+
+    tokens (n, L) ints in [0, vocab) -> (n, L) float64; position 0 is ln(vocab) (predicted from BOS).
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    n, L = tokens.shape
+    k = vocab
+    out = np.empty((n, L), dtype=np.float64)
+    out[:, 0] = np.log(k)
+    counts = np.zeros(n * k * k, dtype=np.int64)  # n_ij per document, flattened (doc, i, j)
+    totals = np.zeros(n * k, dtype=np.int64)      # n_i per document
+    doc = np.arange(n)
+    for t in range(1, L):
+        i, j = tokens[:, t - 1], tokens[:, t]
+        ij = (doc * k + i) * k + j
+        di = doc * k + i
+        out[:, t] = np.log(totals[di] + k * alpha) - np.log(counts[ij] + alpha)
+        counts[ij] += 1
+        totals[di] += 1
+    return out
+
+
+def generator_params(*, vocab: int, alpha: float, doc_len: int, n_train: int, n_heldout: int,
+                     seed: int) -> dict:
+    if not (isinstance(vocab, (int, np.integer)) and 2 <= vocab <= 65535):
+        raise ValueError(f"data.vocab: must be an integer in [2, 65535], got {vocab!r}")
+    if not (float(alpha) > 0 and np.isfinite(float(alpha))):
+        raise ValueError(f"data.alpha: must be a positive number, got {alpha!r}")
+    for name, v in (("doc_len", doc_len), ("n_train", n_train), ("n_heldout", n_heldout)):
+        if not (isinstance(v, (int, np.integer)) and v >= 1):
+            raise ValueError(f"data.{name}: must be a positive integer, got {v!r}")
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"data.seed: must be a non-negative integer, got {seed!r}")
+    return {"name": GENERATOR, "version": VERSION, "vocab": int(vocab), "alpha": float(alpha),
+            "doc_len": int(doc_len), "n_train": int(n_train), "n_heldout": int(n_heldout), "seed": int(seed)}
+
+
+def dataset_dirname(params: dict) -> str:
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+    return f"icl_markov-k{params['vocab']}-a{params['alpha']:g}-L{params['doc_len']}-{digest}"
+
+
+def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len: int = 1024,
+                      n_train: int = 16384, n_heldout: int = 512, seed: int = 0,
+                      progress: bool = True) -> Path:
+    """Return the root folder of the in-context Markov dataset, generating it on first use.
+
+    Args:
+        cache_dir: folder that holds generated datasets (created if missing).
+        vocab: number of Markov states k; token ids 0..k-1, BOS id k, model vocab_size k + 1. Default 4.
+        alpha: Dirichlet concentration of every transition row. Default 1.0 (uniform over the simplex).
+        doc_len: tokens per document. Default 1024.
+        n_train, n_heldout: documents in each split. Defaults 16384 and 512.
+        seed: base random seed. Default 0.
+        progress: show a tqdm bar while generating.
+    Returns:
+        `root` with `root/train.zarr`, `root/heldout.zarr`, `root/heldout_bayes_nll.zarr`, `root/params.json`.
+        The folder name is derived from a hash of all parameters: a changed parameter generates a new
+        folder and never overwrites an existing one. Generation writes to a temporary folder in
+        `cache_dir` and renames it into place, so an interrupted run leaves no partial dataset.
+
+    Example:
+        >>> root = ensure_icl_markov("~/.cache/longctx", vocab=4, alpha=1.0, doc_len=256, n_train=1024,
+        ...                          n_heldout=64)
+        >>> LongCrawl64(root / "train.zarr", context_length=256, docs_per_batch=32)
+    """
+    params = generator_params(vocab=vocab, alpha=alpha, doc_len=doc_len, n_train=n_train,
+                              n_heldout=n_heldout, seed=seed)
+    cache = Path(os.path.expanduser(str(cache_dir)))
+    root = cache / dataset_dirname(params)
+    if (root / "params.json").exists():
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{root.name}-", dir=cache))
+    try:
+        _generate(tmp, params, progress=progress)
+        (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
+        try:
+            os.rename(tmp, root)
+            os.chmod(root, 0o777 & ~_umask())  # mkdtemp made it private
+        except OSError:
+            if not (root / "params.json").exists():  # not a concurrent writer that finished first
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _generate(out: Path, params: dict, *, progress: bool) -> None:
+    k, alpha, L = params["vocab"], params["alpha"], params["doc_len"]
+    sizes = {"train": params["n_train"], "heldout": params["n_heldout"]}
+    col_chunk = min(L, 2048)
+    block = _block_docs(L)
+    doc_chunk = max(1, min(512, (1 << 21) // col_chunk))  # ~4 MB uncompressed chunks
+    attrs = {"bos_id": k, "vocab_size": k + 1, "max_token_id": k - 1, "rolled": False, "generator": params}
+    bar = tqdm(total=sum(sizes.values()) * L, unit="tok", unit_scale=True, disable=not progress,
+               desc=f"icl_markov k={k} alpha={alpha:g} L={L}")
+    with bar:
+        for split_id, (split, n) in enumerate(sizes.items()):
+            split_attrs = dict(attrs)
+            if split == "heldout":
+                split_attrs["bayes_nll"] = "heldout_bayes_nll.zarr"
+            tok = zarr.create_array(str(out / f"{split}.zarr"), shape=(n, L), chunks=(doc_chunk, col_chunk),
+                                    dtype="uint16", attributes=split_attrs)
+            nll = None
+            if split == "heldout":
+                nll = zarr.create_array(str(out / "heldout_bayes_nll.zarr"), shape=(n, L),
+                                        chunks=(doc_chunk, col_chunk), dtype="float32",
+                                        attributes={"generator": params, "units": "nats",
+                                                    "tokens": f"{split}.zarr"})
+            for b, lo in enumerate(range(0, n, block)):
+                hi = min(n, lo + block)
+                rng = np.random.default_rng([params["seed"], split_id, b])
+                P = sample_transition_matrices(rng, hi - lo, k, alpha)
+                x = sample_chains(rng, P, L)
+                tok[lo:hi] = x.astype(np.uint16)
+                if nll is not None:
+                    nll[lo:hi] = bayes_nll(x, k, alpha).astype(np.float32)
+                bar.update((hi - lo) * L)
