@@ -145,3 +145,21 @@ def test_resume_after_interruption_is_exact(compose, tiny, tmp_path):
 def test_each_attention_trains_through_the_cli_config(compose, tiny, tmp_path, attention):
     rec = Trainer(compose(*tiny, f"attention={attention}", f"run_dir={tmp_path / attention}")).fit()
     assert np.isfinite(rec["best_context_loss"]) and rec["step"] == 6
+
+
+def test_paper_recipe_composes(compose):
+    cfg = compose("experiment=paper", "attention=power", "data.path=/data/lc64")
+    validate(cfg)
+    assert (cfg.ctx, cfg.model.name, cfg.data.name, cfg.optim.lr, cfg.optim.warmup_steps) == (
+        65536, "small", "longcrawl64", 3e-4, 2000)
+    assert cfg.trainer.precision == "bf16" and cfg.trainer.activation_checkpointing
+    assert compose("experiment=paper", "ctx=8192").ctx == 8192  # the command line still wins
+
+
+def test_flops_budget_stops_the_run(compose, tiny, tmp_path):
+    trainer = Trainer(compose(*tiny, f"run_dir={tmp_path / 'run'}"))
+    per_step = trainer.flops["train_flops_per_token"] * 8 * 64  # docs_per_batch x ctx tokens per step
+    trainer.cfg.trainer.flops_budget = 2.5 * per_step
+    rec = trainer.fit()
+    assert rec["step"] == 3 and rec["flops"] == pytest.approx(3 * per_step)
+    assert rec["weight_flops_per_token"] > 0 and rec["state_flops_per_token"] > 0

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from longctx.train.data import resolve_splits
+
 REPO = Path(__file__).resolve().parents[2]
 DETERMINISTIC = ("step", "tokens", "train_loss", "lr", "best_context_loss", "icl_curve", "per_position_loss",
                  "last10_loss", "bayes_curve", "flops")
@@ -25,7 +27,9 @@ def last_record(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_sigkill_anywhere_then_resume_equals_uninterrupted(train_env, tiny, tmp_path):
+def test_sigkill_anywhere_then_resume_equals_uninterrupted(train_env, tiny, compose, tmp_path):
+    cfg = compose(*tiny)
+    resolve_splits(cfg.data, cfg.ctx)  # generate the dataset first: the timing below is the run's alone
     args = [*tiny, "trainer.max_steps=48", "trainer.eval_every=3", "trainer.num_threads=1", "trainer.resume=auto"]
     cmd = [sys.executable, str(REPO / "train.py"), *args]
     start = time.time()
