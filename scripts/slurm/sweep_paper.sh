@@ -83,11 +83,9 @@ if [[ $GRID != smoke ]]; then
     if [[ $DRY_RUN -eq 1 ]]; then DATA_PATH='<DATA_PATH>'
     else echo "sweep_paper.sh: set DATA_PATH to the LongCrawl64 folder (holding train.zarr, heldout.zarr)" >&2; exit 2; fi
   fi
-  # The paper's recipe (appendix) where it differs from conf/'s tiny-run defaults: activation
-  # checkpointing, lr 3e-4, warmup 2000 then cosine to 1e-5. (32 documents per update, AdamW
-  # .9/.999 wd .1, clipping 1 and bf16 autocast on CUDA are already the defaults.)
-  FIXED+=(data=longcrawl64 "data.path=$DATA_PATH" trainer.activation_checkpointing=true
-          optim.lr=3e-4 optim.warmup_steps=2000 optim.min_lr=1e-5)
+  # The paper's recipe (conf/experiment/paper.yaml: LongCrawl64, lr 3e-4, warmup 2000, cosine to 1e-5,
+  # bf16, activation checkpointing); the grid's own ctx/model/attention overrides still win.
+  FIXED+=(experiment=paper "data.path=$DATA_PATH")
 fi
 FIXED+=("logger.wandb.group=$GROUP")
 
