@@ -23,7 +23,20 @@ class DistInfo:
         return self.world_size > 1
 
 
+def _export_slurm_env() -> None:
+    """Under a submitit job of several tasks (hydra/launcher=submitit_slurm with tasks_per_node > 1) there
+    is no torchrun: take rank and rendezvous from Slurm's variables, as submitit documents."""
+    if "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError:
+        return
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
 def init_distributed(device_type: str) -> DistInfo:
+    _export_slurm_env()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return DistInfo()
