@@ -1,6 +1,9 @@
 """FLOP accounting: closed forms for GPT-2 small, the flops script's JSON line, MFU lookup."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import math
 import subprocess
@@ -15,11 +18,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def flops_json(*overrides: str) -> dict:
+    """The script as a user runs it: its last stdout line is the JSON object."""
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "flops.py"), *overrides],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "WSFR" in out.stdout
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def flops_main(*overrides: str) -> dict:
+    """The script's main() in-process (no interpreter start-up per configuration)."""
+    spec = importlib.util.spec_from_file_location("flops_script", REPO / "scripts" / "flops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return module.main(list(overrides))
 
 
 def test_gpt2_small_exp_closed_form():
@@ -34,14 +47,14 @@ def test_gpt2_small_exp_closed_form():
 
 
 def test_state_flops_scale_with_context_only_for_exp():
-    exp = [flops_json("model=small", "attention=exp", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
+    exp = [flops_main("model=small", "attention=exp", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
     assert exp[1] / exp[0] == pytest.approx(8, rel=0.01)
-    lin = [flops_json("model=small", "attention=power", "p=2", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
+    lin = [flops_main("model=small", "attention=power", "p=2", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
     assert lin[0] == lin[1]
     # power p=2, d=64 keeps the kernel's tiled symmetric-power state: D = C(d/t + p - 1, p) t^p with tile
     # t = 8 -> C(9, 2) * 64 = 2304 (the untiled symmetric power would be C(65, 2) = 2080); D x (d + 1) per
     # head (numerator + normalizer), 12 heads, 12 layers
-    r = flops_json("model=small", "attention=power", "p=2", "ctx=1024")
+    r = flops_main("model=small", "attention=power", "p=2", "ctx=1024")
     assert r["state_size"] == 12 * 12 * math.comb(9, 2) * 8**2 * 65
 
 
