@@ -1,0 +1,153 @@
+"""Benchmark longctx power attention beside SDPA (cuDNN, flash) and power-attention 1.4.4, one process.
+
+Usage (GPU machine; power-attention wheels installed as in ../shared/bench/anchor_bench.py):
+    python scripts/bench_attention.py --out runs/bench            # the issue's table: d=64, p=2
+    python scripts/bench_attention.py --sweep                     # also d=32/128 and p=1/4
+Shape: b=8, h=12, bf16, causal, (b, t, h, d) layout; gated power attention (log_g ~ logsigmoid(N(6.9,1))).
+Reports median ms (triton.testing.do_bench), tokens/s, TFLOP/s (causal attention FLOPs, FA convention:
+fwd 2*b*h*t^2*d, fwd+bwd 3.5x that), peak memory, first-call (compile) seconds, and the card's measured
+bf16 matmul rate. Writes bench.json and bench.png (throughput vs context) into --out.
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+DEV = "cuda"
+
+
+def matmul_tflops():
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / do_bench(lambda: a @ b, warmup=50, rep=200, return_mode="median") / 1e9
+
+
+def inputs(b, t, h, d, grad):
+    xs = [(torch.randn(b, t, h, d, device=DEV, dtype=torch.bfloat16) / math.sqrt(d)).requires_grad_(grad)
+          for _ in range(3)]
+    lg = F.logsigmoid(torch.randn(b, t, h, device=DEV) + 6.9).requires_grad_(grad)
+    return xs, lg
+
+
+def make_sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def call(q, k, v, lg):
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True)
+    return call
+
+
+def make_public(deg):
+    from power_attention import power_full
+
+    def call(q, k, v, lg):
+        t = q.shape[1]
+        return power_full(q, k, v, lg, deg=deg, chunk_size=1024 if t > 1024 else None)
+    return call
+
+
+def make_ours(p):
+    from longctx.kernels import power_attention
+
+    def call(q, k, v, lg):
+        return power_attention(q, k, v, lg, p=p)
+    return call
+
+
+def measure(name, call, b, t, h, d, mode, rows, flops_fwd):
+    row = dict(impl=name, t=t, b=b, h=h, d=d, mode=mode)
+    try:
+        (q, k, v), lg = inputs(b, t, h, d, mode != "fwd")
+
+        def fn():
+            if mode == "fwd":
+                with torch.no_grad():
+                    return call(q, k, v, lg)
+            o = call(q, k, v, lg)
+            o.backward(torch.ones_like(o))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.time()
+        fn()
+        torch.cuda.synchronize()
+        row["first_call_s"] = round(time.time() - t0, 2)
+        row["peak_mem_gb"] = round((torch.cuda.max_memory_allocated() - base) / 2 ** 30, 3)
+        ms = do_bench(fn, warmup=5, rep=40, return_mode="median")
+        row["ms"] = round(ms, 3)
+        row["mtok_per_s"] = round(b * t / ms / 1e3, 3)
+        row["tflops"] = round(flops_fwd * (1 if mode == "fwd" else 3.5) / ms / 1e9, 1)
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    torch.cuda.empty_cache()
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, mode in zip(axes, ("fwd", "fwdbwd")):
+        for impl in sorted({r["impl"] for r in rows}):
+            pts = sorted((r["t"], r["mtok_per_s"]) for r in rows
+                         if r["impl"] == impl and r["mode"] == mode and r["d"] == 64 and "ms" in r)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context t")
+        ax.set_ylabel("M tokens/s (b=8, h=12, d=64, bf16)")
+        ax.set_title(mode)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "runs/bench"))
+    ap.add_argument("--ctxs", default="1024,4096,16384,65536")
+    ap.add_argument("--sweep", action="store_true", help="also d=32/128 and p=1/4 at 4k and 16k")
+    ap.add_argument("--skip", default="", help="comma-separated impl names to skip")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    prop = torch.cuda.get_device_properties(0)
+    import triton
+    env = dict(gpu=prop.name, torch=torch.__version__, triton=triton.__version__,
+               matmul_tflops=round(matmul_tflops()))
+    print(json.dumps(env), flush=True)
+    b, h, rows = 8, 12, []
+    impls = {"sdpa_cudnn": make_sdpa("cudnn"), "sdpa_flash": make_sdpa("flash"),
+             "power_attention_1.4.4_p2": make_public(2), "longctx_p2": make_ours(2)}
+    impls = {k: v for k, v in impls.items() if k not in args.skip.split(",")}
+    jobs = [(name, call, t, 64) for t in map(int, args.ctxs.split(",")) for name, call in impls.items()]
+    if args.sweep:
+        for t in (4096, 16384):
+            jobs += [("sdpa_cudnn", impls.get("sdpa_cudnn", make_sdpa("cudnn")), t, d) for d in (32, 128)]
+            jobs += [("longctx_p2", make_ours(2), t, d) for d in (32, 128)]
+            jobs += [(f"longctx_p{p}", make_ours(p), t, 64) for p in (1, 4)]
+    for name, call, t, d in jobs:
+        for mode in ("fwd", "fwdbwd"):
+            measure(name, call, b, t, h, d, mode, rows, flops_fwd=2 * b * h * t * t * d)
+            json.dump(dict(env=env, rows=rows), open(os.path.join(args.out, "bench.json"), "w"), indent=1)
+    plot(rows, os.path.join(args.out, "bench.png"))
+    print("TABLE", flush=True)
+    for r in rows:
+        print(f'{r["impl"]:26s} d={r["d"]:3d} t={r["t"]:6d} {r["mode"]:7s} '
+              + (f'{r["ms"]:9.3f} ms {r["mtok_per_s"]:8.2f} Mtok/s {r["tflops"]:6.1f} TF/s '
+                 f'{r["peak_mem_gb"]:6.2f} GB first {r["first_call_s"]:5.1f}s' if "ms" in r
+                 else r.get("error", "?")[:100]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

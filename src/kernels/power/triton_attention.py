@@ -1,0 +1,337 @@
+"""Attention form of power attention in Triton: flash-like forward, two-kernel backward.
+
+Forward, per (query block, batch*q-head): loop over causal key blocks,
+    a_ij = (s q_i.k_j)^p * exp(G_i - G_j)        (fp32; powers by multiplication, one exp for the gate)
+and (norm=True) keep a running row max m_i *in the linear domain* so that a / m <= 1 fits fp16/bf16 for
+the PV matmul: acc <- acc * m_old/m_new + (a/m_new) @ v,  l <- l * m_old/m_new + rowsum(a/m_new).
+Output y = acc / (l + EPS) (l >= 1: the stabilized normalizer) and lse_i = log(m_i (l_i + EPS)), the log
+of the normalizer, for the backward. Even p makes a >= 0, so no log-space power is needed: the linear
+max is exact and costs one multiply per element instead of a log and an exp.
+
+Backward (D_i = normalizer, Delta_i = dy_i . y_i):
+    dA_ij = (dy_i . v_j - Delta_i) / D_i            (norm=False: dA_ij = dy_i . v_j)
+    dS_ij = dA_ij * p (s q_i.k_j)^(p-1) exp(G_i - G_j) * s,   dgate_ij = dA_ij * a_ij
+    dq = dS k, dk = dS^T q, dv = (a / D)^T dy, dG_i += sum_j dgate_ij, dG_j -= sum_i dgate_ij
+One kernel per key block (dk, dv, dG_k; loops over the query heads of its GQA group, so no atomics) and
+one per query block (dq, dG_q).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+EPS = 1e-6
+
+
+@triton.jit
+def _pow(s, P: tl.constexpr):
+    """s**P for P in 0..4 by multiplication."""
+    if P == 0:
+        r = tl.full(s.shape, 1.0, tl.float32)
+    elif P == 1:
+        r = s
+    elif P == 2:
+        r = s * s
+    elif P == 3:
+        r = s * s * s
+    else:
+        s2 = s * s
+        r = s2 * s2
+    return r
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
+              HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+              NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // HQ).to(tl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
+    offs_d = tl.arange(0, D)                                             # [D]
+    mask_m = offs_m < T
+    q = tl.load(Q + i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :],
+                mask=mask_m[:, None], other=0.0).to(DOT_DT)              # [BM, D]
+    k_base = K + i_b * T * HK * D + i_hk * D
+    v_base = V + i_b * T * HK * D + i_hk * D
+    g_base = G + i_b * T * HK + i_hk
+    if GATED:
+        g_q = tl.load(g_base + offs_m * HK, mask=mask_m, other=0.0)     # [BM]
+    m_i = tl.full([BM], 1e-30, tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    hi = tl.minimum((pid_m + 1) * BM, T)
+    lo = 0
+    if FAST:
+        # Off-diagonal key blocks (all keys before this query block), no mask, no exp per element:
+        # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) with r = the last key before the block, both
+        # factors <= 1; the key factor is folded into k (as its p-th root), the query factor and s^p
+        # are applied once after the loop. bf16/fp32 operands only: a = (q.k)^p needs no running max
+        # (fp32's range); fp16 takes the running-max loop below for all blocks.
+        lo = pid_m * BM
+        if GATED:
+            g_r = tl.load(g_base + tl.maximum(lo - 1, 0) * HK)
+        for start_n in range(0, lo, BN):
+            offs_n = start_n + tl.arange(0, BN)
+            k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            if GATED:
+                g_k = tl.load(g_base + offs_n * HK)
+                k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
+            a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P)    # [BM, BN]
+            if NORM:
+                l_i += tl.sum(a, axis=1)
+            acc += tl.dot(a.to(DOT_DT), v, input_precision=PREC)
+        row_f = tl.full([BM], 1.0, tl.float32) * scale_p
+        if GATED:
+            row_f = row_f * tl.exp(g_q - g_r)
+        acc = acc * row_f[:, None]
+        l_i = l_i * row_f
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)                              # [BN]
+        mask_n = offs_n < T
+        k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)                                # [BN, D]
+        v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)                                # [BN, D]
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale         # [BM, BN] fp32
+        causal = (offs_m[:, None] >= offs_n[None, :]) & mask_n[None, :]
+        if GATED:
+            g_k = tl.load(g_base + offs_n * HK, mask=mask_n, other=0.0)
+            a = _pow(s, P) * tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
+        else:
+            a = tl.where(causal, _pow(s, P), 0.0)
+        if NORM and FAST:
+            l_i += tl.sum(a, axis=1)
+        if NORM and not FAST:
+            m_new = tl.maximum(m_i, tl.max(a, axis=1))
+            alpha = m_i / m_new
+            a = a * (1.0 / m_new)[:, None]
+            l_i = l_i * alpha + tl.sum(a, axis=1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        acc += tl.dot(a.to(DOT_DT), v, input_precision=PREC)
+    o_ptrs = O + i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+    if NORM and FAST:
+        l_i = tl.maximum(l_i, 1e-30)                                     # all-zero row -> y = 0
+        acc = acc / l_i[:, None]
+        tl.store(LSE + i_b * T * HQ + offs_m * HQ + i_hq, tl.log(l_i), mask=mask_m)
+    if NORM and not FAST:
+        acc = acc / (l_i + 1e-6)[:, None]
+        tl.store(LSE + i_b * T * HQ + offs_m * HQ + i_hq, tl.log(m_i) + tl.log(l_i + 1e-6), mask=mask_m)
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=mask_m[:, None])
+
+
+@triton.jit
+def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
+                     P: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
+    """Shared tile math of both backward kernels: returns (pn, ds, dgate), all [BM, BN] fp32."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+    if GATED:
+        e = tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
+    else:
+        e = tl.where(causal, 1.0, 0.0)
+    pm1 = _pow(s, P - 1) * e
+    a = pm1 * s                                                          # unnormalized A
+    dpn = tl.dot(do, tl.trans(v), input_precision=PREC)                  # dy_i . v_j
+    if NORM:
+        inv = tl.exp(-lse)
+        pn = a * inv[:, None]
+        da = (dpn - delta[:, None]) * inv[:, None]
+    else:
+        pn = a
+        da = dpn
+    ds = da * pm1 * (P * scale)
+    dgate = da * a
+    return pn, ds, dgate
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, T,
+                   HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+                   NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    REP: tl.constexpr = HQ // HK
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    mask_n = offs_n < T
+    kv_off = i_b * T * HK * D + offs_n[:, None] * (HK * D) + i_hk * D + offs_d[None, :]
+    k = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)  # [BN, D]
+    v = tl.load(V + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)
+    g_k = tl.zeros([BN], tl.float32)
+    if GATED:
+        g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    dg = tl.zeros([BN], tl.float32)
+    lo = (pid_n * BN // BM) * BM
+    for r in range(REP):
+        i_hq = i_hk * REP + r
+        for start_m in range(lo, T, BM):
+            offs_m = start_m + tl.arange(0, BM)
+            mask_m = offs_m < T
+            q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+            q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+            do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+            row = i_b * T * HQ + offs_m * HQ + i_hq
+            lse = tl.zeros([BM], tl.float32)
+            delta = tl.zeros([BM], tl.float32)
+            if NORM:
+                lse = tl.load(LSE + row, mask=mask_m, other=0.0)
+                delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
+            g_q = tl.zeros([BM], tl.float32)
+            if GATED:
+                g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+            causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
+            pn, ds, dgate = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
+                                             P, NORM, GATED, PREC)
+            dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
+            dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
+            dg -= tl.sum(dgate, axis=0)
+    tl.store(DK + kv_off, dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
+    tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
+    if GATED:
+        tl.store(DGK + i_b * T * HK + offs_n * HK + i_hk, dg, mask=mask_n)
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, T,
+                 HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+                 NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // HQ).to(tl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    mask_m = offs_m < T
+    q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+    q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+    do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+    row = i_b * T * HQ + offs_m * HQ + i_hq
+    lse = tl.zeros([BM], tl.float32)
+    delta = tl.zeros([BM], tl.float32)
+    if NORM:
+        lse = tl.load(LSE + row, mask=mask_m, other=0.0)
+        delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
+    g_q = tl.zeros([BM], tl.float32)
+    if GATED:
+        g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+    k_base = K + i_b * T * HK * D + i_hk * D
+    v_base = V + i_b * T * HK * D + i_hk * D
+    dq = tl.zeros([BM, D], tl.float32)
+    dg = tl.zeros([BM], tl.float32)
+    hi = tl.minimum((pid_m + 1) * BM, T)
+    for start_n in range(0, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        mask_n = offs_n < T
+        k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)
+        v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)
+        g_k = tl.zeros([BN], tl.float32)
+        if GATED:
+            g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
+        causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
+        pn, ds, dgate = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
+                                         P, NORM, GATED, PREC)
+        dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
+        dg += tl.sum(dgate, axis=1)
+    tl.store(DQ + q_off, dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
+    if GATED:
+        tl.store(DGQ + i_b * T * HQ + offs_m * HQ + i_hq, dg, mask=mask_m)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side
+# ----------------------------------------------------------------------------------------------
+_TL_DT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def _dot_dtype(dtype, norm, backward):
+    """Operand dtype of the tensor-core matmuls and their precision. bf16 keeps fp32's exponent range;
+    fp16 is used only where the operands are <= 1 (normalized forward); else fp32 (tf32x3)."""
+    if dtype == torch.bfloat16:
+        return tl.bfloat16, "tf32"
+    if dtype == torch.float16 and norm and not backward:
+        return tl.float16, "tf32"
+    return tl.float32, "tf32x3"
+
+
+FAST_FORWARD = True         # bf16 off-diagonal fast path (see _attn_fwd); False for A/B timing
+BLOCK_OVERRIDE: dict = {}   # {"fwd"|"bwd": (BM, BN, warps, stages)}: for tuning scripts only
+
+
+def _blocks(d, backward, dot_dt):
+    """(BM, BN, num_warps, num_stages) per head dim; fixed (no benchmarking autotuner), measured in
+    docs/kernels.md."""
+    key = "bwd" if backward else "fwd"
+    if key in BLOCK_OVERRIDE:
+        return BLOCK_OVERRIDE[key]
+    wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
+    if backward:
+        return (32, 32, 4, 1) if wide else (64, 64, 4, 2) if d <= 64 else (64, 64, 8, 2)
+    return (64, 32, 4, 1) if wide else (128, 64, 4, 3) if d <= 64 else (128, 64, 8, 2)
+
+
+class AttentionForm(torch.autograd.Function):
+    """y = power attention (attention form). q (b,t,hq,d), k/v (b,t,hk,d), G (b,t,hk) fp32 or None."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, G, scale, p, norm):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        b, t, hq, d = q.shape
+        hk = k.shape[2]
+        gated = G is not None
+        Gc = G.contiguous() if gated else q.new_zeros(1, dtype=torch.float32)
+        o = torch.empty_like(q)
+        lse = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if norm else o.new_zeros(1, dtype=torch.float32)
+        dot_dt, prec = _dot_dtype(q.dtype, norm, False)
+        BM, BN, warps, stages = _blocks(d, False, dot_dt)
+        fast = dot_dt != tl.float16 and BM % BN == 0 and FAST_FORWARD
+        _attn_fwd[(triton.cdiv(t, BM), b * hq)](
+            q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
+            BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, num_warps=warps, num_stages=stages)
+        ctx.save_for_backward(q, k, v, Gc, o, lse)
+        ctx.cfg = (scale, p, norm, gated)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, Gc, o, lse = ctx.saved_tensors
+        scale, p, norm, gated = ctx.cfg
+        do = do.contiguous()
+        b, t, hq, d = q.shape
+        hk = k.shape[2]
+        delta = (do.float() * o.float()).sum(-1) if norm else lse          # (b,t,hq)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
+        dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
+        dot_dt, prec = _dot_dtype(q.dtype, norm, True)
+        BM, BN, warps, stages = _blocks(d, True, dot_dt)
+        common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
+                      PREC=prec, num_warps=warps, num_stages=stages)
+        _attn_bwd_dkdv[(triton.cdiv(t, BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, t, **common)
+        _attn_bwd_dq[(triton.cdiv(t, BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, t, **common)
+        dG = None
+        if gated:
+            dG = dgk + dgq.view(b, t, hk, hq // hk).sum(-1)
+        return dq, dk, dv, dG, None, None, None
+
+
+def attention_form(q, k, v, log_g, *, p, scale, norm):
+    """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None."""
+    G = None
+    if log_g is not None:
+        G = log_g.double().cumsum(1).float()   # float64 cumsum: G's own rounding stays ~1e-7|G|
+    return AttentionForm.apply(q, k, v, G, float(scale), int(p), bool(norm))

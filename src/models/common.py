@@ -1,0 +1,81 @@
+"""Pieces every architecture shares: rotary embeddings, the per-token loss head, FLOP/state accounting."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .attention import HeadGate
+
+
+# ----------------------------------------------------------------------------------------------------------
+# rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half convention as in GPT-NeoX / Llama
+
+def rotary(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate (b, t, h, d) queries or keys by their position; d must be even."""
+    t, d = x.shape[1], x.shape[-1]
+    inv_freq = base ** -(torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
+    angles = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), inv_freq)  # (t, d/2)
+    cos = angles.cos()[None, :, None, :].to(x.dtype)                                      # (1, t, 1, d/2)
+    sin = angles.sin()[None, :, None, :].to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# language-model head: per-token next-token NLL, chunked over tokens so long contexts never hold all logits
+
+def _nll(h, weight, targets):
+    logits = F.linear(h, weight).float()  # (n, vocab) fp32
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def per_token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  chunk_tokens: int = 8192) -> torch.Tensor:
+    """NLL of `targets` under logits = hidden @ weight.T, without reduction.
+
+    hidden (b, t, d), weight (vocab, d), targets (b, t) int64 -> (b, t) float32. The cross-entropy runs in fp32.
+    More than `chunk_tokens` tokens are processed in chunks whose logits are recomputed in the backward
+    (activation checkpointing), so peak memory holds one chunk's logits instead of (b*t, vocab) — the role
+    FLA's FusedLinearCrossEntropyLoss plays, but keeping the per-position losses the ICL curve needs.
+    """
+    b, t, d = hidden.shape
+    h, y = hidden.reshape(b * t, d), targets.reshape(b * t)
+    if b * t <= chunk_tokens:
+        return _nll(h, weight, y).view(b, t)
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    out = []
+    for i in range(0, b * t, chunk_tokens):
+        hi, yi = h[i:i + chunk_tokens], y[i:i + chunk_tokens]
+        out.append(checkpoint(_nll, hi, weight, yi, use_reentrant=False) if grad else _nll(hi, weight, yi))
+    return torch.cat(out).view(b, t)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# accounting (docs/architecture.md): forward FLOPs per token split into weight and state, state size
+
+def weight_flops_per_token(model: nn.Module) -> float:
+    """2 FLOPs per multiply-add of an activation with a parameter: every Linear (the tied LM head included,
+    the embedding lookup not) and every per-head gate. Elementwise work (norms, activations) is not counted."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, HeadGate)):
+            n += m.weight.numel()
+    return 2.0 * n
+
+
+def state_cores(model: nn.Module):
+    """The modules that hold state (attention cores, RWKV7 time mixing): those with state_size/state_flops."""
+    return [m for m in model.modules() if hasattr(m, "state_size") and hasattr(m, "state_flops") and m is not model]
+
+
+class LanguageModelMixin:
+    """flops_per_token / state_size for any architecture built from Linear layers and state cores."""
+
+    def flops_per_token(self, ctx: int) -> dict:
+        return {"weight": weight_flops_per_token(self),
+                "state": float(sum(core.state_flops(ctx) for core in state_cores(self)))}
+
+    def state_size(self, ctx: int) -> int:
+        return int(sum(core.state_size(ctx) for core in state_cores(self)))

@@ -1,0 +1,101 @@
+"""GPT-2 with rotary position embeddings and a swappable attention core.
+
+Radford et al. 2019 ("Language Models are Unsupervised Multitask Learners"), nanoGPT-style: pre-LayerNorm
+blocks, MLP ratio 4 with GELU, tied input/output embeddings, init N(0, 0.02) with residual projections
+scaled by 1/sqrt(2 * n_layers). Changed from GPT-2: no learned position embedding; rotary embeddings
+(RoFormer) on queries and keys instead. The attention core comes from `attention.ATTENTIONS[spec.attention]`
+and is the only thing that differs between exp / power / linear / window models.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .attention import ATTENTIONS
+from .common import LanguageModelMixin, per_token_nll, rotary
+from .spec import ModelSpec
+
+
+class SelfAttention(nn.Module):
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.n_heads, self.head_dim, self.rope_base = spec.n_heads, spec.head_dim, spec.rope_base
+        self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
+        self.core = ATTENTIONS[spec.attention](spec)
+        self.proj = nn.Linear(spec.d_model, spec.d_model)
+        self.proj.residual = True  # init scaled by 1/sqrt(2 * n_layers)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # 3 x (b, t, h, d)
+        q, k = rotary(q, self.rope_base), rotary(k, self.rope_base)
+        y = self.core(q, k, v, x)                                                   # (b, t, h, d)
+        return self.proj(y.reshape(b, t, -1))                                       # (b, t, d_model)
+
+
+class MLP(nn.Module):
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.fc = nn.Linear(spec.d_model, spec.mlp_ratio * spec.d_model)
+        self.proj = nn.Linear(spec.mlp_ratio * spec.d_model, spec.d_model)
+        self.proj.residual = True
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(spec.d_model)
+        self.attn = SelfAttention(spec)
+        self.ln_2 = nn.LayerNorm(spec.d_model)
+        self.mlp = MLP(spec)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT2(LanguageModelMixin, nn.Module):
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.blocks = nn.ModuleList([Block(spec) for _ in range(spec.n_layers)])
+        self.ln_f = nn.LayerNorm(spec.d_model)
+        self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        # Only Linear and Embedding; attention cores initialise their own parameters (e.g. gate biases).
+        if isinstance(module, nn.Linear):
+            std = 0.02 / math.sqrt(2 * self.spec.n_layers) if getattr(module, "residual", False) else 0.02
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, input_ids, targets=None):
+        """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32."""
+        x = self.wte(input_ids)  # (b, t, d_model)
+        for block in self.blocks:
+            if self.spec.checkpoint_activations and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        x = self.ln_f(x)
+        if targets is None:
+            return self.lm_head(x)  # (b, t, vocab)
+        return per_token_nll(x, self.lm_head.weight, targets)  # (b, t) fp32

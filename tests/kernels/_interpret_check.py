@@ -1,0 +1,53 @@
+"""Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1 (the interpreter is
+chosen when triton is imported, so it must not leak into the test process). Checks the Triton
+attention-form kernels, forward and gradients, against the reference at tiny sizes; prints one line
+per case and exits non-zero on a failure. Error measure: relative Frobenius error."""
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+import torch  # noqa: E402
+
+from longctx.kernels.power.reference import power_attention_reference  # noqa: E402
+from longctx.kernels.power.triton_attention import attention_form  # noqa: E402
+
+# bf16 is not checked here: the interpreter's numpy backend mis-handles bf16 tiles (GPU tests cover it).
+CASES = [  # (dtype, p, norm, gated, hq, hk, t, tol)
+    (torch.float32, 2, True, True, 2, 1, 300, 1e-5),     # t > BM: off-diagonal fast path + diagonal
+    (torch.float32, 1, False, False, 2, 2, 70, 1e-5),
+    (torch.float32, 3, False, True, 4, 2, 150, 1e-5),
+    (torch.float32, 4, True, False, 2, 1, 200, 5e-5),
+    (torch.float16, 2, True, True, 2, 1, 150, 3e-3),     # running-max path
+    (torch.float16, 4, False, True, 2, 1, 90, 3e-3),
+]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main():
+    torch.manual_seed(0)
+    d, failed = 16, 0
+    for dtype, p, norm, gated, hq, hk, t, tol in CASES:
+        q = torch.randn(1, t, hq, d, dtype=dtype, requires_grad=True)
+        k = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
+        v = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
+        lg = (-0.3 * torch.rand(1, t, hk)).requires_grad_() if gated else None
+        leaves = [q, k, v] + ([lg] if gated else [])
+        y = attention_form(q, k, v, lg, p=p, scale=d ** -0.5, norm=norm)
+        do = torch.randn_like(y)
+        grads = torch.autograd.grad(y, leaves, do)
+        ref = [x.detach().double().requires_grad_() for x in leaves]
+        y_ref = power_attention_reference(*ref[:3], ref[3] if gated else None, p=p, norm=norm)
+        grads_ref = torch.autograd.grad(y_ref, ref, do.double())
+        errs = [rel(y, y_ref)] + [rel(g, gr) for g, gr in zip(grads, grads_ref)]
+        ok = all(e < tol for e in errs)
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {dtype} p={p} norm={norm} gated={gated} hq={hq} hk={hk} t={t} "
+              f"errs(y,dq,dk,dv,dlog_g)={['%.1e' % e for e in errs]} tol={tol}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""GPT-2 zoo on CPU at tiny size: spec checks, forward/backward per attention, causality, the loss head,
+exp == a plain causal-softmax reference, the sliding-window forms, and the FLOP/state accounting."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longctx.kernels import state_dim
+from longctx.models import ATTENTIONS, ModelSpec, build_model
+from longctx.models.attention import _blocked_window, _mean_keys_per_query
+from longctx.models.common import per_token_nll
+from longctx.models.spec import ATTENTION_NAMES
+
+
+VOCAB = 37
+
+
+def tiny(**kw):
+    base = dict(arch="gpt2", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, ctx=64, window=5, chunk_size=8)
+    base.update(kw)
+    return ModelSpec(**base)
+
+
+def attention_params():
+    return [pytest.param(name, id=name) for name in ATTENTION_NAMES]
+
+
+# -- spec ---------------------------------------------------------------------------------------------------
+
+def test_registry_matches_spec_names():
+    assert set(ATTENTIONS) == set(ATTENTION_NAMES)
+
+
+@pytest.mark.parametrize("kw, field, words", [
+    (dict(attention="flash"), "attention", ["exp", "power", "linear", "window"]),
+    (dict(arch="llama"), "arch", ["gpt2", "rwkv7"]),
+    (dict(d_model=30, n_heads=4), "d_model", ["n_heads"]),
+    (dict(p=5), "p", ["1..4"]),
+    (dict(p=0), "p", []),
+    (dict(n_layers=0), "n_layers", []),
+    (dict(window=0), "window", []),
+    (dict(chunk_size=0), "chunk_size", []),
+    (dict(gating="yes"), "gating", []),
+])
+def test_bad_spec_names_the_field(kw, field, words):
+    with pytest.raises(ValueError) as err:
+        tiny(**kw)
+    assert f"ModelSpec.{field}=" in str(err.value)
+    for w in words:
+        assert w in str(err.value)
+
+
+# -- forward / backward -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("attention", attention_params())
+def test_forward_backward_finite(attention):
+    torch.manual_seed(0)
+    model = build_model(tiny(attention=attention))
+    x = torch.randint(0, VOCAB, (2, 19))  # 19: not a multiple of the window or the chunk
+    nll = model(x, torch.roll(x, -1, 1))
+    assert nll.shape == (2, 19) and nll.dtype == torch.float32 and torch.isfinite(nll).all()
+    assert abs(nll.mean().item() - math.log(VOCAB)) < 0.5  # near-uniform predictions at init
+    nll.mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("attention", attention_params())
+def test_causal(attention):
+    torch.manual_seed(0)
+    model = build_model(tiny(attention=attention)).eval()
+    x = torch.randint(0, VOCAB, (1, 23))
+    y = x.clone()
+    y[0, 13] = (x[0, 13] + 1) % VOCAB
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    torch.testing.assert_close(a[:, :13], b[:, :13], rtol=0, atol=1e-6)
+    assert (a[:, 13:] - b[:, 13:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("attention", attention_params())
+def test_per_token_nll_is_cross_entropy_of_logits(attention):
+    torch.manual_seed(0)
+    model = build_model(tiny(attention=attention)).eval()
+    x = torch.randint(0, VOCAB, (3, 17))
+    t = torch.randint(0, VOCAB, (3, 17))
+    with torch.no_grad():
+        logits = model(x)
+        nll = model(x, t)
+    ref = F.cross_entropy(logits.float().reshape(-1, VOCAB), t.reshape(-1), reduction="none").view(3, 17)
+    torch.testing.assert_close(nll, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_loss_head_matches_plain():
+    torch.manual_seed(0)
+    h = torch.randn(2, 50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(VOCAB, 16, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, VOCAB, (2, 50))
+    g = torch.randn(2, 50, dtype=torch.float64)
+    ref = F.cross_entropy(h.reshape(-1, 16) @ w.T, t.reshape(-1), reduction="none").view(2, 50)
+    dh, dw = torch.autograd.grad((ref * g).sum(), (h, w))
+    out = per_token_nll(h, w, t, chunk_tokens=7)
+    dh2, dw2 = torch.autograd.grad((out * g).sum(), (h, w))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref.float())
+    torch.testing.assert_close(dh2, dh, rtol=1e-5, atol=1e-5)  # the CE itself runs in fp32
+    torch.testing.assert_close(dw2, dw, rtol=1e-5, atol=1e-5)
+
+
+def test_activation_checkpointing_same_gradients():
+    x = torch.randint(0, VOCAB, (2, 16))
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = build_model(tiny(attention="exp", checkpoint_activations=ckpt))
+        model(x, x).mean().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+# -- exp == plain causal softmax ----------------------------------------------------------------------------
+
+class ReferenceSoftmax(torch.nn.Module):
+    def forward(self, q, k, v, x=None):  # (b, t, h, d)
+        d, t = q.shape[-1], q.shape[1]
+        scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(d)
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v)
+
+
+def test_exp_matches_plain_softmax_reference():
+    torch.manual_seed(0)
+    model = build_model(tiny(attention="exp")).double().eval()
+    x = torch.randint(0, VOCAB, (2, 21))
+    with torch.no_grad():
+        ours = model(x)
+        for block in model.blocks:
+            block.attn.core = ReferenceSoftmax()
+        ref = model(x)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+
+
+# -- window -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t, w", [(1, 4), (7, 3), (16, 4), (23, 5), (40, 1)])
+def test_blocked_window_matches_dense_band(t, w):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, t, 8, dtype=torch.float64) for _ in range(3))  # (b, h, t, d)
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    band = (j <= i) & (i - j < w)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=band)
+    torch.testing.assert_close(_blocked_window(q, k, v, w), ref)
+
+
+def test_window_equals_exp_when_window_covers_context():
+    torch.manual_seed(0)
+    model = build_model(tiny(attention="window", window=64)).eval()
+    x = torch.randint(0, VOCAB, (1, 30))
+    with torch.no_grad():
+        a = model(x)
+        for block in model.blocks:
+            block.attn.core = ATTENTIONS["exp"](model.spec)
+        b = model(x)
+    torch.testing.assert_close(a, b)
+
+
+# -- accounting ---------------------------------------------------------------------------------------------
+
+def test_gpt2_small_accounting():
+    spec = ModelSpec(vocab_size=50304, d_model=768, n_layers=12, n_heads=12, attention="exp")
+    with torch.device("meta"):  # shapes only
+        model = build_model(spec)
+    fl = model.flops_per_token(8192)
+    # 12 d^2 per layer (qkv 3, proj 1, mlp 8) + the tied LM head d * vocab
+    assert fl["weight"] == 2 * (12 * 12 * 768 ** 2 + 768 * 50304)
+    assert fl["state"] == 12 * 4 * 768 * (8192 + 1) / 2
+    assert model.state_size(8192) == 12 * 2 * 8192 * 768
+
+
+def test_window_and_power_accounting():
+    assert _mean_keys_per_query(10, 100) == 5.5
+    assert _mean_keys_per_query(4, 2) == (1 + 2 + 2 + 2) / 4
+    win = ATTENTIONS["window"](tiny(window=5, d_model=32))
+    assert win.state_size(100) == 2 * 5 * 32 and win.state_size(3) == 2 * 3 * 32
+    # D is the kernel's tiled symmetric power: C(d/tile + p - 1, p) * tile^p (DESIGN.md), >= C(d + p - 1, p)
+    for p in (1, 2, 3, 4):
+        core = ATTENTIONS["power"](tiny(p=p))  # head_dim 16
+        D = state_dim(p, 16)
+        assert core.expanded_dim == D >= math.comb(16 + p - 1, p)
+        assert core.state_size(10 ** 6) == 2 * D * (16 + (p % 2 == 0))
+        assert core.state_flops(10 ** 6) == 4 * core.state_size(10 ** 6)
+    assert ATTENTIONS["power"](ModelSpec(d_model=768, n_heads=12, p=2)).expanded_dim == state_dim(2, 64)
+
+
+# -- power: every degree runs, the gate starts near 1, the core is the formula of DESIGN.md -----------------
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_power_every_degree_trains(p):
+    torch.manual_seed(0)
+    model = build_model(tiny(attention="power", p=p, chunk_size=None))
+    x = torch.randint(0, VOCAB, (2, 11))
+    loss = model(x, x).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(q.grad).all() for q in model.parameters())
+    assert (model.blocks[0].attn.core.out_norm is None) == (p % 2 == 0)
+
+
+def test_gate_starts_near_one():
+    core = ATTENTIONS["power"](tiny(attention="power"))
+    log_g = core.gate(torch.nn.functional.layer_norm(torch.randn(2, 9, 32), (32,)))
+    assert log_g.dtype == torch.float32 and log_g.shape == (2, 9, 2)
+    assert (log_g < 0).all() and (log_g > -1e-2).all()
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_power_core_is_the_gated_formula(p):
+    torch.manual_seed(0)
+    spec = tiny(attention="power", p=p, d_model=32, n_heads=2)
+    core = ATTENTIONS["power"](spec).double()
+    with torch.no_grad():
+        core.gate.bias.fill_(1.0)  # strong forgetting, so the gate matters
+    b, t, h, d = 2, 13, 2, 16
+    q, k, v = (torch.randn(b, t, h, d, dtype=torch.float64) for _ in range(3))
+    x = torch.randn(b, t, 32, dtype=torch.float64)
+    with torch.no_grad():
+        y = core(q, k, v, x)
+        G = core.gate(x).double().cumsum(1)                                          # (b, t, h)
+        A = (torch.einsum("bihd,bjhd->bhij", q, k) / d ** 0.5) ** p
+        A = A * torch.exp(G.transpose(1, 2)[..., :, None] - G.transpose(1, 2)[..., None, :])
+        A = A.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), 0)
+        if p % 2 == 0:
+            A = A / A.sum(-1, keepdim=True)
+        ref = torch.einsum("bhij,bjhd->bihd", A, v)
+        if p % 2:
+            ref = core.out_norm(ref)
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
