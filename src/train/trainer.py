@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -276,8 +277,9 @@ class Trainer:
         cfg = self.cfg
         max_steps, eval_every = cfg.trainer.max_steps, cfg.trainer.eval_every
         batches = iter(self.reader)
+        # In a log file (Slurm, CI) a redraw every 0.1 s floods it: refresh every 30 s there instead.
         bar = tqdm(total=max_steps, initial=self.step, desc=cfg.run_name, disable=not self.dist.is_main,
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
         window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
         record = None
         budget = cfg.trainer.flops_budget

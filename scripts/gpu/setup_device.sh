@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Source on an offline GPU machine (the lent device): installs the wheels carried in .whl/ (see README,
+# "On GPUs") into /tmp/site and the package itself, without touching the machine's torch/triton.
+#   source scripts/gpu/setup_device.sh
+set -e
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+python3 -c "import torch, triton, longctx; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+set +e
