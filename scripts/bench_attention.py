@@ -45,9 +45,8 @@ def make_sdpa(backend):
 
 
 def make_public(deg):
-    from power_attention import power_full
-
     def call(q, k, v, lg):
+        from power_attention import power_full
         t = q.shape[1]
         return power_full(q, k, v, lg, deg=deg, chunk_size=1024 if t > 1024 else None)
     return call
@@ -57,7 +56,7 @@ def make_ours(p):
     from longctx.kernels import power_attention
 
     def call(q, k, v, lg):
-        return power_attention(q, k, v, lg, p=p)
+        return power_attention(q, k, v, lg, p=p, norm=p % 2 == 0)   # odd p: numerator only
     return call
 
 

@@ -14,6 +14,7 @@ from longctx.kernels.power.triton_attention import attention_form  # noqa: E402
 # bf16 is not checked here: the interpreter's numpy backend mis-handles bf16 tiles (GPU tests cover it).
 CASES = [  # (dtype, p, norm, gated, hq, hk, t, tol)
     (torch.float32, 2, True, True, 2, 1, 300, 1e-5),     # t > BM: off-diagonal fast path + diagonal
+    (torch.float32, 2, True, 'strong', 2, 1, 200, 1e-5),  # padded rows with exp(-G) = inf
     (torch.float32, 1, False, False, 2, 2, 70, 1e-5),
     (torch.float32, 3, False, True, 4, 2, 150, 1e-5),
     (torch.float32, 4, True, False, 2, 1, 200, 5e-5),
@@ -33,7 +34,7 @@ def main():
         q = torch.randn(1, t, hq, d, dtype=dtype, requires_grad=True)
         k = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
         v = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
-        lg = (-0.3 * torch.rand(1, t, hk)).requires_grad_() if gated else None
+        lg = (-(3.0 if gated == "strong" else 0.3) * torch.rand(1, t, hk)).requires_grad_() if gated else None
         leaves = [q, k, v] + ([lg] if gated else [])
         y = attention_form(q, k, v, lg, p=p, scale=d ** -0.5, norm=norm)
         do = torch.randn_like(y)

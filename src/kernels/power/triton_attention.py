@@ -1,12 +1,13 @@
 """Attention form of power attention in Triton: flash-like forward, two-kernel backward.
 
 Forward, per (query block, batch*q-head): loop over causal key blocks,
-    a_ij = (s q_i.k_j)^p * exp(G_i - G_j)        (fp32; powers by multiplication, one exp for the gate)
-and (norm=True) keep a running row max m_i *in the linear domain* so that a / m <= 1 fits fp16/bf16 for
-the PV matmul: acc <- acc * m_old/m_new + (a/m_new) @ v,  l <- l * m_old/m_new + rowsum(a/m_new).
-Output y = acc / (l + EPS) (l >= 1: the stabilized normalizer) and lse_i = log(m_i (l_i + EPS)), the log
-of the normalizer, for the backward. Even p makes a >= 0, so no log-space power is needed: the linear
-max is exact and costs one multiply per element instead of a log and an exp.
+    a_ij = (s q_i.k_j)^p * exp(G_i - G_j)        (fp32; powers by multiplication)
+acc += a @ v, l += rowsum(a); y = acc / l, lse_i = log l_i (the log-normalizer, for the backward).
+Even p makes a >= 0 and bf16/fp32 operands have fp32's range, so no running max and no log-space power are
+needed. Key blocks strictly before the query block take a fast path with no mask and no exp per element:
+exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) (r = last key before the block, both factors <= 1), the key
+factor folded into k as its p-th root, the query factor and s^p applied once after the loop. fp16 operands
+(range 65504) instead keep a running row max in the linear domain (acc *= m_old/m_new, a/m <= 1) on every block.
 
 Backward (D_i = normalizer, Delta_i = dy_i . y_i):
     dA_ij = (dy_i . v_j - Delta_i) / D_i            (norm=False: dA_ij = dy_i . v_j)
@@ -21,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-EPS = 1e-6
 
 
 @triton.jit
@@ -89,6 +89,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
         row_f = tl.full([BM], 1.0, tl.float32) * scale_p
         if GATED:
             row_f = row_f * tl.exp(g_q - g_r)
+        row_f = tl.where(mask_m, row_f, 0.0)                             # padded rows: exp(-g_r) may be inf
         acc = acc * row_f[:, None]
         l_i = l_i * row_f
     for start_n in range(lo, hi, BN):
@@ -151,10 +152,10 @@ def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, T,
+def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                    NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   DOT_DT: tl.constexpr, PREC: tl.constexpr):
+                   DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // HK).to(tl.int64)
@@ -173,9 +174,46 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, T,
     dv = tl.zeros([BN, D], tl.float32)
     dg = tl.zeros([BN], tl.float32)
     lo = (pid_n * BN // BM) * BM
+    hi_diag = T
+    if FAST:
+        hi_diag = tl.minimum(lo + BM, T)     # BM % BN == 0: one query block holds the whole key block
+        # off-diagonal query blocks (all queries after every key here): exp(G_i - G_j) =
+        # exp(G_i - G_r) exp(G_r - G_j), r = the block's last key; the key factor goes into k (p-th root)
+        g_r = tl.zeros([1], tl.float32)
+        if GATED:
+            g_r = tl.load(G + i_b * T * HK + tl.minimum(pid_n * BN + BN - 1, T - 1) * HK + i_hk)
+            c_k = tl.exp((g_r - g_k) * (1.0 / P))                        # [BN] <= 1
+        else:
+            c_k = tl.full([BN], 1.0, tl.float32)
+        k_f = (k.to(tl.float32) * c_k[:, None]).to(DOT_DT)
+        dk_f = tl.zeros([BN, D], tl.float32)
     for r in range(REP):
         i_hq = i_hk * REP + r
-        for start_m in range(lo, T, BM):
+        if FAST:
+            for start_m in range(lo + BM, T, BM):
+                offs_m = start_m + tl.arange(0, BM)
+                mask_m = offs_m < T
+                q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+                q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+                do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+                row = i_b * T * HQ + offs_m * HQ + i_hq
+                r_q = tl.full([BM], 1.0, tl.float32) * scale_p            # R_i = s^p rowf_i / D_i
+                if NORM:
+                    r_q = r_q * tl.exp(-tl.load(LSE + row, mask=mask_m, other=0.0))
+                if GATED:
+                    g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+                    r_q = r_q * tl.exp(g_q - g_r)
+                r_q = tl.where(mask_m, r_q, 0.0)                             # padded rows: exp(-g_r) may be inf
+                x = tl.dot(q, tl.trans(k_f), input_precision=PREC)           # [BM, BN]
+                xp1 = _pow(x, P - 1)
+                pn = xp1 * x * r_q[:, None]
+                dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
+                da = tl.dot(do, tl.trans(v), input_precision=PREC)
+                if NORM:
+                    da = da - tl.load(DELTA + row, mask=mask_m, other=0.0)[:, None]
+                dk_f += tl.dot(tl.trans((da * xp1 * (P * r_q)[:, None]).to(DOT_DT)), q, input_precision=PREC)
+                dg -= tl.sum(da * pn, axis=0)
+        for start_m in range(lo, hi_diag, BM):
             offs_m = start_m + tl.arange(0, BM)
             mask_m = offs_m < T
             q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
@@ -196,6 +234,8 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, T,
             dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
             dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
             dg -= tl.sum(dgate, axis=0)
+    if FAST:
+        dk += dk_f * c_k[:, None]
     tl.store(DK + kv_off, dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
     if GATED:
@@ -203,10 +243,10 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, T,
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, T,
+def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 DOT_DT: tl.constexpr, PREC: tl.constexpr):
+                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // HQ).to(tl.int64)
@@ -232,7 +272,38 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, T,
     dq = tl.zeros([BM, D], tl.float32)
     dg = tl.zeros([BM], tl.float32)
     hi = tl.minimum((pid_m + 1) * BM, T)
-    for start_n in range(0, hi, BN):
+    lo = 0
+    if FAST:
+        # off-diagonal key blocks, as in the forward: key factor folded into k, row factor after
+        lo = pid_m * BM
+        g_r = tl.zeros([1], tl.float32)
+        if GATED:
+            g_r = tl.load(G + i_b * T * HK + tl.maximum(lo - 1, 0) * HK + i_hk)
+        for start_n in range(0, lo, BN):
+            offs_n = start_n + tl.arange(0, BN)
+            k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            if GATED:
+                g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk)
+                k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
+            x = tl.dot(q, tl.trans(k), input_precision=PREC)
+            xp1 = _pow(x, P - 1)
+            da = tl.dot(do, tl.trans(v), input_precision=PREC)
+            if NORM:
+                da = da - delta[:, None]
+            dxp = da * xp1
+            dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
+            if GATED:
+                dg += tl.sum(dxp * x, axis=1)
+        r_q = tl.full([BM], 1.0, tl.float32) * scale_p
+        if NORM:
+            r_q = r_q * tl.exp(-lse)
+        if GATED:
+            r_q = r_q * tl.exp(g_q - g_r)
+        r_q = tl.where(mask_m, r_q, 0.0)
+        dq = dq * (P * r_q)[:, None]
+        dg = dg * r_q
+    for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         mask_n = offs_n < T
         k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
@@ -268,7 +339,8 @@ def _dot_dtype(dtype, norm, backward):
     return tl.float32, "tf32x3"
 
 
-FAST_FORWARD = True         # bf16 off-diagonal fast path (see _attn_fwd); False for A/B timing
+FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
+FAST_BACKWARD = True
 BLOCK_OVERRIDE: dict = {}   # {"fwd"|"bwd": (BM, BN, warps, stages)}: for tuning scripts only
 
 
@@ -280,8 +352,8 @@ def _blocks(d, backward, dot_dt):
         return BLOCK_OVERRIDE[key]
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
     if backward:
-        return (32, 32, 4, 1) if wide else (64, 64, 4, 2) if d <= 64 else (64, 64, 8, 2)
-    return (64, 32, 4, 1) if wide else (128, 64, 4, 3) if d <= 64 else (128, 64, 8, 2)
+        return (32, 32, 4, 1) if wide else (64, 64, 4, 3) if d <= 64 else (64, 64, 8, 2)
+    return (64, 32, 4, 1) if wide else (128, 64, 4, 4) if d <= 64 else (128, 64, 8, 2)
 
 
 class AttentionForm(torch.autograd.Function):
@@ -321,8 +393,10 @@ class AttentionForm(torch.autograd.Function):
         BM, BN, warps, stages = _blocks(d, True, dot_dt)
         common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
                       PREC=prec, num_warps=warps, num_stages=stages)
-        _attn_bwd_dkdv[(triton.cdiv(t, BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, t, **common)
-        _attn_bwd_dq[(triton.cdiv(t, BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, t, **common)
+        common["FAST"] = BM % BN == 0 and FAST_BACKWARD
+        sp = scale ** p
+        _attn_bwd_dkdv[(triton.cdiv(t, BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
+        _attn_bwd_dq[(triton.cdiv(t, BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t, **common)
         dG = None
         if gated:
             dG = dgk + dgq.view(b, t, hk, hq // hk).sum(-1)
