@@ -27,6 +27,9 @@ from longctx.train.metrics import icl_summary
 from longctx.train.optim import build_optimizer, build_scheduler
 
 
+INLINE_CURVE_MAX = 8192  # longer per-position curves go to <run_dir>/per_position_loss/step_*.npy
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -263,8 +266,15 @@ class Trainer:
         record["flops"] = self.tokens * self.flops["train_flops_per_token"]
         record["mfu"] = mfu(tokens_per_s, self.flops["train_flops_per_token"], self.device_name, self.dist.world_size)
         record.update(icl_summary(curve, self.cfg.trainer.icl_bins, self.bayes_curve))
-        record["per_position_loss"] = [round(float(x), 5) for x in curve]
         if self.dist.is_main:
+            # The raw per-position curve: inline for short contexts, beside the log for long ones (a 64k
+            # curve is ~0.5 MB of JSON per evaluation).
+            if len(curve) <= INLINE_CURVE_MAX:
+                record["per_position_loss"] = [round(float(x), 5) for x in curve]
+            else:
+                folder = self.run_dir / "per_position_loss"
+                folder.mkdir(exist_ok=True)
+                np.save(folder / f"step_{self.step:08d}.npy", curve.astype(np.float32))
             self.jsonl.log(record)
             png = plot_icl_curves(self.jsonl.records(), self.run_dir / "icl_curves.png",
                                   f"{self.cfg.run_name}: ICL curves over training")
@@ -277,17 +287,17 @@ class Trainer:
         cfg = self.cfg
         max_steps, eval_every = cfg.trainer.max_steps, cfg.trainer.eval_every
         batches = iter(self.reader)
-        # In a log file (Slurm, CI) a redraw every 0.1 s floods it: refresh every 30 s there instead.
-        bar = tqdm(total=max_steps, initial=self.step, desc=cfg.run_name, disable=not self.dist.is_main,
-                   dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
-        window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
-        record = None
         budget = cfg.trainer.flops_budget
         if self.dist.is_main:
             params = sum(p.numel() for p in self.model.parameters())
             print(f"{cfg.run_name}: {params / 1e6:.2f}M parameters on {self.device_name} x{self.dist.world_size}; "
                   f"forward FLOPs/token weight {self.flops['weight_flops_per_token']:.3g}, state "
                   f"{self.flops['state_flops_per_token']:.3g} (WSFR {format_ratio(self.flops['wsfr'])})", flush=True)
+        # In a log file (Slurm, CI) a redraw every 0.1 s floods it: refresh every 30 s there instead.
+        bar = tqdm(total=max_steps, initial=self.step, desc=cfg.run_name, disable=not self.dist.is_main,
+                   dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
+        window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
+        record = None
         while self.step < max_steps:
             batch = next(batches)
             t0 = time.time()
