@@ -168,7 +168,7 @@ class Trainer:
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "data": self.reader.state_dict(),
-            "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "rng": rng_state(),
+            "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "rng": self._all_rng_states(),
             "skipped_steps": self.skipped_steps,
             "config": OmegaConf.to_container(self.cfg, resolve=True), "wandb_id": self.wandb_id,
             "spec": self.spec.__dict__,
@@ -183,11 +183,26 @@ class Trainer:
         self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
         self.wandb_id = state.get("wandb_id")
         self.skipped_steps = state.get("skipped_steps", 0)
-        set_rng_state(state["rng"])
+        rng = state["rng"]
+        ranks = rng.get("per_rank", [rng])
+        if len(ranks) != self.dist.world_size and self.dist.is_main:
+            print(f"note: checkpoint holds RNG states of {len(ranks)} ranks, this run has "
+                  f"{self.dist.world_size}; ranks beyond them reuse rank 0's", flush=True)
+        set_rng_state(ranks[self.dist.rank] if self.dist.rank < len(ranks) else ranks[0])
+
+    def _all_rng_states(self) -> dict:
+        """Every rank's RNG state (gathered to rank 0), so a resumed run draws what it would have drawn."""
+        mine = rng_state()
+        if not self.dist.enabled:
+            return {"per_rank": [mine]}
+        gathered = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(gathered, mine)
+        return {"per_rank": gathered}
 
     def save(self) -> None:
+        state = self.state_dict()  # collective (RNG gather): every rank takes part
         if self.dist.is_main:
-            ckpt.save_checkpoint(self.run_dir, self.step, self.state_dict(), self.cfg.trainer.keep_checkpoints)
+            ckpt.save_checkpoint(self.run_dir, self.step, state, self.cfg.trainer.keep_checkpoints)
         barrier(self.dist)
 
     # ----- numerics ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from hydra.errors import ConfigCompositionException
 
@@ -163,3 +164,34 @@ def test_flops_budget_stops_the_run(compose, tiny, tmp_path):
     rec = trainer.fit()
     assert rec["step"] == 3 and rec["flops"] == pytest.approx(3 * per_step)
     assert rec["weight_flops_per_token"] > 0 and rec["state_flops_per_token"] > 0
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_non_finite_loss_is_never_silent(compose, tiny, tmp_path, policy, capsys):
+    trainer = Trainer(compose(*tiny, f"trainer.on_nonfinite={policy}", "trainer.max_skipped_steps=2",
+                              f"run_dir={tmp_path / policy}"))
+    forward = trainer.model.forward
+
+    def poisoned(input_ids, targets=None):  # steps 2 and 3 produce NaN losses
+        out = forward(input_ids, targets)
+        return out * float("nan") if trainer.step in (1, 2) else out
+
+    trainer.model.forward = poisoned
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    if policy == "stop":
+        with pytest.raises(FloatingPointError, match=r"non-finite loss and grad_norm at step 2"):
+            trainer.fit()
+        return
+    rec = trainer.fit()
+    assert rec["skipped_steps"] == 2 and rec["step"] == 6 and np.isfinite(rec["best_context_loss"])
+    assert "update skipped" in capsys.readouterr().out
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_too_many_non_finite_steps_in_a_row_stop(compose, tiny, tmp_path):
+    trainer = Trainer(compose(*tiny, "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=1",
+                              f"run_dir={tmp_path / 'run'}"))
+    forward = trainer.model.forward
+    trainer.model.forward = lambda input_ids, targets=None: forward(input_ids, targets) * float("inf")
+    with pytest.raises(FloatingPointError, match="max_skipped_steps=1"):
+        trainer.fit()

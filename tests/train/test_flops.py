@@ -64,3 +64,19 @@ def test_mfu_lookup_by_device_name():
     assert peak_bf16_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_bf16_flops("cpu") is None and mfu(1e6, 1e9, "cpu") is None
     assert mfu(1e5, 1e9, "NVIDIA H100 80GB HBM3") == pytest.approx(1e14 / 989e12)
+
+
+def test_plot_runs_against_flops(tmp_path):
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        run = tmp_path / name
+        run.mkdir()
+        run.joinpath("metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "tokens": 100 * s, "flops": 1e12 * scale * s, "best_context_loss": 2.0 / s}) + "\n"
+            for s in (1, 2, 3)))
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_runs.py"), str(tmp_path / "a"),
+                          str(tmp_path / "b"), "-o", str(tmp_path / "cmp.png")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "cmp.png").stat().st_size > 5000
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_runs.py"), str(tmp_path / "a"),
+                          "--y", "nonsense", "-o", str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--y='nonsense'" in bad.stderr
