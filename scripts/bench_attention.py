@@ -3,6 +3,7 @@
 Usage (GPU machine; power-attention wheels installed as in ../shared/bench/anchor_bench.py):
     python scripts/bench_attention.py --out runs/bench            # the issue's table: d=64, p=2
     python scripts/bench_attention.py --sweep                     # also d=32/128 and p=1/4
+    python scripts/bench_attention.py --chunked 512,1024          # also the Triton chunked form (opt-in kernels)
 Shape: b=8, h=12, bf16, causal, (b, t, h, d) layout; gated power attention (log_g ~ logsigmoid(N(6.9,1))).
 Reports median ms (triton.testing.do_bench), tokens/s, TFLOP/s (causal attention FLOPs, FA convention:
 fwd 2*b*h*t^2*d, fwd+bwd 3.5x that), peak memory, first-call (compile) seconds, and the card's measured
@@ -57,6 +58,15 @@ def make_ours(p):
 
     def call(q, k, v, lg):
         return power_attention(q, k, v, lg, p=p, norm=p % 2 == 0)   # odd p: numerator only
+    return call
+
+
+def make_ours_chunked(p, chunk):
+    """The Triton chunked-form kernels directly (what LONGCTX_POWER_IMPL=chunked routes long calls to)."""
+    from longctx.kernels.power.triton_chunked import chunked_form
+
+    def call(q, k, v, lg):
+        return chunked_form(q, k, v, lg, p=p, scale=q.shape[-1] ** -0.5, chunk_size=chunk, norm=p % 2 == 0)
     return call
 
 
@@ -118,6 +128,8 @@ def main():
     ap.add_argument("--ctxs", default="1024,4096,16384,65536")
     ap.add_argument("--sweep", action="store_true", help="also d=32/128 and p=1/4 at 4k and 16k")
     ap.add_argument("--skip", default="", help="comma-separated impl names to skip")
+    ap.add_argument("--chunked", default="", help="comma-separated chunk sizes: also time the Triton chunked "
+                    "form (longctx_p2_chunked<C>; with --sweep also d=32/128 and p=1)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     prop = torch.cuda.get_device_properties(0)
@@ -128,6 +140,8 @@ def main():
     b, h, rows = 8, 12, []
     impls = {"sdpa_cudnn": make_sdpa("cudnn"), "sdpa_flash": make_sdpa("flash"),
              "power_attention_1.4.4_p2": make_public(2), "longctx_p2": make_ours(2)}
+    chunks = [int(c) for c in args.chunked.split(",") if c]
+    impls.update({f"longctx_p2_chunked{c}": make_ours_chunked(2, c) for c in chunks})
     impls = {k: v for k, v in impls.items() if k not in args.skip.split(",")}
     jobs = [(name, call, t, 64) for t in map(int, args.ctxs.split(",")) for name, call in impls.items()]
     if args.sweep:
@@ -135,6 +149,9 @@ def main():
             jobs += [("sdpa_cudnn", impls.get("sdpa_cudnn", make_sdpa("cudnn")), t, d) for d in (32, 128)]
             jobs += [("longctx_p2", make_ours(2), t, d) for d in (32, 128)]
             jobs += [(f"longctx_p{p}", make_ours(p), t, 64) for p in (1, 4)]
+            for c in chunks:
+                jobs += [(f"longctx_p2_chunked{c}", make_ours_chunked(2, c), t, d) for d in (32, 128)]
+                jobs += [(f"longctx_p1_chunked{c}", make_ours_chunked(1, c), t, 64)]
     for name, call, t, d in jobs:
         for mode in ("fwd", "fwdbwd"):
             measure(name, call, b, t, h, d, mode, rows, flops_fwd=2 * b * h * t * t * d)

@@ -82,6 +82,10 @@ class Trainer:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.device = pick_device(cfg.device)
+        if self.device.type == "cpu":
+            # Flush denormals to zero: tiny activations/gradients of small models otherwise fall into x86's
+            # slow denormal path (measured: the default 3-layer run went from 84 to 690-790 ms per step).
+            torch.set_flush_denormal(True)
         self.dist: DistInfo = init_distributed(self.device.type)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)

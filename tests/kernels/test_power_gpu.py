@@ -8,8 +8,9 @@ import itertools
 import pytest
 import torch
 
-from longctx.kernels import power_attention
-from longctx.kernels.power.reference import power_attention_reference
+from longctx.kernels import power_attention, power_attention_step
+from longctx.kernels.power.reference import PowerState, power_attention_reference
+from longctx.kernels.power.triton_chunked import chunked_form
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -77,3 +78,89 @@ def test_pieces_with_state_equal_one_call_gpu(p, norm):
                                 chunk_size=512, initial_state=st, return_state=True)
         ys.append(y)
     assert rel_err(torch.cat(ys, 1), whole) < 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# chunked-form kernels (triton_chunked.py): opt-in (LONGCTX_POWER_IMPL=chunked) until these pass on a GPU
+# ----------------------------------------------------------------------------------------------
+
+# p=4 d=128 has D = 13.4M state features (7 GB per state): not a chunked-form shape
+CHUNKED_CASES = [(p, norm, d, dt, (i % 2 == 0))
+                 for i, ((p, norm), d, dt) in enumerate(itertools.product(
+                     PNORM, (32, 64, 128), (torch.bfloat16, torch.float16, torch.float32)))
+                 if not (p == 4 and d == 128)]
+
+
+@pytest.mark.parametrize("p,norm,d,dtype,gated", CHUNKED_CASES,
+                         ids=[f"chunked-p{p}-{'norm' if n else 'raw'}-d{d}-{str(dt)[6:]}-{'gated' if g else 'nogate'}"
+                              for p, n, d, dt, g in CHUNKED_CASES])
+def test_chunked_kernel_matches_float64_reference(p, norm, d, dtype, gated):
+    t, chunk = (333, 64) if p >= 3 else (777, 128)          # odd t: the last chunk is padded
+    q, k, v, lg = make(1, t, 4, 2, d, dtype, gated)
+    leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
+    y = chunked_form(q, k, v, lg, p=p, scale=d ** -0.5, chunk_size=chunk, norm=norm)
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    do = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, do)
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    qr, kr, vr = ref_leaves[:3]
+    # the quadratic float64 form: same function, no D-sized features in memory
+    y_ref = power_attention_reference(qr, kr, vr, ref_leaves[3] if gated else None, p=p, norm=norm)
+    grads_ref = torch.autograd.grad(y_ref, ref_leaves, do.double())
+    tol = TOL[dtype]
+    assert rel_err(y, y_ref) < tol
+    for name, g_, gr in zip("q k v log_g".split(), grads, grads_ref):
+        assert rel_err(g_, gr) < 2 * tol, name
+
+
+@pytest.mark.parametrize("p,norm", [(2, True), (1, False)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_chunked_kernel_state_in_out_and_grads(p, norm, dtype):
+    """Incoming and outgoing state, gradients w.r.t. the state too, vs the float64 chunked reference."""
+    q, k, v, lg = make(2, 700, 4, 2, 64, dtype, True, seed=1)
+    _, st = power_attention_reference(*make(2, 300, 4, 2, 64, torch.float32, True, seed=2), p=p, norm=norm,
+                                      chunk_size=128, return_state=True)
+    leaves = [x.requires_grad_() for x in (q, k, v, lg, st.s.clone(), st.z.clone())]
+    y, st_out = chunked_form(*leaves[:4], p=p, scale=0.125, chunk_size=256, norm=norm,
+                             initial_state=leaves[4:], return_state=True)
+    seeds = [torch.randn_like(x) for x in (y, st_out.s, st_out.z)]
+    grads = torch.autograd.grad([y, st_out.s, st_out.z], leaves, seeds)
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    y_ref, st_ref = power_attention_reference(*ref[:4], p=p, scale=0.125, norm=norm, chunk_size=256,
+                                              initial_state=PowerState(*ref[4:]), return_state=True)
+    grads_ref = torch.autograd.grad([y_ref, st_ref.s, st_ref.z], ref, [s.double() for s in seeds])
+    tol = TOL[dtype]
+    for name, a, b in zip(["y", "s", "z"], (y, st_out.s, st_out.z), (y_ref, st_ref.s, st_ref.z)):
+        assert rel_err(a, b) < tol, name
+    for name, g_, gr in zip("q k v log_g s0 z0".split(), grads, grads_ref):
+        assert rel_err(g_, gr) < 2 * tol, name
+
+
+@pytest.mark.parametrize("draw", range(4))
+def test_chunked_64k_bf16_gated_large_norm_is_finite(draw):
+    q, k, v, lg = make(1, 65536, 2, 1, 64, torch.bfloat16, True, seed=draw, qk_scale=8.0 * (draw + 1))
+    lg = (lg * (1 + 20 * draw)).requires_grad_()
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    y = chunked_form(q, k, v, lg, p=2, scale=0.125, chunk_size=1024, norm=True)
+    y.backward(torch.randn_like(y))
+    for x in (y, q.grad, k.grad, v.grad, lg.grad):
+        assert torch.isfinite(x).all()
+
+
+@pytest.mark.parametrize("p,norm", [(2, True), (1, False)])
+def test_chunked_opt_in_pieces_equal_one_call(p, norm, monkeypatch):
+    """Through the public API with LONGCTX_POWER_IMPL=chunked: pieces with state == one call (attention form)."""
+    monkeypatch.setenv("LONGCTX_POWER_IMPL", "chunked")
+    q, k, v, lg = make(1, 3000, 4, 2, 64, torch.float32, True)
+    whole = power_attention(q, k, v, lg, p=p, norm=norm, chunk_size=None)      # t < CHUNKED_MIN_T: attention
+    ys, st = [], None
+    for a, b in ((0, 1024), (1024, 1025), (1025, 3000)):
+        y, st = power_attention(q[:, a:b], k[:, a:b], v[:, a:b], lg[:, a:b], p=p, norm=norm,
+                                chunk_size=512, initial_state=st, return_state=True)
+        ys.append(y)
+    assert rel_err(torch.cat(ys, 1), whole) < 1e-4
+    _, st = power_attention(q[:, :5], k[:, :5], v[:, :5], lg[:, :5], p=p, norm=norm, return_state=True)
+    for i in (5, 6):                                                            # decoding steps
+        y, st = power_attention_step(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], st, lg[:, i:i + 1], p=p,
+                                     norm=norm)
+        assert rel_err(y, whole[:, i:i + 1]) < 1e-4

@@ -140,3 +140,15 @@ def test_bad_inputs_raise_value_error(case, name):
     kwargs.update(case(q, k, v, lg))
     with pytest.raises(ValueError, match=name):
         power_attention(**kwargs)
+
+
+def test_chunked_opt_in_env_is_validated(monkeypatch):
+    from longctx.kernels.power import dispatch
+    monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
+    assert dispatch.cuda_chunk_size(65536, 2, 64) is None          # default routing unchanged
+    monkeypatch.setenv(dispatch.IMPL_ENV, "chunked")
+    assert dispatch.cuda_chunk_size(65536, 2, 64) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(1024, 2, 64) is None
+    monkeypatch.setenv(dispatch.IMPL_ENV, "bogus")
+    with pytest.raises(ValueError, match=dispatch.IMPL_ENV):
+        dispatch.cuda_chunk_size(65536, 2, 64)

@@ -1,14 +1,29 @@
 """The Triton kernels themselves, on CPU, under TRITON_INTERPRET=1 (in a subprocess, so the variable
-never reaches other tests), forward and gradients vs the reference. See _interpret_check.py."""
+never reaches other tests), forward and gradients vs the reference. See _interpret_check.py (attention
+form) and _interpret_chunked_check.py (chunked form: state kernels, query-state, state gradients)."""
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
-def test_triton_kernels_under_interpreter():
+
+@pytest.mark.parametrize("script", ["_interpret_check.py", "_interpret_chunked_check.py"],
+                         ids=["attention_form", "chunked_form"])
+def test_triton_kernels_under_interpreter(script):
     env = dict(os.environ, TRITON_INTERPRET="1")
-    script = Path(__file__).with_name("_interpret_check.py")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    path = Path(__file__).with_name(script)
+    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=300)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_chunked_kernels_compile_for_sm90():
+    """The interpreter accepts code the compiler rejects: compile the chunked kernels for sm_90 on this CPU
+    machine (Triton's nvidia backend + bundled ptxas) and check they fit the H100/H200 shared memory."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power.compile_check import H100_SHARED, compile_chunked
+    for name, shared, _, _ in compile_chunked(2, 64, "bf16"):
+        assert shared <= H100_SHARED, name

@@ -112,6 +112,10 @@ def power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Op
     Returns:
         y (b, t, hq, d) in q's dtype, or (y, PowerState) if return_state.
 
+    On CUDA, stateless calls with chunk_size=None run the Triton attention form; the chunked form and the state
+    paths run the PyTorch reference, or the Triton chunked kernels with the opt-in environment variable
+    LONGCTX_POWER_IMPL=chunked (see dispatch.py, docs/kernels.md).
+
     Example:
         >>> q = k = v = torch.randn(1, 16, 2, 32)
         >>> y = power_attention(q, k, v, p=2)          # (1, 16, 2, 32)

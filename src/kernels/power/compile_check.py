@@ -1,0 +1,83 @@
+"""Developer tool: compile the chunked-form kernels for an NVIDIA target on a machine without a GPU (Triton's
+nvidia backend + the bundled ptxas), and print shared memory, registers and spill stack per kernel. Catches what
+TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows, before any device time.
+
+    python -m longctx.kernels.power.compile_check 2,64,bf16 4,64,fp32      # p,d,dtype ...
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import triton_chunked as tc
+
+H100_SHARED = 232448        # bytes of shared memory a block may use on sm_90
+
+
+def _compile(fn, ptr_types, scalars, consts, warps, stages, arch):
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in consts else scalars.get(n, ptr_types.get(n, "*fp32")) for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
+def _usage(kernel):
+    """(registers, spill stack bytes) from cuobjdump, or (None, None) if it is not bundled."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+).*?STACK:(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90):
+    """Compile the five chunked-form kernels for one (p, d, dtype in {'bf16','fp16','fp32'}); returns
+    [(name, shared bytes, registers, spill stack bytes)]."""
+    tile = tc.state_tile(p, d)
+    F = tile ** p
+    sdt, prec = (tl.bfloat16, "tf32") if dtype == "bf16" else (tl.float32, "tf32x3")
+    rows, BD, warps, stages = tc._chunk_blocks(F, d, sdt)
+    io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
+    base = dict(D=d, P=p, TILE=tile, F=F, C=chunk, GATED=gated, DOT_DT=sdt, PREC=prec)
+    ints = {n: "i32" for n in ("T", "NC", "DS", "L")} | {"scale_p": "fp32"}
+    jobs = [
+        (tc._chunk_state_fwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows, BD=BD, HAS_S0=True)),
+        (tc._query_state_fwd, {"Q": io, "IDX": "*i32", "Y": io},
+         dict(base, HQ=hq, HK=hk, BM=rows, NORM=norm, HAS_S0=True)),
+        (tc._query_state_bwd, {"Q": io, "IDX": "*i32", "DO": io},
+         dict(base, HQ=hq, HK=hk, BM=rows, NORM=norm, HAS_S0=True)),
+        (tc._chunk_state_bwd, {"Q": io, "IDX": "*i32", "DO": io},
+         dict(base, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True)),
+        (tc._update_state_bwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows)),
+    ]
+    out = []
+    for fn, ptrs, consts in jobs:
+        k = _compile(fn, ptrs, ints, consts, warps, stages, arch)
+        out.append((k.name, k.metadata.shared, *_usage(k)))
+    return out
+
+
+def main(argv):
+    for case in argv or ["2,64,bf16"]:
+        p, d, dtype = case.split(",")
+        print(f"p={p} d={d} {dtype}", flush=True)
+        for name, shared, regs, stack in compile_chunked(int(p), int(d), dtype):
+            flag = "  OVER sm_90 shared memory" if shared > H100_SHARED else ""
+            print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}{flag}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,585 @@
+"""Chunked form of power attention in Triton (forward + backward), with the tiled symmetric-power expansion done
+on the fly inside the matmuls ("expand-MMA": phi(K) / phi(Q) never exist in HBM).
+
+Math (reference.py `_block`, ../../../docs/kernels.md). Chunk n covers tokens [nC, nC + C); g = chunk-local
+cumulative log-gate (g_i = sum of log_g from the chunk start to i), gt_n = g at the chunk's last token, s = scale:
+
+    intra_i  = attention form on the chunk alone (reuses triton_attention._attn_fwd: y_intra, lse_intra)
+    U_n      = sum_{j in n} w phi(k_j) e^(gt_n - g_j) v_j^T,  Uz_n = same with v_j -> 1   (update-state, expand-M)
+    S_{n+1}  = e^(gt_n) S_n + U_n   (discumsum; S_0 = initial state)     -- fused: _chunk_state_fwd keeps one
+               state tile [F, BD] on chip and walks the chunks in order, storing the state entering each chunk
+    inter_i  = r_i phi(q_i) S_n, den_i = r_i phi(q_i) . z_n,  r_i = s^p e^(g_i)       (query-state, expand-K)
+    y_i      = (N_i + inter_i) / (L_i + den_i)  (norm; stabilized by max(lse_intra, log den)) or N_i + inter_i
+
+phi is the tiled symmetric power of reference.py (`state_tile`, `_ndmi`): block l of the state holds the
+F = TILE^p features prod_z x[IDX[l, z] * TILE + sub_z(f)]; the multiplicity w_l goes on the key side only.
+Gates fold into per-row factors (phi is homogeneous): keys get e^(gt_n - g_j) <= 1, queries e^(g_i) <= 1.
+
+Backward (Den_i = total normalizer, Delta_i = dy_i . y_i, dn_i = dy_i / Den_i, dl_i = -Delta_i / Den_i):
+  * intra: the attention-form backward kernels with lse = log Den_i (the combined normalizer);
+  * query side (_query_state_bwd): X = r_i (S_n dn_i + z_n dl_i) = dL/dphi(q_i); dq += contract(X),
+    dg_i += X . phi(q_i);
+  * states (_chunk_state_bwd, reverse discumsum, one state tile on chip): R = dL/dS_{n+1};
+    dU_n = R, dgt_n = e^(gt_n) <S_n, R>, R <- sum_i r_i phi(q_i)^T [dn_i | dl_i] + e^(gt_n) R; dS_0 = R;
+  * key side (_update_state_bwd): X = dU_n v_j + dUz_n = dL/d(w phi(k_j) e^(gt_n - g_j)); dv += ph dU,
+    dk += contract(X), Y_j = X . ph_j: dg_j -= Y_j, dgt_n += Y_j.
+contract(X) maps a feature gradient back to the d inputs: dx[col_z(f)] += X_f prod_{z' != z} x[col_z'(f)],
+done as a matmul with a one-hot [F, d] matrix per factor z.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import _ndmi, state_dim, state_tile
+from .triton_attention import _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _dot_dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# expansion helpers
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _factor(X_rows, mask, IDX, l, z: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr):
+    """Factor z of expansion block l: x[:, IDX[l, z] * TILE + sub_z(f)] as [B, F] fp32, and its columns [F]."""
+    offs_f = tl.arange(0, F)
+    if P - 1 - z == 0:
+        sub = offs_f % TILE
+    elif P - 1 - z == 1:
+        sub = (offs_f // TILE) % TILE
+    elif P - 1 - z == 2:
+        sub = (offs_f // (TILE * TILE)) % TILE
+    else:
+        sub = offs_f // (TILE * TILE * TILE)
+    col = tl.load(IDX + l * P + z) * TILE + sub                           # [F]
+    x = tl.load(X_rows + col[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    return x, col
+
+
+@triton.jit
+def _expand(X_rows, mask, IDX, l, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr):
+    """Block l of phi(x) for B rows: X_rows [B, 1] pointers to the rows. Returns (phi [B, F], factors, columns);
+    unused factors (z >= P) are 1 and their columns 0."""
+    f0, c0 = _factor(X_rows, mask, IDX, l, 0, P, TILE, F)
+    f1 = tl.full(f0.shape, 1.0, tl.float32)
+    f2 = f1
+    f3 = f1
+    c1 = c0 * 0
+    c2 = c1
+    c3 = c1
+    phi = f0
+    if P >= 2:
+        f1, c1 = _factor(X_rows, mask, IDX, l, 1, P, TILE, F)
+        phi = phi * f1
+    if P >= 3:
+        f2, c2 = _factor(X_rows, mask, IDX, l, 2, P, TILE, F)
+        phi = phi * f2
+    if P >= 4:
+        f3, c3 = _factor(X_rows, mask, IDX, l, 3, P, TILE, F)
+        phi = phi * f3
+    return phi, f0, f1, f2, f3, c0, c1, c2, c3
+
+
+@triton.jit
+def _onehot_dot(x, col, D: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """x [B, F] @ E [F, D] with E[f, col[f]] = 1: scatter-add of feature gradients into the d columns."""
+    e = (col[:, None] == tl.arange(0, D)[None, :]).to(DOT_DT)
+    return tl.dot(x.to(DOT_DT), e, input_precision=PREC)
+
+
+@triton.jit
+def _contract(X, f0, f1, f2, f3, c0, c1, c2, c3, P: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr,
+              PREC: tl.constexpr):
+    """dx [B, D] of sum_f X_f prod_z x[col_z(f)]: sum over z of (X prod_{z' != z} f_z') one-hot-scattered."""
+    if P == 1:
+        dx = _onehot_dot(X, c0, D, DOT_DT, PREC)
+    elif P == 2:
+        dx = _onehot_dot(X * f1, c0, D, DOT_DT, PREC) + _onehot_dot(X * f0, c1, D, DOT_DT, PREC)
+    elif P == 3:
+        dx = (_onehot_dot(X * (f1 * f2), c0, D, DOT_DT, PREC) + _onehot_dot(X * (f0 * f2), c1, D, DOT_DT, PREC)
+              + _onehot_dot(X * (f0 * f1), c2, D, DOT_DT, PREC))
+    else:
+        f01 = f0 * f1
+        f23 = f2 * f3
+        dx = (_onehot_dot(X * (f1 * f23), c0, D, DOT_DT, PREC) + _onehot_dot(X * (f0 * f23), c1, D, DOT_DT, PREC)
+              + _onehot_dot(X * (f01 * f3), c2, D, DOT_DT, PREC) + _onehot_dot(X * (f01 * f2), c3, D, DOT_DT, PREC))
+    return dx
+
+
+# ----------------------------------------------------------------------------------------------
+# forward kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _chunk_state_fwd(K, V, G, IDX, MULT, S0, Z0, S, Z, T, NC, DS,
+                     HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr,
+                     C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, GATED: tl.constexpr,
+                     HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Update-state + discumsum fused. Program (l, value block, b*hk) keeps S[l-block, v-block] ([F, BD]) and
+    z[l-block] ([F]) on chip, walks the NC chunks and stores the state entering each chunk (and the final one).
+    S: (b, hk, NC+1, DS, D) fp32, Z: (b, hk, NC+1, DS) fp32."""
+    l = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    offs_f = tl.arange(0, F)
+    offs_v = pid_v * BD + tl.arange(0, BD)
+    offs_c = tl.arange(0, BK)
+    w = tl.load(MULT + l)
+    z_store = (offs_f + pid_v * F) < F                                 # z: written by value block 0 only
+    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]             # [F, BD] within one (D_s x D) state
+    acc = tl.zeros([F, BD], tl.float32)
+    accz = tl.zeros([F], tl.float32)
+    if HAS_S0:
+        acc += tl.load(S0 + pid_bh.to(tl.int64) * DS * D + st_off)
+        accz += tl.load(Z0 + pid_bh.to(tl.int64) * DS + l * F + offs_f)
+    for n in range(NC):
+        s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
+        tl.store(S + s_base * D + st_off, acc)
+        tl.store(Z + s_base + l * F + offs_f, accz, mask=z_store)
+        start = n * C
+        if GATED:
+            g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
+        u = tl.zeros([F, BD], tl.float32)
+        uz = tl.zeros([F], tl.float32)
+        for j0 in range(0, C, BK):
+            rows = start + j0 + offs_c                                   # [BK]
+            mask = ((j0 + offs_c) < C) & (rows < T)
+            k_rows = K + ((i_b * T + rows) * HK + i_hk) * D              # [BK]
+            phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(k_rows[:, None], mask, IDX, l, P, TILE, F)
+            cw = tl.where(mask, w, 0.0)                                  # [BK]
+            if GATED:
+                g = tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0)
+                cw = cw * tl.exp(g_end - g)
+            phi = phi * cw[:, None]                                      # [BK, F] gated, weighted phi(k)
+            vv = tl.load(V + ((i_b * T + rows) * HK + i_hk)[:, None] * D + offs_v[None, :],
+                         mask=mask[:, None], other=0.0)                  # [BK, BD]
+            u += tl.dot(tl.trans(phi.to(DOT_DT)), vv.to(DOT_DT), input_precision=PREC)
+            uz += tl.sum(phi, axis=0)
+        if GATED:
+            decay = tl.exp(g_end)
+            acc = acc * decay + u
+            accz = accz * decay + uz
+        else:
+            acc += u
+            accz += uz
+    s_base = (pid_bh.to(tl.int64) * (NC + 1) + NC) * DS
+    tl.store(S + s_base * D + st_off, acc)
+    tl.store(Z + s_base + l * F + offs_f, accz, mask=z_store)
+
+
+@triton.jit
+def _query_state_fwd(Q, G, IDX, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, L,
+                     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr,
+                     F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr,
+                     GATED: tl.constexpr, HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Query-state fused with the combine. Program (query block of a chunk, chunk n, b*hq):
+    inter = r phi(q) S_n, den = r phi(q) z_n; y = (y_intra e^lse + inter) / (e^lse + den) stabilized
+    (norm) or y_intra + inter; stores y and lse = log(total normalizer) for the backward."""
+    pid_m = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HQ).to(tl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    loc = pid_m * BM + tl.arange(0, BM)
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    offs_f = tl.arange(0, F)
+    offs_d = tl.arange(0, D)
+    q_rows = Q + ((i_b * T + rows) * HQ + i_hq) * D                     # [BM]
+    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+    num = tl.zeros([BM, D], tl.float32)
+    den = tl.zeros([BM], tl.float32)
+    n_blocks = L
+    if not HAS_S0:
+        n_blocks = L * tl.minimum(n, 1)                                  # S_0 = 0: no state term
+    for l in range(n_blocks):
+        phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(q_rows[:, None], mask, IDX, l, P, TILE, F)
+        s_blk = tl.load(S + (s_base + l * F + offs_f)[:, None] * D + offs_d[None, :])   # [F, D]
+        num += tl.dot(phi.to(DOT_DT), s_blk.to(DOT_DT), input_precision=PREC)
+        if NORM:
+            z_blk = tl.load(Z + s_base + l * F + offs_f)                 # [F]
+            den += tl.sum(phi * z_blk[None, :], axis=1)
+    r = tl.full([BM], 1.0, tl.float32) * scale_p
+    if GATED:
+        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    num = num * r[:, None]
+    o_off = ((i_b * T + rows) * HQ + i_hq)[:, None] * D + offs_d[None, :]
+    yi = tl.load(OI + o_off, mask=mask[:, None], other=0.0)
+    if NORM:
+        den = den * r
+        lse_i = tl.load(LSEI + (i_b * T + rows) * HQ + i_hq, mask=mask, other=0.0)
+        big = tl.maximum(lse_i, tl.log(tl.maximum(den, 1e-30)))
+        a = tl.exp(lse_i - big)
+        bb = tl.exp(-big)
+        tot = a + den * bb                                               # >= 1 (stabilized)
+        y = (yi * a[:, None] + num * bb[:, None]) / tot[:, None]
+        tl.store(LSE + (i_b * T + rows) * HQ + i_hq, big + tl.log(tot), mask=mask)
+    else:
+        y = yi + num
+    tl.store(Y + o_off, y.to(Y.dtype.element_ty), mask=mask[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# backward kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _query_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS, L,
+                     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr,
+                     F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr,
+                     GATED: tl.constexpr, HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Query side of the state term: DQ (fp32) += contract(X), DGQ = X . phi(q), X = r (S dn + z dl)."""
+    pid_m = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HQ).to(tl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    loc = pid_m * BM + tl.arange(0, BM)
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    offs_f = tl.arange(0, F)
+    offs_d = tl.arange(0, D)
+    row = (i_b * T + rows) * HQ + i_hq                                   # [BM]
+    q_rows = Q + row * D
+    o_off = row[:, None] * D + offs_d[None, :]
+    dn = tl.load(DO + o_off, mask=mask[:, None], other=0.0).to(tl.float32)   # [BM, D]
+    r = tl.full([BM], 1.0, tl.float32) * scale_p
+    if GATED:
+        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    r = tl.where(mask, r, 0.0)
+    if NORM:
+        inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+        dn = dn * inv[:, None]
+        dl = -tl.load(DELTA + row, mask=mask, other=0.0) * inv
+    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+    dq = tl.zeros([BM, D], tl.float32)
+    dg = tl.zeros([BM], tl.float32)
+    n_blocks = L
+    if not HAS_S0:
+        n_blocks = L * tl.minimum(n, 1)                                  # S_0 = 0: no state term
+    for l in range(n_blocks):
+        phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(q_rows[:, None], mask, IDX, l, P, TILE, F)
+        s_blk = tl.load(S + (s_base + l * F + offs_f)[:, None] * D + offs_d[None, :])   # [F, D]
+        x = tl.dot(dn.to(DOT_DT), tl.trans(s_blk.to(DOT_DT)), input_precision=PREC)     # [BM, F]
+        if NORM:
+            z_blk = tl.load(Z + s_base + l * F + offs_f)
+            x += dl[:, None] * z_blk[None, :]
+        x = x * r[:, None]
+        dg += tl.sum(x * phi, axis=1)
+        dq += _contract(x, f0, f1, f2, f3, c0, c1, c2, c3, P, D, DOT_DT, PREC)
+    dq += tl.load(DQ + o_off, mask=mask[:, None], other=0.0)
+    tl.store(DQ + o_off, dq, mask=mask[:, None])
+    if GATED:
+        tl.store(DGQ + row, dg, mask=mask)
+
+
+@triton.jit
+def _chunk_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DSF, DZF, DU, DUZ, DS0, DZ0, DGT, scale_p, T, NC, DS, L,
+                     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr,
+                     F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+                     NORM: tl.constexpr, GATED: tl.constexpr, HAS_DSF: tl.constexpr,
+                     DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Reverse discumsum fused with the query-side state gradient. Program (l, value block, b*hk) keeps
+    R = dL/dS_{n+1} ([F, BD]) and Rz on chip, walking chunks backwards: DU[n] = R (the gradient of the chunk's
+    update U_n), DGT[.., n] = e^gt_n <S_n, R> (this tile's part), R <- sum_i r_i phi(q_i)^T dn_i + e^gt_n R.
+    Finally DS0 = R (gradient of the initial state)."""
+    l = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    REP: tl.constexpr = HQ // HK
+    NV = tl.num_programs(1)
+    offs_f = tl.arange(0, F)
+    offs_v = pid_v * BD + tl.arange(0, BD)
+    offs_c = tl.arange(0, BM)
+    z_store = (offs_f + pid_v * F) < F
+    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
+    R = tl.zeros([F, BD], tl.float32)
+    Rz = tl.zeros([F], tl.float32)
+    if HAS_DSF:
+        R += tl.load(DSF + pid_bh.to(tl.int64) * DS * D + st_off)
+        Rz += tl.load(DZF + pid_bh.to(tl.int64) * DS + l * F + offs_f)
+    for n_rev in range(NC):
+        n = NC - 1 - n_rev
+        u_base = (pid_bh.to(tl.int64) * NC + n) * DS
+        tl.store(DU + u_base * D + st_off, R)
+        tl.store(DUZ + u_base + l * F + offs_f, Rz, mask=z_store)
+        if GATED:
+            decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
+            s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
+            s_n = tl.load(S + s_base * D + st_off)
+            part = tl.sum(tl.sum(s_n * R, axis=1), axis=0)
+            z_n = tl.load(Z + s_base + l * F + offs_f)
+            part += tl.where(pid_v == 0, tl.sum(z_n * Rz, axis=0), 0.0)
+            tl.store(DGT + ((pid_bh.to(tl.int64) * L + l) * NV + pid_v) * NC + n, decay * part)
+        du = tl.zeros([F, BD], tl.float32)
+        duz = tl.zeros([F], tl.float32)
+        for rep in range(REP):
+            i_hq = i_hk * REP + rep
+            for j0 in range(0, C, BM):
+                rows = n * C + j0 + offs_c
+                mask = ((j0 + offs_c) < C) & (rows < T)
+                row = (i_b * T + rows) * HQ + i_hq
+                phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand((Q + row * D)[:, None], mask, IDX, l, P, TILE, F)
+                wr = tl.full([BM], 1.0, tl.float32) * scale_p
+                if GATED:
+                    wr = wr * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+                wr = tl.where(mask, wr, 0.0)
+                if NORM:
+                    inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+                    wr = wr * inv
+                    dl = -tl.load(DELTA + row, mask=mask, other=0.0) * wr
+                    duz += tl.sum(phi * dl[:, None], axis=0)
+                do = tl.load(DO + row[:, None] * D + offs_v[None, :], mask=mask[:, None], other=0.0)
+                du += tl.dot(tl.trans((phi * wr[:, None]).to(DOT_DT)), do.to(DOT_DT), input_precision=PREC)
+        if GATED:
+            R = du + decay * R
+            Rz = duz + decay * Rz
+        else:
+            R += du
+            Rz += duz
+    tl.store(DS0 + pid_bh.to(tl.int64) * DS * D + st_off, R)
+    tl.store(DZ0 + pid_bh.to(tl.int64) * DS + l * F + offs_f, Rz, mask=z_store)
+
+
+@triton.jit
+def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L,
+                      HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Key side of the state term. Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j,
+    c_j = e^(gt_n - g_j) and X = v dU_n^T + dUz_n: DV += ph dU_n, DK += contract(X w c_j), DGK = -X . ph."""
+    pid_k = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    loc = pid_k * BK + tl.arange(0, BK)
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    offs_f = tl.arange(0, F)
+    offs_d = tl.arange(0, D)
+    row = (i_b * T + rows) * HK + i_hk
+    kv_off = row[:, None] * D + offs_d[None, :]
+    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)                # [BK, D]
+    c = tl.where(mask, 1.0, 0.0)
+    if GATED:
+        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
+        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
+    u_base = (pid_bh.to(tl.int64) * NC + n) * DS
+    dk = tl.zeros([BK, D], tl.float32)
+    dv = tl.zeros([BK, D], tl.float32)
+    y = tl.zeros([BK], tl.float32)
+    for l in range(L):
+        phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand((K + row * D)[:, None], mask, IDX, l, P, TILE, F)
+        cw = c * tl.load(MULT + l)
+        ph = phi * cw[:, None]                                           # [BK, F]
+        du = tl.load(DU + (u_base + l * F + offs_f)[:, None] * D + offs_d[None, :])   # [F, D]
+        duz = tl.load(DUZ + u_base + l * F + offs_f)
+        x = tl.dot(v.to(DOT_DT), tl.trans(du.to(DOT_DT)), input_precision=PREC) + duz[None, :]   # [BK, F]
+        dv += tl.dot(ph.to(DOT_DT), du.to(DOT_DT), input_precision=PREC)
+        y += tl.sum(x * ph, axis=1)
+        dk += _contract(x * cw[:, None], f0, f1, f2, f3, c0, c1, c2, c3, P, D, DOT_DT, PREC)
+    dk += tl.load(DK + kv_off, mask=mask[:, None], other=0.0)
+    dv += tl.load(DV + kv_off, mask=mask[:, None], other=0.0)
+    tl.store(DK + kv_off, dk, mask=mask[:, None])
+    tl.store(DV + kv_off, dv, mask=mask[:, None])
+    if GATED:
+        tl.store(DGK + row, -y, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side
+# ----------------------------------------------------------------------------------------------
+_TABLES: dict = {}
+
+
+def _tables(p, d, device):
+    """(IDX (L, p) int32, MULT (L,) fp32, TILE, F, L) of the tiled symmetric power (reference.py's layout);
+    cached per (p, d, device), so a call makes no host-to-device copy."""
+    key = (p, d, str(device))
+    if key not in _TABLES:
+        tile = state_tile(p, d)
+        idx, mult = _ndmi(d // tile, p)
+        _TABLES[key] = (torch.tensor(idx, dtype=torch.int32, device=device).contiguous(),
+                        torch.tensor(mult, dtype=torch.float32, device=device), tile, tile ** p, len(idx))
+    return _TABLES[key]
+
+
+MAX_GRID_Y = 65535     # CUDA's limit on grid dims 1 and 2: the intra-chunk launches split the chunk-batch to fit
+
+
+def _chunk_batches(nb, heads):
+    """Slices of the b*NC chunk-batch such that one intra-chunk launch has <= MAX_GRID_Y programs in grid dim 1."""
+    step = max(1, MAX_GRID_Y // heads)
+    return [slice(i, min(i + step, nb)) for i in range(0, nb, step)]
+
+
+def _chunk_view(x, nb, C, real=True):
+    """(b, NC*C, ...) -> (b*NC, C, ...): each chunk one batch entry. Placeholders (real=False) pass through."""
+    return x.view(nb, C, *x.shape[2:]) if real else x
+
+
+def _state_operands(dtype):
+    """Operand dtype and precision of the state matmuls: bf16 for bf16 inputs (fp32 accumulation), else fp32
+    operands as tf32x3 (fp16: phi of large-norm inputs can exceed 65504)."""
+    return (tl.bfloat16, "tf32") if dtype == torch.bfloat16 else (tl.float32, "tf32x3")
+
+
+def _chunk_blocks(F, d, dot_dt):
+    """(rows per step BK/BM, value columns per state program BD, warps, stages). Not timed yet (no GPU in the
+    session that wrote them); chosen so that sm_90 compiles (Triton 3.9 + ptxas, CPU) fit in shared memory and
+    spill little: 8 warps, [B, F] expanded tiles of 4k elements (2k for fp32 operands with F = 256)."""
+    if F <= 64:
+        return (32 if dot_dt == tl.float32 and d == 128 else 64), min(d, 64), 8, 2
+    if dot_dt == tl.float32:
+        return 16, 16, 8, 2
+    return 32, 32, 8, 2
+
+
+class ChunkedForm(torch.autograd.Function):
+    """(y, s_final, z_final) of power attention, chunked form. q (b,T,hq,d), k/v (b,T,hk,d) with T % C == 0
+    (the caller pads with zeros), gl (b,T,hk) fp32 chunk-local cumulative log-gates or None, s0 (b,hk,D_s,d)
+    / z0 (b,hk,D_s) fp32 or None."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        b, T, hq, d = q.shape
+        hk = k.shape[2]
+        NC = T // C
+        dev = q.device
+        gated = gl is not None
+        f32 = dict(device=dev, dtype=torch.float32)
+        dummy = torch.zeros(1, **f32)
+        G = gl.contiguous() if gated else dummy
+        IDX, MULT, TILE, F, L = _tables(p, d, dev)
+        DS = state_dim(p, d)
+        sp = scale ** p
+        # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
+        dot_dt, prec = _dot_dtype(q.dtype, norm, False)
+        BM, BN, warps, stages = _blocks(d, False, dot_dt)
+        o_intra = torch.empty(b, T, hq, d, **f32)
+        lse_intra = torch.empty(b, T, hq, **f32) if norm else dummy
+        nb = b * NC
+        cq, ck, cv, cG, co = (_chunk_view(x, nb, C, r) for x, r in
+                              ((q, True), (k, True), (v, True), (G, gated), (o_intra, True)))
+        cl = _chunk_view(lse_intra, nb, C, norm)
+        for sl in _chunk_batches(nb, hq):
+            _attn_fwd[(triton.cdiv(C, BM), (sl.stop - sl.start) * hq)](
+                cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, sp, C,
+                HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
+                FAST=dot_dt != tl.float16 and BM % BN == 0, num_warps=warps, num_stages=stages)
+        # states entering each chunk (+ the final one)
+        sdt, sprec = _state_operands(q.dtype)
+        rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
+        S = torch.empty(b, hk, NC + 1, DS, d, **f32)
+        Z = torch.empty(b, hk, NC + 1, DS, **f32)
+        has_s0 = s0 is not None
+        _chunk_state_fwd[(L, d // BD, b * hk)](
+            k, v, G, IDX, MULT, s0.contiguous() if has_s0 else dummy, z0.contiguous() if has_s0 else dummy,
+            S, Z, T, NC, DS, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows, BD=BD, GATED=gated,
+            HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
+        y = torch.empty_like(q)
+        lse = torch.empty(b, T, hq, **f32) if norm else dummy
+        _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
+            q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
+            F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps,
+            num_stages=stages)
+        ctx.save_for_backward(q, k, v, G, S, Z, y, lse, IDX, MULT)
+        ctx.cfg = (scale, p, norm, gated, C, has_s0)
+        return y, S[:, :, NC].clone(), Z[:, :, NC].clone()
+
+    @staticmethod
+    def backward(ctx, dy, dsf, dzf):
+        q, k, v, G, S, Z, y, lse, IDX, MULT = ctx.saved_tensors
+        scale, p, norm, gated, C, has_s0 = ctx.cfg
+        b, T, hq, d = q.shape
+        hk = k.shape[2]
+        NC = T // C
+        f32 = dict(device=q.device, dtype=torch.float32)
+        dummy = lse if not norm else torch.zeros(1, **f32)
+        _, _, TILE, F, L = _tables(p, d, q.device)
+        DS = state_dim(p, d)
+        sp = scale ** p
+        dy = dy.contiguous()
+        delta = (dy.float() * y.float()).sum(-1) if norm else dummy          # (b,T,hq)
+        # intra-chunk attention backward with the combined normalizer (lse = log of the total)
+        dq = torch.empty(b, T, hq, d, **f32)
+        dk = torch.empty(b, T, hk, d, **f32)
+        dv = torch.empty(b, T, hk, d, **f32)
+        dgq = torch.empty(b, T, hq, **f32) if gated else dummy
+        dgk = torch.empty(b, T, hk, **f32) if gated else dummy
+        dot_dt, prec = _dot_dtype(q.dtype, norm, True)
+        BM, BN, warps, stages = _blocks(d, True, dot_dt)
+        common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
+                      PREC=prec, FAST=BM % BN == 0, num_warps=warps, num_stages=stages)
+        nb = b * NC
+        cq, ck, cv, cdy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, dq, dk, dv))
+        cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))
+        cl, cdl = (_chunk_view(x, nb, C, norm) for x in (lse, delta))
+        for sl in _chunk_batches(nb, hq):
+            n_sl = sl.stop - sl.start
+            g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+            _attn_bwd_dkdv[(triton.cdiv(C, BN), n_sl * hk)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl],
+                                                            cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
+                                                            **common)
+            _attn_bwd_dq[(triton.cdiv(C, BM), n_sl * hq)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl],
+                                                          cdgq[sl] if gated else dgq, scale, sp, C, **common)
+        # state term
+        sdt, sprec = _state_operands(q.dtype)
+        rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
+        sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
+                     num_stages=stages)
+        dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
+        _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
+            q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
+            HAS_S0=has_s0, **sizes)
+        dU = torch.empty(b, hk, NC, DS, d, **f32)
+        dUz = torch.empty(b, hk, NC, DS, **f32)
+        ds0 = torch.empty(b, hk, DS, d, **f32)
+        dz0 = torch.empty(b, hk, DS, **f32)
+        NV = d // BD
+        dgt = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
+        _chunk_state_bwd[(L, NV, b * hk)](
+            q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt, sp, T,
+            NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
+        dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
+        _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
+            k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, HK=hk, BK=rows, **sizes)
+        dgl = None
+        if gated:
+            rep = hq // hk
+            dgl = dgk + dgk2 + (dgq + dgq2).view(b, T, hk, rep).sum(-1)    # (b,T,hk)
+            end = (-dgk2).view(b, NC, C, hk).sum(2) + dgt.view(b, hk, -1, NC).sum(2).transpose(1, 2)
+            dgl = dgl.view(b, NC, C, hk)
+            dgl[:, :, C - 1] += end                                          # gt_n = g at the chunk's last token
+            dgl = dgl.view(b, T, hk)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0 if has_s0 else None,
+                dz0 if has_s0 else None, None, None, None, None)
+
+
+def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=None, return_state=False):
+    """Triton chunked form: any t (zero-padded to a multiple of the chunk), GQA, optional incoming state
+    (PowerState or (s, z)), optionally returns the final PowerState (float32). Same semantics as
+    reference.power_attention_reference with the same chunk_size."""
+    from .reference import PowerState
+    b, t, hq, d = q.shape
+    C = min(int(chunk_size), t)
+    NC = -(-t // C)
+    pad = NC * C - t
+    if pad:
+        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+    gl = None
+    if log_g is not None:
+        lg = torch.nn.functional.pad(log_g, (0, 0, 0, pad)) if pad else log_g
+        gl = lg.double().view(b, NC, C, -1).cumsum(2).float().view(b, NC * C, -1)   # chunk-local G
+    s0 = z0 = None
+    if initial_state is not None:
+        s0, z0 = (x.float() for x in initial_state)
+    y, s, z = ChunkedForm.apply(q, k, v, gl, s0, z0, float(scale), int(p), bool(norm), C)
+    y = y[:, :t] if pad else y
+    return (y, PowerState(s, z)) if return_state else y

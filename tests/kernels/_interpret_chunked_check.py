@@ -1,0 +1,86 @@
+"""Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1: the Triton chunked-form
+kernels (triton_chunked.py), forward and every gradient (q, k, v, log_g, initial state), plus the returned
+state, against the float64 reference at tiny sizes. Prints one line per case; exits non-zero on a failure.
+Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...]"""
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+import torch  # noqa: E402
+
+from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim  # noqa: E402
+from longctx.kernels.power import triton_chunked  # noqa: E402
+from longctx.kernels.power.triton_chunked import chunked_form  # noqa: E402
+
+CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol)
+    (torch.float32, 2, True, True, 2, 1, 16, 45, 16, True, True, 1e-4),     # padding, state in and out
+    (torch.float32, 2, True, True, 4, 2, 16, 80, 37, False, False, 1e-4),   # odd chunk, GQA
+    (torch.float32, 1, False, False, 2, 2, 16, 40, 16, True, True, 1e-4),
+    (torch.float32, 3, False, True, 2, 1, 16, 33, 16, False, True, 1e-4),
+    (torch.float32, 4, True, 'strong', 1, 1, 16, 20, 8, True, False, 1e-4),
+    (torch.float32, 2, False, True, 2, 1, 32, 40, 16, False, False, 1e-4),
+    (torch.float16, 2, True, True, 2, 1, 16, 40, 16, False, False, 5e-3),
+    (torch.float32, 2, True, True, 2, 1, 16, 1, 16, True, True, 1e-4),      # one decoding step
+]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def run(case):
+    dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
+    # the GQA case also splits the intra-chunk launches (as CUDA's grid-dim limit forces at 64k, small chunks)
+    triton_chunked.MAX_GRID_Y = 5 if hq == 4 else 65535
+    q = torch.randn(1, t, hq, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
+    leaves = [q, k, v]
+    lg = None
+    if gated:
+        lg = (-(3.0 if gated == "strong" else 0.3) * torch.rand(1, t, hk)).requires_grad_()
+        leaves.append(lg)
+    st = None
+    if state_in:
+        D = state_dim(p, d)
+        # a plausible incoming state: the one left by 20 earlier tokens
+        kk = torch.randn(1, 20, hk, d)
+        _, st = power_attention_reference(torch.randn(1, 20, hq, d), kk, torch.randn(1, 20, hk, d), p=p,
+                                          norm=norm, chunk_size=20, return_state=True)
+        st = tuple(x.clone().requires_grad_() for x in st)
+        assert st[0].shape[-2] == D
+        leaves += list(st)
+    out = chunked_form(q, k, v, lg, p=p, scale=d ** -0.5, chunk_size=chunk, norm=norm, initial_state=st,
+                       return_state=state_out)
+    outs = list(out) if state_out else [out]
+    outs = [outs[0]] + (list(outs[1]) if state_out else [])
+    seeds = [torch.randn_like(o) for o in outs]
+    grads = torch.autograd.grad(outs, leaves, seeds)
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    rq, rk, rv = ref[:3]
+    rlg = ref[3] if gated else None
+    rst = PowerState(*ref[-2:]) if state_in else None
+    rout = power_attention_reference(rq, rk, rv, rlg, p=p, norm=norm, chunk_size=chunk, initial_state=rst,
+                                     return_state=state_out)
+    routs = [rout[0]] + list(rout[1]) if state_out else [rout]
+    grads_ref = torch.autograd.grad(routs, ref, [s.double() for s in seeds])
+    errs = [rel(o, r) for o, r in zip(outs, routs)] + [rel(g, gr) for g, gr in zip(grads, grads_ref)]
+    names = ["y", "s", "z"][:len(outs)] + ["dq", "dk", "dv"] + (["dlog_g"] if gated else []) \
+        + (["ds0", "dz0"] if state_in else [])
+    finite = all(torch.isfinite(x).all() for x in outs + list(grads))
+    ok = finite and all(e < tol for e in errs)
+    print(f"{'ok  ' if ok else 'FAIL'} {dtype} p={p} norm={norm} gated={gated} hq={hq} hk={hk} d={d} t={t} "
+          f"chunk={chunk} state_in={state_in} state_out={state_out} tol={tol} "
+          + " ".join(f"{n}={e:.1e}" for n, e in zip(names, errs)), flush=True)
+    return ok
+
+
+def main():
+    torch.manual_seed(0)
+    which = [int(a) for a in sys.argv[1:]] or range(len(CASES))
+    failed = sum(not run(CASES[i]) for i in which)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
