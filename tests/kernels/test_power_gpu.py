@@ -23,6 +23,9 @@ CASES = [(p, norm, d, dt, (i % 2 == 0))
              PNORM, (32, 64, 128), (torch.bfloat16, torch.float16, torch.float32)))]
 
 
+FP32_TINY = torch.finfo(torch.float32).tiny  # smallest normal fp32: reference values below it are 0 in fp32
+
+
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
@@ -133,6 +136,11 @@ def test_chunked_kernel_state_in_out_and_grads(p, norm, dtype):
     for name, a, b in zip(["y", "s", "z"], (y, st_out.s, st_out.z), (y_ref, st_ref.s, st_ref.z)):
         assert rel_err(a, b) < tol, name
     for name, g_, gr in zip("q k v log_g s0 z0".split(), grads, grads_ref):
+        if gr.abs().max() < FP32_TINY:
+            # e.g. dz0 with norm=False: z0 only reaches the returned z, through the whole sequence's decay
+            # (~e^-175 here), far below fp32's range: an fp32 kernel must give (and gives) exactly 0.
+            assert g_.abs().max() < FP32_TINY, name
+            continue
         assert rel_err(g_, gr) < 2 * tol, name
 
 
