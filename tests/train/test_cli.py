@@ -33,7 +33,7 @@ def test_mission_overrides_compose_as_typed(compose):
     cfg = compose("attention=power", "p=2", "ctx=65536")
     validate(cfg)
     assert cfg.attention.name == "power" and cfg.attention.p == 2 and cfg.ctx == 65536
-    assert cfg.run_name == "gpt2_power_p2_tiny_ctx65536_s0"
+    assert cfg.run_name == "gpt2_power_p2_tiny_icl_markov_ctx65536_s0"
     for name in ("small", "medium", "large"):
         m = compose(f"model={name}").model
         assert (m.d_model, m.n_layers, m.n_heads, m.mlp_ratio) == {
@@ -115,6 +115,7 @@ def test_end_to_end_cli_run_then_resume(train_env, tiny, tmp_path):
     before = (run / "metrics.jsonl").read_bytes()
     again = run_cli(args, train_env, tmp_path)
     assert again.returncode != 0 and "trainer.resume" in again.stderr
+    assert "Traceback" not in again.stderr  # bad input: one clear line, not a stack trace
     assert (run / "metrics.jsonl").read_bytes() == before
 
     # resume: continue to 9 steps
@@ -195,3 +196,11 @@ def test_too_many_non_finite_steps_in_a_row_stop(compose, tiny, tmp_path):
     trainer.model.forward = lambda input_ids, targets=None: forward(input_ids, targets) * float("inf")
     with pytest.raises(FloatingPointError, match="max_skipped_steps=1"):
         trainer.fit()
+
+
+def test_cli_bad_value_is_one_line_naming_the_key(train_env, tmp_path):
+    out = run_cli(["attention=power", "p=7", f"hydra.run.dir={tmp_path / 'run'}"], train_env, tmp_path)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == "error: config: p=7: power attention supports integer degrees 1..4"
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()
