@@ -4,6 +4,8 @@ Usage (GPU machine; power-attention wheels installed as in ../shared/bench/ancho
     python scripts/bench_attention.py --out runs/bench            # the issue's table: d=64, p=2
     python scripts/bench_attention.py --sweep                     # also d=32/128 and p=1/4
     python scripts/bench_attention.py --chunked 512,1024          # also the Triton chunked form (opt-in kernels)
+    python scripts/bench_attention.py --chunked 1024 --chunked-serial   # + the old serial state kernels (A/B)
+    python scripts/bench_attention.py --chunked 1024 --profile-chunked  # + per-kernel CUDA times (torch.profiler)
 Shape: b=8, h=12, bf16, causal, (b, t, h, d) layout; gated power attention (log_g ~ logsigmoid(N(6.9,1))).
 Reports median ms (triton.testing.do_bench), tokens/s, TFLOP/s (causal attention FLOPs, FA convention:
 fwd 2*b*h*t^2*d, fwd+bwd 3.5x that), peak memory, first-call (compile) seconds, and the card's measured
@@ -61,13 +63,34 @@ def make_ours(p):
     return call
 
 
-def make_ours_chunked(p, chunk):
-    """The Triton chunked-form kernels directly (what LONGCTX_POWER_IMPL=chunked routes long calls to)."""
+def make_ours_chunked(p, chunk, parallel=True):
+    """The Triton chunked-form kernels directly (what LONGCTX_POWER_IMPL=chunked routes long calls to).
+    parallel=False: the serial state kernels (triton_chunked.PARALLEL_STATE = False), for A/B timing."""
+    from longctx.kernels.power import triton_chunked
     from longctx.kernels.power.triton_chunked import chunked_form
 
     def call(q, k, v, lg):
+        triton_chunked.PARALLEL_STATE = parallel       # read at forward time; the backward follows the forward
         return chunked_form(q, k, v, lg, p=p, scale=q.shape[-1] ** -0.5, chunk_size=chunk, norm=p % 2 == 0)
     return call
+
+
+def profile(name, call, b, t, h, d):
+    """Per-kernel CUDA time of one fwd+bwd (after a warm-up call), printed as a table (PROFILE lines)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+    try:
+        (q, k, v), lg = inputs(b, t, h, d, True)
+        call(q, k, v, lg).float().sum().backward()
+        torch.cuda.synchronize()
+        with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+            call(q, k, v, lg).float().sum().backward()
+            torch.cuda.synchronize()
+        print(f"PROFILE {name} t={t} d={d}", flush=True)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"PROFILE {name} t={t} d={d} failed: {e!r}"[:300], flush=True)
+    torch.cuda.empty_cache()
 
 
 def measure(name, call, b, t, h, d, mode, rows, flops_fwd):
@@ -130,6 +153,10 @@ def main():
     ap.add_argument("--skip", default="", help="comma-separated impl names to skip")
     ap.add_argument("--chunked", default="", help="comma-separated chunk sizes: also time the Triton chunked "
                     "form (longctx_p2_chunked<C>; with --sweep also d=32/128 and p=1)")
+    ap.add_argument("--chunked-serial", action="store_true", help="with --chunked: also time the serial state "
+                    "kernels (longctx_p2_chunked<C>_serial)")
+    ap.add_argument("--profile-chunked", action="store_true", help="with --chunked: print per-kernel CUDA time "
+                    "of one fwd+bwd of each chunked impl at each context (torch.profiler)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     prop = torch.cuda.get_device_properties(0)
@@ -142,6 +169,8 @@ def main():
              "power_attention_1.4.4_p2": make_public(2), "longctx_p2": make_ours(2)}
     chunks = [int(c) for c in args.chunked.split(",") if c]
     impls.update({f"longctx_p2_chunked{c}": make_ours_chunked(2, c) for c in chunks})
+    if args.chunked_serial:
+        impls.update({f"longctx_p2_chunked{c}_serial": make_ours_chunked(2, c, False) for c in chunks})
     impls = {k: v for k, v in impls.items() if k not in args.skip.split(",")}
     jobs = [(name, call, t, 64) for t in map(int, args.ctxs.split(",")) for name, call in impls.items()]
     if args.sweep:
@@ -156,6 +185,10 @@ def main():
         for mode in ("fwd", "fwdbwd"):
             measure(name, call, b, t, h, d, mode, rows, flops_fwd=2 * b * h * t * t * d)
             json.dump(dict(env=env, rows=rows), open(os.path.join(args.out, "bench.json"), "w"), indent=1)
+    if args.profile_chunked:
+        for name, call, t, d in jobs:
+            if "chunked" in name:
+                profile(name, call, b, t, h, d)
     plot(rows, os.path.join(args.out, "bench.png"))
     print("TABLE", flush=True)
     for r in rows:

@@ -1,7 +1,9 @@
 """Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1: the Triton chunked-form
 kernels (triton_chunked.py), forward and every gradient (q, k, v, log_g, initial state), plus the returned
 state, against the float64 reference at tiny sizes. Prints one line per case; exits non-zero on a failure.
-Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...]"""
+Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...]
+The cases run the default (parallel) state path (_update_state_fwd / _query_grad_state + _discumsum); SERIAL
+cases rerun some with triton_chunked.PARALLEL_STATE = False (the serial _chunk_state_fwd / _chunk_state_bwd)."""
 import os
 import sys
 
@@ -21,14 +23,17 @@ CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, t
     (torch.float32, 2, False, True, 2, 1, 32, 40, 16, False, False, 1e-4),
     (torch.float16, 2, True, True, 2, 1, 16, 40, 16, False, False, 5e-3),
     (torch.float32, 2, True, True, 2, 1, 16, 1, 16, True, True, 1e-4),      # one decoding step
+    (torch.float32, 2, True, True, 2, 1, 16, 200, 16, True, True, 1e-4),    # 13 chunks: longer discumsum
 ]
+SERIAL = [0, 2]    # cases also run on the serial state path
 
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def run(case):
+def run(case, parallel=True):
+    triton_chunked.PARALLEL_STATE = parallel
     dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
     # the GQA case also splits the intra-chunk launches (as CUDA's grid-dim limit forces at 64k, small chunks)
     triton_chunked.MAX_GRID_Y = 5 if hq == 4 else 65535
@@ -69,7 +74,8 @@ def run(case):
         + (["ds0", "dz0"] if state_in else [])
     finite = all(torch.isfinite(x).all() for x in outs + list(grads))
     ok = finite and all(e < tol for e in errs)
-    print(f"{'ok  ' if ok else 'FAIL'} {dtype} p={p} norm={norm} gated={gated} hq={hq} hk={hk} d={d} t={t} "
+    print(f"{'ok  ' if ok else 'FAIL'} {'parallel' if parallel else 'serial  '} {dtype} p={p} norm={norm} "
+          f"gated={gated} hq={hq} hk={hk} d={d} t={t} "
           f"chunk={chunk} state_in={state_in} state_out={state_out} tol={tol} "
           + " ".join(f"{n}={e:.1e}" for n, e in zip(names, errs)), flush=True)
     return ok
@@ -79,6 +85,8 @@ def main():
     torch.manual_seed(0)
     which = [int(a) for a in sys.argv[1:]] or range(len(CASES))
     failed = sum(not run(CASES[i]) for i in which)
+    if not sys.argv[1:]:
+        failed += sum(not run(CASES[i], parallel=False) for i in SERIAL)
     sys.exit(1 if failed else 0)
 
 

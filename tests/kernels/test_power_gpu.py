@@ -172,3 +172,27 @@ def test_chunked_opt_in_pieces_equal_one_call(p, norm, monkeypatch):
         y, st = power_attention_step(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], st, lg[:, i:i + 1], p=p,
                                      norm=norm)
         assert rel_err(y, whole[:, i:i + 1]) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_chunked_parallel_state_path_matches_serial(dtype, monkeypatch):
+    """The parallel state path (default: per-chunk update-state / query-gradient kernels + discumsum) against the
+    serial one (one program walks all chunks), many chunks, state in and out, output, state and all gradients."""
+    from longctx.kernels.power import triton_chunked
+    q, k, v, lg = make(2, 4000, 4, 2, 64, dtype, True, seed=3)
+    _, st = power_attention_reference(*make(2, 300, 4, 2, 64, torch.float32, True, seed=4), p=2, norm=True,
+                                      chunk_size=128, return_state=True)
+    leaves = [x.requires_grad_() for x in (q, k, v, lg, st.s.clone(), st.z.clone())]
+    res = []
+    for parallel in (True, False):
+        monkeypatch.setattr(triton_chunked, "PARALLEL_STATE", parallel)
+        y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True,
+                                 initial_state=leaves[4:], return_state=True)
+        outs = [y, st_out.s, st_out.z]
+        torch.manual_seed(0)
+        seeds = [torch.randn_like(x) for x in outs]
+        res.append([x.detach() for x in outs] + list(torch.autograd.grad(outs, leaves, seeds)))
+    tol = 1e-3 if dtype == torch.bfloat16 else 1e-5
+    for name, a, b in zip("y s z dq dk dv dlog_g ds0 dz0".split(), *res):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b) < tol, name

@@ -44,15 +44,15 @@ def _usage(kernel):
 
 
 def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90):
-    """Compile the five chunked-form kernels for one (p, d, dtype in {'bf16','fp16','fp32'}); returns
-    [(name, shared bytes, registers, spill stack bytes)]."""
+    """Compile the chunked-form kernels (serial and parallel state paths) for one (p, d, dtype in
+    {'bf16','fp16','fp32'}); returns [(name, shared bytes, registers, spill stack bytes)]."""
     tile = tc.state_tile(p, d)
     F = tile ** p
     sdt, prec = (tl.bfloat16, "tf32") if dtype == "bf16" else (tl.float32, "tf32x3")
     rows, BD, warps, stages = tc._chunk_blocks(F, d, sdt)
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     base = dict(D=d, P=p, TILE=tile, F=F, C=chunk, GATED=gated, DOT_DT=sdt, PREC=prec)
-    ints = {n: "i32" for n in ("T", "NC", "DS", "L")} | {"scale_p": "fp32"}
+    ints = {n: "i32" for n in ("T", "NC", "DS", "L", "NU", "M")} | {"scale_p": "fp32"}
     jobs = [
         (tc._chunk_state_fwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows, BD=BD, HAS_S0=True)),
         (tc._query_state_fwd, {"Q": io, "IDX": "*i32", "Y": io},
@@ -62,11 +62,19 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
         (tc._chunk_state_bwd, {"Q": io, "IDX": "*i32", "DO": io},
          dict(base, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True)),
         (tc._update_state_bwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows)),
+        (tc._update_state_fwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows, BD=BD)),
+        (tc._query_grad_state, {"Q": io, "IDX": "*i32", "DO": io},
+         dict(base, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm)),
     ]
+    scan = dict(HK=hk, C=chunk, BLOCK=tc.DISCUMSUM_BLOCK, GATED=gated)
+    jobs_scan = [(tc._discumsum, {}, dict(scan, REVERSE=False)), (tc._discumsum, {}, dict(scan, REVERSE=True))]
     out = []
     for fn, ptrs, consts in jobs:
         k = _compile(fn, ptrs, ints, consts, warps, stages, arch)
         out.append((k.name, k.metadata.shared, *_usage(k)))
+    for fn, ptrs, consts in jobs_scan:
+        k = _compile(fn, ptrs, ints, consts, 4, 1, arch)
+        out.append((k.name + ("_rev" if consts["REVERSE"] else "_fwd"), k.metadata.shared, *_usage(k)))
     return out
 
 

@@ -6,8 +6,12 @@ cumulative log-gate (g_i = sum of log_g from the chunk start to i), gt_n = g at 
 
     intra_i  = attention form on the chunk alone (reuses triton_attention._attn_fwd: y_intra, lse_intra)
     U_n      = sum_{j in n} w phi(k_j) e^(gt_n - g_j) v_j^T,  Uz_n = same with v_j -> 1   (update-state, expand-M)
-    S_{n+1}  = e^(gt_n) S_n + U_n   (discumsum; S_0 = initial state)     -- fused: _chunk_state_fwd keeps one
-               state tile [F, BD] on chip and walks the chunks in order, storing the state entering each chunk
+    S_{n+1}  = e^(gt_n) S_n + U_n   (discumsum; S_0 = initial state)
+               default (PARALLEL_STATE): _update_state_fwd computes every chunk's U_n in parallel (grid over
+               chunk x state tile x value block x b*hk) into slot n+1 of the state buffer, then _discumsum
+               (elementwise, one program per block of the flattened state, walking the chunks) turns the
+               slots into the states entering each chunk, in place. Serial alternative (PARALLEL_STATE =
+               False): _chunk_state_fwd keeps one state tile [F, BD] on chip and walks all chunks in order.
     inter_i  = r_i phi(q_i) S_n, den_i = r_i phi(q_i) . z_n,  r_i = s^p e^(g_i)       (query-state, expand-K)
     y_i      = (N_i + inter_i) / (L_i + den_i)  (norm; stabilized by max(lse_intra, log den)) or N_i + inter_i
 
@@ -19,8 +23,10 @@ Backward (Den_i = total normalizer, Delta_i = dy_i . y_i, dn_i = dy_i / Den_i, d
   * intra: the attention-form backward kernels with lse = log Den_i (the combined normalizer);
   * query side (_query_state_bwd): X = r_i (S_n dn_i + z_n dl_i) = dL/dphi(q_i); dq += contract(X),
     dg_i += X . phi(q_i);
-  * states (_chunk_state_bwd, reverse discumsum, one state tile on chip): R = dL/dS_{n+1};
-    dU_n = R, dgt_n = e^(gt_n) <S_n, R>, R <- sum_i r_i phi(q_i)^T [dn_i | dl_i] + e^(gt_n) R; dS_0 = R;
+  * states: R_n = dL/dS_n = Q_n + e^(gt_n) R_{n+1}, Q_n = sum_{i in n} r_i phi(q_i)^T [dn_i | dl_i],
+    R_NC = gradient of the returned state; dU_n = R_{n+1}, dgt_n = e^(gt_n) <S_n, R_{n+1}>, dS_0 = R_0.
+    Default: _query_grad_state computes every Q_n in parallel, _discumsum(REVERSE) accumulates in place (and
+    the per-block dgt partials); serial alternative: _chunk_state_bwd (one state tile on chip, chunks reversed);
   * key side (_update_state_bwd): X = dU_n v_j + dUz_n = dL/d(w phi(k_j) e^(gt_n - g_j)); dv += ph dU,
     dk += contract(X), Y_j = X . ph_j: dg_j -= Y_j, dgt_n += Y_j.
 contract(X) maps a feature gradient back to the d inputs: dx[col_z(f)] += X_f prod_{z' != z} x[col_z'(f)],
@@ -346,12 +352,14 @@ def _chunk_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DSF, DZF, DU, DUZ, DS0, DZ
 
 
 @triton.jit
-def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L,
+def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L, NU,
                       HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
                       DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """Key side of the state term. Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j,
-    c_j = e^(gt_n - g_j) and X = v dU_n^T + dUz_n: DV += ph dU_n, DK += contract(X w c_j), DGK = -X . ph."""
+    c_j = e^(gt_n - g_j) and X = v dU_n^T + dUz_n: DV += ph dU_n, DK += contract(X w c_j), DGK = -X . ph.
+    dU_n is slot n of DU / DUZ, NU slots per (b, hk) (NC for the serial path's dU, NC+1 for the parallel
+    path, which passes its dL/dS buffer offset by one slot: dU_n = dL/dS_{n+1})."""
     pid_k = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -369,7 +377,7 @@ def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L,
     if GATED:
         g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
         c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
-    u_base = (pid_bh.to(tl.int64) * NC + n) * DS
+    u_base = (pid_bh.to(tl.int64) * NU + n) * DS
     dk = tl.zeros([BK, D], tl.float32)
     dv = tl.zeros([BK, D], tl.float32)
     y = tl.zeros([BK], tl.float32)
@@ -392,6 +400,144 @@ def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L,
 
 
 # ----------------------------------------------------------------------------------------------
+# parallel state path (default): update-state per chunk in parallel, then a light discumsum
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _update_state_fwd(K, V, G, IDX, MULT, S, Z, T, NC, DS, L,
+                      HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, GATED: tl.constexpr,
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Update-state of one chunk, all chunks in parallel. Program (chunk n * L + state block l, value block,
+    b*hk): U_n[l-block, v-block] = sum_j (w phi(k_j) e^(gt_n - g_j)) v_j^T ([F, BD], expand-MMA, fp32
+    accumulate) and Uz_n[l-block]; written to slot n+1 of S (b, hk, NC+1, DS, D) / Z (b, hk, NC+1, DS), which
+    _discumsum then turns into the states S_{n+1} in place."""
+    pid0 = tl.program_id(0)
+    n = pid0 // L
+    l = pid0 % L
+    pid_v = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    offs_f = tl.arange(0, F)
+    offs_v = pid_v * BD + tl.arange(0, BD)
+    offs_c = tl.arange(0, BK)
+    w = tl.load(MULT + l)
+    z_store = (offs_f + pid_v * F) < F                                 # z: written by value block 0 only
+    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
+    start = n * C
+    if GATED:
+        g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
+    u = tl.zeros([F, BD], tl.float32)
+    uz = tl.zeros([F], tl.float32)
+    for j0 in range(0, C, BK):
+        rows = start + j0 + offs_c                                       # [BK]
+        mask = ((j0 + offs_c) < C) & (rows < T)
+        k_rows = K + ((i_b * T + rows) * HK + i_hk) * D
+        phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(k_rows[:, None], mask, IDX, l, P, TILE, F)
+        cw = tl.where(mask, w, 0.0)
+        if GATED:
+            g = tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0)
+            cw = cw * tl.exp(g_end - g)
+        phi = phi * cw[:, None]
+        vv = tl.load(V + ((i_b * T + rows) * HK + i_hk)[:, None] * D + offs_v[None, :],
+                     mask=mask[:, None], other=0.0)
+        u += tl.dot(tl.trans(phi.to(DOT_DT)), vv.to(DOT_DT), input_precision=PREC)
+        uz += tl.sum(phi, axis=0)
+    s_base = (pid_bh.to(tl.int64) * (NC + 1) + n + 1) * DS
+    tl.store(S + s_base * D + st_off, u)
+    tl.store(Z + s_base + l * F + offs_f, uz, mask=z_store)
+
+
+@triton.jit
+def _query_grad_state(Q, G, IDX, DO, LSE, DELTA, DR, DRZ, scale_p, T, NC, DS, L,
+                      HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr,
+                      F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+                      NORM: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Mirror of _update_state_fwd for the backward, all chunks in parallel. Program (chunk n * L + l, value
+    block, b*hk): the direct gradient of S_n from chunk n's queries (all query heads of the GQA group),
+    Q_n = sum_i r_i phi(q_i)^T dn_i ([F, BD]) and Qz_n = sum_i r_i phi(q_i) dl_i, written to slot n of
+    DR (b, hk, NC+1, DS, D) / DRZ; the reverse _discumsum accumulates them into dL/dS_n."""
+    pid0 = tl.program_id(0)
+    n = pid0 // L
+    l = pid0 % L
+    pid_v = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    REP: tl.constexpr = HQ // HK
+    offs_f = tl.arange(0, F)
+    offs_v = pid_v * BD + tl.arange(0, BD)
+    offs_c = tl.arange(0, BM)
+    z_store = (offs_f + pid_v * F) < F
+    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
+    du = tl.zeros([F, BD], tl.float32)
+    duz = tl.zeros([F], tl.float32)
+    for rep in range(REP):
+        i_hq = i_hk * REP + rep
+        for j0 in range(0, C, BM):
+            rows = n * C + j0 + offs_c
+            mask = ((j0 + offs_c) < C) & (rows < T)
+            row = (i_b * T + rows) * HQ + i_hq
+            phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand((Q + row * D)[:, None], mask, IDX, l, P, TILE, F)
+            wr = tl.full([BM], 1.0, tl.float32) * scale_p
+            if GATED:
+                wr = wr * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+            wr = tl.where(mask, wr, 0.0)
+            if NORM:
+                inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+                wr = wr * inv
+                dl = -tl.load(DELTA + row, mask=mask, other=0.0) * wr
+                duz += tl.sum(phi * dl[:, None], axis=0)
+            do = tl.load(DO + row[:, None] * D + offs_v[None, :], mask=mask[:, None], other=0.0)
+            du += tl.dot(tl.trans((phi * wr[:, None]).to(DOT_DT)), do.to(DOT_DT), input_precision=PREC)
+    s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
+    tl.store(DR + s_base * D + st_off, du)
+    tl.store(DRZ + s_base + l * F + offs_f, duz, mask=z_store)
+
+
+@triton.jit
+def _discumsum(X, G, S, DGT, M, T, NC, HK: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
+               GATED: tl.constexpr, REVERSE: tl.constexpr):
+    """Gated cumulative sum over chunks, in place, elementwise. X: (b*hk, NC+1, M) fp32. Program (block of M,
+    b*hk), decay_n = e^(gt_n):
+      forward (REVERSE=False): slot 0 holds S_0, slot n+1 holds U_n  ->  slot n+1 = S_{n+1} = decay_n S_n + U_n;
+      reverse (REVERSE=True): slot NC holds dL/dS_NC, slot n < NC holds the direct gradient Q_n of S_n
+        -> slot n = R_n = Q_n + decay_n R_{n+1} = dL/dS_n; if GATED also DGT[b*hk, block, n] =
+        decay_n <S_n, R_{n+1}> over this block (S: the forward states, same layout as X)."""
+    pid = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    nblk = tl.num_programs(0)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M
+    bh = pid_bh.to(tl.int64) * (NC + 1)                                 # slot index of (b*hk, 0); int64 offsets
+    if REVERSE:
+        acc = tl.load(X + (bh + NC) * M + offs, mask=mask, other=0.0)
+        for n_rev in range(NC):
+            n = NC - 1 - n_rev
+            x = tl.load(X + (bh + n) * M + offs, mask=mask, other=0.0)
+            if GATED:
+                decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
+                s_n = tl.load(S + (bh + n) * M + offs, mask=mask, other=0.0)
+                tl.store(DGT + (pid_bh.to(tl.int64) * nblk + pid) * NC + n, decay * tl.sum(s_n * acc, axis=0))
+                acc = x + decay * acc
+            else:
+                acc = x + acc
+            tl.store(X + (bh + n) * M + offs, acc, mask=mask)
+    else:
+        acc = tl.load(X + bh * M + offs, mask=mask, other=0.0)
+        for n in range(NC):
+            x = tl.load(X + (bh + n + 1) * M + offs, mask=mask, other=0.0)
+            if GATED:
+                decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
+                acc = decay * acc + x
+            else:
+                acc = acc + x
+            tl.store(X + (bh + n + 1) * M + offs, acc, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------
 _TABLES: dict = {}
@@ -408,6 +554,12 @@ def _tables(p, d, device):
                         torch.tensor(mult, dtype=torch.float32, device=device), tile, tile ** p, len(idx))
     return _TABLES[key]
 
+
+PARALLEL_STATE = True  # False: the serial state kernels (_chunk_state_fwd/_bwd, one program walks all chunks);
+                       # kept for A/B timing (scripts/bench_attention.py --chunked-serial) and tests
+DISCUMSUM_BLOCK = 1024  # elements of the flattened state per _discumsum program
+PARALLEL_BLOCKS = None  # (rows per step, BD, warps, stages) of _update_state_fwd / _query_grad_state; None:
+                        # _chunk_blocks'. Untimed: a knob for GPU sweeps (BD must divide d, rows >= 16)
 
 MAX_GRID_Y = 65535     # CUDA's limit on grid dims 1 and 2: the intra-chunk launches split the chunk-batch to fit
 
@@ -479,10 +631,28 @@ class ChunkedForm(torch.autograd.Function):
         S = torch.empty(b, hk, NC + 1, DS, d, **f32)
         Z = torch.empty(b, hk, NC + 1, DS, **f32)
         has_s0 = s0 is not None
-        _chunk_state_fwd[(L, d // BD, b * hk)](
-            k, v, G, IDX, MULT, s0.contiguous() if has_s0 else dummy, z0.contiguous() if has_s0 else dummy,
-            S, Z, T, NC, DS, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows, BD=BD, GATED=gated,
-            HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
+        parallel = PARALLEL_STATE
+        if parallel:
+            # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
+            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
+            _update_state_fwd[(NC * L, d // pBD, b * hk)](
+                k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows, BD=pBD,
+                GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
+            if has_s0:
+                S[:, :, 0] = s0
+                Z[:, :, 0] = z0
+            else:
+                S[:, :, 0].zero_()
+                Z[:, :, 0].zero_()
+            for X, M in ((S, DS * d), (Z, DS)):
+                _discumsum[(triton.cdiv(M, DISCUMSUM_BLOCK), b * hk)](
+                    X, G, dummy, dummy, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=False,
+                    num_warps=4)
+        else:
+            _chunk_state_fwd[(L, d // BD, b * hk)](
+                k, v, G, IDX, MULT, s0.contiguous() if has_s0 else dummy, z0.contiguous() if has_s0 else dummy,
+                S, Z, T, NC, DS, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows, BD=BD, GATED=gated,
+                HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
         y = torch.empty_like(q)
         lse = torch.empty(b, T, hq, **f32) if norm else dummy
         _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
@@ -490,13 +660,13 @@ class ChunkedForm(torch.autograd.Function):
             F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps,
             num_stages=stages)
         ctx.save_for_backward(q, k, v, G, S, Z, y, lse, IDX, MULT)
-        ctx.cfg = (scale, p, norm, gated, C, has_s0)
+        ctx.cfg = (scale, p, norm, gated, C, has_s0, parallel)
         return y, S[:, :, NC].clone(), Z[:, :, NC].clone()
 
     @staticmethod
     def backward(ctx, dy, dsf, dzf):
         q, k, v, G, S, Z, y, lse, IDX, MULT = ctx.saved_tensors
-        scale, p, norm, gated, C, has_s0 = ctx.cfg
+        scale, p, norm, gated, C, has_s0, parallel = ctx.cfg
         b, T, hq, d = q.shape
         hk = k.shape[2]
         NC = T // C
@@ -538,28 +708,54 @@ class ChunkedForm(torch.autograd.Function):
         _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
             q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
             HAS_S0=has_s0, **sizes)
-        dU = torch.empty(b, hk, NC, DS, d, **f32)
-        dUz = torch.empty(b, hk, NC, DS, **f32)
-        ds0 = torch.empty(b, hk, DS, d, **f32)
-        dz0 = torch.empty(b, hk, DS, **f32)
         NV = d // BD
-        dgt = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
-        _chunk_state_bwd[(L, NV, b * hk)](
-            q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt, sp, T,
-            NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
+        if parallel:
+            # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
+            # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
+            # and d initial_state = slot 0
+            dR = torch.empty(b, hk, NC + 1, DS, d, **f32)
+            dRz = torch.empty(b, hk, NC + 1, DS, **f32)
+            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
+            _query_grad_state[(NC * L, d // pBD, b * hk)](
+                q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD, NORM=norm,
+                **dict(sizes, num_warps=pwarps, num_stages=pstages))
+            dR[:, :, NC] = dsf
+            dRz[:, :, NC] = dzf
+            dgts = []
+            for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)):
+                nblk = triton.cdiv(M, DISCUMSUM_BLOCK)
+                dgt_ = torch.empty(b * hk, nblk, NC, **f32) if gated else dummy
+                _discumsum[(nblk, b * hk)](
+                    X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=True,
+                    num_warps=4)
+                dgts.append(dgt_)
+            dgt = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
+            ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
+            dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
+        else:
+            dU = torch.empty(b, hk, NC, DS, d, **f32)
+            dUz = torch.empty(b, hk, NC, DS, **f32)
+            ds0 = torch.empty(b, hk, DS, d, **f32)
+            dz0 = torch.empty(b, hk, DS, **f32)
+            dgt = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
+            _chunk_state_bwd[(L, NV, b * hk)](
+                q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt, sp,
+                T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
+            dgt = dgt.view(b, hk, -1, NC).sum(2) if gated else dummy
+            NU = NC
         dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
         _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
-            k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, HK=hk, BK=rows, **sizes)
+            k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
         dgl = None
         if gated:
             rep = hq // hk
             dgl = dgk + dgk2 + (dgq + dgq2).view(b, T, hk, rep).sum(-1)    # (b,T,hk)
-            end = (-dgk2).view(b, NC, C, hk).sum(2) + dgt.view(b, hk, -1, NC).sum(2).transpose(1, 2)
+            end = (-dgk2).view(b, NC, C, hk).sum(2) + dgt.transpose(1, 2)
             dgl = dgl.view(b, NC, C, hk)
             dgl[:, :, C - 1] += end                                          # gt_n = g at the chunk's last token
             dgl = dgl.view(b, T, hk)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0 if has_s0 else None,
-                dz0 if has_s0 else None, None, None, None, None)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0.contiguous() if has_s0 else None,
+                dz0.contiguous() if has_s0 else None, None, None, None, None)
 
 
 def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=None, return_state=False):
