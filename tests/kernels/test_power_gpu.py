@@ -31,6 +31,22 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
+def assert_matches_float64_reference(y, leaves, *, p, norm, gated, dtype):
+    """y (from q, k, v[, log_g] = leaves) and its gradients against the quadratic float64 reference (the same
+    function, no D-sized features in memory): output rel err < TOL[dtype], gradients < 2 * TOL[dtype]."""
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    do = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, do)
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    qr, kr, vr = ref_leaves[:3]
+    y_ref = power_attention_reference(qr, kr, vr, ref_leaves[3] if gated else None, p=p, norm=norm)
+    grads_ref = torch.autograd.grad(y_ref, ref_leaves, do.double())
+    tol = TOL[dtype]
+    assert rel_err(y, y_ref) < tol
+    for name, g_, gr in zip("q k v log_g".split(), grads, grads_ref):
+        assert rel_err(g_, gr) < 2 * tol, name
+
+
 def make(b, t, hq, hk, d, dtype, gated, seed=0, qk_scale=1.0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = (qk_scale * torch.randn(b, t, hq, d, device="cuda", generator=g)).to(dtype)
@@ -47,17 +63,7 @@ def test_kernel_matches_float64_reference(p, norm, d, dtype, gated):
     q, k, v, lg = make(2, 777, 4, 2, d, dtype, gated)
     leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
     y = power_attention(q, k, v, lg, p=p, norm=norm)
-    assert y.dtype == dtype and torch.isfinite(y).all()
-    do = torch.randn_like(y)
-    grads = torch.autograd.grad(y, leaves, do)
-    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
-    qr, kr, vr = ref_leaves[:3]
-    y_ref = power_attention_reference(qr, kr, vr, ref_leaves[3] if gated else None, p=p, norm=norm)
-    grads_ref = torch.autograd.grad(y_ref, ref_leaves, do.double())
-    tol = TOL[dtype]
-    assert rel_err(y, y_ref) < tol
-    for name, g_, gr in zip("q k v log_g".split(), grads, grads_ref):
-        assert rel_err(g_, gr) < 2 * tol, name
+    assert_matches_float64_reference(y, leaves, p=p, norm=norm, gated=gated, dtype=dtype)
 
 
 @pytest.mark.parametrize("draw", range(4))
@@ -102,18 +108,7 @@ def test_chunked_kernel_matches_float64_reference(p, norm, d, dtype, gated):
     q, k, v, lg = make(1, t, 4, 2, d, dtype, gated)
     leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
     y = chunked_form(q, k, v, lg, p=p, scale=d ** -0.5, chunk_size=chunk, norm=norm)
-    assert y.dtype == dtype and torch.isfinite(y).all()
-    do = torch.randn_like(y)
-    grads = torch.autograd.grad(y, leaves, do)
-    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
-    qr, kr, vr = ref_leaves[:3]
-    # the quadratic float64 form: same function, no D-sized features in memory
-    y_ref = power_attention_reference(qr, kr, vr, ref_leaves[3] if gated else None, p=p, norm=norm)
-    grads_ref = torch.autograd.grad(y_ref, ref_leaves, do.double())
-    tol = TOL[dtype]
-    assert rel_err(y, y_ref) < tol
-    for name, g_, gr in zip("q k v log_g".split(), grads, grads_ref):
-        assert rel_err(g_, gr) < 2 * tol, name
+    assert_matches_float64_reference(y, leaves, p=p, norm=norm, gated=gated, dtype=dtype)
 
 
 @pytest.mark.parametrize("p,norm", [(2, True), (1, False)])
