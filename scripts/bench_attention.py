@@ -3,7 +3,7 @@
 Usage (GPU machine; power-attention wheels installed as in ../shared/bench/anchor_bench.py):
     python scripts/bench_attention.py --out runs/bench            # the issue's table: d=64, p=2
     python scripts/bench_attention.py --sweep                     # also d=32/128 and p=1/4
-    python scripts/bench_attention.py --chunked 512,1024          # also the Triton chunked form (opt-in kernels)
+    python scripts/bench_attention.py --chunked 512,1024          # also the chunked form at these chunk sizes
     python scripts/bench_attention.py --chunked 1024 --chunked-serial   # + the old serial state kernels (A/B)
     python scripts/bench_attention.py --chunked 1024 --profile-chunked  # + per-kernel CUDA times (torch.profiler)
 Shape: b=8, h=12, bf16, causal, (b, t, h, d) layout; gated power attention (log_g ~ logsigmoid(N(6.9,1))).
@@ -55,16 +55,21 @@ def make_public(deg):
     return call
 
 
-def make_ours(p):
+def make_ours(p, impl="auto"):
+    """The public API; impl sets LONGCTX_POWER_IMPL for the call (auto: the default routing of dispatch.py)."""
     from longctx.kernels import power_attention
 
     def call(q, k, v, lg):
-        return power_attention(q, k, v, lg, p=p, norm=p % 2 == 0)   # odd p: numerator only
+        os.environ["LONGCTX_POWER_IMPL"] = impl
+        try:
+            return power_attention(q, k, v, lg, p=p, norm=p % 2 == 0)   # odd p: numerator only
+        finally:
+            os.environ.pop("LONGCTX_POWER_IMPL")
     return call
 
 
 def make_ours_chunked(p, chunk, parallel=True):
-    """The Triton chunked-form kernels directly (what LONGCTX_POWER_IMPL=chunked routes long calls to).
+    """The Triton chunked-form kernels directly, at a given chunk size.
     parallel=False: the serial state kernels (triton_chunked.PARALLEL_STATE = False), for A/B timing."""
     from longctx.kernels.power import triton_chunked
     from longctx.kernels.power.triton_chunked import chunked_form
@@ -166,7 +171,8 @@ def main():
     print(json.dumps(env), flush=True)
     b, h, rows = 8, 12, []
     impls = {"sdpa_cudnn": make_sdpa("cudnn"), "sdpa_flash": make_sdpa("flash"),
-             "power_attention_1.4.4_p2": make_public(2), "longctx_p2": make_ours(2)}
+             "power_attention_1.4.4_p2": make_public(2), "longctx_p2": make_ours(2),
+             "longctx_p2_attention": make_ours(2, "attention")}
     chunks = [int(c) for c in args.chunked.split(",") if c]
     impls.update({f"longctx_p2_chunked{c}": make_ours_chunked(2, c) for c in chunks})
     if args.chunked_serial:

@@ -11,7 +11,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 import torch  # noqa: E402
 
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim  # noqa: E402
-from longctx.kernels.power import triton_chunked  # noqa: E402
+from longctx.kernels.power import triton_chunked, triton_sym2  # noqa: E402
 from longctx.kernels.power.triton_chunked import chunked_form  # noqa: E402
 
 CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol)
@@ -26,14 +26,16 @@ CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, t
     (torch.float32, 2, True, True, 2, 1, 16, 200, 16, True, True, 1e-4),    # 13 chunks: longer discumsum
 ]
 SERIAL = [0, 2]    # cases also run on the serial state path
+SYM2 = [0, 1, 5, 7, 8]   # p=2 cases also run through the p=2 grouped kernels (triton_sym2, forced for fp32)
 
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def run(case, parallel=True):
+def run(case, parallel=True, fast=False):
     triton_chunked.PARALLEL_STATE = parallel
+    triton_sym2.FORCE = fast
     dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
     # the GQA case also splits the intra-chunk launches (as CUDA's grid-dim limit forces at 64k, small chunks)
     triton_chunked.MAX_GRID_Y = 5 if hq == 4 else 65535
@@ -74,7 +76,8 @@ def run(case, parallel=True):
         + (["ds0", "dz0"] if state_in else [])
     finite = all(torch.isfinite(x).all() for x in outs + list(grads))
     ok = finite and all(e < tol for e in errs)
-    print(f"{'ok  ' if ok else 'FAIL'} {'parallel' if parallel else 'serial  '} {dtype} p={p} norm={norm} "
+    path = ("sym2    " if fast else "parallel") if parallel else "serial  "
+    print(f"{'ok  ' if ok else 'FAIL'} {path} {dtype} p={p} norm={norm} "
           f"gated={gated} hq={hq} hk={hk} d={d} t={t} "
           f"chunk={chunk} state_in={state_in} state_out={state_out} tol={tol} "
           + " ".join(f"{n}={e:.1e}" for n, e in zip(names, errs)), flush=True)
@@ -83,10 +86,12 @@ def run(case, parallel=True):
 
 def main():
     torch.manual_seed(0)
-    which = [int(a) for a in sys.argv[1:]] or range(len(CASES))
-    failed = sum(not run(CASES[i]) for i in which)
+    args = [a for a in sys.argv[1:] if a != "sym2"]
+    which = [int(a) for a in args] or range(len(CASES))
+    failed = sum(not run(CASES[i], fast="sym2" in sys.argv) for i in which)
     if not sys.argv[1:]:
         failed += sum(not run(CASES[i], parallel=False) for i in SERIAL)
+        failed += sum(not run(CASES[i], fast=True) for i in SYM2)
     sys.exit(1 if failed else 0)
 
 

@@ -142,13 +142,21 @@ def test_bad_inputs_raise_value_error(case, name):
         power_attention(**kwargs)
 
 
-def test_chunked_opt_in_env_is_validated(monkeypatch):
+def test_cuda_routing_and_impl_env(monkeypatch):
+    """Which form a stateless CUDA call with chunk_size=None takes (dispatch.py), and the override variable."""
     from longctx.kernels.power import dispatch
+    long, short = dispatch.CHUNKED_MIN_T, dispatch.CHUNKED_MIN_T - 1
     monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
-    assert dispatch.cuda_chunk_size(65536, 2, 64) is None          # default routing unchanged
+    assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C   # p=2 bf16: chunked
+    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) is None                       # short: attention
+    assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) is None                         # no fast kernels
+    assert dispatch.cuda_chunk_size(long, 4, 64, torch.bfloat16) is None
     monkeypatch.setenv(dispatch.IMPL_ENV, "chunked")
-    assert dispatch.cuda_chunk_size(65536, 2, 64) == dispatch.CHUNKED_DEFAULT_C
-    assert dispatch.cuda_chunk_size(1024, 2, 64) is None
+    assert dispatch.cuda_chunk_size(long, 1, 64, torch.float32) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) is None
+    for impl in ("attention", "reference"):
+        monkeypatch.setenv(dispatch.IMPL_ENV, impl)
+        assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) is None
     monkeypatch.setenv(dispatch.IMPL_ENV, "bogus")
     with pytest.raises(ValueError, match=dispatch.IMPL_ENV):
-        dispatch.cuda_chunk_size(65536, 2, 64)
+        dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16)

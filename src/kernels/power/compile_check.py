@@ -3,6 +3,7 @@ nvidia backend + the bundled ptxas), and print shared memory, registers and spil
 TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows, before any device time.
 
     python -m longctx.kernels.power.compile_check 2,64,bf16 4,64,fp32      # p,d,dtype ...
+    python -m longctx.kernels.power.compile_check sym2,64                  # the p=2 kernels (triton_sym2.BLOCKS)
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import triton_chunked as tc
+from . import triton_sym2 as s2
 
 H100_SHARED = 232448        # bytes of shared memory a block may use on sm_90
 
@@ -78,8 +80,39 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
     return out
 
 
+def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, blocks=None):
+    """Compile the p=2 grouped kernels (triton_sym2.py, bf16) with `blocks` (default triton_sym2.BLOCKS);
+    returns [(name, shared bytes, registers, spill stack bytes)]."""
+    blocks = blocks or s2.BLOCKS
+    ints = {n: "i32" for n in ("T", "NC", "DS", "NG", "NU", "SLOT")} | {"scale_p": "fp32"}
+    base = dict(D=d, C=chunk, TW=s2.TILE2, GATED=gated, DOT_DT=tl.bfloat16, PREC="tf32")
+    jobs = [
+        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
+         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm), "BK"),
+        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
+         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm), "BK"),
+        ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"},
+         dict(base, HQ=hq, HK=hk, NORM=norm, HAS_S0=True), "BM"),
+        ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"},
+         dict(base, HQ=hq, HK=hk, NORM=norm, HAS_S0=True), "BM"),
+        ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"}, dict(base, HK=hk), "BK"),
+    ]
+    out = []
+    for key, fn, ptrs, consts, rows_name in jobs:
+        jg, rows, warps, stages = blocks[key]
+        k = _compile(fn, ptrs, ints, dict(consts, JG=jg, **{rows_name: rows}), warps, stages, arch)
+        out.append((f"{k.name}{'_keys' if consts.get('KEYS') else ''}", k.metadata.shared, *_usage(k)))
+    return out
+
+
 def main(argv):
     for case in argv or ["2,64,bf16"]:
+        if case.startswith("sym2"):
+            d = int(case.split(",")[1])
+            print(f"sym2 d={d} {s2.BLOCKS}", flush=True)
+            for name, shared, regs, stack in compile_sym2(d):
+                print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
+            continue
         p, d, dtype = case.split(",")
         print(f"p={p} d={d} {dtype}", flush=True)
         for name, shared, regs, stack in compile_chunked(int(p), int(d), dtype):

@@ -79,11 +79,11 @@ def _check(q, k, v, log_g, p, scale, chunk_size, norm, initial_state):
     return b, t, hq, hk, d
 
 
-def default_chunk_size(t: int, p: int, d: int, on_cuda: bool) -> Optional[int]:
+def default_chunk_size(t: int, p: int, d: int, on_cuda: bool, dtype=None) -> Optional[int]:
     """None (attention form) for short sequences, else the chunk length of the chunked form."""
     if on_cuda:
         from .dispatch import cuda_chunk_size
-        return cuda_chunk_size(t, p, d)
+        return cuda_chunk_size(t, p, d, dtype)
     if p >= 3 or t <= 1024:       # p>=3 states are large (D = 45k+ at d=64): stay quadratic on CPU
         return None
     return 256
@@ -112,9 +112,9 @@ def power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Op
     Returns:
         y (b, t, hq, d) in q's dtype, or (y, PowerState) if return_state.
 
-    On CUDA, stateless calls with chunk_size=None run the Triton attention form; the chunked form and the state
-    paths run the PyTorch reference, or the Triton chunked kernels with the opt-in environment variable
-    LONGCTX_POWER_IMPL=chunked (see dispatch.py, docs/kernels.md).
+    On CUDA everything runs Triton kernels: stateless calls with chunk_size=None take the attention form, or the
+    chunked form for long bf16 p=2 sequences (dispatch.py, docs/kernels.md); chunk_size / states / decoding take
+    the chunked kernels. LONGCTX_POWER_IMPL=auto|chunked|attention|reference overrides the choice.
 
     Example:
         >>> q = k = v = torch.randn(1, 16, 2, 32)
@@ -124,7 +124,7 @@ def power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Op
     if initial_state is not None:
         initial_state = PowerState(*initial_state)
     if chunk_size is None:
-        chunk_size = default_chunk_size(t, p, d, q.is_cuda)
+        chunk_size = default_chunk_size(t, p, d, q.is_cuda, q.dtype)
     if q.is_cuda:
         from .dispatch import power_attention_cuda
         return power_attention_cuda(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, norm=norm,

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_sym2 as sym2
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _dot_dtype
 
@@ -498,7 +499,8 @@ def _query_grad_state(Q, G, IDX, DO, LSE, DELTA, DR, DRZ, scale_p, T, NC, DS, L,
 @triton.jit
 def _discumsum(X, G, S, DGT, M, T, NC, HK: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
                GATED: tl.constexpr, REVERSE: tl.constexpr):
-    """Gated cumulative sum over chunks, in place, elementwise. X: (b*hk, NC+1, M) fp32. Program (block of M,
+    """Gated cumulative sum over chunks, in place, elementwise, fp32 arithmetic. X: (b*hk, NC+1, M) fp32 or
+    bf16 (the p=2 bf16 path stores states in bf16; the running sum stays fp32 in registers). Program (block of M,
     b*hk), decay_n = e^(gt_n):
       forward (REVERSE=False): slot 0 holds S_0, slot n+1 holds U_n  ->  slot n+1 = S_{n+1} = decay_n S_n + U_n;
       reverse (REVERSE=True): slot NC holds dL/dS_NC, slot n < NC holds the direct gradient Q_n of S_n
@@ -513,22 +515,22 @@ def _discumsum(X, G, S, DGT, M, T, NC, HK: tl.constexpr, C: tl.constexpr, BLOCK:
     mask = offs < M
     bh = pid_bh.to(tl.int64) * (NC + 1)                                 # slot index of (b*hk, 0); int64 offsets
     if REVERSE:
-        acc = tl.load(X + (bh + NC) * M + offs, mask=mask, other=0.0)
+        acc = tl.load(X + (bh + NC) * M + offs, mask=mask, other=0.0).to(tl.float32)
         for n_rev in range(NC):
             n = NC - 1 - n_rev
-            x = tl.load(X + (bh + n) * M + offs, mask=mask, other=0.0)
+            x = tl.load(X + (bh + n) * M + offs, mask=mask, other=0.0).to(tl.float32)
             if GATED:
                 decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
-                s_n = tl.load(S + (bh + n) * M + offs, mask=mask, other=0.0)
+                s_n = tl.load(S + (bh + n) * M + offs, mask=mask, other=0.0).to(tl.float32)
                 tl.store(DGT + (pid_bh.to(tl.int64) * nblk + pid) * NC + n, decay * tl.sum(s_n * acc, axis=0))
                 acc = x + decay * acc
             else:
                 acc = x + acc
             tl.store(X + (bh + n) * M + offs, acc, mask=mask)
     else:
-        acc = tl.load(X + bh * M + offs, mask=mask, other=0.0)
+        acc = tl.load(X + bh * M + offs, mask=mask, other=0.0).to(tl.float32)
         for n in range(NC):
-            x = tl.load(X + (bh + n + 1) * M + offs, mask=mask, other=0.0)
+            x = tl.load(X + (bh + n + 1) * M + offs, mask=mask, other=0.0).to(tl.float32)
             if GATED:
                 decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
                 acc = decay * acc + x
@@ -614,7 +616,11 @@ class ChunkedForm(torch.autograd.Function):
         # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
         dot_dt, prec = _dot_dtype(q.dtype, norm, False)
         BM, BN, warps, stages = _blocks(d, False, dot_dt)
-        o_intra = torch.empty(b, T, hq, d, **f32)
+        fast = sym2.applies(p, d, q.dtype)      # p = 2: the grouped outer-product kernels (triton_sym2.py)
+        # bf16 inputs on the p=2 path: the intra output and the per-chunk states are stored in bf16 (they are
+        # bf16 matmul operands anyway; sums stay fp32 in registers): half the memory of fp32 buffers
+        low = fast and q.dtype == torch.bfloat16
+        o_intra = torch.empty(b, T, hq, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
         lse_intra = torch.empty(b, T, hq, **f32) if norm else dummy
         nb = b * NC
         cq, ck, cv, cG, co = (_chunk_view(x, nb, C, r) for x, r in
@@ -628,16 +634,24 @@ class ChunkedForm(torch.autograd.Function):
         # states entering each chunk (+ the final one)
         sdt, sprec = _state_operands(q.dtype)
         rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
-        S = torch.empty(b, hk, NC + 1, DS, d, **f32)
+        S = torch.empty(b, hk, NC + 1, DS, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
         Z = torch.empty(b, hk, NC + 1, DS, **f32)
         has_s0 = s0 is not None
-        parallel = PARALLEL_STATE
+        parallel = PARALLEL_STATE or low       # the serial kernels keep fp32 states
         if parallel:
             # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
-            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
-            _update_state_fwd[(NC * L, d // pBD, b * hk)](
-                k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows, BD=pBD,
-                GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
+            if fast:
+                jg, bk, w_, s_ = sym2.blocks("outer", d)
+                grp = sym2.groups(d, jg, dev)
+                sym2._sym2_outer[(grp.shape[0], NC, b * hk)](
+                    k, v, G, dummy, dummy, grp, S, Z, sp, T, NC, DS, 1, HX=hk, HK=hk, D=d, C=C, TW=TILE, JG=jg,
+                    BK=bk, KEYS=True, NORM=norm, GATED=gated, DOT_DT=sdt, PREC=sprec,
+                    num_warps=w_, num_stages=s_)
+            else:
+                prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
+                _update_state_fwd[(NC * L, d // pBD, b * hk)](
+                    k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows,
+                    BD=pBD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
             if has_s0:
                 S[:, :, 0] = s0
                 Z[:, :, 0] = z0
@@ -655,18 +669,27 @@ class ChunkedForm(torch.autograd.Function):
                 HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
         y = torch.empty_like(q)
         lse = torch.empty(b, T, hq, **f32) if norm else dummy
-        _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
-            q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
-            F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps,
-            num_stages=stages)
+        if fast:
+            jg, bm, w_, s_ = sym2.blocks("qfwd", d)
+            grp = sym2.groups(d, jg, dev)
+            sym2._sym2_query_fwd[(triton.cdiv(C, bm), NC, b * hq)](
+                q, G, grp, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
+                TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+                num_warps=w_, num_stages=s_)
+        else:
+            _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
+                q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
+                F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+                num_warps=warps, num_stages=stages)
         ctx.save_for_backward(q, k, v, G, S, Z, y, lse, IDX, MULT)
-        ctx.cfg = (scale, p, norm, gated, C, has_s0, parallel)
-        return y, S[:, :, NC].clone(), Z[:, :, NC].clone()
+        ctx.cfg = (scale, p, norm, gated, C, has_s0, parallel, fast)
+        del o_intra
+        return y, S[:, :, NC].to(torch.float32, copy=True), Z[:, :, NC].clone()
 
     @staticmethod
     def backward(ctx, dy, dsf, dzf):
         q, k, v, G, S, Z, y, lse, IDX, MULT = ctx.saved_tensors
-        scale, p, norm, gated, C, has_s0, parallel = ctx.cfg
+        scale, p, norm, gated, C, has_s0, parallel, fast = ctx.cfg
         b, T, hq, d = q.shape
         hk = k.shape[2]
         NC = T // C
@@ -705,20 +728,37 @@ class ChunkedForm(torch.autograd.Function):
         sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
                      num_stages=stages)
         dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
-        _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
-            q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
-            HAS_S0=has_s0, **sizes)
+        if fast:
+            jg, bm, w_, s_ = sym2.blocks("qbwd", d)
+            grp = sym2.groups(d, jg, q.device)
+            sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
+                q, G, grp, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
+                TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+                num_warps=w_, num_stages=s_)
+        else:
+            _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
+                q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
+                HAS_S0=has_s0, **sizes)
         NV = d // BD
         if parallel:
             # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
             # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
             # and d initial_state = slot 0
-            dR = torch.empty(b, hk, NC + 1, DS, d, **f32)
+            dq = dq.to(q.dtype)                 # dq is complete: release its fp32 buffer before dR exists
+            dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
             dRz = torch.empty(b, hk, NC + 1, DS, **f32)
-            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
-            _query_grad_state[(NC * L, d // pBD, b * hk)](
-                q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD, NORM=norm,
-                **dict(sizes, num_warps=pwarps, num_stages=pstages))
+            if fast:
+                jg, bk, w_, s_ = sym2.blocks("outer", d)
+                grp = sym2.groups(d, jg, q.device)
+                sym2._sym2_outer[(grp.shape[0], NC, b * hk)](
+                    q, dy, G, lse, delta, grp, dR, dRz, sp, T, NC, DS, 0, HX=hq, HK=hk, D=d, C=C, TW=TILE, JG=jg,
+                    BK=bk, KEYS=False, NORM=norm, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=w_,
+                    num_stages=s_)
+            else:
+                prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
+                _query_grad_state[(NC * L, d // pBD, b * hk)](
+                    q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD,
+                    NORM=norm, **dict(sizes, num_warps=pwarps, num_stages=pstages))
             dR[:, :, NC] = dsf
             dRz[:, :, NC] = dzf
             dgts = []
@@ -744,8 +784,15 @@ class ChunkedForm(torch.autograd.Function):
             dgt = dgt.view(b, hk, -1, NC).sum(2) if gated else dummy
             NU = NC
         dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
-        _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
-            k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
+        if fast:
+            jg, bk, w_, s_ = sym2.blocks("kbwd", d)
+            grp = sym2.groups(d, jg, q.device)
+            sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
+                k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
+                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=w_, num_stages=s_)
+        else:
+            _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
+                k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
         dgl = None
         if gated:
             rep = hq // hk
@@ -754,7 +801,11 @@ class ChunkedForm(torch.autograd.Function):
             dgl = dgl.view(b, NC, C, hk)
             dgl[:, :, C - 1] += end                                          # gt_n = g at the chunk's last token
             dgl = dgl.view(b, T, hk)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0.contiguous() if has_s0 else None,
+        ds0 = ds0.float().contiguous() if has_s0 else None
+        del dU, dUz
+        if parallel:
+            del dR, dRz
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0,
                 dz0.contiguous() if has_s0 else None, None, None, None, None)
 
 

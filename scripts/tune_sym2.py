@@ -1,0 +1,153 @@
+"""Check and tune the p=2 chunked-form kernels (src/kernels/power/triton_sym2.py) on a GPU, one process.
+
+    python scripts/tune_sym2.py --out runs/tune            # correctness, per-kernel times per block config
+    python scripts/tune_sym2.py --configs 2,64,8,2 1,64,4,2 --chunks 512,1024,2048 --t 65536
+
+1. correctness: bf16 and fp32 (forced) against the float64 reference (output and every gradient, state in/out);
+2. for each block config (JG, rows, warps, stages), applied to all four kernels: one fwd+bwd at the benchmark
+   shape (b=8, h=12, d=64, bf16, gated, chunk 1024) under torch.profiler -> CUDA ms per kernel and TFLOP/s of
+   its matmul work; the best config per kernel is then combined and timed (do_bench, fwd and fwd+bwd), and
+   chunk sizes are compared. Writes tune_sym2.json into --out.
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from longctx.kernels.power import triton_chunked, triton_sym2
+from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
+from longctx.kernels.power.triton_chunked import chunked_form
+
+KERNELS = {"outer": ["_sym2_outer"], "qfwd": ["_sym2_query_fwd"], "qbwd": ["_sym2_query_bwd"],
+           "kbwd": ["_sym2_key_bwd"]}
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+
+
+def check(dtype, force, t=1500, chunk=256, d=64, hq=4, hk=2, seed=0):
+    torch.manual_seed(seed)
+    triton_sym2.FORCE = force
+    q, k, v = (torch.randn(2, t, h, d, device="cuda", dtype=dtype).requires_grad_() for h in (hq, hk, hk))
+    lg = F.logsigmoid(torch.randn(2, t, hk, device="cuda") + 4).requires_grad_()
+    D = state_dim(2, d)
+    s0 = (torch.randn(2, hk, D, d, device="cuda") * 0.1).requires_grad_()
+    z0 = (torch.rand(2, hk, D, device="cuda") * 0.1).requires_grad_()
+    leaves = [q, k, v, lg, s0, z0]
+    y, st = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=True, initial_state=(s0, z0),
+                         return_state=True)
+    outs = [y, st.s, st.z]
+    seeds = [torch.randn_like(o) for o in outs]
+    grads = torch.autograd.grad(outs, leaves, seeds)
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    ry, rst = power_attention_reference(*ref[:4], p=2, chunk_size=chunk, norm=True,
+                                        initial_state=PowerState(*ref[4:]), return_state=True)
+    routs = [ry, rst.s, rst.z]
+    rgrads = torch.autograd.grad(routs, ref, [s.double() for s in seeds])
+    names = ["y", "s", "z", "dq", "dk", "dv", "dlog_g", "ds0", "dz0"]
+    errs = [rel(a, b) for a, b in zip(outs + list(grads), routs + list(rgrads))]
+    triton_sym2.FORCE = False
+    return dict(zip(names, errs))
+
+
+def shape_inputs(b, t, h, d, grad=True):
+    xs = [(torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16) / math.sqrt(d)).requires_grad_(grad)
+          for _ in range(3)]
+    lg = F.logsigmoid(torch.randn(b, t, h, device="cuda") + 6.9).requires_grad_(grad)
+    return xs, lg
+
+
+def fwd_bwd(xs, lg, chunk):
+    y = chunked_form(*xs, lg, p=2, scale=xs[0].shape[-1] ** -0.5, chunk_size=chunk, norm=True)
+    y.backward(torch.ones_like(y))
+
+
+def profile_kernels(xs, lg, chunk):
+    from torch.profiler import ProfilerActivity, profile
+    fwd_bwd(xs, lg, chunk)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fwd_bwd(xs, lg, chunk)
+        torch.cuda.synchronize()
+    times = {}
+    for ev in prof.key_averages():
+        times[ev.key] = times.get(ev.key, 0.0) + ev.device_time_total / 1e3
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "runs/tune"))
+    ap.add_argument("--t", type=int, default=65536)
+    ap.add_argument("--b", type=int, default=8)
+    ap.add_argument("--h", type=int, default=12)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--chunks", default="", help="comma list: also time these chunk sizes with the best config")
+    ap.add_argument("--configs", nargs="*", default=["2,64,8,2", "2,64,4,2", "1,64,4,2", "1,128,8,2", "2,128,8,2",
+                                                     "2,32,4,2", "4,64,8,2", "2,64,8,3", "1,64,8,3"])
+    ap.add_argument("--no-check", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res = {"device": torch.cuda.get_device_name(), "shape": vars(args), "check": {}, "configs": {}}
+    if not args.no_check:
+        for name, dtype, force in (("bf16", torch.bfloat16, False), ("fp32_forced", torch.float32, True)):
+            t0 = time.time()
+            errs = check(dtype, force)
+            res["check"][name] = errs
+            print(f"CHECK {name}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items())
+                  + f"  ({time.time() - t0:.1f}s)", flush=True)
+    b, t, h, d = args.b, args.t, args.h, args.d
+    xs, lg = shape_inputs(b, t, h, d)
+    state_flops = 2 * b * t * h * state_dim(2, d) * d          # one [tokens x D] x [D x d] product
+    work = {"_sym2_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2}
+    best = {}
+    for cfg in args.configs:
+        jg, rows, warps, stages = (int(x) for x in cfg.split(","))
+        triton_sym2.BLOCKS = {k: (jg, rows, warps, stages) for k in KERNELS}
+        try:
+            t0 = time.time()
+            times = profile_kernels(xs, lg, args.chunk)
+        except Exception as e:                                  # noqa: BLE001 (out of resources etc.)
+            print(f"CFG {cfg}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        row = {k: times.get(k, float("nan")) for k in work}
+        res["configs"][cfg] = {"ms": row, "total_ms": sum(times.values()), "wall_s": time.time() - t0}
+        print(f"CFG {cfg}: total {sum(times.values()):8.2f} ms | " + " ".join(
+            f"{k[6:]} {v:7.2f} ms ({work[k] * state_flops / v / 1e9:5.0f} TF/s)" for k, v in row.items()), flush=True)
+        for key, names in KERNELS.items():
+            v = sum(row[n] for n in names)
+            if key not in best or v < best[key][1]:
+                best[key] = (cfg, v)
+    if not best:
+        return
+    triton_sym2.BLOCKS = {k: tuple(int(x) for x in best[k][0].split(",")) for k in KERNELS}
+    res["best"] = {k: list(v) for k, v in triton_sym2.BLOCKS.items()}
+    print("BEST", res["best"], flush=True)
+    times = profile_kernels(xs, lg, args.chunk)
+    top = sorted(times.items(), key=lambda kv: -kv[1])[:12]
+    print("PROFILE best: " + " | ".join(f"{k[:40]} {v:.2f}" for k, v in top), flush=True)
+    res["profile_best"] = dict(top)
+    res["timing"] = {}
+    for chunk in [args.chunk] + [int(c) for c in args.chunks.split(",") if c]:
+        xs2 = [x.detach() for x in xs]
+        f = lambda: chunked_form(*xs2, lg.detach(), p=2, scale=d ** -0.5, chunk_size=chunk, norm=True)  # noqa
+        ms_f = do_bench(f, warmup=3, rep=20, return_mode="median")
+        ms_fb = do_bench(lambda: fwd_bwd(xs, lg, chunk), warmup=3, rep=20, return_mode="median")
+        torch.cuda.reset_peak_memory_stats()
+        fwd_bwd(xs, lg, chunk)
+        peak = torch.cuda.max_memory_allocated() / 1e9
+        res["timing"][chunk] = {"fwd_ms": ms_f, "fwdbwd_ms": ms_fb, "peak_gb": peak}
+        print(f"TIME chunk {chunk}: fwd {ms_f:.2f} ms, fwd+bwd {ms_fb:.2f} ms, peak {peak:.2f} GB", flush=True)
+    with open(os.path.join(args.out, "tune_sym2.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

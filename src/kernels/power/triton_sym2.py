@@ -1,0 +1,330 @@
+"""Fast state kernels of the chunked form for p = 2 (tile 8): "grouped outer-product expansion".
+
+Why a second set: the generic expand-MMA kernels (triton_chunked.py) build each [rows, 64] block of phi by
+pointer gathers and run [64 x 32 x 32] matmuls with one-hot "contract" matmuls in the backward; on an H200 they
+reach ~9 TFLOP/s (docs/kernels.md). Here, for p = 2, a program handles a *group* of JG state blocks that share
+their first tile: blocks (i, j0), (i, j0+1), ... (lexicographic, so their rows are consecutive in the layout).
+Their features are the outer product of two plain row loads,
+
+    phi_g(x) = reshape(x[:, 8i:8i+8, None] * x[:, None, 8j0:8j0+8JG], [rows, 64 JG]),
+    feature f = a (8 JG) + 8 jj + b  <->  layout row 64 (l(i, j0) + jj) + 8 a + b,
+
+so the expansion is one multiply per feature, the matmuls have 64 JG features on one side, and the gradient
+of phi back to x needs no matmul: with X = dL/dphi_g reshaped [rows, 8, 8 JG],
+dx[8i + a] += sum_c X[a, c] x[8j0 + c] and dx[8j0 + c] += sum_a X[a, c] x[8i + a], read-modify-written into
+the fp32 gradient buffer (rows are private to the program; a barrier orders the overlapping updates).
+Gate gradients use Euler's identity for the degree-2 form: X . phi = sum_a x[8i + a] dx_i[a].
+
+Same buffers, slots and semantics as the generic kernels (triton_chunked.py's docstring); states stay fp32 in
+HBM, matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32 accumulation.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
+
+
+@triton.jit
+def _pair(X_row, ti, tj, mask, colj, jvalid, TW: tl.constexpr):
+    """Rows' first factor x[:, 8ti:8ti+8] [B, 8] and second factor x[:, 8tj:8tj+8JG] [B, 8JG] (fp32)."""
+    xi = tl.load(X_row[:, None] + ti * TW + tl.arange(0, TW)[None, :], mask=mask[:, None], other=0.0)
+    xj = tl.load(X_row[:, None] + colj[None, :], mask=mask[:, None] & jvalid[None, :], other=0.0)
+    return xi.to(tl.float32), xj.to(tl.float32)
+
+
+@triton.jit
+def _group(GRP, g, TW: tl.constexpr, JG: tl.constexpr, D: tl.constexpr):
+    """Group g's first tile, first second-tile, the layout rows of its 64 JG features and their validity."""
+    ti = tl.load(GRP + 3 * g)
+    tj = tl.load(GRP + 3 * g + 1)
+    l0 = tl.load(GRP + 3 * g + 2)
+    offs = tl.arange(0, TW * TW * JG)
+    a = offs // (TW * JG)
+    c = offs % (TW * JG)
+    lrow = (l0 + c // TW) * (TW * TW) + a * TW + c % TW
+    fvalid = tj * TW + c < D
+    colj = tj * TW + tl.arange(0, TW * JG)
+    return ti, tj, lrow, fvalid, colj, colj < D
+
+
+@triton.jit
+def _phi(xi, xj, B: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr):
+    return tl.reshape(xi[:, :, None] * xj[:, None, :], (B, TW * TW * JG))
+
+
+@triton.jit
+def _rmw(P, val, mask):
+    """P += val on rows private to this program (after a barrier: another thread may have written them)."""
+    tl.debug_barrier()
+    tl.store(P, tl.load(P, mask=mask, other=0.0) + val, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# sum over a chunk's rows of (row factor * phi(x)) (x) y: update-state (keys) and the query-side state gradient
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
+                HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                JG: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
+                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group:
+    KEYS: U_n = sum_j (w phi(k_j) e^(gt_n - g_j)) v_j^T, Uz_n = sum_j w phi(k_j) e^(gt_n - g_j)  (X=k, Y=v);
+    else: Q_n = sum_i r_i phi(q_i)^T dn_i, Qz_n = sum_i r_i phi(q_i) dl_i over the GQA group's query heads
+    (X=q, Y=dy; r_i = s^p e^(g_i) / Den_i, dl_i = -Delta_i / Den_i folded as r_i * (-Delta_i))."""
+    g = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    REP: tl.constexpr = HX // HK
+    FG: tl.constexpr = TW * TW * JG
+    ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
+    offs_r = tl.arange(0, BK)
+    offs_d = tl.arange(0, D)
+    start = n * C
+    if KEYS:
+        wj = tl.where(colj // TW == ti, 1.0, 2.0)                         # multiplicity of block (ti, col's tile)
+        if GATED:
+            g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
+    acc = tl.zeros([FG, D], tl.float32)
+    accz = tl.zeros([FG], tl.float32)
+    for rep in range(REP):
+        i_h = i_hk * REP + rep
+        for r0 in range(0, C, BK):
+            rows = start + r0 + offs_r
+            mask = ((r0 + offs_r) < C) & (rows < T)
+            row = (i_b * T + rows) * HX + i_h
+            xi, xj = _pair(X + row * D, ti, tj, mask, colj, jvalid, TW)
+            if KEYS:
+                f = tl.where(mask, 1.0, 0.0)
+                if GATED:
+                    f = f * tl.exp(g_end - tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+                xj = xj * wj[None, :]
+            else:
+                f = tl.where(mask, scale_p, 0.0)
+                if GATED:
+                    f = f * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+                if NORM:
+                    f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+            phi = _phi(xi * f[:, None], xj, BK, TW, JG)                   # [BK, FG]
+            yv = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0)
+            acc += tl.dot(tl.trans(phi.to(DOT_DT)), yv.to(DOT_DT), input_precision=PREC)
+            if KEYS:
+                accz += tl.sum(phi, axis=0)
+            elif NORM:
+                dl = -tl.load(DELTA + row, mask=mask, other=0.0)
+                accz += tl.sum(phi * dl[:, None], axis=0)
+    base = (pid_bh.to(tl.int64) * (NC + 1) + n + SLOT) * DS
+    tl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc, mask=fvalid[:, None])
+    tl.store(OUTZ + base + lrow, accz, mask=fvalid)
+
+
+# ----------------------------------------------------------------------------------------------
+# query side: forward (fused with the combine) and backward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
+                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                    JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                    HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Program (query block of a chunk, chunk n, b*hq): inter = r phi(q) S_n, den = r phi(q) . z_n, then
+    y = (y_intra e^lse + inter) / (e^lse + den) stabilized (norm) or y_intra + inter; stores y and
+    lse = log(total normalizer)."""
+    pid_m = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HQ).to(tl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    loc = pid_m * BM + tl.arange(0, BM)
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    offs_d = tl.arange(0, D)
+    row = (i_b * T + rows) * HQ + i_hq
+    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+    num = tl.zeros([BM, D], tl.float32)
+    den = tl.zeros([BM], tl.float32)
+    n_groups = NG
+    if not HAS_S0:
+        n_groups = NG * tl.minimum(n, 1)                                  # S_0 = 0: no state term
+    for g in range(n_groups):
+        ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
+        xi, xj = _pair(Q + row * D, ti, tj, mask, colj, jvalid, TW)
+        phi = _phi(xi, xj, BM, TW, JG).to(DOT_DT)
+        s_blk = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
+        num += tl.dot(phi, s_blk.to(DOT_DT), input_precision=PREC)
+        if NORM:
+            z_blk = tl.load(Z + s_base + lrow, mask=fvalid, other=0.0)
+            den += tl.sum(phi.to(tl.float32) * z_blk[None, :], axis=1)
+    r = tl.full([BM], 1.0, tl.float32) * scale_p
+    if GATED:
+        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    num = num * r[:, None]
+    o_off = row[:, None] * D + offs_d[None, :]
+    yi = tl.load(OI + o_off, mask=mask[:, None], other=0.0)
+    if NORM:
+        den = den * r
+        lse_i = tl.load(LSEI + row, mask=mask, other=0.0)
+        big = tl.maximum(lse_i, tl.log(tl.maximum(den, 1e-30)))
+        a = tl.exp(lse_i - big)
+        bb = tl.exp(-big)
+        tot = a + den * bb                                                # >= 1 (stabilized)
+        y = (yi * a[:, None] + num * bb[:, None]) / tot[:, None]
+        tl.store(LSE + row, big + tl.log(tot), mask=mask)
+    else:
+        y = yi + num
+    tl.store(Y + o_off, y.to(Y.dtype.element_ty), mask=mask[:, None])
+
+
+@triton.jit
+def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS, NG,
+                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                    JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                    HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Query side of the state term: X = r (S_n dn + z_n dl) = dL/dphi(q); DQ (fp32) += dphi/dq^T X;
+    DGQ = X . phi(q) (Euler: sum_a q[8i+a] dq_i[a] per group)."""
+    pid_m = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HQ).to(tl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    loc = pid_m * BM + tl.arange(0, BM)
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    offs_d = tl.arange(0, D)
+    row = (i_b * T + rows) * HQ + i_hq
+    dn = tl.load(DO + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    r = tl.full([BM], 1.0, tl.float32) * scale_p
+    if GATED:
+        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    r = tl.where(mask, r, 0.0)
+    if NORM:
+        inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+        dn = dn * inv[:, None]
+        dl = -tl.load(DELTA + row, mask=mask, other=0.0) * inv
+    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+    dg = tl.zeros([BM], tl.float32)
+    dq_row = DQ + row * D
+    n_groups = NG
+    if not HAS_S0:
+        n_groups = NG * tl.minimum(n, 1)
+    for g in range(n_groups):
+        ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
+        xi, xj = _pair(Q + row * D, ti, tj, mask, colj, jvalid, TW)
+        s_blk = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
+        x = tl.dot(dn.to(DOT_DT), tl.trans(s_blk.to(DOT_DT)), input_precision=PREC)      # [BM, FG]
+        if NORM:
+            z_blk = tl.load(Z + s_base + lrow, mask=fvalid, other=0.0)
+            x += dl[:, None] * z_blk[None, :]
+        x3 = tl.reshape(x, (BM, TW, TW * JG))
+        dxi = tl.sum(x3 * xj[:, None, :], axis=2) * r[:, None]                              # [BM, 8]
+        dxj = tl.sum(x3 * xi[:, :, None], axis=1) * r[:, None]                              # [BM, 8JG]
+        dg += tl.sum(xi * dxi, axis=1)
+        _rmw(dq_row[:, None] + ti * TW + tl.arange(0, TW)[None, :], dxi, mask[:, None])
+        _rmw(dq_row[:, None] + colj[None, :], dxj, mask[:, None] & jvalid[None, :])
+    if GATED:
+        tl.store(DGQ + row, dg, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# key side backward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
+                  HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr,
+                  BK: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j, c_j = e^(gt_n - g_j) and
+    X = v dU_n^T + dUz_n = dL/dph: DV += ph dU_n, DK += dph/dk^T X, DGK = -X . ph. dU_n is slot n of DU
+    (NU slots per (b, hk))."""
+    pid_k = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    loc = pid_k * BK + tl.arange(0, BK)
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    offs_d = tl.arange(0, D)
+    row = (i_b * T + rows) * HK + i_hk
+    kv_off = row[:, None] * D + offs_d[None, :]
+    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)
+    c = tl.where(mask, 1.0, 0.0)
+    if GATED:
+        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
+        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
+    u_base = (pid_bh.to(tl.int64) * NU + n) * DS
+    dv = tl.zeros([BK, D], tl.float32)
+    y = tl.zeros([BK], tl.float32)
+    dk_row = DK + row * D
+    for g in range(NG):
+        ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
+        ki, kj = _pair(K + row * D, ti, tj, mask, colj, jvalid, TW)
+        wcol = tl.where(colj // TW == ti, 1.0, 2.0)                                       # multiplicity
+        kjw = kj * wcol[None, :]
+        ph = _phi(ki * c[:, None], kjw, BK, TW, JG)                                          # [BK, FG]
+        du = tl.load(DU + (u_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
+        duz = tl.load(DUZ + u_base + lrow, mask=fvalid, other=0.0)
+        x = tl.dot(v.to(DOT_DT), tl.trans(du.to(DOT_DT)), input_precision=PREC) + duz[None, :]   # [BK, FG]
+        dv += tl.dot(ph.to(DOT_DT), du.to(DOT_DT), input_precision=PREC)
+        x3 = tl.reshape(x, (BK, TW, TW * JG))
+        dki = tl.sum(x3 * kjw[:, None, :], axis=2)                                          # [BK, 8], / c
+        dkj = tl.sum(x3 * ki[:, :, None], axis=1)                                           # [BK, 8JG], / (c w)
+        y += tl.sum(ki * dki, axis=1)                                                       # X . ph / c
+        _rmw(dk_row[:, None] + ti * TW + tl.arange(0, TW)[None, :], dki * c[:, None], mask[:, None])
+        _rmw(dk_row[:, None] + colj[None, :], dkj * wcol[None, :] * c[:, None], mask[:, None] & jvalid[None, :])
+    dv += tl.load(DV + kv_off, mask=mask[:, None], other=0.0)
+    tl.store(DV + kv_off, dv, mask=mask[:, None])
+    if GATED:
+        tl.store(DGK + row, -y * c, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side
+# ----------------------------------------------------------------------------------------------
+_GROUPS: dict = {}
+
+
+def groups(d: int, jg: int, device) -> torch.Tensor:
+    """(NG, 3) int32 table of (first tile i, first second tile j0, block index l(i, j0)): blocks (i, j >= i) of
+    the lexicographic layout, JG consecutive j per group (the last group of a row may run past the tiles)."""
+    key = (d, jg, str(device))
+    if key not in _GROUPS:
+        nt = d // TILE2
+        rows, l = [], 0
+        for i in range(nt):
+            for j0 in range(i, nt, jg):
+                rows.append((i, j0, l + (j0 - i)))
+            l += nt - i
+        _GROUPS[key] = torch.tensor(rows, dtype=torch.int32, device=device).contiguous()
+    return _GROUPS[key]
+
+
+ENABLED = True     # False: p = 2 runs the generic expand-MMA kernels (A/B timing, tests)
+FORCE = False      # True: use these kernels for every dtype (the interpreter test runs them in fp32)
+BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages): the best of the H200 sweep
+    "outer": (1, 32, 4, 2),   # (docs/kernels.md, scripts/tune_sym2.py) at b=8, t=64k, h=12, d=64, chunk 1024
+    "qfwd": (2, 64, 4, 1),
+    "qbwd": (2, 64, 4, 3),
+    "kbwd": (2, 64, 4, 1),
+}
+
+
+BLOCKS_WIDE = {    # d = 128: 8 warps, one second tile per group (4 warps spill 0.3-0.6 KB/thread: compile_check)
+    "outer": (1, 32, 8, 2),
+    "qfwd": (1, 64, 8, 1),
+    "qbwd": (1, 64, 8, 3),
+    "kbwd": (1, 64, 8, 1),
+}
+
+
+def blocks(kernel: str, d: int):
+    """(JG, rows, warps, stages) of one kernel for head dim d."""
+    return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
+
+
+def applies(p: int, d: int, dtype) -> bool:
+    return ENABLED and p == 2 and d % TILE2 == 0 and (FORCE or dtype == torch.bfloat16)
