@@ -2,8 +2,9 @@
 
 Routing (docs/kernels.md has the measurements behind the thresholds):
 * a stateless call with `chunk_size=None`: the Triton chunked form (chunk CHUNKED_DEFAULT_C) when it is the
-  faster one -- p = 2 with bf16 inputs (the grouped kernels of triton_sym2.py) and t >= CHUNKED_MIN_T -- else
-  the Triton attention form (quadratic, fastest at short t; the only fast form for p != 2 and fp16/fp32);
+  faster one -- t >= min_chunked_t(d) and either p = 1 (state of d x d: cheap at any dtype) or p = 2 with bf16
+  inputs (the grouped kernels of triton_sym2.py) -- else the Triton attention form (quadratic, fastest at short
+  t; the faster form for p >= 3 and for p = 2 in fp16/fp32, where only the generic chunked kernels exist);
 * `chunk_size` set, `initial_state`, `return_state`, decoding: the Triton chunked kernels (triton_chunked.py;
   every p, dtype, GQA, gating, state in/out; GPU-tested).
 
@@ -21,7 +22,10 @@ from .triton_attention import attention_form
 
 IMPL_ENV = "LONGCTX_POWER_IMPL"
 IMPLS = ("auto", "chunked", "attention", "reference")
-CHUNKED_MIN_T = 16384       # H200, b=8 h=12 d=64 bf16 p=2: the attention form wins below (docs/kernels.md)
+CHUNKED_MIN_T = 16384       # H200, b=8 h=12 bf16: p=2 d=64 equal at 8k, chunked 1.46x faster at 16k; d=32 3.2x,
+                            # p=1 6x faster at 16k (docs/kernels.md)
+CHUNKED_MIN_T_WIDE = 32768  # d=128, p=2: D = 8704 features; the attention form still wins at 16k (144 vs 227 ms),
+                            # the chunked form at 64k (914 ms vs ~2.3 s, attention extrapolated)
 CHUNKED_DEFAULT_C = 1024    # chunk length when the caller gives none (512 and 2048 measured within 3%)
 
 
@@ -32,12 +36,17 @@ def _impl() -> str:
     return impl
 
 
+def min_chunked_t(p: int, d: int) -> int:
+    """Shortest t at which the chunked form is the default (stateless calls)."""
+    return CHUNKED_MIN_T_WIDE if p == 2 and d >= 128 else CHUNKED_MIN_T
+
+
 def cuda_chunk_size(t: int, p: int, d: int, dtype=None):
     """Chunk length for a stateless CUDA call with chunk_size=None, or None for the attention form."""
     impl = _impl()
-    if t < CHUNKED_MIN_T or impl in ("attention", "reference"):
+    if t < min_chunked_t(p, d) or impl in ("attention", "reference"):
         return None
-    if impl == "chunked" and p <= 2:
+    if p == 1 or (impl == "chunked" and p == 2):
         return CHUNKED_DEFAULT_C
     return CHUNKED_DEFAULT_C if dtype is not None and triton_sym2.applies(p, d, dtype) else None
 
