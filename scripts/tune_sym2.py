@@ -11,7 +11,6 @@
 """
 import argparse
 import json
-import math
 import os
 import time
 
@@ -19,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from longctx.kernels.power import triton_chunked, triton_sym2
+from bench_attention import inputs  # the benchmark's inputs (same shape, scaling and gates)
+from longctx.kernels.power import triton_sym2
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
 from longctx.kernels.power.triton_chunked import chunked_form
 
@@ -54,13 +54,6 @@ def check(dtype, force, t=1500, chunk=256, d=64, hq=4, hk=2, seed=0):
     errs = [rel(a, b) for a, b in zip(outs + list(grads), routs + list(rgrads))]
     triton_sym2.FORCE = False
     return dict(zip(names, errs))
-
-
-def shape_inputs(b, t, h, d, grad=True):
-    xs = [(torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16) / math.sqrt(d)).requires_grad_(grad)
-          for _ in range(3)]
-    lg = F.logsigmoid(torch.randn(b, t, h, device="cuda") + 6.9).requires_grad_(grad)
-    return xs, lg
 
 
 def fwd_bwd(xs, lg, chunk):
@@ -104,7 +97,7 @@ def main():
             print(f"CHECK {name}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items())
                   + f"  ({time.time() - t0:.1f}s)", flush=True)
     b, t, h, d = args.b, args.t, args.h, args.d
-    xs, lg = shape_inputs(b, t, h, d)
+    xs, lg = inputs(b, t, h, d, True)
     state_flops = 2 * b * t * h * state_dim(2, d) * d          # one [tokens x D] x [D x d] product
     work = {"_sym2_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2}
     best = {}
