@@ -4,7 +4,8 @@
     python scripts/tune_sym2.py --configs 2,64,8,2 1,64,4,2 --chunks 512,1024,2048 --t 65536
 
 1. correctness: bf16 and fp32 (forced) against the float64 reference (output and every gradient, state in/out);
-2. for each block config (JG, rows, warps, stages), applied to all four kernels: one fwd+bwd at the benchmark
+2. for each variant (--rows: which kernels run row-scaled) and block config (JG, rows, warps, stages), applied
+   to the kernels named by --sweep: one fwd+bwd at the benchmark
    shape (b=8, h=12, d=64, bf16, gated, chunk 1024) under torch.profiler -> CUDA ms per kernel and TFLOP/s of
    its matmul work; the best config per kernel is then combined and timed (do_bench, fwd and fwd+bwd), and
    chunk sizes are compared. Writes tune_sym2.json into --out.
@@ -24,7 +25,10 @@ from longctx.kernels.power.reference import PowerState, power_attention_referenc
 from longctx.kernels.power.triton_chunked import chunked_form
 
 KERNELS = {"outer": ["_sym2_outer"], "qfwd": ["_sym2_query_fwd"], "qbwd": ["_sym2_query_bwd"],
-           "kbwd": ["_sym2_key_bwd"]}
+           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows"], "qbwd_rows": ["_sym2_query_bwd_rows"],
+           "outer_rows": ["_sym2_outer_rows"]}
+WORK = {"_sym2_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2,
+        "_sym2_query_fwd_rows": 1, "_sym2_query_bwd_rows": 1, "_sym2_outer_rows": 2}   # state products (TF/s)
 
 
 def rel(a, b):
@@ -85,44 +89,64 @@ def main():
     ap.add_argument("--chunks", default="", help="comma list: also time these chunk sizes with the best config")
     ap.add_argument("--configs", nargs="*", default=["2,64,8,2", "2,64,4,2", "1,64,4,2", "1,128,8,2", "2,128,8,2",
                                                      "2,32,4,2", "4,64,8,2", "2,64,8,3", "1,64,8,3"])
+    ap.add_argument("--sweep", default=",".join(KERNELS),
+                    help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS)")
+    ap.add_argument("--rows", nargs="*", default=["default"],
+                    help="variants to A/B: '+'-joined kernels (qfwd, qbwd, outer) that run row-scaled, '-' for none, "
+                         "'default' for triton_sym2.ROWS")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     res = {"device": torch.cuda.get_device_name(), "shape": vars(args), "check": {}, "configs": {}}
     if not args.no_check:
-        for name, dtype, force in (("bf16", torch.bfloat16, False), ("fp32_forced", torch.float32, True)):
+        default_rows = dict(triton_sym2.ROWS)
+        for name, dtype, force, rows in (("bf16", torch.bfloat16, False, default_rows),
+                                         ("fp32_forced", torch.float32, True, default_rows),
+                                         ("bf16_all_rows", torch.bfloat16, False, dict.fromkeys(default_rows, True))):
             t0 = time.time()
+            triton_sym2.ROWS = rows
             errs = check(dtype, force)
+            triton_sym2.ROWS = default_rows
             res["check"][name] = errs
             print(f"CHECK {name}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items())
                   + f"  ({time.time() - t0:.1f}s)", flush=True)
     b, t, h, d = args.b, args.t, args.h, args.d
     xs, lg = inputs(b, t, h, d, True)
     state_flops = 2 * b * t * h * state_dim(2, d) * d          # one [tokens x D] x [D x d] product
-    work = {"_sym2_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2}
+    sweep = args.sweep.split(",")
+    base_blocks = dict(triton_sym2.BLOCKS)
     best = {}
-    for cfg in args.configs:
-        jg, rows, warps, stages = (int(x) for x in cfg.split(","))
-        triton_sym2.BLOCKS = {k: (jg, rows, warps, stages) for k in KERNELS}
-        try:
-            t0 = time.time()
-            times = profile_kernels(xs, lg, args.chunk)
-        except Exception as e:                                  # noqa: BLE001 (out of resources etc.)
-            print(f"CFG {cfg}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            continue
-        row = {k: times.get(k, float("nan")) for k in work}
-        res["configs"][cfg] = {"ms": row, "total_ms": sum(times.values()), "wall_s": time.time() - t0}
-        print(f"CFG {cfg}: total {sum(times.values()):8.2f} ms | " + " ".join(
-            f"{k[6:]} {v:7.2f} ms ({work[k] * state_flops / v / 1e9:5.0f} TF/s)" for k, v in row.items()), flush=True)
-        for key, names in KERNELS.items():
-            v = sum(row[n] for n in names)
-            if key not in best or v < best[key][1]:
-                best[key] = (cfg, v)
+    default_rows = dict(triton_sym2.ROWS)
+    for variant in args.rows:
+        on = default_rows if variant == "default" else {k: k in variant.split("+") for k in default_rows}
+        triton_sym2.ROWS = dict(on)
+        for cfg in args.configs:
+            jg, rows, warps, stages = (int(x) for x in cfg.split(","))
+            triton_sym2.BLOCKS = dict(base_blocks, **{k: (jg, rows, warps, stages) for k in sweep})
+            tag = f"{cfg} rows={variant}"
+            try:
+                t0 = time.time()
+                times = profile_kernels(xs, lg, args.chunk)
+            except Exception as e:                              # noqa: BLE001 (out of resources etc.)
+                print(f"CFG {tag}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            row = {k: times[k] for k in WORK if k in times}
+            res["configs"][tag] = {"ms": row, "total_ms": sum(times.values()), "wall_s": time.time() - t0}
+            print(f"CFG {tag}: total {sum(times.values()):8.2f} ms | " + " ".join(
+                f"{k[6:]} {v:7.2f} ms ({WORK[k] * state_flops / v / 1e9:5.0f} TF/s)" for k, v in row.items()),
+                flush=True)
+            for key, names in KERNELS.items():
+                if key not in sweep or not all(n in row for n in names):
+                    continue
+                v = sum(row[n] for n in names)
+                if key not in best or v < best[key][1]:
+                    best[key] = (cfg, v)
+    triton_sym2.ROWS = default_rows
     if not best:
         return
-    triton_sym2.BLOCKS = {k: tuple(int(x) for x in best[k][0].split(",")) for k in KERNELS}
+    triton_sym2.BLOCKS = dict(base_blocks, **{k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()})
     res["best"] = {k: list(v) for k, v in triton_sym2.BLOCKS.items()}
-    print("BEST", res["best"], flush=True)
+    print("BEST", res["best"], "rows:", triton_sym2.ROWS, flush=True)
     times = profile_kernels(xs, lg, args.chunk)
     top = sorted(times.items(), key=lambda kv: -kv[1])[:12]
     print("PROFILE best: " + " | ".join(f"{k[:40]} {v:.2f}" for k, v in top), flush=True)

@@ -1,7 +1,7 @@
 """Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1: the Triton chunked-form
 kernels (triton_chunked.py), forward and every gradient (q, k, v, log_g, initial state), plus the returned
 state, against the float64 reference at tiny sizes. Prints one line per case; exits non-zero on a failure.
-Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...]
+Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...] [sym2] [groups|rows]
 The cases run the default (parallel) state path (_update_state_fwd / _query_grad_state + _discumsum); SERIAL
 cases rerun some with triton_chunked.PARALLEL_STATE = False (the serial _chunk_state_fwd / _chunk_state_bwd)."""
 import os
@@ -24,18 +24,22 @@ CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, t
     (torch.float16, 2, True, True, 2, 1, 16, 40, 16, False, False, 5e-3),
     (torch.float32, 2, True, True, 2, 1, 16, 1, 16, True, True, 1e-4),      # one decoding step
     (torch.float32, 2, True, True, 2, 1, 16, 200, 16, True, True, 1e-4),    # 13 chunks: longer discumsum
+    (torch.float32, 2, True, True, 4, 2, 32, 50, 16, True, True, 1e-4),     # d=32: split windows (sym2 rows)
 ]
 SERIAL = [0, 2]    # cases also run on the serial state path
-SYM2 = [0, 1, 5, 7, 8]   # p=2 cases also run through the p=2 grouped kernels (triton_sym2, forced for fp32)
+SYM2 = [0, 1, 5, 7, 8, 9]   # p=2 cases also run through the p=2 kernels (triton_sym2, forced for fp32) ...
+SYM2_GROUPS = [0, 9]        # ... with the grouped kernels everywhere, and (default run) with the row-scaled ones
 
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def run(case, parallel=True, fast=False):
+def run(case, parallel=True, fast=False, rows=None):
     triton_chunked.PARALLEL_STATE = parallel
     triton_sym2.FORCE = fast
+    if rows is not None:     # None: triton_sym2's defaults
+        triton_sym2.ROWS = dict.fromkeys(triton_sym2.ROWS, rows)
     dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
     # the GQA case also splits the intra-chunk launches (as CUDA's grid-dim limit forces at 64k, small chunks)
     triton_chunked.MAX_GRID_Y = 5 if hq == 4 else 65535
@@ -76,7 +80,8 @@ def run(case, parallel=True, fast=False):
         + (["ds0", "dz0"] if state_in else [])
     finite = all(torch.isfinite(x).all() for x in outs + list(grads))
     ok = finite and all(e < tol for e in errs)
-    path = ("sym2    " if fast else "parallel") if parallel else "serial  "
+    path = (("sym2" + {None: " dflt", True: " rows", False: " grp "}[rows]) if fast else "parallel ") if parallel \
+        else "serial   "
     print(f"{'ok  ' if ok else 'FAIL'} {path} {dtype} p={p} norm={norm} "
           f"gated={gated} hq={hq} hk={hk} d={d} t={t} "
           f"chunk={chunk} state_in={state_in} state_out={state_out} tol={tol} "
@@ -86,12 +91,14 @@ def run(case, parallel=True, fast=False):
 
 def main():
     torch.manual_seed(0)
-    args = [a for a in sys.argv[1:] if a != "sym2"]
+    args = [a for a in sys.argv[1:] if a not in ("sym2", "groups", "rows")]
     which = [int(a) for a in args] or range(len(CASES))
-    failed = sum(not run(CASES[i], fast="sym2" in sys.argv) for i in which)
+    rows = False if "groups" in sys.argv else (True if "rows" in sys.argv else None)
+    failed = sum(not run(CASES[i], fast="sym2" in sys.argv, rows=rows) for i in which)
     if not sys.argv[1:]:
         failed += sum(not run(CASES[i], parallel=False) for i in SERIAL)
         failed += sum(not run(CASES[i], fast=True) for i in SYM2)
+        failed += sum(not run(CASES[i], fast=True, rows=r) for i in SYM2_GROUPS for r in (False, True))
     sys.exit(1 if failed else 0)
 
 

@@ -183,22 +183,29 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
     assert rel_err(y, y_attn) < 1e-2
 
 
-@pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16"])
+@pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
+                                  "rows-bf16-d128"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
-    program walks all chunks) and against the p=2 grouped kernels (triton_sym2; forced for fp32, default for
-    bf16 with bf16 state buffers): many chunks, state in and out, output, state and all gradients."""
+    program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
+    bf16 state buffers); rows-*: triton_sym2's grouped kernels against its row-scaled ones. Many chunks,
+    state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
-    dtype = torch.bfloat16 if mode.endswith("bf16") else torch.float32
-    q, k, v, lg = make(2, 4000, 4, 2, 64, dtype, True, seed=3)
-    _, st = power_attention_reference(*make(2, 300, 4, 2, 64, torch.float32, True, seed=4), p=2, norm=True,
+    dtype = torch.bfloat16 if "bf16" in mode else torch.float32
+    d = int(mode.split("-d")[1]) if "-d" in mode else 64
+    rows_mode = mode.startswith("rows")
+    q, k, v, lg = make(2, 4000, 4, 2, d, dtype, True, seed=3)
+    _, st = power_attention_reference(*make(2, 300, 4, 2, d, torch.float32, True, seed=4), p=2, norm=True,
                                       chunk_size=128, return_state=True)
     leaves = [x.requires_grad_() for x in (q, k, v, lg, st.s.clone(), st.z.clone())]
     res = []
     for other in (False, True):
         monkeypatch.setattr(triton_chunked, "PARALLEL_STATE", not (other and mode == "serial-fp32"))
-        monkeypatch.setattr(triton_sym2, "ENABLED", other and mode.startswith("sym2"))
-        monkeypatch.setattr(triton_sym2, "FORCE", other and mode == "sym2-fp32")
+        monkeypatch.setattr(triton_sym2, "ENABLED", rows_mode or (other and mode.startswith("sym2")))
+        monkeypatch.setattr(triton_sym2, "FORCE", dtype == torch.float32 and (rows_mode or other)
+                            and mode != "serial-fp32")
+        if rows_mode:
+            monkeypatch.setattr(triton_sym2, "ROWS", dict.fromkeys(triton_sym2.ROWS, other))
         y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True,
                                  initial_state=leaves[4:], return_state=True)
         outs = [y, st_out.s, st_out.z]

@@ -81,26 +81,33 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
 
 
 def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, blocks=None):
-    """Compile the p=2 grouped kernels (triton_sym2.py, bf16) with `blocks` (default triton_sym2.BLOCKS);
+    """Compile the p=2 kernels (triton_sym2.py, bf16) with `blocks` (default triton_sym2.blocks(kernel, d));
     returns [(name, shared bytes, registers, spill stack bytes)]."""
-    blocks = blocks or s2.BLOCKS
     ints = {n: "i32" for n in ("T", "NC", "DS", "NG", "NU", "SLOT")} | {"scale_p": "fp32"}
     base = dict(D=d, C=chunk, TW=s2.TILE2, GATED=gated, DOT_DT=tl.bfloat16, PREC="tf32")
+    query = dict(base, HQ=hq, HK=hk, NORM=norm, HAS_S0=True)
+    rows_kw = dict(KW2=s2.half_window(d))
     jobs = [
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
          dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm), "BK"),
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
          dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm), "BK"),
-        ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"},
-         dict(base, HQ=hq, HK=hk, NORM=norm, HAS_S0=True), "BM"),
-        ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"},
-         dict(base, HQ=hq, HK=hk, NORM=norm, HAS_S0=True), "BM"),
+        ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"}, query, "BM"),
+        ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"}, query, "BM"),
+        ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"}, query | rows_kw, "BM"),
+        ("qbwd_rows", s2._sym2_query_bwd_rows, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16"}, query | rows_kw, "BM"),
+        ("outer_rows", s2._sym2_outer_rows, {"X": "*bf16", "Y": "*bf16", "OUT": "*bf16"},
+         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm) | rows_kw, "BK"),
+        ("outer_rows", s2._sym2_outer_rows, {"X": "*bf16", "Y": "*bf16", "OUT": "*bf16"},
+         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm) | rows_kw, "BK"),
         ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"}, dict(base, HK=hk), "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:
-        jg, rows, warps, stages = blocks[key]
-        k = _compile(fn, ptrs, ints, dict(consts, JG=jg, **{rows_name: rows}), warps, stages, arch)
+        jg, rows, warps, stages = (blocks or {}).get(key) or s2.blocks(key, d)
+        if "JG" in inspect.signature(fn.fn).parameters:
+            consts = dict(consts, JG=jg)
+        k = _compile(fn, ptrs, ints, dict(consts, **{rows_name: rows}), warps, stages, arch)
         out.append((f"{k.name}{'_keys' if consts.get('KEYS') else ''}", k.metadata.shared, *_usage(k)))
     return out
 
@@ -109,7 +116,7 @@ def main(argv):
     for case in argv or ["2,64,bf16"]:
         if case.startswith("sym2"):
             d = int(case.split(",")[1])
-            print(f"sym2 d={d} {s2.BLOCKS}", flush=True)
+            print(f"sym2 d={d} {s2.BLOCKS_WIDE if d >= 128 else s2.BLOCKS}", flush=True)
             for name, shared, regs, stack in compile_sym2(d):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
             continue

@@ -42,6 +42,29 @@ def _pow(s, P: tl.constexpr):
 
 
 @triton.jit
+def _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM: tl.constexpr, D: tl.constexpr):
+    """Epilogue of the chunked form's query kernels: the state term (num [BM, D], den [BM], not yet scaled by
+    the row factor r = s^p e^(g_i)) joins the intra-chunk output y_intra (normalized, lse_intra = log of its
+    normalizer) of rows `row`: y = (y_intra e^lse + r num) / (e^lse + r den), stabilized by the larger of the
+    two logs (norm), or y_intra + r num; stores y and lse = log(total normalizer)."""
+    num = num * r[:, None]
+    o_off = row[:, None] * D + tl.arange(0, D)[None, :]
+    yi = tl.load(OI + o_off, mask=mask[:, None], other=0.0)
+    if NORM:
+        den = den * r
+        lse_i = tl.load(LSEI + row, mask=mask, other=0.0)
+        big = tl.maximum(lse_i, tl.log(tl.maximum(den, 1e-30)))
+        a = tl.exp(lse_i - big)
+        bb = tl.exp(-big)
+        tot = a + den * bb                                               # >= 1 (stabilized)
+        y = (yi * a[:, None] + num * bb[:, None]) / tot[:, None]
+        tl.store(LSE + row, big + tl.log(tot), mask=mask)
+    else:
+        y = yi + num
+    tl.store(Y + o_off, y.to(Y.dtype.element_ty), mask=mask[:, None])
+
+
+@triton.jit
 def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,

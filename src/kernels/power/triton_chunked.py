@@ -40,7 +40,7 @@ import triton.language as tl
 
 from . import triton_sym2 as sym2
 from .reference import _ndmi, state_dim, state_tile
-from .triton_attention import _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _dot_dtype
+from .triton_attention import _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,21 +211,7 @@ def _query_state_fwd(Q, G, IDX, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, L,
     r = tl.full([BM], 1.0, tl.float32) * scale_p
     if GATED:
         r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-    num = num * r[:, None]
-    o_off = ((i_b * T + rows) * HQ + i_hq)[:, None] * D + offs_d[None, :]
-    yi = tl.load(OI + o_off, mask=mask[:, None], other=0.0)
-    if NORM:
-        den = den * r
-        lse_i = tl.load(LSEI + (i_b * T + rows) * HQ + i_hq, mask=mask, other=0.0)
-        big = tl.maximum(lse_i, tl.log(tl.maximum(den, 1e-30)))
-        a = tl.exp(lse_i - big)
-        bb = tl.exp(-big)
-        tot = a + den * bb                                               # >= 1 (stabilized)
-        y = (yi * a[:, None] + num * bb[:, None]) / tot[:, None]
-        tl.store(LSE + (i_b * T + rows) * HQ + i_hq, big + tl.log(tot), mask=mask)
-    else:
-        y = yi + num
-    tl.store(Y + o_off, y.to(Y.dtype.element_ty), mask=mask[:, None])
+    _combine_store(num, den, r, OI, LSEI, Y, LSE, (i_b * T + rows) * HQ + i_hq, mask, NORM, D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -641,12 +627,8 @@ class ChunkedForm(torch.autograd.Function):
         if parallel:
             # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
             if fast:
-                jg, bk, w_, s_ = sym2.blocks("outer", d)
-                grp = sym2.groups(d, jg, dev)
-                sym2._sym2_outer[(grp.shape[0], NC, b * hk)](
-                    k, v, G, dummy, dummy, grp, S, Z, sp, T, NC, DS, 1, HX=hk, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-                    BK=bk, KEYS=True, NORM=norm, GATED=gated, DOT_DT=sdt, PREC=sprec,
-                    num_warps=w_, num_stages=s_)
+                sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm, gated,
+                                  sdt, sprec)
             else:
                 prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
                 _update_state_fwd[(NC * L, d // pBD, b * hk)](
@@ -669,7 +651,13 @@ class ChunkedForm(torch.autograd.Function):
                 HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
         y = torch.empty_like(q)
         lse = torch.empty(b, T, hq, **f32) if norm else dummy
-        if fast:
+        if fast and sym2.ROWS["qfwd"]:
+            _, bm, w_, s_ = sym2.blocks("qfwd_rows", d)
+            sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+                q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+                KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+                num_warps=w_, num_stages=s_)
+        elif fast:
             jg, bm, w_, s_ = sym2.blocks("qfwd", d)
             grp = sym2.groups(d, jg, dev)
             sym2._sym2_query_fwd[(triton.cdiv(C, bm), NC, b * hq)](
@@ -728,7 +716,13 @@ class ChunkedForm(torch.autograd.Function):
         sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
                      num_stages=stages)
         dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
-        if fast:
+        if fast and sym2.ROWS["qbwd"]:
+            _, bm, w_, s_ = sym2.blocks("qbwd_rows", d)
+            sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+                q, G, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+                KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+                num_warps=w_, num_stages=s_)
+        elif fast:
             jg, bm, w_, s_ = sym2.blocks("qbwd", d)
             grp = sym2.groups(d, jg, q.device)
             sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
@@ -748,12 +742,8 @@ class ChunkedForm(torch.autograd.Function):
             dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
             dRz = torch.empty(b, hk, NC + 1, DS, **f32)
             if fast:
-                jg, bk, w_, s_ = sym2.blocks("outer", d)
-                grp = sym2.groups(d, jg, q.device)
-                sym2._sym2_outer[(grp.shape[0], NC, b * hk)](
-                    q, dy, G, lse, delta, grp, dR, dRz, sp, T, NC, DS, 0, HX=hq, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-                    BK=bk, KEYS=False, NORM=norm, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=w_,
-                    num_stages=s_)
+                sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C, False, norm, gated,
+                                  sdt, sprec)
             else:
                 prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
                 _query_grad_state[(NC * L, d // pBD, b * hk)](

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_attention import _combine_store
+
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
 
@@ -122,17 +124,89 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
     tl.store(OUTZ + base + lrow, accz, mask=fvalid)
 
 
+@triton.jit
+def _rows_outer_store(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT, i, n, pid_bh, J0: tl.constexpr,
+                      KW: tl.constexpr, HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+                      TW: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
+                      GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """_sym2_outer_rows for first index i over the window [J0, J0 + KW): acc = sum_rows x_win^T (f x_i y)."""
+    NT: tl.constexpr = D // TW
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    REP: tl.constexpr = HX // HK
+    ti = i // TW
+    j = J0 + tl.arange(0, KW)
+    offs_r = tl.arange(0, BK)
+    offs_d = tl.arange(0, D)
+    start = n * C
+    if KEYS and GATED:
+        g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
+    acc = tl.zeros([KW, D], tl.float32)
+    accz = tl.zeros([KW], tl.float32)
+    for rep in range(REP):
+        i_h = i_hk * REP + rep
+        for r0 in range(0, C, BK):
+            rows = start + r0 + offs_r
+            mask = ((r0 + offs_r) < C) & (rows < T)
+            row = (i_b * T + rows) * HX + i_h
+            if KEYS:
+                f = tl.where(mask, 1.0, 0.0)
+                if GATED:
+                    f = f * tl.exp(g_end - tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+            else:
+                f = tl.where(mask, scale_p, 0.0)
+                if GATED:
+                    f = f * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+                if NORM:
+                    f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+            col = tl.load(X + row * D + i, mask=mask, other=0.0).to(tl.float32) * f        # f x_i  [BK]
+            xw = tl.load(X + row[:, None] * D + j[None, :], mask=mask[:, None], other=0.0)  # [BK, KW]
+            yv = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0)
+            acc += tl.dot(tl.trans(xw.to(DOT_DT)), (yv.to(tl.float32) * col[:, None]).to(DOT_DT),
+                          input_precision=PREC)
+            if KEYS:
+                accz += tl.sum(xw.to(tl.float32) * col[:, None], axis=0)
+            elif NORM:
+                dl = -tl.load(DELTA + row, mask=mask, other=0.0)
+                accz += tl.sum(xw.to(tl.float32) * (col * dl)[:, None], axis=0)
+    lrow, valid = _win(ti, i % TW, j, NT, TW)
+    if KEYS:
+        w = tl.where(j // TW == ti, 1.0, 2.0)                            # multiplicity of block (ti, tile(j))
+        acc = acc * w[:, None]
+        accz = accz * w
+    base = (pid_bh.to(tl.int64) * (NC + 1) + n + SLOT) * DS
+    tl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc, mask=valid[:, None])
+    tl.store(OUTZ + base + lrow, accz, mask=valid)
+
+
+@triton.jit
+def _sym2_outer_rows(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
+                     HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                     KW2: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
+                     GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """_sym2_outer, row-scaled: program (first index i, chunk n, b*hk) writes the layout rows of the features
+    (i, j >= TW tile(i)): sum_rows x[:, window]^T (f x_i y), a matmul with the loaded rows (transposed) and y
+    scaled by a column (the grouped kernel builds phi instead). Windows as in the query kernels."""
+    i = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    T1: tl.constexpr = (D - KW2) // TW
+    if i // TW < T1:
+        _rows_outer_store(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT, i, n, pid_bh, 0, D, HX, HK,
+                          D, C, TW, BK, KEYS, NORM, GATED, DOT_DT, PREC)
+    else:
+        _rows_outer_store(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT, i, n, pid_bh, D - KW2, KW2,
+                          HX, HK, D, C, TW, BK, KEYS, NORM, GATED, DOT_DT, PREC)
+
+
 # ----------------------------------------------------------------------------------------------
 # query side: forward (fused with the combine) and backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
-                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
-                    JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                    HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """Program (query block of a chunk, chunk n, b*hq): inter = r phi(q) S_n, den = r phi(q) . z_n, then
-    y = (y_intra e^lse + inter) / (e^lse + den) stabilized (norm) or y_intra + inter; stores y and
-    lse = log(total normalizer)."""
+def _query_rows(scale_p, G, T, NC, DS, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
+                GATED: tl.constexpr):
+    """Prologue of the query kernels, program (query block of a chunk, chunk n, b*hq): the flat (b, t, hq) index
+    of its rows, their mask, the row factor r = s^p e^(g_i), the chunk index and its state slot's base."""
     pid_m = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -142,9 +216,23 @@ def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
     loc = pid_m * BM + tl.arange(0, BM)
     rows = n * C + loc
     mask = (loc < C) & (rows < T)
-    offs_d = tl.arange(0, D)
-    row = (i_b * T + rows) * HQ + i_hq
+    r = tl.full([BM], 1.0, tl.float32) * scale_p
+    if GATED:
+        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    r = tl.where(mask, r, 0.0)
     s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+    return (i_b * T + rows) * HQ + i_hq, mask, r, n, s_base
+
+
+@triton.jit
+def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
+                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                    JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                    HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """Program (query block of a chunk, chunk n, b*hq): inter = r phi(q) S_n, den = r phi(q) . z_n, joined
+    with the intra-chunk output by _combine_store."""
+    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
+    offs_d = tl.arange(0, D)
     num = tl.zeros([BM, D], tl.float32)
     den = tl.zeros([BM], tl.float32)
     n_groups = NG
@@ -159,24 +247,7 @@ def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
         if NORM:
             z_blk = tl.load(Z + s_base + lrow, mask=fvalid, other=0.0)
             den += tl.sum(phi.to(tl.float32) * z_blk[None, :], axis=1)
-    r = tl.full([BM], 1.0, tl.float32) * scale_p
-    if GATED:
-        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-    num = num * r[:, None]
-    o_off = row[:, None] * D + offs_d[None, :]
-    yi = tl.load(OI + o_off, mask=mask[:, None], other=0.0)
-    if NORM:
-        den = den * r
-        lse_i = tl.load(LSEI + row, mask=mask, other=0.0)
-        big = tl.maximum(lse_i, tl.log(tl.maximum(den, 1e-30)))
-        a = tl.exp(lse_i - big)
-        bb = tl.exp(-big)
-        tot = a + den * bb                                                # >= 1 (stabilized)
-        y = (yi * a[:, None] + num * bb[:, None]) / tot[:, None]
-        tl.store(LSE + row, big + tl.log(tot), mask=mask)
-    else:
-        y = yi + num
-    tl.store(Y + o_off, y.to(Y.dtype.element_ty), mask=mask[:, None])
+    _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM, D)
 
 
 @triton.jit
@@ -186,27 +257,13 @@ def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS
                     HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """Query side of the state term: X = r (S_n dn + z_n dl) = dL/dphi(q); DQ (fp32) += dphi/dq^T X;
     DGQ = X . phi(q) (Euler: sum_a q[8i+a] dq_i[a] per group)."""
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HQ).to(tl.int64)
-    i_hq = pid_bh % HQ
-    i_hk = i_hq // (HQ // HK)
-    loc = pid_m * BM + tl.arange(0, BM)
-    rows = n * C + loc
-    mask = (loc < C) & (rows < T)
+    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     offs_d = tl.arange(0, D)
-    row = (i_b * T + rows) * HQ + i_hq
     dn = tl.load(DO + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    r = tl.full([BM], 1.0, tl.float32) * scale_p
-    if GATED:
-        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-    r = tl.where(mask, r, 0.0)
     if NORM:
         inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
         dn = dn * inv[:, None]
         dl = -tl.load(DELTA + row, mask=mask, other=0.0) * inv
-    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
     dg = tl.zeros([BM], tl.float32)
     dq_row = DQ + row * D
     n_groups = NG
@@ -226,6 +283,143 @@ def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS
         dg += tl.sum(xi * dxi, axis=1)
         _rmw(dq_row[:, None] + ti * TW + tl.arange(0, TW)[None, :], dxi, mask[:, None])
         _rmw(dq_row[:, None] + colj[None, :], dxj, mask[:, None] & jvalid[None, :])
+    if GATED:
+        tl.store(DGQ + row, dg, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# query side, row-scaled: no phi operand at all
+# ----------------------------------------------------------------------------------------------
+# For a first index i = 8 ti + a, the layout rows of the features (i, j), j >= 8 ti (the tiles j of blocks
+# (ti, tj >= ti)), form a [d - 8 ti, d] slice S_i of the state, and
+#     phi(q) S = sum_i q_i (q_win S_i),     q_win = q[:, 8 ti:],
+# so each i is a plain matmul of the loaded query rows with a gathered slice of S, scaled by the column q_i
+# afterwards (one FMA per output element; the grouped kernels instead build phi as a matmul operand, which
+# costs a multiply, a conversion and a shared-memory round trip per element). Slices are padded to the
+# window [J0, J0 + KW) with zero rows: KW = d for ti < T1 and KW = d/2 (J0 = d/2) after, 1.35-1.5x the
+# matmul work of the exact layout. The normalizer term is one small matmul: phi(q) . z = sum_i q_i (q Zm)_i
+# with Zm[j, i] = z of feature (i, j) (0 if j's tile is before i's).
+@triton.jit
+def _win(ti, a, j, NT: tl.constexpr, TW: tl.constexpr):
+    """Layout rows of the features (TW ti + a, j) and whether they exist (tile(j) >= ti); j may be any shape."""
+    tj = j // TW
+    diag = ti * NT - (ti * (ti - 1)) // 2                                 # block index l(ti, ti)
+    return (diag + tj - ti) * (TW * TW) + a * TW + j % TW, tj >= ti
+
+
+@triton.jit
+def _zmat(Z, s_base, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr):
+    """Zm [D (j), D (i)]: the normalizer state of feature (i, j), 0 where that feature is not in the layout."""
+    i = tl.arange(0, D)[None, :]
+    lrow, valid = _win(i // TW, i % TW, tl.arange(0, D)[:, None], NT, TW)
+    return tl.load(Z + s_base + lrow, mask=valid, other=0.0)
+
+
+@triton.jit
+def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr, KW: tl.constexpr,
+                   NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """num += sum over first tiles ti in [t_lo, t_hi) and a < TW of q_i (qw S_i), window [J0, J0 + KW)."""
+    offs_d = tl.arange(0, D)
+    j = J0 + tl.arange(0, KW)
+    for ti in range(t_lo, t_hi):
+        for a in range(TW):
+            lrow, valid = _win(ti, a, j, NT, TW)
+            s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+            q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
+            num += q_i[:, None] * tl.dot(qw, s_i.to(DOT_DT), input_precision=PREC)
+    return num
+
+
+@triton.jit
+def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
+                         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                         KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                         HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """_sym2_query_fwd, row-scaled (see above): tiles ti < T1 use the full window, the rest [d - KW2, d)."""
+    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
+    NT: tl.constexpr = D // TW
+    T1: tl.constexpr = (D - KW2) // TW
+    offs_d = tl.arange(0, D)
+    q_row = Q + row * D
+    qf = tl.load(q_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(q_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None], other=0.0)
+    den = tl.zeros([BM], tl.float32)
+    if NORM:
+        den = tl.sum(qf * tl.dot(qf, _zmat(Z, s_base, D, NT, TW), input_precision="tf32x3"), axis=1)
+    on = 1
+    if not HAS_S0:
+        on = tl.minimum(n, 1)                                             # S_0 = 0: no state term
+    num = tl.zeros([BM, D], tl.float32)
+    num = _rows_fwd_pass(num, q_row, qf.to(DOT_DT), S, s_base, mask, 0, T1 * on, 0, D, NT, TW, D, DOT_DT, PREC)
+    num = _rows_fwd_pass(num, q_row, q2.to(DOT_DT), S, s_base, mask, T1, T1 + (NT - T1) * on, D - KW2, KW2,
+                         NT, TW, D, DOT_DT, PREC)
+    _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM, D)
+
+
+@triton.jit
+def _rows_bwd_pass(dq, dg, q_row, qw, dnw, S, s_base, DQ_row, mask, t_lo, t_hi, J0: tl.constexpr,
+                   KW: tl.constexpr, BM: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr,
+                   PREC: tl.constexpr):
+    """For tiles ti in [t_lo, t_hi), a < TW, with X_i = dn S_i^T [BM, KW] (window [J0, J0 + KW), dn already
+    scaled by r / Den): dq[:, window] += q_i X_i (dq is [BM, KW]), column i of DQ += sum_j q_j X_ij (collected
+    per tile, read-modify-written once per tile), dg += q_i sum_j q_j X_ij."""
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, TW)
+    j = J0 + tl.arange(0, KW)
+    for ti in range(t_lo, t_hi):
+        col = tl.zeros([BM, TW], tl.float32)
+        for a in range(TW):
+            lrow, valid = _win(ti, a, j, NT, TW)
+            s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+            x = tl.dot(dnw, tl.trans(s_i.to(DOT_DT)), input_precision=PREC)                  # [BM, KW]
+            q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
+            dq += q_i[:, None] * x
+            c = tl.sum(qw * x, axis=1)
+            dg += q_i * c
+            col = tl.where(offs_t[None, :] == a, c[:, None], col)
+        _rmw(DQ_row[:, None] + ti * TW + offs_t[None, :], col, mask[:, None])
+    return dq, dg
+
+
+@triton.jit
+def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS,
+                         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                         KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                         HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """_sym2_query_bwd, row-scaled: for a feature (i, j), dq_j += q_i X_ij and dq_i += q_j X_ij; the normalizer
+    part X_ij += dl z_ij is dq += dl q (Zm + Zm^T), dg += dl q . (q Zm)."""
+    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
+    NT: tl.constexpr = D // TW
+    T1: tl.constexpr = (D - KW2) // TW
+    offs_d = tl.arange(0, D)
+    q_row = Q + row * D
+    DQ_row = DQ + row * D
+    qf = tl.load(q_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(q_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None],
+                 other=0.0).to(tl.float32)
+    dn = tl.load(DO + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    f = r
+    if NORM:
+        f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+    dnw = (dn * f[:, None]).to(DOT_DT)
+    dq = tl.zeros([BM, D], tl.float32)
+    dg = tl.zeros([BM], tl.float32)
+    if NORM:
+        dl = -tl.load(DELTA + row, mask=mask, other=0.0) * f
+        zm = _zmat(Z, s_base, D, NT, TW)
+        qz = tl.dot(qf, zm, input_precision="tf32x3")                                       # sum_j q_j z_ij
+        dq = dl[:, None] * (qz + tl.dot(qf, tl.trans(zm), input_precision="tf32x3"))
+        dg = dl * tl.sum(qf * qz, axis=1)
+    on = 1
+    if not HAS_S0:
+        on = tl.minimum(n, 1)
+    dq, dg = _rows_bwd_pass(dq, dg, q_row, qf, dnw, S, s_base, DQ_row, mask, 0, T1 * on, 0, D, BM, NT, TW, D,
+                            DOT_DT, PREC)
+    dq2 = tl.zeros([BM, KW2], tl.float32)
+    dq2, dg = _rows_bwd_pass(dq2, dg, q_row, q2, dnw, S, s_base, DQ_row, mask, T1, T1 + (NT - T1) * on,
+                             D - KW2, KW2, BM, NT, TW, D, DOT_DT, PREC)
+    _rmw(DQ_row[:, None] + offs_d[None, :], dq, mask[:, None])
+    _rmw(DQ_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], dq2, mask[:, None])
     if GATED:
         tl.store(DGQ + row, dg, mask=mask)
 
@@ -310,6 +504,9 @@ BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages): th
     "qfwd": (2, 64, 4, 1),
     "qbwd": (2, 64, 4, 3),
     "kbwd": (2, 64, 4, 1),
+    "qfwd_rows": (1, 64, 8, 3),   # row-scaled kernels: JG unused
+    "qbwd_rows": (1, 64, 4, 2),
+    "outer_rows": (1, 64, 4, 2),
 }
 
 
@@ -318,12 +515,41 @@ BLOCKS_WIDE = {    # d = 128: 8 warps, one second tile per group (4 warps spill 
     "qfwd": (1, 64, 8, 1),
     "qbwd": (1, 64, 8, 3),
     "kbwd": (1, 64, 8, 1),
+    "qfwd_rows": (1, 64, 8, 2),
+    "qbwd_rows": (1, 64, 8, 2),
+    "outer_rows": (1, 64, 8, 2),
 }
 
 
 def blocks(kernel: str, d: int):
     """(JG, rows, warps, stages) of one kernel for head dim d."""
     return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
+
+
+ROWS = {"qfwd": True, "qbwd": False, "outer": False}   # the row-scaled kernels (False: the grouped ones)
+
+
+def half_window(d: int) -> int:
+    """KW2 of the row-scaled kernels: the window of the later half of the first tiles (d/2; d for d < 32,
+    where a half window would be below the 16-column minimum of a matmul)."""
+    return d // 2 if d >= 32 else d
+
+
+def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
+                 dot_dt, prec):
+    """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
+    states (keys) or the query-side state gradients, by the grouped or the row-scaled kernel (ROWS["outer"])."""
+    b = X.shape[0]
+    common = dict(HX=hx, HK=hk, D=d, C=C, TW=TILE2, KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec)
+    if ROWS["outer"]:
+        _, bk, w_, s_ = blocks("outer_rows", d)
+        _sym2_outer_rows[(d, NC, b * hk)](X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot,
+                                          KW2=half_window(d), BK=bk, num_warps=w_, num_stages=s_, **common)
+    else:
+        jg, bk, w_, s_ = blocks("outer", d)
+        grp = groups(d, jg, X.device)
+        _sym2_outer[(grp.shape[0], NC, b * hk)](X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot,
+                                                JG=jg, BK=bk, num_warps=w_, num_stages=s_, **common)
 
 
 def applies(p: int, d: int, dtype) -> bool:
