@@ -93,7 +93,7 @@ def main():
                     help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS)")
     ap.add_argument("--rows", nargs="*", default=["default"],
                     help="variants to A/B: '+'-joined kernels (qfwd, qbwd, outer) that run row-scaled, '-' for none, "
-                         "'default' for triton_sym2.ROWS")
+                         "'default' for triton_sym2.ROWS; '+phit': the grouped outer builds phi^T (PHI_T)")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -120,6 +120,7 @@ def main():
     for variant in args.rows:
         on = default_rows if variant == "default" else {k: k in variant.split("+") for k in default_rows}
         triton_sym2.ROWS = dict(on)
+        triton_sym2.PHI_T = "phit" in variant.split("+")
         for cfg in args.configs:
             jg, rows, warps, stages = (int(x) for x in cfg.split(","))
             triton_sym2.BLOCKS = dict(base_blocks, **{k: (jg, rows, warps, stages) for k in sweep})
@@ -142,6 +143,7 @@ def main():
                 if key not in best or v < best[key][1]:
                     best[key] = (cfg, v)
     triton_sym2.ROWS = default_rows
+    triton_sym2.PHI_T = False
     if not best:
         return
     triton_sym2.BLOCKS = dict(base_blocks, **{k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()})

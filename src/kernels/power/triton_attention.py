@@ -42,6 +42,28 @@ def _pow(s, P: tl.constexpr):
 
 
 @triton.jit
+def _row_dot(A, B, OUT, N, D: tl.constexpr, BR: tl.constexpr):
+    """OUT[r] = sum_c A[r, c] B[r, c] in fp32 for N rows of D contiguous values (the backward's Delta = dy . y)."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    off = r.to(tl.int64)[:, None] * D + tl.arange(0, D)[None, :]
+    m = (r < N)[:, None]
+    a = tl.load(A + off, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(B + off, mask=m, other=0.0).to(tl.float32)
+    tl.store(OUT + r, tl.sum(a * b, axis=1), mask=r < N)
+
+
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(a * b).sum(-1) in fp32 for contiguous same-shape tensors, one pass (no fp32 copies of a and b)."""
+    a, b = a.contiguous(), b.contiguous()
+    d = a.shape[-1]
+    out = torch.empty(a.shape[:-1], device=a.device, dtype=torch.float32)
+    n = out.numel()
+    br = max(1, min(128, 8192 // d))
+    _row_dot[(triton.cdiv(n, br),)](a, b, out, n, D=d, BR=br, num_warps=4)
+    return out
+
+
+@triton.jit
 def _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM: tl.constexpr, D: tl.constexpr):
     """Epilogue of the chunked form's query kernels: the state term (num [BM, D], den [BM], not yet scaled by
     the row factor r = s^p e^(g_i)) joins the intra-chunk output y_intra (normalized, lse_intra = log of its
@@ -408,7 +430,7 @@ class AttentionForm(torch.autograd.Function):
         do = do.contiguous()
         b, t, hq, d = q.shape
         hk = k.shape[2]
-        delta = (do.float() * o.float()).sum(-1) if norm else lse          # (b,t,hq)
+        delta = row_dot(do, o) if norm else lse                              # (b,t,hq)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
         dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse

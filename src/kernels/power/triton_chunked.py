@@ -40,7 +40,8 @@ import triton.language as tl
 
 from . import triton_sym2 as sym2
 from .reference import _ndmi, state_dim, state_tile
-from .triton_attention import _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype
+from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
+                               row_dot)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -687,7 +688,7 @@ class ChunkedForm(torch.autograd.Function):
         DS = state_dim(p, d)
         sp = scale ** p
         dy = dy.contiguous()
-        delta = (dy.float() * y.float()).sum(-1) if norm else dummy          # (b,T,hq)
+        delta = row_dot(dy, y) if norm else dummy                             # (b,T,hq)
         # intra-chunk attention backward with the combined normalizer (lse = log of the total)
         dq = torch.empty(b, T, hq, d, **f32)
         dk = torch.empty(b, T, hk, d, **f32)

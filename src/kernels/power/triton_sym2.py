@@ -71,7 +71,7 @@ def _rmw(P, val, mask):
 def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
                 HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                 JG: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
-                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, PHI_T: tl.constexpr = False):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group:
     KEYS: U_n = sum_j (w phi(k_j) e^(gt_n - g_j)) v_j^T, Uz_n = sum_j w phi(k_j) e^(gt_n - g_j)  (X=k, Y=v);
     else: Q_n = sum_i r_i phi(q_i)^T dn_i, Qz_n = sum_i r_i phi(q_i) dl_i over the GQA group's query heads
@@ -111,14 +111,23 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
                     f = f * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
                 if NORM:
                     f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
-            phi = _phi(xi * f[:, None], xj, BK, TW, JG)                   # [BK, FG]
             yv = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0)
-            acc += tl.dot(tl.trans(phi.to(DOT_DT)), yv.to(DOT_DT), input_precision=PREC)
-            if KEYS:
-                accz += tl.sum(phi, axis=0)
-            elif NORM:
-                dl = -tl.load(DELTA + row, mask=mask, other=0.0)
-                accz += tl.sum(phi * dl[:, None], axis=0)
+            if PHI_T:   # phi^T built as [FG, BK] (rows contiguous in the factor): no transpose of the operand
+                phi_t = tl.reshape(tl.trans(xi * f[:, None])[:, None, :] * tl.trans(xj)[None, :, :], (FG, BK))
+                acc += tl.dot(phi_t.to(DOT_DT), yv.to(DOT_DT), input_precision=PREC)
+                if KEYS:
+                    accz += tl.sum(phi_t, axis=1)
+                elif NORM:
+                    dl = -tl.load(DELTA + row, mask=mask, other=0.0)
+                    accz += tl.sum(phi_t * dl[None, :], axis=1)
+            else:
+                phi = _phi(xi * f[:, None], xj, BK, TW, JG)               # [BK, FG]
+                acc += tl.dot(tl.trans(phi.to(DOT_DT)), yv.to(DOT_DT), input_precision=PREC)
+                if KEYS:
+                    accz += tl.sum(phi, axis=0)
+                elif NORM:
+                    dl = -tl.load(DELTA + row, mask=mask, other=0.0)
+                    accz += tl.sum(phi * dl[:, None], axis=0)
     base = (pid_bh.to(tl.int64) * (NC + 1) + n + SLOT) * DS
     tl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc, mask=fvalid[:, None])
     tl.store(OUTZ + base + lrow, accz, mask=fvalid)
@@ -504,7 +513,7 @@ BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages): th
     "qfwd": (2, 64, 4, 1),
     "qbwd": (2, 64, 4, 3),
     "kbwd": (2, 64, 4, 1),
-    "qfwd_rows": (1, 64, 8, 3),   # row-scaled kernels: JG unused
+    "qfwd_rows": (1, 128, 8, 3),  # row-scaled kernels: JG unused
     "qbwd_rows": (1, 64, 4, 2),
     "outer_rows": (1, 64, 4, 2),
 }
@@ -526,6 +535,7 @@ def blocks(kernel: str, d: int):
     return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
 
 
+PHI_T = False      # _sym2_outer builds phi^T directly (A/B)
 ROWS = {"qfwd": True, "qbwd": False, "outer": False}   # the row-scaled kernels (False: the grouped ones)
 
 
@@ -549,7 +559,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
         jg, bk, w_, s_ = blocks("outer", d)
         grp = groups(d, jg, X.device)
         _sym2_outer[(grp.shape[0], NC, b * hk)](X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot,
-                                                JG=jg, BK=bk, num_warps=w_, num_stages=s_, **common)
+                                                JG=jg, BK=bk, PHI_T=PHI_T, num_warps=w_, num_stages=s_, **common)
 
 
 def applies(p: int, d: int, dtype) -> bool:
