@@ -25,10 +25,9 @@ from longctx.kernels.power.reference import PowerState, power_attention_referenc
 from longctx.kernels.power.triton_chunked import chunked_form
 
 KERNELS = {"outer": ["_sym2_outer"], "qfwd": ["_sym2_query_fwd"], "qbwd": ["_sym2_query_bwd"],
-           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows"], "qbwd_rows": ["_sym2_query_bwd_rows"],
-           "outer_rows": ["_sym2_outer_rows"]}
+           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows"]}
 WORK = {"_sym2_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2,
-        "_sym2_query_fwd_rows": 1, "_sym2_query_bwd_rows": 1, "_sym2_outer_rows": 2}   # state products (TF/s)
+        "_sym2_query_fwd_rows": 1}   # state products per kernel (for TF/s)
 
 
 def rel(a, b):
@@ -92,8 +91,8 @@ def main():
     ap.add_argument("--sweep", default=",".join(KERNELS),
                     help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS)")
     ap.add_argument("--rows", nargs="*", default=["default"],
-                    help="variants to A/B: '+'-joined kernels (qfwd, qbwd, outer) that run row-scaled, '-' for none, "
-                         "'default' for triton_sym2.ROWS; '+phit': the grouped outer builds phi^T (PHI_T)")
+                    help="variants to A/B: '+'-joined kernels (qfwd) that run row-scaled, '-' for none, "
+                         "'default' for triton_sym2.ROWS")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -120,7 +119,6 @@ def main():
     for variant in args.rows:
         on = default_rows if variant == "default" else {k: k in variant.split("+") for k in default_rows}
         triton_sym2.ROWS = dict(on)
-        triton_sym2.PHI_T = "phit" in variant.split("+")
         for cfg in args.configs:
             jg, rows, warps, stages = (int(x) for x in cfg.split(","))
             triton_sym2.BLOCKS = dict(base_blocks, **{k: (jg, rows, warps, stages) for k in sweep})
@@ -143,7 +141,6 @@ def main():
                 if key not in best or v < best[key][1]:
                     best[key] = (cfg, v)
     triton_sym2.ROWS = default_rows
-    triton_sym2.PHI_T = False
     if not best:
         return
     triton_sym2.BLOCKS = dict(base_blocks, **{k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()})

@@ -95,11 +95,6 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
         ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"}, query, "BM"),
         ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"}, query, "BM"),
         ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"}, query | rows_kw, "BM"),
-        ("qbwd_rows", s2._sym2_query_bwd_rows, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16"}, query | rows_kw, "BM"),
-        ("outer_rows", s2._sym2_outer_rows, {"X": "*bf16", "Y": "*bf16", "OUT": "*bf16"},
-         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm) | rows_kw, "BK"),
-        ("outer_rows", s2._sym2_outer_rows, {"X": "*bf16", "Y": "*bf16", "OUT": "*bf16"},
-         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm) | rows_kw, "BK"),
         ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"}, dict(base, HK=hk), "BK"),
     ]
     out = []

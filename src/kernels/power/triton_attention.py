@@ -127,10 +127,10 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
             if GATED:
                 g_k = tl.load(g_base + offs_n * HK)
                 k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
-            a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P)    # [BM, BN]
+            a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P).to(DOT_DT)   # [BM, BN]
             if NORM:
-                l_i += tl.sum(a, axis=1)
-            acc += tl.dot(a.to(DOT_DT), v, input_precision=PREC)
+                l_i += tl.sum(a.to(tl.float32), axis=1)                  # the rounded weights: see below
+            acc += tl.dot(a, v, input_precision=PREC)
         row_f = tl.full([BM], 1.0, tl.float32) * scale_p
         if GATED:
             row_f = row_f * tl.exp(g_q - g_r)
@@ -151,16 +151,21 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
             a = _pow(s, P) * tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
         else:
             a = tl.where(causal, _pow(s, P), 0.0)
-        if NORM and FAST:
-            l_i += tl.sum(a, axis=1)
         if NORM and not FAST:
             m_new = tl.maximum(m_i, tl.max(a, axis=1))
             alpha = m_i / m_new
             a = a * (1.0 / m_new)[:, None]
-            l_i = l_i * alpha + tl.sum(a, axis=1)
+            l_i = l_i * alpha
             acc = acc * alpha[:, None]
             m_i = m_new
-        acc += tl.dot(a.to(DOT_DT), v, input_precision=PREC)
+        # the normalizer sums the weights as rounded for the matmul: y is then an exact convex combination of
+        # the v rows, so Delta = dy . y matches the backward's weights. With fp32 sums of unrounded weights, a
+        # row with one key and a tiny score (y_0 = v_0 exactly) got a spurious dq ~ 2^-9 |dy||v| / s
+        # (bf16 d=32 dq/dk errors of 2e-2 for some draws on the H200)
+        a = a.to(DOT_DT)
+        if NORM:
+            l_i += tl.sum(a.to(tl.float32), axis=1)
+        acc += tl.dot(a, v, input_precision=PREC)
     o_ptrs = O + i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
     if NORM and FAST:
         l_i = tl.maximum(l_i, 1e-30)                                     # all-zero row -> y = 0

@@ -717,13 +717,7 @@ class ChunkedForm(torch.autograd.Function):
         sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
                      num_stages=stages)
         dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
-        if fast and sym2.ROWS["qbwd"]:
-            _, bm, w_, s_ = sym2.blocks("qbwd_rows", d)
-            sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-                KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                num_warps=w_, num_stages=s_)
-        elif fast:
+        if fast:
             jg, bm, w_, s_ = sym2.blocks("qbwd", d)
             grp = sym2.groups(d, jg, q.device)
             sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](

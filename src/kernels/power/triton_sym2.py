@@ -15,8 +15,12 @@ dx[8i + a] += sum_c X[a, c] x[8j0 + c] and dx[8j0 + c] += sum_a X[a, c] x[8i + a
 the fp32 gradient buffer (rows are private to the program; a barrier orders the overlapping updates).
 Gate gradients use Euler's identity for the degree-2 form: X . phi = sum_a x[8i + a] dx_i[a].
 
-Same buffers, slots and semantics as the generic kernels (triton_chunked.py's docstring); states stay fp32 in
-HBM, matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32 accumulation.
+The query forward needs no phi at all: _sym2_query_fwd_rows (the default, ROWS) scales the rows of plain matmuls
+with slices of S instead (section "row-scaled" below); _sym2_query_fwd is the grouped version, kept for A/B.
+
+Same buffers, slots and semantics as the generic kernels (triton_chunked.py's docstring); bf16 inputs keep the
+per-chunk states in bf16 (triton_chunked.ChunkedForm), matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32
+accumulation.
 """
 from __future__ import annotations
 
@@ -71,7 +75,7 @@ def _rmw(P, val, mask):
 def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
                 HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                 JG: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
-                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, PHI_T: tl.constexpr = False):
+                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group:
     KEYS: U_n = sum_j (w phi(k_j) e^(gt_n - g_j)) v_j^T, Uz_n = sum_j w phi(k_j) e^(gt_n - g_j)  (X=k, Y=v);
     else: Q_n = sum_i r_i phi(q_i)^T dn_i, Qz_n = sum_i r_i phi(q_i) dl_i over the GQA group's query heads
@@ -112,100 +116,18 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
                 if NORM:
                     f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
             yv = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0)
-            if PHI_T:   # phi^T built as [FG, BK] (rows contiguous in the factor): no transpose of the operand
-                phi_t = tl.reshape(tl.trans(xi * f[:, None])[:, None, :] * tl.trans(xj)[None, :, :], (FG, BK))
-                acc += tl.dot(phi_t.to(DOT_DT), yv.to(DOT_DT), input_precision=PREC)
-                if KEYS:
-                    accz += tl.sum(phi_t, axis=1)
-                elif NORM:
-                    dl = -tl.load(DELTA + row, mask=mask, other=0.0)
-                    accz += tl.sum(phi_t * dl[None, :], axis=1)
-            else:
-                phi = _phi(xi * f[:, None], xj, BK, TW, JG)               # [BK, FG]
-                acc += tl.dot(tl.trans(phi.to(DOT_DT)), yv.to(DOT_DT), input_precision=PREC)
-                if KEYS:
-                    accz += tl.sum(phi, axis=0)
-                elif NORM:
-                    dl = -tl.load(DELTA + row, mask=mask, other=0.0)
-                    accz += tl.sum(phi * dl[:, None], axis=0)
+            # phi^T built as [FG, BK] (the factors transposed first): the matmul's first operand as it stands
+            # (building phi [BK, FG] and transposing it was 5% slower on the H200, docs/kernels.md)
+            phi_t = tl.reshape(tl.trans(xi * f[:, None])[:, None, :] * tl.trans(xj)[None, :, :], (FG, BK))
+            acc += tl.dot(phi_t.to(DOT_DT), yv.to(DOT_DT), input_precision=PREC)
+            if KEYS:
+                accz += tl.sum(phi_t, axis=1)
+            elif NORM:
+                dl = -tl.load(DELTA + row, mask=mask, other=0.0)
+                accz += tl.sum(phi_t * dl[None, :], axis=1)
     base = (pid_bh.to(tl.int64) * (NC + 1) + n + SLOT) * DS
     tl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc, mask=fvalid[:, None])
     tl.store(OUTZ + base + lrow, accz, mask=fvalid)
-
-
-@triton.jit
-def _rows_outer_store(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT, i, n, pid_bh, J0: tl.constexpr,
-                      KW: tl.constexpr, HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
-                      TW: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
-                      GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """_sym2_outer_rows for first index i over the window [J0, J0 + KW): acc = sum_rows x_win^T (f x_i y)."""
-    NT: tl.constexpr = D // TW
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
-    REP: tl.constexpr = HX // HK
-    ti = i // TW
-    j = J0 + tl.arange(0, KW)
-    offs_r = tl.arange(0, BK)
-    offs_d = tl.arange(0, D)
-    start = n * C
-    if KEYS and GATED:
-        g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
-    acc = tl.zeros([KW, D], tl.float32)
-    accz = tl.zeros([KW], tl.float32)
-    for rep in range(REP):
-        i_h = i_hk * REP + rep
-        for r0 in range(0, C, BK):
-            rows = start + r0 + offs_r
-            mask = ((r0 + offs_r) < C) & (rows < T)
-            row = (i_b * T + rows) * HX + i_h
-            if KEYS:
-                f = tl.where(mask, 1.0, 0.0)
-                if GATED:
-                    f = f * tl.exp(g_end - tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-            else:
-                f = tl.where(mask, scale_p, 0.0)
-                if GATED:
-                    f = f * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-                if NORM:
-                    f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
-            col = tl.load(X + row * D + i, mask=mask, other=0.0).to(tl.float32) * f        # f x_i  [BK]
-            xw = tl.load(X + row[:, None] * D + j[None, :], mask=mask[:, None], other=0.0)  # [BK, KW]
-            yv = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0)
-            acc += tl.dot(tl.trans(xw.to(DOT_DT)), (yv.to(tl.float32) * col[:, None]).to(DOT_DT),
-                          input_precision=PREC)
-            if KEYS:
-                accz += tl.sum(xw.to(tl.float32) * col[:, None], axis=0)
-            elif NORM:
-                dl = -tl.load(DELTA + row, mask=mask, other=0.0)
-                accz += tl.sum(xw.to(tl.float32) * (col * dl)[:, None], axis=0)
-    lrow, valid = _win(ti, i % TW, j, NT, TW)
-    if KEYS:
-        w = tl.where(j // TW == ti, 1.0, 2.0)                            # multiplicity of block (ti, tile(j))
-        acc = acc * w[:, None]
-        accz = accz * w
-    base = (pid_bh.to(tl.int64) * (NC + 1) + n + SLOT) * DS
-    tl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc, mask=valid[:, None])
-    tl.store(OUTZ + base + lrow, accz, mask=valid)
-
-
-@triton.jit
-def _sym2_outer_rows(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
-                     HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
-                     KW2: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
-                     GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """_sym2_outer, row-scaled: program (first index i, chunk n, b*hk) writes the layout rows of the features
-    (i, j >= TW tile(i)): sum_rows x[:, window]^T (f x_i y), a matmul with the loaded rows (transposed) and y
-    scaled by a column (the grouped kernel builds phi instead). Windows as in the query kernels."""
-    i = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    T1: tl.constexpr = (D - KW2) // TW
-    if i // TW < T1:
-        _rows_outer_store(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT, i, n, pid_bh, 0, D, HX, HK,
-                          D, C, TW, BK, KEYS, NORM, GATED, DOT_DT, PREC)
-    else:
-        _rows_outer_store(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, SLOT, i, n, pid_bh, D - KW2, KW2,
-                          HX, HK, D, C, TW, BK, KEYS, NORM, GATED, DOT_DT, PREC)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -365,74 +287,6 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM, D)
 
 
-@triton.jit
-def _rows_bwd_pass(dq, dg, q_row, qw, dnw, S, s_base, DQ_row, mask, t_lo, t_hi, J0: tl.constexpr,
-                   KW: tl.constexpr, BM: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr,
-                   PREC: tl.constexpr):
-    """For tiles ti in [t_lo, t_hi), a < TW, with X_i = dn S_i^T [BM, KW] (window [J0, J0 + KW), dn already
-    scaled by r / Den): dq[:, window] += q_i X_i (dq is [BM, KW]), column i of DQ += sum_j q_j X_ij (collected
-    per tile, read-modify-written once per tile), dg += q_i sum_j q_j X_ij."""
-    offs_d = tl.arange(0, D)
-    offs_t = tl.arange(0, TW)
-    j = J0 + tl.arange(0, KW)
-    for ti in range(t_lo, t_hi):
-        col = tl.zeros([BM, TW], tl.float32)
-        for a in range(TW):
-            lrow, valid = _win(ti, a, j, NT, TW)
-            s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-            x = tl.dot(dnw, tl.trans(s_i.to(DOT_DT)), input_precision=PREC)                  # [BM, KW]
-            q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
-            dq += q_i[:, None] * x
-            c = tl.sum(qw * x, axis=1)
-            dg += q_i * c
-            col = tl.where(offs_t[None, :] == a, c[:, None], col)
-        _rmw(DQ_row[:, None] + ti * TW + offs_t[None, :], col, mask[:, None])
-    return dq, dg
-
-
-@triton.jit
-def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS,
-                         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
-                         KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                         HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """_sym2_query_bwd, row-scaled: for a feature (i, j), dq_j += q_i X_ij and dq_i += q_j X_ij; the normalizer
-    part X_ij += dl z_ij is dq += dl q (Zm + Zm^T), dg += dl q . (q Zm)."""
-    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
-    NT: tl.constexpr = D // TW
-    T1: tl.constexpr = (D - KW2) // TW
-    offs_d = tl.arange(0, D)
-    q_row = Q + row * D
-    DQ_row = DQ + row * D
-    qf = tl.load(q_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    q2 = tl.load(q_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None],
-                 other=0.0).to(tl.float32)
-    dn = tl.load(DO + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    f = r
-    if NORM:
-        f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
-    dnw = (dn * f[:, None]).to(DOT_DT)
-    dq = tl.zeros([BM, D], tl.float32)
-    dg = tl.zeros([BM], tl.float32)
-    if NORM:
-        dl = -tl.load(DELTA + row, mask=mask, other=0.0) * f
-        zm = _zmat(Z, s_base, D, NT, TW)
-        qz = tl.dot(qf, zm, input_precision="tf32x3")                                       # sum_j q_j z_ij
-        dq = dl[:, None] * (qz + tl.dot(qf, tl.trans(zm), input_precision="tf32x3"))
-        dg = dl * tl.sum(qf * qz, axis=1)
-    on = 1
-    if not HAS_S0:
-        on = tl.minimum(n, 1)
-    dq, dg = _rows_bwd_pass(dq, dg, q_row, qf, dnw, S, s_base, DQ_row, mask, 0, T1 * on, 0, D, BM, NT, TW, D,
-                            DOT_DT, PREC)
-    dq2 = tl.zeros([BM, KW2], tl.float32)
-    dq2, dg = _rows_bwd_pass(dq2, dg, q_row, q2, dnw, S, s_base, DQ_row, mask, T1, T1 + (NT - T1) * on,
-                             D - KW2, KW2, BM, NT, TW, D, DOT_DT, PREC)
-    _rmw(DQ_row[:, None] + offs_d[None, :], dq, mask[:, None])
-    _rmw(DQ_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], dq2, mask[:, None])
-    if GATED:
-        tl.store(DGQ + row, dg, mask=mask)
-
-
 # ----------------------------------------------------------------------------------------------
 # key side backward
 # ----------------------------------------------------------------------------------------------
@@ -509,13 +363,11 @@ def groups(d: int, jg: int, device) -> torch.Tensor:
 ENABLED = True     # False: p = 2 runs the generic expand-MMA kernels (A/B timing, tests)
 FORCE = False      # True: use these kernels for every dtype (the interpreter test runs them in fp32)
 BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages): the best of the H200 sweep
-    "outer": (1, 32, 4, 2),   # (docs/kernels.md, scripts/tune_sym2.py) at b=8, t=64k, h=12, d=64, chunk 1024
+    "outer": (1, 32, 4, 3),   # (docs/kernels.md, scripts/tune_sym2.py) at b=8, t=64k, h=12, d=64, chunk 1024
     "qfwd": (2, 64, 4, 1),
     "qbwd": (2, 64, 4, 3),
     "kbwd": (2, 64, 4, 1),
-    "qfwd_rows": (1, 128, 8, 3),  # row-scaled kernels: JG unused
-    "qbwd_rows": (1, 64, 4, 2),
-    "outer_rows": (1, 64, 4, 2),
+    "qfwd_rows": (1, 128, 8, 3),  # the row-scaled query forward: JG unused
 }
 
 
@@ -525,8 +377,6 @@ BLOCKS_WIDE = {    # d = 128: 8 warps, one second tile per group (4 warps spill 
     "qbwd": (1, 64, 8, 3),
     "kbwd": (1, 64, 8, 1),
     "qfwd_rows": (1, 64, 8, 2),
-    "qbwd_rows": (1, 64, 8, 2),
-    "outer_rows": (1, 64, 8, 2),
 }
 
 
@@ -535,8 +385,7 @@ def blocks(kernel: str, d: int):
     return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
 
 
-PHI_T = False      # _sym2_outer builds phi^T directly (A/B)
-ROWS = {"qfwd": True, "qbwd": False, "outer": False}   # the row-scaled kernels (False: the grouped ones)
+ROWS = {"qfwd": True}   # the row-scaled query forward (False: the grouped one)
 
 
 def half_window(d: int) -> int:
@@ -548,18 +397,12 @@ def half_window(d: int) -> int:
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
                  dot_dt, prec):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
-    states (keys) or the query-side state gradients, by the grouped or the row-scaled kernel (ROWS["outer"])."""
-    b = X.shape[0]
-    common = dict(HX=hx, HK=hk, D=d, C=C, TW=TILE2, KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec)
-    if ROWS["outer"]:
-        _, bk, w_, s_ = blocks("outer_rows", d)
-        _sym2_outer_rows[(d, NC, b * hk)](X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot,
-                                          KW2=half_window(d), BK=bk, num_warps=w_, num_stages=s_, **common)
-    else:
-        jg, bk, w_, s_ = blocks("outer", d)
-        grp = groups(d, jg, X.device)
-        _sym2_outer[(grp.shape[0], NC, b * hk)](X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot,
-                                                JG=jg, BK=bk, PHI_T=PHI_T, num_warps=w_, num_stages=s_, **common)
+    states (keys) or the query-side state gradients."""
+    jg, bk, w_, s_ = blocks("outer", d)
+    grp = groups(d, jg, X.device)
+    _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
+        X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
+        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, num_warps=w_, num_stages=s_)
 
 
 def applies(p: int, d: int, dtype) -> bool:
