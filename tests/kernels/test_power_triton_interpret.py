@@ -27,3 +27,18 @@ def test_chunked_kernels_compile_for_sm90():
     from longctx.kernels.power.compile_check import H100_SHARED, compile_chunked
     for name, shared, _, _ in compile_chunked(2, 64, "bf16"):
         assert shared <= H100_SHARED, name
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_sym2_kernels_compile_for_sm90():
+    """The p=2 kernels (triton_sym2, the CUDA default for bf16 p=2 from 16k) at d=64 with their H200-tuned blocks:
+    compile for sm_90, fit shared memory, and the row-scaled query forward keeps its accumulators in registers
+    (it did not spill in the configuration the H200 sweep picked; a spill would send them through local memory)."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power.compile_check import H100_SHARED, compile_sym2
+    out = {name: (shared, stack) for name, shared, _, stack in compile_sym2(64)}
+    assert {"_sym2_outer_keys", "_sym2_outer", "_sym2_query_fwd_rows", "_sym2_query_bwd", "_sym2_key_bwd"} <= set(out)
+    for name, (shared, _) in out.items():
+        assert shared <= H100_SHARED, name
+    stack = out["_sym2_query_fwd_rows"][1]
+    assert stack in (0, None), f"_sym2_query_fwd_rows spills {stack} bytes"
