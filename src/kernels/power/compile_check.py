@@ -4,6 +4,10 @@ TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows
 
     python -m longctx.kernels.power.compile_check 2,64,bf16 4,64,fp32      # p,d,dtype ...
     python -m longctx.kernels.power.compile_check sym2,64                  # the p=2 kernels (triton_sym2.BLOCKS)
+    python -m longctx.kernels.power.compile_check --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
+
+--ptx writes DIR/<case>_<kernel>_<i>.ptx without line info and label names: run it on two trees and diff the
+folders (`diff -r`) to show that a refactor of the kernel sources compiles to the same code.
 """
 from __future__ import annotations
 
@@ -25,11 +29,30 @@ from . import triton_sym2 as s2
 H100_SHARED = 232448        # bytes of shared memory a block may use on sm_90
 
 
+PTX_DIR = None        # --ptx: where _compile writes each kernel's normalized PTX (PTX_TAG names the case)
+PTX_TAG = ""
+_PTX_COUNT: dict = {}
+
+
+def _normalized_ptx(ptx: str) -> str:
+    """PTX without the debug sections, .loc/.file lines, comments and label names (they move with source lines)."""
+    ptx = re.sub(r"\.section\s+\.debug.*", "", ptx, flags=re.S)
+    keep = [line for line in ptx.splitlines() if not re.match(r"\s*(\.loc|\.file|//|\$L__)", line)]
+    return re.sub(r"\$L__[A-Za-z_]+\d+", "", "\n".join(keep))
+
+
 def _compile(fn, ptr_types, scalars, consts, warps, stages, arch):
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else scalars.get(n, ptr_types.get(n, "*fp32")) for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps,
+                                                                                  num_stages=stages))
+    if PTX_DIR:
+        key = f"{PTX_TAG}_{kernel.name}"
+        i = _PTX_COUNT[key] = _PTX_COUNT.get(key, -1) + 1
+        with open(os.path.join(PTX_DIR, f"{key}_{i}.ptx"), "w") as fh:
+            fh.write(_normalized_ptx(kernel.asm["ptx"]))
+    return kernel
 
 
 def _usage(kernel):
@@ -108,7 +131,12 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
 
 
 def main(argv):
+    global PTX_DIR, PTX_TAG
+    if argv[:1] == ["--ptx"]:
+        PTX_DIR, argv = argv[1], argv[2:]
+        os.makedirs(PTX_DIR, exist_ok=True)
     for case in argv or ["2,64,bf16"]:
+        PTX_TAG = case.replace(",", "-")
         if case.startswith("sym2"):
             d = int(case.split(",")[1])
             print(f"sym2 d={d} {s2.BLOCKS_WIDE if d >= 128 else s2.BLOCKS}", flush=True)

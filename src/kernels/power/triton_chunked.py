@@ -114,6 +114,67 @@ def _contract(X, f0, f1, f2, f3, c0, c1, c2, c3, P: tl.constexpr, D: tl.constexp
     return dx
 
 
+@triton.jit
+def _chunk_update(K, V, G, IDX, w, l, n, i_b, i_hk, offs_v, T, HK: tl.constexpr, D: tl.constexpr,
+                  P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                  GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """(U_n, Uz_n) of state block l, value columns offs_v: sum over chunk n's keys j of
+    (w phi(k_j) e^(gt_n - g_j)) v_j^T ([F, BD]) and of w phi(k_j) e^(gt_n - g_j) ([F]), fp32."""
+    offs_c = tl.arange(0, BK)
+    start = n * C
+    if GATED:
+        g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
+    u = tl.zeros([F, offs_v.shape[0]], tl.float32)
+    uz = tl.zeros([F], tl.float32)
+    for j0 in range(0, C, BK):
+        rows = start + j0 + offs_c                                       # [BK]
+        mask = ((j0 + offs_c) < C) & (rows < T)
+        k_rows = K + ((i_b * T + rows) * HK + i_hk) * D
+        phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(k_rows[:, None], mask, IDX, l, P, TILE, F)
+        cw = tl.where(mask, w, 0.0)
+        if GATED:
+            g = tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0)
+            cw = cw * tl.exp(g_end - g)
+        phi = phi * cw[:, None]                                          # [BK, F] gated, weighted phi(k)
+        vv = tl.load(V + ((i_b * T + rows) * HK + i_hk)[:, None] * D + offs_v[None, :],
+                     mask=mask[:, None], other=0.0)                      # [BK, BD]
+        u += tl.dot(tl.trans(phi.to(DOT_DT)), vv.to(DOT_DT), input_precision=PREC)
+        uz += tl.sum(phi, axis=0)
+    return u, uz
+
+
+@triton.jit
+def _chunk_query_grad(Q, G, IDX, DO, LSE, DELTA, scale_p, l, n, i_b, i_hk, offs_v, T, HQ: tl.constexpr,
+                      HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr,
+                      C: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """(Q_n, Qz_n) of state block l, value columns offs_v: the direct gradient of S_n from chunk n's queries,
+    sum over the GQA group's heads and chunk n's rows i of r_i phi(q_i)^T dn_i ([F, BD]) and r_i phi(q_i) dl_i."""
+    REP: tl.constexpr = HQ // HK
+    offs_c = tl.arange(0, BM)
+    du = tl.zeros([F, offs_v.shape[0]], tl.float32)
+    duz = tl.zeros([F], tl.float32)
+    for rep in range(REP):
+        i_hq = i_hk * REP + rep
+        for j0 in range(0, C, BM):
+            rows = n * C + j0 + offs_c
+            mask = ((j0 + offs_c) < C) & (rows < T)
+            row = (i_b * T + rows) * HQ + i_hq
+            phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand((Q + row * D)[:, None], mask, IDX, l, P, TILE, F)
+            wr = tl.full([BM], 1.0, tl.float32) * scale_p
+            if GATED:
+                wr = wr * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+            wr = tl.where(mask, wr, 0.0)
+            if NORM:
+                inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+                wr = wr * inv
+                dl = -tl.load(DELTA + row, mask=mask, other=0.0) * wr
+                duz += tl.sum(phi * dl[:, None], axis=0)
+            do = tl.load(DO + row[:, None] * D + offs_v[None, :], mask=mask[:, None], other=0.0)
+            du += tl.dot(tl.trans((phi * wr[:, None]).to(DOT_DT)), do.to(DOT_DT), input_precision=PREC)
+    return du, duz
+
+
 # ----------------------------------------------------------------------------------------------
 # forward kernels
 # ----------------------------------------------------------------------------------------------
@@ -132,7 +193,6 @@ def _chunk_state_fwd(K, V, G, IDX, MULT, S0, Z0, S, Z, T, NC, DS,
     i_hk = pid_bh % HK
     offs_f = tl.arange(0, F)
     offs_v = pid_v * BD + tl.arange(0, BD)
-    offs_c = tl.arange(0, BK)
     w = tl.load(MULT + l)
     z_store = (offs_f + pid_v * F) < F                                 # z: written by value block 0 only
     st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]             # [F, BD] within one (D_s x D) state
@@ -145,27 +205,10 @@ def _chunk_state_fwd(K, V, G, IDX, MULT, S0, Z0, S, Z, T, NC, DS,
         s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
         tl.store(S + s_base * D + st_off, acc)
         tl.store(Z + s_base + l * F + offs_f, accz, mask=z_store)
-        start = n * C
+        u, uz = _chunk_update(K, V, G, IDX, w, l, n, i_b, i_hk, offs_v, T, HK, D, P, TILE, F, C, BK, GATED,
+                              DOT_DT, PREC)
         if GATED:
-            g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
-        u = tl.zeros([F, BD], tl.float32)
-        uz = tl.zeros([F], tl.float32)
-        for j0 in range(0, C, BK):
-            rows = start + j0 + offs_c                                   # [BK]
-            mask = ((j0 + offs_c) < C) & (rows < T)
-            k_rows = K + ((i_b * T + rows) * HK + i_hk) * D              # [BK]
-            phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(k_rows[:, None], mask, IDX, l, P, TILE, F)
-            cw = tl.where(mask, w, 0.0)                                  # [BK]
-            if GATED:
-                g = tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0)
-                cw = cw * tl.exp(g_end - g)
-            phi = phi * cw[:, None]                                      # [BK, F] gated, weighted phi(k)
-            vv = tl.load(V + ((i_b * T + rows) * HK + i_hk)[:, None] * D + offs_v[None, :],
-                         mask=mask[:, None], other=0.0)                  # [BK, BD]
-            u += tl.dot(tl.trans(phi.to(DOT_DT)), vv.to(DOT_DT), input_precision=PREC)
-            uz += tl.sum(phi, axis=0)
-        if GATED:
-            decay = tl.exp(g_end)
+            decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
             acc = acc * decay + u
             accz = accz * decay + uz
         else:
@@ -284,11 +327,9 @@ def _chunk_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DSF, DZF, DU, DUZ, DS0, DZ
     pid_bh = tl.program_id(2)
     i_b = (pid_bh // HK).to(tl.int64)
     i_hk = pid_bh % HK
-    REP: tl.constexpr = HQ // HK
     NV = tl.num_programs(1)
     offs_f = tl.arange(0, F)
     offs_v = pid_v * BD + tl.arange(0, BD)
-    offs_c = tl.arange(0, BM)
     z_store = (offs_f + pid_v * F) < F
     st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
     R = tl.zeros([F, BD], tl.float32)
@@ -309,26 +350,8 @@ def _chunk_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DSF, DZF, DU, DUZ, DS0, DZ
             z_n = tl.load(Z + s_base + l * F + offs_f)
             part += tl.where(pid_v == 0, tl.sum(z_n * Rz, axis=0), 0.0)
             tl.store(DGT + ((pid_bh.to(tl.int64) * L + l) * NV + pid_v) * NC + n, decay * part)
-        du = tl.zeros([F, BD], tl.float32)
-        duz = tl.zeros([F], tl.float32)
-        for rep in range(REP):
-            i_hq = i_hk * REP + rep
-            for j0 in range(0, C, BM):
-                rows = n * C + j0 + offs_c
-                mask = ((j0 + offs_c) < C) & (rows < T)
-                row = (i_b * T + rows) * HQ + i_hq
-                phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand((Q + row * D)[:, None], mask, IDX, l, P, TILE, F)
-                wr = tl.full([BM], 1.0, tl.float32) * scale_p
-                if GATED:
-                    wr = wr * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-                wr = tl.where(mask, wr, 0.0)
-                if NORM:
-                    inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
-                    wr = wr * inv
-                    dl = -tl.load(DELTA + row, mask=mask, other=0.0) * wr
-                    duz += tl.sum(phi * dl[:, None], axis=0)
-                do = tl.load(DO + row[:, None] * D + offs_v[None, :], mask=mask[:, None], other=0.0)
-                du += tl.dot(tl.trans((phi * wr[:, None]).to(DOT_DT)), do.to(DOT_DT), input_precision=PREC)
+        du, duz = _chunk_query_grad(Q, G, IDX, DO, LSE, DELTA, scale_p, l, n, i_b, i_hk, offs_v, T, HQ, HK, D, P,
+                                    TILE, F, C, BM, NORM, GATED, DOT_DT, PREC)
         if GATED:
             R = du + decay * R
             Rz = duz + decay * Rz
@@ -408,29 +431,11 @@ def _update_state_fwd(K, V, G, IDX, MULT, S, Z, T, NC, DS, L,
     i_hk = pid_bh % HK
     offs_f = tl.arange(0, F)
     offs_v = pid_v * BD + tl.arange(0, BD)
-    offs_c = tl.arange(0, BK)
     w = tl.load(MULT + l)
     z_store = (offs_f + pid_v * F) < F                                 # z: written by value block 0 only
     st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
-    start = n * C
-    if GATED:
-        g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
-    u = tl.zeros([F, BD], tl.float32)
-    uz = tl.zeros([F], tl.float32)
-    for j0 in range(0, C, BK):
-        rows = start + j0 + offs_c                                       # [BK]
-        mask = ((j0 + offs_c) < C) & (rows < T)
-        k_rows = K + ((i_b * T + rows) * HK + i_hk) * D
-        phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(k_rows[:, None], mask, IDX, l, P, TILE, F)
-        cw = tl.where(mask, w, 0.0)
-        if GATED:
-            g = tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0)
-            cw = cw * tl.exp(g_end - g)
-        phi = phi * cw[:, None]
-        vv = tl.load(V + ((i_b * T + rows) * HK + i_hk)[:, None] * D + offs_v[None, :],
-                     mask=mask[:, None], other=0.0)
-        u += tl.dot(tl.trans(phi.to(DOT_DT)), vv.to(DOT_DT), input_precision=PREC)
-        uz += tl.sum(phi, axis=0)
+    u, uz = _chunk_update(K, V, G, IDX, w, l, n, i_b, i_hk, offs_v, T, HK, D, P, TILE, F, C, BK, GATED, DOT_DT,
+                          PREC)
     s_base = (pid_bh.to(tl.int64) * (NC + 1) + n + 1) * DS
     tl.store(S + s_base * D + st_off, u)
     tl.store(Z + s_base + l * F + offs_f, uz, mask=z_store)
@@ -452,32 +457,12 @@ def _query_grad_state(Q, G, IDX, DO, LSE, DELTA, DR, DRZ, scale_p, T, NC, DS, L,
     pid_bh = tl.program_id(2)
     i_b = (pid_bh // HK).to(tl.int64)
     i_hk = pid_bh % HK
-    REP: tl.constexpr = HQ // HK
     offs_f = tl.arange(0, F)
     offs_v = pid_v * BD + tl.arange(0, BD)
-    offs_c = tl.arange(0, BM)
     z_store = (offs_f + pid_v * F) < F
     st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
-    du = tl.zeros([F, BD], tl.float32)
-    duz = tl.zeros([F], tl.float32)
-    for rep in range(REP):
-        i_hq = i_hk * REP + rep
-        for j0 in range(0, C, BM):
-            rows = n * C + j0 + offs_c
-            mask = ((j0 + offs_c) < C) & (rows < T)
-            row = (i_b * T + rows) * HQ + i_hq
-            phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand((Q + row * D)[:, None], mask, IDX, l, P, TILE, F)
-            wr = tl.full([BM], 1.0, tl.float32) * scale_p
-            if GATED:
-                wr = wr * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-            wr = tl.where(mask, wr, 0.0)
-            if NORM:
-                inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
-                wr = wr * inv
-                dl = -tl.load(DELTA + row, mask=mask, other=0.0) * wr
-                duz += tl.sum(phi * dl[:, None], axis=0)
-            do = tl.load(DO + row[:, None] * D + offs_v[None, :], mask=mask[:, None], other=0.0)
-            du += tl.dot(tl.trans((phi * wr[:, None]).to(DOT_DT)), do.to(DOT_DT), input_precision=PREC)
+    du, duz = _chunk_query_grad(Q, G, IDX, DO, LSE, DELTA, scale_p, l, n, i_b, i_hk, offs_v, T, HQ, HK, D, P, TILE,
+                                F, C, BM, NORM, GATED, DOT_DT, PREC)
     s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
     tl.store(DR + s_base * D + st_off, du)
     tl.store(DRZ + s_base + l * F + offs_f, duz, mask=z_store)
