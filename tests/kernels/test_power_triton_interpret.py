@@ -21,11 +21,11 @@ def test_triton_kernels_under_interpreter(script):
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_chunked_kernels_compile_for_sm90():
-    """The interpreter accepts code the compiler rejects: compile the chunked kernels for sm_90 on this CPU
-    machine (Triton's nvidia backend + bundled ptxas) and check they fit the H100/H200 shared memory."""
+    """The interpreter accepts code the compiler rejects: compile the chunked and attention-form kernels for sm_90
+    on this CPU machine (Triton's nvidia backend + bundled ptxas) and check they fit the H100/H200 shared memory."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power.compile_check import H100_SHARED, compile_chunked
-    for name, shared, _, _ in compile_chunked(2, 64, "bf16"):
+    from longctx.kernels.power.compile_check import H100_SHARED, compile_attention, compile_chunked
+    for name, shared, _, _ in compile_chunked(2, 64, "bf16") + compile_attention(2, 64, "bf16"):
         assert shared <= H100_SHARED, name
 
 

@@ -1,9 +1,10 @@
-"""Developer tool: compile the chunked-form kernels for an NVIDIA target on a machine without a GPU (Triton's
+"""Developer tool: compile the power-attention kernels for an NVIDIA target on a machine without a GPU (Triton's
 nvidia backend + the bundled ptxas), and print shared memory, registers and spill stack per kernel. Catches what
 TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows, before any device time.
 
     python -m longctx.kernels.power.compile_check 2,64,bf16 4,64,fp32      # p,d,dtype ...
     python -m longctx.kernels.power.compile_check sym2,64                  # the p=2 kernels (triton_sym2.BLOCKS)
+    python -m longctx.kernels.power.compile_check attn,2,64,bf16           # the attention form (p,d,dtype)
     python -m longctx.kernels.power.compile_check --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
 
 --ptx writes DIR/<case>_<kernel>_<i>.ptx without line info and label names: run it on two trees and diff the
@@ -18,11 +19,13 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from . import triton_attention as ta
 from . import triton_chunked as tc
 from . import triton_sym2 as s2
 
@@ -103,6 +106,26 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
     return out
 
 
+def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90):
+    """Compile the attention-form kernels (forward, the two backward kernels) for one (p, d, dtype) with the blocks
+    and operand types AttentionForm uses; returns [(name, shared bytes, registers, spill stack bytes)]."""
+    torch_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
+    ints = {"scale": "fp32", "scale_p": "fp32", "T": "i32"}
+    base = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
+    out = []
+    for fn, backward, ptrs in ((ta._attn_fwd, False, {"Q": io, "K": io, "V": io, "O": io}),
+                               (ta._attn_bwd_dkdv, True, {"Q": io, "K": io, "V": io, "DO": io}),
+                               (ta._attn_bwd_dq, True, {"Q": io, "K": io, "V": io, "DO": io})):
+        dot_dt, prec = ta._dot_dtype(torch_dt, norm, backward)
+        BM, BN, warps, stages = ta._blocks(d, backward, dot_dt)
+        fast = BM % BN == 0 and (backward or dot_dt != tl.float16)
+        k = _compile(fn, ptrs, ints, dict(base, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast), warps, stages,
+                     arch)
+        out.append((k.name, k.metadata.shared, *_usage(k)))
+    return out
+
+
 def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, blocks=None):
     """Compile the p=2 kernels (triton_sym2.py, bf16) with `blocks` (default triton_sym2.blocks(kernel, d));
     returns [(name, shared bytes, registers, spill stack bytes)]."""
@@ -141,6 +164,12 @@ def main(argv):
             d = int(case.split(",")[1])
             print(f"sym2 d={d} {s2.BLOCKS_WIDE if d >= 128 else s2.BLOCKS}", flush=True)
             for name, shared, regs, stack in compile_sym2(d):
+                print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
+            continue
+        if case.startswith("attn"):
+            _, p, d, dtype = case.split(",")
+            print(f"attention form p={p} d={d} {dtype}", flush=True)
+            for name, shared, regs, stack in compile_attention(int(p), int(d), dtype):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
             continue
         p, d, dtype = case.split(",")

@@ -178,6 +178,28 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
 
 
 @triton.jit
+def _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ: tl.constexpr, HK: tl.constexpr,
+                D: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr):
+    """Query rows offs_m of head i_hq for a backward kernel: q and dy (operand dtype), lse, Delta and G_q (zeros when
+    unused), the rows' mask and their [BM, D] offsets."""
+    offs_d = tl.arange(0, D)
+    mask_m = offs_m < T
+    q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+    q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+    do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+    row = i_b * T * HQ + offs_m * HQ + i_hq
+    lse = tl.zeros([BM], tl.float32)
+    delta = tl.zeros([BM], tl.float32)
+    if NORM:
+        lse = tl.load(LSE + row, mask=mask_m, other=0.0)
+        delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
+    g_q = tl.zeros([BM], tl.float32)
+    if GATED:
+        g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+    return q, do, lse, delta, g_q, mask_m, q_off
+
+
+@triton.jit
 def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
                      P: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
     """Shared tile math of both backward kernels: returns (pn, ds, dgate), all [BM, BN] fp32."""
@@ -265,19 +287,8 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                 dg -= tl.sum(da * pn, axis=0)
         for start_m in range(lo, hi_diag, BM):
             offs_m = start_m + tl.arange(0, BM)
-            mask_m = offs_m < T
-            q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
-            q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
-            do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
-            row = i_b * T * HQ + offs_m * HQ + i_hq
-            lse = tl.zeros([BM], tl.float32)
-            delta = tl.zeros([BM], tl.float32)
-            if NORM:
-                lse = tl.load(LSE + row, mask=mask_m, other=0.0)
-                delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
-            g_q = tl.zeros([BM], tl.float32)
-            if GATED:
-                g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+            q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T,
+                                                                HQ, HK, D, BM, NORM, GATED, DOT_DT)
             causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
             pn, ds, dgate = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
                                              P, NORM, GATED, PREC)
@@ -304,19 +315,8 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
     i_hk = i_hq // (HQ // HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
-    mask_m = offs_m < T
-    q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
-    q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
-    do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
-    row = i_b * T * HQ + offs_m * HQ + i_hq
-    lse = tl.zeros([BM], tl.float32)
-    delta = tl.zeros([BM], tl.float32)
-    if NORM:
-        lse = tl.load(LSE + row, mask=mask_m, other=0.0)
-        delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
-    g_q = tl.zeros([BM], tl.float32)
-    if GATED:
-        g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+    q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ, HK, D,
+                                                        BM, NORM, GATED, DOT_DT)
     k_base = K + i_b * T * HK * D + i_hk * D
     v_base = V + i_b * T * HK * D + i_hk * D
     dq = tl.zeros([BM, D], tl.float32)

@@ -227,15 +227,7 @@ def _query_state_fwd(Q, G, IDX, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, L,
     """Query-state fused with the combine. Program (query block of a chunk, chunk n, b*hq):
     inter = r phi(q) S_n, den = r phi(q) z_n; y = (y_intra e^lse + inter) / (e^lse + den) stabilized
     (norm) or y_intra + inter; stores y and lse = log(total normalizer) for the backward."""
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HQ).to(tl.int64)
-    i_hq = pid_bh % HQ
-    i_hk = i_hq // (HQ // HK)
-    loc = pid_m * BM + tl.arange(0, BM)
-    rows = n * C + loc
-    mask = (loc < C) & (rows < T)
+    i_b, i_hq, i_hk, n, rows, mask = sym2._query_block(T, HQ, HK, C, BM)
     offs_f = tl.arange(0, F)
     offs_d = tl.arange(0, D)
     q_rows = Q + ((i_b * T + rows) * HQ + i_hq) * D                     # [BM]
@@ -267,15 +259,7 @@ def _query_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, D
                      F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr,
                      GATED: tl.constexpr, HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """Query side of the state term: DQ (fp32) += contract(X), DGQ = X . phi(q), X = r (S dn + z dl)."""
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HQ).to(tl.int64)
-    i_hq = pid_bh % HQ
-    i_hk = i_hq // (HQ // HK)
-    loc = pid_m * BM + tl.arange(0, BM)
-    rows = n * C + loc
-    mask = (loc < C) & (rows < T)
+    i_b, i_hq, i_hk, n, rows, mask = sym2._query_block(T, HQ, HK, C, BM)
     offs_f = tl.arange(0, F)
     offs_d = tl.arange(0, D)
     row = (i_b * T + rows) * HQ + i_hq                                   # [BM]

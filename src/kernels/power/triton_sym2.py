@@ -134,10 +134,9 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
 # query side: forward (fused with the combine) and backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _query_rows(scale_p, G, T, NC, DS, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
-                GATED: tl.constexpr):
-    """Prologue of the query kernels, program (query block of a chunk, chunk n, b*hq): the flat (b, t, hq) index
-    of its rows, their mask, the row factor r = s^p e^(g_i), the chunk index and its state slot's base."""
+def _query_block(T, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
+    """Program (query block of a chunk, chunk n, b*hq) of a query kernel: batch, query head, its kv head, n, the
+    block's token indices and their mask (inside the chunk and the sequence)."""
     pid_m = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -146,7 +145,15 @@ def _query_rows(scale_p, G, T, NC, DS, HQ: tl.constexpr, HK: tl.constexpr, C: tl
     i_hk = i_hq // (HQ // HK)
     loc = pid_m * BM + tl.arange(0, BM)
     rows = n * C + loc
-    mask = (loc < C) & (rows < T)
+    return i_b, i_hq, i_hk, n, rows, (loc < C) & (rows < T)
+
+
+@triton.jit
+def _query_rows(scale_p, G, T, NC, DS, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
+                GATED: tl.constexpr):
+    """Prologue of the query kernels, program (query block of a chunk, chunk n, b*hq): the flat (b, t, hq) index
+    of its rows, their mask, the row factor r = s^p e^(g_i), the chunk index and its state slot's base."""
+    i_b, i_hq, i_hk, n, rows, mask = _query_block(T, HQ, HK, C, BM)
     r = tl.full([BM], 1.0, tl.float32) * scale_p
     if GATED:
         r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
