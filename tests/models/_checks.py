@@ -11,3 +11,13 @@ def assert_causal(model, vocab: int, min_change: float, t: int = 23, at: int = 1
         a, b = model(x), model(y)
     torch.testing.assert_close(a[:, :at], b[:, :at], rtol=0, atol=1e-6)
     assert (a[:, at:] - b[:, at:]).abs().max() > min_change
+
+
+def perturb_(model, scale: float, seed: int = 1):
+    """Add seeded N(0, scale^2) noise to every parameter (RWKV's init zeroes several paths, which would make
+    comparisons vacuous); CPU generator, so CPU and GPU copies get the same weights. Returns the model."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_((torch.randn(p.shape, generator=g) * scale).to(p.device, p.dtype))
+    return model

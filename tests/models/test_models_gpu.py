@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from _checks import perturb_
 from longctx.models import ModelSpec, build_model
 from longctx.models.rwkv7 import to_fla
 from longctx.models.spec import ARCHS, ATTENTION_NAMES
@@ -28,14 +29,6 @@ def gpu_spec(**kw):  # head_dim 32: the smallest the CUDA power kernel takes
     return ModelSpec(**base)
 
 
-def perturb_(model, scale=0.02, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_((torch.randn(p.shape, generator=g) * scale).to(p.device, p.dtype))
-    return model
-
-
 @pytest.fixture(autouse=True)
 def _no_tf32():
     old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -49,7 +42,7 @@ def test_rwkv7_native_matches_fla(dtype, tol):
     torch.manual_seed(0)
     pytest.importorskip("fla.models")
     spec = gpu_spec(arch="rwkv7", attention="linear", d_model=256, n_heads=4, n_layers=3)  # head_dim 64
-    ours = perturb_(build_model(spec)).cuda().eval()
+    ours = perturb_(build_model(spec), 0.02).cuda().eval()
     theirs = to_fla(ours).eval()
     ours, theirs = ours.to(dtype), theirs.to(dtype)
     x = torch.randint(0, VOCAB, (2, 300), device="cuda")
@@ -61,7 +54,7 @@ def test_rwkv7_native_matches_fla(dtype, tol):
 
 def test_gpt2_exp_matches_plain_softmax_on_gpu():
     torch.manual_seed(0)
-    model = perturb_(build_model(gpu_spec(arch="gpt2", attention="exp"))).cuda().eval()
+    model = perturb_(build_model(gpu_spec(arch="gpt2", attention="exp")), 0.02).cuda().eval()
     x = torch.randint(0, VOCAB, (2, 200), device="cuda")
     ref_model = copy.deepcopy(model)
 
@@ -86,7 +79,7 @@ def test_cpu_path_equals_gpu_path(arch, attention):
     """Same weights, same inputs: per-token NLL and gradients of the CPU references vs the CUDA kernels (fp32)."""
     torch.manual_seed(0)
     spec = gpu_spec(arch=arch, attention=attention)
-    cpu = perturb_(build_model(spec))
+    cpu = perturb_(build_model(spec), 0.02)
     gpu = copy.deepcopy(cpu).cuda()
     x = torch.randint(0, VOCAB, (2, 160))  # > window: the windowed paths (blocked on CPU, Flex on GPU) run
     y = torch.roll(x, -1, 1)

@@ -8,7 +8,7 @@ import torch
 from longctx.models import ModelSpec, build_model
 from longctx.models.rwkv7 import LOG_DECAY_MIN, rwkv7_chunked, rwkv7_recurrent, to_fla
 from longctx.models.spec import ARCHS, ATTENTION_NAMES
-from _checks import assert_causal
+from _checks import assert_causal, perturb_
 
 VOCAB = 37
 
@@ -17,15 +17,6 @@ def tiny(**kw):
     base = dict(arch="rwkv7", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, ctx=64, window=5, chunk_size=8)
     base.update(kw)
     return ModelSpec(**base)
-
-
-def perturb_(model, scale=0.05, seed=1):
-    """Random weights everywhere (RWKV's init zeroes several paths, which would make tests vacuous)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    return model
 
 
 def test_native_rule_matches_fla_naive_recurrence():
@@ -78,7 +69,7 @@ def test_rwkv7_forward_backward_finite(attention):
 @pytest.mark.parametrize("attention", ATTENTION_NAMES)
 def test_rwkv7_causal(attention):
     torch.manual_seed(0)
-    model = perturb_(build_model(tiny(attention=attention))).eval()
+    model = perturb_(build_model(tiny(attention=attention)), 0.05).eval()
     assert_causal(model, VOCAB, min_change=1e-5)
 
 
@@ -96,7 +87,7 @@ def test_weights_load_into_fla_rwkv7():
     """Every parameter maps one-to-one onto fla.models.RWKV7ForCausalLM (strict load, same shapes).
     The logits are compared on GPU (tests/models/test_models_gpu.py): FLA's model runs only there."""
     pytest.importorskip("fla.models")
-    ours = perturb_(build_model(tiny(attention="linear", d_model=64, n_layers=3)))
+    ours = perturb_(build_model(tiny(attention="linear", d_model=64, n_layers=3)), 0.05)
     theirs = to_fla(ours)
     assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
     torch.testing.assert_close(theirs.model.layers[2].attn.w_lora.lora[2].bias, ours.layers[2].attn.w_lora.lora[2].bias)

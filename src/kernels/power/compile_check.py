@@ -119,9 +119,8 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
                                (ta._attn_bwd_dq, True, {"Q": io, "K": io, "V": io, "DO": io})):
         dot_dt, prec = ta._dot_dtype(torch_dt, norm, backward)
         BM, BN, warps, stages = ta._blocks(d, backward, dot_dt)
-        fast = BM % BN == 0 and (backward or dot_dt != tl.float16)
-        k = _compile(fn, ptrs, ints, dict(base, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast), warps, stages,
-                     arch)
+        k = _compile(fn, ptrs, ints, dict(base, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
+                                          FAST=ta._fast_paths(backward, dot_dt, BM, BN)), warps, stages, arch)
         out.append((k.name, k.metadata.shared, *_usage(k)))
     return out
 

@@ -42,6 +42,40 @@ def _pow(s, P: tl.constexpr):
 
 
 @triton.jit
+def _query_heads(pid_bh, HQ: tl.constexpr, HK: tl.constexpr):
+    """Batch, query head and its kv head (GQA) of a program over b*hq."""
+    i_b = (pid_bh // HQ).to(tl.int64)
+    i_hq = pid_bh % HQ
+    return i_b, i_hq, i_hq // (HQ // HK)
+
+
+@triton.jit
+def _query_block(T, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
+    """Program (query block of a chunk, chunk n, b*hq) of a chunked-form query kernel: batch, query head, its kv
+    head, n, the block's token indices and their mask (inside the chunk and the sequence)."""
+    pid_m = tl.program_id(0)
+    n = tl.program_id(1)
+    i_b, i_hq, i_hk = _query_heads(tl.program_id(2), HQ, HK)
+    loc = pid_m * BM + tl.arange(0, BM)
+    rows = n * C + loc
+    return i_b, i_hq, i_hk, n, rows, (loc < C) & (rows < T)
+
+
+@triton.jit
+def _key_block(T, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+    """Program (key block of a chunk, chunk n, b*hk) of a chunked-form key kernel: batch, kv head, n, b*hk, the
+    block's token indices and their mask."""
+    pid_k = tl.program_id(0)
+    n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    i_b = (pid_bh // HK).to(tl.int64)
+    i_hk = pid_bh % HK
+    loc = pid_k * BK + tl.arange(0, BK)
+    rows = n * C + loc
+    return i_b, i_hk, n, pid_bh, rows, (loc < C) & (rows < T)
+
+
+@triton.jit
 def _row_dot(A, B, OUT, N, D: tl.constexpr, BR: tl.constexpr):
     """OUT[r] = sum_c A[r, c] B[r, c] in fp32 for N rows of D contiguous values (the backward's Delta = dy . y)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -92,10 +126,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // HQ).to(tl.int64)
-    i_hq = pid_bh % HQ
-    i_hk = i_hq // (HQ // HK)
+    i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
     offs_d = tl.arange(0, D)                                             # [D]
     mask_m = offs_m < T
@@ -309,10 +340,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // HQ).to(tl.int64)
-    i_hq = pid_bh % HQ
-    i_hk = i_hq // (HQ // HK)
+    i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ, HK, D,
@@ -391,6 +419,14 @@ def _dot_dtype(dtype, norm, backward):
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
 FAST_BACKWARD = True
+
+
+def _fast_paths(backward, dot_dt, BM, BN):
+    """Whether a launch takes the off-diagonal fast paths: whole key blocks per query block (BM % BN == 0); the
+    forward's also needs operands with fp32's range (not fp16); FAST_FORWARD / FAST_BACKWARD switch them off."""
+    if backward:
+        return BM % BN == 0 and FAST_BACKWARD
+    return BM % BN == 0 and dot_dt != tl.float16 and FAST_FORWARD
 BLOCK_OVERRIDE: dict = {}   # {"fwd"|"bwd": (BM, BN, warps, stages)}: for tuning scripts only
 
 
@@ -420,7 +456,7 @@ class AttentionForm(torch.autograd.Function):
         lse = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if norm else o.new_zeros(1, dtype=torch.float32)
         dot_dt, prec = _dot_dtype(q.dtype, norm, False)
         BM, BN, warps, stages = _blocks(d, False, dot_dt)
-        fast = dot_dt != tl.float16 and BM % BN == 0 and FAST_FORWARD
+        fast = _fast_paths(False, dot_dt, BM, BN)
         _attn_fwd[(triton.cdiv(t, BM), b * hq)](
             q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
             BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, num_warps=warps, num_stages=stages)
@@ -443,7 +479,7 @@ class AttentionForm(torch.autograd.Function):
         BM, BN, warps, stages = _blocks(d, True, dot_dt)
         common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
                       PREC=prec, num_warps=warps, num_stages=stages)
-        common["FAST"] = BM % BN == 0 and FAST_BACKWARD
+        common["FAST"] = _fast_paths(True, dot_dt, BM, BN)
         sp = scale ** p
         _attn_bwd_dkdv[(triton.cdiv(t, BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
         _attn_bwd_dq[(triton.cdiv(t, BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t, **common)

@@ -41,7 +41,7 @@ import triton.language as tl
 from . import triton_sym2 as sym2
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
-                               row_dot)
+                               _fast_paths, _key_block, _query_block, row_dot)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def _query_state_fwd(Q, G, IDX, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, L,
     """Query-state fused with the combine. Program (query block of a chunk, chunk n, b*hq):
     inter = r phi(q) S_n, den = r phi(q) z_n; y = (y_intra e^lse + inter) / (e^lse + den) stabilized
     (norm) or y_intra + inter; stores y and lse = log(total normalizer) for the backward."""
-    i_b, i_hq, i_hk, n, rows, mask = sym2._query_block(T, HQ, HK, C, BM)
+    i_b, i_hq, i_hk, n, rows, mask = _query_block(T, HQ, HK, C, BM)
     offs_f = tl.arange(0, F)
     offs_d = tl.arange(0, D)
     q_rows = Q + ((i_b * T + rows) * HQ + i_hq) * D                     # [BM]
@@ -259,7 +259,7 @@ def _query_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, D
                      F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr,
                      GATED: tl.constexpr, HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """Query side of the state term: DQ (fp32) += contract(X), DGQ = X . phi(q), X = r (S dn + z dl)."""
-    i_b, i_hq, i_hk, n, rows, mask = sym2._query_block(T, HQ, HK, C, BM)
+    i_b, i_hq, i_hk, n, rows, mask = _query_block(T, HQ, HK, C, BM)
     offs_f = tl.arange(0, F)
     offs_d = tl.arange(0, D)
     row = (i_b * T + rows) * HQ + i_hq                                   # [BM]
@@ -355,14 +355,7 @@ def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L, NU
     c_j = e^(gt_n - g_j) and X = v dU_n^T + dUz_n: DV += ph dU_n, DK += contract(X w c_j), DGK = -X . ph.
     dU_n is slot n of DU / DUZ, NU slots per (b, hk) (NC for the serial path's dU, NC+1 for the parallel
     path, which passes its dL/dS buffer offset by one slot: dU_n = dL/dS_{n+1})."""
-    pid_k = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
-    loc = pid_k * BK + tl.arange(0, BK)
-    rows = n * C + loc
-    mask = (loc < C) & (rows < T)
+    i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_f = tl.arange(0, F)
     offs_d = tl.arange(0, D)
     row = (i_b * T + rows) * HK + i_hk
@@ -586,7 +579,7 @@ class ChunkedForm(torch.autograd.Function):
             _attn_fwd[(triton.cdiv(C, BM), (sl.stop - sl.start) * hq)](
                 cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, sp, C,
                 HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
-                FAST=dot_dt != tl.float16 and BM % BN == 0, num_warps=warps, num_stages=stages)
+                FAST=_fast_paths(False, dot_dt, BM, BN), num_warps=warps, num_stages=stages)
         # states entering each chunk (+ the final one)
         sdt, sprec = _state_operands(q.dtype)
         rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
@@ -667,7 +660,7 @@ class ChunkedForm(torch.autograd.Function):
         dot_dt, prec = _dot_dtype(q.dtype, norm, True)
         BM, BN, warps, stages = _blocks(d, True, dot_dt)
         common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
-                      PREC=prec, FAST=BM % BN == 0, num_warps=warps, num_stages=stages)
+                      PREC=prec, FAST=_fast_paths(True, dot_dt, BM, BN), num_warps=warps, num_stages=stages)
         nb = b * NC
         cq, ck, cv, cdy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, dq, dk, dv))
         cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import _combine_store
+from .triton_attention import _combine_store, _key_block, _query_block
 
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
@@ -133,21 +133,6 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
 # ----------------------------------------------------------------------------------------------
 # query side: forward (fused with the combine) and backward
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def _query_block(T, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
-    """Program (query block of a chunk, chunk n, b*hq) of a query kernel: batch, query head, its kv head, n, the
-    block's token indices and their mask (inside the chunk and the sequence)."""
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HQ).to(tl.int64)
-    i_hq = pid_bh % HQ
-    i_hk = i_hq // (HQ // HK)
-    loc = pid_m * BM + tl.arange(0, BM)
-    rows = n * C + loc
-    return i_b, i_hq, i_hk, n, rows, (loc < C) & (rows < T)
-
-
 @triton.jit
 def _query_rows(scale_p, G, T, NC, DS, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
                 GATED: tl.constexpr):
@@ -304,14 +289,7 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
     """Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j, c_j = e^(gt_n - g_j) and
     X = v dU_n^T + dUz_n = dL/dph: DV += ph dU_n, DK += dph/dk^T X, DGK = -X . ph. dU_n is slot n of DU
     (NU slots per (b, hk))."""
-    pid_k = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
-    loc = pid_k * BK + tl.arange(0, BK)
-    rows = n * C + loc
-    mask = (loc < C) & (rows < T)
+    i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_d = tl.arange(0, D)
     row = (i_b * T + rows) * HK + i_hk
     kv_off = row[:, None] * D + offs_d[None, :]
