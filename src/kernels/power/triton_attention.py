@@ -124,7 +124,7 @@ def _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM: tl.constexpr,
 def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
+              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True):
     pid_m = tl.program_id(0)
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
@@ -157,8 +157,12 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
             v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
             if GATED:
                 g_k = tl.load(g_base + offs_n * HK)
-                k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
-            a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P).to(DOT_DT)   # [BM, BN]
+                if not GATE_SCORES:   # (A/B) the key factor folded into k as its p-th root (k via registers)
+                    k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
+            a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P)    # [BM, BN]
+            if GATED and GATE_SCORES:  # the key factor on the scores: k stays a plain loaded operand
+                a = a * tl.exp(g_r - g_k)[None, :]
+            a = a.to(DOT_DT)
             if NORM:
                 l_i += tl.sum(a.to(tl.float32), axis=1)                  # the rounded weights: see below
             acc += tl.dot(a, v, input_precision=PREC)
@@ -338,7 +342,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
 def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
+                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True):
     pid_m = tl.program_id(0)
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -361,15 +365,21 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             offs_n = start_n + tl.arange(0, BN)
             k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
             v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            c = tl.full([BN], 1.0, tl.float32)
             if GATED:
                 g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk)
-                k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
+                if GATE_SCORES:
+                    c = tl.exp(g_r - g_k)
+                else:
+                    k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
             x = tl.dot(q, tl.trans(k), input_precision=PREC)
             xp1 = _pow(x, P - 1)
             da = tl.dot(do, tl.trans(v), input_precision=PREC)
             if NORM:
                 da = da - delta[:, None]
             dxp = da * xp1
+            if GATED and GATE_SCORES:
+                dxp = dxp * c[None, :]
             dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
             if GATED:
                 dg += tl.sum(dxp * x, axis=1)
@@ -418,6 +428,7 @@ def _dot_dtype(dtype, norm, backward):
 
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
+GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k; A/B)
 FAST_BACKWARD = True
 
 
@@ -459,7 +470,8 @@ class AttentionForm(torch.autograd.Function):
         fast = _fast_paths(False, dot_dt, BM, BN)
         _attn_fwd[(triton.cdiv(t, BM), b * hq)](
             q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
-            BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, num_warps=warps, num_stages=stages)
+            BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, GATE_SCORES=GATE_SCORES, num_warps=warps,
+            num_stages=stages)
         ctx.save_for_backward(q, k, v, Gc, o, lse)
         ctx.cfg = (scale, p, norm, gated)
         return o
@@ -482,7 +494,8 @@ class AttentionForm(torch.autograd.Function):
         common["FAST"] = _fast_paths(True, dot_dt, BM, BN)
         sp = scale ** p
         _attn_bwd_dkdv[(triton.cdiv(t, BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
-        _attn_bwd_dq[(triton.cdiv(t, BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t, **common)
+        _attn_bwd_dq[(triton.cdiv(t, BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                                   GATE_SCORES=GATE_SCORES, **common)
         dG = None
         if gated:
             dG = dgk + dgq.view(b, t, hk, hq // hk).sum(-1)

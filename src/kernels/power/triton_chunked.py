@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_attention
 from . import triton_sym2 as sym2
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
@@ -579,7 +580,8 @@ class ChunkedForm(torch.autograd.Function):
             _attn_fwd[(triton.cdiv(C, BM), (sl.stop - sl.start) * hq)](
                 cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, sp, C,
                 HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
-                FAST=_fast_paths(False, dot_dt, BM, BN), num_warps=warps, num_stages=stages)
+                FAST=_fast_paths(False, dot_dt, BM, BN), GATE_SCORES=triton_attention.GATE_SCORES,
+                num_warps=warps, num_stages=stages)
         # states entering each chunk (+ the final one)
         sdt, sprec = _state_operands(q.dtype)
         rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
@@ -672,7 +674,8 @@ class ChunkedForm(torch.autograd.Function):
                                                             cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
                                                             **common)
             _attn_bwd_dq[(triton.cdiv(C, BM), n_sl * hq)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl],
-                                                          cdgq[sl] if gated else dgq, scale, sp, C, **common)
+                                                          cdgq[sl] if gated else dgq, scale, sp, C,
+                                                          GATE_SCORES=triton_attention.GATE_SCORES, **common)
         # state term
         sdt, sprec = _state_operands(q.dtype)
         rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
