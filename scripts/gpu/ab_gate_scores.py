@@ -1,0 +1,40 @@
+"""A/B of triton_attention.GATE_SCORES on a GPU (branch exp/gate-on-scores): fwd+bwd ms of the public
+power_attention (b=8, h=12, d=64, bf16, gated, p=2) with the key gate factor on the scores vs folded into k.
+
+    python scripts/gpu/ab_gate_scores.py --ctxs 1024,4096,16384
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_attention import inputs  # noqa: E402
+from longctx.kernels import power_attention  # noqa: E402
+from longctx.kernels.power import triton_attention  # noqa: E402
+
+
+def fwd_bwd(xs, lg):
+    y = power_attention(*xs, lg, p=2)
+    y.backward(torch.ones_like(y))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctxs", default="1024,4096,16384")
+    args = ap.parse_args()
+    for t in (int(c) for c in args.ctxs.split(",")):
+        xs, lg = inputs(8, t, 12, 64, True)
+        row = []
+        for on in (False, True):
+            triton_attention.GATE_SCORES = on
+            fwd_bwd(xs, lg)                                   # compile
+            row.append(do_bench(lambda: fwd_bwd(xs, lg), warmup=5, rep=50, return_mode="median"))
+        print(f"t={t}: folded into k {row[0]:.3f} ms, on the scores {row[1]:.3f} ms ({row[0] / row[1]:.2f}x)",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
