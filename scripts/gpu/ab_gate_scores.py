@@ -1,4 +1,4 @@
-"""A/B of triton_attention.GATE_SCORES on a GPU (branch exp/gate-on-scores): fwd+bwd ms of the public
+"""A/B of triton_attention.GATE_SCORES on a GPU: fwd+bwd ms of the public
 power_attention (b=8, h=12, d=64, bf16, gated, p=2) with the key gate factor on the scores vs folded into k.
 
     python scripts/gpu/ab_gate_scores.py --ctxs 1024,4096,16384

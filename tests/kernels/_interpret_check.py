@@ -9,6 +9,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 import torch  # noqa: E402
 
 from longctx.kernels.power.reference import power_attention_reference  # noqa: E402
+from longctx.kernels.power.gates import gate_cumsum  # noqa: E402
 from longctx.kernels.power.triton_attention import attention_form  # noqa: E402
 
 # bf16 is not checked here: the interpreter's numpy backend mis-handles bf16 tiles (GPU tests cover it).
@@ -47,7 +48,31 @@ def main():
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {dtype} p={p} norm={norm} gated={gated} hq={hq} hk={hk} t={t} "
               f"errs(y,dq,dk,dv,dlog_g)={['%.1e' % e for e in errs]} tol={tol}", flush=True)
+    failed += check_gate_cumsum()
     sys.exit(1 if failed else 0)
+
+
+def check_gate_cumsum():
+    """The segment scan of the gates (gates._segment_cumsum) and its reverse (backward) vs float64 torch, for
+    whole-sequence and chunk-local segments, a segment longer than one tile and a ragged last segment."""
+    failed = 0
+    for t, h, seg in ((70, 3, None), (600, 12, 256), (300, 1, 64), (37, 5, 16)):
+        x = (-torch.rand(2, t, h, dtype=torch.float64) * 2).requires_grad_()
+        dy = torch.randn(2, t, h, dtype=torch.float64)
+        y = gate_cumsum(x.float(), seg)
+        s = t if seg is None else seg
+        n = -(-t // s)
+        xp = torch.nn.functional.pad(x, (0, 0, 0, n * s - t))
+        y_ref = xp.view(2, n, s, h).cumsum(2).view(2, n * s, h)[:, :t]
+        dx_ref = torch.autograd.grad(y_ref, x, dy)[0]
+        xf = x.detach().float().requires_grad_()
+        dx = torch.autograd.grad(gate_cumsum(xf, seg), xf, dy.float())[0]
+        errs = [rel(y, y_ref), rel(dx, dx_ref)]
+        ok = y.dtype == torch.float32 and all(e < 1e-6 for e in errs)
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} gate_cumsum t={t} h={h} seg={seg} errs(G,dlog_g)={['%.1e' % e for e in errs]}",
+              flush=True)
+    return failed
 
 
 if __name__ == "__main__":

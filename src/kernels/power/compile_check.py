@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from . import gates
 from . import triton_attention as ta
 from . import triton_chunked as tc
 from . import triton_sym2 as s2
@@ -47,7 +48,12 @@ def _normalized_ptx(ptx: str) -> str:
 def _compile(fn, ptr_types, scalars, consts, warps, stages, arch):
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else scalars.get(n, ptr_types.get(n, "*fp32")) for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    # what a launch on real tensors sees: 16-byte aligned pointers and T % 16 == 0 (the benchmark lengths). Without
+    # these hints the compiler cannot vectorize the bf16 loads and does not pipeline them (cp.async), so
+    # registers and spills came out unlike the device's
+    aligned = [n for n in names if sig[n].startswith("*") or n == "T"]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps,
                                                                                   num_stages=stages))
     if PTX_DIR:
@@ -122,6 +128,10 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         k = _compile(fn, ptrs, ints, dict(base, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
                                           FAST=ta._fast_paths(backward, dot_dt, BM, BN)), warps, stages, arch)
         out.append((k.name, k.metadata.shared, *_usage(k)))
+    for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward
+        k = _compile(gates._segment_cumsum, {"X": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
+                     dict(H=hk, HP=triton.next_power_of_2(hk), BT=gates.tile_rows(hk), REVERSE=reverse), 4, 3, arch)
+        out.append((k.name + ("_rev" if reverse else ""), k.metadata.shared, *_usage(k)))
     return out
 
 

@@ -22,8 +22,8 @@ from .triton_attention import attention_form
 
 IMPL_ENV = "LONGCTX_POWER_IMPL"
 IMPLS = ("auto", "chunked", "attention", "reference")
-CHUNKED_MIN_T = 16384       # H200, b=8 h=12 bf16: p=2 d=64 equal at 8k, chunked 1.46x faster at 16k; d=32 3.2x,
-                            # p=1 6x faster at 16k (docs/kernels.md)
+CHUNKED_MIN_T = 16384       # H200, b=8 h=12 bf16: p=2 d=64 equal at 8k (sessions 4 and 6: 10.60 vs 10.56 ms), chunked
+                            # 1.46x faster at 16k; d=32 3.2x, p=1 6x faster at 16k (docs/kernels.md)
 CHUNKED_MIN_T_WIDE = 32768  # d=128, p=2: D = 8704 features; the attention form still wins at 16k (144 vs 227 ms),
                             # the chunked form at 64k (914 ms vs ~2.3 s, attention extrapolated)
 CHUNKED_DEFAULT_C = 1024    # chunk length when the caller gives none (512 and 2048 measured within 3%)

@@ -6,13 +6,18 @@ acc += a @ v, l += rowsum(a); y = acc / l, lse_i = log l_i (the log-normalizer, 
 Even p makes a >= 0 and bf16/fp32 operands have fp32's range, so no running max and no log-space power are
 needed. Key blocks strictly before the query block take a fast path with no mask and no exp per element:
 exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) (r = last key before the block, both factors <= 1), the key
-factor folded into k as its p-th root, the query factor and s^p applied once after the loop. fp16 operands
+factor multiplying the scores (GATE_SCORES; or folded into k as its p-th root), the query factor and s^p applied
+once after the loop. fp16 operands
 (range 65504) instead keep a running row max in the linear domain (acc *= m_old/m_new, a/m <= 1) on every block.
 
 Backward (D_i = normalizer, Delta_i = dy_i . y_i):
     dA_ij = (dy_i . v_j - Delta_i) / D_i            (norm=False: dA_ij = dy_i . v_j)
-    dS_ij = dA_ij * p (s q_i.k_j)^(p-1) exp(G_i - G_j) * s,   dgate_ij = dA_ij * a_ij
-    dq = dS k, dk = dS^T q, dv = (a / D)^T dy, dG_i += sum_j dgate_ij, dG_j -= sum_i dgate_ij
+    dS_ij = dA_ij * p (s q_i.k_j)^(p-1) exp(G_i - G_j) * s
+    dq = dS k, dk = dS^T q, dv = (a / D)^T dy,
+    dG_i += sum_j dA_ij a_ij = q_i . dq_i / p,   dG_j -= sum_i dA_ij a_ij = -k_j . dk_j / p
+The gate gradients use Euler's identity (a_ij is homogeneous of degree p in q_i and in k_j): one row dot product
+in each kernel's epilogue instead of a row or column reduction of a [BM, BN] tile per block (the column sums of
+the key kernel crossed warps through shared memory on every block).
 One kernel per key block (dk, dv, dG_k; loops over the query heads of its GQA group, so no atomics) and
 one per query block (dq, dG_q).
 """
@@ -22,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .gates import gate_cumsum
 
 
 @triton.jit
@@ -125,7 +131,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True):
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
     offs_d = tl.arange(0, D)                                             # [D]
@@ -145,8 +151,8 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
     if FAST:
         # Off-diagonal key blocks (all keys before this query block), no mask, no exp per element:
         # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) with r = the last key before the block, both
-        # factors <= 1; the key factor is folded into k (as its p-th root), the query factor and s^p
-        # are applied once after the loop. bf16/fp32 operands only: a = (q.k)^p needs no running max
+        # factors <= 1; the key factor multiplies the scores (GATE_SCORES) or is folded into k (as its p-th
+        # root), the query factor and s^p are applied once after the loop. bf16/fp32 operands only: a = (q.k)^p needs no running max
         # (fp32's range); fp16 takes the running-max loop below for all blocks.
         lo = pid_m * BM
         if GATED:
@@ -237,7 +243,7 @@ def _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ: tl.constex
 @triton.jit
 def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
                      P: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
-    """Shared tile math of both backward kernels: returns (pn, ds, dgate), all [BM, BN] fp32."""
+    """Shared tile math of both backward kernels: returns (pn, ds), both [BM, BN] fp32."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
     if GATED:
         e = tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
@@ -254,8 +260,7 @@ def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
         pn = a
         da = dpn
     ds = da * pm1 * (P * scale)
-    dgate = da * a
-    return pn, ds, dgate
+    return pn, ds
 
 
 @triton.jit
@@ -272,31 +277,29 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
     offs_d = tl.arange(0, D)
     mask_n = offs_n < T
     kv_off = i_b * T * HK * D + offs_n[:, None] * (HK * D) + i_hk * D + offs_d[None, :]
-    k = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)  # [BN, D]
     v = tl.load(V + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)
     g_k = tl.zeros([BN], tl.float32)
     if GATED:
         g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
-    dg = tl.zeros([BN], tl.float32)
     lo = (pid_n * BN // BM) * BM
     hi_diag = T
     if FAST:
         hi_diag = tl.minimum(lo + BM, T)     # BM % BN == 0: one query block holds the whole key block
-        # off-diagonal query blocks (all queries after every key here): exp(G_i - G_j) =
-        # exp(G_i - G_r) exp(G_r - G_j), r = the block's last key; the key factor goes into k (p-th root)
+        # Phase 1, off-diagonal query blocks (all queries after every key here) of every head of the GQA group:
+        # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j), r = the block's last key; the key factor goes into k
+        # (p-th root, once per program), so dv and dG are exact and dk is dk_f times that root. Plain k is
+        # reloaded for phase 2: only one of k / k_f and one dk accumulator is ever live (fewer spills).
+        k_f = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(tl.float32)
         g_r = tl.zeros([1], tl.float32)
         if GATED:
             g_r = tl.load(G + i_b * T * HK + tl.minimum(pid_n * BN + BN - 1, T - 1) * HK + i_hk)
             c_k = tl.exp((g_r - g_k) * (1.0 / P))                        # [BN] <= 1
-        else:
-            c_k = tl.full([BN], 1.0, tl.float32)
-        k_f = (k.to(tl.float32) * c_k[:, None]).to(DOT_DT)
-        dk_f = tl.zeros([BN, D], tl.float32)
-    for r in range(REP):
-        i_hq = i_hk * REP + r
-        if FAST:
+            k_f = k_f * c_k[:, None]
+        k_f = k_f.to(DOT_DT)
+        for r in range(REP):
+            i_hq = i_hk * REP + r
             for start_m in range(lo + BM, T, BM):
                 offs_m = start_m + tl.arange(0, BM)
                 mask_m = offs_m < T
@@ -318,23 +321,25 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                 da = tl.dot(do, tl.trans(v), input_precision=PREC)
                 if NORM:
                     da = da - tl.load(DELTA + row, mask=mask_m, other=0.0)[:, None]
-                dk_f += tl.dot(tl.trans((da * xp1 * (P * r_q)[:, None]).to(DOT_DT)), q, input_precision=PREC)
-                dg -= tl.sum(da * pn, axis=0)
+                dk += tl.dot(tl.trans((da * xp1 * (P * r_q)[:, None]).to(DOT_DT)), q, input_precision=PREC)
+        if GATED:
+            dk = dk * c_k[:, None]
+    # Phase 2, the diagonal query block(s) (every query block when not FAST)
+    k = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)  # [BN, D]
+    for r in range(REP):
+        i_hq = i_hk * REP + r
         for start_m in range(lo, hi_diag, BM):
             offs_m = start_m + tl.arange(0, BM)
             q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T,
                                                                 HQ, HK, D, BM, NORM, GATED, DOT_DT)
             causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
-            pn, ds, dgate = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
-                                             P, NORM, GATED, PREC)
+            pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC)
             dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
             dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
-            dg -= tl.sum(dgate, axis=0)
-    if FAST:
-        dk += dk_f * c_k[:, None]
     tl.store(DK + kv_off, dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
     if GATED:
+        dg = -tl.sum(k.to(tl.float32) * dk, axis=1) * (1.0 / P)           # Euler (module docstring)
         tl.store(DGK + i_b * T * HK + offs_n * HK + i_hk, dg, mask=mask_n)
 
 
@@ -343,7 +348,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True):
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
@@ -352,7 +357,6 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
     k_base = K + i_b * T * HK * D + i_hk * D
     v_base = V + i_b * T * HK * D + i_hk * D
     dq = tl.zeros([BM, D], tl.float32)
-    dg = tl.zeros([BM], tl.float32)
     hi = tl.minimum((pid_m + 1) * BM, T)
     lo = 0
     if FAST:
@@ -381,8 +385,6 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             if GATED and GATE_SCORES:
                 dxp = dxp * c[None, :]
             dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
-            if GATED:
-                dg += tl.sum(dxp * x, axis=1)
         r_q = tl.full([BM], 1.0, tl.float32) * scale_p
         if NORM:
             r_q = r_q * tl.exp(-lse)
@@ -390,7 +392,6 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             r_q = r_q * tl.exp(g_q - g_r)
         r_q = tl.where(mask_m, r_q, 0.0)
         dq = dq * (P * r_q)[:, None]
-        dg = dg * r_q
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         mask_n = offs_n < T
@@ -402,12 +403,11 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
         if GATED:
             g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
         causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
-        pn, ds, dgate = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
-                                         P, NORM, GATED, PREC)
+        pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC)
         dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
-        dg += tl.sum(dgate, axis=1)
     tl.store(DQ + q_off, dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
     if GATED:
+        dg = tl.sum(q.to(tl.float32) * dq, axis=1) * (1.0 / P)            # Euler (module docstring)
         tl.store(DGQ + i_b * T * HQ + offs_m * HQ + i_hq, dg, mask=mask_m)
 
 
@@ -428,7 +428,8 @@ def _dot_dtype(dtype, norm, backward):
 
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
-GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k; A/B)
+GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k); equal speed
+                            # on the H200 (scripts/gpu/ab_gate_scores.py, session 6), kept as an A/B switch
 FAST_BACKWARD = True
 
 
@@ -504,7 +505,5 @@ class AttentionForm(torch.autograd.Function):
 
 def attention_form(q, k, v, log_g, *, p, scale, norm):
     """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None."""
-    G = None
-    if log_g is not None:
-        G = log_g.double().cumsum(1).float()   # float64 cumsum: G's own rounding stays ~1e-7|G|
+    G = None if log_g is None else gate_cumsum(log_g)
     return AttentionForm.apply(q, k, v, G, float(scale), int(p), bool(norm))

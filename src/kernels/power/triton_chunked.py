@@ -40,6 +40,7 @@ import triton.language as tl
 
 from . import triton_attention
 from . import triton_sym2 as sym2
+from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
                                _fast_paths, _key_block, _query_block, row_dot)
@@ -773,7 +774,7 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=No
     gl = None
     if log_g is not None:
         lg = torch.nn.functional.pad(log_g, (0, 0, 0, pad)) if pad else log_g
-        gl = lg.double().view(b, NC, C, -1).cumsum(2).float().view(b, NC * C, -1)   # chunk-local G
+        gl = gate_cumsum(lg, C)                                                      # chunk-local G
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)

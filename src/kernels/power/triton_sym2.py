@@ -96,7 +96,9 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
         if GATED:
             g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
     acc = tl.zeros([FG, D], tl.float32)
-    accz = tl.zeros([FG], tl.float32)
+    # the normalizer sums accumulate elementwise in phi^T's own layout and reduce once after the loop: a row
+    # sum per step cost ~80 lane shuffles and a second copy of phi^T in another layout (sm_90 PTX)
+    accz_t = tl.zeros([FG, BK], tl.float32)
     for rep in range(REP):
         i_h = i_hk * REP + rep
         for r0 in range(0, C, BK):
@@ -121,10 +123,11 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
             phi_t = tl.reshape(tl.trans(xi * f[:, None])[:, None, :] * tl.trans(xj)[None, :, :], (FG, BK))
             acc += tl.dot(phi_t.to(DOT_DT), yv.to(DOT_DT), input_precision=PREC)
             if KEYS:
-                accz += tl.sum(phi_t, axis=1)
+                accz_t += phi_t
             elif NORM:
                 dl = -tl.load(DELTA + row, mask=mask, other=0.0)
-                accz += tl.sum(phi_t * dl[None, :], axis=1)
+                accz_t += phi_t * dl[None, :]
+    accz = tl.sum(accz_t, axis=1)
     base = (pid_bh.to(tl.int64) * (NC + 1) + n + SLOT) * DS
     tl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc, mask=fvalid[:, None])
     tl.store(OUTZ + base + lrow, accz, mask=fvalid)

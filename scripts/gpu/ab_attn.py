@@ -1,0 +1,92 @@
+"""A/B of attention-form kernel versions on a GPU: run once per source tree (PYTHONPATH picks the tree), same card.
+
+    python3 scripts/gpu/ab_attn.py --tag new --ctxs 1024,4096,16384 [--forms 8192,16384] [--sweep 4096] [--cudnn]
+Prints one JSON line per measurement: fwd and fwd+bwd median ms of the public power_attention (b=8, h=12, d=64,
+bf16, gated, p=2; the benchmark's inputs), optionally cuDNN beside it, the chunked vs attention form at --forms,
+and a block sweep of the attention-form forward and backward at --sweep.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_attention import inputs, make_sdpa  # noqa: E402
+import longctx  # noqa: E402
+from longctx.kernels import power_attention  # noqa: E402
+from longctx.kernels.power import triton_attention as ta  # noqa: E402
+
+
+def timed(fn):
+    fn()
+    torch.cuda.synchronize()
+    return round(do_bench(fn, warmup=5, rep=40, return_mode="median"), 4)
+
+
+def fwd_bwd_ms(call, xs, lg):
+    def fb():
+        y = call(*xs, lg)
+        y.backward(torch.ones_like(y))
+
+    def f():
+        with torch.no_grad():
+            call(*xs, lg)
+    return timed(f), timed(fb)
+
+
+def ours(q, k, v, lg):
+    return power_attention(q, k, v, lg, p=2)
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--ctxs", default="1024,4096,16384")
+    ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--forms", default="")
+    ap.add_argument("--sweep", type=int, default=0)
+    args = ap.parse_args()
+    emit(tag=args.tag, src=str(Path(longctx.__file__).parent), dev=torch.cuda.get_device_name())
+    for t in map(int, args.ctxs.split(",")):
+        xs, lg = inputs(8, t, 12, 64, True)
+        f, fb = fwd_bwd_ms(ours, xs, lg)
+        emit(tag=args.tag, t=t, impl="auto", fwd=f, fwd_bwd=fb)
+        if args.cudnn:
+            f, fb = fwd_bwd_ms(make_sdpa("cudnn"), xs, lg)
+            emit(tag=args.tag, t=t, impl="cudnn", fwd=f, fwd_bwd=fb)
+    for t in [int(x) for x in args.forms.split(",") if x]:
+        xs, lg = inputs(8, t, 12, 64, True)
+        for impl in ("chunked", "attention"):
+            os.environ["LONGCTX_POWER_IMPL"] = impl
+            f, fb = fwd_bwd_ms(ours, xs, lg)
+            emit(tag=args.tag, t=t, impl=impl, fwd=f, fwd_bwd=fb)
+        os.environ.pop("LONGCTX_POWER_IMPL")
+    if args.sweep:
+        t = args.sweep
+        xs, lg = inputs(8, t, 12, 64, True)
+        fwd_cfgs = [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 4),
+                    (64, 64, 4, 4), (64, 32, 4, 4), (128, 128, 4, 2)]
+        bwd_cfgs = [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3),
+                    (128, 128, 8, 2), (128, 32, 4, 2), (32, 32, 4, 3), (128, 64, 4, 2)]
+        for which, cfgs in (("fwd", fwd_cfgs), ("bwd", bwd_cfgs)):
+            for cfg in cfgs:
+                ta.BLOCK_OVERRIDE.clear()
+                ta.BLOCK_OVERRIDE[which] = cfg
+                try:
+                    f, fb = fwd_bwd_ms(ours, xs, lg)
+                except Exception as e:  # noqa: BLE001
+                    f = fb = repr(e)[:120]
+                emit(tag=args.tag, t=t, sweep=which, cfg=cfg, fwd=f, fwd_bwd=fb)
+        ta.BLOCK_OVERRIDE.clear()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Cumulative log-gates G = cumsum(log_g) over time, per segment, with float64 accumulation, as one Triton pass.
+
+Both forms need G (the attention form over the whole sequence, the chunked form chunk-locally). torch's
+`log_g.double().cumsum(1).float()` on the (b, t, h) layout is a scan over an outer dimension with h = 12 columns:
+on the H200 it took 0.75 ms at t=4k (b=8) and again in the backward, more than the attention forward kernel
+itself (scripts/gpu/profile_attn.py). Here a program scans one (batch, segment) tile by tile: [BT, H] tiles are
+contiguous rows, the running sum is float64 (G's own rounding stays ~1e-7 |G|), the output is float32. The
+backward is the reverse scan of dG within each segment. CPU tensors take the torch expression.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _segment_cumsum(X, Y, T, SEG, H: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Y[b, s] = sum of X[b, r] over r <= s (REVERSE: r >= s) within s's segment of SEG steps; X, Y (b, T, H)."""
+    seg = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    lo = seg * SEG
+    hi = tl.minimum(lo + SEG, T)
+    cols = tl.arange(0, HP)
+    carry = tl.zeros([HP], tl.float64)
+    n_blocks = tl.cdiv(hi - lo, BT)
+    for i in range(0, n_blocks):
+        if REVERSE:
+            start = hi - (i + 1) * BT
+        else:
+            start = lo + i * BT
+        rows = start + tl.arange(0, BT)
+        m = ((rows >= lo) & (rows < hi))[:, None] & (cols < H)[None, :]
+        off = i_b * T * H + rows[:, None] * H + cols[None, :]
+        x = tl.load(X + off, mask=m, other=0.0).to(tl.float64)
+        inc = tl.cumsum(x, axis=0)
+        tot = tl.sum(x, axis=0)
+        if REVERSE:
+            y = carry[None, :] + (tot[None, :] - inc + x)        # inclusive suffix sums
+        else:
+            y = carry[None, :] + inc
+        carry += tot
+        tl.store(Y + off, y.to(tl.float32), mask=m)
+
+
+def tile_rows(h: int) -> int:
+    """Time steps per tile: float64 tiles of ~1024 values (8 per thread at 4 warps: no spills on sm_90)."""
+    return max(16, min(128, 1024 // triton.next_power_of_2(h)))
+
+
+def _launch(x: torch.Tensor, seg: int, reverse: bool) -> torch.Tensor:
+    x = x.contiguous()
+    b, t, h = x.shape
+    y = torch.empty(b, t, h, device=x.device, dtype=torch.float32)
+    _segment_cumsum[(triton.cdiv(t, seg), b)](x, y, t, seg, H=h, HP=triton.next_power_of_2(h), BT=tile_rows(h),
+                                              REVERSE=reverse, num_warps=4)
+    return y
+
+
+class _SegmentCumsum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, log_g, seg):
+        ctx.seg = seg
+        return _launch(log_g, seg, False)
+
+    @staticmethod
+    def backward(ctx, dG):
+        return _launch(dG, ctx.seg, True), None
+
+
+def gate_cumsum(log_g: torch.Tensor, seg: int | None = None) -> torch.Tensor:
+    """G (b, t, h) float32 = cumsum of log_g (b, t, h) over time within segments of `seg` steps (None: one
+    segment), accumulated in float64. Differentiable; CUDA runs the Triton scan, CPU the torch expression."""
+    b, t, h = log_g.shape
+    seg = t if seg is None else int(seg)
+    if log_g.is_cuda or triton_interpreting():
+        return _SegmentCumsum.apply(log_g, seg)
+    n = -(-t // seg)
+    pad = n * seg - t
+    x = torch.nn.functional.pad(log_g.double(), (0, 0, 0, pad)) if pad else log_g.double()
+    return x.view(b, n, seg, h).cumsum(2).view(b, n * seg, h)[:, :t].float()
+
+
+def triton_interpreting() -> bool:
+    """TRITON_INTERPRET=1: the Triton kernels run on CPU tensors (the interpreter checks)."""
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
