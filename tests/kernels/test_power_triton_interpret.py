@@ -35,10 +35,15 @@ def test_sym2_kernels_compile_for_sm90():
     compile for sm_90, fit shared memory, and the row-scaled query forward keeps its accumulators in registers
     (it did not spill in the configuration the H200 sweep picked; a spill would send them through local memory)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power.compile_check import H100_SHARED, compile_sym2
+    from longctx.kernels.power.compile_check import H100_SHARED, PTX_OF, compile_sym2, loop_op_counts
     out = {name: (shared, stack) for name, shared, _, stack in compile_sym2(64)}
     assert {"_sym2_outer_keys", "_sym2_outer", "_sym2_query_fwd_rows", "_sym2_query_bwd", "_sym2_key_bwd"} <= set(out)
     for name, (shared, _) in out.items():
         assert shared <= H100_SHARED, name
     stack = out["_sym2_query_fwd_rows"][1]
     assert stack in (0, None), f"_sym2_query_fwd_rows spills {stack} bytes"
+    # the state outer products reduce their normalizer sums after the loop, not per step: a row sum per step cost
+    # ~80 lane shuffles per step and half their speed on the H200 (docs/kernels.md, "Session 6")
+    for name in ("_sym2_outer_keys", "_sym2_outer"):
+        loops = loop_op_counts(PTX_OF[name])
+        assert loops and all(loop["shfl.sync"] == 0 for loop in loops), (name, loops)

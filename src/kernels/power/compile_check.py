@@ -6,9 +6,13 @@ TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows
     python -m longctx.kernels.power.compile_check sym2,64                  # the p=2 kernels (triton_sym2.BLOCKS)
     python -m longctx.kernels.power.compile_check attn,2,64,bf16           # the attention form (p,d,dtype)
     python -m longctx.kernels.power.compile_check --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
+    python -m longctx.kernels.power.compile_check --loops sym2,64 attn,2,64,bf16  # + instruction mix per loop
 
 --ptx writes DIR/<case>_<kernel>_<i>.ptx without line info and label names: run it on two trees and diff the
 folders (`diff -r`) to show that a refactor of the kernel sources compiles to the same code.
+--loops also prints, per kernel, the instruction mix of each loop body of its PTX (`loop_op_counts`): what a step
+of the main loop costs besides its matmuls (lane shuffles, barriers, shared-memory round trips, global loads). That
+view found session 6's two largest wins; read it before sweeping blocks.
 """
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ from . import triton_sym2 as s2
 H100_SHARED = 232448        # bytes of shared memory a block may use on sm_90
 
 
+LOOP_OPS = ("wgmma.mma_async", "shfl.sync", "bar.sync", "ld.shared", "st.shared", "ld.global", "st.global",
+            "cvt.rn.bf16x2.f32", "fma.rn.f32", "mul.f32", "add.f32", "ex2")
+PTX_OF: dict = {}     # kernel name (as the compile_* functions report it) -> PTX of its last build
 PTX_DIR = None        # --ptx: where _compile writes each kernel's normalized PTX (PTX_TAG names the case)
 PTX_TAG = ""
 _PTX_COUNT: dict = {}
@@ -62,6 +69,20 @@ def _compile(fn, ptr_types, scalars, consts, warps, stages, arch):
         with open(os.path.join(PTX_DIR, f"{key}_{i}.ptx"), "w") as fh:
             fh.write(_normalized_ptx(kernel.asm["ptx"]))
     return kernel
+
+
+def loop_op_counts(ptx: str, ops=LOOP_OPS) -> list[dict]:
+    """For each loop of a PTX listing (a label with a later branch back to it; nested loops appear as their own
+    entries), the count of each op in its body and the body's length in lines."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\$L__\w+):", line))}
+    out = []
+    for i, line in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = "\n".join(lines[labels[m.group(1)]:i + 1])
+            out.append({op: len(re.findall(r"\b" + re.escape(op), body)) for op in ops} | {"lines": i + 1 - labels[m.group(1)]})
+    return out
 
 
 def _usage(kernel):
@@ -128,6 +149,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         k = _compile(fn, ptrs, ints, dict(base, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
                                           FAST=ta._fast_paths(backward, dot_dt, BM, BN)), warps, stages, arch)
         out.append((k.name, k.metadata.shared, *_usage(k)))
+        PTX_OF[k.name] = k.asm["ptx"]
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward
         k = _compile(gates._segment_cumsum, {"X": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
                      dict(H=hk, HP=triton.next_power_of_2(hk), BT=gates.tile_rows(hk), REVERSE=reverse), 4, 3, arch)
@@ -158,12 +180,21 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
         if "JG" in inspect.signature(fn.fn).parameters:
             consts = dict(consts, JG=jg)
         k = _compile(fn, ptrs, ints, dict(consts, **{rows_name: rows}), warps, stages, arch)
-        out.append((f"{k.name}{'_keys' if consts.get('KEYS') else ''}", k.metadata.shared, *_usage(k)))
+        name = f"{k.name}{'_keys' if consts.get('KEYS') else ''}"
+        out.append((name, k.metadata.shared, *_usage(k)))
+        PTX_OF[name] = k.asm["ptx"]
     return out
+
+
+def _print_loops(name):
+    for loop in loop_op_counts(PTX_OF.get(name, "")):
+        print(f"      loop: " + " ".join(f"{op}={n}" for op, n in loop.items() if n), flush=True)
 
 
 def main(argv):
     global PTX_DIR, PTX_TAG
+    loops = "--loops" in argv
+    argv = [a for a in argv if a != "--loops"]
     if argv[:1] == ["--ptx"]:
         PTX_DIR, argv = argv[1], argv[2:]
         os.makedirs(PTX_DIR, exist_ok=True)
@@ -174,12 +205,16 @@ def main(argv):
             print(f"sym2 d={d} {s2.BLOCKS_WIDE if d >= 128 else s2.BLOCKS}", flush=True)
             for name, shared, regs, stack in compile_sym2(d):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
+                if loops:
+                    _print_loops(name)
             continue
         if case.startswith("attn"):
             _, p, d, dtype = case.split(",")
             print(f"attention form p={p} d={d} {dtype}", flush=True)
             for name, shared, regs, stack in compile_attention(int(p), int(d), dtype):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
+                if loops:
+                    _print_loops(name)
             continue
         p, d, dtype = case.split(",")
         print(f"p={p} d={d} {dtype}", flush=True)
