@@ -70,8 +70,8 @@ def check_gate_cumsum():
         errs = [rel(y, y_ref), rel(dx, dx_ref)]
         ok = y.dtype == torch.float32 and all(e < 1e-6 for e in errs)
         failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} gate_cumsum t={t} h={h} seg={seg} errs(G,dlog_g)={['%.1e' % e for e in errs]}",
-              flush=True)
+        print(f"{'ok  ' if ok else 'FAIL'} gate_cumsum t={t} h={h} seg={seg} "
+              f"errs(G,dlog_g)={['%.1e' % e for e in errs]}", flush=True)
     return failed
 
 

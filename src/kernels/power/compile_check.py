@@ -81,7 +81,8 @@ def loop_op_counts(ptx: str, ops=LOOP_OPS) -> list[dict]:
         m = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
         if m and labels.get(m.group(1), i) < i:
             body = "\n".join(lines[labels[m.group(1)]:i + 1])
-            out.append({op: len(re.findall(r"\b" + re.escape(op), body)) for op in ops} | {"lines": i + 1 - labels[m.group(1)]})
+            counts = {op: len(re.findall(r"\b" + re.escape(op), body)) for op in ops}
+            out.append(counts | {"lines": i + 1 - labels[m.group(1)]})
     return out
 
 

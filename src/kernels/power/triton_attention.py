@@ -152,8 +152,8 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
         # Off-diagonal key blocks (all keys before this query block), no mask, no exp per element:
         # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) with r = the last key before the block, both
         # factors <= 1; the key factor multiplies the scores (GATE_SCORES) or is folded into k (as its p-th
-        # root), the query factor and s^p are applied once after the loop. bf16/fp32 operands only: a = (q.k)^p needs no running max
-        # (fp32's range); fp16 takes the running-max loop below for all blocks.
+        # root), the query factor and s^p are applied once after the loop. bf16/fp32 operands only:
+        # a = (q.k)^p needs no running max (fp32's range); fp16 takes the running-max loop below for all blocks.
         lo = pid_m * BM
         if GATED:
             g_r = tl.load(g_base + tl.maximum(lo - 1, 0) * HK)
