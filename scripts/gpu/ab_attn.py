@@ -1,6 +1,11 @@
 """A/B of attention-form kernel versions on a GPU: run once per source tree (PYTHONPATH picks the tree), same card.
 
     python3 scripts/gpu/ab_attn.py --tag new --ctxs 1024,4096,16384 [--forms 8192,16384] [--sweep 4096] [--cudnn]
+
+The other tree travels as an untracked folder (the device copies untracked, not-ignored files), e.g. a branch:
+    mkdir -p _ab/base && git archive BRANCH src | tar -x -C /tmp/ab && cp -r /tmp/ab/src _ab/base/longctx
+and on the device: PYTHONPATH=_ab/base:$PYTHONPATH python3 scripts/gpu/ab_attn.py --tag base ...
+(delete _ab before committing).
 Prints one JSON line per measurement: fwd and fwd+bwd median ms of the public power_attention (b=8, h=12, d=64,
 bf16, gated, p=2; the benchmark's inputs), optionally cuDNN beside it, the chunked vs attention form at --forms,
 and a block sweep of the attention-form forward and backward at --sweep.
