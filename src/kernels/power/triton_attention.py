@@ -289,7 +289,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
         hi_diag = tl.minimum(lo + BM, T)     # BM % BN == 0: one query block holds the whole key block
         # Phase 1, off-diagonal query blocks (all queries after every key here) of every head of the GQA group:
         # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j), r = the block's last key; the key factor goes into k
-        # (p-th root, once per program), so dv and dG are exact and dk is dk_f times that root. Plain k is
+        # (p-th root, once per program), so dv is exact and dk is dk_f times that root. Plain k is
         # reloaded for phase 2: only one of k / k_f and one dk accumulator is ever live (fewer spills).
         k_f = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(tl.float32)
         g_r = tl.zeros([1], tl.float32)
