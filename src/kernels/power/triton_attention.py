@@ -56,6 +56,12 @@ def _query_heads(pid_bh, HQ: tl.constexpr, HK: tl.constexpr):
 
 
 @triton.jit
+def _kv_heads(pid_bh, HK: tl.constexpr):
+    """Batch (int64: offsets built from it stay 64-bit) and kv head of a program over b*hk."""
+    return (pid_bh // HK).to(tl.int64), pid_bh % HK
+
+
+@triton.jit
 def _query_block(T, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
     """Program (query block of a chunk, chunk n, b*hq) of a chunked-form query kernel: batch, query head, its kv
     head, n, the block's token indices and their mask (inside the chunk and the sequence)."""
@@ -74,8 +80,7 @@ def _key_block(T, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
     pid_k = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
+    i_b, i_hk = _kv_heads(pid_bh, HK)
     loc = pid_k * BK + tl.arange(0, BK)
     rows = n * C + loc
     return i_b, i_hk, n, pid_bh, rows, (loc < C) & (rows < T)
@@ -269,9 +274,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
+    i_b, i_hk = _kv_heads(tl.program_id(1), HK)
     REP: tl.constexpr = HQ // HK
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, D)

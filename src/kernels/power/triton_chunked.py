@@ -43,12 +43,22 @@ from . import triton_sym2 as sym2
 from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
-                               _fast_paths, _key_block, _query_block, row_dot)
+                               _fast_paths, _key_block, _kv_heads, _query_block, row_dot)
 
 
 # ----------------------------------------------------------------------------------------------
 # expansion helpers
 # ----------------------------------------------------------------------------------------------
+@triton.jit
+def _state_tile(l, pid_v, F: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """State block l x value block pid_v of a state kernel: the block's feature and value offsets, whether it
+    writes the normalizer state (value block 0 only) and its [F, BD] offsets within one D_s x D state."""
+    offs_f = tl.arange(0, F)
+    offs_v = pid_v * BD + tl.arange(0, BD)
+    z_store = (offs_f + pid_v * F) < F
+    return offs_f, offs_v, z_store, (l * F + offs_f)[:, None] * D + offs_v[None, :]
+
+
 @triton.jit
 def _factor(X_rows, mask, IDX, l, z: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr):
     """Factor z of expansion block l: x[:, IDX[l, z] * TILE + sub_z(f)] as [B, F] fp32, and its columns [F]."""
@@ -191,13 +201,9 @@ def _chunk_state_fwd(K, V, G, IDX, MULT, S0, Z0, S, Z, T, NC, DS,
     l = tl.program_id(0)
     pid_v = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
-    offs_f = tl.arange(0, F)
-    offs_v = pid_v * BD + tl.arange(0, BD)
+    i_b, i_hk = _kv_heads(pid_bh, HK)
+    offs_f, offs_v, z_store, st_off = _state_tile(l, pid_v, F, BD, D)
     w = tl.load(MULT + l)
-    z_store = (offs_f + pid_v * F) < F                                 # z: written by value block 0 only
-    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]             # [F, BD] within one (D_s x D) state
     acc = tl.zeros([F, BD], tl.float32)
     accz = tl.zeros([F], tl.float32)
     if HAS_S0:
@@ -311,13 +317,9 @@ def _chunk_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DSF, DZF, DU, DUZ, DS0, DZ
     l = tl.program_id(0)
     pid_v = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
+    i_b, i_hk = _kv_heads(pid_bh, HK)
     NV = tl.num_programs(1)
-    offs_f = tl.arange(0, F)
-    offs_v = pid_v * BD + tl.arange(0, BD)
-    z_store = (offs_f + pid_v * F) < F
-    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
+    offs_f, offs_v, z_store, st_off = _state_tile(l, pid_v, F, BD, D)
     R = tl.zeros([F, BD], tl.float32)
     Rz = tl.zeros([F], tl.float32)
     if HAS_DSF:
@@ -401,18 +403,13 @@ def _update_state_fwd(K, V, G, IDX, MULT, S, Z, T, NC, DS, L,
     b*hk): U_n[l-block, v-block] = sum_j (w phi(k_j) e^(gt_n - g_j)) v_j^T ([F, BD], expand-MMA, fp32
     accumulate) and Uz_n[l-block]; written to slot n+1 of S (b, hk, NC+1, DS, D) / Z (b, hk, NC+1, DS), which
     _discumsum then turns into the states S_{n+1} in place."""
-    pid0 = tl.program_id(0)
-    n = pid0 // L
-    l = pid0 % L
+    n = tl.program_id(0) // L
+    l = tl.program_id(0) % L
     pid_v = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
-    offs_f = tl.arange(0, F)
-    offs_v = pid_v * BD + tl.arange(0, BD)
+    i_b, i_hk = _kv_heads(pid_bh, HK)
+    offs_f, offs_v, z_store, st_off = _state_tile(l, pid_v, F, BD, D)
     w = tl.load(MULT + l)
-    z_store = (offs_f + pid_v * F) < F                                 # z: written by value block 0 only
-    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
     u, uz = _chunk_update(K, V, G, IDX, w, l, n, i_b, i_hk, offs_v, T, HK, D, P, TILE, F, C, BK, GATED, DOT_DT,
                           PREC)
     s_base = (pid_bh.to(tl.int64) * (NC + 1) + n + 1) * DS
@@ -429,17 +426,12 @@ def _query_grad_state(Q, G, IDX, DO, LSE, DELTA, DR, DRZ, scale_p, T, NC, DS, L,
     block, b*hk): the direct gradient of S_n from chunk n's queries (all query heads of the GQA group),
     Q_n = sum_i r_i phi(q_i)^T dn_i ([F, BD]) and Qz_n = sum_i r_i phi(q_i) dl_i, written to slot n of
     DR (b, hk, NC+1, DS, D) / DRZ; the reverse _discumsum accumulates them into dL/dS_n."""
-    pid0 = tl.program_id(0)
-    n = pid0 // L
-    l = pid0 % L
+    n = tl.program_id(0) // L
+    l = tl.program_id(0) % L
     pid_v = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
-    offs_f = tl.arange(0, F)
-    offs_v = pid_v * BD + tl.arange(0, BD)
-    z_store = (offs_f + pid_v * F) < F
-    st_off = (l * F + offs_f)[:, None] * D + offs_v[None, :]
+    i_b, i_hk = _kv_heads(pid_bh, HK)
+    offs_f, offs_v, z_store, st_off = _state_tile(l, pid_v, F, BD, D)
     du, duz = _chunk_query_grad(Q, G, IDX, DO, LSE, DELTA, scale_p, l, n, i_b, i_hk, offs_v, T, HQ, HK, D, P, TILE,
                                 F, C, BM, NORM, GATED, DOT_DT, PREC)
     s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
@@ -460,8 +452,7 @@ def _discumsum(X, G, S, DGT, M, T, NC, HK: tl.constexpr, C: tl.constexpr, BLOCK:
     pid = tl.program_id(0)
     pid_bh = tl.program_id(1)
     nblk = tl.num_programs(0)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
+    i_b, i_hk = _kv_heads(pid_bh, HK)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M
     bh = pid_bh.to(tl.int64) * (NC + 1)                                 # slot index of (b*hk, 0); int64 offsets

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import _combine_store, _key_block, _query_block
+from .triton_attention import _combine_store, _key_block, _kv_heads, _query_block
 
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
@@ -83,8 +83,7 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
     g = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    i_b = (pid_bh // HK).to(tl.int64)
-    i_hk = pid_bh % HK
+    i_b, i_hk = _kv_heads(pid_bh, HK)
     REP: tl.constexpr = HX // HK
     FG: tl.constexpr = TW * TW * JG
     ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
