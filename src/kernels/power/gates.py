@@ -5,7 +5,7 @@ Both forms need G (the attention form over the whole sequence, the chunked form 
 on the H200 it took 0.75 ms at t=4k (b=8) and again in the backward, more than the attention forward kernel
 itself (scripts/gpu/profile_attn.py). Here a program scans one (batch, segment) tile by tile: [BT, H] tiles are
 contiguous rows, the running sum is float64 (G's own rounding stays ~1e-7 |G|), the output is float32. The
-backward is the reverse scan of dG within each segment. CPU tensors take the torch expression.
+backward is the reverse scan of dG within each segment.
 """
 from __future__ import annotations
 
@@ -70,18 +70,6 @@ class _SegmentCumsum(torch.autograd.Function):
 
 def gate_cumsum(log_g: torch.Tensor, seg: int | None = None) -> torch.Tensor:
     """G (b, t, h) float32 = cumsum of log_g (b, t, h) over time within segments of `seg` steps (None: one
-    segment), accumulated in float64. Differentiable; CUDA runs the Triton scan, CPU the torch expression."""
-    b, t, h = log_g.shape
-    seg = t if seg is None else int(seg)
-    if log_g.is_cuda or triton_interpreting():
-        return _SegmentCumsum.apply(log_g, seg)
-    n = -(-t // seg)
-    pad = n * seg - t
-    x = torch.nn.functional.pad(log_g.double(), (0, 0, 0, pad)) if pad else log_g.double()
-    return x.view(b, n, seg, h).cumsum(2).view(b, n * seg, h)[:, :t].float()
-
-
-def triton_interpreting() -> bool:
-    """TRITON_INTERPRET=1: the Triton kernels run on CPU tensors (the interpreter checks)."""
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    segment), accumulated in float64. Differentiable. Triton only (CUDA, or CPU under TRITON_INTERPRET=1), like
+    the kernels that read G; power_attention's CPU path is the reference, which sums its own gates."""
+    return _SegmentCumsum.apply(log_g, log_g.shape[1] if seg is None else int(seg))
