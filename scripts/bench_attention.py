@@ -39,6 +39,16 @@ def inputs(b, t, h, d, grad):
     return xs, lg
 
 
+def run_once(call, q, k, v, lg, backward):
+    """One call of an implementation: the forward under no_grad, or forward and backward (upstream gradient of
+    ones, the benchmark's)."""
+    if not backward:
+        with torch.no_grad():
+            return call(q, k, v, lg)
+    o = call(q, k, v, lg)
+    o.backward(torch.ones_like(o))
+
+
 def make_sdpa(backend):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
@@ -106,11 +116,7 @@ def measure(name, call, b, t, h, d, mode, rows, flops_fwd):
         (q, k, v), lg = inputs(b, t, h, d, mode != "fwd")
 
         def fn():
-            if mode == "fwd":
-                with torch.no_grad():
-                    return call(q, k, v, lg)
-            o = call(q, k, v, lg)
-            o.backward(torch.ones_like(o))
+            return run_once(call, q, k, v, lg, mode != "fwd")
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()

@@ -12,7 +12,6 @@ and a block sweep of the attention-form forward and backward at --sweep.
 """
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,9 +19,8 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs, make_sdpa  # noqa: E402
+from bench_attention import inputs, make_ours, make_sdpa, run_once  # noqa: E402
 import longctx  # noqa: E402
-from longctx.kernels import power_attention  # noqa: E402
 from longctx.kernels.power import triton_attention as ta  # noqa: E402
 
 
@@ -33,18 +31,7 @@ def timed(fn):
 
 
 def fwd_bwd_ms(call, xs, lg):
-    def fb():
-        y = call(*xs, lg)
-        y.backward(torch.ones_like(y))
-
-    def f():
-        with torch.no_grad():
-            call(*xs, lg)
-    return timed(f), timed(fb)
-
-
-def ours(q, k, v, lg):
-    return power_attention(q, k, v, lg, p=2)
+    return timed(lambda: run_once(call, *xs, lg, False)), timed(lambda: run_once(call, *xs, lg, True))
 
 
 def emit(**kw):
@@ -60,6 +47,7 @@ def main():
     ap.add_argument("--sweep", type=int, default=0)
     args = ap.parse_args()
     emit(tag=args.tag, src=str(Path(longctx.__file__).parent), dev=torch.cuda.get_device_name())
+    ours = make_ours(2)
     for t in map(int, args.ctxs.split(",")):
         xs, lg = inputs(8, t, 12, 64, True)
         f, fb = fwd_bwd_ms(ours, xs, lg)
@@ -70,10 +58,8 @@ def main():
     for t in [int(x) for x in args.forms.split(",") if x]:
         xs, lg = inputs(8, t, 12, 64, True)
         for impl in ("chunked", "attention"):
-            os.environ["LONGCTX_POWER_IMPL"] = impl
-            f, fb = fwd_bwd_ms(ours, xs, lg)
+            f, fb = fwd_bwd_ms(make_ours(2, impl), xs, lg)
             emit(tag=args.tag, t=t, impl=impl, fwd=f, fwd_bwd=fb)
-        os.environ.pop("LONGCTX_POWER_IMPL")
     if args.sweep:
         t = args.sweep
         xs, lg = inputs(8, t, 12, 64, True)

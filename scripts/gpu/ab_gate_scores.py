@@ -7,18 +7,17 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs  # noqa: E402
-from longctx.kernels import power_attention  # noqa: E402
+from bench_attention import inputs, make_ours, run_once  # noqa: E402
 from longctx.kernels.power import triton_attention  # noqa: E402
+
+OURS = make_ours(2)
 
 
 def fwd_bwd(xs, lg):
-    y = power_attention(*xs, lg, p=2)
-    y.backward(torch.ones_like(y))
+    run_once(OURS, *xs, lg, True)
 
 
 def main():

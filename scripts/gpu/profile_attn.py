@@ -12,17 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs, make_sdpa  # noqa: E402
-from longctx.kernels import power_attention  # noqa: E402
-
-
-def step(call, xs, lg):
-    y = call(*xs, lg)
-    y.backward(torch.ones_like(y))
-
-
-def ours(q, k, v, lg):
-    return power_attention(q, k, v, lg, p=2)
+from bench_attention import inputs, make_ours, make_sdpa, run_once  # noqa: E402
 
 
 def host_ms(fn, n=50):
@@ -42,15 +32,10 @@ def main():
     args = ap.parse_args()
     for t in map(int, args.ctxs.split(",")):
         xs, lg = inputs(8, t, 12, 64, True)
-        for name, call in (("ours", ours), ("cudnn", make_sdpa("cudnn"))):
+        for name, call in (("ours", make_ours(2)), ("cudnn", make_sdpa("cudnn"))):
             for mode in ("fwd", "fwd+bwd"):
-                if mode == "fwd":
-                    def fn():
-                        with torch.no_grad():
-                            call(*xs, lg)
-                else:
-                    def fn():
-                        step(call, xs, lg)
+                def fn():
+                    run_once(call, *xs, lg, mode == "fwd+bwd")
                 wall = host_ms(fn)
                 with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
                     for _ in range(10):
