@@ -62,6 +62,16 @@ def _kv_heads(pid_bh, HK: tl.constexpr):
 
 
 @triton.jit
+def _has_state(n, HAS_S0: tl.constexpr):
+    """1 if chunk n's queries see a state, else 0: without an incoming state S_0 = 0, so chunk 0 has no state term
+    (the query kernels multiply their state-block counts by it)."""
+    on = 1
+    if not HAS_S0:
+        on = tl.minimum(n, 1)
+    return on
+
+
+@triton.jit
 def _query_block(T, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
     """Program (query block of a chunk, chunk n, b*hq) of a chunked-form query kernel: batch, query head, its kv
     head, n, the block's token indices and their mask (inside the chunk and the sequence)."""

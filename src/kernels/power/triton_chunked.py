@@ -43,7 +43,8 @@ from . import triton_sym2 as sym2
 from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
-                               _fast_paths, _key_block, _kv_heads, _query_block, row_dot)
+                               _fast_paths, _has_state, _key_block, _kv_heads, _query_block,
+                               row_dot)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,10 +243,7 @@ def _query_state_fwd(Q, G, IDX, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, L,
     s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
     num = tl.zeros([BM, D], tl.float32)
     den = tl.zeros([BM], tl.float32)
-    n_blocks = L
-    if not HAS_S0:
-        n_blocks = L * tl.minimum(n, 1)                                  # S_0 = 0: no state term
-    for l in range(n_blocks):
+    for l in range(L * _has_state(n, HAS_S0)):
         phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(q_rows[:, None], mask, IDX, l, P, TILE, F)
         s_blk = tl.load(S + (s_base + l * F + offs_f)[:, None] * D + offs_d[None, :])   # [F, D]
         num += tl.dot(phi.to(DOT_DT), s_blk.to(DOT_DT), input_precision=PREC)
@@ -285,10 +283,7 @@ def _query_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, D
     s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
     dq = tl.zeros([BM, D], tl.float32)
     dg = tl.zeros([BM], tl.float32)
-    n_blocks = L
-    if not HAS_S0:
-        n_blocks = L * tl.minimum(n, 1)                                  # S_0 = 0: no state term
-    for l in range(n_blocks):
+    for l in range(L * _has_state(n, HAS_S0)):
         phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand(q_rows[:, None], mask, IDX, l, P, TILE, F)
         s_blk = tl.load(S + (s_base + l * F + offs_f)[:, None] * D + offs_d[None, :])   # [F, D]
         x = tl.dot(dn.to(DOT_DT), tl.trans(s_blk.to(DOT_DT)), input_precision=PREC)     # [BM, F]

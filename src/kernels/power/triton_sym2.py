@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import _combine_store, _key_block, _kv_heads, _query_block
+from .triton_attention import _combine_store, _has_state, _key_block, _kv_heads, _query_block
 
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
@@ -160,10 +160,7 @@ def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
     offs_d = tl.arange(0, D)
     num = tl.zeros([BM, D], tl.float32)
     den = tl.zeros([BM], tl.float32)
-    n_groups = NG
-    if not HAS_S0:
-        n_groups = NG * tl.minimum(n, 1)                                  # S_0 = 0: no state term
-    for g in range(n_groups):
+    for g in range(NG * _has_state(n, HAS_S0)):
         ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
         xi, xj = _pair(Q + row * D, ti, tj, mask, colj, jvalid, TW)
         phi = _phi(xi, xj, BM, TW, JG).to(DOT_DT)
@@ -191,10 +188,7 @@ def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS
         dl = -tl.load(DELTA + row, mask=mask, other=0.0) * inv
     dg = tl.zeros([BM], tl.float32)
     dq_row = DQ + row * D
-    n_groups = NG
-    if not HAS_S0:
-        n_groups = NG * tl.minimum(n, 1)
-    for g in range(n_groups):
+    for g in range(NG * _has_state(n, HAS_S0)):
         ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
         xi, xj = _pair(Q + row * D, ti, tj, mask, colj, jvalid, TW)
         s_blk = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
@@ -271,9 +265,7 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     den = tl.zeros([BM], tl.float32)
     if NORM:
         den = tl.sum(qf * tl.dot(qf, _zmat(Z, s_base, D, NT, TW), input_precision="tf32x3"), axis=1)
-    on = 1
-    if not HAS_S0:
-        on = tl.minimum(n, 1)                                             # S_0 = 0: no state term
+    on = _has_state(n, HAS_S0)
     num = tl.zeros([BM, D], tl.float32)
     num = _rows_fwd_pass(num, q_row, qf.to(DOT_DT), S, s_base, mask, 0, T1 * on, 0, D, NT, TW, D, DOT_DT, PREC)
     num = _rows_fwd_pass(num, q_row, q2.to(DOT_DT), S, s_base, mask, T1, T1 + (NT - T1) * on, D - KW2, KW2,
