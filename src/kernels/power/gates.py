@@ -15,8 +15,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _segment_cumsum(X, Y, T, SEG, H: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """Y[b, s] = sum of X[b, r] over r <= s (REVERSE: r >= s) within s's segment of SEG steps; X, Y (b, T, H)."""
+def _segment_cumsum(X, X2, Y, T, SEG, H: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr,
+                    REP: tl.constexpr = 0):
+    """Y[b, s] = sum of X[b, r] over r <= s (REVERSE: r >= s) within s's segment of SEG steps; X, Y (b, T, H).
+    REP > 0: X2 (b, T, H * REP) joins X first, its REP consecutive columns summed into column h (the query heads
+    of a GQA group: the attention backward's query-side gate gradients)."""
     seg = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
     lo = seg * SEG
@@ -33,6 +36,9 @@ def _segment_cumsum(X, Y, T, SEG, H: tl.constexpr, HP: tl.constexpr, BT: tl.cons
         m = ((rows >= lo) & (rows < hi))[:, None] & (cols < H)[None, :]
         off = i_b * T * H + rows[:, None] * H + cols[None, :]
         x = tl.load(X + off, mask=m, other=0.0).to(tl.float64)
+        for r in tl.static_range(REP):
+            off2 = i_b * T * H * REP + rows[:, None] * (H * REP) + cols[None, :] * REP + r
+            x += tl.load(X2 + off2, mask=m, other=0.0).to(tl.float64)
         inc = tl.cumsum(x, axis=0)
         tot = tl.sum(x, axis=0)
         if REVERSE:
@@ -43,17 +49,26 @@ def _segment_cumsum(X, Y, T, SEG, H: tl.constexpr, HP: tl.constexpr, BT: tl.cons
         tl.store(Y + off, y.to(tl.float32), mask=m)
 
 
+def _pow2(n: int) -> int:
+    """Next power of two (plain Python: triton.next_power_of_2 is a constexpr function with a costly call path)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def tile_rows(h: int) -> int:
     """Time steps per tile: float64 tiles of ~1024 values (8 per thread at 4 warps: no spills on sm_90)."""
-    return max(16, min(128, 1024 // triton.next_power_of_2(h)))
+    return max(16, min(128, 1024 // _pow2(h)))
 
 
-def _launch(x: torch.Tensor, seg: int, reverse: bool) -> torch.Tensor:
+def segment_scan(x: torch.Tensor, seg: int, reverse: bool = False, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """The Triton scan, no autograd: float32 (b, t, h) cumsum (reverse: suffix sums) of x (b, t, h) within segments
+    of seg steps; `extra` (b, t, h * rep) is added first with its rep consecutive columns summed per column of x."""
     x = x.contiguous()
     b, t, h = x.shape
+    rep = 0 if extra is None else extra.shape[-1] // h
+    x2 = x if extra is None else extra.contiguous()
     y = torch.empty(b, t, h, device=x.device, dtype=torch.float32)
-    _segment_cumsum[(triton.cdiv(t, seg), b)](x, y, t, seg, H=h, HP=triton.next_power_of_2(h), BT=tile_rows(h),
-                                              REVERSE=reverse, num_warps=4)
+    _segment_cumsum[(-(-t // seg), b)](x, x2, y, t, seg, H=h, HP=_pow2(h), BT=tile_rows(h), REVERSE=reverse, REP=rep,
+                                       num_warps=4)
     return y
 
 
@@ -61,11 +76,11 @@ class _SegmentCumsum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, log_g, seg):
         ctx.seg = seg
-        return _launch(log_g, seg, False)
+        return segment_scan(log_g, seg)
 
     @staticmethod
     def backward(ctx, dG):
-        return _launch(dG, ctx.seg, True), None
+        return segment_scan(dG, ctx.seg, reverse=True), None
 
 
 def gate_cumsum(log_g: torch.Tensor, seg: int | None = None) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gates import gate_cumsum
+from . import gates
 
 
 @triton.jit
@@ -114,7 +114,7 @@ def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty(a.shape[:-1], device=a.device, dtype=torch.float32)
     n = out.numel()
     br = max(1, min(128, 8192 // d))
-    _row_dot[(triton.cdiv(n, br),)](a, b, out, n, D=d, BR=br, num_warps=4)
+    _row_dot[(-(-n // br),)](a, b, out, n, D=d, BR=br, num_warps=4)
     return out
 
 
@@ -468,21 +468,24 @@ def _blocks(d, backward, dot_dt):
 
 
 class AttentionForm(torch.autograd.Function):
-    """y = power attention (attention form). q (b,t,hq,d), k/v (b,t,hk,d), G (b,t,hk) fp32 or None."""
+    """y = power attention (attention form). q (b,t,hq,d), k/v (b,t,hk,d), log_g (b,t,hk) or None. The gate cumsum
+    G and, in the backward, its reverse scan (which also sums the query heads' gate gradients per GQA group) run
+    inside this one autograd node: at short t every node and torch op is host time (docs/kernels.md)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, G, scale, p, norm):
+    def forward(ctx, q, k, v, log_g, scale, p, norm):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         b, t, hq, d = q.shape
         hk = k.shape[2]
-        gated = G is not None
-        Gc = G.contiguous() if gated else q.new_zeros(1, dtype=torch.float32)
+        gated = log_g is not None
+        Gc = gates.segment_scan(log_g, t) if gated else q.new_empty(1, dtype=torch.float32)   # unread when ungated
         o = torch.empty_like(q)
-        lse = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if norm else o.new_zeros(1, dtype=torch.float32)
+        f32 = dict(device=q.device, dtype=torch.float32)
+        lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
         dot_dt, prec = _dot_dtype(q.dtype, norm, False)
         BM, BN, warps, stages = _blocks(d, False, dot_dt)
         fast = _fast_paths(False, dot_dt, BM, BN)
-        _attn_fwd[(triton.cdiv(t, BM), b * hq)](
+        _attn_fwd[(-(-t // BM), b * hq)](
             q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
             BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, GATE_SCORES=GATE_SCORES, num_warps=warps,
             num_stages=stages)
@@ -507,16 +510,13 @@ class AttentionForm(torch.autograd.Function):
                       PREC=prec, num_warps=warps, num_stages=stages)
         common["FAST"] = _fast_paths(True, dot_dt, BM, BN)
         sp = scale ** p
-        _attn_bwd_dkdv[(triton.cdiv(t, BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
-        _attn_bwd_dq[(triton.cdiv(t, BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                   GATE_SCORES=GATE_SCORES, **common)
-        dG = None
-        if gated:
-            dG = dgk + dgq.view(b, t, hk, hq // hk).sum(-1)
-        return dq, dk, dv, dG, None, None, None
+        _attn_bwd_dkdv[(-(-t // BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
+        _attn_bwd_dq[(-(-t // BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                            GATE_SCORES=GATE_SCORES, **common)
+        dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq) if gated else None
+        return dq, dk, dv, dlog_g, None, None, None
 
 
 def attention_form(q, k, v, log_g, *, p, scale, norm):
     """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None."""
-    G = None if log_g is None else gate_cumsum(log_g)
-    return AttentionForm.apply(q, k, v, G, float(scale), int(p), bool(norm))
+    return AttentionForm.apply(q, k, v, log_g, float(scale), int(p), bool(norm))
