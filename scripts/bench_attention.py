@@ -162,7 +162,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/bench"))
     ap.add_argument("--ctxs", default="1024,4096,16384,65536")
-    ap.add_argument("--sweep", action="store_true", help="also d=32/128 and p=1/4 at 4k and 16k")
+    ap.add_argument("--sweep", action="store_true", help="also d=32/128 and p=1/4 at --sweep-ctxs")
+    ap.add_argument("--sweep-ctxs", default="4096,16384", help="contexts of --sweep (p=4 runs the quadratic "
+                    "attention form: only up to 16k)")
     ap.add_argument("--skip", default="", help="comma-separated impl names to skip")
     ap.add_argument("--chunked", default="", help="comma-separated chunk sizes: also time the Triton chunked "
                     "form (longctx_p2_chunked<C>; with --sweep also d=32/128 and p=1)")
@@ -188,10 +190,10 @@ def main():
     impls = {k: v for k, v in impls.items() if k not in args.skip.split(",")}
     jobs = [(name, call, t, 64) for t in map(int, args.ctxs.split(",")) for name, call in impls.items()]
     if args.sweep:
-        for t in (4096, 16384):
+        for t in map(int, args.sweep_ctxs.split(",")):
             jobs += [("sdpa_cudnn", impls.get("sdpa_cudnn", make_sdpa("cudnn")), t, d) for d in (32, 128)]
             jobs += [("longctx_p2", make_ours(2), t, d) for d in (32, 128)]
-            jobs += [(f"longctx_p{p}", make_ours(p), t, 64) for p in (1, 4)]
+            jobs += [(f"longctx_p{p}", make_ours(p), t, 64) for p in (1, 4) if p < 4 or t <= 16384]
             for c in chunks:
                 jobs += [(f"longctx_p2_chunked{c}", make_ours_chunked(2, c), t, d) for d in (32, 128)]
                 jobs += [(f"longctx_p1_chunked{c}", make_ours_chunked(1, c), t, 64)]
