@@ -67,6 +67,8 @@ def bench_one(arch, attention, ctx, args):
         loss = step()
     sync()
     dt = (time.perf_counter() - t0) / args.steps
+    if args.profile and cuda:
+        print_profile(step, f"{arch} {attention} ctx {ctx}")
     tokens_per_s = batch * ctx / dt
     fl = model.flops_per_token(ctx)
     peak = peak_bf16_flops(torch.cuda.get_device_name()) if cuda else None
@@ -79,6 +81,16 @@ def bench_one(arch, attention, ctx, args):
         wsfr=fl["weight"] / max(fl["state"], 1.0), state_size=model.state_size(ctx),
         params=sum(p.numel() for p in model.parameters()), loss=float(loss), error=None,
     )
+
+
+def print_profile(step, title, rows=25):
+    """CUDA time per kernel of one more step (torch.profiler), the largest first: where a step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    print(f"PROFILE {title}", flush=True)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70), flush=True)
 
 
 def write_table(rows, path, device):
@@ -149,6 +161,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="print the CUDA time per kernel of one extra step")
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a smoke test at --size tiny)")

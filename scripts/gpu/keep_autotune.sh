@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Run at the end of a device command: copies the Triton autotune winners of this machine (small JSON files, one
-# folder per cache key) to $OUT/autotune_cache. Put that folder back as .autotune_cache/ in the repo (git-ignored)
-# and carry it: scripts/gpu/setup_device.sh seeds the next machine's Triton cache with it.
+# Run at the end of a device command: packs the Triton autotune winners of this machine (small JSON files, one
+# folder per cache key) into $OUT/autotune_cache.tar.gz (one file: the device returns a limited number of files).
+# Put it in the repo root as .autotune_cache.tar.gz (git-ignored) and carry it: scripts/gpu/setup_device.sh seeds
+# the next machine's Triton cache with it.
 #   bash scripts/gpu/keep_autotune.sh
 tc="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
-dest="${OUT:?set OUT}/autotune_cache"
-mkdir -p "$dest"
+: "${OUT:?set OUT}"
 if [ -d "$tc" ]; then
-  (cd "$tc" && find . -name '*.autotune.json' -print0 | xargs -0 -r cp --parents -t "$dest/") || true
+  (cd "$tc" && find . -name '*.autotune.json' -print0 | tar -czf "$OUT/autotune_cache.tar.gz" --null -T -)
+  echo "kept $(tar -tzf "$OUT/autotune_cache.tar.gz" | wc -l) autotune results in $OUT/autotune_cache.tar.gz"
 fi
-echo "kept $(find "$dest" -name '*.autotune.json' | wc -l) autotune results in $dest"

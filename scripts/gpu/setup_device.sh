@@ -10,12 +10,13 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 # Triton keeps autotune winners on disk, so a second process on this machine skips FLA's first-call benchmarking
-# (~90 s per kernel shape); winners kept by an earlier machine (scripts/gpu/keep_autotune.sh -> .autotune_cache/,
-# carried) go into the cache first. Same Triton, FLA and sm_90 only: the cache key hashes all three.
+# (~90 s per kernel shape); winners kept by an earlier machine (scripts/gpu/keep_autotune.sh ->
+# .autotune_cache.tar.gz, carried) go into the cache first. Same Triton, FLA and sm_90 only: the cache key hashes
+# all three.
 export TRITON_CACHE_AUTOTUNING=1
-if [ -d .autotune_cache ]; then
+if [ -f .autotune_cache.tar.gz ]; then
   mkdir -p "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
-  cp -rn .autotune_cache/. "${TRITON_CACHE_DIR:-$HOME/.triton/cache}/" 2>/dev/null || true
+  tar -xzf .autotune_cache.tar.gz -C "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" --skip-old-files 2>/dev/null || true
 fi
 python3 -c "import torch, triton, longctx; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 set +e

@@ -8,6 +8,11 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import HeadGate
 
+try:  # FLA's fused cross-entropy (Triton, CUDA): fp32 math on the bf16 logits, per-row losses
+    from fla.modules.fused_cross_entropy import cross_entropy_loss as _fla_cross_entropy
+except ImportError:  # pragma: no cover - FLA is a dependency; a broken install falls back to torch
+    _fla_cross_entropy = None
+
 
 # ----------------------------------------------------------------------------------------------------------
 # rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half convention as in GPT-NeoX / Llama
@@ -27,15 +32,20 @@ def rotary(x: torch.Tensor, base: float) -> torch.Tensor:
 # language-model head: per-token next-token NLL, chunked over tokens so long contexts never hold all logits
 
 def _nll(h, weight, targets):
-    logits = F.linear(h, weight).float()  # (n, vocab) fp32
-    return F.cross_entropy(logits, targets, reduction="none")
+    logits = F.linear(h, weight)  # (n, vocab), bf16 under autocast
+    if logits.is_cuda and _fla_cross_entropy is not None and logits.dtype != torch.float64:
+        # one pass over the logits in fp32 registers, the gradient written over them: torch's fp32 copy,
+        # log-softmax and its backward cost ~20% of a GPT-2 small step (bench_train --profile, docs/models.md)
+        return _fla_cross_entropy(logits, targets, inplace_backward=True)[0]
+    return F.cross_entropy(logits.float(), targets, reduction="none")
 
 
 def per_token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                   chunk_tokens: int = 8192) -> torch.Tensor:
     """NLL of `targets` under logits = hidden @ weight.T, without reduction.
 
-    hidden (b, t, d), weight (vocab, d), targets (b, t) int64 -> (b, t) float32. The cross-entropy runs in fp32.
+    hidden (b, t, d), weight (vocab, d), targets (b, t) int64 -> (b, t) float32. The cross-entropy runs in fp32
+    (on CUDA FLA's fused kernel, on the logits' own dtype; elsewhere torch on an fp32 copy).
     More than `chunk_tokens` tokens are processed in chunks whose logits are recomputed in the backward
     (activation checkpointing), so peak memory holds one chunk's logits instead of (b*t, vocab) — the role
     FLA's FusedLinearCrossEntropyLoss plays, but keeping the per-position losses the ICL curve needs.

@@ -104,3 +104,25 @@ def test_power_p2_bf16_long_context_finite(arch):
     loss.backward()
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"])
+def test_loss_head_on_gpu_matches_float64(dtype, tol):
+    """The CUDA loss head (FLA's fused cross-entropy, chunked with recomputation) against float64 torch: per-token
+    losses and both gradients, at GPT-2's vocabulary size."""
+    from longctx.models.common import per_token_nll
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    vocab, n, d = 50304, 3000, 64
+    h = (torch.randn(1, n, d, device="cuda") * 2).to(dtype).requires_grad_()
+    w = (torch.randn(vocab, d, device="cuda") / d ** 0.5).to(dtype).requires_grad_()
+    t = torch.randint(0, vocab, (1, n), device="cuda")
+    g = torch.randn(1, n, device="cuda")
+    hd, wd = (x.detach().double().requires_grad_() for x in (h, w))
+    ref = F.cross_entropy((hd[0] @ wd.T), t[0], reduction="none")[None]
+    dh_ref, dw_ref = torch.autograd.grad((ref * g).sum(), (hd, wd))
+    out = per_token_nll(h, w, t, chunk_tokens=1024)
+    dh, dw = torch.autograd.grad((out * g).sum(), (h, w))
+    assert out.dtype == torch.float32
+    assert rel(out, ref) < tol and rel(dh, dh_ref) < tol and rel(dw, dw_ref) < tol, \
+        (rel(out, ref), rel(dh, dh_ref), rel(dw, dw_ref))
