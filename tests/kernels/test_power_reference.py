@@ -156,7 +156,8 @@ def test_cuda_routing_and_impl_env(monkeypatch):
     assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T_WIDE, 2, 128, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
     monkeypatch.setenv(dispatch.IMPL_ENV, "chunked")
     assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) == dispatch.CHUNKED_DEFAULT_C
-    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) is None
+    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C  # any t
+    assert dispatch.cuda_chunk_size(long, 3, 64, torch.bfloat16) is None                        # p >= 3
     for impl in ("attention", "reference"):
         monkeypatch.setenv(dispatch.IMPL_ENV, impl)
         assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) is None

@@ -9,8 +9,9 @@ Routing (docs/kernels.md has the measurements behind the thresholds):
   every p, dtype, GQA, gating, state in/out; GPU-tested).
 
 `LONGCTX_POWER_IMPL` (read at each call) overrides the choice for stateless calls: `auto` (default, above),
-`chunked` (chunked form for t >= CHUNKED_MIN_T for every p <= 2 and dtype), `attention` (always the attention
-form), or `reference` (every CUDA call runs the PyTorch reference: a debugging aid, slow and memory-hungry).
+`chunked` (the chunked form at every t, for every p <= 2 and dtype: for A/B timing), `attention` (always the
+attention form), or `reference` (every CUDA call runs the PyTorch reference: a debugging aid, slow and
+memory-hungry).
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from .triton_attention import attention_form
 
 IMPL_ENV = "LONGCTX_POWER_IMPL"
 IMPLS = ("auto", "chunked", "attention", "reference")
-CHUNKED_MIN_T = 16384       # H200, b=8 h=12 bf16: p=2 d=64 equal at 8k (sessions 4 and 6: 10.60 vs 10.56 ms), chunked
-                            # 1.46x faster at 16k; d=32 3.2x, p=1 6x faster at 16k (docs/kernels.md)
+CHUNKED_MIN_T = 10240       # H100, b=8 h=12 bf16, p=2 d=64, fwd+bwd ms chunked / attention form (session 7): 8k
+                            # 12.50 / 10.68, 10k 15.61 / 15.84, 12k 18.69 / 22.43; d=32 and p=1 cross earlier
+                            # (3.2x and 6x faster at 16k: docs/kernels.md)
 CHUNKED_MIN_T_WIDE = 32768  # d=128, p=2: D = 8704 features; the attention form still wins at 16k (144 vs 227 ms),
                             # the chunked form at 64k (914 ms vs ~2.3 s, attention extrapolated)
 CHUNKED_DEFAULT_C = 1024    # chunk length when the caller gives none (512 and 2048 measured within 3%)
@@ -44,9 +46,13 @@ def min_chunked_t(p: int, d: int) -> int:
 def cuda_chunk_size(t: int, p: int, d: int, dtype=None):
     """Chunk length for a stateless CUDA call with chunk_size=None, or None for the attention form."""
     impl = _impl()
-    if t < min_chunked_t(p, d) or impl in ("attention", "reference"):
+    if impl in ("attention", "reference"):
         return None
-    if p == 1 or (impl == "chunked" and p == 2):
+    if impl == "chunked" and p <= 2:
+        return CHUNKED_DEFAULT_C
+    if t < min_chunked_t(p, d):
+        return None
+    if p == 1:
         return CHUNKED_DEFAULT_C
     return CHUNKED_DEFAULT_C if dtype is not None and triton_sym2.applies(p, d, dtype) else None
 
