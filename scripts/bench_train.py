@@ -44,13 +44,14 @@ def bench_one(arch, attention, ctx, args):
     with dev:
         model = build_model(spec)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), weight_decay=0.1, fused=cuda)
+    fwd = torch.compile(model) if args.compile else model   # trainer.compile=true (warm-up absorbs compilation)
     x = torch.randint(0, args.vocab, (batch, ctx), device=dev)
     y = torch.roll(x, -1, 1)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def step():
         with torch.autocast(dev.type, dtype=torch.bfloat16):
-            loss = model(x, y).mean()
+            loss = fwd(x, y).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -79,7 +80,7 @@ def bench_one(arch, attention, ctx, args):
         peak_mem_gib=torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else 0.0,
         mfu=(flops_per_token * tokens_per_s / peak) if peak else None, train_flops_per_token=flops_per_token,
         wsfr=fl["weight"] / max(fl["state"], 1.0), state_size=model.state_size(ctx),
-        params=sum(p.numel() for p in model.parameters()), loss=float(loss), error=None,
+        params=sum(p.numel() for p in model.parameters()), loss=float(loss), compiled=args.compile, error=None,
     )
 
 
@@ -161,6 +162,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (trainer.compile=true)")
     ap.add_argument("--profile", action="store_true", help="print the CUDA time per kernel of one extra step")
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
