@@ -84,6 +84,15 @@ def _query_block(T, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.
 
 
 @triton.jit
+def _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK: tl.constexpr, BM: tl.constexpr, GATED: tl.constexpr):
+    """r = s^p e^(G_i) of query rows `rows` (0 where masked): the factor the state term of a query row carries."""
+    r = tl.full([BM], 1.0, tl.float32) * scale_p
+    if GATED:
+        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    return tl.where(mask, r, 0.0)
+
+
+@triton.jit
 def _key_block(T, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
     """Program (key block of a chunk, chunk n, b*hk) of a chunked-form key kernel: batch, kv head, n, b*hk, the
     block's token indices and their mask."""

@@ -43,7 +43,7 @@ from . import triton_sym2 as sym2
 from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
-                               _fast_paths, _has_state, _key_block, _kv_heads, _query_block,
+                               _fast_paths, _has_state, _key_block, _kv_heads, _query_block, _row_factor,
                                row_dot)
 
 
@@ -174,10 +174,7 @@ def _chunk_query_grad(Q, G, IDX, DO, LSE, DELTA, scale_p, l, n, i_b, i_hk, offs_
             mask = ((j0 + offs_c) < C) & (rows < T)
             row = (i_b * T + rows) * HQ + i_hq
             phi, f0, f1, f2, f3, c0, c1, c2, c3 = _expand((Q + row * D)[:, None], mask, IDX, l, P, TILE, F)
-            wr = tl.full([BM], 1.0, tl.float32) * scale_p
-            if GATED:
-                wr = wr * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-            wr = tl.where(mask, wr, 0.0)
+            wr = _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK, BM, GATED)
             if NORM:
                 inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
                 wr = wr * inv
@@ -250,9 +247,7 @@ def _query_state_fwd(Q, G, IDX, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, L,
         if NORM:
             z_blk = tl.load(Z + s_base + l * F + offs_f)                 # [F]
             den += tl.sum(phi * z_blk[None, :], axis=1)
-    r = tl.full([BM], 1.0, tl.float32) * scale_p
-    if GATED:
-        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    r = _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK, BM, GATED)
     _combine_store(num, den, r, OI, LSEI, Y, LSE, (i_b * T + rows) * HQ + i_hq, mask, NORM, D)
 
 
@@ -272,10 +267,7 @@ def _query_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, D
     q_rows = Q + row * D
     o_off = row[:, None] * D + offs_d[None, :]
     dn = tl.load(DO + o_off, mask=mask[:, None], other=0.0).to(tl.float32)   # [BM, D]
-    r = tl.full([BM], 1.0, tl.float32) * scale_p
-    if GATED:
-        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-    r = tl.where(mask, r, 0.0)
+    r = _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK, BM, GATED)
     if NORM:
         inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
         dn = dn * inv[:, None]

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import _combine_store, _has_state, _key_block, _kv_heads, _query_block
+from .triton_attention import _combine_store, _has_state, _key_block, _kv_heads, _query_block, _row_factor
 
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
@@ -111,9 +111,7 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
                     f = f * tl.exp(g_end - tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
                 xj = xj * wj[None, :]
             else:
-                f = tl.where(mask, scale_p, 0.0)
-                if GATED:
-                    f = f * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+                f = _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK, BK, GATED)
                 if NORM:
                     f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
             yv = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0)
@@ -141,10 +139,7 @@ def _query_rows(scale_p, G, T, NC, DS, HQ: tl.constexpr, HK: tl.constexpr, C: tl
     """Prologue of the query kernels, program (query block of a chunk, chunk n, b*hq): the flat (b, t, hq) index
     of its rows, their mask, the row factor r = s^p e^(g_i), the chunk index and its state slot's base."""
     i_b, i_hq, i_hk, n, rows, mask = _query_block(T, HQ, HK, C, BM)
-    r = tl.full([BM], 1.0, tl.float32) * scale_p
-    if GATED:
-        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-    r = tl.where(mask, r, 0.0)
+    r = _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK, BM, GATED)
     s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
     return (i_b * T + rows) * HQ + i_hq, mask, r, n, s_base
 
