@@ -1,13 +1,14 @@
 """A/B of attention-form kernel versions on a GPU: run once per source tree (PYTHONPATH picks the tree), same card.
 
     python3 scripts/gpu/ab_attn.py --tag new --ctxs 1024,4096,16384 [--forms 8192,16384] [--sweep 4096] [--cudnn]
+        [--p 1]             (another degree; p=1's form threshold: --p 1 --ctxs 1024 --forms 1024,2048,4096,8192)
 
 The other tree travels as an untracked folder (the device copies untracked, not-ignored files), e.g. a branch:
     mkdir -p _ab/base && git archive BRANCH src | tar -x -C /tmp/ab && cp -r /tmp/ab/src _ab/base/longctx
 and on the device: PYTHONPATH=_ab/base:$PYTHONPATH python3 scripts/gpu/ab_attn.py --tag base ...
 (delete _ab before committing).
 Prints one JSON line per measurement: fwd and fwd+bwd median ms of the public power_attention (b=8, h=12, d=64,
-bf16, gated, p=2; the benchmark's inputs), optionally cuDNN beside it, the chunked vs attention form at --forms,
+bf16, gated, p=2 or --p; the benchmark's inputs), optionally cuDNN beside it, the chunked vs attention form at --forms,
 and a block sweep of the attention-form forward and backward at --sweep.
 """
 import argparse
@@ -45,21 +46,22 @@ def main():
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--forms", default="")
     ap.add_argument("--sweep", type=int, default=0)
+    ap.add_argument("--p", type=int, default=2, help="power degree (odd p: numerator only, as the benchmark)")
     args = ap.parse_args()
     emit(tag=args.tag, src=str(Path(longctx.__file__).parent), dev=torch.cuda.get_device_name())
-    ours = make_ours(2)
+    ours = make_ours(args.p)
     for t in map(int, args.ctxs.split(",")):
         xs, lg = inputs(8, t, 12, 64, True)
         f, fb = fwd_bwd_ms(ours, xs, lg)
-        emit(tag=args.tag, t=t, impl="auto", fwd=f, fwd_bwd=fb)
+        emit(tag=args.tag, t=t, p=args.p, impl="auto", fwd=f, fwd_bwd=fb)
         if args.cudnn:
             f, fb = fwd_bwd_ms(make_sdpa("cudnn"), xs, lg)
             emit(tag=args.tag, t=t, impl="cudnn", fwd=f, fwd_bwd=fb)
     for t in [int(x) for x in args.forms.split(",") if x]:
         xs, lg = inputs(8, t, 12, 64, True)
         for impl in ("chunked", "attention"):
-            f, fb = fwd_bwd_ms(make_ours(2, impl), xs, lg)
-            emit(tag=args.tag, t=t, impl=impl, fwd=f, fwd_bwd=fb)
+            f, fb = fwd_bwd_ms(make_ours(args.p, impl), xs, lg)
+            emit(tag=args.tag, t=t, p=args.p, impl=impl, fwd=f, fwd_bwd=fb)
     if args.sweep:
         t = args.sweep
         xs, lg = inputs(8, t, 12, 64, True)
