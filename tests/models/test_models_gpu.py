@@ -1,14 +1,16 @@
 """GPU checks (run on the device: `pytest -m gpu tests/models`): our RWKV7 against FLA's RWKV7ForCausalLM on the
 same weights, GPT-2 exp against a plain softmax reference, and the CPU path against the GPU path for every
-arch x attention pair (same weights, same inputs)."""
+arch x attention pair (same weights, same inputs), and the loss head against float64."""
 import copy
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from _checks import perturb_
 from longctx.models import ModelSpec, build_model
+from longctx.models.common import per_token_nll
 from longctx.models.rwkv7 import to_fla
 from longctx.models.spec import ARCHS, ATTENTION_NAMES
 
@@ -110,8 +112,6 @@ def test_power_p2_bf16_long_context_finite(arch):
 def test_loss_head_on_gpu_matches_float64(dtype, tol):
     """The CUDA loss head (FLA's fused cross-entropy, chunked with recomputation) against float64 torch: per-token
     losses and both gradients, at GPT-2's vocabulary size."""
-    from longctx.models.common import per_token_nll
-    import torch.nn.functional as F
     torch.manual_seed(0)
     vocab, n, d = 50304, 3000, 64
     h = (torch.randn(1, n, d, device="cuda") * 2).to(dtype).requires_grad_()
