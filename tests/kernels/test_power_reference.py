@@ -152,6 +152,9 @@ def test_cuda_routing_and_impl_env(monkeypatch):
     assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) is None                         # no fast kernels
     assert dispatch.cuda_chunk_size(long, 4, 64, torch.bfloat16) is None
     assert dispatch.cuda_chunk_size(long, 1, 64, torch.float32) == dispatch.CHUNKED_DEFAULT_C    # p=1: any dtype
+    linear = dispatch.CHUNKED_MIN_T_LINEAR                                                      # p=1: earlier
+    assert linear < short and dispatch.cuda_chunk_size(linear, 1, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(linear - 1, 1, 64, torch.bfloat16) is None
     assert dispatch.cuda_chunk_size(long, 2, 128, torch.bfloat16) is None                       # d=128: later
     assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T_WIDE, 2, 128, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
     monkeypatch.setenv(dispatch.IMPL_ENV, "chunked")

@@ -28,6 +28,9 @@ CHUNKED_MIN_T = 10240       # H100, b=8 h=12 bf16, p=2 d=64, fwd+bwd ms chunked 
                             # (3.2x and 6x faster at 16k: docs/kernels.md)
 CHUNKED_MIN_T_WIDE = 32768  # d=128, p=2: D = 8704 features; the attention form still wins at 16k (144 vs 227 ms),
                             # the chunked form at 64k (914 ms vs ~2.3 s, attention extrapolated)
+CHUNKED_MIN_T_LINEAR = 4096  # p=1 (state d x d), same shape and card (session 8), chunked / attention form fwd+bwd
+                            # ms: 2k 3.47 / 0.89, 4k 1.88 / 2.70, 8k 3.52 / 9.15 (the p=1 attention form's backward is
+                            # generic, the chunked form's state kernels are plain matmuls)
 CHUNKED_DEFAULT_C = 1024    # chunk length when the caller gives none (512 and 2048 measured within 3%)
 
 
@@ -40,6 +43,8 @@ def _impl() -> str:
 
 def min_chunked_t(p: int, d: int) -> int:
     """Shortest t at which the chunked form is the default (stateless calls)."""
+    if p == 1:
+        return CHUNKED_MIN_T_LINEAR
     return CHUNKED_MIN_T_WIDE if p == 2 and d >= 128 else CHUNKED_MIN_T
 
 
