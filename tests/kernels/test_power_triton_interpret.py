@@ -1,6 +1,7 @@
 """The Triton kernels themselves, on CPU, under TRITON_INTERPRET=1 (in a subprocess, so the variable
 never reaches other tests), forward and gradients vs the reference. See _interpret_check.py (attention
-form) and _interpret_chunked_check.py (chunked form: state kernels, query-state, state gradients)."""
+form), _interpret_chunked_check.py (chunked form: state kernels, query-state, state gradients) and
+_interpret_ops_check.py (both forms as custom ops under torch.compile)."""
 import os
 import subprocess
 import sys
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("script", ["_interpret_check.py", "_interpret_chunked_check.py"],
-                         ids=["attention_form", "chunked_form"])
+@pytest.mark.parametrize("script", ["_interpret_check.py", "_interpret_chunked_check.py", "_interpret_ops_check.py"],
+                         ids=["attention_form", "chunked_form", "compile_ops"])
 def test_triton_kernels_under_interpreter(script):
     env = dict(os.environ, TRITON_INTERPRET="1")
     path = Path(__file__).with_name(script)

@@ -476,56 +476,71 @@ def _blocks(d, backward, dot_dt):
     return (64, 32, 4, 1) if wide else (128, 64, 4, 4) if d <= 64 else (128, 64, 8, 2)
 
 
+def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):
+    """The attention form's forward launches: (o, lse, G) with G the gate cumsum (fp32 (b,t,hk); a 1-element dummy
+    when ungated) and lse the log row normalizer (fp32 (b,t,hq); a dummy when not norm). q, k, v contiguous."""
+    b, t, hq, d = q.shape
+    hk = k.shape[2]
+    gated = log_g is not None
+    Gc = gates.segment_scan(log_g, t) if gated else q.new_empty(1, dtype=torch.float32)   # unread when ungated
+    o = torch.empty_like(q)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
+    dot_dt, prec = _dot_dtype(q.dtype, norm, False)
+    BM, BN, warps, stages = _blocks(d, False, dot_dt)
+    fast = _fast_paths(False, dot_dt, BM, BN)
+    _attn_fwd[(-(-t // BM), b * hq)](
+        q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
+        BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, GATE_SCORES=GATE_SCORES, num_warps=warps,
+        num_stages=stages)
+    return o, lse, Gc
+
+
+def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool):
+    """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's."""
+    b, t, hq, d = q.shape
+    hk = k.shape[2]
+    delta = row_dot(do, o) if norm else lse                              # (b,t,hq)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
+    dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
+    dot_dt, prec = _dot_dtype(q.dtype, norm, True)
+    BM, BN, warps, stages = _blocks(d, True, dot_dt)
+    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
+                  PREC=prec, num_warps=warps, num_stages=stages)
+    common["FAST"] = _fast_paths(True, dot_dt, BM, BN)
+    sp = scale ** p
+    _attn_bwd_dkdv[(-(-t // BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
+    _attn_bwd_dq[(-(-t // BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                        GATE_SCORES=GATE_SCORES, **common)
+    dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq) if gated else None
+    return dq, dk, dv, dlog_g
+
+
 class AttentionForm(torch.autograd.Function):
     """y = power attention (attention form). q (b,t,hq,d), k/v (b,t,hk,d), log_g (b,t,hk) or None. The gate cumsum
     G and, in the backward, its reverse scan (which also sums the query heads' gate gradients per GQA group) run
-    inside this one autograd node: at short t every node and torch op is host time (docs/kernels.md)."""
+    inside this one autograd node: at short t every node and torch op is host time (docs/kernels.md). Under
+    torch.compile the same passes run as custom ops instead (ops.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, log_g, scale, p, norm):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        b, t, hq, d = q.shape
-        hk = k.shape[2]
-        gated = log_g is not None
-        Gc = gates.segment_scan(log_g, t) if gated else q.new_empty(1, dtype=torch.float32)   # unread when ungated
-        o = torch.empty_like(q)
-        f32 = dict(device=q.device, dtype=torch.float32)
-        lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
-        dot_dt, prec = _dot_dtype(q.dtype, norm, False)
-        BM, BN, warps, stages = _blocks(d, False, dot_dt)
-        fast = _fast_paths(False, dot_dt, BM, BN)
-        _attn_fwd[(-(-t // BM), b * hq)](
-            q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
-            BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, GATE_SCORES=GATE_SCORES, num_warps=warps,
-            num_stages=stages)
+        o, lse, Gc = attention_forward(q, k, v, log_g, scale, p, norm)
         ctx.save_for_backward(q, k, v, Gc, o, lse)
-        ctx.cfg = (scale, p, norm, gated)
+        ctx.cfg = (scale, p, norm, log_g is not None)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, Gc, o, lse = ctx.saved_tensors
-        scale, p, norm, gated = ctx.cfg
-        do = do.contiguous()
-        b, t, hq, d = q.shape
-        hk = k.shape[2]
-        delta = row_dot(do, o) if norm else lse                              # (b,t,hq)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
-        dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
-        dot_dt, prec = _dot_dtype(q.dtype, norm, True)
-        BM, BN, warps, stages = _blocks(d, True, dot_dt)
-        common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
-                      PREC=prec, num_warps=warps, num_stages=stages)
-        common["FAST"] = _fast_paths(True, dot_dt, BM, BN)
-        sp = scale ** p
-        _attn_bwd_dkdv[(-(-t // BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
-        _attn_bwd_dq[(-(-t // BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                            GATE_SCORES=GATE_SCORES, **common)
-        dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq) if gated else None
+        dq, dk, dv, dlog_g = attention_backward(do.contiguous(), q, k, v, Gc, o, lse, *ctx.cfg)
         return dq, dk, dv, dlog_g, None, None, None
 
 
 def attention_form(q, k, v, log_g, *, p, scale, norm):
     """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None."""
+    if torch.compiler.is_compiling():      # dynamo cannot trace the launches: one opaque op per pass (ops.py)
+        from .ops import attention_form_op
+        return attention_form_op(q, k, v, log_g, float(scale), int(p), bool(norm))
     return AttentionForm.apply(q, k, v, log_g, float(scale), int(p), bool(norm))

@@ -523,219 +523,233 @@ def _chunk_blocks(F, d, dot_dt):
     return 32, 32, 8, 2
 
 
+def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int):
+    """The chunked form's forward launches: (y, S, Z, lse, G, parallel) with S / Z the states entering each chunk
+    and the final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy, parallel whether
+    the parallel state path ran. Arguments as ChunkedForm's; q, k, v contiguous."""
+    b, T, hq, d = q.shape
+    hk = k.shape[2]
+    NC = T // C
+    dev = q.device
+    gated = gl is not None
+    f32 = dict(device=dev, dtype=torch.float32)
+    dummy = torch.zeros(1, **f32)
+    G = gl.contiguous() if gated else dummy
+    IDX, MULT, TILE, F, L = _tables(p, d, dev)
+    DS = state_dim(p, d)
+    sp = scale ** p
+    # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
+    dot_dt, prec = _dot_dtype(q.dtype, norm, False)
+    BM, BN, warps, stages = _blocks(d, False, dot_dt)
+    fast = sym2.applies(p, d, q.dtype)      # p = 2: the grouped outer-product kernels (triton_sym2.py)
+    # bf16 inputs on the p=2 path: the intra output and the per-chunk states are stored in bf16 (they are
+    # bf16 matmul operands anyway; sums stay fp32 in registers): half the memory of fp32 buffers
+    low = fast and q.dtype == torch.bfloat16
+    o_intra = torch.empty(b, T, hq, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
+    lse_intra = torch.empty(b, T, hq, **f32) if norm else dummy
+    nb = b * NC
+    cq, ck, cv, cG, co = (_chunk_view(x, nb, C, r) for x, r in
+                          ((q, True), (k, True), (v, True), (G, gated), (o_intra, True)))
+    cl = _chunk_view(lse_intra, nb, C, norm)
+    for sl in _chunk_batches(nb, hq):
+        _attn_fwd[(triton.cdiv(C, BM), (sl.stop - sl.start) * hq)](
+            cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, sp, C,
+            HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
+            FAST=_fast_paths(False, dot_dt, BM, BN), GATE_SCORES=triton_attention.GATE_SCORES,
+            num_warps=warps, num_stages=stages)
+    # states entering each chunk (+ the final one)
+    sdt, sprec = _state_operands(q.dtype)
+    rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
+    S = torch.empty(b, hk, NC + 1, DS, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
+    Z = torch.empty(b, hk, NC + 1, DS, **f32)
+    has_s0 = s0 is not None
+    parallel = PARALLEL_STATE or low       # the serial kernels keep fp32 states
+    if parallel:
+        # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
+        if fast:
+            sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm, gated,
+                              sdt, sprec)
+        else:
+            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
+            _update_state_fwd[(NC * L, d // pBD, b * hk)](
+                k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows,
+                BD=pBD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
+        if has_s0:
+            S[:, :, 0] = s0
+            Z[:, :, 0] = z0
+        else:
+            S[:, :, 0].zero_()
+            Z[:, :, 0].zero_()
+        for X, M in ((S, DS * d), (Z, DS)):
+            _discumsum[(triton.cdiv(M, DISCUMSUM_BLOCK), b * hk)](
+                X, G, dummy, dummy, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=False,
+                num_warps=4)
+    else:
+        _chunk_state_fwd[(L, d // BD, b * hk)](
+            k, v, G, IDX, MULT, s0.contiguous() if has_s0 else dummy, z0.contiguous() if has_s0 else dummy,
+            S, Z, T, NC, DS, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows, BD=BD, GATED=gated,
+            HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
+    y = torch.empty_like(q)
+    lse = torch.empty(b, T, hq, **f32) if norm else dummy
+    if fast and sym2.ROWS["qfwd"]:
+        _, bm, w_, s_ = sym2.blocks("qfwd_rows", d)
+        sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+            q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+            num_warps=w_, num_stages=s_)
+    elif fast:
+        jg, bm, w_, s_ = sym2.blocks("qfwd", d)
+        grp = sym2.groups(d, jg, dev)
+        sym2._sym2_query_fwd[(triton.cdiv(C, bm), NC, b * hq)](
+            q, G, grp, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
+            TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+            num_warps=w_, num_stages=s_)
+    else:
+        _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
+            q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
+            F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+            num_warps=warps, num_stages=stages)
+    return y, S, Z, lse, G, parallel
+
+
+def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: int, norm: bool, gated: bool, C: int,
+                     has_s0: bool, parallel: bool):
+    """The chunked form's backward launches: (dq, dk, dv, dgl, ds0, dz0) from the forward's tensors
+    (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, zeros when unused)."""
+    b, T, hq, d = q.shape
+    hk = k.shape[2]
+    NC = T // C
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = lse if not norm else torch.zeros(1, **f32)
+    IDX, MULT, TILE, F, L = _tables(p, d, q.device)
+    fast = sym2.applies(p, d, q.dtype)                 # as in the forward
+    DS = state_dim(p, d)
+    sp = scale ** p
+    dy = dy.contiguous()
+    delta = row_dot(dy, y) if norm else dummy                             # (b,T,hq)
+    # intra-chunk attention backward with the combined normalizer (lse = log of the total)
+    dq = torch.empty(b, T, hq, d, **f32)
+    dk = torch.empty(b, T, hk, d, **f32)
+    dv = torch.empty(b, T, hk, d, **f32)
+    dgq = torch.empty(b, T, hq, **f32) if gated else dummy
+    dgk = torch.empty(b, T, hk, **f32) if gated else dummy
+    dot_dt, prec = _dot_dtype(q.dtype, norm, True)
+    BM, BN, warps, stages = _blocks(d, True, dot_dt)
+    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
+                  PREC=prec, FAST=_fast_paths(True, dot_dt, BM, BN), num_warps=warps, num_stages=stages)
+    nb = b * NC
+    cq, ck, cv, cdy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, dq, dk, dv))
+    cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))
+    cl, cdl = (_chunk_view(x, nb, C, norm) for x in (lse, delta))
+    for sl in _chunk_batches(nb, hq):
+        n_sl = sl.stop - sl.start
+        g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+        _attn_bwd_dkdv[(triton.cdiv(C, BN), n_sl * hk)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl],
+                                                        cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
+                                                        **common)
+        _attn_bwd_dq[(triton.cdiv(C, BM), n_sl * hq)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl],
+                                                      cdgq[sl] if gated else dgq, scale, sp, C,
+                                                      GATE_SCORES=triton_attention.GATE_SCORES, **common)
+    # state term
+    sdt, sprec = _state_operands(q.dtype)
+    rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
+    sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
+                 num_stages=stages)
+    dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
+    if fast:
+        jg, bm, w_, s_ = sym2.blocks("qbwd", d)
+        grp = sym2.groups(d, jg, q.device)
+        sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
+            q, G, grp, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
+            TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+            num_warps=w_, num_stages=s_)
+    else:
+        _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
+            q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
+            HAS_S0=has_s0, **sizes)
+    NV = d // BD
+    if parallel:
+        # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
+        # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
+        # and d initial_state = slot 0
+        dq = dq.to(q.dtype)                 # dq is complete: release its fp32 buffer before dR exists
+        dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
+        dRz = torch.empty(b, hk, NC + 1, DS, **f32)
+        if fast:
+            sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C, False, norm, gated,
+                              sdt, sprec)
+        else:
+            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
+            _query_grad_state[(NC * L, d // pBD, b * hk)](
+                q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD,
+                NORM=norm, **dict(sizes, num_warps=pwarps, num_stages=pstages))
+        dR[:, :, NC] = dsf
+        dRz[:, :, NC] = dzf
+        dgts = []
+        for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)):
+            nblk = triton.cdiv(M, DISCUMSUM_BLOCK)
+            dgt_ = torch.empty(b * hk, nblk, NC, **f32) if gated else dummy
+            _discumsum[(nblk, b * hk)](
+                X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=True,
+                num_warps=4)
+            dgts.append(dgt_)
+        dgt = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
+        ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
+        dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
+    else:
+        dU = torch.empty(b, hk, NC, DS, d, **f32)
+        dUz = torch.empty(b, hk, NC, DS, **f32)
+        ds0 = torch.empty(b, hk, DS, d, **f32)
+        dz0 = torch.empty(b, hk, DS, **f32)
+        dgt = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
+        _chunk_state_bwd[(L, NV, b * hk)](
+            q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt, sp,
+            T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
+        dgt = dgt.view(b, hk, -1, NC).sum(2) if gated else dummy
+        NU = NC
+    dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
+    if fast:
+        jg, bk, w_, s_ = sym2.blocks("kbwd", d)
+        grp = sym2.groups(d, jg, q.device)
+        sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
+            k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
+            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=w_, num_stages=s_)
+    else:
+        _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
+            k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
+    dgl = None
+    if gated:
+        rep = hq // hk
+        dgl = dgk + dgk2 + (dgq + dgq2).view(b, T, hk, rep).sum(-1)    # (b,T,hk)
+        end = (-dgk2).view(b, NC, C, hk).sum(2) + dgt.transpose(1, 2)
+        dgl = dgl.view(b, NC, C, hk)
+        dgl[:, :, C - 1] += end                                          # gt_n = g at the chunk's last token
+        dgl = dgl.view(b, T, hk)
+    ds0 = ds0.float().contiguous() if has_s0 else None
+    del dU, dUz
+    if parallel:
+        del dR, dRz
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0, dz0.contiguous() if has_s0 else None
+
+
 class ChunkedForm(torch.autograd.Function):
     """(y, s_final, z_final) of power attention, chunked form. q (b,T,hq,d), k/v (b,T,hk,d) with T % C == 0
     (the caller pads with zeros), gl (b,T,hk) fp32 chunk-local cumulative log-gates or None, s0 (b,hk,D_s,d)
-    / z0 (b,hk,D_s) fp32 or None."""
+    / z0 (b,hk,D_s) fp32 or None. Under torch.compile a stateless call runs as custom ops instead (ops.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        b, T, hq, d = q.shape
-        hk = k.shape[2]
-        NC = T // C
-        dev = q.device
-        gated = gl is not None
-        f32 = dict(device=dev, dtype=torch.float32)
-        dummy = torch.zeros(1, **f32)
-        G = gl.contiguous() if gated else dummy
-        IDX, MULT, TILE, F, L = _tables(p, d, dev)
-        DS = state_dim(p, d)
-        sp = scale ** p
-        # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
-        dot_dt, prec = _dot_dtype(q.dtype, norm, False)
-        BM, BN, warps, stages = _blocks(d, False, dot_dt)
-        fast = sym2.applies(p, d, q.dtype)      # p = 2: the grouped outer-product kernels (triton_sym2.py)
-        # bf16 inputs on the p=2 path: the intra output and the per-chunk states are stored in bf16 (they are
-        # bf16 matmul operands anyway; sums stay fp32 in registers): half the memory of fp32 buffers
-        low = fast and q.dtype == torch.bfloat16
-        o_intra = torch.empty(b, T, hq, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
-        lse_intra = torch.empty(b, T, hq, **f32) if norm else dummy
-        nb = b * NC
-        cq, ck, cv, cG, co = (_chunk_view(x, nb, C, r) for x, r in
-                              ((q, True), (k, True), (v, True), (G, gated), (o_intra, True)))
-        cl = _chunk_view(lse_intra, nb, C, norm)
-        for sl in _chunk_batches(nb, hq):
-            _attn_fwd[(triton.cdiv(C, BM), (sl.stop - sl.start) * hq)](
-                cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, sp, C,
-                HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
-                FAST=_fast_paths(False, dot_dt, BM, BN), GATE_SCORES=triton_attention.GATE_SCORES,
-                num_warps=warps, num_stages=stages)
-        # states entering each chunk (+ the final one)
-        sdt, sprec = _state_operands(q.dtype)
-        rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
-        S = torch.empty(b, hk, NC + 1, DS, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
-        Z = torch.empty(b, hk, NC + 1, DS, **f32)
-        has_s0 = s0 is not None
-        parallel = PARALLEL_STATE or low       # the serial kernels keep fp32 states
-        if parallel:
-            # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
-            if fast:
-                sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm, gated,
-                                  sdt, sprec)
-            else:
-                prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
-                _update_state_fwd[(NC * L, d // pBD, b * hk)](
-                    k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows,
-                    BD=pBD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
-            if has_s0:
-                S[:, :, 0] = s0
-                Z[:, :, 0] = z0
-            else:
-                S[:, :, 0].zero_()
-                Z[:, :, 0].zero_()
-            for X, M in ((S, DS * d), (Z, DS)):
-                _discumsum[(triton.cdiv(M, DISCUMSUM_BLOCK), b * hk)](
-                    X, G, dummy, dummy, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=False,
-                    num_warps=4)
-        else:
-            _chunk_state_fwd[(L, d // BD, b * hk)](
-                k, v, G, IDX, MULT, s0.contiguous() if has_s0 else dummy, z0.contiguous() if has_s0 else dummy,
-                S, Z, T, NC, DS, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows, BD=BD, GATED=gated,
-                HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
-        y = torch.empty_like(q)
-        lse = torch.empty(b, T, hq, **f32) if norm else dummy
-        if fast and sym2.ROWS["qfwd"]:
-            _, bm, w_, s_ = sym2.blocks("qfwd_rows", d)
-            sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-                KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                num_warps=w_, num_stages=s_)
-        elif fast:
-            jg, bm, w_, s_ = sym2.blocks("qfwd", d)
-            grp = sym2.groups(d, jg, dev)
-            sym2._sym2_query_fwd[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, grp, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
-                TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                num_warps=w_, num_stages=s_)
-        else:
-            _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
-                q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
-                F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                num_warps=warps, num_stages=stages)
-        ctx.save_for_backward(q, k, v, G, S, Z, y, lse, IDX, MULT)
-        ctx.cfg = (scale, p, norm, gated, C, has_s0, parallel, fast)
-        del o_intra
+        y, S, Z, lse, G, parallel = chunked_forward(q, k, v, gl, s0, z0, scale, p, norm, C)
+        ctx.save_for_backward(q, k, v, G, S, Z, y, lse)
+        ctx.cfg = (scale, p, norm, gl is not None, C, s0 is not None, parallel)
+        NC = q.shape[1] // C
         return y, S[:, :, NC].to(torch.float32, copy=True), Z[:, :, NC].clone()
 
     @staticmethod
     def backward(ctx, dy, dsf, dzf):
-        q, k, v, G, S, Z, y, lse, IDX, MULT = ctx.saved_tensors
-        scale, p, norm, gated, C, has_s0, parallel, fast = ctx.cfg
-        b, T, hq, d = q.shape
-        hk = k.shape[2]
-        NC = T // C
-        f32 = dict(device=q.device, dtype=torch.float32)
-        dummy = lse if not norm else torch.zeros(1, **f32)
-        _, _, TILE, F, L = _tables(p, d, q.device)
-        DS = state_dim(p, d)
-        sp = scale ** p
-        dy = dy.contiguous()
-        delta = row_dot(dy, y) if norm else dummy                             # (b,T,hq)
-        # intra-chunk attention backward with the combined normalizer (lse = log of the total)
-        dq = torch.empty(b, T, hq, d, **f32)
-        dk = torch.empty(b, T, hk, d, **f32)
-        dv = torch.empty(b, T, hk, d, **f32)
-        dgq = torch.empty(b, T, hq, **f32) if gated else dummy
-        dgk = torch.empty(b, T, hk, **f32) if gated else dummy
-        dot_dt, prec = _dot_dtype(q.dtype, norm, True)
-        BM, BN, warps, stages = _blocks(d, True, dot_dt)
-        common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
-                      PREC=prec, FAST=_fast_paths(True, dot_dt, BM, BN), num_warps=warps, num_stages=stages)
-        nb = b * NC
-        cq, ck, cv, cdy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, dq, dk, dv))
-        cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))
-        cl, cdl = (_chunk_view(x, nb, C, norm) for x in (lse, delta))
-        for sl in _chunk_batches(nb, hq):
-            n_sl = sl.stop - sl.start
-            g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
-            _attn_bwd_dkdv[(triton.cdiv(C, BN), n_sl * hk)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl],
-                                                            cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
-                                                            **common)
-            _attn_bwd_dq[(triton.cdiv(C, BM), n_sl * hq)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl],
-                                                          cdgq[sl] if gated else dgq, scale, sp, C,
-                                                          GATE_SCORES=triton_attention.GATE_SCORES, **common)
-        # state term
-        sdt, sprec = _state_operands(q.dtype)
-        rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
-        sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
-                     num_stages=stages)
-        dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
-        if fast:
-            jg, bm, w_, s_ = sym2.blocks("qbwd", d)
-            grp = sym2.groups(d, jg, q.device)
-            sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, grp, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
-                TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                num_warps=w_, num_stages=s_)
-        else:
-            _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
-                q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
-                HAS_S0=has_s0, **sizes)
-        NV = d // BD
-        if parallel:
-            # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
-            # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
-            # and d initial_state = slot 0
-            dq = dq.to(q.dtype)                 # dq is complete: release its fp32 buffer before dR exists
-            dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
-            dRz = torch.empty(b, hk, NC + 1, DS, **f32)
-            if fast:
-                sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C, False, norm, gated,
-                                  sdt, sprec)
-            else:
-                prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
-                _query_grad_state[(NC * L, d // pBD, b * hk)](
-                    q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD,
-                    NORM=norm, **dict(sizes, num_warps=pwarps, num_stages=pstages))
-            dR[:, :, NC] = dsf
-            dRz[:, :, NC] = dzf
-            dgts = []
-            for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)):
-                nblk = triton.cdiv(M, DISCUMSUM_BLOCK)
-                dgt_ = torch.empty(b * hk, nblk, NC, **f32) if gated else dummy
-                _discumsum[(nblk, b * hk)](
-                    X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=True,
-                    num_warps=4)
-                dgts.append(dgt_)
-            dgt = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
-            ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
-            dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
-        else:
-            dU = torch.empty(b, hk, NC, DS, d, **f32)
-            dUz = torch.empty(b, hk, NC, DS, **f32)
-            ds0 = torch.empty(b, hk, DS, d, **f32)
-            dz0 = torch.empty(b, hk, DS, **f32)
-            dgt = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
-            _chunk_state_bwd[(L, NV, b * hk)](
-                q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt, sp,
-                T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
-            dgt = dgt.view(b, hk, -1, NC).sum(2) if gated else dummy
-            NU = NC
-        dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
-        if fast:
-            jg, bk, w_, s_ = sym2.blocks("kbwd", d)
-            grp = sym2.groups(d, jg, q.device)
-            sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=w_, num_stages=s_)
-        else:
-            _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
-                k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
-        dgl = None
-        if gated:
-            rep = hq // hk
-            dgl = dgk + dgk2 + (dgq + dgq2).view(b, T, hk, rep).sum(-1)    # (b,T,hk)
-            end = (-dgk2).view(b, NC, C, hk).sum(2) + dgt.transpose(1, 2)
-            dgl = dgl.view(b, NC, C, hk)
-            dgl[:, :, C - 1] += end                                          # gt_n = g at the chunk's last token
-            dgl = dgl.view(b, T, hk)
-        ds0 = ds0.float().contiguous() if has_s0 else None
-        del dU, dUz
-        if parallel:
-            del dR, dRz
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0,
-                dz0.contiguous() if has_s0 else None, None, None, None, None)
+        grads = chunked_backward(dy, dsf, dzf, *ctx.saved_tensors, *ctx.cfg)
+        return (*grads, None, None, None, None)
 
 
 def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=None, return_state=False):
@@ -749,10 +763,14 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=No
     pad = NC * C - t
     if pad:
         q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-    gl = None
-    if log_g is not None:
-        lg = torch.nn.functional.pad(log_g, (0, 0, 0, pad)) if pad else log_g
-        gl = gate_cumsum(lg, C)                                                      # chunk-local G
+    lg = log_g
+    if log_g is not None and pad:
+        lg = torch.nn.functional.pad(log_g, (0, 0, 0, pad))
+    if torch.compiler.is_compiling() and initial_state is None and not return_state:
+        from .ops import chunked_form_op          # dynamo cannot trace the launches: one opaque op per pass
+        y = chunked_form_op(q, k, v, lg, float(scale), int(p), bool(norm), C)
+        return y[:, :t] if pad else y
+    gl = None if lg is None else gate_cumsum(lg, C)                                  # chunk-local G
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)
