@@ -44,6 +44,8 @@ def bench_one(arch, attention, ctx, args):
     with dev:
         model = build_model(spec)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), weight_decay=0.1, fused=cuda)
+    if args.compile:  # each run compiles afresh, as train.py's one model per process does
+        torch._dynamo.reset()
     fwd = torch.compile(model) if args.compile else model   # trainer.compile=true (warm-up absorbs compilation)
     x = torch.randint(0, args.vocab, (batch, ctx), device=dev)
     y = torch.roll(x, -1, 1)

@@ -132,7 +132,8 @@ def test_loss_head_on_gpu_matches_float64(dtype, tol):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_power_model_matches_eager(arch, chunk_size):
     """torch.compile runs the power kernels as custom ops (kernels/power/ops.py): same per-token losses and
-    gradients as eager; GPT-2 compiles to one graph (no break around the attention layers)."""
+    gradients as eager, and no graph break inside the attention (FLA's fused loss head and token shift carry
+    `torch.compiler.disable` and break the graph; removing those breaks measured no faster, session 8)."""
     torch.manual_seed(0)
     spec = gpu_spec(arch=arch, attention="power", p=2, chunk_size=chunk_size)
     eager = perturb_(build_model(spec), 0.02).cuda()
@@ -148,6 +149,8 @@ def test_compiled_power_model_matches_eager(arch, chunk_size):
     for (name, pe), pc in zip(eager.named_parameters(), compiled_model.parameters()):
         if pe.grad.abs().max() > 0:
             assert rel(pc.grad, pe.grad) < 1e-3, (name, rel(pc.grad, pe.grad))
-    if arch == "gpt2":
-        torch._dynamo.reset()
-        assert torch._dynamo.explain(compiled_model)(x, y).graph_break_count == 0
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(compiled_model)(x, y)
+    in_attention = [str(r.reason)[:200] for r in explained.break_reasons
+                    if any("kernels/power" in frame.filename for frame in r.user_stack)]
+    assert explained.graph_count >= 1 and not in_attention, in_attention
