@@ -113,7 +113,8 @@ def main():
     xs, lg = inputs(b, t, h, d, True)
     state_flops = 2 * b * t * h * state_dim(2, d) * d          # one [tokens x D] x [D x d] product
     sweep = args.sweep.split(",")
-    base_blocks = dict(triton_sym2.BLOCKS)
+    table = "BLOCKS_WIDE" if d >= 128 else "BLOCKS"       # the table triton_sym2.blocks() reads for this d
+    base_blocks = dict(getattr(triton_sym2, table))
     best = {}
     default_rows = dict(triton_sym2.ROWS)
     for variant in args.rows:
@@ -121,7 +122,7 @@ def main():
         triton_sym2.ROWS = dict(on)
         for cfg in args.configs:
             jg, rows, warps, stages = (int(x) for x in cfg.split(","))
-            triton_sym2.BLOCKS = dict(base_blocks, **{k: (jg, rows, warps, stages) for k in sweep})
+            setattr(triton_sym2, table, dict(base_blocks, **{k: (jg, rows, warps, stages) for k in sweep}))
             tag = f"{cfg} rows={variant}"
             try:
                 t0 = time.time()
@@ -143,8 +144,8 @@ def main():
     triton_sym2.ROWS = default_rows
     if not best:
         return
-    triton_sym2.BLOCKS = dict(base_blocks, **{k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()})
-    res["best"] = {k: list(v) for k, v in triton_sym2.BLOCKS.items()}
+    setattr(triton_sym2, table, dict(base_blocks, **{k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()}))
+    res["best"] = {k: list(v) for k, v in getattr(triton_sym2, table).items()}
     print("BEST", res["best"], "rows:", triton_sym2.ROWS, flush=True)
     times = profile_kernels(xs, lg, args.chunk)
     top = sorted(times.items(), key=lambda kv: -kv[1])[:12]

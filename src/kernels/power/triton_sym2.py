@@ -345,12 +345,12 @@ BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages): th
 }
 
 
-BLOCKS_WIDE = {    # d = 128: 8 warps, one second tile per group (4 warps spill 0.3-0.6 KB/thread: compile_check)
-    "outer": (1, 32, 8, 2),
-    "qfwd": (1, 64, 8, 1),
-    "qbwd": (1, 64, 8, 3),
-    "kbwd": (1, 64, 8, 1),
-    "qfwd_rows": (1, 64, 8, 2),
+BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (session 8, scripts/tune_sym2.py --d 128:
+    "outer": (1, 32, 4, 3),      # fwd+bwd 190.0 -> 116.9 ms); 4 warps for the outer product and the key backward
+    "qfwd": (1, 64, 8, 1),       # (no spill with Triton 3.9's sm_90 build: compile_check sym2,128)
+    "qbwd": (1, 128, 8, 2),
+    "kbwd": (1, 64, 4, 2),
+    "qfwd_rows": (1, 64, 8, 3),
 }
 
 
