@@ -9,10 +9,14 @@ Every key of conf/ can be overridden on the command line; `python train.py --hel
 import os
 import sys
 
-import hydra
-from omegaconf import DictConfig
+# Triton keeps autotuning winners on disk (FLA benchmarks its kernels' configs on first use, ~90 s per shape on
+# an H100), so a second run on the same machine and shapes starts at once; TRITON_CACHE_AUTOTUNING=0 turns it off
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
-from longctx.train.trainer import Trainer
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from longctx.train.trainer import Trainer  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

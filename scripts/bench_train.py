@@ -18,12 +18,15 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
+# FLA's first-call config benchmarks stay on disk: a rerun on this machine skips them (as train.py does)
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
-from omegaconf import OmegaConf
+import torch  # noqa: E402
 
-from longctx.models import ModelSpec, build_model
-from longctx.train.flops import TRAIN_FLOPS_FACTOR, peak_bf16_flops
+from omegaconf import OmegaConf  # noqa: E402
+
+from longctx.models import ModelSpec, build_model  # noqa: E402
+from longctx.train.flops import TRAIN_FLOPS_FACTOR, peak_bf16_flops  # noqa: E402
 
 SIZES_DIR = Path(__file__).resolve().parent.parent / "conf" / "model"  # the sizes train.py uses (model=...)
 LABELS = {"exp": "exp", "window": "window-{window}", "linear": "linear", "power": "power p={p}"}

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -204,3 +206,14 @@ def test_cli_bad_value_is_one_line_naming_the_key(train_env, tmp_path):
     assert out.stderr.strip().splitlines()[-1] == "error: config: p=7: power attention supports integer degrees 1..4"
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_train_keeps_autotune_winners_unless_told(monkeypatch):
+    """train.py turns on Triton's on-disk autotuning cache (FLA's first-call benchmarks, ~90 s per shape) unless the
+    environment already says otherwise."""
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    runpy.run_path(str(REPO / "train.py"), run_name="train_module")
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "0")
+    runpy.run_path(str(REPO / "train.py"), run_name="train_module")
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "0"
