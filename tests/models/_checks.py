@@ -1,6 +1,16 @@
 """Checks shared by the architecture tests."""
 import torch
 
+from longctx.models import ModelSpec
+
+VOCAB = 37
+
+
+def tiny_spec(default_arch: str, **kw) -> ModelSpec:
+    """A two-layer, 32-wide model (CPU-sized) of `default_arch`, with any field (arch too) overridden by `kw`."""
+    base = dict(arch=default_arch, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, ctx=64, window=5, chunk_size=8)
+    return ModelSpec(**(base | kw))
+
 
 def assert_causal(model, vocab: int, min_change: float, t: int = 23, at: int = 13) -> None:
     """Changing the token at position `at` leaves every earlier output exactly as it was and moves a later one."""

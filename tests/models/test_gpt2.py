@@ -11,16 +11,11 @@ from longctx.models import ATTENTIONS, ModelSpec, build_model
 from longctx.models.attention import _blocked_window, _mean_keys_per_query
 from longctx.models.common import per_token_nll
 from longctx.models.spec import ATTENTION_NAMES
-from _checks import assert_causal
-
-
-VOCAB = 37
+from _checks import VOCAB, assert_causal, tiny_spec
 
 
 def tiny(**kw):
-    base = dict(arch="gpt2", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, ctx=64, window=5, chunk_size=8)
-    base.update(kw)
-    return ModelSpec(**base)
+    return tiny_spec("gpt2", **kw)
 
 
 def attention_params():

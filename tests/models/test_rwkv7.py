@@ -8,15 +8,11 @@ import torch
 from longctx.models import ModelSpec, build_model
 from longctx.models.rwkv7 import LOG_DECAY_MIN, rwkv7_chunked, rwkv7_recurrent, to_fla
 from longctx.models.spec import ARCHS, ATTENTION_NAMES
-from _checks import assert_causal, perturb_
-
-VOCAB = 37
+from _checks import VOCAB, assert_causal, perturb_, tiny_spec
 
 
 def tiny(**kw):
-    base = dict(arch="rwkv7", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, ctx=64, window=5, chunk_size=8)
-    base.update(kw)
-    return ModelSpec(**base)
+    return tiny_spec("rwkv7", **kw)
 
 
 def test_native_rule_matches_fla_naive_recurrence():
@@ -99,8 +95,7 @@ def test_weights_load_into_fla_rwkv7():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_pair_trains(arch, attention):
     torch.manual_seed(0)
-    spec = ModelSpec(arch=arch, attention=attention, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
-                     ctx=32, window=8, chunk_size=8, checkpoint_activations=(attention == "power"))
+    spec = tiny_spec(arch, attention=attention, ctx=32, window=8, checkpoint_activations=(attention == "power"))
     model = build_model(spec)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     x = torch.randint(0, VOCAB, (4, 32))
