@@ -106,6 +106,21 @@ def _key_block(T, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
+def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+              GATED: tl.constexpr):
+    """A chunked-form key block's rows: their (b, t, hk) row index, the offsets of their d values, v [BK, D] and
+    c_j = e^(gt_n - g_j), the decay from key j to the chunk's end (0 where masked)."""
+    row = (i_b * T + rows) * HK + i_hk
+    kv_off = row[:, None] * D + tl.arange(0, D)[None, :]
+    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)
+    c = tl.where(mask, 1.0, 0.0)
+    if GATED:
+        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
+        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
+    return row, kv_off, v, c
+
+
+@triton.jit
 def _row_dot(A, B, OUT, N, D: tl.constexpr, BR: tl.constexpr):
     """OUT[r] = sum_c A[r, c] B[r, c] in fp32 for N rows of D contiguous values (the backward's Delta = dy . y)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)

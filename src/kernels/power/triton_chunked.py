@@ -43,7 +43,7 @@ from . import triton_sym2 as sym2
 from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
-                               _fast_paths, _has_state, _key_block, _kv_heads, _query_block, _row_factor,
+                               _fast_paths, _has_state, _key_block, _key_rows, _kv_heads, _query_block, _row_factor,
                                row_dot)
 
 
@@ -349,13 +349,7 @@ def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L, NU
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_f = tl.arange(0, F)
     offs_d = tl.arange(0, D)
-    row = (i_b * T + rows) * HK + i_hk
-    kv_off = row[:, None] * D + offs_d[None, :]
-    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)                # [BK, D]
-    c = tl.where(mask, 1.0, 0.0)
-    if GATED:
-        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
-        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
+    row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)   # v [BK, D]
     u_base = (pid_bh.to(tl.int64) * NU + n) * DS
     dk = tl.zeros([BK, D], tl.float32)
     dv = tl.zeros([BK, D], tl.float32)

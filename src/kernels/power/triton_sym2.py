@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import _combine_store, _has_state, _key_block, _kv_heads, _query_block, _row_factor
+from .triton_attention import (_combine_store, _has_state, _key_block, _key_rows, _kv_heads, _query_block,
+                               _row_factor)
 
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
@@ -280,13 +281,7 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
     (NU slots per (b, hk))."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_d = tl.arange(0, D)
-    row = (i_b * T + rows) * HK + i_hk
-    kv_off = row[:, None] * D + offs_d[None, :]
-    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)
-    c = tl.where(mask, 1.0, 0.0)
-    if GATED:
-        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
-        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
+    row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
     u_base = (pid_bh.to(tl.int64) * NU + n) * DS
     dv = tl.zeros([BK, D], tl.float32)
     y = tl.zeros([BK], tl.float32)
