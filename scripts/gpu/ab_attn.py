@@ -9,7 +9,7 @@ and on the device: PYTHONPATH=_ab/base:$PYTHONPATH python3 scripts/gpu/ab_attn.p
 (delete _ab before committing).
 Prints one JSON line per measurement: fwd and fwd+bwd median ms of the public power_attention (b=8, h=12, d=64,
 bf16, gated, p=2 or --p; the benchmark's inputs), optionally cuDNN beside it, the chunked vs attention form at --forms,
-and a block sweep of the attention-form forward and backward at --sweep.
+and a block sweep of the attention-form kernels at --sweep (forward, dk/dv and dq, each alone).
 """
 import argparse
 import json
@@ -69,7 +69,7 @@ def main():
                     (64, 64, 4, 4), (64, 32, 4, 4), (128, 128, 4, 2)]
         bwd_cfgs = [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3),
                     (128, 128, 8, 2), (128, 32, 4, 2), (32, 32, 4, 3), (128, 64, 4, 2)]
-        for which, cfgs in (("fwd", fwd_cfgs), ("bwd", bwd_cfgs)):
+        for which, cfgs in (("fwd", fwd_cfgs), ("dkdv", bwd_cfgs), ("dq", bwd_cfgs)):   # the other kernels keep theirs
             for cfg in cfgs:
                 ta.BLOCK_OVERRIDE.clear()
                 ta.BLOCK_OVERRIDE[which] = cfg

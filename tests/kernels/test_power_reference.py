@@ -167,3 +167,23 @@ def test_cuda_routing_and_impl_env(monkeypatch):
     monkeypatch.setenv(dispatch.IMPL_ENV, "bogus")
     with pytest.raises(ValueError, match=dispatch.IMPL_ENV):
         dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16)
+
+
+def test_attention_form_tiles_per_kernel(monkeypatch):
+    """Each attention-form kernel takes its own tiles: an override of one backward kernel leaves the other and the
+    forward alone, "bwd" sets both, and a bad kernel name is an error naming it."""
+    import triton.language as tl
+    from longctx.kernels.power import triton_attention as ta
+    monkeypatch.setattr(ta, "BLOCK_OVERRIDE", {})
+    default = {kernel: ta._blocks(64, kernel, tl.bfloat16) for kernel in ta.KERNELS}
+    ta.BLOCK_OVERRIDE["dq"] = (128, 32, 8, 2)
+    assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)
+    assert ta._blocks(64, "dkdv", tl.bfloat16) == default["dkdv"]
+    assert ta._blocks(64, "fwd", tl.bfloat16) == default["fwd"]
+    ta.BLOCK_OVERRIDE["bwd"] = (32, 32, 4, 2)
+    assert ta._blocks(64, "dkdv", tl.bfloat16) == (32, 32, 4, 2)
+    assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)           # its own override wins
+    cfg = ta._launch_cfg(64, "dq", tl.bfloat16, "tf32")
+    assert (cfg["BM"], cfg["BN"], cfg["num_warps"], cfg["num_stages"], cfg["FAST"]) == (128, 32, 8, 2, True)
+    with pytest.raises(ValueError, match="kernel='bwd'"):
+        ta._blocks(64, "bwd", tl.bfloat16)

@@ -142,13 +142,12 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     ints = {"scale": "fp32", "scale_p": "fp32", "T": "i32"}
     base = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     out = []
-    for fn, backward, ptrs in ((ta._attn_fwd, False, {"Q": io, "K": io, "V": io, "O": io}),
-                               (ta._attn_bwd_dkdv, True, {"Q": io, "K": io, "V": io, "DO": io}),
-                               (ta._attn_bwd_dq, True, {"Q": io, "K": io, "V": io, "DO": io})):
-        dot_dt, prec = ta._dot_dtype(torch_dt, norm, backward)
-        BM, BN, warps, stages = ta._blocks(d, backward, dot_dt)
-        k = _compile(fn, ptrs, ints, dict(base, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
-                                          FAST=ta._fast_paths(backward, dot_dt, BM, BN)), warps, stages, arch)
+    for fn, kernel, ptrs in ((ta._attn_fwd, "fwd", {"Q": io, "K": io, "V": io, "O": io}),
+                             (ta._attn_bwd_dkdv, "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
+                             (ta._attn_bwd_dq, "dq", {"Q": io, "K": io, "V": io, "DO": io})):
+        cfg = ta._launch_cfg(d, kernel, *ta._dot_dtype(torch_dt, norm, kernel != "fwd"))
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        k = _compile(fn, ptrs, ints, dict(base, **cfg), warps, stages, arch)
         out.append((k.name, k.metadata.shared, *_usage(k)))
         PTX_OF[k.name] = k.asm["ptx"]
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which

@@ -476,19 +476,30 @@ def _fast_paths(backward, dot_dt, BM, BN):
     if backward:
         return BM % BN == 0 and FAST_BACKWARD
     return BM % BN == 0 and dot_dt != tl.float16 and FAST_FORWARD
-BLOCK_OVERRIDE: dict = {}   # {"fwd"|"bwd": (BM, BN, warps, stages)}: for tuning scripts only
+BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): (BM, BN, warps, stages)}: tuning only
+KERNELS = ("fwd", "dkdv", "dq")
 
 
-def _blocks(d, backward, dot_dt):
-    """(BM, BN, num_warps, num_stages) per head dim; fixed (no benchmarking autotuner), measured in
-    docs/kernels.md."""
-    key = "bwd" if backward else "fwd"
-    if key in BLOCK_OVERRIDE:
-        return BLOCK_OVERRIDE[key]
+def _blocks(d, kernel, dot_dt):
+    """(BM, BN, num_warps, num_stages) of one attention-form kernel ("fwd", "dkdv" or "dq") per head dim; fixed
+    (no benchmarking autotuner), measured in docs/kernels.md. The two backward kernels can take different tiles
+    (BLOCK_OVERRIDE), though today's defaults are the same."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
+    for key in (kernel, "bwd" if kernel != "fwd" else None):
+        if key in BLOCK_OVERRIDE:
+            return BLOCK_OVERRIDE[key]
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
-    if backward:
+    if kernel != "fwd":
         return (32, 32, 4, 1) if wide else (64, 64, 4, 3) if d <= 64 else (64, 64, 8, 2)
     return (64, 32, 4, 1) if wide else (128, 64, 4, 4) if d <= 64 else (128, 64, 8, 2)
+
+
+def _launch_cfg(d, kernel, dot_dt, prec):
+    """The tile constexprs and launch options of one attention-form kernel."""
+    BM, BN, warps, stages = _blocks(d, kernel, dot_dt)
+    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel != "fwd", dot_dt, BM, BN),
+                num_warps=warps, num_stages=stages)
 
 
 def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):
@@ -501,13 +512,10 @@ def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):
     o = torch.empty_like(q)
     f32 = dict(device=q.device, dtype=torch.float32)
     lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
-    dot_dt, prec = _dot_dtype(q.dtype, norm, False)
-    BM, BN, warps, stages = _blocks(d, False, dot_dt)
-    fast = _fast_paths(False, dot_dt, BM, BN)
-    _attn_fwd[(-(-t // BM), b * hq)](
+    cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False))
+    _attn_fwd[(-(-t // cfg["BM"]), b * hq)](
         q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
-        BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=fast, GATE_SCORES=GATE_SCORES, num_warps=warps,
-        num_stages=stages)
+        GATE_SCORES=GATE_SCORES, **cfg)
     return o, lse, Gc
 
 
@@ -520,14 +528,13 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
     dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
-    BM, BN, warps, stages = _blocks(d, True, dot_dt)
-    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
-                  PREC=prec, num_warps=warps, num_stages=stages)
-    common["FAST"] = _fast_paths(True, dot_dt, BM, BN)
+    kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
+    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     sp = scale ** p
-    _attn_bwd_dkdv[(-(-t // BN), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t, **common)
-    _attn_bwd_dq[(-(-t // BM), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                        GATE_SCORES=GATE_SCORES, **common)
+    _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
+                                                    **common, **kv_cfg)
+    _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                                 GATE_SCORES=GATE_SCORES, **common, **q_cfg)
     dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq) if gated else None
     return dq, dk, dv, dlog_g
 

@@ -42,8 +42,8 @@ from . import triton_attention
 from . import triton_sym2 as sym2
 from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
-from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _blocks, _combine_store, _dot_dtype,
-                               _fast_paths, _has_state, _key_block, _key_rows, _kv_heads, _query_block, _row_factor,
+from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _combine_store, _dot_dtype, _has_state,
+                               _launch_cfg, _key_block, _key_rows, _kv_heads, _query_block, _row_factor,
                                row_dot)
 
 
@@ -533,8 +533,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     DS = state_dim(p, d)
     sp = scale ** p
     # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
-    dot_dt, prec = _dot_dtype(q.dtype, norm, False)
-    BM, BN, warps, stages = _blocks(d, False, dot_dt)
+    attn_cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False))
     fast = sym2.applies(p, d, q.dtype)      # p = 2: the grouped outer-product kernels (triton_sym2.py)
     # bf16 inputs on the p=2 path: the intra output and the per-chunk states are stored in bf16 (they are
     # bf16 matmul operands anyway; sums stay fp32 in registers): half the memory of fp32 buffers
@@ -546,11 +545,9 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
                           ((q, True), (k, True), (v, True), (G, gated), (o_intra, True)))
     cl = _chunk_view(lse_intra, nb, C, norm)
     for sl in _chunk_batches(nb, hq):
-        _attn_fwd[(triton.cdiv(C, BM), (sl.stop - sl.start) * hq)](
+        _attn_fwd[(triton.cdiv(C, attn_cfg["BM"]), (sl.stop - sl.start) * hq)](
             cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, sp, C,
-            HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec,
-            FAST=_fast_paths(False, dot_dt, BM, BN), GATE_SCORES=triton_attention.GATE_SCORES,
-            num_warps=warps, num_stages=stages)
+            HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, GATE_SCORES=triton_attention.GATE_SCORES, **attn_cfg)
     # states entering each chunk (+ the final one)
     sdt, sprec = _state_operands(q.dtype)
     rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
@@ -628,9 +625,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     dgq = torch.empty(b, T, hq, **f32) if gated else dummy
     dgk = torch.empty(b, T, hk, **f32) if gated else dummy
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
-    BM, BN, warps, stages = _blocks(d, True, dot_dt)
-    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=BM, BN=BN, DOT_DT=dot_dt,
-                  PREC=prec, FAST=_fast_paths(True, dot_dt, BM, BN), num_warps=warps, num_stages=stages)
+    kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
+    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     nb = b * NC
     cq, ck, cv, cdy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, dq, dk, dv))
     cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))
@@ -638,12 +634,12 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     for sl in _chunk_batches(nb, hq):
         n_sl = sl.stop - sl.start
         g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
-        _attn_bwd_dkdv[(triton.cdiv(C, BN), n_sl * hk)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl],
-                                                        cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
-                                                        **common)
-        _attn_bwd_dq[(triton.cdiv(C, BM), n_sl * hq)](cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl],
-                                                      cdgq[sl] if gated else dgq, scale, sp, C,
-                                                      GATE_SCORES=triton_attention.GATE_SCORES, **common)
+        _attn_bwd_dkdv[(triton.cdiv(C, kv_cfg["BN"]), n_sl * hk)](
+            cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
+            **common, **kv_cfg)
+        _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
+            cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
+            GATE_SCORES=triton_attention.GATE_SCORES, **common, **q_cfg)
     # state term
     sdt, sprec = _state_operands(q.dtype)
     rows, BD, warps, stages = _chunk_blocks(F, d, sdt)

@@ -1,7 +1,8 @@
 """Developer tool: time the attention-form kernels over block configurations on a GPU.
 
-    python -m longctx.kernels.power.tune --t 4096,16384 --d 64
-Prints median ms of forward and forward+backward for each (BM, BN, warps, stages).
+    python -m longctx.kernels.power.tune --t 4096,16384 --d 64 [--which fwd,dkdv,dq]
+Prints median ms of the forward, or of the backward, for each (BM, BN, warps, stages) of the kernel named by
+--which ("fwd", "dkdv" or "dq" alone, the others keeping their defaults; "bwd" sets both backward kernels).
 """
 import argparse
 import itertools
@@ -19,7 +20,7 @@ def main():
     ap.add_argument("--t", default="4096")
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--p", type=int, default=2)
-    ap.add_argument("--which", default="fwd,bwd")
+    ap.add_argument("--which", default="fwd,dkdv,dq")
     ap.add_argument("--gated", type=int, default=1)
     args = ap.parse_args()
     b, h, d = 8, 12, args.d
