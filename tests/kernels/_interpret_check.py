@@ -26,9 +26,10 @@ CASES = [  # (dtype, p, norm, gated, hq, hk, t, tol)
 ]
 
 # the two backward kernels with tiles of their own (triton_attention.BLOCK_OVERRIDE): (case index, overrides);
-# (16, 32) has BM % BN != 0, so that kernel takes its masked path for every block
+# dk/dv with BN > BM: its diagonal spans BN / BM query blocks
 SPLIT_TILES = [(0, {"dkdv": (32, 16, 4, 1), "dq": (64, 32, 4, 1)}),
-               (3, {"dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)})]
+               (3, {"dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)}),
+               (1, {"dkdv": (16, 64, 4, 1)})]
 
 
 def rel(a, b):

@@ -323,7 +323,9 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
     lo = (pid_n * BN // BM) * BM
     hi_diag = T
     if FAST:
-        hi_diag = tl.minimum(lo + BM, T)     # BM % BN == 0: one query block holds the whole key block
+        # the query blocks that meet this key block's diagonal: one when BM % BN == 0, BN / BM when BN % BM == 0
+        DIAG: tl.constexpr = BM if BM >= BN else BN
+        hi_diag = tl.minimum(lo + DIAG, T)
         # Phase 1, off-diagonal query blocks (all queries after every key here) of every head of the GQA group:
         # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j), r = the block's last key; the key factor goes into k
         # (p-th root, once per program), so dv is exact and dk is dk_f times that root. Plain k is
@@ -337,7 +339,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
         k_f = k_f.to(DOT_DT)
         for r in range(REP):
             i_hq = i_hk * REP + r
-            for start_m in range(lo + BM, T, BM):
+            for start_m in range(lo + DIAG, T, BM):
                 offs_m = start_m + tl.arange(0, BM)
                 mask_m = offs_m < T
                 q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
@@ -470,12 +472,15 @@ GATE_SCORES = True          # fast paths: the key gate factor multiplies the sco
 FAST_BACKWARD = True
 
 
-def _fast_paths(backward, dot_dt, BM, BN):
-    """Whether a launch takes the off-diagonal fast paths: whole key blocks per query block (BM % BN == 0); the
-    forward's also needs operands with fp32's range (not fp16); FAST_FORWARD / FAST_BACKWARD switch them off."""
-    if backward:
-        return BM % BN == 0 and FAST_BACKWARD
-    return BM % BN == 0 and dot_dt != tl.float16 and FAST_FORWARD
+def _fast_paths(kernel, dot_dt, BM, BN):
+    """Whether a launch of kernel ("fwd", "dkdv", "dq") takes the off-diagonal fast paths. The query-block kernels
+    need whole key blocks per query block (BM % BN == 0); dk/dv also runs with whole query blocks per key block
+    (BN % BM == 0). The forward's also needs operands with fp32's range (not fp16). FAST_FORWARD / FAST_BACKWARD
+    switch them off."""
+    tiles = BM % BN == 0 or (kernel == "dkdv" and BN % BM == 0)
+    if kernel != "fwd":
+        return tiles and FAST_BACKWARD
+    return tiles and dot_dt != tl.float16 and FAST_FORWARD
 BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): (BM, BN, warps, stages)}: tuning only
 KERNELS = ("fwd", "dkdv", "dq")
 
@@ -498,7 +503,7 @@ def _blocks(d, kernel, dot_dt):
 def _launch_cfg(d, kernel, dot_dt, prec):
     """The tile constexprs and launch options of one attention-form kernel."""
     BM, BN, warps, stages = _blocks(d, kernel, dot_dt)
-    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel != "fwd", dot_dt, BM, BN),
+    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
                 num_warps=warps, num_stages=stages)
 
 
