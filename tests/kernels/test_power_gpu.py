@@ -66,6 +66,21 @@ def test_kernel_matches_float64_reference(p, norm, d, dtype, gated):
     assert_matches_float64_reference(y, leaves, p=p, norm=norm, gated=gated, dtype=dtype)
 
 
+@pytest.mark.parametrize("tiles", [{"dkdv": (32, 64, 4, 3), "dq": (128, 64, 8, 2)},
+                                   {"dkdv": (64, 128, 8, 2), "dq": (128, 32, 4, 2)}],
+                         ids=["dkdv32x64-dq128x64", "dkdv64x128-dq128x32"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_form_split_backward_tiles(tiles, d, monkeypatch):
+    """The dk/dv and dq kernels with tiles of their own (the sweep's candidates; BN > BM takes dk/dv's fast path
+    across BN / BM diagonal query blocks) against the float64 reference, bf16, gated, GQA."""
+    from longctx.kernels.power import triton_attention
+    monkeypatch.setattr(triton_attention, "BLOCK_OVERRIDE", dict(tiles))
+    q, k, v, lg = make(2, 777, 4, 2, d, torch.bfloat16, True)
+    leaves = [x.requires_grad_() for x in (q, k, v, lg)]
+    y = triton_attention.attention_form(q, k, v, lg, p=2, scale=d ** -0.5, norm=True)
+    assert_matches_float64_reference(y, leaves, p=2, norm=True, gated=True, dtype=torch.bfloat16)
+
+
 @pytest.mark.parametrize("t,seg", [(65536, None), (65536 + 100, 1024), (4096, 1000)])
 def test_gate_cumsum_matches_float64(t, seg):
     """The Triton gate scan (whole sequence and chunk-local, ragged last segment) and its backward vs float64 torch:
