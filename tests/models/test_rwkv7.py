@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from longctx.models import ModelSpec, build_model
+from longctx.models import build_model
 from longctx.models.rwkv7 import LOG_DECAY_MIN, rwkv7_chunked, rwkv7_recurrent, to_fla
 from longctx.models.spec import ARCHS, ATTENTION_NAMES
 from _checks import VOCAB, assert_causal, perturb_, tiny_spec

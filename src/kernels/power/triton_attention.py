@@ -481,6 +481,8 @@ def _fast_paths(kernel, dot_dt, BM, BN):
     if kernel != "fwd":
         return tiles and FAST_BACKWARD
     return tiles and dot_dt != tl.float16 and FAST_FORWARD
+
+
 BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): (BM, BN, warps, stages)}: tuning only
 KERNELS = ("fwd", "dkdv", "dq")
 
