@@ -6,6 +6,9 @@ set -e
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  # vidrial (power-attention 1.4.4's dependency) clones cutlass at import unless this folder exists; its Triton
+  # path never uses it (../shared/bench/anchor_bench.py)
+  [ -d /tmp/site/vidrial ] && mkdir -p /tmp/site/vidrial/cutlass/include
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
