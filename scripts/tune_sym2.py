@@ -94,7 +94,10 @@ def main():
                     help="variants to A/B: '+'-joined kernels (qfwd) that run row-scaled, '-' for none, "
                          "'default' for triton_sym2.ROWS")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-atomic", action="store_true", help="triton_sym2.ATOMIC_RMW = False (dq / dk by barrier + "
+                    "read-modify-write, the deterministic path)")
     args = ap.parse_args()
+    triton_sym2.ATOMIC_RMW = not args.no_atomic
     os.makedirs(args.out, exist_ok=True)
     res = {"device": torch.cuda.get_device_name(), "shape": vars(args), "check": {}, "configs": {}}
     if not args.no_check:

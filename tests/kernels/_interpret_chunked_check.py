@@ -28,16 +28,18 @@ CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, t
 ]
 SERIAL = [0, 2]    # cases also run on the serial state path
 SYM2 = [0, 1, 5, 7, 8, 9]   # p=2 cases also run through the p=2 kernels (triton_sym2, forced for fp32) ...
-SYM2_GROUPS = [0, 9]        # ... with the grouped kernels everywhere, and (default run) with the row-scaled ones
+SYM2_GROUPS = [0, 9]        # ... with the grouped kernels everywhere, and (default run) with the row-scaled ones,
+#                             and with the backward's dq / dk updates by barrier + read-modify-write (not atomics)
 
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def run(case, parallel=True, fast=False, rows=None):
+def run(case, parallel=True, fast=False, rows=None, atomic=True):
     triton_chunked.PARALLEL_STATE = parallel
     triton_sym2.FORCE = fast
+    triton_sym2.ATOMIC_RMW = atomic
     if rows is not None:     # None: triton_sym2's defaults
         triton_sym2.ROWS = dict.fromkeys(triton_sym2.ROWS, rows)
     dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
@@ -82,6 +84,7 @@ def run(case, parallel=True, fast=False, rows=None):
     ok = finite and all(e < tol for e in errs)
     path = (("sym2" + {None: " dflt", True: " rows", False: " grp "}[rows]) if fast else "parallel ") if parallel \
         else "serial   "
+    path += "" if atomic or not fast else " rmw"
     print(f"{'ok  ' if ok else 'FAIL'} {path} {dtype} p={p} norm={norm} "
           f"gated={gated} hq={hq} hk={hk} d={d} t={t} "
           f"chunk={chunk} state_in={state_in} state_out={state_out} tol={tol} "
@@ -99,6 +102,7 @@ def main():
         failed += sum(not run(CASES[i], parallel=False) for i in SERIAL)
         failed += sum(not run(CASES[i], fast=True) for i in SYM2)
         failed += sum(not run(CASES[i], fast=True, rows=r) for i in SYM2_GROUPS for r in (False, True))
+        failed += sum(not run(CASES[i], fast=True, atomic=False) for i in SYM2_GROUPS)   # barrier + RMW updates
     sys.exit(1 if failed else 0)
 
 

@@ -237,16 +237,18 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
-                                  "rows-bf16-d128"])
+                                  "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32", "atomic-bf16-d128"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
-    bf16 state buffers); rows-*: triton_sym2's grouped query forward against its row-scaled one. Many chunks,
-    state in and out, output, state and all gradients."""
+    bf16 state buffers); rows-*: triton_sym2's grouped query forward against its row-scaled one; atomic-*: the
+    p=2 backward's dq / dk updates by barrier + read-modify-write against relaxed atomics. Many chunks, state in
+    and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
     rows_mode = mode.startswith("rows")
+    atomic_mode = mode.startswith("atomic")
     q, k, v, lg = make(2, 4000, 4, 2, d, dtype, True, seed=3)
     _, st = power_attention_reference(*make(2, 300, 4, 2, d, torch.float32, True, seed=4), p=2, norm=True,
                                       chunk_size=128, return_state=True)
@@ -254,9 +256,10 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     res = []
     for other in (False, True):
         monkeypatch.setattr(triton_chunked, "PARALLEL_STATE", not (other and mode == "serial-fp32"))
-        monkeypatch.setattr(triton_sym2, "ENABLED", rows_mode or (other and mode.startswith("sym2")))
-        monkeypatch.setattr(triton_sym2, "FORCE", dtype == torch.float32 and (rows_mode or other)
+        monkeypatch.setattr(triton_sym2, "ENABLED", rows_mode or atomic_mode or (other and mode.startswith("sym2")))
+        monkeypatch.setattr(triton_sym2, "FORCE", dtype == torch.float32 and (rows_mode or atomic_mode or other)
                             and mode != "serial-fp32")
+        monkeypatch.setattr(triton_sym2, "ATOMIC_RMW", other or not atomic_mode)
         if rows_mode:
             monkeypatch.setattr(triton_sym2, "ROWS", dict.fromkeys(triton_sym2.ROWS, other))
         y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True,
@@ -269,3 +272,22 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     for name, a, b in zip("y s z dq dk dv dlog_g ds0 dz0".split(), *res):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, b) < tol, name
+
+
+def test_chunked_backward_bitwise_reproducible_in_deterministic_mode():
+    """Under torch.use_deterministic_algorithms the p=2 backward adds dq / dk by barrier + read-modify-write (not
+    atomics): two backward passes give bitwise equal gradients."""
+    from longctx.kernels.power import triton_sym2
+    q, k, v, lg = (x.requires_grad_() for x in make(2, 4000, 4, 2, 64, torch.bfloat16, True, seed=5))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        assert not triton_sym2.atomic_updates()
+        grads = []
+        for _ in range(2):
+            y = chunked_form(q, k, v, lg, p=2, scale=0.125, chunk_size=1024, norm=True)
+            grads.append(torch.autograd.grad(y, (q, k, v, lg), torch.ones_like(y)))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    for name, a, b in zip(("dq", "dk", "dv", "dlog_g"), *grads):
+        assert torch.equal(a, b), name

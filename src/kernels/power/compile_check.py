@@ -172,9 +172,10 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
          dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm), "BK"),
         ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"}, query, "BM"),
-        ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"}, query, "BM"),
+        ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"},
+         dict(query, ATOMIC=s2.atomic_updates()), "BM"),
         ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"}, query | rows_kw, "BM"),
-        ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"}, dict(base, HK=hk), "BK"),
+        ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"}, dict(base, HK=hk, ATOMIC=s2.atomic_updates()), "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:
