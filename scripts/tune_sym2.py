@@ -147,7 +147,8 @@ def main():
     triton_sym2.ROWS = default_rows
     if not best:
         return
-    setattr(triton_sym2, table, dict(base_blocks, **{k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()}))
+    best_blocks = {k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()}
+    setattr(triton_sym2, table, dict(base_blocks, **best_blocks))
     res["best"] = {k: list(v) for k, v in getattr(triton_sym2, table).items()}
     print("BEST", res["best"], "rows:", triton_sym2.ROWS, flush=True)
     times = profile_kernels(xs, lg, args.chunk)

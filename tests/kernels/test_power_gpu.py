@@ -237,7 +237,8 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
-                                  "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32", "atomic-bf16-d128"])
+                                  "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
+                                  "atomic-bf16-d128"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with

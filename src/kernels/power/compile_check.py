@@ -166,6 +166,7 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     base = dict(D=d, C=chunk, TW=s2.TILE2, GATED=gated, DOT_DT=tl.bfloat16, PREC="tf32")
     query = dict(base, HQ=hq, HK=hk, NORM=norm, HAS_S0=True)
     rows_kw = dict(KW2=s2.half_window(d))
+    atomic = s2.atomic_updates()           # the backward kernels' dq / dk updates, as a launch would pick them
     jobs = [
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
          dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm), "BK"),
@@ -173,9 +174,10 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
          dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm), "BK"),
         ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"}, query, "BM"),
         ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"},
-         dict(query, ATOMIC=s2.atomic_updates()), "BM"),
+         dict(query, ATOMIC=atomic), "BM"),
         ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"}, query | rows_kw, "BM"),
-        ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"}, dict(base, HK=hk, ATOMIC=s2.atomic_updates()), "BK"),
+        ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"}, dict(base, HK=hk, ATOMIC=atomic),
+         "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:

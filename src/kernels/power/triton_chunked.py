@@ -614,6 +614,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     dummy = lse if not norm else torch.zeros(1, **f32)
     IDX, MULT, TILE, F, L = _tables(p, d, q.device)
     fast = sym2.applies(p, d, q.dtype)                 # as in the forward
+    atomic = sym2.atomic_updates()                     # dq / dk updates of the p=2 backward kernels (both alike)
     DS = state_dim(p, d)
     sp = scale ** p
     dy = dy.contiguous()
@@ -652,7 +653,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, grp, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
             TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            ATOMIC=sym2.atomic_updates(), num_warps=w_, num_stages=s_)
+            ATOMIC=atomic, num_warps=w_, num_stages=s_)
     else:
         _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
             q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
@@ -703,7 +704,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         grp = sym2.groups(d, jg, q.device)
         sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
             k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=sym2.atomic_updates(), num_warps=w_, num_stages=s_)
+            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, num_warps=w_, num_stages=s_)
     else:
         _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
             k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)

@@ -369,6 +369,7 @@ ATOMIC_RMW = True
 
 
 def atomic_updates() -> bool:
+    """Whether this launch of the backward kernels adds dq / dk by atomics (the ATOMIC constexpr)."""
     return ATOMIC_RMW and not torch.are_deterministic_algorithms_enabled()
 
 
