@@ -89,7 +89,8 @@ def main():
     ap.add_argument("--configs", nargs="*", default=["2,64,8,2", "2,64,4,2", "1,64,4,2", "1,128,8,2", "2,128,8,2",
                                                      "2,32,4,2", "4,64,8,2", "2,64,8,3", "1,64,8,3"])
     ap.add_argument("--sweep", default=",".join(KERNELS),
-                    help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS)")
+                    help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS); a config "
+                         "is JG,rows,warps,stages[,maxnreg]")
     ap.add_argument("--rows", nargs="*", default=["default"],
                     help="variants to A/B: '+'-joined kernels (qfwd) that run row-scaled, '-' for none, "
                          "'default' for triton_sym2.ROWS")
@@ -124,8 +125,8 @@ def main():
         on = default_rows if variant == "default" else {k: k in variant.split("+") for k in default_rows}
         triton_sym2.ROWS = dict(on)
         for cfg in args.configs:
-            jg, rows, warps, stages = (int(x) for x in cfg.split(","))
-            setattr(triton_sym2, table, dict(base_blocks, **{k: (jg, rows, warps, stages) for k in sweep}))
+            entry = tuple(int(x) for x in cfg.split(","))        # (JG, rows, warps, stages[, maxnreg])
+            setattr(triton_sym2, table, dict(base_blocks, **{k: entry for k in sweep}))
             tag = f"{cfg} rows={variant}"
             try:
                 t0 = time.time()

@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--forms", default="")
     ap.add_argument("--sweep", type=int, default=0)
+    ap.add_argument("--regs", action="store_true", help="--sweep: configs with a register cap (maxnreg) instead")
     ap.add_argument("--p", type=int, default=2, help="power degree (odd p: numerator only, as the benchmark)")
     args = ap.parse_args()
     emit(tag=args.tag, src=str(Path(longctx.__file__).parent), dev=torch.cuda.get_device_name())
@@ -71,6 +72,11 @@ def main():
                     (128, 128, 8, 2), (128, 32, 4, 2), (32, 32, 4, 3), (128, 64, 4, 2),
                     # BN > BM (dk/dv only takes its fast path so): no spill at (32, 64) (the default spills 120 B)
                     (32, 64, 4, 3), (32, 64, 4, 2), (32, 64, 8, 2), (32, 128, 8, 2)]
+        if args.regs:       # (BM, BN, warps, stages, maxnreg): more programs per SM where registers limit them
+            fwd_cfgs = [(128, 64, 4, 4), (128, 64, 4, 3, 168), (128, 64, 4, 2, 168), (128, 64, 4, 2, 128),
+                        (64, 64, 4, 3, 128), (64, 64, 4, 2, 128), (128, 32, 4, 3, 168)]
+            bwd_cfgs = [(64, 64, 4, 3), (64, 64, 4, 3, 168), (64, 64, 4, 2, 168), (64, 64, 4, 2, 128),
+                        (64, 64, 4, 1, 128), (32, 64, 4, 2, 128), (64, 32, 4, 2, 128)]
         for which, cfgs in (("fwd", fwd_cfgs), ("dkdv", bwd_cfgs), ("dq", bwd_cfgs)):   # the other kernels keep theirs
             for cfg in cfgs:
                 ta.BLOCK_OVERRIDE.clear()

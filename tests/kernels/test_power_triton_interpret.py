@@ -34,15 +34,20 @@ def test_chunked_kernels_compile_for_sm90():
 def test_sym2_kernels_compile_for_sm90():
     """The p=2 kernels (triton_sym2, the CUDA default for bf16 p=2 from 16k) at d=64 with their H200-tuned blocks:
     compile for sm_90, fit shared memory, and the row-scaled query forward keeps its accumulators in registers
-    (it did not spill in the configuration the H200 sweep picked; a spill would send them through local memory)."""
+    (a few rows may go to the stack under its register cap; its accumulators must not)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power.compile_check import H100_SHARED, PTX_OF, compile_sym2, loop_op_counts
-    out = {name: (shared, stack) for name, shared, _, stack in compile_sym2(64)}
+    built = compile_sym2(64)
+    out = {name: (shared, stack) for name, shared, _, stack in built}
     assert {"_sym2_outer_keys", "_sym2_outer", "_sym2_query_fwd_rows", "_sym2_query_bwd", "_sym2_key_bwd"} <= set(out)
     for name, (shared, _) in out.items():
         assert shared <= H100_SHARED, name
+    # the row-scaled query forward runs capped at 128 registers (4 programs per SM, 15% faster on the H100 than its
+    # 150 uncapped): the cap must reach the build, and what it pushes to the stack stay a few rows, not its accumulators
+    regs = {name: r for name, _, r, _ in built}
+    assert regs["_sym2_query_fwd_rows"] in (None, 128), regs
     stack = out["_sym2_query_fwd_rows"][1]
-    assert stack in (0, None), f"_sym2_query_fwd_rows spills {stack} bytes"
+    assert stack is None or stack <= 256, f"_sym2_query_fwd_rows spills {stack} bytes"
     # the state outer products reduce their normalizer sums after the loop, not per step: a row sum per step cost
     # ~80 lane shuffles per step and half their speed on the H200 (docs/kernels.md, "Session 6")
     for name in ("_sym2_outer_keys", "_sym2_outer"):

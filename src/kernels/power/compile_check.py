@@ -52,7 +52,7 @@ def _normalized_ptx(ptx: str) -> str:
     return re.sub(r"\$L__[A-Za-z_]+\d+", "", "\n".join(keep))
 
 
-def _compile(fn, ptr_types, scalars, consts, warps, stages, arch):
+def _compile(fn, ptr_types, scalars, consts, warps, stages, arch, maxnreg=None):
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else scalars.get(n, ptr_types.get(n, "*fp32")) for n in names}
     # what a launch on real tensors sees: 16-byte aligned pointers and T % 16 == 0 (the benchmark lengths). Without
@@ -61,8 +61,8 @@ def _compile(fn, ptr_types, scalars, consts, warps, stages, arch):
     aligned = [n for n in names if sig[n].startswith("*") or n == "T"]
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps,
-                                                                                  num_stages=stages))
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options=dict(num_warps=warps, num_stages=stages, maxnreg=maxnreg))
     if PTX_DIR:
         key = f"{PTX_TAG}_{kernel.name}"
         i = _PTX_COUNT[key] = _PTX_COUNT.get(key, -1) + 1
@@ -146,8 +146,8 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
                              (ta._attn_bwd_dkdv, "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
                              (ta._attn_bwd_dq, "dq", {"Q": io, "K": io, "V": io, "DO": io})):
         cfg = ta._launch_cfg(d, kernel, *ta._dot_dtype(torch_dt, norm, kernel != "fwd"))
-        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-        k = _compile(fn, ptrs, ints, dict(base, **cfg), warps, stages, arch)
+        warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
+        k = _compile(fn, ptrs, ints, dict(base, **cfg), warps, stages, arch, reg)
         out.append((k.name, k.metadata.shared, *_usage(k)))
         PTX_OF[k.name] = k.asm["ptx"]
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which
@@ -181,10 +181,10 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:
-        jg, rows, warps, stages = (blocks or {}).get(key) or s2.blocks(key, d)
+        jg, rows, warps, stages, *reg = (blocks or {}).get(key) or (s2.BLOCKS_WIDE if d >= 128 else s2.BLOCKS)[key]
         if "JG" in inspect.signature(fn.fn).parameters:
             consts = dict(consts, JG=jg)
-        k = _compile(fn, ptrs, ints, dict(consts, **{rows_name: rows}), warps, stages, arch)
+        k = _compile(fn, ptrs, ints, dict(consts, **{rows_name: rows}), warps, stages, arch, (reg or [None])[0])
         name = f"{k.name}{'_keys' if consts.get('KEYS') else ''}"
         out.append((name, k.metadata.shared, *_usage(k)))
         PTX_OF[name] = k.asm["ptx"]

@@ -483,7 +483,8 @@ def _fast_paths(kernel, dot_dt, BM, BN):
     return tiles and dot_dt != tl.float16 and FAST_FORWARD
 
 
-BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): (BM, BN, warps, stages)}: tuning only
+BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): (BM, BN, warps, stages[, maxnreg])}:
+                            # tuning only
 KERNELS = ("fwd", "dkdv", "dq")
 
 
@@ -503,10 +504,14 @@ def _blocks(d, kernel, dot_dt):
 
 
 def _launch_cfg(d, kernel, dot_dt, prec):
-    """The tile constexprs and launch options of one attention-form kernel."""
-    BM, BN, warps, stages = _blocks(d, kernel, dot_dt)
-    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
-                num_warps=warps, num_stages=stages)
+    """The tile constexprs and launch options of one attention-form kernel (a 5th block entry caps the registers
+    per thread, `maxnreg`: more programs per SM where the registers, not shared memory, limit them)."""
+    BM, BN, warps, stages, *reg = _blocks(d, kernel, dot_dt)
+    cfg = dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
+               num_warps=warps, num_stages=stages)
+    if reg and reg[0]:
+        cfg["maxnreg"] = reg[0]
+    return cfg
 
 
 def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):

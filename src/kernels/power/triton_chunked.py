@@ -583,18 +583,18 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     y = torch.empty_like(q)
     lse = torch.empty(b, T, hq, **f32) if norm else dummy
     if fast and sym2.ROWS["qfwd"]:
-        _, bm, w_, s_ = sym2.blocks("qfwd_rows", d)
+        _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
             KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            num_warps=w_, num_stages=s_)
+            **sym2.launch_options("qfwd_rows", d))
     elif fast:
-        jg, bm, w_, s_ = sym2.blocks("qfwd", d)
+        jg, bm, _, _ = sym2.blocks("qfwd", d)
         grp = sym2.groups(d, jg, dev)
         sym2._sym2_query_fwd[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, grp, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
             TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            num_warps=w_, num_stages=s_)
+            **sym2.launch_options("qfwd", d))
     else:
         _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
             q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
@@ -648,12 +648,12 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                  num_stages=stages)
     dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
     if fast:
-        jg, bm, w_, s_ = sym2.blocks("qbwd", d)
+        jg, bm, _, _ = sym2.blocks("qbwd", d)
         grp = sym2.groups(d, jg, q.device)
         sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, grp, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
             TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            ATOMIC=atomic, num_warps=w_, num_stages=s_)
+            ATOMIC=atomic, **sym2.launch_options("qbwd", d))
     else:
         _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
             q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
@@ -700,11 +700,11 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         NU = NC
     dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
     if fast:
-        jg, bk, w_, s_ = sym2.blocks("kbwd", d)
+        jg, bk, _, _ = sym2.blocks("kbwd", d)
         grp = sym2.groups(d, jg, q.device)
         sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
             k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, num_warps=w_, num_stages=s_)
+            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, **sym2.launch_options("kbwd", d))
     else:
         _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
             k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)

@@ -337,13 +337,13 @@ def groups(d: int, jg: int, device) -> torch.Tensor:
 
 ENABLED = True     # False: p = 2 runs the generic expand-MMA kernels (A/B timing, tests)
 FORCE = False      # True: use these kernels for every dtype (the interpreter test runs them in fp32)
-BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages), d = 32 and 64: H200 sweeps (sessions 4-6),
+BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages[, maxnreg]), d = 32 and 64: H200 sweeps (sessions 4-6),
     "outer": (2, 64, 4, 3),       # outer and row-scaled forward re-swept on an H100 (session 9, tune_sym2.py --t 65536:
     "qfwd": (2, 64, 4, 1),        # outer 23.1 -> 21.7 ms, query forward 11.8 -> 10.4 ms at b=8, h=12, d=64, chunk 1024)
     "qbwd": (2, 64, 4, 3),
     "kbwd": (2, 64, 4, 1),
-    "qfwd_rows": (1, 64, 4, 1),   # the row-scaled query forward: JG unused
-}
+    "qfwd_rows": (1, 64, 4, 1, 128),  # the row-scaled query forward (JG unused), capped at 128 registers: 4 programs
+}                                     # per SM instead of 3 (H100, 64k: 10.45 -> 8.93 ms, session 10)
 
 
 BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (session 8, scripts/tune_sym2.py --d 128:
@@ -357,7 +357,17 @@ BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (ses
 
 def blocks(kernel: str, d: int):
     """(JG, rows, warps, stages) of one kernel for head dim d."""
-    return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
+    return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel][:4]
+
+
+def launch_options(kernel: str, d: int) -> dict:
+    """num_warps, num_stages and, where a table entry has a 5th value, maxnreg (registers per thread: a cap
+    lets more programs share an SM when registers, not shared memory, limit them) of one kernel's launch."""
+    cfg = (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
+    opts = dict(num_warps=cfg[2], num_stages=cfg[3])
+    if len(cfg) > 4 and cfg[4]:
+        opts["maxnreg"] = cfg[4]
+    return opts
 
 
 ROWS = {"qfwd": True}   # the row-scaled query forward (False: the grouped one)
@@ -383,11 +393,11 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
                  dot_dt, prec):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
     states (keys) or the query-side state gradients."""
-    jg, bk, w_, s_ = blocks("outer", d)
+    jg, bk, _, _ = blocks("outer", d)
     grp = groups(d, jg, X.device)
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
         X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
-        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, num_warps=w_, num_stages=s_)
+        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, **launch_options("outer", d))
 
 
 def applies(p: int, d: int, dtype) -> bool:
