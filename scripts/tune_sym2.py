@@ -25,9 +25,10 @@ from longctx.kernels.power.reference import PowerState, power_attention_referenc
 from longctx.kernels.power.triton_chunked import chunked_form
 
 KERNELS = {"outer": ["_sym2_outer"], "qfwd": ["_sym2_query_fwd"], "qbwd": ["_sym2_query_bwd"],
-           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows"]}
+           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows"], "kdv_rows": ["_sym2_key_dv_rows"]}
 WORK = {"_sym2_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2,
-        "_sym2_query_fwd_rows": 1}   # state products per kernel (for TF/s)
+        "_sym2_query_fwd_rows": 1, "_sym2_key_dv_rows": 1}   # state products per kernel (for TF/s; the key
+#                                                              backward does one when the row-scaled dv is on)
 
 
 def rel(a, b):
@@ -92,7 +93,7 @@ def main():
                     help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS); a config "
                          "is JG,rows,warps,stages[,maxnreg]")
     ap.add_argument("--rows", nargs="*", default=["default"],
-                    help="variants to A/B: '+'-joined kernels (qfwd) that run row-scaled, '-' for none, "
+                    help="variants to A/B: '+'-joined kernels (qfwd, kdv) that run row-scaled, '-' for none, "
                          "'default' for triton_sym2.ROWS")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-atomic", action="store_true", help="triton_sym2.ATOMIC_RMW = False (dq / dk by barrier + "

@@ -242,7 +242,8 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
-    bf16 state buffers); rows-*: triton_sym2's grouped query forward against its row-scaled one; atomic-*: the
+    bf16 state buffers); rows-*: triton_sym2's grouped query forward and phi-building key backward (dv too) against
+    the row-scaled query forward and key dv (triton_sym2.ROWS); atomic-*: the
     p=2 backward's dq / dk updates by barrier + read-modify-write against relaxed atomics. Many chunks, state in
     and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2

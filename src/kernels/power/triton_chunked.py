@@ -702,9 +702,16 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     if fast:
         jg, bk, _, _ = sym2.blocks("kbwd", d)
         grp = sym2.groups(d, jg, q.device)
+        dv_rows = sym2.ROWS["kdv"]
         sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
             k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, **sym2.launch_options("kbwd", d))
+            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows,
+            **sym2.launch_options("kbwd", d))
+        if dv_rows:
+            _, bk, _, _ = sym2.blocks("kdv_rows", d)
+            sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
+                k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
+                DOT_DT=sdt, PREC=sprec, **sym2.launch_options("kdv_rows", d))
     else:
         _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
             k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)

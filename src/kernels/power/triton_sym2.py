@@ -236,16 +236,22 @@ def _zmat(Z, s_base, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr):
 
 @triton.jit
 def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr, KW: tl.constexpr,
-                   NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """num += sum over first tiles ti in [t_lo, t_hi) and a < TW of q_i (qw S_i), window [J0, J0 + KW)."""
+                   NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
+                   KEYS: tl.constexpr):
+    """num += sum over first tiles ti in [t_lo, t_hi) and a < TW of q_i (qw S_i), window [J0, J0 + KW).
+    KEYS: qw (fp32) takes the key side's multiplicities per ti (1 in tile ti, 2 after it)."""
     offs_d = tl.arange(0, D)
     j = J0 + tl.arange(0, KW)
     for ti in range(t_lo, t_hi):
+        if KEYS:
+            qw_t = (qw * tl.where(j // TW == ti, 1.0, 2.0)[None, :]).to(DOT_DT)
+        else:
+            qw_t = qw
         for a in range(TW):
             lrow, valid = _win(ti, a, j, NT, TW)
             s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
             q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
-            num += q_i[:, None] * tl.dot(qw, s_i.to(DOT_DT), input_precision=PREC)
+            num += q_i[:, None] * tl.dot(qw_t, s_i.to(DOT_DT), input_precision=PREC)
     return num
 
 
@@ -267,10 +273,40 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
         den = tl.sum(qf * tl.dot(qf, _zmat(Z, s_base, D, NT, TW), input_precision="tf32x3"), axis=1)
     on = _has_state(n, HAS_S0)
     num = tl.zeros([BM, D], tl.float32)
-    num = _rows_fwd_pass(num, q_row, qf.to(DOT_DT), S, s_base, mask, 0, T1 * on, 0, D, NT, TW, D, DOT_DT, PREC)
+    num = _rows_fwd_pass(num, q_row, qf.to(DOT_DT), S, s_base, mask, 0, T1 * on, 0, D, NT, TW, D, DOT_DT, PREC,
+                         False)
     num = _rows_fwd_pass(num, q_row, q2.to(DOT_DT), S, s_base, mask, T1, T1 + (NT - T1) * on, D - KW2, KW2,
-                         NT, TW, D, DOT_DT, PREC)
+                         NT, TW, D, DOT_DT, PREC, False)
     _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM, D)
+
+
+@triton.jit
+def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+                      TW: tl.constexpr, KW2: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """The key backward's dv, row-scaled like the query forward: dv_j += c_j sum_i k_i (k_win,w dU_i) with the
+    key side's multiplicities w on the window's columns, c_j = e^(gt_n - g_j); program (key block of a chunk,
+    chunk n, b*hk). DV (fp32) holds the intra-chunk part already."""
+    i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
+    NT: tl.constexpr = D // TW
+    T1: tl.constexpr = (D - KW2) // TW
+    row = (i_b * T + rows) * HK + i_hk
+    k_row = K + row * D
+    offs_d = tl.arange(0, D)
+    kf = tl.load(k_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    k2 = tl.load(k_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None], other=0.0)
+    u_base = (pid_bh.to(tl.int64) * NU + n) * DS
+    dv = tl.zeros([BK, D], tl.float32)
+    dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True)
+    dv = _rows_fwd_pass(dv, k_row, k2.to(tl.float32), DU, u_base, mask, T1, NT, D - KW2, KW2, NT, TW, D, DOT_DT,
+                        PREC, True)
+    c = tl.where(mask, 1.0, 0.0)
+    if GATED:
+        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
+        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
+    kv_off = row[:, None] * D + offs_d[None, :]
+    dv = dv * c[:, None] + tl.load(DV + kv_off, mask=mask[:, None], other=0.0)
+    tl.store(DV + kv_off, dv, mask=mask[:, None])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,10 +316,10 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
 def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
                   HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr,
                   BK: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
-                  ATOMIC: tl.constexpr):
+                  ATOMIC: tl.constexpr, DV_TOO: tl.constexpr):
     """Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j, c_j = e^(gt_n - g_j) and
-    X = v dU_n^T + dUz_n = dL/dph: DV += ph dU_n, DK += dph/dk^T X, DGK = -X . ph. dU_n is slot n of DU
-    (NU slots per (b, hk))."""
+    X = v dU_n^T + dUz_n = dL/dph: DV += ph dU_n (DV_TOO; else _sym2_key_dv_rows adds it), DK += dph/dk^T X,
+    DGK = -X . ph. dU_n is slot n of DU (NU slots per (b, hk))."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_d = tl.arange(0, D)
     row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
@@ -296,11 +332,12 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
         ki, kj = _pair(K + row * D, ti, tj, mask, colj, jvalid, TW)
         wcol = tl.where(colj // TW == ti, 1.0, 2.0)                                       # multiplicity
         kjw = kj * wcol[None, :]
-        ph = _phi(ki * c[:, None], kjw, BK, TW, JG)                                          # [BK, FG]
         du = tl.load(DU + (u_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
         duz = tl.load(DUZ + u_base + lrow, mask=fvalid, other=0.0)
         x = tl.dot(v.to(DOT_DT), tl.trans(du.to(DOT_DT)), input_precision=PREC) + duz[None, :]   # [BK, FG]
-        dv += tl.dot(ph.to(DOT_DT), du.to(DOT_DT), input_precision=PREC)
+        if DV_TOO:
+            ph = _phi(ki * c[:, None], kjw, BK, TW, JG)                                      # [BK, FG]
+            dv += tl.dot(ph.to(DOT_DT), du.to(DOT_DT), input_precision=PREC)
         x3 = tl.reshape(x, (BK, TW, TW * JG))
         dki = tl.sum(x3 * kjw[:, None, :], axis=2)                                          # [BK, 8], / c
         dkj = tl.sum(x3 * ki[:, :, None], axis=1)                                           # [BK, 8JG], / (c w)
@@ -308,8 +345,9 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
         _rmw(dk_row[:, None] + ti * TW + tl.arange(0, TW)[None, :], dki * c[:, None], mask[:, None], ATOMIC)
         _rmw(dk_row[:, None] + colj[None, :], dkj * wcol[None, :] * c[:, None], mask[:, None] & jvalid[None, :],
              ATOMIC)
-    dv += tl.load(DV + kv_off, mask=mask[:, None], other=0.0)
-    tl.store(DV + kv_off, dv, mask=mask[:, None])
+    if DV_TOO:
+        dv += tl.load(DV + kv_off, mask=mask[:, None], other=0.0)
+        tl.store(DV + kv_off, dv, mask=mask[:, None])
     if GATED:
         tl.store(DGK + row, -y * c, mask=mask)
 
@@ -341,9 +379,11 @@ BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages[, ma
     "outer": (2, 64, 4, 3),       # outer and row-scaled forward re-swept on an H100 (session 9, tune_sym2.py --t 65536:
     "qfwd": (2, 64, 4, 1),        # outer 23.1 -> 21.7 ms, query forward 11.8 -> 10.4 ms at b=8, h=12, d=64, chunk 1024)
     "qbwd": (2, 64, 4, 3),
-    "kbwd": (2, 64, 4, 1),
+    "kbwd": (2, 64, 4, 2),        # dk only (ROWS["kdv"]); with dv too (2, 64, 4, 1) was best
     "qfwd_rows": (1, 64, 4, 1, 128),  # the row-scaled query forward (JG unused), capped at 128 registers: 4 programs
-}                                     # per SM instead of 3 (H100, 64k: 10.45 -> 8.93 ms, session 10)
+                                      # per SM instead of 3 (H100, 64k: 10.45 -> 8.93 ms, session 10)
+    "kdv_rows": (1, 64, 4, 1, 128),   # the row-scaled dv of the key backward (ROWS["kdv"]; JG unused)
+}
 
 
 BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (session 8, scripts/tune_sym2.py --d 128:
@@ -352,6 +392,7 @@ BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (ses
     "qbwd": (1, 128, 8, 2),
     "kbwd": (1, 64, 4, 2),
     "qfwd_rows": (1, 64, 8, 3),
+    "kdv_rows": (1, 64, 4, 2),   # (session 10, t=16k: 14.6 ms; with (1, 64, 8, 3) 14.8)
 }
 
 
@@ -370,7 +411,9 @@ def launch_options(kernel: str, d: int) -> dict:
     return opts
 
 
-ROWS = {"qfwd": True}   # the row-scaled query forward (False: the grouped one)
+# row-scaled kernels in place of grouped ones: the query forward (False: _sym2_query_fwd) and the key backward's
+# dv (False: _sym2_key_bwd builds phi(k) for it, DV_TOO)
+ROWS = {"qfwd": True, "kdv": True}
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
