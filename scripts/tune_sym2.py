@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from bench_attention import inputs  # the benchmark's inputs (same shape, scaling and gates)
-from longctx.kernels.power import triton_sym2
+from longctx.kernels.power import triton_attention, triton_sym2
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
 from longctx.kernels.power.triton_chunked import chunked_form
 
@@ -98,8 +98,13 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-atomic", action="store_true", help="triton_sym2.ATOMIC_RMW = False (dq / dk by barrier + "
                     "read-modify-write, the deterministic path)")
+    ap.add_argument("--attn-blocks", nargs="*", default=[], help="intra-chunk attention tiles, e.g. "
+                    "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: BM,BN,warps,stages[,maxnreg])")
     args = ap.parse_args()
     triton_sym2.ATOMIC_RMW = not args.no_atomic
+    for item in args.attn_blocks:
+        kernel, cfg = item.split("=")
+        triton_attention.BLOCK_OVERRIDE[kernel] = tuple(int(x) for x in cfg.split(","))
     os.makedirs(args.out, exist_ok=True)
     res = {"device": torch.cuda.get_device_name(), "shape": vars(args), "check": {}, "configs": {}}
     if not args.no_check:

@@ -185,5 +185,8 @@ def test_attention_form_tiles_per_kernel(monkeypatch):
     assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)           # its own override wins
     cfg = ta._launch_cfg(64, "dq", tl.bfloat16, "tf32")
     assert (cfg["BM"], cfg["BN"], cfg["num_warps"], cfg["num_stages"], cfg["FAST"]) == (128, 32, 8, 2, True)
+    assert "maxnreg" not in cfg                                           # 4 entries: no register cap
+    ta.BLOCK_OVERRIDE["fwd"] = (64, 64, 4, 2, 128)                         # a 5th entry caps the registers
+    assert ta._launch_cfg(64, "fwd", tl.bfloat16, "tf32")["maxnreg"] == 128
     with pytest.raises(ValueError, match="kernel='bwd'"):
         ta._blocks(64, "bwd", tl.bfloat16)
