@@ -178,7 +178,7 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
         ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"}, query | rows_kw, "BM"),
         ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"},
          dict(base, HK=hk, ATOMIC=atomic, DV_TOO=not s2.ROWS["kdv"]), "BK"),
-        ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DVO": "*bf16"}, dict(base, HK=hk) | rows_kw, "BK"),
+        ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DV": "*bf16"}, dict(base, HK=hk) | rows_kw, "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:

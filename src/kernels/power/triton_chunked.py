@@ -622,7 +622,9 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # intra-chunk attention backward with the combined normalizer (lse = log of the total)
     dq = torch.empty(b, T, hq, d, **f32)
     dk = torch.empty(b, T, hk, d, **f32)
-    dv = torch.empty(b, T, hk, d, **f32)
+    # with the row-scaled dv kernel (the last to write dv) dv stays in the inputs' dtype throughout: the intra-chunk
+    # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass)
+    dv = torch.empty_like(v) if fast and sym2.ROWS["kdv"] else torch.empty(b, T, hk, d, **f32)
     dgq = torch.empty(b, T, hq, **f32) if gated else dummy
     dgk = torch.empty(b, T, hk, **f32) if gated else dummy
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
@@ -709,11 +711,9 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             **sym2.launch_options("kbwd", d))
         if dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
-            dv_out = torch.empty_like(v)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, G, dU, dv, dv_out, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
+                k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
                 DOT_DT=sdt, PREC=sprec, **sym2.launch_options("kdv_rows", d))
-            dv = dv_out
     else:
         _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
             k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)

@@ -281,13 +281,13 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
 
 
 @triton.jit
-def _sym2_key_dv_rows(K, G, DU, DV, DVO, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
                       TW: tl.constexpr, KW2: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
                       DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """The key backward's dv, row-scaled like the query forward: dv_j += c_j sum_i k_i (k_win,w dU_i) with the
     key side's multiplicities w on the window's columns, c_j = e^(gt_n - g_j); program (key block of a chunk,
-    chunk n, b*hk). DV (fp32) holds the intra-chunk part already; the sum goes to DVO in its dtype (the last
-    write of dv: no separate conversion pass)."""
+    chunk n, b*hk). DV holds the intra-chunk part already, in the inputs' dtype (bf16: the buffer is dv itself, no
+    fp32 copy and no conversion pass); the sum is formed in fp32 and written back in place."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     NT: tl.constexpr = D // TW
     T1: tl.constexpr = (D - KW2) // TW
@@ -306,8 +306,8 @@ def _sym2_key_dv_rows(K, G, DU, DV, DVO, T, NC, DS, NU, HK: tl.constexpr, D: tl.
         g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
         c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
     kv_off = row[:, None] * D + offs_d[None, :]
-    dv = dv * c[:, None] + tl.load(DV + kv_off, mask=mask[:, None], other=0.0)
-    tl.store(DVO + kv_off, dv.to(DVO.dtype.element_ty), mask=mask[:, None])
+    dv = dv * c[:, None] + tl.load(DV + kv_off, mask=mask[:, None], other=0.0).to(tl.float32)
+    tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask[:, None])
 
 
 # ----------------------------------------------------------------------------------------------
