@@ -99,7 +99,8 @@ def main():
     ap.add_argument("--no-atomic", action="store_true", help="triton_sym2.ATOMIC_RMW = False (dq / dk by barrier + "
                     "read-modify-write, the deterministic path)")
     ap.add_argument("--attn-blocks", nargs="*", default=[], help="intra-chunk attention tiles, e.g. "
-                    "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: BM,BN,warps,stages[,maxnreg])")
+                    "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: "
+                    "BM,BN,warps,stages[,maxnreg])")
     args = ap.parse_args()
     triton_sym2.ATOMIC_RMW = not args.no_atomic
     for item in args.attn_blocks:

@@ -500,8 +500,8 @@ def _blocks(d, kernel, dot_dt):
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
     if d <= 64 and dot_dt == tl.bfloat16:
         # register caps (5th entry, maxnreg) that let more programs share an SM (H100, session 10: the chunked
-        # form's intra-chunk attention at 64k fwd 4.04 -> 3.46 ms, dq 4.43 -> 3.96; the attention form at 8k
-        # 10.56 -> ~10.4 ms fwd+bwd; docs/kernels.md)
+        # form's intra-chunk attention at 64k fwd 4.04 -> 3.46 ms, dq 4.43 -> 3.96; the attention form at 4k
+        # 3.135 -> 3.075 ms fwd+bwd, at 8k the same within noise; docs/kernels.md)
         return {"fwd": (128, 32, 4, 3, 168), "dkdv": (64, 64, 4, 3), "dq": (64, 64, 4, 1, 128)}[kernel]
     if kernel != "fwd":
         return (32, 32, 4, 1) if wide else (64, 64, 4, 3) if d <= 64 else (64, 64, 8, 2)

@@ -376,7 +376,8 @@ def groups(d: int, jg: int, device) -> torch.Tensor:
 
 ENABLED = True     # False: p = 2 runs the generic expand-MMA kernels (A/B timing, tests)
 FORCE = False      # True: use these kernels for every dtype (the interpreter test runs them in fp32)
-BLOCKS = {         # kernel -> (JG, rows per program or step, warps, stages[, maxnreg]), d = 32 and 64: H200 sweeps (sessions 4-6),
+# kernel -> (JG, rows per program or step, warps, stages[, maxnreg]); d = 32 and 64: H200 sweeps (sessions 4-6),
+BLOCKS = {
     "outer": (2, 64, 4, 3),       # outer and row-scaled forward re-swept on an H100 (session 9, tune_sym2.py --t 65536:
     "qfwd": (2, 64, 4, 1),        # outer 23.1 -> 21.7 ms, query forward 11.8 -> 10.4 ms at b=8, h=12, d=64, chunk 1024)
     "qbwd": (2, 64, 4, 3),
