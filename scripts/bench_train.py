@@ -29,7 +29,32 @@ from longctx.models import ModelSpec, build_model  # noqa: E402
 from longctx.train.flops import TRAIN_FLOPS_FACTOR, peak_bf16_flops  # noqa: E402
 
 SIZES_DIR = Path(__file__).resolve().parent.parent / "conf" / "model"  # the sizes train.py uses (model=...)
-LABELS = {"exp": "exp", "window": "window-{window}", "linear": "linear", "power": "power p={p}"}
+LABELS = {"exp": "exp", "window": "window-{window}", "linear": "linear", "power": "power p={p}",
+          "none": "no mixing"}
+
+
+class NoMixing(torch.nn.Module):
+    """Benchmark-only attention core (--attentions none): each position keeps its own value, no token mixing and no
+    cost. A model with it runs every other part of the step (projections, MLP or channel mix, gates, loss head,
+    optimizer), so its tokens/s is the ceiling any attention can reach in that model: what the issue's speed targets
+    are measured against (docs/models.md, "What the targets need")."""
+
+    def forward(self, q, k, v, x=None):
+        return v
+
+    def state_size(self, ctx):
+        return 0
+
+    def state_flops(self, ctx):
+        return 0
+
+
+def _no_mixing(model):
+    """Swap every attention core of a model built with attention=exp for NoMixing."""
+    for module in model.modules():
+        if hasattr(module, "core"):
+            module.core = NoMixing()
+    return model
 
 
 def model_size(name):
@@ -38,14 +63,17 @@ def model_size(name):
 
 
 def bench_one(arch, attention, ctx, args):
-    spec = ModelSpec(arch=arch, attention=attention, vocab_size=args.vocab, ctx=ctx, p=args.p, window=args.window,
-                     checkpoint_activations=args.checkpoint, **model_size(args.size))
+    spec = ModelSpec(arch=arch, attention="exp" if attention == "none" else attention, vocab_size=args.vocab,
+                     ctx=ctx, p=args.p, window=args.window, checkpoint_activations=args.checkpoint,
+                     **model_size(args.size))
     batch = max(1, args.tokens // ctx)
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     torch.manual_seed(0)
     with dev:
         model = build_model(spec)
+    if attention == "none":
+        model = _no_mixing(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), weight_decay=0.1, fused=cuda)
     if args.compile:  # each run compiles afresh, as train.py's one model per process does
         torch._dynamo.reset()
@@ -132,6 +160,10 @@ def ratios(rows):
             out.append(f"- {arch}: power@{hi} / exp@{lo} tokens/s = {pw / e_lo:.2f}x (target >= 0.8x)")
         if pw and e_hi:
             out.append(f"- {arch}: power@{hi} / exp@{hi} tokens/s = {pw / e_hi:.2f}x (target >= 5x)")
+        ceil = ok.get((arch, "none", hi))
+        if ceil and e_hi:
+            out.append(f"- {arch}: with no attention cost at all (no mixing@{hi}) / exp@{hi} = {ceil / e_hi:.2f}x: "
+                       "the most any attention can reach")
     return out
 
 
