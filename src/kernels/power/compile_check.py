@@ -160,7 +160,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
 
 
 def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, blocks=None):
-    """Compile the p=2 kernels (triton_sym2.py, bf16) with `blocks` (default triton_sym2.blocks(kernel, d));
+    """Compile the p=2 kernels (triton_sym2.py, bf16) with `blocks` (default triton_sym2.block_entry(kernel, d));
     returns [(name, shared bytes, registers, spill stack bytes)]."""
     ints = {n: "i32" for n in ("T", "NC", "DS", "NG", "NU", "SLOT")} | {"scale_p": "fp32"}
     base = dict(D=d, C=chunk, TW=s2.TILE2, GATED=gated, DOT_DT=tl.bfloat16, PREC="tf32")
@@ -182,10 +182,13 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:
-        jg, rows, warps, stages, *reg = (blocks or {}).get(key) or (s2.BLOCKS_WIDE if d >= 128 else s2.BLOCKS)[key]
+        entry = (blocks or {}).get(key) or s2.block_entry(key, d)
+        jg, rows = entry[:2]
+        opts = ta.launch_options(entry)
         if "JG" in inspect.signature(fn.fn).parameters:
             consts = dict(consts, JG=jg)
-        k = _compile(fn, ptrs, ints, dict(consts, **{rows_name: rows}), warps, stages, arch, (reg or [None])[0])
+        k = _compile(fn, ptrs, ints, dict(consts, **{rows_name: rows}), opts["num_warps"], opts["num_stages"], arch,
+                     opts.get("maxnreg"))
         name = f"{k.name}{'_keys' if consts.get('KEYS') else ''}"
         out.append((name, k.metadata.shared, *_usage(k)))
         PTX_OF[name] = k.asm["ptx"]

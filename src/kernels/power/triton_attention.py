@@ -106,18 +106,25 @@ def _key_block(T, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
-              GATED: tl.constexpr):
-    """A chunked-form key block's rows: their (b, t, hk) row index, the offsets of their d values, v [BK, D] and
-    c_j = e^(gt_n - g_j), the decay from key j to the chunk's end (0 where masked)."""
-    row = (i_b * T + rows) * HK + i_hk
-    kv_off = row[:, None] * D + tl.arange(0, D)[None, :]
-    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)
+def _key_decay(G, T, i_b, i_hk, n, row, mask, HK: tl.constexpr, C: tl.constexpr, GATED: tl.constexpr):
+    """c_j = e^(gt_n - g_j) of a chunked-form key block's rows (flat (b, t, hk) index `row`): the decay from key j
+    to the chunk's end (0 where masked)."""
     c = tl.where(mask, 1.0, 0.0)
     if GATED:
         g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
         c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
-    return row, kv_off, v, c
+    return c
+
+
+@triton.jit
+def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+              GATED: tl.constexpr):
+    """A chunked-form key block's rows: their (b, t, hk) row index, the offsets of their d values, v [BK, D] and
+    their decay c (_key_decay)."""
+    row = (i_b * T + rows) * HK + i_hk
+    kv_off = row[:, None] * D + tl.arange(0, D)[None, :]
+    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)
+    return row, kv_off, v, _key_decay(G, T, i_b, i_hk, n, row, mask, HK, C, GATED)
 
 
 @triton.jit
@@ -508,15 +515,22 @@ def _blocks(d, kernel, dot_dt):
     return (64, 32, 4, 1) if wide else (128, 64, 4, 4) if d <= 64 else (128, 64, 8, 2)
 
 
+def launch_options(entry) -> dict:
+    """num_warps, num_stages and, where the entry has a 5th value, maxnreg of a block entry (tile, tile, warps,
+    stages[, maxnreg]; here and in triton_sym2's tables). The register cap lets more programs share an SM where
+    registers, not shared memory, limit them."""
+    opts = dict(num_warps=entry[2], num_stages=entry[3])
+    if len(entry) > 4 and entry[4]:
+        opts["maxnreg"] = entry[4]
+    return opts
+
+
 def _launch_cfg(d, kernel, dot_dt, prec):
-    """The tile constexprs and launch options of one attention-form kernel (a 5th block entry caps the registers
-    per thread, `maxnreg`: more programs per SM where the registers, not shared memory, limit them)."""
-    BM, BN, warps, stages, *reg = _blocks(d, kernel, dot_dt)
-    cfg = dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
-               num_warps=warps, num_stages=stages)
-    if reg and reg[0]:
-        cfg["maxnreg"] = reg[0]
-    return cfg
+    """The tile constexprs and launch options (launch_options) of one attention-form kernel."""
+    entry = _blocks(d, kernel, dot_dt)
+    BM, BN = entry[:2]
+    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
+                **launch_options(entry))
 
 
 def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):

@@ -624,7 +624,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     dk = torch.empty(b, T, hk, d, **f32)
     # with the row-scaled dv kernel (the last to write dv) dv stays in the inputs' dtype throughout: the intra-chunk
     # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass)
-    dv = torch.empty_like(v) if fast and sym2.ROWS["kdv"] else torch.empty(b, T, hk, d, **f32)
+    dv_rows = fast and sym2.ROWS["kdv"]
+    dv = torch.empty_like(v) if dv_rows else torch.empty(b, T, hk, d, **f32)
     dgq = torch.empty(b, T, hq, **f32) if gated else dummy
     dgk = torch.empty(b, T, hk, **f32) if gated else dummy
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
@@ -704,7 +705,6 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     if fast:
         jg, bk, _, _ = sym2.blocks("kbwd", d)
         grp = sym2.groups(d, jg, q.device)
-        dv_rows = sym2.ROWS["kdv"]
         sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
             k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
             BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows,

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import (_combine_store, _has_state, _key_block, _key_rows, _kv_heads, _query_block,
-                               _row_factor)
+from .triton_attention import (_combine_store, _has_state, _key_block, _key_decay, _key_rows, _kv_heads,
+                               _query_block, _row_factor, launch_options as _entry_options)
 
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
@@ -301,10 +301,7 @@ def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.const
     dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True)
     dv = _rows_fwd_pass(dv, k_row, k2.to(tl.float32), DU, u_base, mask, T1, NT, D - KW2, KW2, NT, TW, D, DOT_DT,
                         PREC, True)
-    c = tl.where(mask, 1.0, 0.0)
-    if GATED:
-        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
-        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
+    c = _key_decay(G, T, i_b, i_hk, n, row, mask, HK, C, GATED)
     kv_off = row[:, None] * D + offs_d[None, :]
     dv = dv * c[:, None] + tl.load(DV + kv_off, mask=mask[:, None], other=0.0).to(tl.float32)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask[:, None])
@@ -398,19 +395,19 @@ BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (ses
 }
 
 
+def block_entry(kernel: str, d: int) -> tuple:
+    """One kernel's table entry for head dim d: (JG, rows, warps, stages[, maxnreg])."""
+    return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
+
+
 def blocks(kernel: str, d: int):
     """(JG, rows, warps, stages) of one kernel for head dim d."""
-    return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel][:4]
+    return block_entry(kernel, d)[:4]
 
 
 def launch_options(kernel: str, d: int) -> dict:
-    """num_warps, num_stages and, where a table entry has a 5th value, maxnreg (registers per thread: a cap
-    lets more programs share an SM when registers, not shared memory, limit them) of one kernel's launch."""
-    cfg = (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
-    opts = dict(num_warps=cfg[2], num_stages=cfg[3])
-    if len(cfg) > 4 and cfg[4]:
-        opts["maxnreg"] = cfg[4]
-    return opts
+    """num_warps, num_stages and (5th entry) maxnreg of one kernel's launch (triton_attention.launch_options)."""
+    return _entry_options(block_entry(kernel, d))
 
 
 # row-scaled kernels in place of grouped ones: the query forward (False: _sym2_query_fwd) and the key backward's
