@@ -105,8 +105,15 @@ def main():
     ap.add_argument("--attn-blocks", nargs="*", default=[], help="intra-chunk attention tiles, e.g. "
                     "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: "
                     "BM,BN,warps,stages[,maxnreg])")
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
+                    help="triton_sym2 module switches for this run, e.g. COLUMNS_T=0")
     args = ap.parse_args()
     triton_sym2.ATOMIC_RMW = not args.no_atomic
+    for item in args.set:
+        name, value = item.split("=")
+        if not hasattr(triton_sym2, name):
+            raise SystemExit(f"--set: triton_sym2 has no switch {name!r}")
+        setattr(triton_sym2, name, type(getattr(triton_sym2, name))(int(value)))
     for item in args.attn_blocks:
         kernel, cfg = item.split("=")
         triton_attention.BLOCK_OVERRIDE[kernel] = tuple(int(x) for x in cfg.split(","))

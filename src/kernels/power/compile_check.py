@@ -169,16 +169,18 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     atomic = s2.atomic_updates()           # the backward kernels' dq / dk updates, as a launch would pick them
     jobs = [
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
-         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm), "BK"),
+         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm, XT_IN=s2.OUTER_XT), "BK"),
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
-         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm), "BK"),
+         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm, XT_IN=s2.OUTER_XT), "BK"),
         ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"}, query, "BM"),
         ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"},
          dict(query, ATOMIC=atomic), "BM"),
-        ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"}, query | rows_kw, "BM"),
+        ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"},
+         query | rows_kw | dict(PIPE=s2.QFWD_PIPE), "BM"),
         ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"},
          dict(base, HK=hk, ATOMIC=atomic, DV_TOO=not s2.ROWS["kdv"]), "BK"),
-        ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DV": "*bf16"}, dict(base, HK=hk) | rows_kw, "BK"),
+        ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DV": "*bf16"},
+         dict(base, HK=hk) | rows_kw | dict(PIPE=s2.KDV_PIPE), "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:

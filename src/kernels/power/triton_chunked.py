@@ -587,7 +587,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
             KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            **sym2.launch_options("qfwd_rows", d))
+            PIPE=sym2.QFWD_PIPE, **sym2.launch_options("qfwd_rows", d))
     elif fast:
         jg, bm, _, _ = sym2.blocks("qfwd", d)
         grp = sym2.groups(d, jg, dev)
@@ -713,7 +713,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                DOT_DT=sdt, PREC=sprec, **sym2.launch_options("kdv_rows", d))
+                DOT_DT=sdt, PREC=sprec, PIPE=sym2.KDV_PIPE, **sym2.launch_options("kdv_rows", d))
     else:
         _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
             k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)

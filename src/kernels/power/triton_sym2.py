@@ -77,14 +77,31 @@ def _rmw(P, val, mask, ATOMIC: tl.constexpr):
 # sum over a chunk's rows of (row factor * phi(x)) (x) y: update-state (keys) and the query-side state gradient
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+    """XT (b, h, D, T) = X (b, T, h, D) transposed, program (time block, b*h): the column-major copy of q or k the
+    outer product reads its factors from (XT_IN)."""
+    pid_bh = tl.program_id(1)
+    i_b = pid_bh // H
+    i_h = pid_bh % H
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    offs_d = tl.arange(0, D)
+    mask = rows < T
+    x = tl.load(X + ((i_b * T + rows) * H + i_h).to(tl.int64)[:, None] * D + offs_d[None, :], mask=mask[:, None])
+    tl.store(XT + (pid_bh.to(tl.int64) * D + offs_d)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
+
+
+@triton.jit
 def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
                 HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                 JG: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
-                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, XT_IN: tl.constexpr = False):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group:
     KEYS: U_n = sum_j (w phi(k_j) e^(gt_n - g_j)) v_j^T, Uz_n = sum_j w phi(k_j) e^(gt_n - g_j)  (X=k, Y=v);
     else: Q_n = sum_i r_i phi(q_i)^T dn_i, Qz_n = sum_i r_i phi(q_i) dl_i over the GQA group's query heads
-    (X=q, Y=dy; r_i = s^p e^(g_i) / Den_i, dl_i = -Delta_i / Den_i folded as r_i * (-Delta_i))."""
+    (X=q, Y=dy; r_i = s^p e^(g_i) / Den_i, dl_i = -Delta_i / Den_i folded as r_i * (-Delta_i)).
+    XT_IN: X is the transposed copy (b, HX, D, T) (_transpose_heads), so the factors load as [8, BK] and [8 JG, BK]
+    rows of 128 contiguous bytes: read from the (b, T, HX, D) layout they were 16-byte rows whose shared-memory copy
+    the expansion read with 8-way bank conflicts (ncu, session 11)."""
     g = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -109,20 +126,29 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
             rows = start + r0 + offs_r
             mask = ((r0 + offs_r) < C) & (rows < T)
             row = (i_b * T + rows) * HX + i_h
-            xi, xj = _pair(X + row * D, ti, tj, mask, colj, jvalid, TW)
+            if XT_IN:
+                xt = X + ((i_b * HX + i_h) * D).to(tl.int64) * T + rows[None, :]
+                xi_t = tl.load(xt + (ti * TW + tl.arange(0, TW))[:, None] * T, mask=mask[None, :], other=0.0)
+                xj_t = tl.load(xt + colj[:, None] * T, mask=jvalid[:, None] & mask[None, :], other=0.0)
+                xi_t = xi_t.to(tl.float32)
+                xj_t = xj_t.to(tl.float32)
+            else:
+                xi, xj = _pair(X + row * D, ti, tj, mask, colj, jvalid, TW)
+                xi_t = tl.trans(xi)
+                xj_t = tl.trans(xj)
             if KEYS:
                 f = tl.where(mask, 1.0, 0.0)
                 if GATED:
                     f = f * tl.exp(g_end - tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-                xj = xj * wj[None, :]
+                xj_t = xj_t * wj[:, None]
             else:
                 f = _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK, BK, GATED)
                 if NORM:
                     f = f * tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
             yv = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0)
-            # phi^T built as [FG, BK] (the factors transposed first): the matmul's first operand as it stands
+            # phi^T built as [FG, BK] from the transposed factors: the matmul's first operand as it stands
             # (building phi [BK, FG] and transposing it was 5% slower on the H200, docs/kernels.md)
-            phi_t = tl.reshape(tl.trans(xi * f[:, None])[:, None, :] * tl.trans(xj)[None, :, :], (FG, BK))
+            phi_t = tl.reshape((xi_t * f[None, :])[:, None, :] * xj_t[None, :, :], (FG, BK))
             acc += tl.dot(phi_t.to(DOT_DT), yv.to(DOT_DT), input_precision=PREC)
             if KEYS:
                 accz_t += phi_t
@@ -237,21 +263,39 @@ def _zmat(Z, s_base, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr):
 @triton.jit
 def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr, KW: tl.constexpr,
                    NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
-                   KEYS: tl.constexpr):
+                   KEYS: tl.constexpr, PIPE: tl.constexpr = 0):
     """num += sum over first tiles ti in [t_lo, t_hi) and a < TW of q_i (qw S_i), window [J0, J0 + KW).
-    KEYS: qw (fp32) takes the key side's multiplicities per ti (1 in tile ti, 2 after it)."""
+    KEYS: qw takes the key side's multiplicities per ti (1 in tile ti, 2 after it).
+    PIPE > 0: one loop over i = TW ti + a with PIPE stages, so the next slices S_i load (cp.async) while this one
+    multiplies (ncu, session 11: the nested loops waited on their global loads 59% of the time)."""
     offs_d = tl.arange(0, D)
     j = J0 + tl.arange(0, KW)
-    for ti in range(t_lo, t_hi):
-        if KEYS:
-            qw_t = (qw * tl.where(j // TW == ti, 1.0, 2.0)[None, :]).to(DOT_DT)
-        else:
-            qw_t = qw
-        for a in range(TW):
-            lrow, valid = _win(ti, a, j, NT, TW)
+    if PIPE > 0 and not KEYS:
+        for i in tl.range(t_lo * TW, t_hi * TW, num_stages=PIPE):
+            lrow, valid = _win(i // TW, i % TW, j, NT, TW)
             s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-            q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
-            num += q_i[:, None] * tl.dot(qw_t, s_i.to(DOT_DT), input_precision=PREC)
+            q_i = tl.load(q_row + i, mask=mask, other=0.0).to(tl.float32)
+            num += q_i[:, None] * tl.dot(qw, s_i.to(DOT_DT), input_precision=PREC)
+    elif PIPE > 0:
+        # the multiplicities change the operand per tile: the slices prefetch within a tile only
+        for ti in range(t_lo, t_hi):
+            qw_t = qw * tl.where(j // TW == ti, 1.0, 2.0).to(DOT_DT)[None, :]          # exact in bf16
+            for a in tl.range(TW, num_stages=PIPE):
+                lrow, valid = _win(ti, a, j, NT, TW)
+                s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+                q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
+                num += q_i[:, None] * tl.dot(qw_t, s_i.to(DOT_DT), input_precision=PREC)
+    else:
+        for ti in range(t_lo, t_hi):
+            if KEYS:
+                qw_t = (qw * tl.where(j // TW == ti, 1.0, 2.0)[None, :]).to(DOT_DT)
+            else:
+                qw_t = qw
+            for a in range(TW):
+                lrow, valid = _win(ti, a, j, NT, TW)
+                s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+                q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
+                num += q_i[:, None] * tl.dot(qw_t, s_i.to(DOT_DT), input_precision=PREC)
     return num
 
 
@@ -259,7 +303,7 @@ def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr
 def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                          KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                         HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
+                         HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, PIPE: tl.constexpr = 0):
     """_sym2_query_fwd, row-scaled (see above): tiles ti < T1 use the full window, the rest [d - KW2, d)."""
     row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     NT: tl.constexpr = D // TW
@@ -274,16 +318,16 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     on = _has_state(n, HAS_S0)
     num = tl.zeros([BM, D], tl.float32)
     num = _rows_fwd_pass(num, q_row, qf.to(DOT_DT), S, s_base, mask, 0, T1 * on, 0, D, NT, TW, D, DOT_DT, PREC,
-                         False)
+                         False, PIPE)
     num = _rows_fwd_pass(num, q_row, q2.to(DOT_DT), S, s_base, mask, T1, T1 + (NT - T1) * on, D - KW2, KW2,
-                         NT, TW, D, DOT_DT, PREC, False)
+                         NT, TW, D, DOT_DT, PREC, False, PIPE)
     _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM, D)
 
 
 @triton.jit
 def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
                       TW: tl.constexpr, KW2: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
-                      DOT_DT: tl.constexpr, PREC: tl.constexpr):
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr, PIPE: tl.constexpr = 0):
     """The key backward's dv, row-scaled like the query forward: dv_j += c_j sum_i k_i (k_win,w dU_i) with the
     key side's multiplicities w on the window's columns, c_j = e^(gt_n - g_j); program (key block of a chunk,
     chunk n, b*hk). DV holds the intra-chunk part already, in the inputs' dtype (bf16: the buffer is dv itself, no
@@ -294,13 +338,12 @@ def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.const
     row = (i_b * T + rows) * HK + i_hk
     k_row = K + row * D
     offs_d = tl.arange(0, D)
-    kf = tl.load(k_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    k2 = tl.load(k_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None], other=0.0)
+    kf = tl.load(k_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(DOT_DT)
+    k2 = tl.load(k_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None], other=0.0).to(DOT_DT)
     u_base = (pid_bh.to(tl.int64) * NU + n) * DS
     dv = tl.zeros([BK, D], tl.float32)
-    dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True)
-    dv = _rows_fwd_pass(dv, k_row, k2.to(tl.float32), DU, u_base, mask, T1, NT, D - KW2, KW2, NT, TW, D, DOT_DT,
-                        PREC, True)
+    dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True, PIPE)
+    dv = _rows_fwd_pass(dv, k_row, k2, DU, u_base, mask, T1, NT, D - KW2, KW2, NT, TW, D, DOT_DT, PREC, True, PIPE)
     c = _key_decay(G, T, i_b, i_hk, n, row, mask, HK, C, GATED)
     kv_off = row[:, None] * D + offs_d[None, :]
     dv = dv * c[:, None] + tl.load(DV + kv_off, mask=mask[:, None], other=0.0).to(tl.float32)
@@ -375,7 +418,7 @@ ENABLED = True     # False: p = 2 runs the generic expand-MMA kernels (A/B timin
 FORCE = False      # True: use these kernels for every dtype (the interpreter test runs them in fp32)
 # kernel -> (JG, rows per program or step, warps, stages[, maxnreg]); d = 32 and 64: H200 sweeps (sessions 4-6),
 BLOCKS = {
-    "outer": (2, 64, 4, 3),       # outer and row-scaled forward re-swept on an H100 (session 9, tune_sym2.py --t 65536:
+    "outer": (2, 32, 4, 3),       # outer and row-scaled forward re-swept on an H100 (session 9, tune_sym2.py --t 65536:
     "qfwd": (2, 64, 4, 1),        # outer 23.1 -> 21.7 ms, query forward 11.8 -> 10.4 ms at b=8, h=12, d=64, chunk 1024)
     "qbwd": (2, 64, 4, 3),
     "kbwd": (2, 64, 4, 2),        # dk only (ROWS["kdv"]); with dv too (2, 64, 4, 1) was best
@@ -413,6 +456,12 @@ def launch_options(kernel: str, d: int) -> dict:
 # row-scaled kernels in place of grouped ones: the query forward (False: _sym2_query_fwd) and the key backward's
 # dv (False: _sym2_key_bwd builds phi(k) for it, DV_TOO)
 ROWS = {"qfwd": True, "kdv": True}
+# the outer products read q / k from a transposed copy (_transpose_heads; _sym2_outer's XT_IN)
+OUTER_XT = True
+# stages of the row-scaled kernels' flattened slice loop (0: the nested loops, no prefetch; _rows_fwd_pass PIPE)
+QFWD_PIPE = 3      # H100, 64k: query forward 8.87 -> 7.25 ms (2 stages 9.33; uncapped 7.73) (session 11)
+KDV_PIPE = 3       # dv: 9.50 -> 7.29 ms (prefetch within each first tile; capped at 128 registers, session 11)
+TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
@@ -437,9 +486,14 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
     states (keys) or the query-side state gradients."""
     jg, bk, _, _ = blocks("outer", d)
     grp = groups(d, jg, X.device)
+    if OUTER_XT:
+        XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
+        bt, warps = TRANSPOSE_BLOCK
+        _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps)
+        X = XT
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
         X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
-        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, **launch_options("outer", d))
+        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, XT_IN=OUTER_XT, **launch_options("outer", d))
 
 
 def applies(p: int, d: int, dtype) -> bool:
