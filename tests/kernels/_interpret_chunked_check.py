@@ -36,10 +36,16 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def run(case, parallel=True, fast=False, rows=None, atomic=True):
+SESSION11 = ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE")   # switches whose off settings (the session-10 kernels) stay tested
+DEFAULTS = {name: getattr(triton_sym2, name) for name in SESSION11}
+
+
+def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
     triton_chunked.PARALLEL_STATE = parallel
     triton_sym2.FORCE = fast
     triton_sym2.ATOMIC_RMW = atomic
+    for name in SESSION11:    # plain: outer products from the (b, t, h, d) rows, row-scaled loops without prefetch
+        setattr(triton_sym2, name, type(DEFAULTS[name])(0) if plain else DEFAULTS[name])
     if rows is not None:     # None: triton_sym2's defaults
         triton_sym2.ROWS = dict.fromkeys(triton_sym2.ROWS, rows)
     dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
@@ -85,6 +91,7 @@ def run(case, parallel=True, fast=False, rows=None, atomic=True):
     path = (("sym2" + {None: " dflt", True: " rows", False: " grp "}[rows]) if fast else "parallel ") if parallel \
         else "serial   "
     path += "" if atomic or not fast else " rmw"
+    path += " plain" if plain else ""
     print(f"{'ok  ' if ok else 'FAIL'} {path} {dtype} p={p} norm={norm} "
           f"gated={gated} hq={hq} hk={hk} d={d} t={t} "
           f"chunk={chunk} state_in={state_in} state_out={state_out} tol={tol} "
@@ -103,6 +110,7 @@ def main():
         failed += sum(not run(CASES[i], fast=True) for i in SYM2)
         failed += sum(not run(CASES[i], fast=True, rows=r) for i in SYM2_GROUPS for r in (False, True))
         failed += sum(not run(CASES[i], fast=True, atomic=False) for i in SYM2_GROUPS)   # barrier + RMW updates
+        failed += sum(not run(CASES[i], fast=True, plain=True) for i in SYM2_GROUPS)
     sys.exit(1 if failed else 0)
 
 
