@@ -40,10 +40,11 @@ SESSION11 = ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE")   # switches whose off setting
 DEFAULTS = {name: getattr(triton_sym2, name) for name in SESSION11}
 
 
-def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
+def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False, split=False):
     triton_chunked.PARALLEL_STATE = parallel
     triton_sym2.FORCE = fast
     triton_sym2.ATOMIC_RMW = atomic
+    triton_sym2.QBWD_SPLIT = triton_sym2.KBWD_SPLIT = split
     for name in SESSION11:    # plain: outer products from the (b, t, h, d) rows, row-scaled loops without prefetch
         setattr(triton_sym2, name, type(DEFAULTS[name])(0) if plain else DEFAULTS[name])
     if rows is not None:     # None: triton_sym2's defaults
@@ -92,6 +93,7 @@ def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
         else "serial   "
     path += "" if atomic or not fast else " rmw"
     path += " plain" if plain else ""
+    path += " split" if split else ""
     print(f"{'ok  ' if ok else 'FAIL'} {path} {dtype} p={p} norm={norm} "
           f"gated={gated} hq={hq} hk={hk} d={d} t={t} "
           f"chunk={chunk} state_in={state_in} state_out={state_out} tol={tol} "
@@ -111,6 +113,7 @@ def main():
         failed += sum(not run(CASES[i], fast=True, rows=r) for i in SYM2_GROUPS for r in (False, True))
         failed += sum(not run(CASES[i], fast=True, atomic=False) for i in SYM2_GROUPS)   # barrier + RMW updates
         failed += sum(not run(CASES[i], fast=True, plain=True) for i in SYM2_GROUPS)
+        failed += sum(not run(CASES[i], fast=True, split=True, atomic=a) for i in SYM2_GROUPS for a in (True, False))
     sys.exit(1 if failed else 0)
 
 

@@ -179,6 +179,10 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
          query | rows_kw | dict(PIPE=s2.QFWD_PIPE), "BM"),
         ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"},
          dict(base, HK=hk, ATOMIC=atomic, DV_TOO=not s2.ROWS["kdv"]), "BK"),
+        ("qbwd", s2._sym2_query_bwd_split, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16"},
+         dict(query, ATOMIC=atomic), "BM"),
+        ("kbwd", s2._sym2_key_bwd_split, {"K": "*bf16", "V": "*bf16", "GRP": "*i32"},
+         dict(base, HK=hk, ATOMIC=atomic), "BK"),
         ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DV": "*bf16"},
          dict(base, HK=hk) | rows_kw | dict(PIPE=s2.KDV_PIPE), "BK"),
     ]

@@ -653,7 +653,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     if fast:
         jg, bm, _, _ = sym2.blocks("qbwd", d)
         grp = sym2.groups(d, jg, q.device)
-        sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
+        kernel = sym2._sym2_query_bwd_split if sym2.QBWD_SPLIT else sym2._sym2_query_bwd
+        kernel[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, grp, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
             TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
             ATOMIC=atomic, **sym2.launch_options("qbwd", d))
@@ -705,10 +706,15 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     if fast:
         jg, bk, _, _ = sym2.blocks("kbwd", d)
         grp = sym2.groups(d, jg, q.device)
-        sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
-            k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-            BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows,
-            **sym2.launch_options("kbwd", d))
+        if sym2.KBWD_SPLIT and dv_rows:
+            sym2._sym2_key_bwd_split[(triton.cdiv(C, bk), NC, b * hk)](
+                k, v, G, grp, dU, dUz, dk, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
+                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, **sym2.launch_options("kbwd", d))
+        else:
+            sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
+                k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
+                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows,
+                **sym2.launch_options("kbwd", d))
         if dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](

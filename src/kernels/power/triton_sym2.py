@@ -63,6 +63,22 @@ def _phi(xi, xj, B: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr):
 
 
 @triton.jit
+def _split_group(GRP, g, TW: tl.constexpr, JG: tl.constexpr, D: tl.constexpr):
+    """Group g for the split kernels: its first tile, block index l(i, j0), second-factor columns and their
+    validity (the per-first-index rows are _split_rows)."""
+    cj = tl.arange(0, TW * JG)
+    colj = tl.load(GRP + 3 * g + 1) * TW + cj
+    return tl.load(GRP + 3 * g), tl.load(GRP + 3 * g + 2), colj, colj < D
+
+
+@triton.jit
+def _split_rows(l0, a, TW: tl.constexpr, JG: tl.constexpr):
+    """Layout rows of the features (a, c), c < 8 JG, of a group starting at block l0 (_group's map, one a)."""
+    cj = tl.arange(0, TW * JG)
+    return (l0 + cj // TW) * (TW * TW) + a * TW + cj % TW
+
+
+@triton.jit
 def _rmw(P, val, mask, ATOMIC: tl.constexpr):
     """P += val on rows private to this program: after a barrier (another thread may have written them), or as
     relaxed atomic adds (ATOMIC: no barrier, the warps need not wait for each other between groups)."""
@@ -199,6 +215,18 @@ def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
 
 
 @triton.jit
+def _query_grad_rows(DO, LSE, DELTA, row, mask, BM: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr):
+    """The query backward's row inputs: dn = dy / Den and (NORM) dl = -Delta / Den (fp32)."""
+    dn = tl.load(DO + row[:, None] * D + tl.arange(0, D)[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    dl = tl.zeros([BM], tl.float32)
+    if NORM:
+        inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
+        dn = dn * inv[:, None]
+        dl = -tl.load(DELTA + row, mask=mask, other=0.0) * inv
+    return dn, dl
+
+
+@triton.jit
 def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS, NG,
                     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                     JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
@@ -207,11 +235,7 @@ def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS
     DGQ = X . phi(q) (Euler: sum_a q[8i+a] dq_i[a] per group)."""
     row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     offs_d = tl.arange(0, D)
-    dn = tl.load(DO + row[:, None] * D + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    if NORM:
-        inv = tl.exp(-tl.load(LSE + row, mask=mask, other=0.0))
-        dn = dn * inv[:, None]
-        dl = -tl.load(DELTA + row, mask=mask, other=0.0) * inv
+    dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
     dg = tl.zeros([BM], tl.float32)
     dq_row = DQ + row * D
     for g in range(NG * _has_state(n, HAS_S0)):
@@ -228,6 +252,43 @@ def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS
         dg += tl.sum(xi * dxi, axis=1)
         _rmw(dq_row[:, None] + ti * TW + tl.arange(0, TW)[None, :], dxi, mask[:, None], ATOMIC)
         _rmw(dq_row[:, None] + colj[None, :], dxj, mask[:, None] & jvalid[None, :], ATOMIC)
+    if GATED:
+        tl.store(DGQ + row, dg, mask=mask)
+
+
+@triton.jit
+def _sym2_query_bwd_split(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS, NG,
+                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                          JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                          HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr):
+    """_sym2_query_bwd with one [BM, 8 JG] product per first index a of a group instead of one [BM, 64 JG] product
+    reshaped to [BM, 8, 8 JG]: both reductions run in the matmul's own layout (a row sum, and an FMA by the column
+    q_a), with no shared-memory conversion of the fp32 product (ncu, session 11: the top stalls of the grouped
+    kernel were those stores). QBWD_SPLIT; same arguments and results."""
+    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
+    offs_d = tl.arange(0, D)
+    dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
+    dg = tl.zeros([BM], tl.float32)
+    dq_row = DQ + row * D
+    dn_op = dn.to(DOT_DT)
+    for g in range(NG * _has_state(n, HAS_S0)):
+        ti, l0, colj, jvalid = _split_group(GRP, g, TW, JG, D)
+        xj = tl.load(Q + row[:, None] * D + colj[None, :], mask=mask[:, None] & jvalid[None, :],
+                     other=0.0).to(tl.float32)                                                # [BM, 8JG]
+        dxj = tl.zeros([BM, TW * JG], tl.float32)
+        for a in range(TW):
+            lrow_a = _split_rows(l0, a, TW, JG)                                              # features (a, c)
+            s_a = tl.load(S + (s_base + lrow_a)[:, None] * D + offs_d[None, :], mask=jvalid[:, None],
+                          other=0.0)
+            x_a = tl.dot(dn_op, tl.trans(s_a.to(DOT_DT)), input_precision=PREC)              # [BM, 8JG]
+            if NORM:
+                x_a += dl[:, None] * tl.load(Z + s_base + lrow_a, mask=jvalid, other=0.0)[None, :]
+            xi_a = tl.load(Q + row * D + ti * TW + a, mask=mask, other=0.0).to(tl.float32)   # column q_a
+            dxi_a = tl.sum(x_a * xj, axis=1) * r
+            dxj += x_a * xi_a[:, None]
+            dg += xi_a * dxi_a
+            _rmw(dq_row + ti * TW + a, dxi_a, mask, ATOMIC)
+        _rmw(dq_row[:, None] + colj[None, :], dxj * r[:, None], mask[:, None] & jvalid[None, :], ATOMIC)
     if GATED:
         tl.store(DGQ + row, dg, mask=mask)
 
@@ -393,6 +454,43 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
         tl.store(DGK + row, -y * c, mask=mask)
 
 
+@triton.jit
+def _sym2_key_bwd_split(K, V, G, GRP, DU, DUZ, DK, DGK, T, NC, DS, NG, NU,
+                        HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr,
+                        BK: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
+                        ATOMIC: tl.constexpr):
+    """_sym2_key_bwd's dk (its DV_TOO=False case) with one [BK, 8 JG] product per first index, as
+    _sym2_query_bwd_split. KBWD_SPLIT; the row-scaled dv kernel adds dv."""
+    i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
+    offs_d = tl.arange(0, D)
+    row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
+    u_base = (pid_bh.to(tl.int64) * NU + n) * DS
+    y = tl.zeros([BK], tl.float32)
+    dk_row = DK + row * D
+    v_op = v.to(DOT_DT)
+    for g in range(NG):
+        ti, l0, colj, jvalid = _split_group(GRP, g, TW, JG, D)
+        wcol = tl.where(colj // TW == ti, 1.0, 2.0)                                   # multiplicity
+        kjw = tl.load(K + row[:, None] * D + colj[None, :], mask=mask[:, None] & jvalid[None, :],
+                      other=0.0).to(tl.float32) * wcol[None, :]                          # [BK, 8JG]
+        dkj = tl.zeros([BK, TW * JG], tl.float32)
+        for a in range(TW):
+            lrow_a = _split_rows(l0, a, TW, JG)                                          # features (a, c)
+            du_a = tl.load(DU + (u_base + lrow_a)[:, None] * D + offs_d[None, :], mask=jvalid[:, None],
+                           other=0.0)
+            x_a = tl.dot(v_op, tl.trans(du_a.to(DOT_DT)), input_precision=PREC)          # [BK, 8JG]
+            x_a += tl.load(DUZ + u_base + lrow_a, mask=jvalid, other=0.0)[None, :]
+            ki_a = tl.load(K + row * D + ti * TW + a, mask=mask, other=0.0).to(tl.float32)   # column k_a
+            dki_a = tl.sum(x_a * kjw, axis=1)                                            # / c
+            dkj += x_a * ki_a[:, None]                                                   # / (c w)
+            y += ki_a * dki_a
+            _rmw(dk_row + ti * TW + a, dki_a * c, mask, ATOMIC)
+        _rmw(dk_row[:, None] + colj[None, :], dkj * wcol[None, :] * c[:, None], mask[:, None] & jvalid[None, :],
+             ATOMIC)
+    if GATED:
+        tl.store(DGK + row, -y * c, mask=mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------
@@ -461,6 +559,10 @@ OUTER_XT = True
 # stages of the row-scaled kernels' flattened slice loop (0: the nested loops, no prefetch; _rows_fwd_pass PIPE)
 QFWD_PIPE = 3      # H100, 64k: query forward 8.87 -> 7.25 ms (2 stages 9.33; uncapped 7.73) (session 11)
 KDV_PIPE = 3       # dv: 9.50 -> 7.29 ms (prefetch within each first tile; capped at 128 registers, session 11)
+# the query backward and the key dk with one product per first index (their SPLIT): compiled and interpreter-checked,
+# not yet run on a GPU (session 11 ran out of device time), so off
+QBWD_SPLIT = False
+KBWD_SPLIT = False
 TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
