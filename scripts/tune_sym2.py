@@ -106,7 +106,7 @@ def main():
                     "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: "
                     "BM,BN,warps,stages[,maxnreg])")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
-                    help="triton_sym2 module switches for this run, e.g. COLUMNS_T=0")
+                    help="triton_sym2 module switches for this run, e.g. OUTER_XT=0 QBWD_SPLIT=1")
     args = ap.parse_args()
     triton_sym2.ATOMIC_RMW = not args.no_atomic
     for item in args.set:

@@ -43,6 +43,13 @@ def _pair(X_row, ti, tj, mask, colj, jvalid, TW: tl.constexpr):
 
 
 @triton.jit
+def _feature_rows(l0, a, c, TW: tl.constexpr):
+    """Layout rows of the features (a, c) of a group starting at block l0: first index a < 8 of its first tile,
+    second index c over its JG second tiles."""
+    return (l0 + c // TW) * (TW * TW) + a * TW + c % TW
+
+
+@triton.jit
 def _group(GRP, g, TW: tl.constexpr, JG: tl.constexpr, D: tl.constexpr):
     """Group g's first tile, first second-tile, the layout rows of its 64 JG features and their validity."""
     ti = tl.load(GRP + 3 * g)
@@ -51,7 +58,7 @@ def _group(GRP, g, TW: tl.constexpr, JG: tl.constexpr, D: tl.constexpr):
     offs = tl.arange(0, TW * TW * JG)
     a = offs // (TW * JG)
     c = offs % (TW * JG)
-    lrow = (l0 + c // TW) * (TW * TW) + a * TW + c % TW
+    lrow = _feature_rows(l0, a, c, TW)
     fvalid = tj * TW + c < D
     colj = tj * TW + tl.arange(0, TW * JG)
     return ti, tj, lrow, fvalid, colj, colj < D
@@ -73,9 +80,8 @@ def _split_group(GRP, g, TW: tl.constexpr, JG: tl.constexpr, D: tl.constexpr):
 
 @triton.jit
 def _split_rows(l0, a, TW: tl.constexpr, JG: tl.constexpr):
-    """Layout rows of the features (a, c), c < 8 JG, of a group starting at block l0 (_group's map, one a)."""
-    cj = tl.arange(0, TW * JG)
-    return (l0 + cj // TW) * (TW * TW) + a * TW + cj % TW
+    """Layout rows of the features (a, c), c < 8 JG, of a group starting at block l0 (one a of _group's rows)."""
+    return _feature_rows(l0, a, tl.arange(0, TW * JG), TW)
 
 
 @triton.jit
@@ -322,41 +328,50 @@ def _zmat(Z, s_base, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr):
 
 
 @triton.jit
+def _key_weights(qw, j, ti, TW: tl.constexpr):
+    """The key side's operand for first tile ti: the window's columns j times their multiplicities (1 in tile ti, 2
+    after it; exact in bf16)."""
+    return qw * tl.where(j // TW == ti, 1.0, 2.0).to(qw.dtype)[None, :]
+
+
+@triton.jit
+def _rows_slice(num, q_i_ptr, qw, S, s_base, ti, a, j, mask, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr,
+                DOT_DT: tl.constexpr, PREC: tl.constexpr):
+    """num += q_i (qw S_i) for the first index i = TW ti + a: slice S_i gathered over the window's columns j."""
+    lrow, valid = _win(ti, a, j, NT, TW)
+    s_i = tl.load(S + (s_base + lrow)[:, None] * D + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
+    q_i = tl.load(q_i_ptr, mask=mask, other=0.0).to(tl.float32)
+    return num + q_i[:, None] * tl.dot(qw, s_i.to(DOT_DT), input_precision=PREC)
+
+
+@triton.jit
 def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr, KW: tl.constexpr,
                    NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
                    KEYS: tl.constexpr, PIPE: tl.constexpr = 0):
     """num += sum over first tiles ti in [t_lo, t_hi) and a < TW of q_i (qw S_i), window [J0, J0 + KW).
-    KEYS: qw takes the key side's multiplicities per ti (1 in tile ti, 2 after it).
-    PIPE > 0: one loop over i = TW ti + a with PIPE stages, so the next slices S_i load (cp.async) while this one
-    multiplies (ncu, session 11: the nested loops waited on their global loads 59% of the time)."""
-    offs_d = tl.arange(0, D)
+    KEYS: qw (DOT_DT) takes the key side's multiplicities per ti (_key_weights).
+    PIPE > 0: the slices S_i load with PIPE stages (cp.async) while the previous one multiplies (ncu, session 11: the
+    unpipelined loops waited on their global loads 59% of the time); one flat loop over i = TW ti + a, or with KEYS,
+    whose operand changes per tile, a pipelined loop within each tile."""
     j = J0 + tl.arange(0, KW)
     if PIPE > 0 and not KEYS:
         for i in tl.range(t_lo * TW, t_hi * TW, num_stages=PIPE):
-            lrow, valid = _win(i // TW, i % TW, j, NT, TW)
-            s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-            q_i = tl.load(q_row + i, mask=mask, other=0.0).to(tl.float32)
-            num += q_i[:, None] * tl.dot(qw, s_i.to(DOT_DT), input_precision=PREC)
+            num = _rows_slice(num, q_row + i, qw, S, s_base, i // TW, i % TW, j, mask, NT, TW, D, DOT_DT, PREC)
     elif PIPE > 0:
-        # the multiplicities change the operand per tile: the slices prefetch within a tile only
         for ti in range(t_lo, t_hi):
-            qw_t = qw * tl.where(j // TW == ti, 1.0, 2.0).to(DOT_DT)[None, :]          # exact in bf16
+            qw_t = _key_weights(qw, j, ti, TW)
             for a in tl.range(TW, num_stages=PIPE):
-                lrow, valid = _win(ti, a, j, NT, TW)
-                s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-                q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
-                num += q_i[:, None] * tl.dot(qw_t, s_i.to(DOT_DT), input_precision=PREC)
+                num = _rows_slice(num, q_row + ti * TW + a, qw_t, S, s_base, ti, a, j, mask, NT, TW, D, DOT_DT,
+                                  PREC)
     else:
         for ti in range(t_lo, t_hi):
             if KEYS:
-                qw_t = (qw * tl.where(j // TW == ti, 1.0, 2.0)[None, :]).to(DOT_DT)
+                qw_t = _key_weights(qw, j, ti, TW)
             else:
                 qw_t = qw
             for a in range(TW):
-                lrow, valid = _win(ti, a, j, NT, TW)
-                s_i = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-                q_i = tl.load(q_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
-                num += q_i[:, None] * tl.dot(qw_t, s_i.to(DOT_DT), input_precision=PREC)
+                num = _rows_slice(num, q_row + ti * TW + a, qw_t, S, s_base, ti, a, j, mask, NT, TW, D, DOT_DT,
+                                  PREC)
     return num
 
 
