@@ -25,9 +25,11 @@ from longctx.kernels.power.reference import PowerState, power_attention_referenc
 from longctx.kernels.power.triton_chunked import chunked_form
 
 KERNELS = {"outer": ["_sym2_outer"], "qfwd": ["_sym2_query_fwd"], "qbwd": ["_sym2_query_bwd"],
-           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows"], "kdv_rows": ["_sym2_key_dv_rows"]}
+           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows"], "kdv_rows": ["_sym2_key_dv_rows"],
+           "qbwd_rows": ["_sym2_query_bwd_rows"], "kdk_rows": ["_sym2_key_dk_rows"]}
 WORK = {"_sym2_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2,
-        "_sym2_query_fwd_rows": 1, "_sym2_key_dv_rows": 1}   # state products per kernel (for TF/s)
+        "_sym2_query_fwd_rows": 1, "_sym2_key_dv_rows": 1, "_sym2_query_bwd_rows": 1,
+        "_sym2_key_dk_rows": 1}   # state products per kernel (for TF/s)
 
 
 def work(kernel):
@@ -97,8 +99,8 @@ def main():
                     help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS); a config "
                          "is JG,rows,warps,stages[,maxnreg]")
     ap.add_argument("--rows", nargs="*", default=["default"],
-                    help="variants to A/B: '+'-joined kernels (qfwd, kdv) that run row-scaled, '-' for none, "
-                         "'default' for triton_sym2.ROWS")
+                    help="variants to A/B: '+'-joined kernels (qfwd, kdv, qbwd, kdk) that run row-scaled, '-' for "
+                         "none, 'default' for triton_sym2.ROWS")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-atomic", action="store_true", help="triton_sym2.ATOMIC_RMW = False (dq / dk by barrier + "
                     "read-modify-write, the deterministic path)")
@@ -106,7 +108,7 @@ def main():
                     "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: "
                     "BM,BN,warps,stages[,maxnreg])")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
-                    help="triton_sym2 module switches for this run, e.g. OUTER_XT=0 QBWD_SPLIT=1")
+                    help="triton_sym2 module switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2")
     args = ap.parse_args()
     triton_sym2.ATOMIC_RMW = not args.no_atomic
     for item in args.set:

@@ -238,24 +238,20 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
                                   "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
-                                  "atomic-bf16-d128", "split-fp32", "split-bf16", "split-bf16-d32", "split-bf16-d128",
-                                  "plain-bf16", "plain-bf16-d128"])
+                                  "atomic-bf16-d128", "plain-bf16", "plain-bf16-d128"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
-    bf16 state buffers); rows-*: triton_sym2's grouped query forward and phi-building key backward (dv too) against
-    the row-scaled query forward and key dv (triton_sym2.ROWS); atomic-*: the
-    p=2 backward's dq / dk updates by barrier + read-modify-write against relaxed atomics; split-*: the query backward
-    and key dk with one product per first index (QBWD_SPLIT / KBWD_SPLIT) against the grouped ones; plain-*: session
-    10's kernels (no transposed factors, no slice prefetch) against session 11's defaults. Many chunks, state in and
-    out, output, state and all gradients."""
+    bf16 state buffers); rows-*: triton_sym2's grouped query forward, query backward and phi-building key backward
+    (dv too) against the row-scaled ones (triton_sym2.ROWS); atomic-*: the p=2 backward's dq / dk updates by barrier
+    + read-modify-write against relaxed atomics; plain-*: session 10's kernels (no transposed factors, no slice
+    prefetch) against session 11's defaults. Many chunks, state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
     rows_mode = mode.startswith("rows")
     atomic_mode = mode.startswith("atomic")
-    variant = {"split": ("QBWD_SPLIT", "KBWD_SPLIT"), "plain": ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE")}.get(
-        mode.split("-")[0], ())
+    variant = {"plain": ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE")}.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)
     q, k, v, lg = make(2, 4000, 4, 2, d, dtype, True, seed=3)
@@ -270,11 +266,11 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                             and mode != "serial-fp32")
         monkeypatch.setattr(triton_sym2, "ATOMIC_RMW", other or not atomic_mode)
         if variant:
-            for name in variant:     # split: the variant is on for `other`; plain: the defaults are
-                value = other if mode.startswith("split") else (defaults[name] if other else 0)
-                monkeypatch.setattr(triton_sym2, name, type(defaults[name])(value))
+            for name in variant:     # the defaults for `other`, else off
+                monkeypatch.setattr(triton_sym2, name, type(defaults[name])(defaults[name] if other else 0))
         elif rows_mode:
             monkeypatch.setattr(triton_sym2, "ROWS", dict.fromkeys(triton_sym2.ROWS, other))
+            monkeypatch.setattr(triton_sym2, "GROUPED_WIDE", set())
         y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True,
                                  initial_state=leaves[4:], return_state=True)
         outs = [y, st_out.s, st_out.z]

@@ -582,7 +582,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
             HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
     y = torch.empty_like(q)
     lse = torch.empty(b, T, hq, **f32) if norm else dummy
-    if fast and sym2.ROWS["qfwd"]:
+    if fast and sym2.row_scaled("qfwd", d):
         _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
@@ -624,7 +624,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     dk = torch.empty(b, T, hk, d, **f32)
     # with the row-scaled dv kernel (the last to write dv) dv stays in the inputs' dtype throughout: the intra-chunk
     # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass)
-    dv_rows = fast and sym2.ROWS["kdv"]
+    dv_rows = fast and sym2.row_scaled("kdv", d)
     dv = torch.empty_like(v) if dv_rows else torch.empty(b, T, hk, d, **f32)
     dgq = torch.empty(b, T, hq, **f32) if gated else dummy
     dgk = torch.empty(b, T, hk, **f32) if gated else dummy
@@ -644,24 +644,34 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
             cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
             GATE_SCORES=triton_attention.GATE_SCORES, **common, **q_cfg)
+    del cdq, cdk                            # views that would keep the fp32 dq alive after its conversion
     # state term
     sdt, sprec = _state_operands(q.dtype)
     rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
     sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
                  num_stages=stages)
     dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
-    if fast:
+    # the p=2 kernels write the finished dq / dk in the inputs' dtype themselves (CAST: no conversion pass)
+    cast = fast and q.dtype != torch.float32
+    dq_out = torch.empty_like(q) if cast else dq
+    if fast and sym2.row_scaled("qbwd", d):
+        _, bm, _, _ = sym2.blocks("qbwd_rows", d)
+        sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+            q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+            ATOMIC=atomic, PIPE=sym2.QBWD_PIPE, CAST=cast, **sym2.launch_options("qbwd_rows", d))
+    elif fast:
         jg, bm, _, _ = sym2.blocks("qbwd", d)
         grp = sym2.groups(d, jg, q.device)
-        kernel = sym2._sym2_query_bwd_split if sym2.QBWD_SPLIT else sym2._sym2_query_bwd
-        kernel[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, grp, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
+        sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
+            q, G, grp, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
             TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            ATOMIC=atomic, **sym2.launch_options("qbwd", d))
+            ATOMIC=atomic, CAST=cast, **sym2.launch_options("qbwd", d))
     else:
         _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
             q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
             HAS_S0=has_s0, **sizes)
+    dq = dq_out
     NV = d // BD
     if parallel:
         # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
@@ -704,17 +714,21 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         NU = NC
     dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
     if fast:
-        jg, bk, _, _ = sym2.blocks("kbwd", d)
-        grp = sym2.groups(d, jg, q.device)
-        if sym2.KBWD_SPLIT and dv_rows:
-            sym2._sym2_key_bwd_split[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, grp, dU, dUz, dk, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, **sym2.launch_options("kbwd", d))
+        dk_out = torch.empty_like(k) if cast else dk
+        if dv_rows and sym2.row_scaled("kdk", d):
+            _, bk, _, _ = sym2.blocks("kdk_rows", d)
+            sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
+                k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
+                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, PIPE=sym2.KDK_PIPE, CAST=cast,
+                **sym2.launch_options("kdk_rows", d))
         else:
+            jg, bk, _, _ = sym2.blocks("kbwd", d)
+            grp = sym2.groups(d, jg, q.device)
             sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, grp, dU, dUz, dk, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE, JG=jg,
-                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows,
+                k, v, G, grp, dU, dUz, dk, dk_out, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE,
+                JG=jg, BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows, CAST=cast,
                 **sym2.launch_options("kbwd", d))
+        dk = dk_out
         if dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](

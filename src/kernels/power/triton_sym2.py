@@ -70,21 +70,6 @@ def _phi(xi, xj, B: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr):
 
 
 @triton.jit
-def _split_group(GRP, g, TW: tl.constexpr, JG: tl.constexpr, D: tl.constexpr):
-    """Group g for the split kernels: its first tile, block index l(i, j0), second-factor columns and their
-    validity (the per-first-index rows are _split_rows)."""
-    cj = tl.arange(0, TW * JG)
-    colj = tl.load(GRP + 3 * g + 1) * TW + cj
-    return tl.load(GRP + 3 * g), tl.load(GRP + 3 * g + 2), colj, colj < D
-
-
-@triton.jit
-def _split_rows(l0, a, TW: tl.constexpr, JG: tl.constexpr):
-    """Layout rows of the features (a, c), c < 8 JG, of a group starting at block l0 (one a of _group's rows)."""
-    return _feature_rows(l0, a, tl.arange(0, TW * JG), TW)
-
-
-@triton.jit
 def _rmw(P, val, mask, ATOMIC: tl.constexpr):
     """P += val on rows private to this program: after a barrier (another thread may have written them), or as
     relaxed atomic adds (ATOMIC: no barrier, the warps need not wait for each other between groups)."""
@@ -93,6 +78,25 @@ def _rmw(P, val, mask, ATOMIC: tl.constexpr):
     else:
         tl.debug_barrier()
         tl.store(P, tl.load(P, mask=mask, other=0.0) + val, mask=mask)
+
+
+@triton.jit
+def _cast_rows(DX, DXO, row, mask, H: tl.constexpr, D: tl.constexpr, CAST: tl.constexpr):
+    """CAST: DXO = the fp32 gradient rows DX in DXO's dtype, by the program whose updates to them were the last (the
+    host's conversion pass folded in). `row`: the flat (b, t, H) index of the block's rows, consecutive tokens, valid
+    where `mask` (a prefix). After a barrier, read past L1: the other warps' atomics are done at L2. In pieces of 16
+    rows with their addresses formed here: a [rows, D] address tensor live across the kernel cost ~40 registers."""
+    if CAST:
+        tl.debug_barrier()
+        row0 = tl.min(row, axis=0)
+        nvalid = tl.sum(mask.to(tl.int32), axis=0)
+        offs_d = tl.arange(0, D)
+        for r0 in range(0, row.shape[0], 16):
+            r = r0 + tl.arange(0, 16)
+            off = (row0 + r * H).to(tl.int64)[:, None] * D + offs_d[None, :]
+            m = (r < nvalid)[:, None]
+            x = tl.load(DX + off, mask=m, other=0.0, cache_modifier=".cg")
+            tl.store(DXO + off, x.to(DXO.dtype.element_ty), mask=m)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,12 +237,13 @@ def _query_grad_rows(DO, LSE, DELTA, row, mask, BM: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
-def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS, NG,
+def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS, NG,
                     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                     JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                    HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr):
+                    HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr,
+                    CAST: tl.constexpr = False):
     """Query side of the state term: X = r (S_n dn + z_n dl) = dL/dphi(q); DQ (fp32) += dphi/dq^T X;
-    DGQ = X . phi(q) (Euler: sum_a q[8i+a] dq_i[a] per group)."""
+    DGQ = X . phi(q) (Euler: sum_a q[8i+a] dq_i[a] per group); CAST: DQO = DQ in the inputs' dtype."""
     row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     offs_d = tl.arange(0, D)
     dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
@@ -260,43 +265,7 @@ def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS
         _rmw(dq_row[:, None] + colj[None, :], dxj, mask[:, None] & jvalid[None, :], ATOMIC)
     if GATED:
         tl.store(DGQ + row, dg, mask=mask)
-
-
-@triton.jit
-def _sym2_query_bwd_split(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, DS, NG,
-                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
-                          JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                          HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr):
-    """_sym2_query_bwd with one [BM, 8 JG] product per first index a of a group instead of one [BM, 64 JG] product
-    reshaped to [BM, 8, 8 JG]: both reductions run in the matmul's own layout (a row sum, and an FMA by the column
-    q_a), with no shared-memory conversion of the fp32 product (ncu, session 11: the top stalls of the grouped
-    kernel were those stores). QBWD_SPLIT; same arguments and results."""
-    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
-    offs_d = tl.arange(0, D)
-    dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
-    dg = tl.zeros([BM], tl.float32)
-    dq_row = DQ + row * D
-    dn_op = dn.to(DOT_DT)
-    for g in range(NG * _has_state(n, HAS_S0)):
-        ti, l0, colj, jvalid = _split_group(GRP, g, TW, JG, D)
-        xj = tl.load(Q + row[:, None] * D + colj[None, :], mask=mask[:, None] & jvalid[None, :],
-                     other=0.0).to(tl.float32)                                                # [BM, 8JG]
-        dxj = tl.zeros([BM, TW * JG], tl.float32)
-        for a in range(TW):
-            lrow_a = _split_rows(l0, a, TW, JG)                                              # features (a, c)
-            s_a = tl.load(S + (s_base + lrow_a)[:, None] * D + offs_d[None, :], mask=jvalid[:, None],
-                          other=0.0)
-            x_a = tl.dot(dn_op, tl.trans(s_a.to(DOT_DT)), input_precision=PREC)              # [BM, 8JG]
-            if NORM:
-                x_a += dl[:, None] * tl.load(Z + s_base + lrow_a, mask=jvalid, other=0.0)[None, :]
-            xi_a = tl.load(Q + row * D + ti * TW + a, mask=mask, other=0.0).to(tl.float32)   # column q_a
-            dxi_a = tl.sum(x_a * xj, axis=1) * r
-            dxj += x_a * xi_a[:, None]
-            dg += xi_a * dxi_a
-            _rmw(dq_row + ti * TW + a, dxi_a, mask, ATOMIC)
-        _rmw(dq_row[:, None] + colj[None, :], dxj * r[:, None], mask[:, None] & jvalid[None, :], ATOMIC)
-    if GATED:
-        tl.store(DGQ + row, dg, mask=mask)
+    _cast_rows(DQ, DQO, row, mask, HQ, D, CAST)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,16 +396,120 @@ def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.const
 
 
 # ----------------------------------------------------------------------------------------------
+# row-scaled backward contractions: the query backward's dq and the key backward's dk
+# ----------------------------------------------------------------------------------------------
+# The gradient of phi(x) back to x, one first index i = 8 ti + a at a time: with the slice M_i of S (queries) or
+# dU (keys) gathered over the window's columns j (as in the forward above), x_i = a M_i^T [rows, KW] is
+# dL/dphi over the features (i, j) (a = dn or v). Then
+#     dx[:, j] += x_i x_i,j-weighted by the column x[:, i]     (an FMA in the matmul's own layout), and
+#     dx[:, i] += sum_j x_i[:, j] x[:, j]                       (a row sum),
+# with no phi operand and no shared-memory reshape of the product (the grouped kernels' top stalls, ncu session 11).
+# The first-index sums of a tile collect in a [rows, 8] tile written once per tile. The normalizer part of x
+# (dl z, or dUz for keys) needs no per-i work: its gradient is x (Zm + Zm^T) dl with Zm as in _zmat.
+@triton.jit
+def _rows_grad_pass(acc, dg, a_op, xw, x_row, dx_row, M, m_base, mask, rf, t_lo, t_hi, J0: tl.constexpr,
+                    KW: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                    DOT_DT: tl.constexpr, PREC: tl.constexpr, KEYS: tl.constexpr, ATOMIC: tl.constexpr,
+                    PIPE: tl.constexpr):
+    """Over first tiles ti in [t_lo, t_hi), window [J0, J0 + KW): acc [BM, KW] += x_i * x[:, i] (the second-index
+    gradients), dx[:, i] += rf * sum_j x_i[:, j] x[:, j] (read-modify-written per tile), dg += x[:, i] * that sum.
+    xw: x's window columns (fp32); KEYS: x_i carries the multiplicities (1 in tile ti, 2 after)."""
+    j = J0 + tl.arange(0, KW)
+    offs_d = tl.arange(0, D)
+    cols = tl.arange(0, TW)
+    for ti in range(t_lo, t_hi):
+        if KEYS:
+            w = tl.where(j // TW == ti, 1.0, 2.0)
+        dfirst = tl.zeros([BM, TW], tl.float32)
+        for a in tl.range(TW, num_stages=PIPE):
+            lrow, valid = _win(ti, a, j, NT, TW)
+            m_i = tl.load(M + (m_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+            x = tl.dot(a_op, tl.trans(m_i.to(DOT_DT)), input_precision=PREC)                 # [BM, KW]
+            if KEYS:
+                x = x * w[None, :]
+            x_i = tl.load(x_row + ti * TW + a, mask=mask, other=0.0).to(tl.float32)
+            acc += x * x_i[:, None]
+            g_i = tl.sum(x * xw, axis=1)
+            dfirst = tl.where(cols[None, :] == a, g_i[:, None], dfirst)
+            dg += x_i * g_i
+        _rmw(dx_row[:, None] + ti * TW + cols[None, :], dfirst * rf[:, None], mask[:, None], ATOMIC)
+    return acc, dg
+
+
+@triton.jit
+def _rows_grad(a_op, x_row, dx_row, M, MZ, m_base, zl, rf, mask, KW2: tl.constexpr, D: tl.constexpr,
+               TW: tl.constexpr, BM: tl.constexpr, on, DOT_DT: tl.constexpr, PREC: tl.constexpr, KEYS: tl.constexpr,
+               ATOMIC: tl.constexpr, PIPE: tl.constexpr):
+    """dx += rf * dphi/dx^T X for X = a M^T + zl MZ (features of the layout; zl a row factor, 1 for keys), over
+    all first tiles (none when on = 0); returns X . phi (Euler: the gate gradient, before rf)."""
+    NT: tl.constexpr = D // TW
+    T1: tl.constexpr = (D - KW2) // TW
+    offs_d = tl.arange(0, D)
+    xf = tl.load(x_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    # normalizer part: Zm [j, i] = MZ of feature (i, j) (with the key side's multiplicities)
+    zm = _zmat(MZ, m_base, D, NT, TW)
+    if KEYS:
+        zm = zm * tl.where(offs_d[:, None] // TW == offs_d[None, :] // TW, 1.0, 2.0)
+    xz = tl.dot(xf, zm + tl.trans(zm), input_precision="tf32x3") * on                        # [BM, D]
+    dg = 0.5 * zl * tl.sum(xf * xz, axis=1)
+    acc = xz * zl[:, None]
+    acc, dg = _rows_grad_pass(acc, dg, a_op, xf, x_row, dx_row, M, m_base, mask, rf, 0, T1 * on, 0, D, NT, TW, D,
+                              BM, DOT_DT, PREC, KEYS, ATOMIC, PIPE)
+    _rmw(dx_row[:, None] + offs_d[None, :], acc * rf[:, None], mask[:, None], ATOMIC)
+    j2 = D - KW2 + tl.arange(0, KW2)
+    x2 = tl.load(x_row[:, None] + j2[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    acc2 = tl.zeros([BM, KW2], tl.float32)
+    acc2, dg = _rows_grad_pass(acc2, dg, a_op, x2, x_row, dx_row, M, m_base, mask, rf, T1, T1 + (NT - T1) * on,
+                               D - KW2, KW2, NT, TW, D, BM, DOT_DT, PREC, KEYS, ATOMIC, PIPE)
+    _rmw(dx_row[:, None] + j2[None, :], acc2 * rf[:, None], mask[:, None], ATOMIC)
+    return dg
+
+
+@triton.jit
+def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
+                         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
+                         KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                         HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr,
+                         PIPE: tl.constexpr = 0, CAST: tl.constexpr = False):
+    """_sym2_query_bwd, row-scaled (ROWS["qbwd"]): X = r (dn S_n^T + dl z_n), DQ += dphi/dq^T X, DGQ = X . phi;
+    CAST: DQO = DQ in the inputs' dtype."""
+    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
+    dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
+    dg = _rows_grad(dn.to(DOT_DT), Q + row * D, DQ + row * D, S, Z, s_base, dl, r, mask, KW2, D, TW, BM,
+                    _has_state(n, HAS_S0), DOT_DT, PREC, False, ATOMIC, PIPE)
+    if GATED:
+        tl.store(DGQ + row, dg * r, mask=mask)
+    _cast_rows(DQ, DQO, row, mask, HQ, D, CAST)
+
+
+@triton.jit
+def _sym2_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr,
+                      C: tl.constexpr, TW: tl.constexpr, KW2: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr, PIPE: tl.constexpr = 0,
+                      CAST: tl.constexpr = False):
+    """_sym2_key_bwd's dk, row-scaled (ROWS["kdk"]): X = v dU_n^T + dUz_n, DK += c dph/dk^T X, DGK = -c X . ph
+    (ph = w phi(k), c_j = e^(gt_n - g_j)); _sym2_key_dv_rows adds dv; CAST: DKO = DK in the inputs' dtype."""
+    i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
+    row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
+    u_base = (pid_bh.to(tl.int64) * NU + n) * DS
+    y = _rows_grad(v.to(DOT_DT), K + row * D, DK + row * D, DU, DUZ, u_base, tl.full([BK], 1.0, tl.float32), c,
+                   mask, KW2, D, TW, BK, 1, DOT_DT, PREC, True, ATOMIC, PIPE)
+    if GATED:
+        tl.store(DGK + row, -y * c, mask=mask)
+    _cast_rows(DK, DKO, row, mask, HK, D, CAST)
+
+
+# ----------------------------------------------------------------------------------------------
 # key side backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
+def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DKO, DV, DGK, T, NC, DS, NG, NU,
                   HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr,
                   BK: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
-                  ATOMIC: tl.constexpr, DV_TOO: tl.constexpr):
+                  ATOMIC: tl.constexpr, DV_TOO: tl.constexpr, CAST: tl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j, c_j = e^(gt_n - g_j) and
     X = v dU_n^T + dUz_n = dL/dph: DV += ph dU_n (DV_TOO; else _sym2_key_dv_rows adds it), DK += dph/dk^T X,
-    DGK = -X . ph. dU_n is slot n of DU (NU slots per (b, hk))."""
+    DGK = -X . ph. dU_n is slot n of DU (NU slots per (b, hk)); CAST: DKO = DK in the inputs' dtype."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_d = tl.arange(0, D)
     row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
@@ -467,43 +540,7 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DV, DGK, T, NC, DS, NG, NU,
         tl.store(DV + kv_off, dv, mask=mask[:, None])
     if GATED:
         tl.store(DGK + row, -y * c, mask=mask)
-
-
-@triton.jit
-def _sym2_key_bwd_split(K, V, G, GRP, DU, DUZ, DK, DGK, T, NC, DS, NG, NU,
-                        HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr,
-                        BK: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
-                        ATOMIC: tl.constexpr):
-    """_sym2_key_bwd's dk (its DV_TOO=False case) with one [BK, 8 JG] product per first index, as
-    _sym2_query_bwd_split. KBWD_SPLIT; the row-scaled dv kernel adds dv."""
-    i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
-    offs_d = tl.arange(0, D)
-    row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
-    u_base = (pid_bh.to(tl.int64) * NU + n) * DS
-    y = tl.zeros([BK], tl.float32)
-    dk_row = DK + row * D
-    v_op = v.to(DOT_DT)
-    for g in range(NG):
-        ti, l0, colj, jvalid = _split_group(GRP, g, TW, JG, D)
-        wcol = tl.where(colj // TW == ti, 1.0, 2.0)                                   # multiplicity
-        kjw = tl.load(K + row[:, None] * D + colj[None, :], mask=mask[:, None] & jvalid[None, :],
-                      other=0.0).to(tl.float32) * wcol[None, :]                          # [BK, 8JG]
-        dkj = tl.zeros([BK, TW * JG], tl.float32)
-        for a in range(TW):
-            lrow_a = _split_rows(l0, a, TW, JG)                                          # features (a, c)
-            du_a = tl.load(DU + (u_base + lrow_a)[:, None] * D + offs_d[None, :], mask=jvalid[:, None],
-                           other=0.0)
-            x_a = tl.dot(v_op, tl.trans(du_a.to(DOT_DT)), input_precision=PREC)          # [BK, 8JG]
-            x_a += tl.load(DUZ + u_base + lrow_a, mask=jvalid, other=0.0)[None, :]
-            ki_a = tl.load(K + row * D + ti * TW + a, mask=mask, other=0.0).to(tl.float32)   # column k_a
-            dki_a = tl.sum(x_a * kjw, axis=1)                                            # / c
-            dkj += x_a * ki_a[:, None]                                                   # / (c w)
-            y += ki_a * dki_a
-            _rmw(dk_row + ti * TW + a, dki_a * c, mask, ATOMIC)
-        _rmw(dk_row[:, None] + colj[None, :], dkj * wcol[None, :] * c[:, None], mask[:, None] & jvalid[None, :],
-             ATOMIC)
-    if GATED:
-        tl.store(DGK + row, -y * c, mask=mask)
+    _cast_rows(DK, DKO, row, mask, HK, D, CAST)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -538,6 +575,9 @@ BLOCKS = {
     "qfwd_rows": (1, 64, 4, 1, 128),  # the row-scaled query forward (JG unused), capped at 128 registers: 4 programs
                                       # per SM instead of 3 (H100, 64k: 10.45 -> 8.93 ms, session 10)
     "kdv_rows": (1, 64, 4, 1, 128),   # the row-scaled dv of the key backward (ROWS["kdv"]; JG unused)
+    "qbwd_rows": (1, 64, 4, 1, 168),  # the row-scaled query backward (ROWS["qbwd"]): 3 programs per SM (H100, 64k:
+                                      # 12.6 ms uncapped, 11.2 at 160, 10.4 at 168, 13.5 at 184; session 12)
+    "kdk_rows": (1, 64, 4, 1, 168),   # the row-scaled key dk (ROWS["kdk"], off: 11.2 ms vs the grouped 10.3)
 }
 
 
@@ -548,11 +588,20 @@ BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (ses
     "kbwd": (1, 64, 4, 2),
     "qfwd_rows": (1, 64, 8, 3),
     "kdv_rows": (1, 64, 4, 2),   # (session 10, t=16k: 14.6 ms; with (1, 64, 8, 3) 14.8)
+    "qbwd_rows": (1, 64, 8, 1),
+    "kdk_rows": (1, 64, 8, 1),
+}
+
+
+BLOCKS_NARROW = {  # d <= 32: entries that differ from BLOCKS (H100, 64k, session 12: row-scaled query backward
+    "qbwd_rows": (1, 64, 4, 1, 128),   # 3.33 ms capped at 128 registers, 3.80 at 168; grouped 3.58)
 }
 
 
 def block_entry(kernel: str, d: int) -> tuple:
     """One kernel's table entry for head dim d: (JG, rows, warps, stages[, maxnreg])."""
+    if d <= 32 and kernel in BLOCKS_NARROW:
+        return BLOCKS_NARROW[kernel]
     return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
 
 
@@ -566,18 +615,24 @@ def launch_options(kernel: str, d: int) -> dict:
     return _entry_options(block_entry(kernel, d))
 
 
-# row-scaled kernels in place of grouped ones: the query forward (False: _sym2_query_fwd) and the key backward's
-# dv (False: _sym2_key_bwd builds phi(k) for it, DV_TOO)
-ROWS = {"qfwd": True, "kdv": True}
+# row-scaled kernels in place of grouped ones: the query forward (False: _sym2_query_fwd), the key backward's
+# dv (False: _sym2_key_bwd builds phi(k) for it, DV_TOO), the query backward (False: _sym2_query_bwd) and the key
+# backward's dk (with kdv only; False: _sym2_key_bwd)
+ROWS = {"qfwd": True, "kdv": True, "qbwd": True, "kdk": False}
+# ... except for d >= 128, where these stay grouped (H100, 16k: query backward 15.7 ms grouped, 19.1 row-scaled)
+GROUPED_WIDE = {"qbwd"}
+
+
+def row_scaled(kernel: str, d: int) -> bool:
+    """Whether `kernel` (a ROWS key) runs row-scaled for head dim d."""
+    return ROWS[kernel] and not (d >= 128 and kernel in GROUPED_WIDE)
 # the outer products read q / k from a transposed copy (_transpose_heads; _sym2_outer's XT_IN)
 OUTER_XT = True
 # stages of the row-scaled kernels' flattened slice loop (0: the nested loops, no prefetch; _rows_fwd_pass PIPE)
 QFWD_PIPE = 3      # H100, 64k: query forward 8.87 -> 7.25 ms (2 stages 9.33; uncapped 7.73) (session 11)
 KDV_PIPE = 3       # dv: 9.50 -> 7.29 ms (prefetch within each first tile; capped at 128 registers, session 11)
-# the query backward and the key dk with one product per first index (their SPLIT): compiled and interpreter-checked,
-# not yet run on a GPU (session 11 ran out of device time), so off
-QBWD_SPLIT = False
-KBWD_SPLIT = False
+QBWD_PIPE = 4      # the row-scaled query backward's and key dk's slice prefetch, within each first tile (H100,
+KDK_PIPE = 4       # 64k, session 12: query backward 20.5 / 18.0 / 10.8 / 10.4 ms with 0 / 2 / 3 / 4 stages)
 TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
