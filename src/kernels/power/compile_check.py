@@ -168,9 +168,10 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     rows_kw = dict(KW2=s2.half_window(d))
     atomic = s2.atomic_updates()           # the backward kernels' dq / dk updates, as a launch would pick them
     jobs = [
-        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
+        # (OUT: the per-chunk states and their gradients are bf16 for bf16 inputs)
+        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
          dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm, XT_IN=s2.OUTER_XT), "BK"),
-        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32"},
+        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
          dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm, XT_IN=s2.OUTER_XT), "BK"),
         ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"}, query, "BM"),
         ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16", "DQO": "*bf16"},
