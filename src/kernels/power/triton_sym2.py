@@ -16,7 +16,9 @@ the fp32 gradient buffer (rows are private to the program; a barrier orders the 
 Gate gradients use Euler's identity for the degree-2 form: X . phi = sum_a x[8i + a] dx_i[a].
 
 The query forward needs no phi at all: _sym2_query_fwd_rows (the default, ROWS) scales the rows of plain matmuls
-with slices of S instead (section "row-scaled" below); _sym2_query_fwd is the grouped version, kept for A/B.
+with slices of S instead (section "row-scaled" below); _sym2_query_fwd is the grouped version, kept for A/B. The key
+backward's dv and (for d <= 64) the query backward are row-scaled the same way (_sym2_key_dv_rows,
+_sym2_query_bwd_rows); the key dk stays grouped (its row-scaled version measured slower, ROWS["kdk"]).
 
 Same buffers, slots and semantics as the generic kernels (triton_chunked.py's docstring); bf16 inputs keep the
 per-chunk states in bf16 (triton_chunked.ChunkedForm), matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32
@@ -399,21 +401,21 @@ def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.const
 # row-scaled backward contractions: the query backward's dq and the key backward's dk
 # ----------------------------------------------------------------------------------------------
 # The gradient of phi(x) back to x, one first index i = 8 ti + a at a time: with the slice M_i of S (queries) or
-# dU (keys) gathered over the window's columns j (as in the forward above), x_i = a M_i^T [rows, KW] is
+# dU (keys) gathered over the window's columns j (as in the forward above), X_i = a M_i^T [rows, KW] is
 # dL/dphi over the features (i, j) (a = dn or v). Then
-#     dx[:, j] += x_i x_i,j-weighted by the column x[:, i]     (an FMA in the matmul's own layout), and
-#     dx[:, i] += sum_j x_i[:, j] x[:, j]                       (a row sum),
+#     dx[:, j] += x[:, i] * X_i[:, j]          (an FMA in the matmul's own layout), and
+#     dx[:, i] += sum_j X_i[:, j] x[:, j]      (a row sum),
 # with no phi operand and no shared-memory reshape of the product (the grouped kernels' top stalls, ncu session 11).
-# The first-index sums of a tile collect in a [rows, 8] tile written once per tile. The normalizer part of x
-# (dl z, or dUz for keys) needs no per-i work: its gradient is x (Zm + Zm^T) dl with Zm as in _zmat.
+# The first-index sums of a tile collect in a [rows, 8] tile written once per tile. The normalizer part of X
+# (dl z, or dUz for keys) needs no per-i work: its gradient is dl x (Zm + Zm^T) with Zm as in _zmat.
 @triton.jit
 def _rows_grad_pass(acc, dg, a_op, xw, x_row, dx_row, M, m_base, mask, rf, t_lo, t_hi, J0: tl.constexpr,
                     KW: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
                     DOT_DT: tl.constexpr, PREC: tl.constexpr, KEYS: tl.constexpr, ATOMIC: tl.constexpr,
                     PIPE: tl.constexpr):
-    """Over first tiles ti in [t_lo, t_hi), window [J0, J0 + KW): acc [BM, KW] += x_i * x[:, i] (the second-index
-    gradients), dx[:, i] += rf * sum_j x_i[:, j] x[:, j] (read-modify-written per tile), dg += x[:, i] * that sum.
-    xw: x's window columns (fp32); KEYS: x_i carries the multiplicities (1 in tile ti, 2 after)."""
+    """Over first tiles ti in [t_lo, t_hi), window [J0, J0 + KW): acc [BM, KW] += X_i * x[:, i] (the second-index
+    gradients), dx[:, i] += rf * sum_j X_i[:, j] x[:, j] (read-modify-written per tile), dg += x[:, i] * that sum.
+    xw: x's window columns (fp32); KEYS: X_i carries the multiplicities (1 in tile ti, 2 after)."""
     j = J0 + tl.arange(0, KW)
     offs_d = tl.arange(0, D)
     cols = tl.arange(0, TW)
