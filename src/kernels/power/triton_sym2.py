@@ -441,20 +441,23 @@ def _rows_grad_pass(acc, dg, a_op, xw, x_row, dx_row, M, m_base, mask, rf, t_lo,
 @triton.jit
 def _rows_grad(a_op, x_row, dx_row, M, MZ, m_base, zl, rf, mask, KW2: tl.constexpr, D: tl.constexpr,
                TW: tl.constexpr, BM: tl.constexpr, on, DOT_DT: tl.constexpr, PREC: tl.constexpr, KEYS: tl.constexpr,
-               ATOMIC: tl.constexpr, PIPE: tl.constexpr):
-    """dx += rf * dphi/dx^T X for X = a M^T + zl MZ (features of the layout; zl a row factor, 1 for keys), over
-    all first tiles (none when on = 0); returns X . phi (Euler: the gate gradient, before rf)."""
+               ATOMIC: tl.constexpr, PIPE: tl.constexpr, NORM: tl.constexpr):
+    """dx += rf * dphi/dx^T X for X = a M^T + zl MZ (features of the layout; zl a row factor, 1 for keys; the MZ
+    term only with NORM), over all first tiles (none when on = 0); returns X . phi (Euler: the gate gradient,
+    before rf)."""
     NT: tl.constexpr = D // TW
     T1: tl.constexpr = (D - KW2) // TW
     offs_d = tl.arange(0, D)
     xf = tl.load(x_row[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    # normalizer part: Zm [j, i] = MZ of feature (i, j) (with the key side's multiplicities)
-    zm = _zmat(MZ, m_base, D, NT, TW)
-    if KEYS:
-        zm = zm * tl.where(offs_d[:, None] // TW == offs_d[None, :] // TW, 1.0, 2.0)
-    xz = tl.dot(xf, zm + tl.trans(zm), input_precision="tf32x3") * on                        # [BM, D]
-    dg = 0.5 * zl * tl.sum(xf * xz, axis=1)
-    acc = xz * zl[:, None]
+    acc = tl.zeros([BM, D], tl.float32)
+    dg = tl.zeros([BM], tl.float32)
+    if NORM:    # Zm [j, i] = MZ of feature (i, j) (with the key side's multiplicities)
+        zm = _zmat(MZ, m_base, D, NT, TW)
+        if KEYS:
+            zm = zm * tl.where(offs_d[:, None] // TW == offs_d[None, :] // TW, 1.0, 2.0)
+        xz = tl.dot(xf, zm + tl.trans(zm), input_precision="tf32x3") * on                    # [BM, D]
+        dg = 0.5 * zl * tl.sum(xf * xz, axis=1)
+        acc = xz * zl[:, None]
     acc, dg = _rows_grad_pass(acc, dg, a_op, xf, x_row, dx_row, M, m_base, mask, rf, 0, T1 * on, 0, D, NT, TW, D,
                               BM, DOT_DT, PREC, KEYS, ATOMIC, PIPE)
     _rmw(dx_row[:, None] + offs_d[None, :], acc * rf[:, None], mask[:, None], ATOMIC)
@@ -478,7 +481,7 @@ def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
     dg = _rows_grad(dn.to(DOT_DT), Q + row * D, DQ + row * D, S, Z, s_base, dl, r, mask, KW2, D, TW, BM,
-                    _has_state(n, HAS_S0), DOT_DT, PREC, False, ATOMIC, PIPE)
+                    _has_state(n, HAS_S0), DOT_DT, PREC, False, ATOMIC, PIPE, NORM)
     if GATED:
         tl.store(DGQ + row, dg * r, mask=mask)
     _cast_rows(DQ, DQO, row, mask, HQ, D, CAST)
@@ -495,7 +498,7 @@ def _sym2_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: tl.cons
     row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
     u_base = (pid_bh.to(tl.int64) * NU + n) * DS
     y = _rows_grad(v.to(DOT_DT), K + row * D, DK + row * D, DU, DUZ, u_base, tl.full([BK], 1.0, tl.float32), c,
-                   mask, KW2, D, TW, BK, 1, DOT_DT, PREC, True, ATOMIC, PIPE)
+                   mask, KW2, D, TW, BK, 1, DOT_DT, PREC, True, ATOMIC, PIPE, True)
     if GATED:
         tl.store(DGK + row, -y * c, mask=mask)
     _cast_rows(DK, DKO, row, mask, HK, D, CAST)
