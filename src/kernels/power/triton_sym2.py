@@ -45,6 +45,13 @@ def _pair(X_row, ti, tj, mask, colj, jvalid, TW: tl.constexpr):
 
 
 @triton.jit
+def _multiplicity(j, ti, TW: tl.constexpr):
+    """The key side's weight of the features (i, j) with i in tile ti: 1 inside tile ti (the diagonal block holds
+    both orders), 2 after it (an off-diagonal block holds one); j and ti of any broadcastable shapes."""
+    return tl.where(j // TW == ti, 1.0, 2.0)
+
+
+@triton.jit
 def _feature_rows(l0, a, c, TW: tl.constexpr):
     """Layout rows of the features (a, c) of a group starting at block l0: first index a < 8 of its first tile,
     second index c over its JG second tiles."""
@@ -141,7 +148,7 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
     offs_d = tl.arange(0, D)
     start = n * C
     if KEYS:
-        wj = tl.where(colj // TW == ti, 1.0, 2.0)                         # multiplicity of block (ti, col's tile)
+        wj = _multiplicity(colj, ti, TW)
         if GATED:
             g_end = tl.load(G + (i_b * T + start + C - 1) * HK + i_hk)
     acc = tl.zeros([FG, D], tl.float32)
@@ -302,15 +309,22 @@ def _zmat(Z, s_base, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr):
 def _key_weights(qw, j, ti, TW: tl.constexpr):
     """The key side's operand for first tile ti: the window's columns j times their multiplicities (1 in tile ti, 2
     after it; exact in bf16)."""
-    return qw * tl.where(j // TW == ti, 1.0, 2.0).to(qw.dtype)[None, :]
+    return qw * _multiplicity(j, ti, TW).to(qw.dtype)[None, :]
+
+
+@triton.jit
+def _slice(S, s_base, ti, a, j, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr):
+    """S_i [KW, D]: the state rows of the features (i, j), i = TW ti + a, over the window's columns j (0 for the
+    features not in the layout)."""
+    lrow, valid = _win(ti, a, j, NT, TW)
+    return tl.load(S + (s_base + lrow)[:, None] * D + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
 
 
 @triton.jit
 def _rows_slice(num, q_i_ptr, qw, S, s_base, ti, a, j, mask, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr,
                 DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """num += q_i (qw S_i) for the first index i = TW ti + a: slice S_i gathered over the window's columns j."""
-    lrow, valid = _win(ti, a, j, NT, TW)
-    s_i = tl.load(S + (s_base + lrow)[:, None] * D + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
+    s_i = _slice(S, s_base, ti, a, j, NT, TW, D)
     q_i = tl.load(q_i_ptr, mask=mask, other=0.0).to(tl.float32)
     return num + q_i[:, None] * tl.dot(qw, s_i.to(DOT_DT), input_precision=PREC)
 
@@ -417,15 +431,13 @@ def _rows_grad_pass(acc, dg, a_op, xw, x_row, dx_row, M, m_base, mask, rf, t_lo,
     gradients), dx[:, i] += rf * sum_j X_i[:, j] x[:, j] (read-modify-written per tile), dg += x[:, i] * that sum.
     xw: x's window columns (fp32); KEYS: X_i carries the multiplicities (1 in tile ti, 2 after)."""
     j = J0 + tl.arange(0, KW)
-    offs_d = tl.arange(0, D)
     cols = tl.arange(0, TW)
     for ti in range(t_lo, t_hi):
         if KEYS:
-            w = tl.where(j // TW == ti, 1.0, 2.0)
+            w = _multiplicity(j, ti, TW)
         dfirst = tl.zeros([BM, TW], tl.float32)
         for a in tl.range(TW, num_stages=PIPE):
-            lrow, valid = _win(ti, a, j, NT, TW)
-            m_i = tl.load(M + (m_base + lrow)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+            m_i = _slice(M, m_base, ti, a, j, NT, TW, D)
             x = tl.dot(a_op, tl.trans(m_i.to(DOT_DT)), input_precision=PREC)                 # [BM, KW]
             if KEYS:
                 x = x * w[None, :]
@@ -454,7 +466,7 @@ def _rows_grad(a_op, x_row, dx_row, M, MZ, m_base, zl, rf, mask, KW2: tl.constex
     if NORM:    # Zm [j, i] = MZ of feature (i, j) (with the key side's multiplicities)
         zm = _zmat(MZ, m_base, D, NT, TW)
         if KEYS:
-            zm = zm * tl.where(offs_d[:, None] // TW == offs_d[None, :] // TW, 1.0, 2.0)
+            zm = zm * _multiplicity(offs_d[:, None], offs_d[None, :] // TW, TW)
         xz = tl.dot(xf, zm + tl.trans(zm), input_precision="tf32x3") * on                    # [BM, D]
         dg = 0.5 * zl * tl.sum(xf * xz, axis=1)
         acc = xz * zl[:, None]
@@ -525,7 +537,7 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DKO, DV, DGK, T, NC, DS, NG, NU,
     for g in range(NG):
         ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
         ki, kj = _pair(K + row * D, ti, tj, mask, colj, jvalid, TW)
-        wcol = tl.where(colj // TW == ti, 1.0, 2.0)                                       # multiplicity
+        wcol = _multiplicity(colj, ti, TW)
         kjw = kj * wcol[None, :]
         du = tl.load(DU + (u_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
         duz = tl.load(DUZ + u_base + lrow, mask=fvalid, other=0.0)
