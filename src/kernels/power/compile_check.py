@@ -184,8 +184,8 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
          dict(query, ATOMIC=atomic, CAST=True) | rows_kw | dict(PIPE=s2.QBWD_PIPE), "BM"),
         ("kdk_rows", s2._sym2_key_dk_rows, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
          dict(base, HK=hk, ATOMIC=atomic, CAST=True) | rows_kw | dict(PIPE=s2.KDK_PIPE), "BK"),
-        ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DV": "*bf16"},
-         dict(base, HK=hk) | rows_kw | dict(PIPE=s2.KDV_PIPE), "BK"),
+        ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
+         dict(base, HK=hk) | rows_kw | dict(PIPE=s2.KDV_PIPE, ACC=s2.KDV_ACC), "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:

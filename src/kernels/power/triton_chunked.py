@@ -733,7 +733,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                DOT_DT=sdt, PREC=sprec, PIPE=sym2.KDV_PIPE, **sym2.launch_options("kdv_rows", d))
+                DOT_DT=sdt, PREC=sprec, PIPE=sym2.KDV_PIPE, ACC=sym2.KDV_ACC, **sym2.launch_options("kdv_rows", d))
     else:
         _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
             k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)

@@ -316,23 +316,32 @@ def _key_weights(qw, j, ti, TW: tl.constexpr):
 def _slice(S, s_base, ti, a, j, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr):
     """S_i [KW, D]: the state rows of the features (i, j), i = TW ti + a, over the window's columns j (0 for the
     features not in the layout)."""
-    lrow, valid = _win(ti, a, j, NT, TW)
-    return tl.load(S + (s_base + lrow)[:, None] * D + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
+    # row (l(ti, tj) * TW + a) * TW + j % TW split as a scalar per slice plus a per-column part that does not
+    # depend on the slice (hoisted out of the slice loops), so each slice costs one scalar add to its addresses
+    tj = j // TW
+    first = ((ti * NT - (ti * (ti - 1)) // 2 - ti) * TW + a) * TW         # l(ti, ti) = ti NT - ti (ti - 1) / 2
+    cols = (tj * (TW * TW) + j % TW)[:, None] * D + tl.arange(0, D)[None, :]
+    return tl.load(S + (s_base + first) * D + cols, mask=(tj >= ti)[:, None], other=0.0)
 
 
 @triton.jit
 def _rows_slice(num, q_i_ptr, qw, S, s_base, ti, a, j, mask, NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr,
-                DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """num += q_i (qw S_i) for the first index i = TW ti + a: slice S_i gathered over the window's columns j."""
+                DOT_DT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
+    """num += q_i (qw S_i) for the first index i = TW ti + a: slice S_i gathered over the window's columns j.
+    ACC: as num += (q_i qw) S_i, the scaled window an operand built in registers (q_i q_j rounded to DOT_DT, as the
+    grouped kernels' phi), so consecutive products accumulate in the tensor cores without waiting for each other;
+    else the product is formed in fp32 and scaled after it (one wait per slice)."""
     s_i = _slice(S, s_base, ti, a, j, NT, TW, D)
     q_i = tl.load(q_i_ptr, mask=mask, other=0.0).to(tl.float32)
+    if ACC:
+        return tl.dot((qw.to(tl.float32) * q_i[:, None]).to(DOT_DT), s_i.to(DOT_DT), num, input_precision=PREC)
     return num + q_i[:, None] * tl.dot(qw, s_i.to(DOT_DT), input_precision=PREC)
 
 
 @triton.jit
 def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr, KW: tl.constexpr,
                    NT: tl.constexpr, TW: tl.constexpr, D: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
-                   KEYS: tl.constexpr, PIPE: tl.constexpr = 0):
+                   KEYS: tl.constexpr, PIPE: tl.constexpr = 0, ACC: tl.constexpr = False):
     """num += sum over first tiles ti in [t_lo, t_hi) and a < TW of q_i (qw S_i), window [J0, J0 + KW).
     KEYS: qw (DOT_DT) takes the key side's multiplicities per ti (_key_weights).
     PIPE > 0: the slices S_i load with PIPE stages (cp.async) while the previous one multiplies (ncu, session 11: the
@@ -341,13 +350,14 @@ def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr
     j = J0 + tl.arange(0, KW)
     if PIPE > 0 and not KEYS:
         for i in tl.range(t_lo * TW, t_hi * TW, num_stages=PIPE):
-            num = _rows_slice(num, q_row + i, qw, S, s_base, i // TW, i % TW, j, mask, NT, TW, D, DOT_DT, PREC)
+            num = _rows_slice(num, q_row + i, qw, S, s_base, i // TW, i % TW, j, mask, NT, TW, D, DOT_DT, PREC,
+                              ACC)
     elif PIPE > 0:
         for ti in range(t_lo, t_hi):
             qw_t = _key_weights(qw, j, ti, TW)
             for a in tl.range(TW, num_stages=PIPE):
                 num = _rows_slice(num, q_row + ti * TW + a, qw_t, S, s_base, ti, a, j, mask, NT, TW, D, DOT_DT,
-                                  PREC)
+                                  PREC, ACC)
     else:
         for ti in range(t_lo, t_hi):
             if KEYS:
@@ -356,7 +366,7 @@ def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr
                 qw_t = qw
             for a in range(TW):
                 num = _rows_slice(num, q_row + ti * TW + a, qw_t, S, s_base, ti, a, j, mask, NT, TW, D, DOT_DT,
-                                  PREC)
+                                  PREC, ACC)
     return num
 
 
@@ -388,11 +398,11 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
 @triton.jit
 def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
                       TW: tl.constexpr, KW2: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
-                      DOT_DT: tl.constexpr, PREC: tl.constexpr, PIPE: tl.constexpr = 0):
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr, PIPE: tl.constexpr = 0, ACC: tl.constexpr = False):
     """The key backward's dv, row-scaled like the query forward: dv_j += c_j sum_i k_i (k_win,w dU_i) with the
     key side's multiplicities w on the window's columns, c_j = e^(gt_n - g_j); program (key block of a chunk,
     chunk n, b*hk). DV holds the intra-chunk part already, in the inputs' dtype (bf16: the buffer is dv itself, no
-    fp32 copy and no conversion pass); the sum is formed in fp32 and written back in place."""
+    fp32 copy and no conversion pass); the sum is formed in fp32 and written back in place. ACC: _rows_slice's."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     NT: tl.constexpr = D // TW
     T1: tl.constexpr = (D - KW2) // TW
@@ -403,8 +413,9 @@ def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.const
     k2 = tl.load(k_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None], other=0.0).to(DOT_DT)
     u_base = (pid_bh.to(tl.int64) * NU + n) * DS
     dv = tl.zeros([BK, D], tl.float32)
-    dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True, PIPE)
-    dv = _rows_fwd_pass(dv, k_row, k2, DU, u_base, mask, T1, NT, D - KW2, KW2, NT, TW, D, DOT_DT, PREC, True, PIPE)
+    dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True, PIPE, ACC)
+    dv = _rows_fwd_pass(dv, k_row, k2, DU, u_base, mask, T1, NT, D - KW2, KW2, NT, TW, D, DOT_DT, PREC, True, PIPE,
+                        ACC)
     c = _key_decay(G, T, i_b, i_hk, n, row, mask, HK, C, GATED)
     kv_off = row[:, None] * D + offs_d[None, :]
     dv = dv * c[:, None] + tl.load(DV + kv_off, mask=mask[:, None], other=0.0).to(tl.float32)
@@ -591,7 +602,8 @@ BLOCKS = {
     "kbwd": (2, 64, 4, 2),        # dk only (ROWS["kdv"]); with dv too (2, 64, 4, 1) was best
     "qfwd_rows": (1, 64, 4, 1, 128),  # the row-scaled query forward (JG unused), capped at 128 registers: 4 programs
                                       # per SM instead of 3 (H100, 64k: 10.45 -> 8.93 ms, session 10)
-    "kdv_rows": (1, 64, 4, 1, 128),   # the row-scaled dv of the key backward (ROWS["kdv"]; JG unused)
+    "kdv_rows": (1, 128, 4, 1, 168),  # the row-scaled dv of the key backward (ROWS["kdv"]; JG unused); with KDV_ACC
+                                      # 128 rows per program (H100, 64k: 6.60 -> 6.23 ms against (1, 64, 4, 1, 128))
     "qbwd_rows": (1, 64, 4, 1, 168),  # the row-scaled query backward (ROWS["qbwd"]): 3 programs per SM (H100, 64k:
                                       # 12.6 ms uncapped, 11.2 at 160, 10.4 at 168, 13.5 at 184; session 12)
     "kdk_rows": (1, 64, 4, 1, 168),   # the row-scaled key dk (ROWS["kdk"], off: 11.2 ms vs the grouped 10.3)
@@ -612,6 +624,7 @@ BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (ses
 
 BLOCKS_NARROW = {  # d <= 32: entries that differ from BLOCKS (H100, 64k, session 12: row-scaled query backward
     "qbwd_rows": (1, 64, 4, 1, 128),   # 3.33 ms capped at 128 registers, 3.80 at 168; grouped 3.58)
+    "kdv_rows": (1, 128, 4, 1, 128),   # session 13, with KDV_ACC: 2.16 ms (2.37 at 168; 2.58 before KDV_ACC)
 }
 
 
@@ -650,6 +663,9 @@ QFWD_PIPE = 3      # H100, 64k: query forward 8.87 -> 7.25 ms (2 stages 9.33; un
 KDV_PIPE = 3       # dv: 9.50 -> 7.29 ms (prefetch within each first tile; capped at 128 registers, session 11)
 QBWD_PIPE = 4      # the row-scaled query backward's and key dk's slice prefetch, within each first tile (H100,
 KDK_PIPE = 4       # 64k, session 12: query backward 20.5 / 18.0 / 10.8 / 10.4 ms with 0 / 2 / 3 / 4 stages)
+KDV_ACC = True     # dv accumulates (k_i k_win) dU_i in the tensor cores (_rows_slice ACC). H100, session 13: dv at 64k
+#                    7.40 -> 6.2 ms (d=64, 128 rows per program), 2.58 -> 2.16 (d=32); d=128 at 16k 9.65 -> 8.41. The
+#                    query forward gained nothing from it (7.35 -> 7.5 ms), so it keeps the fp32 product
 TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
