@@ -100,6 +100,30 @@ def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
     return ok
 
 
+def scaled_transpose(keys):
+    """triton_sym2._transpose_heads with SCALE (the Gluon outer products' input, which the CPU never launches) against
+    the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2)."""
+    b, t, hk, rep, d, chunk = 2, 48, 2, 2, 16, 16
+    h = hk if keys else hk * rep
+    x = torch.randn(b, t, h, d, dtype=torch.bfloat16)
+    G = torch.randn(b, t, hk).cumsum(1) * -0.1
+    lse = torch.randn(b, t, h)
+    xt = torch.empty(b, h, d, t, dtype=torch.bfloat16)
+    triton_sym2._transpose_heads[(t // 16, b * h)](x, xt, t, H=h, D=d, BT=16, G=G, LSE=lse, sqrt_scale_p=0.7, HK=hk,
+                                                   C=chunk, SCALE=1 if keys else 2, GATED=True, NORM=True)
+    Gh = G.repeat_interleave(h // hk, dim=2)                                        # (b, t, h): each head's gates
+    if keys:
+        g_end = Gh.view(b, t // chunk, chunk, h)[:, :, -1:].expand(-1, -1, chunk, -1).reshape(b, t, h)
+        f = torch.exp(0.5 * (g_end - Gh))
+    else:
+        f = 0.7 * torch.exp(0.5 * (Gh - lse))
+    want = (x.float() * f[..., None]).permute(0, 2, 3, 1)
+    err = rel(xt, want)
+    ok = err < 1e-2
+    print(f"{'ok  ' if ok else 'FAIL'} scaled transpose keys={keys} err={err:.1e}")
+    return ok
+
+
 def main():
     torch.manual_seed(0)
     args = [a for a in sys.argv[1:] if a not in ("sym2", "groups", "rows")]
@@ -113,6 +137,7 @@ def main():
         failed += sum(not run(CASES[i], fast=True, atomic=False) for i in SYM2_GROUPS)   # barrier + RMW updates
         failed += sum(not run(CASES[i], fast=True, plain=True) for i in SYM2_GROUPS)
         failed += sum(not run(CASES[i], fast=True, rows=True, atomic=False) for i in SYM2_GROUPS)
+        failed += sum(not scaled_transpose(keys) for keys in (True, False))
     sys.exit(1 if failed else 0)
 
 

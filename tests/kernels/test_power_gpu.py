@@ -238,20 +238,22 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
                                   "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
-                                  "atomic-bf16-d128", "plain-bf16", "plain-bf16-d128"])
+                                  "atomic-bf16-d128", "plain-bf16", "plain-bf16-d128", "gluon-bf16", "gluon-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
     bf16 state buffers); rows-*: triton_sym2's grouped query forward, query backward and phi-building key backward
     (dv too) against the row-scaled ones (triton_sym2.ROWS); atomic-*: the p=2 backward's dq / dk updates by barrier
     + read-modify-write against relaxed atomics; plain-*: session 10's kernels (no transposed factors, no slice
-    prefetch) against session 11's defaults. Many chunks, state in and out, output, state and all gradients."""
+    prefetch, Triton's outer products) against the defaults; gluon-*: the Triton outer products against the Gluon
+    ones (gluon_sym2.py). Many chunks, state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
     rows_mode = mode.startswith("rows")
     atomic_mode = mode.startswith("atomic")
-    variant = {"plain": ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE")}.get(mode.split("-")[0], ())
+    variant = {"plain": ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE", "OUTER_GLUON"),
+               "gluon": ("OUTER_GLUON",)}.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)
     q, k, v, lg = make(2, 4000, 4, 2, d, dtype, True, seed=3)

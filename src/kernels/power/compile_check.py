@@ -52,15 +52,15 @@ def _normalized_ptx(ptx: str) -> str:
     return re.sub(r"\$L__[A-Za-z_]+\d+", "", "\n".join(keep))
 
 
-def _compile(fn, ptr_types, scalars, consts, warps, stages, arch, maxnreg=None):
+def _compile(fn, ptr_types, scalars, consts, warps, stages, arch, maxnreg=None, source=ASTSource):
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else scalars.get(n, ptr_types.get(n, "*fp32")) for n in names}
     # what a launch on real tensors sees: 16-byte aligned pointers and T % 16 == 0 (the benchmark lengths). Without
     # these hints the compiler cannot vectorize the bf16 loads and does not pipeline them (cp.async), so
     # registers and spills came out unlike the device's
     aligned = [n for n in names if sig[n].startswith("*") or n == "T"]
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    src = source(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                 attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                             options=dict(num_warps=warps, num_stages=stages, maxnreg=maxnreg))
     if PTX_DIR:
@@ -199,6 +199,33 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
         name = f"{k.name}{'_keys' if consts.get('KEYS') else ''}"
         out.append((name, k.metadata.shared, *_usage(k)))
         PTX_OF[name] = k.asm["ptx"]
+    if d in s2.GLUON_OUTER_DIMS:
+        out += compile_gluon_outer(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
+    return out
+
+
+def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
+    """The outer products as launched with OUTER_GLUON (gluon_sym2.gluon_outer, keys and query side) and the scaled
+    transposed copies they read (triton_sym2._transpose_heads with SCALE): [(name, shared, registers, stack)]."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .gluon_sym2 import gluon_outer, operand_layout_3d
+    jg, bk, _, _ = s2.blocks("outer", d)
+    ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
+    out = []
+    for keys in (True, False):
+        consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys, NORM=norm,
+                      NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk))
+        k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"}, ints, consts, 4, 1,
+                     arch, source=GluonASTSource)
+        name = f"gluon_outer{'_keys' if keys else ''}"
+        out.append((name, k.metadata.shared, *_usage(k)))
+        PTX_OF[name] = k.asm["ptx"]
+        bt, warps = s2.TRANSPOSE_BLOCK
+        k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16"}, ints,
+                     dict(H=hk if keys else hq, D=d, BT=bt, HK=hk, C=chunk, SCALE=1 if keys else 2, GATED=True,
+                          NORM=norm), warps, 1, arch)
+        out.append((f"_transpose_heads_scale{1 if keys else 2}", k.metadata.shared, *_usage(k)))
     return out
 
 

@@ -112,9 +112,13 @@ def _cast_rows(DX, DXO, row, mask, H: tl.constexpr, D: tl.constexpr, CAST: tl.co
 # sum over a chunk's rows of (row factor * phi(x)) (x) y: update-state (keys) and the query-side state gradient
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, G=None, LSE=None, sqrt_scale_p=1.0,
+                     HK: tl.constexpr = 1, C: tl.constexpr = 1, SCALE: tl.constexpr = 0, GATED: tl.constexpr = False,
+                     NORM: tl.constexpr = False):
     """XT (b, h, D, T) = X (b, T, h, D) transposed, program (time block, b*h): the column-major copy of q or k the
-    outer product reads its factors from (XT_IN)."""
+    outer product reads its factors from (XT_IN). SCALE: each row times the square root of the row factor the outer
+    product gives its phi (gluon_sym2.gluon_outer), so phi(x') = f phi(x): 1 (keys) e^((gt_n - g_j) / 2), the chunk's
+    last gate gt_n; 2 (queries) (s^p e^(g_i) / Den_i)^(1/2), Den_i = e^(lse_i)."""
     pid_bh = tl.program_id(1)
     i_b = pid_bh // H
     i_h = pid_bh % H
@@ -122,6 +126,21 @@ def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexp
     offs_d = tl.arange(0, D)
     mask = rows < T
     x = tl.load(X + ((i_b * T + rows) * H + i_h).to(tl.int64)[:, None] * D + offs_d[None, :], mask=mask[:, None])
+    if SCALE > 0:
+        i_hk = i_h // (H // HK)
+        half = tl.full([BT], 0.0, tl.float32)
+        if GATED:
+            g = tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0)
+            if SCALE == 1:
+                half += tl.load(G + (i_b * T + (rows // C) * C + C - 1) * HK + i_hk, mask=mask, other=0.0) - g
+            else:
+                half += g
+        if SCALE == 2 and NORM:
+            half -= tl.load(LSE + (i_b * T + rows) * H + i_h, mask=mask, other=0.0)
+        f_half = tl.exp(0.5 * half)
+        if SCALE == 2:
+            f_half = f_half * sqrt_scale_p
+        x = (x.to(tl.float32) * f_half[:, None]).to(XT.dtype.element_ty)
     tl.store(XT + (pid_bh.to(tl.int64) * D + offs_d)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
 
 
@@ -667,6 +686,12 @@ KDV_ACC = True     # dv accumulates (k_i k_win) dU_i in the tensor cores (_rows_
 #                    7.40 -> 6.2 ms (d=64, 128 rows per program), 2.58 -> 2.16 (d=32); d=128 at 16k 9.65 -> 8.41. The
 #                    query forward gained nothing from it (7.35 -> 7.5 ms), so it keeps the fp32 product
 TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
+OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the wgmma register layout, async matmuls
+#                    (H100, 64k, session 13: both launches 18.9 -> 14.6 ms with their scaled transposed copies)
+GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
+GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per group, 128 output columns) compiles but
+#                               came out wrong on the H100 (session 13: rel. error 1e-2 ungated, NaN gated): Triton's
+#                               _sym2_outer keeps it
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
@@ -685,12 +710,30 @@ def half_window(d: int) -> int:
     return d // 2 if d >= 32 else d
 
 
+def gluon_outer_applies(X, d: int, C: int, bk: int) -> bool:
+    """Whether the outer product runs as gluon_sym2.gluon_outer: OUTER_GLUON, bf16 on CUDA, rows per step a multiple
+    of 16 dividing the chunk."""
+    return (OUTER_GLUON and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
+            and d in GLUON_OUTER_DIMS)
+
+
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
                  dot_dt, prec):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
     states (keys) or the query-side state gradients."""
     jg, bk, _, _ = blocks("outer", d)
     grp = groups(d, jg, X.device)
+    if gluon_outer_applies(X, d, C, bk):
+        from .gluon_sym2 import gluon_outer, operand_layout_3d
+        XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
+        bt, warps = TRANSPOSE_BLOCK
+        _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](
+            X, XT, T, H=hx, D=d, BT=bt, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
+            SCALE=1 if keys else 2, GATED=gated, NORM=norm, num_warps=warps)
+        gluon_outer[(grp.shape[0], NC, X.shape[0] * hk)](
+            XT, Y, DELTA, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
+            NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4)
+        return
     if OUTER_XT:
         XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
         bt, warps = TRANSPOSE_BLOCK
