@@ -56,5 +56,7 @@ def test_sym2_kernels_compile_for_sm90():
         assert loops and all(loop["shfl.sync"] == 0 for loop in loops), (name, loops)
     # the Gluon outer products (the CUDA default, gluon_sym2.py) build here too, with Triton's Gluon API of this
     # machine, and keep everything in registers
+    from longctx.kernels.power.triton_sym2 import gluon_available
+    assert gluon_available()        # what a CUDA launch on this Triton checks before taking the Gluon kernel
     for name in ("gluon_outer_keys", "gluon_outer"):
         assert out[name][1] in (None, 0), f"{name} spills {out[name][1]} bytes"

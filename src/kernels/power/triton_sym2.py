@@ -710,11 +710,28 @@ def half_window(d: int) -> int:
     return d // 2 if d >= 32 else d
 
 
+def gluon_available() -> bool:
+    """Whether this Triton has the Gluon the outer product is written for: 3.6 (run on the H100s) or newer (3.9 builds
+    it: compile_check); older ones keep Triton's _sym2_outer."""
+    global _GLUON_OK
+    if _GLUON_OK is None:
+        try:
+            major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+            from . import gluon_sym2  # noqa: F401
+            _GLUON_OK = (major, minor) >= (3, 6)
+        except (ImportError, AttributeError, ValueError):
+            _GLUON_OK = False
+    return _GLUON_OK
+
+
+_GLUON_OK = None
+
+
 def gluon_outer_applies(X, d: int, C: int, bk: int) -> bool:
     """Whether the outer product runs as gluon_sym2.gluon_outer: OUTER_GLUON, bf16 on CUDA, rows per step a multiple
-    of 16 dividing the chunk."""
+    of 16 dividing the chunk, a Triton with its Gluon."""
     return (OUTER_GLUON and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
-            and d in GLUON_OUTER_DIMS)
+            and d in GLUON_OUTER_DIMS and gluon_available())
 
 
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
