@@ -309,11 +309,16 @@ def _sym2_query_bwd(Q, G, GRP, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
 # matmul work of the exact layout. The normalizer term is one small matmul: phi(q) . z = sum_i q_i (q Zm)_i
 # with Zm[j, i] = z of feature (i, j) (0 if j's tile is before i's).
 @triton.jit
+def _diag_block(ti, NT: tl.constexpr):
+    """Block index l(ti, ti) of the lexicographic layout of blocks (i, j >= i)."""
+    return ti * NT - (ti * (ti - 1)) // 2
+
+
+@triton.jit
 def _win(ti, a, j, NT: tl.constexpr, TW: tl.constexpr):
     """Layout rows of the features (TW ti + a, j) and whether they exist (tile(j) >= ti); j may be any shape."""
     tj = j // TW
-    diag = ti * NT - (ti * (ti - 1)) // 2                                 # block index l(ti, ti)
-    return (diag + tj - ti) * (TW * TW) + a * TW + j % TW, tj >= ti
+    return (_diag_block(ti, NT) + tj - ti) * (TW * TW) + a * TW + j % TW, tj >= ti
 
 
 @triton.jit
@@ -338,7 +343,7 @@ def _slice(S, s_base, ti, a, j, NT: tl.constexpr, TW: tl.constexpr, D: tl.conste
     # row (l(ti, tj) * TW + a) * TW + j % TW split as a scalar per slice plus a per-column part that does not
     # depend on the slice (hoisted out of the slice loops), so each slice costs one scalar add to its addresses
     tj = j // TW
-    first = ((ti * NT - (ti * (ti - 1)) // 2 - ti) * TW + a) * TW         # l(ti, ti) = ti NT - ti (ti - 1) / 2
+    first = ((_diag_block(ti, NT) - ti) * TW + a) * TW
     cols = (tj * (TW * TW) + j % TW)[:, None] * D + tl.arange(0, D)[None, :]
     return tl.load(S + (s_base + first) * D + cols, mask=(tj >= ti)[:, None], other=0.0)
 
@@ -734,6 +739,15 @@ def gluon_outer_applies(X, d: int, C: int, bk: int) -> bool:
             and d in GLUON_OUTER_DIMS and gluon_available())
 
 
+def _transposed(X, T, hx, d, **scale):
+    """The (b, hx, d, T) copy of X (b, T, hx, d) the outer products read (_transpose_heads; `scale`: its SCALE
+    arguments for the Gluon kernel's row-factor-scaled copy)."""
+    XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
+    bt, warps = TRANSPOSE_BLOCK
+    _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps, **scale)
+    return XT
+
+
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
                  dot_dt, prec):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
@@ -742,20 +756,14 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
     grp = groups(d, jg, X.device)
     if gluon_outer_applies(X, d, C, bk):
         from .gluon_sym2 import gluon_outer, operand_layout_3d
-        XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
-        bt, warps = TRANSPOSE_BLOCK
-        _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](
-            X, XT, T, H=hx, D=d, BT=bt, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
-            SCALE=1 if keys else 2, GATED=gated, NORM=norm, num_warps=warps)
+        XT = _transposed(X, T, hx, d, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
+                         SCALE=1 if keys else 2, GATED=gated, NORM=norm)
         gluon_outer[(grp.shape[0], NC, X.shape[0] * hk)](
             XT, Y, DELTA, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4)
         return
     if OUTER_XT:
-        XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
-        bt, warps = TRANSPOSE_BLOCK
-        _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps)
-        X = XT
+        X = _transposed(X, T, hx, d)
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
         X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
         KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, XT_IN=OUTER_XT, **launch_options("outer", d))
