@@ -102,15 +102,19 @@ def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
 
 def scaled_transpose(keys):
     """triton_sym2._transpose_heads with SCALE (the Gluon outer products' input, which the CPU never launches) against
-    the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2)."""
+    the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2) and their normalizer
+    weights [hi, lo, 0...] of -Delta_i (hi + lo = -Delta_i to bf16's 2^-16)."""
     b, t, hk, rep, d, chunk = 2, 48, 2, 2, 16, 16
     h = hk if keys else hk * rep
     x = torch.randn(b, t, h, d, dtype=torch.bfloat16)
     G = torch.randn(b, t, hk).cumsum(1) * -0.1
     lse = torch.randn(b, t, h)
+    delta = torch.randn(b, t, h)
     xt = torch.empty(b, h, d, t, dtype=torch.bfloat16)
+    w = torch.full((b, t, h, 8), 7.0, dtype=torch.bfloat16)
     triton_sym2._transpose_heads[(t // 16, b * h)](x, xt, t, H=h, D=d, BT=16, G=G, LSE=lse, sqrt_scale_p=0.7, HK=hk,
-                                                   C=chunk, SCALE=1 if keys else 2, GATED=True, NORM=True)
+                                                   C=chunk, SCALE=1 if keys else 2, GATED=True, NORM=True,
+                                                   DELTA=delta, W=w)
     Gh = G.repeat_interleave(h // hk, dim=2)                                        # (b, t, h): each head's gates
     if keys:
         g_end = Gh.view(b, t // chunk, chunk, h)[:, :, -1:].expand(-1, -1, chunk, -1).reshape(b, t, h)
@@ -120,6 +124,10 @@ def scaled_transpose(keys):
     want = (x.float() * f[..., None]).permute(0, 2, 3, 1)
     err = rel(xt, want)
     ok = err < 1e-2
+    if not keys:
+        err_w = rel(w[..., 0].double() + w[..., 1].double(), -delta)
+        ok = ok and err_w < 1e-4 and bool((w[..., 2:] == 0).all())
+        err = max(err, err_w)
     print(f"{'ok  ' if ok else 'FAIL'} scaled transpose keys={keys} err={err:.1e}")
     return ok
 

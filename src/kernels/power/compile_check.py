@@ -210,19 +210,20 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .gluon_sym2 import gluon_outer, operand_layout_3d
-    jg, bk, _, _ = s2.blocks("outer", d)
+    jg, bk = s2.blocks("outer", d)[0], s2.gluon_outer_rows(d)
     ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
     out = []
     for keys in (True, False):
         consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys, NORM=norm,
                       NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk))
-        k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"}, ints, consts, 4, 1,
+        k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16"}, ints,
+                     consts, 4, 1,
                      arch, source=GluonASTSource)
         name = f"gluon_outer{'_keys' if keys else ''}"
         out.append((name, k.metadata.shared, *_usage(k)))
         PTX_OF[name] = k.asm["ptx"]
         bt, warps = s2.TRANSPOSE_BLOCK
-        k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16"}, ints,
+        k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16", "W": "*bf16"}, ints,
                      dict(H=hk if keys else hq, D=d, BT=bt, HK=hk, C=chunk, SCALE=1 if keys else 2, GATED=True,
                           NORM=norm), warps, 1, arch)
         out.append((f"_transpose_heads_scale{1 if keys else 2}", k.metadata.shared, *_usage(k)))

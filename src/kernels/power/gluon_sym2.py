@@ -47,34 +47,28 @@ def operand_layout_3d(tw: int, tj: int, bk: int) -> gl.DistributedLinearLayout:
 
 
 @gluon.jit
-def _issue_step(xi_p, xj_p, jmask, y_p, xi_s, xj_s, y_s, step, T, HX: gl.constexpr, HK: gl.constexpr,
-                D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, NSTEP: gl.constexpr):
-    """cp.async of step `step`'s factor rows x^T[8 ti:8 ti+8, rows], x^T[colj, rows] and y[rows, :] into ring slot
-    step % NBUF (nothing past the last step), from the step-0 addresses plus one scalar offset per tensor; one commit
-    group per step either way, so the waits count steps."""
+def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, T, HX: gl.constexpr, HK: gl.constexpr,
+                D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, NSTEP: gl.constexpr,
+                W_ROWS: gl.constexpr):
+    """cp.async of step `step`'s factor rows x^T[8 ti:8 ti+8, rows], x^T[colj, rows], y[rows, :] (and with W_ROWS its
+    rows' normalizer weights) into ring slot step % NBUF (nothing past the last step), from the step-0 addresses plus
+    one scalar offset per tensor; one commit group per step either way, so the waits count steps."""
     NSTEP_C: gl.constexpr = C // BK
     if step < NSTEP:
         s = step % NBUF
         rep = step // NSTEP_C
         rr = (step % NSTEP_C) * BK
         xo = rep.to(gl.int64) * (D * T) + rr                   # next GQA head: the copy's next (D, T) plane
-        yo = rep * D + rr * (HX * D)
         _cp_async(xi_s.index(s), xi_p + xo)
         _cp_async(xj_s.index(s), xj_p + xo, mask=jmask)
-        _cp_async(y_s.index(s), y_p + yo)
+        _cp_async(y_s.index(s), y_p + (rep * D + rr * (HX * D)))
+        if W_ROWS:
+            _cp_async(w_s.index(s), w_p + (rep * 8 + rr * (HX * 8)))
     async_copy.commit_group()
 
 
 @gluon.jit
-def _delta_rows(DELTA, d_p, step, C: gl.constexpr, BK: gl.constexpr, HX: gl.constexpr, NSTEP: gl.constexpr):
-    """The query side's normalizer weights -Delta of step `step`'s rows (0 past the last step), loaded a step before
-    their use so the latency hides behind a step's matmul."""
-    NSTEP_C: gl.constexpr = C // BK
-    return -gl.load(d_p + (step // NSTEP_C) + (step % NSTEP_C) * (BK * HX), mask=step < NSTEP, other=0.0)
-
-
-@gluon.jit
-def gluon_outer(X, Y, DELTA, GRP, OUT, OUTZ, T, NC, DS, SLOT,
+def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr):
@@ -82,27 +76,32 @@ def gluon_outer(X, Y, DELTA, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
     no per-row work here. L3: operand_layout_3d. The products are formed in bf16 (one rounding, as the fp32 product
-    rounded for the matmul); the keys' normalizer sums run on the tensor cores (phi^T times a [rows, 16] tile of
-    ones), the query side's (weights -Delta per row) as fp32 FMAs."""
+    rounded for the matmul). The normalizer sums run on the tensor cores, phi^T times a [rows, 8] tile of row
+    weights, with phi = hi + lo (lo = x_i x_j - hi, exact in bf16, one fma): for keys a constant tile (column 0 ones),
+    for the query side W (b, T, HX, 8) bf16 rows [hi, lo, 0, ...] of -Delta_i (written by the transposed copy)."""
     TJ: gl.constexpr = TW * JG
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK
     NSTEP: gl.constexpr = REP * (C // BK)
+    W_ROWS: gl.constexpr = (not KEYS) and NORM        # per-row normalizer weights through the ring
+    NORMS: gl.constexpr = KEYS or NORM
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     MMAZ: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     AZ_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMAZ, k_width=2)
     XI_L: gl.constexpr = gl.SliceLayout(1, L3)          # [TW, BK]: x_i of this thread's fragment rows
     XJ_L: gl.constexpr = gl.SliceLayout(0, L3)          # [TJ, BK]
-    RL: gl.constexpr = gl.SliceLayout(0, XI_L)          # [BK]
     CPX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
     CPY: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
+    CPW: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
     # factor tiles: 16-byte chunks swizzled by row pairs, so a warp's 8 rows x 16 bytes hit 32 banks
     XS: gl.constexpr = gl.SwizzledSharedLayout(8, 2, 4, [1, 0])
+    WS: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 8], gl.bfloat16)
     xi_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TW, BK], XS)
     xj_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TJ, BK], XS)
     y_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BK, D], gl.NVMMASharedLayout.get_default_for([BK, D],
                                                                                                  gl.bfloat16))
+    w_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF if W_ROWS else 1, BK, 8], WS)
     g = gl.program_id(0)
     n = gl.program_id(1)
     pid_bh = gl.program_id(2)
@@ -123,57 +122,45 @@ def gluon_outer(X, Y, DELTA, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     ry = gl.arange(0, BK, layout=gl.SliceLayout(1, CPY))
     dy = gl.arange(0, D, layout=gl.SliceLayout(0, CPY))
     y_p = Y + ((i_b * T + start + ry) * HX + i_hk * REP)[:, None] * D + dy[None, :]
-    d_p = DELTA + (i_b * T + start + gl.arange(0, BK, layout=RL)) * HX + i_hk * REP
+    rw = gl.arange(0, BK, layout=gl.SliceLayout(1, CPW))
+    cw = gl.arange(0, 8, layout=gl.SliceLayout(0, CPW))
+    w_p = W + ((i_b * T + start + rw) * HX + i_hk * REP)[:, None] * 8 + cw[None, :]
+    if KEYS:     # the keys' weights: one column of ones
+        w_s.index(0).store(gl.where(cw[None, :] == 0, 1.0, 0.0).to(gl.bfloat16) + gl.zeros([BK, 8], gl.bfloat16,
+                                                                                             CPW))
+        fence_async_shared()
 
     for p in gl.static_range(NBUF - 1):
-        _issue_step(xi_p, xj_p, jmask, y_p, xi_s, xj_s, y_s, p, T, HX, HK, D, C, BK, NBUF, NSTEP)
+        _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, p, T, HX, HK, D, C, BK, NBUF, NSTEP, W_ROWS)
     acc = gl.zeros([FG, D], gl.float32, MMA)
-    if KEYS:
-        # the normalizer: phi^T times ones (every column of accz the same sum)
-        ONES: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 8], gl.bfloat16)
-        ones_s = gl.allocate_shared_memory(gl.bfloat16, [BK, 8], ONES,
-                                           gl.full([BK, 8], 1.0, gl.bfloat16, gl.BlockedLayout([1, 8], [32, 1],
-                                                                                               [4, 1], [1, 0])))
-        fence_async_shared()
-        accz = gl.zeros([FG, 8], gl.float32, MMAZ)
-    else:
-        accz = gl.zeros([TW, TJ, BK], gl.float32, L3)
-        dl = _delta_rows(DELTA, d_p, 0, C, BK, HX, NSTEP)
+    accz = gl.zeros([FG, 8], gl.float32, MMAZ)
     phi_prev = gl.zeros([FG, BK], gl.bfloat16, A_L)
     lo_prev = gl.zeros([FG, BK], gl.bfloat16, AZ_L)
     for step in range(NSTEP):
         s = step % NBUF
-        if not KEYS and NORM:
-            dl_next = _delta_rows(DELTA, d_p, step + 1, C, BK, HX, NSTEP)
         async_copy.wait_group(NBUF - 2)
         _barrier()
-        xi = xi_s.index(s).load(XI_L)
-        xj = xj_s.index(s).load(XJ_L)
-        xi3 = gl.expand_dims(xi, 1)
-        xj3 = gl.expand_dims(xj, 0)
+        xi3 = gl.expand_dims(xi_s.index(s).load(XI_L), 1)
+        xj3 = gl.expand_dims(xj_s.index(s).load(XJ_L), 0)
         phi3 = xi3 * xj3                                                               # [TW, TJ, BK] bf16
         phi = gl.convert_layout(gl.reshape(phi3, [FG, BK]), A_L, assert_trivial=True)
         acc = warpgroup_mma(phi, y_s.index(s), acc, is_async=True)
-        if KEYS:
+        if NORMS:
             # the normalizer sums the exact products: phi = hi + lo with lo = x_i x_j - hi (exact in bf16, one fma)
             # (the bf16 products alone lose ~2^-9 sqrt(rows) relatively where signs cancel: 9% at 1500 rows)
             lo = gl.convert_layout(gl.reshape(gl.fma(xi3, xj3, -phi3), [FG, BK]), AZ_L, assert_trivial=True)
-            accz = warpgroup_mma(gl.convert_layout(phi, AZ_L, assert_trivial=True), ones_s, accz, is_async=True)
-            accz = warpgroup_mma(lo, ones_s, accz, is_async=True)
+            w_t = w_s.index(s if W_ROWS else 0)
+            accz = warpgroup_mma(gl.convert_layout(phi, AZ_L, assert_trivial=True), w_t, accz, is_async=True)
+            accz = warpgroup_mma(lo, w_t, accz, is_async=True)
             # the previous step's matmuls are done: its slot takes step + NBUF - 1, its operand registers are free
             acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=3, deps=(acc, accz, phi_prev, lo_prev))
             lo_prev = lo
         else:
-            if NORM:      # the exact products, in fp32
-                accz += (xi3.to(gl.float32) * xj3.to(gl.float32)) * gl.expand_dims(gl.expand_dims(dl, 0), 1)
-                dl = dl_next
             acc, phi_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, phi_prev))
         phi_prev = phi
-        _issue_step(xi_p, xj_p, jmask, y_p, xi_s, xj_s, y_s, step + NBUF - 1, T, HX, HK, D, C, BK, NBUF, NSTEP)
-    if KEYS:
-        acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
-    else:
-        acc, phi_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, phi_prev))
+        _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step + NBUF - 1, T, HX, HK, D, C, BK, NBUF,
+                    NSTEP, W_ROWS)
+    acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
     async_copy.wait_group(0)
 
     # the group's state rows (layout rows of the features (a, c): see triton_sym2._feature_rows); KEYS: the
@@ -188,10 +175,7 @@ def gluon_outer(X, Y, DELTA, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     gl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty),
              mask=(tj * TW + c < D)[:, None])
     ZL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    if KEYS:
-        z = gl.convert_layout(gl.max(accz, axis=1), ZL)           # the 8 columns hold the same sum
-    else:
-        z = gl.convert_layout(gl.reshape(gl.sum(accz, axis=2), [FG]), ZL)
+    z = gl.convert_layout(gl.sum(accz, axis=1), ZL)             # the weights' columns: [w] or [hi, lo], the rest 0
     fz = gl.arange(0, FG, layout=ZL)
     cz = fz % TJ
     if KEYS:

@@ -114,11 +114,12 @@ def _cast_rows(DX, DXO, row, mask, H: tl.constexpr, D: tl.constexpr, CAST: tl.co
 @triton.jit
 def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, G=None, LSE=None, sqrt_scale_p=1.0,
                      HK: tl.constexpr = 1, C: tl.constexpr = 1, SCALE: tl.constexpr = 0, GATED: tl.constexpr = False,
-                     NORM: tl.constexpr = False):
+                     NORM: tl.constexpr = False, DELTA=None, W=None):
     """XT (b, h, D, T) = X (b, T, h, D) transposed, program (time block, b*h): the column-major copy of q or k the
     outer product reads its factors from (XT_IN). SCALE: each row times the square root of the row factor the outer
     product gives its phi (gluon_sym2.gluon_outer), so phi(x') = f phi(x): 1 (keys) e^((gt_n - g_j) / 2), the chunk's
-    last gate gt_n; 2 (queries) (s^p e^(g_i) / Den_i)^(1/2), Den_i = e^(lse_i)."""
+    last gate gt_n; 2 (queries) (s^p e^(g_i) / Den_i)^(1/2), Den_i = e^(lse_i), and with NORM the rows' normalizer
+    weights W (b, T, h, 8) = [hi, lo, 0, ...] of -Delta_i in bf16 (hi + lo = -Delta_i to ~2^-16)."""
     pid_bh = tl.program_id(1)
     i_b = pid_bh // H
     i_h = pid_bh % H
@@ -141,6 +142,14 @@ def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexp
         if SCALE == 2:
             f_half = f_half * sqrt_scale_p
         x = (x.to(tl.float32) * f_half[:, None]).to(XT.dtype.element_ty)
+        if SCALE == 2 and NORM:
+            row = (i_b * T + rows) * H + i_h
+            dl = -tl.load(DELTA + row, mask=mask, other=0.0)
+            hi = dl.to(tl.bfloat16)
+            lo = (dl - hi.to(tl.float32)).to(tl.bfloat16)
+            cols = tl.arange(0, 8)[None, :]
+            w = tl.where(cols == 0, hi[:, None], tl.where(cols == 1, lo[:, None], 0.0))
+            tl.store(W + row.to(tl.int64)[:, None] * 8 + cols, w.to(W.dtype.element_ty), mask=mask[:, None])
     tl.store(XT + (pid_bh.to(tl.int64) * D + offs_d)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
 
 
@@ -694,9 +703,13 @@ TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
 OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the wgmma register layout, async matmuls
 #                    (H100, 64k, session 13: both launches 18.9 -> 14.6 ms with their scaled transposed copies)
 GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
-GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per group, 128 output columns) compiles but
-#                               came out wrong on the H100 (session 13: rel. error 1e-2 ungated, NaN gated): Triton's
-#                               _sym2_outer keeps it
+GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per group, 128 output columns) stays on
+#                               Triton's _sym2_outer: with 32 rows a step (a [32, 128] y tile, wider than one 128-byte
+#                               swizzle atom) it came out wrong (H100, session 13: rel. error 1e-2 ungated, NaN gated);
+#                               with 16 rows a step it matched Triton's kernel at t=4000, chunk 128 (H200, session 14: y
+#                               2.2e-4 / 7.1e-4, dq 4.4e-4 / 1.3e-3 ungated / gated) and was faster (16k: 26.0 -> 20.1
+#                               ms), but failed the float64 test chunked-p2-norm-d128-bfloat16-nogate (t=777, b=1)
+GLUON_OUTER_ROWS = {128: 16}  # rows per step where they differ from BLOCKS' "outer" (d=128: see above)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
@@ -739,6 +752,11 @@ def gluon_outer_applies(X, d: int, C: int, bk: int) -> bool:
             and d in GLUON_OUTER_DIMS and gluon_available())
 
 
+def gluon_outer_rows(d: int) -> int:
+    """Rows per step of the Gluon outer product for head dim d (GLUON_OUTER_ROWS, else BLOCKS' "outer")."""
+    return GLUON_OUTER_ROWS.get(d, blocks("outer", d)[1])
+
+
 def _transposed(X, T, hx, d, **scale):
     """The (b, hx, d, T) copy of X (b, T, hx, d) the outer products read (_transpose_heads; `scale`: its SCALE
     arguments for the Gluon kernel's row-factor-scaled copy)."""
@@ -754,12 +772,15 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
     states (keys) or the query-side state gradients."""
     jg, bk, _, _ = blocks("outer", d)
     grp = groups(d, jg, X.device)
-    if gluon_outer_applies(X, d, C, bk):
+    if gluon_outer_applies(X, d, C, gluon_outer_rows(d)):
+        bk = gluon_outer_rows(d)
         from .gluon_sym2 import gluon_outer, operand_layout_3d
+        # the query side's normalizer weights, [hi, lo] of -Delta per row (written by the copy)
+        W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
         XT = _transposed(X, T, hx, d, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
-                         SCALE=1 if keys else 2, GATED=gated, NORM=norm)
+                         SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W)
         gluon_outer[(grp.shape[0], NC, X.shape[0] * hk)](
-            XT, Y, DELTA, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
+            XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4)
         return
     if OUTER_XT:
