@@ -745,9 +745,10 @@ def gluon_available() -> bool:
 _GLUON_OK = None
 
 
-def gluon_outer_applies(X, d: int, C: int, bk: int) -> bool:
-    """Whether the outer product runs as gluon_sym2.gluon_outer: OUTER_GLUON, bf16 on CUDA, rows per step a multiple
-    of 16 dividing the chunk, a Triton with its Gluon."""
+def gluon_outer_applies(X, d: int, C: int) -> bool:
+    """Whether the outer product runs as gluon_sym2.gluon_outer: OUTER_GLUON, bf16 on CUDA, its rows per step
+    (gluon_outer_rows) a multiple of 16 dividing the chunk, a Triton with its Gluon."""
+    bk = gluon_outer_rows(d)
     return (OUTER_GLUON and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
             and d in GLUON_OUTER_DIMS and gluon_available())
 
@@ -772,7 +773,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
     states (keys) or the query-side state gradients."""
     jg, bk, _, _ = blocks("outer", d)
     grp = groups(d, jg, X.device)
-    if gluon_outer_applies(X, d, C, gluon_outer_rows(d)):
+    if gluon_outer_applies(X, d, C):
         bk = gluon_outer_rows(d)
         from .gluon_sym2 import gluon_outer, operand_layout_3d
         # the query side's normalizer weights, [hi, lo] of -Delta per row (written by the copy)
