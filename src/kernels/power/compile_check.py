@@ -201,7 +201,25 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
         PTX_OF[name] = k.asm["ptx"]
     if d in s2.GLUON_OUTER_DIMS:
         out += compile_gluon_outer(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
+    if d in (32, 64):
+        out += compile_gluon_qbwd(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
     return out
+
+
+def compile_gluon_qbwd(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
+    """The row-scaled query backward in Gluon (gluon_rows.gluon_query_bwd_rows, QBWD_GLUON) as it would launch:
+    [(name, shared, registers, stack)]."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .gluon_rows import gluon_query_bwd_rows
+    bm, warps, nbuf = s2.GLUON_QBWD_BLOCK
+    ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
+    consts = dict(HQ=hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), BM=bm, NORM=norm, GATED=True,
+                  HAS_S0=False, NBUF=nbuf, CAST=True)
+    k = _compile(gluon_query_bwd_rows, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"}, ints, consts,
+                 warps, 1, arch, source=GluonASTSource)
+    PTX_OF["gluon_query_bwd_rows"] = k.asm["ptx"]
+    return [("gluon_query_bwd_rows", k.metadata.shared, *_usage(k))]
 
 
 def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):

@@ -654,7 +654,14 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # the p=2 kernels write the finished dq / dk in the inputs' dtype themselves (CAST: no conversion pass)
     cast = fast and q.dtype != torch.float32
     dq_out = torch.empty_like(q) if cast else dq
-    if fast and sym2.row_scaled("qbwd", d):
+    if fast and sym2.row_scaled("qbwd", d) and sym2.gluon_qbwd_applies(q, d):
+        from .gluon_rows import gluon_query_bwd_rows
+        bm, warps, nbuf = sym2.GLUON_QBWD_BLOCK
+        gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+            q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast,
+            num_warps=warps)
+    elif fast and sym2.row_scaled("qbwd", d):
         _, bm, _, _ = sym2.blocks("qbwd_rows", d)
         sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,

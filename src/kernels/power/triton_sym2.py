@@ -710,6 +710,11 @@ GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per grou
 #                               2.2e-4 / 7.1e-4, dq 4.4e-4 / 1.3e-3 ungated / gated) and was faster (16k: 26.0 -> 20.1
 #                               ms), but failed the float64 test chunked-p2-norm-d128-bfloat16-nogate (t=777, b=1)
 GLUON_OUTER_ROWS = {128: 16}  # rows per step where they differ from BLOCKS' "outer" (d=128: see above)
+QBWD_GLUON = False  # experimental (session 14, compiled, not yet run on a GPU): the row-scaled query backward as
+#                     gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in flight; first-index sums through
+#                     shared memory; dq written once per row). Triton 3.6 sm_90 build, d=64: 124 / 83 SASS instructions
+#                     a slice (full / half window) against Triton's 158 / 102, 255 registers, no spill
+GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
@@ -756,6 +761,12 @@ def gluon_outer_applies(X, d: int, C: int) -> bool:
 def gluon_outer_rows(d: int) -> int:
     """Rows per step of the Gluon outer product for head dim d (GLUON_OUTER_ROWS, else BLOCKS' "outer")."""
     return GLUON_OUTER_ROWS.get(d, blocks("outer", d)[1])
+
+
+def gluon_qbwd_applies(q, d: int) -> bool:
+    """Whether the row-scaled query backward runs as gluon_rows.gluon_query_bwd_rows (QBWD_GLUON, bf16 on CUDA,
+    d = 32 or 64, a Triton with its Gluon)."""
+    return QBWD_GLUON and q.is_cuda and q.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
 def _transposed(X, T, hx, d, **scale):

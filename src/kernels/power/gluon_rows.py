@@ -1,0 +1,239 @@
+"""The p=2 row-scaled query backward (`triton_sym2._sym2_query_bwd_rows`) in Gluon (experimental, not yet run on a GPU).
+
+What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64), from session 13's
+ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums sit in a [rows, 8]
+tile in the matmul's layout (32 selects a slice) read-modify-written per tile, and each slice's column q_i is a global
+load. Here:
+- the slices M_i [KW, D] come through a cp.async ring (NBUF slots, prefetched NBUF - 1 slices ahead), one scalar
+  offset per slice on hoisted addresses;
+- X_i = dn M_i^T runs asynchronously with one in flight: slice i + 1's matmul is issued before slice i's FMAs and row
+  sums, into other registers;
+- q_i per row comes from a transposed copy of the block's q in shared memory (one row of it per slice);
+- the first-index sums g_i (one per row) go to a [D, rows] shared tile, added to dq once at the end; dq is written
+  once per row (the block owns its rows: no atomics), in the inputs' dtype with CAST;
+- the normalizer term dl x (Zm + Zm^T) is three bf16 matmuls (hi / lo splits of both factors, ~2^-16 relative).
+Same grid, arguments and results as `_sym2_query_bwd_rows` (ATOMIC is not needed). Gluon does not run under
+TRITON_INTERPRET: a GPU test compares it with Triton's kernel.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, \
+    warpgroup_mma_wait
+
+from .gluon_sym2 import _barrier, _cp_async
+
+# a shared buffer seen with another shape / layout: `_reinterpret` in Triton 3.6 (the device's), `reinterpret` later
+_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def _as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    if _NEW_REINTERPRET:
+        return buf.reinterpret(dtype, shape, layout)
+    else:
+        return buf._reinterpret(dtype, shape, layout)
+
+
+@gluon.jit
+def _diag(ti, NT: gl.constexpr):
+    """Block index l(ti, ti) of the lexicographic layout of blocks (i, j >= i)."""
+    return ti * NT - (ti * (ti - 1)) // 2
+
+
+@gluon.jit
+def _copy_slice(ring, m_p, tj, dtrue, i, i_end, NBUF: gl.constexpr, D: gl.constexpr, TW: gl.constexpr, NT: gl.constexpr):
+    """cp.async of slice M_i (rows of the features (i, j) over the window's columns j: tj = tile(j) per copied row,
+    m_p their addresses for i's first-row offset 0) into ring slot i % NBUF; rows whose tile is before i's are zero.
+    One commit group whether or not i < i_end, so the waits count slices."""
+    if i < i_end:
+        ti = i // TW
+        first = ((_diag(ti, NT) - ti) * TW + i % TW) * TW
+        _cp_async(ring.index(i % NBUF), m_p + first * D, mask=gl.expand_dims(tj >= ti, 1) & dtrue)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _slice_step(acc, dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
+    """Slice i's share, X_i = x: acc += X_i q_i, g_i = sum_j X_i[:, j] q_j into gT_s[i], dg += q_i g_i."""
+    q_i = qT_s.index(i).load(ROW).to(gl.float32)
+    acc += x * gl.expand_dims(q_i, 1)
+    g_i = gl.sum(x * xw, axis=1)
+    gT_s.index(i).store(g_i)
+    return acc, dg + q_i * g_i
+
+
+@gluon.jit
+def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr,
+               D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
+               MMA: gl.constexpr):
+    """First tiles ti in [t_lo, t_hi), window [J0, J0 + KW): for each slice i = TW ti + a, X_i = a_op M_i^T [BM, KW]
+    (dL/dphi over the features (i, j)), then _slice_step. xw: q's window columns in MMA's layout (fp32).
+    The slices of a tile are unrolled: slice i + 1's matmul is issued before slice i is used, into the other of two
+    accumulators, so no in-flight accumulator crosses a loop iteration (a loop-carried one made ptxas serialize
+    every wgmma: C7514). Between tiles the pipe drains once."""
+    gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
+    NT: gl.constexpr = D // TW
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    CPM: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    ring = gl.allocate_shared_memory(gl.bfloat16, [NBUF, KW, D], gl.NVMMASharedLayout.get_default_for([KW, D],
+                                                                                                    gl.bfloat16))
+    j = J0 + gl.arange(0, KW, layout=gl.SliceLayout(1, CPM))
+    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, CPM))
+    tj = j // TW
+    dtrue = gl.expand_dims(dcol < D, 0)
+    # slice rows (l(ti, tj) TW + a) TW + j % TW = first(ti, a) + (tj TW TW + j % TW): the second part hoisted
+    m_p = S + s_base * D + gl.expand_dims((j // TW) * (TW * TW) + j % TW, 1) * D + gl.expand_dims(dcol, 0)
+    i_end = t_hi * TW
+    for p in gl.static_range(NBUF - 1):
+        _copy_slice(ring, m_p, tj, dtrue, t_lo * TW + p, i_end, NBUF, D, TW, NT)
+    async_copy.wait_group(NBUF - 2)
+    _barrier()
+    zero = gl.zeros([BM, KW], gl.float32, MMA)
+    for ti in range(t_lo, t_hi):
+        i0 = ti * TW
+        cur = warpgroup_mma(a_op, ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        for a in gl.static_range(TW):
+            async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i + 1 landed
+            _barrier()                           # everyone's, and every warpgroup is done with slice i - 1's slot
+            _copy_slice(ring, m_p, tj, dtrue, i0 + a + NBUF - 1, i_end, NBUF, D, TW, NT)
+            if a + 1 < TW:
+                nxt = warpgroup_mma(a_op, ring.index((a + 1) % NBUF).permute((1, 0)), zero, use_acc=False,
+                                    is_async=True)
+                x, nxt = warpgroup_mma_wait(num_outstanding=1, deps=(cur, nxt))
+                acc, dg = _slice_step(acc, dg, x, xw, qT_s, gT_s, i0 + a, ROW)
+                cur = nxt
+            else:
+                x = warpgroup_mma_wait(num_outstanding=0, deps=(cur,))
+                acc, dg = _slice_step(acc, dg, x, xw, qT_s, gT_s, i0 + a, ROW)
+    async_copy.wait_group(0)
+    return acc, dg
+
+
+@gluon.jit
+def _zsym(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
+    """Zm + Zm^T [D (j), D (i)] in layout L, Zm[j, i] = z of feature (i, j) (0 if j's tile is before i's)."""
+    NT: gl.constexpr = D // TW
+    jj = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, L)), 1)
+    ii = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, L)), 0)
+    ti = ii // TW
+    tj = jj // TW
+    lrow = (_diag(ti, NT) + tj - ti) * (TW * TW) + (ii % TW) * TW + jj % TW
+    zm = gl.load(Z + s_base + lrow, mask=tj >= ti, other=0.0).to(gl.float32)
+    return zm + gl.convert_layout(gl.permute(zm, [1, 0]), L)
+
+
+@gluon.jit
+def _split_dot(x, b, MMA: gl.constexpr, A_L: gl.constexpr, BS: gl.constexpr, BM: gl.constexpr, N: gl.constexpr):
+    """x [BM, K] @ b [K, N] (both fp32) on the tensor cores as xh bh + xh bl + xl bh with bf16 hi / lo parts
+    (~2^-16 relative)."""
+    xh = x.to(gl.bfloat16)
+    xl = (x - xh.to(gl.float32)).to(gl.bfloat16)
+    bh = b.to(gl.bfloat16)
+    bl = (b - bh.to(gl.float32)).to(gl.bfloat16)
+    bh_s = gl.allocate_shared_memory(gl.bfloat16, bh.shape, BS, bh)
+    bl_s = gl.allocate_shared_memory(gl.bfloat16, bl.shape, BS, bl)
+    fence_async_shared()         # the stores above before the tensor cores read them (async proxy), from every thread
+    _barrier()
+    ah = gl.convert_layout(xh, A_L)
+    out = warpgroup_mma(ah, bh_s, gl.zeros([BM, N], gl.float32, MMA), use_acc=False)
+    out = warpgroup_mma(ah, bl_s, out)
+    return warpgroup_mma(gl.convert_layout(xl, A_L), bh_s, out)
+
+
+@gluon.jit
+def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
+                         HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
+                         KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
+                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr):
+    """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
+    dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
+    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). As _sym2_query_bwd_rows: the
+    first tiles ti < T1 take the full window [0, D), the rest [D - KW2, D)."""
+    NW: gl.constexpr = gl.num_warps()
+    NT: gl.constexpr = D // TW
+    T1: gl.constexpr = (D - KW2) // TW
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
+    MMA2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, KW2, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    A2_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA2, k_width=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    BROW: gl.constexpr = gl.SliceLayout(1, BLK)
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] tiles read and written a row at a time
+
+    pid_m = gl.program_id(0)
+    n = gl.program_id(1)
+    pid_bh = gl.program_id(2)
+    i_b = (pid_bh // HQ).to(gl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    on = 1
+    if not HAS_S0:
+        on = gl.minimum(n, 1)
+    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+
+    # the block's rows in the coalesced layout: q, dn = dy / Den, and in the matmuls' row layout: r, dl
+    loc = pid_m * BM + gl.arange(0, BM, layout=BROW)
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    row = (i_b * T + rows) * HQ + i_hq
+    dcol = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, BLK)), 0)
+    off = gl.expand_dims(row, 1) * D + dcol
+    m2 = gl.expand_dims(mask, 1)
+    q = gl.load(Q + off, mask=m2, other=0.0)
+    dn = gl.load(DO + off, mask=m2, other=0.0).to(gl.float32)
+    r = gl.where(mask, scale_p, 0.0)
+    if GATED:
+        r = r * gl.exp(gl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    dl = gl.zeros([BM], gl.float32, BROW)
+    if NORM:
+        inv = gl.exp(-gl.load(LSE + row, mask=mask, other=0.0))
+        dn = dn * gl.expand_dims(inv, 1)
+        dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
+    # q^T and the first-index sums as [D, BM] tiles read / written one row (first index) at a time: flat
+    # allocations seen as [D, BM] with a 1-D layout, so .index(i) is a plain [BM] row
+    qT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(q, [1, 0]), [D * BM]))
+    qT_s = _as(qT_s, gl.bfloat16, [D, BM], ROWS_S)
+    gT_s = gl.allocate_shared_memory(gl.float32, [D * BM], ROWS_S,
+                                     gl.zeros([D * BM], gl.float32, gl.BlockedLayout([4], [32], [NW], [0])))
+    gT_s = _as(gT_s, gl.float32, [D, BM], ROWS_S)
+    xf = gl.convert_layout(q, MMA).to(gl.float32)
+    dl_m = gl.convert_layout(dl, ROW)
+    acc = gl.zeros([BM, D], gl.float32, MMA)
+    dg = gl.zeros([BM], gl.float32, ROW)
+    if NORM:      # dl x (Zm + Zm^T): the normalizer's part of X, no per-slice work
+        xz = _split_dot(xf, _zsym(Z, s_base, D, TW, BLK), MMA, A_L,
+                        gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16), BM, D) * on
+        dg = 0.5 * dl_m * gl.sum(xf * xz, axis=1)
+        acc = xz * gl.expand_dims(dl_m, 1)
+    a_op = gl.convert_layout(dn.to(gl.bfloat16), A_L)
+    acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA)
+    c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
+    xw2 = gl.convert_layout(gl.load(Q + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0),
+                            MMA2).to(gl.float32)
+    acc2 = gl.zeros([BM, KW2], gl.float32, MMA2)
+    dg2 = gl.zeros([BM], gl.float32, gl.SliceLayout(1, MMA2))
+    acc2, dg2 = _grad_pass(acc2, dg2, gl.convert_layout(a_op, A2_L), xw2, S, s_base, qT_s, gT_s, T1,
+                           T1 + (NT - T1) * on, D - KW2, KW2, D, TW, BM, NBUF, NW, MMA2)
+
+    # dq = DQ + r (acc + acc2 on the window's columns + the first-index sums), through shared memory once
+    st = gl.allocate_shared_memory(gl.float32, [BM, D], PLAIN, acc)
+    _barrier()
+    win = st.slice(D - KW2, KW2, dim=1)
+    win.store(win.load(MMA2) + acc2)
+    _barrier()
+    first = gl.permute(gl.reshape(_as(gT_s, gl.float32, [D * BM], ROWS_S).load(
+        gl.BlockedLayout([4], [32], [NW], [0])), [D, BM]), [1, 0])                               # [BM, D]
+    tot = st.load(BLK) + gl.convert_layout(first, BLK)
+    dq = gl.load(DQ + off, mask=m2, other=0.0) + tot * gl.expand_dims(r, 1)
+    if CAST:
+        gl.store(DQO + off, dq.to(DQO.dtype.element_ty), mask=m2)
+    else:
+        gl.store(DQ + off, dq, mask=m2)
+    if GATED:
+        dg_all = gl.convert_layout(dg, BROW) + gl.convert_layout(dg2, BROW)
+        gl.store(DGQ + row, dg_all * r, mask=mask)
