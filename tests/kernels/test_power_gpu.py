@@ -270,9 +270,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                             and mode != "serial-fp32")
         monkeypatch.setattr(triton_sym2, "ATOMIC_RMW", other or not atomic_mode)
         if variant:
-            for name in variant:     # the defaults for `other` (gluonq: on, the experimental switch), else off
-                on = True if mode.startswith("gluonq") else defaults[name]
-                monkeypatch.setattr(triton_sym2, name, type(defaults[name])(on if other else 0))
+            for name in variant:     # the defaults for `other`, else off
+                monkeypatch.setattr(triton_sym2, name, type(defaults[name])(defaults[name] if other else 0))
         elif rows_mode:
             monkeypatch.setattr(triton_sym2, "ROWS", dict.fromkeys(triton_sym2.ROWS, other))
             monkeypatch.setattr(triton_sym2, "GROUPED_WIDE", set())

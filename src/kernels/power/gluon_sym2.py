@@ -94,8 +94,9 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     CPX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
     CPY: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
     CPW: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
-    # factor tiles: 16-byte chunks swizzled by row pairs, so a warp's 8 rows x 16 bytes hit 32 banks
-    XS: gl.constexpr = gl.SwizzledSharedLayout(8, 2, 4, [1, 0])
+    # factor tiles: 16-byte chunks swizzled by row pairs, so a warp's 8 rows x 16 bytes hit 32 banks; no more phases
+    # than a row has chunks (BK / 8: 2 at 16 rows a step)
+    XS: gl.constexpr = gl.SwizzledSharedLayout(8, 2, min(4, BK // 8), [1, 0])
     WS: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 8], gl.bfloat16)
     xi_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TW, BK], XS)
     xj_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TJ, BK], XS)
@@ -162,6 +163,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                     NSTEP, W_ROWS)
     acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
     async_copy.wait_group(0)
+    # every warp past its last matmul before the epilogue's layout conversion, whose scratch reuses the ring's memory
+    _barrier()
 
     # the group's state rows (layout rows of the features (a, c): see triton_sym2._feature_rows); KEYS: the
     # multiplicities (1 in tile ti, 2 after it) scale the finished sums (exact: the steps' products did not carry them)

@@ -704,16 +704,16 @@ OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the 
 #                    (H100, 64k, session 13: both launches 18.9 -> 14.6 ms with their scaled transposed copies)
 GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
 GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per group, 128 output columns) stays on
-#                               Triton's _sym2_outer: with 32 rows a step (a [32, 128] y tile, wider than one 128-byte
-#                               swizzle atom) it came out wrong (H100, session 13: rel. error 1e-2 ungated, NaN gated);
-#                               with 16 rows a step it matched Triton's kernel at t=4000, chunk 128 (H200, session 14: y
-#                               2.2e-4 / 7.1e-4, dq 4.4e-4 / 1.3e-3 ungated / gated) and was faster (16k: 26.0 -> 20.1
-#                               ms), but failed the float64 test chunked-p2-norm-d128-bfloat16-nogate (t=777, b=1)
+#                               Triton's _sym2_outer: with 32 rows a step it came out wrong (H100, session 13); with 16
+#                               rows a step it is faster (16k: 26.0 -> 20.1 ms, H200, session 14) and its states match
+#                               float64 as Triton's do (session 15: keys 2.3e-3 per chunk), but some groups' normalizer
+#                               sums differ (e.g. 32 of one group's 64 rows) and chunked-p2-norm-d128-bfloat16-nogate
+#                               fails on dk (3.9e-2); a barrier before the epilogue and valid swizzle phases did not fix it
 GLUON_OUTER_ROWS = {128: 16}  # rows per step where they differ from BLOCKS' "outer" (d=128: see above)
-QBWD_GLUON = False  # experimental (session 14, compiled, not yet run on a GPU): the row-scaled query backward as
-#                     gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in flight; first-index sums through
-#                     shared memory; dq written once per row). Triton 3.6 sm_90 build, d=64: 124 / 83 SASS instructions
-#                     a slice (full / half window) against Triton's 158 / 102, 255 registers, no spill
+QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in
+#                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
+#                    sm_90, d=64: 124 / 83 SASS instructions a slice (full / half window) against Triton's 158 / 102;
+#                    H100, 64k (tune_sym2.py --set QBWD_GLUON=1 / 0): 10.44 -> 9.56 ms, check against float64 unchanged
 GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
