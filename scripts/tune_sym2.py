@@ -108,14 +108,17 @@ def main():
                     "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: "
                     "BM,BN,warps,stages[,maxnreg])")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
-                    help="triton_sym2 module switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2")
+                    help="triton_sym2 module switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2 "
+                         "GLUON_QBWD_BLOCK=128,8,4 (a comma list sets a tuple)")
     args = ap.parse_args()
     triton_sym2.ATOMIC_RMW = not args.no_atomic
     for item in args.set:
         name, value = item.split("=")
         if not hasattr(triton_sym2, name):
             raise SystemExit(f"--set: triton_sym2 has no switch {name!r}")
-        setattr(triton_sym2, name, type(getattr(triton_sym2, name))(int(value)))
+        current = getattr(triton_sym2, name)
+        setattr(triton_sym2, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
+                else type(current)(int(value)))
     for item in args.attn_blocks:
         kernel, cfg = item.split("=")
         triton_attention.BLOCK_OVERRIDE[kernel] = tuple(int(x) for x in cfg.split(","))

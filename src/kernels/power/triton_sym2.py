@@ -714,7 +714,9 @@ QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd
 #                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
 #                    sm_90, d=64: 124 / 83 SASS instructions a slice (full / half window) against Triton's 158 / 102;
 #                    H100, 64k (tune_sym2.py --set QBWD_GLUON=1 / 0): 10.44 -> 9.56 ms, check against float64 unchanged
-GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots)
+GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots). Each program reads the whole
+#                                 state once (266 KB at d=64): ~26 GB from L2 a 64k fwd+bwd at 64 rows, half at 128
+#                                 rows on 8 warps (builds: 255 registers, no spill, 80 KB shared; not yet timed)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
