@@ -8,7 +8,9 @@
    to the kernels named by --sweep: one fwd+bwd at the benchmark
    shape (b=8, h=12, d=64, bf16, gated, chunk 1024) under torch.profiler -> CUDA ms per kernel and TFLOP/s of
    its matmul work; the best config per kernel is then combined and timed (do_bench, fwd and fwd+bwd), and
-   chunk sizes are compared. Writes tune_sym2.json into --out.
+   chunk sizes are compared. Writes tune_sym2.json and profile.png (ms per kernel) into --out.
+
+    python scripts/tune_sym2.py --replot docs/results/s15/tune_final_h200.json   # the plot again, no GPU
 """
 import argparse
 import json
@@ -84,6 +86,56 @@ def profile_kernels(xs, lg, chunk):
     return times
 
 
+# kernel name -> (label, family) for the profile plot; names not listed keep theirs and count as "other"
+LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "_sym2_outer": ("outer products", "state"),
+          "_sym2_key_bwd": ("key dk", "state"), "gluon_key_dk_rows": ("key dk", "state"),
+          "_sym2_key_dk_rows": ("key dk", "state"), "gluon_query_bwd_rows": ("query backward", "state"),
+          "_sym2_query_bwd_rows": ("query backward", "state"), "_sym2_query_fwd_rows": ("query forward", "state"),
+          "gluon_query_fwd_rows": ("query forward", "state"), "_sym2_key_dv_rows": ("key dv", "state"),
+          "gluon_key_dv_rows": ("key dv", "state"), "_attn_bwd_dkdv": ("intra-chunk dk, dv", "attention"),
+          "_attn_bwd_dq": ("intra-chunk dq", "attention"), "_attn_fwd": ("intra-chunk forward", "attention"),
+          "_discumsum": ("state cumsums (fwd + bwd)", "other"), "_transpose_heads": ("transposed copies", "other"),
+          "_row_dot": ("Delta = dy . y", "other")}
+
+
+def plot_profile(profile: dict, path: str, title: str):
+    """Horizontal bars of one fwd+bwd's CUDA ms per kernel (tune_sym2.json's profile_best), colored by family."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colors = {"state": "tab:blue", "attention": "tab:orange", "other": "tab:gray"}
+    rows = []
+    for name, ms in profile.items():
+        label, family = LABELS.get(name, ("torch elementwise (harness's grad accumulation)" if "elementwise" in name
+                                          else name[:40], "other"))
+        rows.append((ms, label, family))
+    rows.sort()
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
+    ax.barh([r[1] for r in rows], [r[0] for r in rows], color=[colors[r[2]] for r in rows])
+    for i, (ms, _, _) in enumerate(rows):
+        ax.text(ms, i, f" {ms:.2f}", va="center", fontsize=8)
+    ax.set_xlim(0, 1.12 * max(r[0] for r in rows))
+    ax.set_xlabel("CUDA ms in one fwd+bwd")
+    ax.set_title(f"{title}\n{sum(r[0] for r in rows):.1f} ms in kernels", fontsize=9)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
+              labels=["state kernels", "intra-chunk attention", "other"], fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def replot(paths):
+    """--replot: profile.png beside each tune_sym2.json (its card and shape in the title)."""
+    for path in paths:
+        with open(path) as fh:
+            res = json.load(fh)
+        sh = res["shape"]
+        out = os.path.join(os.path.dirname(path) or ".", os.path.basename(path).replace(".json", "") + "_profile.png")
+        plot_profile(res["profile_best"], out, f"{res['device']}, t={sh['t']}, b={sh['b']}, h={sh['h']}, "
+                     f"d={sh['d']}, chunk {sh['chunk']}")
+        print("wrote", out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/tune"))
@@ -110,7 +162,11 @@ def main():
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
                     help="triton_sym2 module switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2 "
                          "GLUON_QBWD_BLOCK=128,8,4 (a comma list sets a tuple)")
+    ap.add_argument("--replot", nargs="*", default=None, metavar="JSON",
+                    help="only draw the profile plot of saved tune_sym2.json files (no GPU)")
     args = ap.parse_args()
+    if args.replot is not None:
+        return replot(args.replot)
     triton_sym2.ATOMIC_RMW = not args.no_atomic
     for item in args.set:
         name, value = item.split("=")
@@ -180,6 +236,8 @@ def main():
     top = sorted(times.items(), key=lambda kv: -kv[1])[:12]
     print("PROFILE best: " + " | ".join(f"{k[:40]} {v:.2f}" for k, v in top), flush=True)
     res["profile_best"] = dict(top)
+    plot_profile(res["profile_best"], os.path.join(args.out, "profile.png"),
+                 f"{res['device']}, t={args.t}, b={args.b}, h={args.h}, d={args.d}, chunk {args.chunk}")
     res["timing"] = {}
     for chunk in [args.chunk] + [int(c) for c in args.chunks.split(",") if c]:
         xs2 = [x.detach() for x in xs]
