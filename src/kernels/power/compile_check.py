@@ -53,7 +53,12 @@ def _normalized_ptx(ptx: str) -> str:
 
 
 def _compile(fn, ptr_types, scalars, consts, warps, stages, arch, maxnreg=None, source=ASTSource):
-    names = list(inspect.signature(fn.fn).parameters)
+    params = inspect.signature(fn.fn).parameters
+    names = list(params)
+    # constexpr switches left at their defaults compile as those defaults, as a launch that does not pass them (before
+    # session 15 they compiled as pointer arguments: GATE_SCORES of the attention kernels, PIPE / ACC / CAST ...)
+    consts = dict({n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty
+                   and "constexpr" in str(p.annotation)}, **consts)
     sig = {n: "constexpr" if n in consts else scalars.get(n, ptr_types.get(n, "*fp32")) for n in names}
     # what a launch on real tensors sees: 16-byte aligned pointers and T % 16 == 0 (the benchmark lengths). Without
     # these hints the compiler cannot vectorize the bf16 loads and does not pipeline them (cp.async), so
