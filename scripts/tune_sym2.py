@@ -124,15 +124,20 @@ def plot_profile(profile: dict, path: str, title: str):
     plt.close(fig)
 
 
+def plot_run(res: dict, path: str):
+    """plot_profile of a tune_sym2.json result, its card and shape in the title."""
+    sh = res["shape"]
+    plot_profile(res["profile_best"], path, f"{res['device']}, t={sh['t']}, b={sh['b']}, h={sh['h']}, d={sh['d']}, "
+                 f"chunk {sh['chunk']}")
+
+
 def replot(paths):
-    """--replot: profile.png beside each tune_sym2.json (its card and shape in the title)."""
+    """--replot: <name>_profile.png beside each saved tune_sym2.json."""
     for path in paths:
         with open(path) as fh:
             res = json.load(fh)
-        sh = res["shape"]
         out = os.path.join(os.path.dirname(path) or ".", os.path.basename(path).replace(".json", "") + "_profile.png")
-        plot_profile(res["profile_best"], out, f"{res['device']}, t={sh['t']}, b={sh['b']}, h={sh['h']}, "
-                     f"d={sh['d']}, chunk {sh['chunk']}")
+        plot_run(res, out)
         print("wrote", out)
 
 
@@ -236,8 +241,7 @@ def main():
     top = sorted(times.items(), key=lambda kv: -kv[1])[:12]
     print("PROFILE best: " + " | ".join(f"{k[:40]} {v:.2f}" for k, v in top), flush=True)
     res["profile_best"] = dict(top)
-    plot_profile(res["profile_best"], os.path.join(args.out, "profile.png"),
-                 f"{res['device']}, t={args.t}, b={args.b}, h={args.h}, d={args.d}, chunk {args.chunk}")
+    plot_run(res, os.path.join(args.out, "profile.png"))
     res["timing"] = {}
     for chunk in [args.chunk] + [int(c) for c in args.chunks.split(",") if c]:
         xs2 = [x.detach() for x in xs]

@@ -240,8 +240,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys, NORM=norm,
                       NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk))
         k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16"}, ints,
-                     consts, 4, 1,
-                     arch, source=GluonASTSource)
+                     consts, 4, 1, arch, source=GluonASTSource)
         name = f"gluon_outer{'_keys' if keys else ''}"
         out.append((name, k.metadata.shared, *_usage(k)))
         PTX_OF[name] = k.asm["ptx"]
