@@ -91,17 +91,30 @@ def loop_op_counts(ptx: str, ops=LOOP_OPS) -> list[dict]:
     return out
 
 
-def _usage(kernel):
-    """(registers, spill stack bytes) from cuobjdump, or (None, None) if it is not bundled."""
+def _cuobjdump(kernel, *args):
+    """cuobjdump's output on the kernel's cubin, or None if it is not bundled."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
-        return None, None
+        return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+).*?STACK:(\d+)", out)
+        return subprocess.run([tool, *args, f.name], capture_output=True, text=True).stdout
+
+
+def _usage(kernel):
+    """(registers, spill stack bytes) from cuobjdump, or (None, None) if it is not bundled."""
+    m = re.search(r"REG:(\d+).*?STACK:(\d+)", _cuobjdump(kernel, "-res-usage") or "")
     return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+SASS_OF: dict = {}    # the Gluon row kernels' SASS (compile_gluon_rows), when cuobjdump is bundled
+
+
+def wgmma_waits(sass: str) -> dict:
+    """Counts in SASS of the tensor-core matmuls (HGMMA) and of the waits that drain them all (gsb0 to 0): ptxas
+    serializes an async pipeline it cannot prove safe (C7514 / C7515), which shows as a full wait per matmul."""
+    return {"hgmma": sass.count("HGMMA."), "full_waits": sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0")}
 
 
 def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90):
@@ -207,24 +220,31 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     if d in s2.GLUON_OUTER_DIMS:
         out += compile_gluon_outer(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
     if d in (32, 64):
-        out += compile_gluon_qbwd(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
+        out += compile_gluon_rows(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
     return out
 
 
-def compile_gluon_qbwd(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
-    """The row-scaled query backward in Gluon (gluon_rows.gluon_query_bwd_rows, QBWD_GLUON) as it would launch:
-    [(name, shared, registers, stack)]."""
+def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
+    """The row-scaled query kernels in Gluon (gluon_rows.gluon_query_fwd_rows / gluon_query_bwd_rows, QFWD_GLUON /
+    QBWD_GLUON) as they would launch: [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon_rows import gluon_query_bwd_rows
-    bm, warps, nbuf = s2.GLUON_QBWD_BLOCK
+    from .gluon_rows import gluon_query_bwd_rows, gluon_query_fwd_rows
     ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
-    consts = dict(HQ=hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), BM=bm, NORM=norm, GATED=True,
-                  HAS_S0=False, NBUF=nbuf, CAST=True)
-    k = _compile(gluon_query_bwd_rows, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"}, ints, consts,
-                 warps, 1, arch, source=GluonASTSource)
-    PTX_OF["gluon_query_bwd_rows"] = k.asm["ptx"]
-    return [("gluon_query_bwd_rows", k.metadata.shared, *_usage(k))]
+    consts = dict(HQ=hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), NORM=norm, GATED=True,
+                  HAS_S0=False)
+    out = []
+    for fn, block, ptrs, extra in (
+            (gluon_query_fwd_rows, s2.GLUON_QFWD_BLOCK, {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16"}, {}),
+            (gluon_query_bwd_rows, s2.GLUON_QBWD_BLOCK, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"},
+             {"CAST": True})):
+        bm, warps, nbuf = block
+        k = _compile(fn, ptrs, ints, dict(consts, BM=bm, NBUF=nbuf, **extra), warps, 1, arch, source=GluonASTSource)
+        name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+        PTX_OF[name] = k.asm["ptx"]
+        SASS_OF[name] = _cuobjdump(k, "-sass")
+        out.append((name, k.metadata.shared, *_usage(k)))
+    return out
 
 
 def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):

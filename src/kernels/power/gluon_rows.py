@@ -1,7 +1,12 @@
-"""The p=2 row-scaled query backward (`triton_sym2._sym2_query_bwd_rows`) in Gluon (default for bf16 d=32/64 since
-session 15: H100 64k 10.44 -> 9.56 ms).
+"""The p=2 row-scaled query kernels in Gluon: the backward (`triton_sym2._sym2_query_bwd_rows`; default for bf16
+d=32/64 since session 15: H100 64k 10.44 -> 9.56 ms) and the forward (`_sym2_query_fwd_rows`; experimental, compiled,
+not yet run on a GPU: QFWD_GLUON).
 
-What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64), from session 13's
+The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
+products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8
+warps both warpgroups are done with a slot before it is overwritten).
+
+The backward. What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64), from session 13's
 ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums sit in a [rows, 8]
 tile in the matmul's layout (32 selects a slice) read-modify-written per tile, and each slice's column q_i is a global
 load. Here:
@@ -13,7 +18,7 @@ load. Here:
 - the first-index sums g_i (one per row) go to a [D, rows] shared tile, added to dq once at the end; dq is written
   once per row (the block owns its rows: no atomics), in the inputs' dtype with CAST;
 - the normalizer term dl x (Zm + Zm^T) is three bf16 matmuls (hi / lo splits of both factors, ~2^-16 relative).
-Same grid, arguments and results as `_sym2_query_bwd_rows` (ATOMIC is not needed). Gluon does not run under
+Same grids, arguments and results as Triton's kernels (the backward needs no ATOMIC). Gluon does not run under
 TRITON_INTERPRET: a GPU test compares it with Triton's kernel.
 """
 from __future__ import annotations
@@ -57,6 +62,28 @@ def _copy_slice(ring, m_p, tj, dtrue, i, i_end, NBUF: gl.constexpr, D: gl.conste
 
 
 @gluon.jit
+def _ring_start(S, s_base, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr, D: gl.constexpr, TW: gl.constexpr,
+                NW: gl.constexpr, NBUF: gl.constexpr, AHEAD: gl.constexpr):
+    """A pass's cp.async ring of state slices [KW, D] bf16 (the tensor cores' shared layout) for the window
+    [J0, J0 + KW) and first tiles [t_lo, t_hi), with its first AHEAD slices issued: (ring, m_p, tj, dtrue, i_end),
+    _copy_slice's hoisted addresses (slice rows for i's first-row offset 0, in a coalesced copy layout), each row's
+    tile, an all-true column mask and the end of the slices."""
+    CPM: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    ring = gl.allocate_shared_memory(gl.bfloat16, [NBUF, KW, D], gl.NVMMASharedLayout.get_default_for([KW, D],
+                                                                                                    gl.bfloat16))
+    j = J0 + gl.arange(0, KW, layout=gl.SliceLayout(1, CPM))
+    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, CPM))
+    # slice rows (l(ti, tj) TW + a) TW + j % TW = first(ti, a) + (tj TW TW + j % TW): the second part hoisted
+    m_p = S + s_base * D + gl.expand_dims((j // TW) * (TW * TW) + j % TW, 1) * D + gl.expand_dims(dcol, 0)
+    tj = j // TW
+    dtrue = gl.expand_dims(dcol < D, 0)
+    i_end = t_hi * TW
+    for p in gl.static_range(AHEAD):
+        _copy_slice(ring, m_p, tj, dtrue, t_lo * TW + p, i_end, NBUF, D, TW, D // TW)
+    return ring, m_p, tj, dtrue, i_end
+
+
+@gluon.jit
 def _slice_step(acc, dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
     """Slice i's share, X_i = x: acc += X_i q_i, g_i = sum_j X_i[:, j] q_j into gT_s[i], dg += q_i g_i."""
     q_i = qT_s.index(i).load(ROW).to(gl.float32)
@@ -78,18 +105,7 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     NT: gl.constexpr = D // TW
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    CPM: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-    ring = gl.allocate_shared_memory(gl.bfloat16, [NBUF, KW, D], gl.NVMMASharedLayout.get_default_for([KW, D],
-                                                                                                    gl.bfloat16))
-    j = J0 + gl.arange(0, KW, layout=gl.SliceLayout(1, CPM))
-    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, CPM))
-    tj = j // TW
-    dtrue = gl.expand_dims(dcol < D, 0)
-    # slice rows (l(ti, tj) TW + a) TW + j % TW = first(ti, a) + (tj TW TW + j % TW): the second part hoisted
-    m_p = S + s_base * D + gl.expand_dims((j // TW) * (TW * TW) + j % TW, 1) * D + gl.expand_dims(dcol, 0)
-    i_end = t_hi * TW
-    for p in gl.static_range(NBUF - 1):
-        _copy_slice(ring, m_p, tj, dtrue, t_lo * TW + p, i_end, NBUF, D, TW, NT)
+    ring, m_p, tj, dtrue, i_end = _ring_start(S, s_base, t_lo, t_hi, J0, KW, D, TW, NW, NBUF, NBUF - 1)
     async_copy.wait_group(NBUF - 2)
     _barrier()
     zero = gl.zeros([BM, KW], gl.float32, MMA)
@@ -115,15 +131,22 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
 
 
 @gluon.jit
-def _zsym(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
-    """Zm + Zm^T [D (j), D (i)] in layout L, Zm[j, i] = z of feature (i, j) (0 if j's tile is before i's)."""
+def _zm(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
+    """Zm [D (j), D (i)] in layout L, Zm[j, i] = z of feature (i, j) (0 if j's tile is before i's): z . phi(x) =
+    x Zm x^T."""
     NT: gl.constexpr = D // TW
     jj = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, L)), 1)
     ii = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, L)), 0)
     ti = ii // TW
     tj = jj // TW
     lrow = (_diag(ti, NT) + tj - ti) * (TW * TW) + (ii % TW) * TW + jj % TW
-    zm = gl.load(Z + s_base + lrow, mask=tj >= ti, other=0.0).to(gl.float32)
+    return gl.load(Z + s_base + lrow, mask=tj >= ti, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _zsym(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
+    """Zm + Zm^T [D (j), D (i)] in layout L (_zm): the gradient of x Zm x^T is x (Zm + Zm^T)."""
+    zm = _zm(Z, s_base, D, TW, L)
     return zm + gl.convert_layout(gl.permute(zm, [1, 0]), L)
 
 
@@ -143,6 +166,35 @@ def _split_dot(x, b, MMA: gl.constexpr, A_L: gl.constexpr, BS: gl.constexpr, BM:
     out = warpgroup_mma(ah, bh_s, gl.zeros([BM, N], gl.float32, MMA), use_acc=False)
     out = warpgroup_mma(ah, bl_s, out)
     return warpgroup_mma(gl.convert_layout(xl, A_L), bh_s, out)
+
+
+@gluon.jit
+def _query_block(Q, G, scale_p, T, NC, DS, HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
+                 BM: gl.constexpr, HAS_S0: gl.constexpr, GATED: gl.constexpr, BLK: gl.constexpr):
+    """Prologue of the row kernels, program (query block of a chunk, chunk n, b*hq): the flat (b, t, hq) index of its
+    rows and their mask, the [BM, D] offsets and mask, q (BLK layout), the row factor r = s^p e^(g_i), `on` (0 for
+    chunk 0 without an incoming state: no state term) and the state slot's base."""
+    pid_m = gl.program_id(0)
+    n = gl.program_id(1)
+    pid_bh = gl.program_id(2)
+    i_b = (pid_bh // HQ).to(gl.int64)
+    i_hq = pid_bh % HQ
+    i_hk = i_hq // (HQ // HK)
+    on = 1
+    if not HAS_S0:
+        on = gl.minimum(n, 1)
+    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+    loc = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, BLK))
+    rows = n * C + loc
+    mask = (loc < C) & (rows < T)
+    row = (i_b * T + rows) * HQ + i_hq
+    off = gl.expand_dims(row, 1) * D + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, BLK)), 0)
+    m2 = gl.expand_dims(mask, 1)
+    q = gl.load(Q + off, mask=m2, other=0.0)
+    r = gl.where(mask, scale_p, 0.0)
+    if GATED:
+        r = r * gl.exp(gl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
+    return row, mask, off, m2, q, r, on, s_base
 
 
 @gluon.jit
@@ -167,30 +219,10 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] tiles read and written a row at a time
 
-    pid_m = gl.program_id(0)
-    n = gl.program_id(1)
-    pid_bh = gl.program_id(2)
-    i_b = (pid_bh // HQ).to(gl.int64)
-    i_hq = pid_bh % HQ
-    i_hk = i_hq // (HQ // HK)
-    on = 1
-    if not HAS_S0:
-        on = gl.minimum(n, 1)
-    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
-
     # the block's rows in the coalesced layout: q, dn = dy / Den, and in the matmuls' row layout: r, dl
-    loc = pid_m * BM + gl.arange(0, BM, layout=BROW)
-    rows = n * C + loc
-    mask = (loc < C) & (rows < T)
-    row = (i_b * T + rows) * HQ + i_hq
-    dcol = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, BLK)), 0)
-    off = gl.expand_dims(row, 1) * D + dcol
-    m2 = gl.expand_dims(mask, 1)
-    q = gl.load(Q + off, mask=m2, other=0.0)
+    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC, DS, HQ, HK, D, C, BM, HAS_S0, GATED,
+                                                        BLK)
     dn = gl.load(DO + off, mask=m2, other=0.0).to(gl.float32)
-    r = gl.where(mask, scale_p, 0.0)
-    if GATED:
-        r = r * gl.exp(gl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
     dl = gl.zeros([BM], gl.float32, BROW)
     if NORM:
         inv = gl.exp(-gl.load(LSE + row, mask=mask, other=0.0))
@@ -239,3 +271,88 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     if GATED:
         dg_all = gl.convert_layout(dg, BROW) + gl.convert_layout(dg2, BROW)
         gl.store(DGQ + row, dg_all * r, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# the row-scaled query forward (triton_sym2._sym2_query_fwd_rows with its ACC operand)
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr, D: gl.constexpr,
+              TW: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr, A_L: gl.constexpr):
+    """num [BM, D] += sum over the slices i = TW ti + a of first tiles ti in [t_lo, t_hi), window [J0, J0 + KW), of
+    (q_i qw) M_i: qw [BM, KW] bf16 in the matmul's operand layout; the products q_i q_j in bf16 (one rounding, as the
+    outer products' phi) accumulate on the tensor cores, slice i's matmul in flight while slice i + 1's operand is
+    built. The ring is refilled NBUF - 2 slices ahead, into the slot of slice i - 2: at slice i's barrier every
+    warpgroup's matmul of slice i - 2 is done (with 8 warps two warpgroups read each slot)."""
+    gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
+    gl.static_assert(NBUF >= 3, "a slot in flight, one in use, one or more landing")
+    NT: gl.constexpr = D // TW
+    ROWA: gl.constexpr = gl.SliceLayout(1, A_L)
+    ring, m_p, tj, dtrue, i_end = _ring_start(S, s_base, t_lo, t_hi, J0, KW, D, TW, NW, NBUF, NBUF - 2)
+    prev = gl.zeros(qw.shape, gl.bfloat16, A_L)
+    for ti in range(t_lo, t_hi):
+        i0 = ti * TW
+        for a in gl.static_range(TW):
+            async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i landed
+            _barrier()                           # everyone's; every warpgroup's matmul of slice i - 2 is done
+            _copy_slice(ring, m_p, tj, dtrue, i0 + a + NBUF - 2, i_end, NBUF, D, TW, NT)
+            op = qw * gl.expand_dims(qT_s.index(i0 + a).load(ROWA), 1)
+            num = warpgroup_mma(op, ring.index(a % NBUF), num, is_async=True)
+            if a + 1 < TW:
+                num, prev = warpgroup_mma_wait(num_outstanding=1, deps=(num, prev))
+                prev = op
+            else:
+                num, op = warpgroup_mma_wait(num_outstanding=0, deps=(num, op))
+    async_copy.wait_group(0)
+    _barrier()     # every warp done with the ring before shared memory after it reuses it
+    return num
+
+
+@gluon.jit
+def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
+                         HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
+                         KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
+                         HAS_S0: gl.constexpr, NBUF: gl.constexpr):
+    """Program (query block of a chunk, chunk n, b*hq), as `_sym2_query_fwd_rows`: the state term num = phi(q) S_n
+    (row-scaled: sum_i (q_i q_win) S_i, the first tiles ti < T1 over the full window, the rest over [D - KW2, D)) and
+    den = phi(q) . z_n = q Zm q^T join the intra-chunk output OI (normalized, LSEI = log of its normalizer):
+    y = (OI e^LSEI + r num) / (e^LSEI + r den), stabilized by the larger log (NORM), else OI + r num; r = s^p e^(g_i).
+    Writes Y (the inputs' dtype) and LSE = log of the total normalizer."""
+    NW: gl.constexpr = gl.num_warps()
+    NT: gl.constexpr = D // TW
+    T1: gl.constexpr = (D - KW2) // TW
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    BROW: gl.constexpr = gl.SliceLayout(1, BLK)
+    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] read a row (first index) at a time
+
+    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC, DS, HQ, HK, D, C, BM, HAS_S0, GATED,
+                                                        BLK)
+    # q^T as a [D, BM] tile read one row (first index) at a time: a flat allocation seen with a 1-D layout
+    qT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(q, [1, 0]), [D * BM]))
+    qT_s = _as(qT_s, gl.bfloat16, [D, BM], ROWS_S)
+    num = gl.zeros([BM, D], gl.float32, MMA)
+    num = _fwd_pass(num, gl.convert_layout(q, A_L), S, s_base, qT_s, 0, T1 * on, 0, D, D, TW, NBUF, NW, A_L)
+    c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
+    q2 = gl.load(Q + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0)
+    num = _fwd_pass(num, gl.convert_layout(q2, A_L), S, s_base, qT_s, T1, T1 + (NT - T1) * on, D - KW2, KW2, D, TW,
+                    NBUF, NW, A_L)
+
+    num = gl.convert_layout(num, BLK) * gl.expand_dims(r, 1)
+    yi = gl.load(OI + off, mask=m2, other=0.0).to(gl.float32)
+    if NORM:     # den = q Zm q^T (three bf16 split matmuls, ~2^-16), stabilized as _combine_store
+        xf = gl.convert_layout(q, MMA).to(gl.float32)
+        xz = _split_dot(xf, _zm(Z, s_base, D, TW, BLK), MMA, A_L,
+                        gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16), BM, D)
+        den = gl.convert_layout(gl.sum(xf * xz, axis=1), BROW) * r
+        lse_i = gl.load(LSEI + row, mask=mask, other=0.0)
+        big = gl.maximum(lse_i, gl.log(gl.maximum(den, 1e-30)))
+        a = gl.exp(lse_i - big)
+        bb = gl.exp(-big)
+        tot = a + den * bb                                               # >= 1 (stabilized)
+        y = (yi * gl.expand_dims(a, 1) + num * gl.expand_dims(bb, 1)) / gl.expand_dims(tot, 1)
+        gl.store(LSE + row, big + gl.log(tot), mask=mask)
+    else:
+        y = yi + num
+    gl.store(Y + off, y.to(Y.dtype.element_ty), mask=m2)

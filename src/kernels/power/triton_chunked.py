@@ -582,7 +582,13 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
             HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
     y = torch.empty_like(q)
     lse = torch.empty(b, T, hq, **f32) if norm else dummy
-    if fast and sym2.row_scaled("qfwd", d):
+    if fast and sym2.row_scaled("qfwd", d) and sym2.gluon_rows_applies("qfwd", q, d):
+        from .gluon_rows import gluon_query_fwd_rows
+        bm, warps, nbuf = sym2.GLUON_QFWD_BLOCK
+        gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+            q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf, num_warps=warps)
+    elif fast and sym2.row_scaled("qfwd", d):
         _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
@@ -654,7 +660,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # the p=2 kernels write the finished dq / dk in the inputs' dtype themselves (CAST: no conversion pass)
     cast = fast and q.dtype != torch.float32
     dq_out = torch.empty_like(q) if cast else dq
-    if fast and sym2.row_scaled("qbwd", d) and sym2.gluon_qbwd_applies(q, d):
+    if fast and sym2.row_scaled("qbwd", d) and sym2.gluon_rows_applies("qbwd", q, d):
         from .gluon_rows import gluon_query_bwd_rows
         bm, warps, nbuf = sym2.GLUON_QBWD_BLOCK
         gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
