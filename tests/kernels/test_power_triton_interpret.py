@@ -58,13 +58,15 @@ def test_sym2_kernels_compile_for_sm90():
     # machine, and keep everything in registers
     from longctx.kernels.power.triton_sym2 import gluon_available
     assert gluon_available()        # what a CUDA launch on this Triton checks before taking the Gluon kernel
-    for name in ("gluon_outer_keys", "gluon_outer", "gluon_query_fwd_rows"):
+    for name in ("gluon_outer_keys", "gluon_outer", "gluon_query_fwd_rows", "gluon_key_dv_rows"):
         assert out[name][1] in (None, 0), f"{name} spills {out[name][1]} bytes"
     # the query backward runs at 255 registers: no spill with Triton 3.6 (the device's), 104 bytes with 3.9
     assert out["gluon_query_bwd_rows"][1] in (None, 0) or out["gluon_query_bwd_rows"][1] <= 128, out
-    # the Gluon query forward keeps one accumulating matmul in flight and drains the pipe once per first tile: a
-    # loop-carried in-flight accumulator made ptxas serialize every matmul (C7515, session 15: a full wait per HGMMA)
+    # the Gluon query forward and key dv keep one accumulating matmul in flight and drain the pipe once per first
+    # tile: a loop-carried in-flight accumulator made ptxas serialize every matmul (C7515, session 15: a full wait
+    # per HGMMA)
     from longctx.kernels.power.compile_check import SASS_OF, wgmma_waits
-    if SASS_OF.get("gluon_query_fwd_rows"):
-        waits = wgmma_waits(SASS_OF["gluon_query_fwd_rows"])
-        assert waits["full_waits"] * 4 < waits["hgmma"], waits
+    for name in ("gluon_query_fwd_rows", "gluon_key_dv_rows"):
+        if SASS_OF.get(name):
+            waits = wgmma_waits(SASS_OF[name])
+            assert waits["full_waits"] * 4 < waits["hgmma"], (name, waits)

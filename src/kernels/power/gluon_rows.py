@@ -4,12 +4,13 @@ not yet run on a GPU: QFWD_GLUON).
 
 The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
 products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8
-warps both warpgroups are done with a slot before it is overwritten).
+warps both warpgroups are done with a slot before it is overwritten). The key backward's dv (`_sym2_key_dv_rows`) is
+the same pass over dU with the key side's multiplicities (gluon_key_dv_rows; experimental too: KDV_GLUON).
 
-The backward. What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64), from session 13's
-ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums sit in a [rows, 8]
-tile in the matmul's layout (32 selects a slice) read-modify-written per tile, and each slice's column q_i is a global
-load. Here:
+The backward. What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64),
+from session 13's ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums
+sit in a [rows, 8] tile in the matmul's layout (32 selects a slice) read-modify-written per tile, and each slice's
+column q_i is a global load. Here:
 - the slices M_i [KW, D] come through a cp.async ring (NBUF slots, prefetched NBUF - 1 slices ahead), one scalar
   offset per slice on hoisted addresses;
 - X_i = dn M_i^T runs asynchronously with one in flight: slice i + 1's matmul is issued before slice i's FMAs and row
@@ -169,11 +170,12 @@ def _split_dot(x, b, MMA: gl.constexpr, A_L: gl.constexpr, BS: gl.constexpr, BM:
 
 
 @gluon.jit
-def _query_block(Q, G, scale_p, T, NC, DS, HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
+def _query_block(Q, G, scale_p, T, NSLOT, DS, HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
                  BM: gl.constexpr, HAS_S0: gl.constexpr, GATED: gl.constexpr, BLK: gl.constexpr):
-    """Prologue of the row kernels, program (query block of a chunk, chunk n, b*hq): the flat (b, t, hq) index of its
-    rows and their mask, the [BM, D] offsets and mask, q (BLK layout), the row factor r = s^p e^(g_i), `on` (0 for
-    chunk 0 without an incoming state: no state term) and the state slot's base."""
+    """Prologue of the row kernels, program (row block of a chunk, chunk n, b*hq): the flat (b, t, hq) index of its
+    rows and their mask, the [BM, D] offsets and mask, the rows of Q (BLK layout), the row factor r = s^p e^(g_i),
+    `on` (0 for chunk 0 without an incoming state: no state term) and the base of state slot n of NSLOT per head
+    (queries: NC + 1). The key kernels call it with HQ = HK, no gating and HAS_S0."""
     pid_m = gl.program_id(0)
     n = gl.program_id(1)
     pid_bh = gl.program_id(2)
@@ -183,7 +185,7 @@ def _query_block(Q, G, scale_p, T, NC, DS, HQ: gl.constexpr, HK: gl.constexpr, D
     on = 1
     if not HAS_S0:
         on = gl.minimum(n, 1)
-    s_base = ((i_b * HK + i_hk) * (NC + 1) + n) * DS
+    s_base = ((i_b * HK + i_hk) * NSLOT + n) * DS
     loc = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, BLK))
     rows = n * C + loc
     mask = (loc < C) & (rows < T)
@@ -220,8 +222,8 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] tiles read and written a row at a time
 
     # the block's rows in the coalesced layout: q, dn = dy / Den, and in the matmuls' row layout: r, dl
-    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC, DS, HQ, HK, D, C, BM, HAS_S0, GATED,
-                                                        BLK)
+    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC + 1, DS, HQ, HK, D, C, BM, HAS_S0,
+                                                        GATED, BLK)
     dn = gl.load(DO + off, mask=m2, other=0.0).to(gl.float32)
     dl = gl.zeros([BM], gl.float32, BROW)
     if NORM:
@@ -278,12 +280,13 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
 def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr, D: gl.constexpr,
-              TW: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr, A_L: gl.constexpr):
+              TW: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr, A_L: gl.constexpr, KEYS: gl.constexpr = False):
     """num [BM, D] += sum over the slices i = TW ti + a of first tiles ti in [t_lo, t_hi), window [J0, J0 + KW), of
     (q_i qw) M_i: qw [BM, KW] bf16 in the matmul's operand layout; the products q_i q_j in bf16 (one rounding, as the
     outer products' phi) accumulate on the tensor cores, slice i's matmul in flight while slice i + 1's operand is
     built. The ring is refilled NBUF - 2 slices ahead, into the slot of slice i - 2: at slice i's barrier every
-    warpgroup's matmul of slice i - 2 is done (with 8 warps two warpgroups read each slot)."""
+    warpgroup's matmul of slice i - 2 is done (with 8 warps two warpgroups read each slot). KEYS: the window's columns
+    carry the key side's multiplicities (1 in tile ti, 2 after it; exact in bf16), set per first tile."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     gl.static_assert(NBUF >= 3, "a slot in flight, one in use, one or more landing")
     NT: gl.constexpr = D // TW
@@ -292,11 +295,15 @@ def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.con
     prev = gl.zeros(qw.shape, gl.bfloat16, A_L)
     for ti in range(t_lo, t_hi):
         i0 = ti * TW
+        qw_t = qw
+        if KEYS:
+            jw = (J0 + gl.arange(0, KW, layout=gl.SliceLayout(0, A_L))) // TW
+            qw_t = qw * gl.expand_dims(gl.where(jw == ti, 1.0, 2.0).to(gl.bfloat16), 0)
         for a in gl.static_range(TW):
             async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i landed
             _barrier()                           # everyone's; every warpgroup's matmul of slice i - 2 is done
             _copy_slice(ring, m_p, tj, dtrue, i0 + a + NBUF - 2, i_end, NBUF, D, TW, NT)
-            op = qw * gl.expand_dims(qT_s.index(i0 + a).load(ROWA), 1)
+            op = qw_t * gl.expand_dims(qT_s.index(i0 + a).load(ROWA), 1)
             num = warpgroup_mma(op, ring.index(a % NBUF), num, is_async=True)
             if a + 1 < TW:
                 num, prev = warpgroup_mma_wait(num_outstanding=1, deps=(num, prev))
@@ -306,6 +313,31 @@ def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.con
     async_copy.wait_group(0)
     _barrier()     # every warp done with the ring before shared memory after it reuses it
     return num
+
+
+@gluon.jit
+def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr,
+                  BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr):
+    """sum_i (x_i x_win) M_i [BM, D] (fp32, x's coalesced layout) over both windows: the first tiles ti < T1 over
+    [0, D), the rest over [D - KW2, D) (none when on = 0); x [BM, D] bf16 the block's rows of X (flat row index
+    `row`, mask m2), M_i the slices of the state at s_base. KEYS: _fwd_pass's multiplicities."""
+    NW: gl.constexpr = gl.num_warps()
+    NT: gl.constexpr = D // TW
+    T1: gl.constexpr = (D - KW2) // TW
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] read a row (first index) at a time
+    # x^T as a [D, BM] tile: a flat allocation seen with a 1-D layout, so .index(i) is one row
+    xT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
+    xT_s = _as(xT_s, gl.bfloat16, [D, BM], ROWS_S)
+    num = gl.zeros([BM, D], gl.float32, MMA)
+    num = _fwd_pass(num, gl.convert_layout(x, A_L), S, s_base, xT_s, 0, T1 * on, 0, D, D, TW, NBUF, NW, A_L, KEYS)
+    c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
+    x2 = gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0)
+    num = _fwd_pass(num, gl.convert_layout(x2, A_L), S, s_base, xT_s, T1, T1 + (NT - T1) * on, D - KW2, KW2, D, TW,
+                    NBUF, NW, A_L, KEYS)
+    return gl.convert_layout(num, BLK)
 
 
 @gluon.jit
@@ -319,27 +351,15 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     y = (OI e^LSEI + r num) / (e^LSEI + r den), stabilized by the larger log (NORM), else OI + r num; r = s^p e^(g_i).
     Writes Y (the inputs' dtype) and LSE = log of the total normalizer."""
     NW: gl.constexpr = gl.num_warps()
-    NT: gl.constexpr = D // TW
-    T1: gl.constexpr = (D - KW2) // TW
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
-    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] read a row (first index) at a time
+    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC + 1, DS, HQ, HK, D, C, BM, HAS_S0,
+                                                        GATED, BLK)
+    num = _rows_forward(Q, S, s_base, row, m2, q, on, D, TW, KW2, BM, NBUF, False)
 
-    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC, DS, HQ, HK, D, C, BM, HAS_S0, GATED,
-                                                        BLK)
-    # q^T as a [D, BM] tile read one row (first index) at a time: a flat allocation seen with a 1-D layout
-    qT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(q, [1, 0]), [D * BM]))
-    qT_s = _as(qT_s, gl.bfloat16, [D, BM], ROWS_S)
-    num = gl.zeros([BM, D], gl.float32, MMA)
-    num = _fwd_pass(num, gl.convert_layout(q, A_L), S, s_base, qT_s, 0, T1 * on, 0, D, D, TW, NBUF, NW, A_L)
-    c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
-    q2 = gl.load(Q + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0)
-    num = _fwd_pass(num, gl.convert_layout(q2, A_L), S, s_base, qT_s, T1, T1 + (NT - T1) * on, D - KW2, KW2, D, TW,
-                    NBUF, NW, A_L)
-
-    num = gl.convert_layout(num, BLK) * gl.expand_dims(r, 1)
+    num = num * gl.expand_dims(r, 1)
     yi = gl.load(OI + off, mask=m2, other=0.0).to(gl.float32)
     if NORM:     # den = q Zm q^T (three bf16 split matmuls, ~2^-16), stabilized as _combine_store
         xf = gl.convert_layout(q, MMA).to(gl.float32)
@@ -356,3 +376,22 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     else:
         y = yi + num
     gl.store(Y + off, y.to(Y.dtype.element_ty), mask=m2)
+
+
+@gluon.jit
+def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
+                      TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr):
+    """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dv_rows`: the key backward's dv_j += c_j sum_i
+    (k_i k_win,w) dU_i (the forward's pass with KEYS: the key side's multiplicities w on the window's columns),
+    c_j = e^(gt_n - g_j); dU_n is slot n of DU (NU slots per (b, hk)). DV holds the intra-chunk part in the inputs'
+    dtype; the sum is added in fp32 and written back in place."""
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
+    row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
+    num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, KW2, BK, NBUF, True)
+    if GATED:     # c_j = e^(gt_n - g_j), 0 where masked (c is the mask from _query_block)
+        n = gl.program_id(1)
+        i_b = (gl.program_id(2) // HK).to(gl.int64)
+        g_end = gl.load(G + (i_b * T + n * C + C - 1) * HK + gl.program_id(2) % HK)
+        c = c * gl.exp(g_end - gl.load(G + row, mask=mask, other=0.0))
+    dv = num * gl.expand_dims(c, 1) + gl.load(DV + off, mask=m2, other=0.0).to(gl.float32)
+    gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=m2)

@@ -742,7 +742,13 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 JG=jg, BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows, CAST=cast,
                 **sym2.launch_options("kbwd", d))
         dk = dk_out
-        if dv_rows:
+        if dv_rows and sym2.gluon_rows_applies("kdv", k, d):
+            from .gluon_rows import gluon_key_dv_rows
+            bk, warps, nbuf = sym2.GLUON_KDV_BLOCK
+            gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
+                k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
+                NBUF=nbuf, num_warps=warps)
+        elif dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,

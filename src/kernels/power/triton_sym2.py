@@ -718,9 +718,13 @@ GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring sl
 #                                 state once (266 KB at d=64): ~26 GB from L2 a 64k fwd+bwd at 64 rows, half at 128
 #                                 rows on 8 warps (builds: 255 registers, no spill, 80 KB shared; not yet timed)
 QFWD_GLUON = False  # experimental (session 15, compiled, not yet run on a GPU): the row-scaled query forward as
-#                     gluon_rows.gluon_query_fwd_rows (bf16 operand q_i q_j built in registers, accumulated on the tensor
-#                     cores with one matmul in flight; Triton's _sym2_query_fwd_rows is 7.3 ms at 64k)
+#                     gluon_rows.gluon_query_fwd_rows (bf16 operand q_i q_j built in registers, accumulated on the
+#                     tensor cores with one matmul in flight; Triton's _sym2_query_fwd_rows is 7.3 ms at 64k)
 GLUON_QFWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots)
+KDV_GLUON = False   # experimental (session 15, compiled, not yet run on a GPU): the key backward's row-scaled dv as
+#                     gluon_rows.gluon_key_dv_rows (the query forward's pass with the key side's multiplicities;
+#                     Triton's _sym2_key_dv_rows is 6.2 ms at 64k)
+GLUON_KDV_BLOCK = (128, 8, 4)   # its (rows per program, warps, cp.async ring slots)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
@@ -770,9 +774,9 @@ def gluon_outer_rows(d: int) -> int:
 
 
 def gluon_rows_applies(kernel: str, q, d: int) -> bool:
-    """Whether the row-scaled query kernel `kernel` ("qfwd" or "qbwd") runs as its Gluon version in gluon_rows
-    (QFWD_GLUON / QBWD_GLUON, bf16 on CUDA, d = 32 or 64, a Triton with its Gluon)."""
-    on = {"qfwd": QFWD_GLUON, "qbwd": QBWD_GLUON}[kernel]
+    """Whether the row-scaled kernel `kernel` ("qfwd", "qbwd" or "kdv") runs as its Gluon version in gluon_rows
+    (QFWD_GLUON / QBWD_GLUON / KDV_GLUON, bf16 on CUDA, d = 32 or 64, a Triton with its Gluon)."""
+    on = {"qfwd": QFWD_GLUON, "qbwd": QBWD_GLUON, "kdv": KDV_GLUON}[kernel]
     return on and q.is_cuda and q.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
