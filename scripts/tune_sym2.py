@@ -27,14 +27,15 @@ from longctx.kernels.power.reference import PowerState, power_attention_referenc
 from longctx.kernels.power.triton_chunked import chunked_form
 
 KERNELS = {"outer": ["_sym2_outer", "gluon_outer"], "qfwd": ["_sym2_query_fwd"], "qbwd": ["_sym2_query_bwd"],
-           "kbwd": ["_sym2_key_bwd"], "qfwd_rows": ["_sym2_query_fwd_rows", "gluon_query_fwd_rows"],
+           "kbwd": ["_sym2_key_bwd", "gluon_key_dk_rows"],
+           "qfwd_rows": ["_sym2_query_fwd_rows", "gluon_query_fwd_rows"],
            "kdv_rows": ["_sym2_key_dv_rows", "gluon_key_dv_rows"],
            "qbwd_rows": ["_sym2_query_bwd_rows", "gluon_query_bwd_rows"],
            "kdk_rows": ["_sym2_key_dk_rows"]}
 WORK = {"_sym2_outer": 2, "gluon_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2,
         "_sym2_query_fwd_rows": 1, "gluon_query_fwd_rows": 1, "_sym2_key_dv_rows": 1, "gluon_key_dv_rows": 1,
-        "_sym2_query_bwd_rows": 1,
-        "gluon_query_bwd_rows": 1, "_sym2_key_dk_rows": 1}   # state products per kernel (for TF/s)
+        "_sym2_query_bwd_rows": 1, "gluon_query_bwd_rows": 1, "_sym2_key_dk_rows": 1, "gluon_key_dk_rows": 1}
+# (state products per kernel, for TF/s)
 
 
 def work(kernel):

@@ -236,14 +236,14 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
     assert rel_err(y, y_attn) < 1e-2
 
 
-EXPERIMENTAL_SWITCHES = {"QFWD_GLUON", "KDV_GLUON"}     # off by default until timed on a GPU
+EXPERIMENTAL_SWITCHES = {"QFWD_GLUON", "KDV_GLUON", "KDK_GLUON"}     # off by default until timed on a GPU
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
                                   "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
                                   "atomic-bf16-d128", "plain-bf16", "plain-bf16-d128", "gluon-bf16", "gluon-bf16-d32",
                                   "gluonq-bf16", "gluonq-bf16-d32", "gluonf-bf16", "gluonf-bf16-d32",
-                                  "gluonv-bf16", "gluonv-bf16-d32"])
+                                  "gluonv-bf16", "gluonv-bf16-d32", "gluonk-bf16", "gluonk-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -251,9 +251,9 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     (dv too) against the row-scaled ones (triton_sym2.ROWS); atomic-*: the p=2 backward's dq / dk updates by barrier
     + read-modify-write against relaxed atomics; plain-*: session 10's kernels (no transposed factors, no slice
     prefetch, Triton's outer products) against the defaults; gluon-*: the Triton outer products against the Gluon
-    ones (gluon_sym2.py); gluonq-* / gluonf-* / gluonv-*: the row-scaled query backward / query forward / key dv in
-    Triton against Gluon's (gluon_rows.py, QBWD_GLUON / QFWD_GLUON / KDV_GLUON; an experimental switch, off by
-    default, is turned on for `other`).
+    ones (gluon_sym2.py); gluonq-* / gluonf-* / gluonv-* / gluonk-*: the query backward / query forward / key dv /
+    key dk in Triton against Gluon's row-scaled kernels (gluon_rows.py, QBWD_GLUON / QFWD_GLUON / KDV_GLUON /
+    KDK_GLUON; an experimental switch, off by default, is turned on for `other`).
     Many chunks, state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
@@ -261,7 +261,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     rows_mode = mode.startswith("rows")
     atomic_mode = mode.startswith("atomic")
     variants = {"plain": ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE", "OUTER_GLUON"), "gluon": ("OUTER_GLUON",),
-                "gluonq": ("QBWD_GLUON",), "gluonf": ("QFWD_GLUON",), "gluonv": ("KDV_GLUON",)}
+                "gluonq": ("QBWD_GLUON",), "gluonf": ("QFWD_GLUON",), "gluonv": ("KDV_GLUON",),
+                "gluonk": ("KDK_GLUON",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)

@@ -225,11 +225,12 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
 
 
 def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
-    """The row-scaled kernels in Gluon (gluon_rows.gluon_query_fwd_rows / gluon_query_bwd_rows / gluon_key_dv_rows,
-    QFWD_GLUON / QBWD_GLUON / KDV_GLUON) as they would launch: [(name, shared, registers, stack)]."""
+    """The row-scaled kernels in Gluon (gluon_rows.gluon_query_fwd_rows / gluon_query_bwd_rows / gluon_key_dv_rows /
+    gluon_key_dk_rows, QFWD_GLUON / QBWD_GLUON / KDV_GLUON / KDK_GLUON) as they would launch: [(name, shared,
+    registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon_rows import gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
+    from .gluon_rows import gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
     ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
     consts = dict(HQ=hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), NORM=norm, GATED=True,
                   HAS_S0=False)
@@ -251,7 +252,15 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
                  1, arch, source=GluonASTSource)
     PTX_OF["gluon_key_dv_rows"] = k.asm["ptx"]
     SASS_OF["gluon_key_dv_rows"] = _cuobjdump(k, "-sass")
-    return out + [("gluon_key_dv_rows", k.metadata.shared, *_usage(k))]
+    out.append(("gluon_key_dv_rows", k.metadata.shared, *_usage(k)))
+    bk, warps, nbuf = s2.GLUON_KDK_BLOCK
+    k = _compile(gluon_key_dk_rows, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
+                 {n: "i32" for n in ("T", "NC", "DS", "NU")},
+                 dict(HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), BK=bk, GATED=True, NBUF=nbuf,
+                      CAST=True), warps, 1, arch, source=GluonASTSource)
+    PTX_OF["gluon_key_dk_rows"] = k.asm["ptx"]
+    SASS_OF["gluon_key_dk_rows"] = _cuobjdump(k, "-sass")
+    return out + [("gluon_key_dk_rows", k.metadata.shared, *_usage(k))]
 
 
 def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):

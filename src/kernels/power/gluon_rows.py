@@ -5,7 +5,8 @@ not yet run on a GPU: QFWD_GLUON).
 The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
 products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8
 warps both warpgroups are done with a slot before it is overwritten). The key backward's dv (`_sym2_key_dv_rows`) is
-the same pass over dU with the key side's multiplicities (gluon_key_dv_rows; experimental too: KDV_GLUON).
+the same pass over dU with the key side's multiplicities (gluon_key_dv_rows; experimental too: KDV_GLUON), and the
+key backward's dk (`_sym2_key_dk_rows`) the backward's passes with them (gluon_key_dk_rows: KDK_GLUON).
 
 The backward. What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64),
 from session 13's ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums
@@ -97,12 +98,13 @@ def _slice_step(acc, dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
 @gluon.jit
 def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr,
                D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
-               MMA: gl.constexpr):
+               MMA: gl.constexpr, KEYS: gl.constexpr = False):
     """First tiles ti in [t_lo, t_hi), window [J0, J0 + KW): for each slice i = TW ti + a, X_i = a_op M_i^T [BM, KW]
     (dL/dphi over the features (i, j)), then _slice_step. xw: q's window columns in MMA's layout (fp32).
     The slices of a tile are unrolled: slice i + 1's matmul is issued before slice i is used, into the other of two
     accumulators, so no in-flight accumulator crosses a loop iteration (a loop-carried one made ptxas serialize
-    every wgmma: C7514). Between tiles the pipe drains once."""
+    every wgmma: C7514). Between tiles the pipe drains once. KEYS: X_i carries the key side's multiplicities (1 on
+    tile ti's columns, 2 after them)."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     NT: gl.constexpr = D // TW
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -112,6 +114,10 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
     zero = gl.zeros([BM, KW], gl.float32, MMA)
     for ti in range(t_lo, t_hi):
         i0 = ti * TW
+        wv = gl.full([1, KW], 1.0, gl.float32, MMA)
+        if KEYS:
+            jw = (J0 + gl.arange(0, KW, layout=gl.SliceLayout(0, MMA))) // TW
+            wv = gl.expand_dims(gl.where(jw == ti, 1.0, 2.0), 0)
         cur = warpgroup_mma(a_op, ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
         for a in gl.static_range(TW):
             async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i + 1 landed
@@ -121,10 +127,14 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
                 nxt = warpgroup_mma(a_op, ring.index((a + 1) % NBUF).permute((1, 0)), zero, use_acc=False,
                                     is_async=True)
                 x, nxt = warpgroup_mma_wait(num_outstanding=1, deps=(cur, nxt))
+                if KEYS:
+                    x = x * wv
                 acc, dg = _slice_step(acc, dg, x, xw, qT_s, gT_s, i0 + a, ROW)
                 cur = nxt
             else:
                 x = warpgroup_mma_wait(num_outstanding=0, deps=(cur,))
+                if KEYS:
+                    x = x * wv
                 acc, dg = _slice_step(acc, dg, x, xw, qT_s, gT_s, i0 + a, ROW)
     async_copy.wait_group(0)
     _barrier()     # every warp done with the ring before shared memory after it (next pass's ring, epilogue) reuses it
@@ -145,9 +155,14 @@ def _zm(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _zsym(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
-    """Zm + Zm^T [D (j), D (i)] in layout L (_zm): the gradient of x Zm x^T is x (Zm + Zm^T)."""
+def _zsym(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr, KEYS: gl.constexpr = False):
+    """Zm + Zm^T [D (j), D (i)] in layout L (_zm): the gradient of x Zm x^T is x (Zm + Zm^T). KEYS: Zm carries the key
+    side's multiplicities (1 where j's tile is i's, 2 after)."""
     zm = _zm(Z, s_base, D, TW, L)
+    if KEYS:
+        jt = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, L)), 1) // TW
+        it = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, L)), 0) // TW
+        zm = zm * gl.where(jt == it, 1.0, 2.0)
     return zm + gl.convert_layout(gl.permute(zm, [1, 0]), L)
 
 
@@ -200,14 +215,14 @@ def _query_block(Q, G, scale_p, T, NSLOT, DS, HQ: gl.constexpr, HK: gl.constexpr
 
 
 @gluon.jit
-def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
-                         HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
-                         KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
-                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr):
-    """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
-    dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
-    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). As _sym2_query_bwd_rows: the
-    first tiles ti < T1 take the full window [0, D), the rest [D - KW2, D)."""
+def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
+                   TW: gl.constexpr, KW2: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
+                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr):
+    """The row-scaled backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index
+    `row`, mask, offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM),
+    DX (fp32, holding the intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and
+    DG = rg X . phi(x) (Euler's identity: the gate gradient) with GATED. KEYS: the key side's multiplicities. As
+    _sym2_query_bwd_rows: the first tiles ti < T1 take the full window [0, D), the rest [D - KW2, D)."""
     NW: gl.constexpr = gl.num_warps()
     NT: gl.constexpr = D // TW
     T1: gl.constexpr = (D - KW2) // TW
@@ -221,42 +236,33 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] tiles read and written a row at a time
 
-    # the block's rows in the coalesced layout: q, dn = dy / Den, and in the matmuls' row layout: r, dl
-    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC + 1, DS, HQ, HK, D, C, BM, HAS_S0,
-                                                        GATED, BLK)
-    dn = gl.load(DO + off, mask=m2, other=0.0).to(gl.float32)
-    dl = gl.zeros([BM], gl.float32, BROW)
-    if NORM:
-        inv = gl.exp(-gl.load(LSE + row, mask=mask, other=0.0))
-        dn = dn * gl.expand_dims(inv, 1)
-        dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
-    # q^T and the first-index sums as [D, BM] tiles read / written one row (first index) at a time: flat
+    # x^T and the first-index sums as [D, BM] tiles read / written one row (first index) at a time: flat
     # allocations seen as [D, BM] with a 1-D layout, so .index(i) is a plain [BM] row
-    qT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(q, [1, 0]), [D * BM]))
+    qT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
     qT_s = _as(qT_s, gl.bfloat16, [D, BM], ROWS_S)
     gT_s = gl.allocate_shared_memory(gl.float32, [D * BM], ROWS_S,
                                      gl.zeros([D * BM], gl.float32, gl.BlockedLayout([4], [32], [NW], [0])))
     gT_s = _as(gT_s, gl.float32, [D, BM], ROWS_S)
-    xf = gl.convert_layout(q, MMA).to(gl.float32)
+    xf = gl.convert_layout(x, MMA).to(gl.float32)
     dl_m = gl.convert_layout(dl, ROW)
     acc = gl.zeros([BM, D], gl.float32, MMA)
     dg = gl.zeros([BM], gl.float32, ROW)
     if NORM:      # dl x (Zm + Zm^T): the normalizer's part of X, no per-slice work
-        xz = _split_dot(xf, _zsym(Z, s_base, D, TW, BLK), MMA, A_L,
+        xz = _split_dot(xf, _zsym(Z, s_base, D, TW, BLK, KEYS), MMA, A_L,
                         gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16), BM, D) * on
         dg = 0.5 * dl_m * gl.sum(xf * xz, axis=1)
         acc = xz * gl.expand_dims(dl_m, 1)
-    a_op = gl.convert_layout(dn.to(gl.bfloat16), A_L)
-    acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA)
+    a_op = gl.convert_layout(a, A_L)
+    acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA, KEYS)
     c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
-    xw2 = gl.convert_layout(gl.load(Q + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0),
+    xw2 = gl.convert_layout(gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0),
                             MMA2).to(gl.float32)
     acc2 = gl.zeros([BM, KW2], gl.float32, MMA2)
     dg2 = gl.zeros([BM], gl.float32, gl.SliceLayout(1, MMA2))
     acc2, dg2 = _grad_pass(acc2, dg2, gl.convert_layout(a_op, A2_L), xw2, S, s_base, qT_s, gT_s, T1,
-                           T1 + (NT - T1) * on, D - KW2, KW2, D, TW, BM, NBUF, NW, MMA2)
+                           T1 + (NT - T1) * on, D - KW2, KW2, D, TW, BM, NBUF, NW, MMA2, KEYS)
 
-    # dq = DQ + r (acc + acc2 on the window's columns + the first-index sums), through shared memory once
+    # dx = DX + rf (acc + acc2 on the window's columns + the first-index sums), through shared memory once
     st = gl.allocate_shared_memory(gl.float32, [BM, D], PLAIN, acc)
     _barrier()
     win = st.slice(D - KW2, KW2, dim=1)
@@ -265,14 +271,40 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     first = gl.permute(gl.reshape(_as(gT_s, gl.float32, [D * BM], ROWS_S).load(
         gl.BlockedLayout([4], [32], [NW], [0])), [D, BM]), [1, 0])                               # [BM, D]
     tot = st.load(BLK) + gl.convert_layout(first, BLK)
-    dq = gl.load(DQ + off, mask=m2, other=0.0) + tot * gl.expand_dims(r, 1)
+    dx = gl.load(DX + off, mask=m2, other=0.0) + tot * gl.expand_dims(rf, 1)
     if CAST:
-        gl.store(DQO + off, dq.to(DQO.dtype.element_ty), mask=m2)
+        gl.store(DXO + off, dx.to(DXO.dtype.element_ty), mask=m2)
     else:
-        gl.store(DQ + off, dq, mask=m2)
+        gl.store(DX + off, dx, mask=m2)
     if GATED:
         dg_all = gl.convert_layout(dg, BROW) + gl.convert_layout(dg2, BROW)
-        gl.store(DGQ + row, dg_all * r, mask=mask)
+        gl.store(DG + row, dg_all * rg, mask=mask)
+
+
+
+
+@gluon.jit
+def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
+                         HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
+                         KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
+                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr):
+    """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
+    dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
+    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). As _sym2_query_bwd_rows: the
+    first tiles ti < T1 take the full window [0, D), the rest [D - KW2, D)."""
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
+    BROW: gl.constexpr = gl.SliceLayout(1, BLK)
+    # the block's rows in the coalesced layout: q, dn = dy / Den, dl = -Delta / Den, r
+    row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC + 1, DS, HQ, HK, D, C, BM, HAS_S0,
+                                                        GATED, BLK)
+    dn = gl.load(DO + off, mask=m2, other=0.0).to(gl.float32)
+    dl = gl.zeros([BM], gl.float32, BROW)
+    if NORM:
+        inv = gl.exp(-gl.load(LSE + row, mask=mask, other=0.0))
+        dn = dn * gl.expand_dims(inv, 1)
+        dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
+    _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, row, mask, off, m2, q, dn.to(gl.bfloat16), dl, r, r, on, D, TW,
+                   KW2, BM, NBUF, False, NORM, GATED, CAST)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -379,6 +411,17 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
 
 
 @gluon.jit
+def _decay_to_chunk_end(G, T, row, mask, c, HK: gl.constexpr, C: gl.constexpr, GATED: gl.constexpr):
+    """The key rows' decay c_j = e^(gt_n - g_j) to the end of chunk n = program_id(1) (program_id(2) = b*hk; flat
+    (b, t, hk) row index `row`), times c (the rows' mask)."""
+    if GATED:
+        pid_bh = gl.program_id(2)
+        g_end = gl.load(G + ((pid_bh // HK).to(gl.int64) * T + gl.program_id(1) * C + C - 1) * HK + pid_bh % HK)
+        c = c * gl.exp(g_end - gl.load(G + row, mask=mask, other=0.0))
+    return c
+
+
+@gluon.jit
 def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
                       TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dv_rows`: the key backward's dv_j += c_j sum_i
@@ -388,10 +431,22 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
     num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, KW2, BK, NBUF, True)
-    if GATED:     # c_j = e^(gt_n - g_j), 0 where masked (c is the mask from _query_block)
-        n = gl.program_id(1)
-        i_b = (gl.program_id(2) // HK).to(gl.int64)
-        g_end = gl.load(G + (i_b * T + n * C + C - 1) * HK + gl.program_id(2) % HK)
-        c = c * gl.exp(g_end - gl.load(G + row, mask=mask, other=0.0))
+    c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     dv = num * gl.expand_dims(c, 1) + gl.load(DV + off, mask=m2, other=0.0).to(gl.float32)
     gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=m2)
+
+
+@gluon.jit
+def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
+                      C: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
+                      NBUF: gl.constexpr, CAST: gl.constexpr):
+    """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dk_rows`: X = v dU_n^T + dUz_n = dL/dph for
+    ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) += c dph/dk^T X (written to DKO in its dtype
+    with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU slots per (b, hk)). The query backward's
+    passes with the key side's multiplicities (KEYS) and dl = 1."""
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
+    row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
+    c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
+    v = gl.load(V + off, mask=m2, other=0.0)
+    _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, row, mask, off, m2, k, v, gl.where(mask, 1.0, 0.0), c, -c, on,
+                   D, TW, KW2, BK, NBUF, True, True, GATED, CAST)

@@ -728,7 +728,13 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
     if fast:
         dk_out = torch.empty_like(k) if cast else dk
-        if dv_rows and sym2.row_scaled("kdk", d):
+        if dv_rows and sym2.gluon_rows_applies("kdk", k, d):
+            from .gluon_rows import gluon_key_dk_rows
+            bk, warps, nbuf = sym2.GLUON_KDK_BLOCK
+            gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
+                k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
+                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, num_warps=warps)
+        elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)
             sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),

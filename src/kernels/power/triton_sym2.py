@@ -725,6 +725,11 @@ KDV_GLUON = False   # experimental (session 15, compiled, not yet run on a GPU):
 #                     gluon_rows.gluon_key_dv_rows (the query forward's pass with the key side's multiplicities;
 #                     Triton's _sym2_key_dv_rows is 6.2 ms at 64k)
 GLUON_KDV_BLOCK = (128, 8, 4)   # its (rows per program, warps, cp.async ring slots)
+KDK_GLUON = False   # experimental (session 15, compiled, not yet run on a GPU): the key backward's dk as
+#                     gluon_rows.gluon_key_dk_rows (the query backward's passes with the key side's multiplicities;
+#                     Triton's grouped _sym2_key_bwd is 10.7 ms at 64k, its row-scaled one 11.2). Triton 3.6, d=64:
+#                     255 registers, 80 bytes spilled (the per-tile multiplicities); d=32 139, no spill
+GLUON_KDK_BLOCK = (64, 4, 4)    # its (rows per program, warps, cp.async ring slots)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
@@ -774,9 +779,10 @@ def gluon_outer_rows(d: int) -> int:
 
 
 def gluon_rows_applies(kernel: str, q, d: int) -> bool:
-    """Whether the row-scaled kernel `kernel` ("qfwd", "qbwd" or "kdv") runs as its Gluon version in gluon_rows
-    (QFWD_GLUON / QBWD_GLUON / KDV_GLUON, bf16 on CUDA, d = 32 or 64, a Triton with its Gluon)."""
-    on = {"qfwd": QFWD_GLUON, "qbwd": QBWD_GLUON, "kdv": KDV_GLUON}[kernel]
+    """Whether the row-scaled kernel `kernel` ("qfwd", "qbwd", "kdv" or "kdk") runs as its Gluon version in
+    gluon_rows (QFWD_GLUON / QBWD_GLUON / KDV_GLUON / KDK_GLUON, bf16 on CUDA, d = 32 or 64, a Triton with its
+    Gluon)."""
+    on = {"qfwd": QFWD_GLUON, "qbwd": QBWD_GLUON, "kdv": KDV_GLUON, "kdk": KDK_GLUON}[kernel]
     return on and q.is_cuda and q.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
