@@ -1,12 +1,13 @@
-"""The p=2 row-scaled query kernels in Gluon: the backward (`triton_sym2._sym2_query_bwd_rows`; default for bf16
-d=32/64 since session 15: H100 64k 10.44 -> 9.56 ms) and the forward (`_sym2_query_fwd_rows`; experimental, compiled,
-not yet run on a GPU: QFWD_GLUON).
+"""The p=2 row-scaled state kernels in Gluon, default for bf16 d=32/64: the query backward (`triton_sym2.
+_sym2_query_bwd_rows`; session 15: H100 64k 10.44 -> 9.56 ms), the query forward (`_sym2_query_fwd_rows`; session 16:
+7.10 -> 6.42 ms), the key backward's dv (`_sym2_key_dv_rows`; 6.44 -> 5.58 ms) and its dk (the grouped
+`_sym2_key_bwd`; 10.48 -> 9.88 ms). Switches: triton_sym2.QBWD_GLUON / QFWD_GLUON / KDV_GLUON / KDK_GLUON.
 
 The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
 products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8
-warps both warpgroups are done with a slot before it is overwritten). The key backward's dv (`_sym2_key_dv_rows`) is
-the same pass over dU with the key side's multiplicities (gluon_key_dv_rows; experimental too: KDV_GLUON), and the
-key backward's dk (`_sym2_key_dk_rows`) the backward's passes with them (gluon_key_dk_rows: KDK_GLUON).
+warps both warpgroups are done with a slot before it is overwritten). The key backward's dv is the same pass over dU
+with the key side's multiplicities (gluon_key_dv_rows), and the key backward's dk the backward's passes with them
+(gluon_key_dk_rows).
 
 The backward. What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64),
 from session 13's ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums

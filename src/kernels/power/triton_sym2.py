@@ -717,18 +717,18 @@ QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd
 GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots). Each program reads the whole
 #                                 state once (266 KB at d=64): ~26 GB from L2 a 64k fwd+bwd at 64 rows, half at 128
 #                                 rows on 8 warps (builds: 255 registers, no spill, 80 KB shared; not yet timed)
-QFWD_GLUON = False  # experimental (session 15, compiled, not yet run on a GPU): the row-scaled query forward as
-#                     gluon_rows.gluon_query_fwd_rows (bf16 operand q_i q_j built in registers, accumulated on the
-#                     tensor cores with one matmul in flight; Triton's _sym2_query_fwd_rows is 7.3 ms at 64k)
+QFWD_GLUON = True   # the row-scaled query forward as gluon_rows.gluon_query_fwd_rows (bf16 operand q_i q_j built in
+#                     registers, accumulated on the tensor cores with one matmul in flight; session 16). H100, 64k
+#                     (tune_sym2.py --set QFWD_GLUON=1 / defaults, one machine): 7.10 -> 6.42 ms; at 128 rows / 8
+#                     warps 8.71
 GLUON_QFWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots)
-KDV_GLUON = False   # experimental (session 15, compiled, not yet run on a GPU): the key backward's row-scaled dv as
-#                     gluon_rows.gluon_key_dv_rows (the query forward's pass with the key side's multiplicities;
-#                     Triton's _sym2_key_dv_rows is 6.2 ms at 64k)
-GLUON_KDV_BLOCK = (128, 8, 4)   # its (rows per program, warps, cp.async ring slots)
-KDK_GLUON = False   # experimental (session 15, compiled, not yet run on a GPU): the key backward's dk as
-#                     gluon_rows.gluon_key_dk_rows (the query backward's passes with the key side's multiplicities;
-#                     Triton's grouped _sym2_key_bwd is 10.7 ms at 64k, its row-scaled one 11.2). Triton 3.6, d=64:
-#                     255 registers, 80 bytes spilled (the per-tile multiplicities); d=32 139, no spill
+KDV_GLUON = True    # the key backward's row-scaled dv as gluon_rows.gluon_key_dv_rows (the query forward's pass with
+#                     the key side's multiplicities; session 16). H100, 64k: Triton's _sym2_key_dv_rows 6.44 ms ->
+#                     5.58 at 64 rows / 4 warps (7.95 at 128 rows / 8 warps)
+GLUON_KDV_BLOCK = (64, 4, 4)    # its (rows per program, warps, cp.async ring slots)
+KDK_GLUON = True    # the key backward's dk as gluon_rows.gluon_key_dk_rows (the query backward's passes with the key
+#                     side's multiplicities; session 16). H100, 64k: Triton's grouped _sym2_key_bwd 10.48 ms -> 9.88.
+#                     Triton 3.6, d=64: 255 registers, 80 bytes spilled (the per-tile multiplicities); d=32 139
 GLUON_KDK_BLOCK = (64, 4, 4)    # its (rows per program, warps, cp.async ring slots)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
