@@ -98,6 +98,7 @@ LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "_sym2
           "gluon_query_fwd_rows": ("query forward", "state"), "_sym2_key_dv_rows": ("key dv", "state"),
           "gluon_key_dv_rows": ("key dv", "state"), "_attn_bwd_dkdv": ("intra-chunk dk, dv", "attention"),
           "_attn_bwd_dq": ("intra-chunk dq", "attention"), "_attn_fwd": ("intra-chunk forward", "attention"),
+          "gluon_attn_fwd": ("intra-chunk forward", "attention"),
           "_discumsum": ("state cumsums (fwd + bwd)", "other"), "_transpose_heads": ("transposed copies", "other"),
           "_row_dot": ("Delta = dy . y", "other")}
 
@@ -169,8 +170,8 @@ def main():
                     "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: "
                     "BM,BN,warps,stages[,maxnreg])")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
-                    help="triton_sym2 module switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2 "
-                         "GLUON_QBWD_BLOCK=128,8,4 (a comma list sets a tuple)")
+                    help="triton_sym2 (or triton_attention) switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2 "
+                         "GLUON_QBWD_BLOCK=128,8,4 FWD_GLUON=1 (a comma list sets a tuple)")
     ap.add_argument("--replot", nargs="*", default=None, metavar="JSON",
                     help="only draw the profile plot of saved tune_sym2.json files (no GPU)")
     args = ap.parse_args()
@@ -179,10 +180,11 @@ def main():
     triton_sym2.ATOMIC_RMW = not args.no_atomic
     for item in args.set:
         name, value = item.split("=")
-        if not hasattr(triton_sym2, name):
-            raise SystemExit(f"--set: triton_sym2 has no switch {name!r}")
-        current = getattr(triton_sym2, name)
-        setattr(triton_sym2, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
+        module = next((m for m in (triton_sym2, triton_attention) if hasattr(m, name)), None)
+        if module is None:
+            raise SystemExit(f"--set: neither triton_sym2 nor triton_attention has a switch {name!r}")
+        current = getattr(module, name)
+        setattr(module, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
                 else type(current)(int(value)))
     for item in args.attn_blocks:
         kernel, cfg = item.split("=")

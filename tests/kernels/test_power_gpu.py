@@ -313,3 +313,35 @@ def test_chunked_backward_bitwise_reproducible_in_deterministic_mode():
         torch.use_deterministic_algorithms(before)
     for name, a, b in zip(("dq", "dk", "dv", "dlog_g"), *grads):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("d", [32, 64])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("norm", [True, False])
+def test_gluon_attention_forward(d, gated, norm, monkeypatch):
+    """gluon_attention.gluon_attn_fwd (triton_attention.FWD_GLUON, experimental) against Triton's forward kernel and
+    the float64 reference: the attention form at t = 777 (a partial last key block) and 4096, with gradients (the
+    backward reads its output and normalizer), and the chunked form (its intra-chunk part, state in and out)."""
+    from longctx.kernels.power import triton_attention
+    from longctx.kernels.power.triton_attention import attention_form
+    for t in (777, 4096):
+        q, k, v, lg = make(2, t, 4, 2, d, torch.bfloat16, gated, seed=t)
+        ys = []
+        for on in (False, True):
+            monkeypatch.setattr(triton_attention, "FWD_GLUON", on)
+            ys.append(attention_form(q, k, v, lg, p=2, scale=d ** -0.5, norm=norm))
+        assert rel_err(ys[1], ys[0]) < 5e-3, t
+        leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
+        y = attention_form(*leaves[:3], leaves[3] if gated else None, p=2, scale=d ** -0.5, norm=norm)
+        assert_matches_float64_reference(y, leaves, p=2, norm=norm, gated=gated, dtype=torch.bfloat16)
+    q, k, v, lg = make(2, 4000, 4, 2, d, torch.bfloat16, gated, seed=5)
+    _, st = power_attention_reference(*make(2, 300, 4, 2, d, torch.float32, gated, seed=6), p=2, norm=norm,
+                                      chunk_size=128, return_state=True)
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(triton_attention, "FWD_GLUON", on)
+        y, st_out = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=1024, norm=norm,
+                                 initial_state=(st.s, st.z), return_state=True)
+        outs.append((y, st_out.s, st_out.z))
+    for name, a, b in zip(("y", "s", "z"), *outs):
+        assert rel_err(a, b) < 5e-3, name

@@ -168,6 +168,8 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         k = _compile(fn, ptrs, ints, dict(base, **cfg), warps, stages, arch, reg)
         out.append((k.name, k.metadata.shared, *_usage(k)))
         PTX_OF[k.name] = k.asm["ptx"]
+    if dtype == "bf16" and d in (32, 64) and s2.gluon_available():
+        out += compile_gluon_attention(d, p=p, norm=norm, gated=gated, hq=hq, hk=hk, arch=arch)
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which
         # also sums the GQA group's query-side gate gradients)
         k = _compile(gates._segment_cumsum, {"X": "*fp32", "X2": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
@@ -175,6 +177,20 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
                           REP=hq // hk if reverse else 0), 4, 3, arch)
         out.append((k.name + ("_rev" if reverse else ""), k.metadata.shared, *_usage(k)))
     return out
+
+
+def compile_gluon_attention(d, *, p=2, norm=True, gated=True, hq=4, hk=2, arch=90, block=None):
+    """The attention-form forward in Gluon (gluon_attention.gluon_attn_fwd, triton_attention.FWD_GLUON) as it would
+    launch: [(name, shared, registers, stack)]."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .gluon_attention import gluon_attn_fwd
+    bm, bn, warps, nbuf = block or ta.GLUON_FWD_BLOCK
+    k = _compile(gluon_attn_fwd, {n: "*bf16" for n in ("Q", "K", "V", "O")}, {"scale": "fp32", "scale_p": "fp32",
+                 "T": "i32"}, dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=bm, BN=bn, NBUF=nbuf), warps, 1,
+                 arch, source=GluonASTSource)
+    PTX_OF["gluon_attn_fwd"] = k.asm["ptx"]
+    return [("gluon_attn_fwd", k.metadata.shared, *_usage(k))]
 
 
 def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, blocks=None):

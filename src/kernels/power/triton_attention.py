@@ -474,6 +474,9 @@ def _dot_dtype(dtype, norm, backward):
 
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
+FWD_GLUON = False   # experimental (session 15, compiled, not yet run on a GPU): the bf16 fast-path forward as
+#                     gluon_attention.gluon_attn_fwd (pipelined scores / weights x values); both forms
+GLUON_FWD_BLOCK = (128, 64, 8, 6)   # its (BM, BN, warps, ring slots)
 GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k); equal speed
                             # on the H200 (scripts/gpu/ab_gate_scores.py, session 6), kept as an A/B switch
 FAST_BACKWARD = True
@@ -544,10 +547,24 @@ def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):
     f32 = dict(device=q.device, dtype=torch.float32)
     lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
     cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False))
-    _attn_fwd[(-(-t // cfg["BM"]), b * hq)](
-        q, k, v, Gc, o, lse, scale, scale ** p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
-        GATE_SCORES=GATE_SCORES, **cfg)
+    launch_fwd(q, k, v, Gc, o, lse, scale, scale ** p, t, b * hq, hq, hk, d, p, norm, gated, cfg)
     return o, lse, Gc
+
+
+def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, gated, cfg):
+    """The forward kernel on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the chunked form's
+    chunks as batch entries): gluon_attention.gluon_attn_fwd where it applies (FWD_GLUON, bf16 fast path with the
+    gate on the scores, d = 32 / 64, a Triton with its Gluon), else _attn_fwd with cfg (_launch_cfg)."""
+    from .triton_sym2 import gluon_available
+    if (FWD_GLUON and q.is_cuda and q.dtype == torch.bfloat16 and cfg["FAST"] and GATE_SCORES and d in (32, 64)
+            and gluon_available()):
+        from .gluon_attention import gluon_attn_fwd
+        bm, bn, warps, nbuf = GLUON_FWD_BLOCK
+        gluon_attn_fwd[(-(-t // bm), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm,
+                                          GATED=gated, BM=bm, BN=bn, NBUF=nbuf, num_warps=warps)
+        return
+    _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm,
+                                         GATED=gated, GATE_SCORES=GATE_SCORES, **cfg)
 
 
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool):

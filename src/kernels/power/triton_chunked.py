@@ -42,7 +42,7 @@ from . import triton_attention
 from . import triton_sym2 as sym2
 from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
-from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd, _combine_store, _dot_dtype, _has_state,
+from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _combine_store, _dot_dtype, _has_state,
                                _launch_cfg, _key_block, _key_rows, _kv_heads, _query_block, _row_factor,
                                row_dot)
 
@@ -545,9 +545,8 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
                           ((q, True), (k, True), (v, True), (G, gated), (o_intra, True)))
     cl = _chunk_view(lse_intra, nb, C, norm)
     for sl in _chunk_batches(nb, hq):
-        _attn_fwd[(triton.cdiv(C, attn_cfg["BM"]), (sl.stop - sl.start) * hq)](
-            cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, sp, C,
-            HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, GATE_SCORES=triton_attention.GATE_SCORES, **attn_cfg)
+        triton_attention.launch_fwd(cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl,
+                                    scale, sp, C, (sl.stop - sl.start) * hq, hq, hk, d, p, norm, gated, attn_cfg)
     # states entering each chunk (+ the final one)
     sdt, sprec = _state_operands(q.dtype)
     rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
