@@ -100,7 +100,7 @@ LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "_sym2
           "_attn_bwd_dq": ("intra-chunk dq", "attention"), "_attn_fwd": ("intra-chunk forward", "attention"),
           "gluon_attn_fwd": ("intra-chunk forward", "attention"),
           "_discumsum": ("state cumsums (fwd + bwd)", "other"), "_transpose_heads": ("transposed copies", "other"),
-          "_row_dot": ("Delta = dy . y", "other")}
+          "_row_dot": ("Delta = dy . y (before session 15)", "other")}
 
 
 def plot_profile(profile: dict, path: str, title: str):

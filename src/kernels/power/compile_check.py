@@ -162,9 +162,11 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     out = []
     for fn, kernel, ptrs in ((ta._attn_fwd, "fwd", {"Q": io, "K": io, "V": io, "O": io}),
                              (ta._attn_bwd_dkdv, "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
-                             (ta._attn_bwd_dq, "dq", {"Q": io, "K": io, "V": io, "DO": io})):
+                             (ta._attn_bwd_dq, "dq", {"Q": io, "K": io, "V": io, "DO": io, "O": io})):
         cfg = ta._launch_cfg(d, kernel, *ta._dot_dtype(torch_dt, norm, kernel != "fwd"))
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
+        if kernel == "dq":
+            cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
         k = _compile(fn, ptrs, ints, dict(base, **cfg), warps, stages, arch, reg)
         out.append((k.name, k.metadata.shared, *_usage(k)))
         PTX_OF[k.name] = k.asm["ptx"]

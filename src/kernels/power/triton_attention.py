@@ -128,28 +128,6 @@ def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constex
 
 
 @triton.jit
-def _row_dot(A, B, OUT, N, D: tl.constexpr, BR: tl.constexpr):
-    """OUT[r] = sum_c A[r, c] B[r, c] in fp32 for N rows of D contiguous values (the backward's Delta = dy . y)."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    off = r.to(tl.int64)[:, None] * D + tl.arange(0, D)[None, :]
-    m = (r < N)[:, None]
-    a = tl.load(A + off, mask=m, other=0.0).to(tl.float32)
-    b = tl.load(B + off, mask=m, other=0.0).to(tl.float32)
-    tl.store(OUT + r, tl.sum(a * b, axis=1), mask=r < N)
-
-
-def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(a * b).sum(-1) in fp32 for contiguous same-shape tensors, one pass (no fp32 copies of a and b)."""
-    a, b = a.contiguous(), b.contiguous()
-    d = a.shape[-1]
-    out = torch.empty(a.shape[:-1], device=a.device, dtype=torch.float32)
-    n = out.numel()
-    br = max(1, min(128, 8192 // d))
-    _row_dot[(-(-n // br),)](a, b, out, n, D=d, BR=br, num_warps=4)
-    return out
-
-
-@triton.jit
 def _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM: tl.constexpr, D: tl.constexpr):
     """Epilogue of the chunked form's query kernels: the state term (num [BM, D], den [BM], not yet scaled by
     the row factor r = s^p e^(g_i)) joins the intra-chunk output y_intra (normalized, lse_intra = log of its
@@ -266,20 +244,28 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
 
 @triton.jit
 def _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ: tl.constexpr, HK: tl.constexpr,
-                D: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr):
+                D: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr,
+                O=None, DELTA_OUT: tl.constexpr = False):
     """Query rows offs_m of head i_hq for a backward kernel: q and dy (operand dtype), lse, Delta and G_q (zeros when
-    unused), the rows' mask and their [BM, D] offsets."""
+    unused), the rows' mask and their [BM, D] offsets. DELTA_OUT: Delta = dy . y is formed here from dy and the
+    output O (fp32 products and sum) and stored to DELTA for the kernels after this one (no separate pass)."""
     offs_d = tl.arange(0, D)
     mask_m = offs_m < T
     q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
     q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
-    do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+    do_in = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0)
+    do = do_in.to(DOT_DT)
     row = i_b * T * HQ + offs_m * HQ + i_hq
     lse = tl.zeros([BM], tl.float32)
     delta = tl.zeros([BM], tl.float32)
     if NORM:
         lse = tl.load(LSE + row, mask=mask_m, other=0.0)
-        delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
+        if DELTA_OUT:
+            y = tl.load(O + q_off, mask=mask_m[:, None], other=0.0).to(tl.float32)
+            delta = tl.sum(do_in.to(tl.float32) * y, axis=1)
+            tl.store(DELTA + row, delta, mask=mask_m)
+        else:
+            delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
     g_q = tl.zeros([BM], tl.float32)
     if GATED:
         g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
@@ -393,13 +379,14 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
 def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True):
+                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
+                 O=None, DELTA_OUT: tl.constexpr = False):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ, HK, D,
-                                                        BM, NORM, GATED, DOT_DT)
+                                                        BM, NORM, GATED, DOT_DT, O, DELTA_OUT)
     k_base = K + i_b * T * HK * D + i_hk * D
     v_base = V + i_b * T * HK * D + i_hk * D
     dq = tl.zeros([BM, D], tl.float32)
@@ -571,7 +558,9 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's."""
     b, t, hq, d = q.shape
     hk = k.shape[2]
-    delta = row_dot(do, o) if norm else lse                              # (b,t,hq)
+    # Delta = dy . y (b,t,hq): formed and stored by the dq kernel, which runs first (one launch less than a separate
+    # pass: at short t every launch is host time)
+    delta = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if norm else lse
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
     dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
@@ -579,10 +568,10 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     sp = scale ** p
+    _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                                 GATE_SCORES=GATE_SCORES, O=o, DELTA_OUT=norm, **common, **q_cfg)
     _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
                                                     **common, **kv_cfg)
-    _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                 GATE_SCORES=GATE_SCORES, **common, **q_cfg)
     dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq) if gated else None
     return dq, dk, dv, dlog_g
 

@@ -43,8 +43,7 @@ from . import triton_sym2 as sym2
 from .gates import gate_cumsum
 from .reference import _ndmi, state_dim, state_tile
 from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _combine_store, _dot_dtype, _has_state,
-                               _launch_cfg, _key_block, _key_rows, _kv_heads, _query_block, _row_factor,
-                               row_dot)
+                               _launch_cfg, _key_block, _key_rows, _kv_heads, _query_block, _row_factor)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -623,7 +622,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     DS = state_dim(p, d)
     sp = scale ** p
     dy = dy.contiguous()
-    delta = row_dot(dy, y) if norm else dummy                             # (b,T,hq)
+    # Delta = dy . y (b,T,hq): formed and stored by the intra-chunk dq kernel, which runs first
+    delta = torch.empty(b, T, hq, **f32) if norm else dummy
     # intra-chunk attention backward with the combined normalizer (lse = log of the total)
     dq = torch.empty(b, T, hq, d, **f32)
     dk = torch.empty(b, T, hk, d, **f32)
@@ -637,18 +637,18 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     nb = b * NC
-    cq, ck, cv, cdy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, dq, dk, dv))
+    cq, ck, cv, cdy, cy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, y, dq, dk, dv))
     cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))
     cl, cdl = (_chunk_view(x, nb, C, norm) for x in (lse, delta))
     for sl in _chunk_batches(nb, hq):
         n_sl = sl.stop - sl.start
         g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+        _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
+            cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
+            GATE_SCORES=triton_attention.GATE_SCORES, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg)
         _attn_bwd_dkdv[(triton.cdiv(C, kv_cfg["BN"]), n_sl * hk)](
             cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
             **common, **kv_cfg)
-        _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
-            cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
-            GATE_SCORES=triton_attention.GATE_SCORES, **common, **q_cfg)
     del cdq, cdk                            # views that would keep the fp32 dq alive after its conversion
     # state term
     sdt, sprec = _state_operands(q.dtype)
