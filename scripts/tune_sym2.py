@@ -146,6 +146,18 @@ def replot(paths):
         print("wrote", out)
 
 
+def apply_switches(items):
+    """--set NAME=VALUE: a switch of triton_sym2 or triton_attention for this process (a comma list sets a tuple)."""
+    for item in items:
+        name, value = item.split("=")
+        module = next((m for m in (triton_sym2, triton_attention) if hasattr(m, name)), None)
+        if module is None:
+            raise SystemExit(f"--set: neither triton_sym2 nor triton_attention has a switch {name!r}")
+        current = getattr(module, name)
+        setattr(module, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
+                else type(current)(int(value)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/tune"))
@@ -178,14 +190,7 @@ def main():
     if args.replot is not None:
         return replot(args.replot)
     triton_sym2.ATOMIC_RMW = not args.no_atomic
-    for item in args.set:
-        name, value = item.split("=")
-        module = next((m for m in (triton_sym2, triton_attention) if hasattr(m, name)), None)
-        if module is None:
-            raise SystemExit(f"--set: neither triton_sym2 nor triton_attention has a switch {name!r}")
-        current = getattr(module, name)
-        setattr(module, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
-                else type(current)(int(value)))
+    apply_switches(args.set)
     for item in args.attn_blocks:
         kernel, cfg = item.split("=")
         triton_attention.BLOCK_OVERRIDE[kernel] = tuple(int(x) for x in cfg.split(","))

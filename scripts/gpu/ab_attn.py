@@ -1,6 +1,7 @@
 """A/B of attention-form kernel versions on a GPU: run once per source tree (PYTHONPATH picks the tree), same card.
 
     python3 scripts/gpu/ab_attn.py --tag new --ctxs 1024,4096,16384 [--forms 8192,16384] [--sweep 4096] [--cudnn]
+        [--set FWD_GLUON=1] (kernel switches, as tune_sym2.py's --set)
         [--p 1]             (another degree; p=1's form threshold: --p 1 --ctxs 1024 --forms 1024,2048,4096,8192)
 
 The other tree travels as an untracked folder (the device copies untracked, not-ignored files), e.g. a branch:
@@ -21,6 +22,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_attention import inputs, make_ours, make_sdpa, run_once  # noqa: E402
+from tune_sym2 import apply_switches  # noqa: E402
 import longctx  # noqa: E402
 from longctx.kernels.power import triton_attention as ta  # noqa: E402
 
@@ -48,8 +50,11 @@ def main():
     ap.add_argument("--sweep", type=int, default=0)
     ap.add_argument("--regs", action="store_true", help="--sweep: configs with a register cap (maxnreg) instead")
     ap.add_argument("--p", type=int, default=2, help="power degree (odd p: numerator only, as the benchmark)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
+                    help="kernel switches for this run, as tune_sym2.py's --set (e.g. FWD_GLUON=1)")
     args = ap.parse_args()
-    emit(tag=args.tag, src=str(Path(longctx.__file__).parent), dev=torch.cuda.get_device_name())
+    apply_switches(args.set)
+    emit(tag=args.tag, sets=args.set, src=str(Path(longctx.__file__).parent), dev=torch.cuda.get_device_name())
     ours = make_ours(args.p)
     for t in map(int, args.ctxs.split(",")):
         xs, lg = inputs(8, t, 12, 64, True)

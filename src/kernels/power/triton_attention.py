@@ -461,8 +461,9 @@ def _dot_dtype(dtype, norm, backward):
 
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
-FWD_GLUON = False   # experimental (session 15, compiled, not yet run on a GPU): the bf16 fast-path forward as
-#                     gluon_attention.gluon_attn_fwd (pipelined scores / weights x values); both forms
+FWD_GLUON = False   # the bf16 fast-path forward as gluon_attention.gluon_attn_fwd (pipelined scores / weights x
+#                     values; both forms). Correct (GPU test) but slower, so off: H100 (session 16), intra-chunk
+#                     forward at 64k 3.54 -> 5.75 ms; attention form fwd 4k 0.82 -> 1.21 ms, 16k 4.46 -> 5.06
 GLUON_FWD_BLOCK = (128, 64, 8, 6)   # its (BM, BN, warps, ring slots)
 GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k); equal speed
                             # on the H200 (scripts/gpu/ab_gate_scores.py, session 6), kept as an A/B switch
