@@ -98,7 +98,6 @@ LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "_sym2
           "gluon_query_fwd_rows": ("query forward", "state"), "_sym2_key_dv_rows": ("key dv", "state"),
           "gluon_key_dv_rows": ("key dv", "state"), "_attn_bwd_dkdv": ("intra-chunk dk, dv", "attention"),
           "_attn_bwd_dq": ("intra-chunk dq", "attention"), "_attn_fwd": ("intra-chunk forward", "attention"),
-          "gluon_attn_fwd": ("intra-chunk forward", "attention"),
           "_discumsum": ("state cumsums (fwd + bwd)", "other"), "_transpose_heads": ("transposed copies", "other"),
           "_row_dot": ("Delta = dy . y (before session 15)", "other")}
 
@@ -183,7 +182,7 @@ def main():
                     "BM,BN,warps,stages[,maxnreg])")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
                     help="triton_sym2 (or triton_attention) switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2 "
-                         "GLUON_QBWD_BLOCK=128,8,4 FWD_GLUON=1 (a comma list sets a tuple)")
+                         "GLUON_QBWD_BLOCK=128,8,4 OUTER_SCAN=0 (a comma list sets a tuple)")
     ap.add_argument("--replot", nargs="*", default=None, metavar="JSON",
                     help="only draw the profile plot of saved tune_sym2.json files (no GPU)")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """A/B of attention-form kernel versions on a GPU: run once per source tree (PYTHONPATH picks the tree), same card.
 
     python3 scripts/gpu/ab_attn.py --tag new --ctxs 1024,4096,16384 [--forms 8192,16384] [--sweep 4096] [--cudnn]
-        [--set FWD_GLUON=1] (kernel switches, as tune_sym2.py's --set)
+        [--set FAST_FORWARD=0] (kernel switches, as tune_sym2.py's --set)
         [--p 1]             (another degree; p=1's form threshold: --p 1 --ctxs 1024 --forms 1024,2048,4096,8192)
 
 The other tree travels as an untracked folder (the device copies untracked, not-ignored files), e.g. a branch:
@@ -51,7 +51,7 @@ def main():
     ap.add_argument("--regs", action="store_true", help="--sweep: configs with a register cap (maxnreg) instead")
     ap.add_argument("--p", type=int, default=2, help="power degree (odd p: numerator only, as the benchmark)")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
-                    help="kernel switches for this run, as tune_sym2.py's --set (e.g. FWD_GLUON=1)")
+                    help="kernel switches for this run, as tune_sym2.py's --set (e.g. FAST_FORWARD=0)")
     args = ap.parse_args()
     apply_switches(args.set)
     emit(tag=args.tag, sets=args.set, src=str(Path(longctx.__file__).parent), dev=torch.cuda.get_device_name())

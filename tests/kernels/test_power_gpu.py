@@ -243,7 +243,8 @@ EXPERIMENTAL_SWITCHES: set[str] = set()   # switches off by default until timed 
                                   "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
                                   "atomic-bf16-d128", "plain-bf16", "plain-bf16-d128", "gluon-bf16", "gluon-bf16-d32",
                                   "gluonq-bf16", "gluonq-bf16-d32", "gluonf-bf16", "gluonf-bf16-d32",
-                                  "gluonv-bf16", "gluonv-bf16-d32", "gluonk-bf16", "gluonk-bf16-d32"])
+                                  "gluonv-bf16", "gluonv-bf16-d32", "gluonk-bf16", "gluonk-bf16-d32",
+                                  "scan-bf16", "scan-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -253,7 +254,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     prefetch, Triton's outer products) against the defaults; gluon-*: the Triton outer products against the Gluon
     ones (gluon_sym2.py); gluonq-* / gluonf-* / gluonv-* / gluonk-*: the query backward / query forward / key dv /
     key dk in Triton against Gluon's row-scaled kernels (gluon_rows.py, QBWD_GLUON / QFWD_GLUON / KDV_GLUON /
-    KDK_GLUON; an experimental switch, off by default, is turned on for `other`).
+    KDK_GLUON; an experimental switch, off by default, is turned on for `other`); scan-*: the Gluon outer products
+    with the cumulative sum over chunks in the same pass (OUTER_SCAN) against them per chunk + _discumsum.
     Many chunks, state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
@@ -262,7 +264,7 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     atomic_mode = mode.startswith("atomic")
     variants = {"plain": ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE", "OUTER_GLUON"), "gluon": ("OUTER_GLUON",),
                 "gluonq": ("QBWD_GLUON",), "gluonf": ("QFWD_GLUON",), "gluonv": ("KDV_GLUON",),
-                "gluonk": ("KDK_GLUON",)}
+                "gluonk": ("KDK_GLUON",), "scan": ("OUTER_SCAN",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)
@@ -313,35 +315,3 @@ def test_chunked_backward_bitwise_reproducible_in_deterministic_mode():
         torch.use_deterministic_algorithms(before)
     for name, a, b in zip(("dq", "dk", "dv", "dlog_g"), *grads):
         assert torch.equal(a, b), name
-
-
-@pytest.mark.parametrize("d", [32, 64])
-@pytest.mark.parametrize("gated", [True, False])
-@pytest.mark.parametrize("norm", [True, False])
-def test_gluon_attention_forward(d, gated, norm, monkeypatch):
-    """gluon_attention.gluon_attn_fwd (triton_attention.FWD_GLUON, experimental) against Triton's forward kernel and
-    the float64 reference: the attention form at t = 777 (a partial last key block) and 4096, with gradients (the
-    backward reads its output and normalizer), and the chunked form (its intra-chunk part, state in and out)."""
-    from longctx.kernels.power import triton_attention
-    from longctx.kernels.power.triton_attention import attention_form
-    for t in (777, 4096):
-        q, k, v, lg = make(2, t, 4, 2, d, torch.bfloat16, gated, seed=t)
-        ys = []
-        for on in (False, True):
-            monkeypatch.setattr(triton_attention, "FWD_GLUON", on)
-            ys.append(attention_form(q, k, v, lg, p=2, scale=d ** -0.5, norm=norm))
-        assert rel_err(ys[1], ys[0]) < 5e-3, t
-        leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
-        y = attention_form(*leaves[:3], leaves[3] if gated else None, p=2, scale=d ** -0.5, norm=norm)
-        assert_matches_float64_reference(y, leaves, p=2, norm=norm, gated=gated, dtype=torch.bfloat16)
-    q, k, v, lg = make(2, 4000, 4, 2, d, torch.bfloat16, gated, seed=5)
-    _, st = power_attention_reference(*make(2, 300, 4, 2, d, torch.float32, gated, seed=6), p=2, norm=norm,
-                                      chunk_size=128, return_state=True)
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(triton_attention, "FWD_GLUON", on)
-        y, st_out = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=1024, norm=norm,
-                                 initial_state=(st.s, st.z), return_state=True)
-        outs.append((y, st_out.s, st_out.z))
-    for name, a, b in zip(("y", "s", "z"), *outs):
-        assert rel_err(a, b) < 5e-3, name

@@ -29,9 +29,6 @@ def test_chunked_kernels_compile_for_sm90():
     built = compile_chunked(2, 64, "bf16") + compile_attention(2, 64, "bf16")
     for name, shared, _, _ in built:
         assert shared <= H100_SHARED, name
-    # the attention forward in Gluon (FWD_GLUON, experimental) builds with this machine's Gluon, without spilling
-    stack = {name: st for name, _, _, st in built}
-    assert stack.get("gluon_attn_fwd") in (None, 0), stack
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
@@ -62,7 +59,8 @@ def test_sym2_kernels_compile_for_sm90():
     # machine, and keep everything in registers
     from longctx.kernels.power.triton_sym2 import gluon_available
     assert gluon_available()        # what a CUDA launch on this Triton checks before taking the Gluon kernel
-    for name in ("gluon_outer_keys", "gluon_outer", "gluon_query_fwd_rows", "gluon_key_dv_rows"):
+    for name in ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan",
+                 "gluon_query_fwd_rows", "gluon_key_dv_rows"):
         assert out[name][1] in (None, 0), f"{name} spills {out[name][1]} bytes"
     # the query backward runs at 255 registers: no spill with Triton 3.6 (the device's), 104 bytes with 3.9
     assert out["gluon_query_bwd_rows"][1] in (None, 0) or out["gluon_query_bwd_rows"][1] <= 128, out

@@ -170,8 +170,6 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         k = _compile(fn, ptrs, ints, dict(base, **cfg), warps, stages, arch, reg)
         out.append((k.name, k.metadata.shared, *_usage(k)))
         PTX_OF[k.name] = k.asm["ptx"]
-    if dtype == "bf16" and d in (32, 64) and s2.gluon_available():
-        out += compile_gluon_attention(d, p=p, norm=norm, gated=gated, hq=hq, hk=hk, arch=arch)
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which
         # also sums the GQA group's query-side gate gradients)
         k = _compile(gates._segment_cumsum, {"X": "*fp32", "X2": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
@@ -179,20 +177,6 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
                           REP=hq // hk if reverse else 0), 4, 3, arch)
         out.append((k.name + ("_rev" if reverse else ""), k.metadata.shared, *_usage(k)))
     return out
-
-
-def compile_gluon_attention(d, *, p=2, norm=True, gated=True, hq=4, hk=2, arch=90, block=None):
-    """The attention-form forward in Gluon (gluon_attention.gluon_attn_fwd, triton_attention.FWD_GLUON) as it would
-    launch: [(name, shared, registers, stack)]."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from .gluon_attention import gluon_attn_fwd
-    bm, bn, warps, nbuf = block or ta.GLUON_FWD_BLOCK
-    k = _compile(gluon_attn_fwd, {n: "*bf16" for n in ("Q", "K", "V", "O")}, {"scale": "fp32", "scale_p": "fp32",
-                 "T": "i32"}, dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, BM=bm, BN=bn, NBUF=nbuf), warps, 1,
-                 arch, source=GluonASTSource)
-    PTX_OF["gluon_attn_fwd"] = k.asm["ptx"]
-    return [("gluon_attn_fwd", k.metadata.shared, *_usage(k))]
 
 
 def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, blocks=None):
@@ -291,13 +275,16 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
     out = []
     for keys in (True, False):
-        consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys, NORM=norm,
-                      NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk))
-        k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16"}, ints,
-                     consts, 4, 1, arch, source=GluonASTSource)
-        name = f"gluon_outer{'_keys' if keys else ''}"
-        out.append((name, k.metadata.shared, *_usage(k)))
-        PTX_OF[name] = k.asm["ptx"]
+        for scan in (False, True):      # per chunk, or with the cumulative sum over chunks (OUTER_SCAN, gated)
+            consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys,
+                          NORM=norm, NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
+                          SCAN=scan, GATED=scan)
+            k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16",
+                                       "SF": "*bf16"}, ints, consts, 4, 1, arch,
+                         maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)
+            name = f"gluon_outer{'_keys' if keys else ''}{'_scan' if scan else ''}"
+            out.append((name, k.metadata.shared, *_usage(k)))
+            PTX_OF[name] = k.asm["ptx"]
         bt, warps = s2.TRANSPOSE_BLOCK
         k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16", "W": "*bf16"}, ints,
                      dict(H=hk if keys else hq, D=d, BT=bt, HK=hk, C=chunk, SCALE=1 if keys else 2, GATED=True,

@@ -47,23 +47,52 @@ def operand_layout_3d(tw: int, tj: int, bk: int) -> gl.DistributedLinearLayout:
 
 
 @gluon.jit
-def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, T, HX: gl.constexpr, HK: gl.constexpr,
-                D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, NSTEP: gl.constexpr,
-                W_ROWS: gl.constexpr):
+def _group_rows(ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
+                KEYS: gl.constexpr, LAYOUT: gl.constexpr):
+    """The group's state rows (layout rows of the features (a, c): see triton_sym2._feature_rows) as [FG, D] offsets
+    in LAYOUT (the accumulator's), their mask and the keys' multiplicities (1 in tile ti, 2 after it; 1.0 for the
+    query side): they scale the finished sums (exact: the steps' products did not carry them)."""
+    offs_f = gl.arange(0, FG, layout=gl.SliceLayout(1, LAYOUT))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, LAYOUT))
+    c = offs_f % TJ
+    rows = ((l0 + c // TW) * (TW * TW) + (offs_f // TJ) * TW + c % TW)[:, None] * D + offs_d[None, :]
+    mult = gl.expand_dims(gl.where(tj + c // TW == ti, 1.0, 2.0), 1) if KEYS else 1.0
+    return rows, (tj * TW + c < D)[:, None], mult
+
+
+@gluon.jit
+def _group_zrows(ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
+                 KEYS: gl.constexpr, LAYOUT: gl.constexpr):
+    """_group_rows for the normalizer state (one value per feature; LAYOUT 1-D)."""
+    fz = gl.arange(0, FG, layout=LAYOUT)
+    cz = fz % TJ
+    mult = gl.where(tj + cz // TW == ti, 1.0, 2.0) if KEYS else 1.0
+    return (l0 + cz // TW) * (TW * TW) + (fz // TJ) * TW + cz % TW, tj * TW + cz < D, mult
+
+
+@gluon.jit
+def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_all, T, HX: gl.constexpr,
+                HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr,
+                NSTEP: gl.constexpr, W_ROWS: gl.constexpr, REV: gl.constexpr):
     """cp.async of step `step`'s factor rows x^T[8 ti:8 ti+8, rows], x^T[colj, rows], y[rows, :] (and with W_ROWS its
-    rows' normalizer weights) into ring slot step % NBUF (nothing past the last step), from the step-0 addresses plus
-    one scalar offset per tensor; one commit group per step either way, so the waits count steps."""
+    rows' normalizer weights) into ring slot step % NBUF (nothing past the last of nstep_all), from the first chunk's
+    step-0 addresses plus one scalar offset per tensor; one commit group per step either way, so the waits count
+    steps. Steps run through the GQA heads of a chunk (NSTEP per chunk), then the next chunk: the one after (REV
+    False) or before (REV: the reverse scan) it."""
     NSTEP_C: gl.constexpr = C // BK
-    if step < NSTEP:
+    if step < nstep_all:
         s = step % NBUF
-        rep = step // NSTEP_C
-        rr = (step % NSTEP_C) * BK
-        xo = rep.to(gl.int64) * (D * T) + rr                   # next GQA head: the copy's next (D, T) plane
+        ci = step // NSTEP
+        st = step % NSTEP
+        rep = st // NSTEP_C
+        rr = (st % NSTEP_C) * BK + (-ci if REV else ci) * C           # rows from the first chunk's start
+        xo = rep.to(gl.int64) * (D * T) + rr                  # next GQA head: the copy's next (D, T) plane
         _cp_async(xi_s.index(s), xi_p + xo)
         _cp_async(xj_s.index(s), xj_p + xo, mask=jmask)
-        _cp_async(y_s.index(s), y_p + (rep * D + rr * (HX * D)))
+        yo = rep.to(gl.int64) * D + rr.to(gl.int64) * (HX * D)
+        _cp_async(y_s.index(s), y_p + yo)
         if W_ROWS:
-            _cp_async(w_s.index(s), w_p + (rep * 8 + rr * (HX * 8)))
+            _cp_async(w_s.index(s), w_p + (rep.to(gl.int64) * 8 + rr.to(gl.int64) * (HX * 8)))
     async_copy.commit_group()
 
 
@@ -71,20 +100,30 @@ def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, T, HX: 
 def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
-                L3: gl.constexpr):
+                L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
+                GATED: gl.constexpr = False):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
     no per-row work here. L3: operand_layout_3d. The products are formed in bf16 (one rounding, as the fp32 product
     rounded for the matmul). The normalizer sums run on the tensor cores, phi^T times a [rows, 8] tile of row
     weights, with phi = hi + lo (lo = x_i x_j - hi, exact in bf16, one fma): for keys a constant tile (column 0 ones),
-    for the query side W (b, T, HX, 8) bf16 rows [hi, lo, 0, ...] of -Delta_i (written by the transposed copy)."""
+    for the query side W (b, T, HX, 8) bf16 rows [hi, lo, 0, ...] of -Delta_i (written by the transposed copy).
+
+    SCAN (grid (groups, 1, b*hk)): the chunks' sums and the gated cumulative sum over chunks in one pass (what
+    `triton_chunked._discumsum` does after the per-chunk kernel), the group's running state kept in the fp32
+    accumulators, decay_n = e^(G at chunk n's last row):
+      keys: slot 0 holds S_0; chunk by chunk, S_{n+1} = decay_n S_n + U_n is written to slot n + 1;
+      query side (reverse): slot NC holds dL/dS_NC; for n = NC-1..0, R_n = Q_n + decay_n R_{n+1} is written to
+      slot n, and with GATED DGT[b*hk, g, n] = decay_n (<S_n, R_{n+1}> + <z_n, Rz_{n+1}>) over the group's rows
+      (SF / ZF: the forward's states)."""
     TJ: gl.constexpr = TW * JG
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK
     NSTEP: gl.constexpr = REP * (C // BK)
     W_ROWS: gl.constexpr = (not KEYS) and NORM        # per-row normalizer weights through the ring
     NORMS: gl.constexpr = KEYS or NORM
+    REV: gl.constexpr = SCAN and not KEYS
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     MMAZ: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -104,14 +143,19 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                                                                                                  gl.bfloat16))
     w_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF if W_ROWS else 1, BK, 8], WS)
     g = gl.program_id(0)
-    n = gl.program_id(1)
     pid_bh = gl.program_id(2)
+    if SCAN:
+        n_first = (NC - 1) if REV else 0
+        nchunk = NC
+    else:
+        n_first = gl.program_id(1)
+        nchunk = 1
     i_b = (pid_bh // HK).to(gl.int64)
     i_hk = pid_bh % HK
     ti = gl.load(GRP + 3 * g)
     tj = gl.load(GRP + 3 * g + 1)
     l0 = gl.load(GRP + 3 * g + 2)
-    start = n * C
+    start = n_first * C
     # step-0 addresses (head i_hk * REP, rows start..start+BK); later steps add a scalar offset (_issue_step)
     xt = X + ((i_b * HX + i_hk * REP) * D) * T + start
     rx = gl.arange(0, BK, layout=gl.SliceLayout(0, CPX))
@@ -131,56 +175,87 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                                                                                              CPW))
         fence_async_shared()
 
+    MZ: gl.constexpr = gl.SliceLayout(1, MMAZ)
+    slot0 = pid_bh.to(gl.int64) * (NC + 1)
+
+    nstep_all = nchunk * NSTEP
     for p in gl.static_range(NBUF - 1):
-        _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, p, T, HX, HK, D, C, BK, NBUF, NSTEP, W_ROWS)
-    acc = gl.zeros([FG, D], gl.float32, MMA)
-    accz = gl.zeros([FG, 8], gl.float32, MMAZ)
+        _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, p, nstep_all, T, HX, HK, D, C, BK, NBUF,
+                    NSTEP, W_ROWS, REV)
+    if SCAN:     # the state entering the scan (slot 0, or slot NC in reverse), without the multiplicities
+        base = (slot0 + (NC if REV else 0)) * DS
+        rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+        acc = gl.load(OUT + base * D + rows, mask=fmask, other=0.0).to(gl.float32) / mult
+        # the normalizer state runs through the scan even without normalizer sums (NORMS False: the query side of
+        # norm=False, where dL/dz_NC still flows back to every chunk)
+        zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
+        z0 = gl.load(OUTZ + base + zrows, mask=zmask, other=0.0) / multz
+        col0 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMAZ)) == 0, 0)
+        accz = gl.where(col0, gl.expand_dims(z0, 1), gl.zeros([FG, 8], gl.float32, MMAZ))
+    else:
+        acc = gl.zeros([FG, D], gl.float32, MMA)
+        accz = gl.zeros([FG, 8], gl.float32, MMAZ)
     phi_prev = gl.zeros([FG, BK], gl.bfloat16, A_L)
     lo_prev = gl.zeros([FG, BK], gl.bfloat16, AZ_L)
-    for step in range(NSTEP):
-        s = step % NBUF
-        async_copy.wait_group(NBUF - 2)
-        _barrier()
-        xi3 = gl.expand_dims(xi_s.index(s).load(XI_L), 1)
-        xj3 = gl.expand_dims(xj_s.index(s).load(XJ_L), 0)
-        phi3 = xi3 * xj3                                                               # [TW, TJ, BK] bf16
-        phi = gl.convert_layout(gl.reshape(phi3, [FG, BK]), A_L, assert_trivial=True)
-        acc = warpgroup_mma(phi, y_s.index(s), acc, is_async=True)
-        if NORMS:
-            # the normalizer sums the exact products: phi = hi + lo with lo = x_i x_j - hi (exact in bf16, one fma)
-            # (the bf16 products alone lose ~2^-9 sqrt(rows) relatively where signs cancel: 9% at 1500 rows)
-            lo = gl.convert_layout(gl.reshape(gl.fma(xi3, xj3, -phi3), [FG, BK]), AZ_L, assert_trivial=True)
-            w_t = w_s.index(s if W_ROWS else 0)
-            accz = warpgroup_mma(gl.convert_layout(phi, AZ_L, assert_trivial=True), w_t, accz, is_async=True)
-            accz = warpgroup_mma(lo, w_t, accz, is_async=True)
-            # the previous step's matmuls are done: its slot takes step + NBUF - 1, its operand registers are free
-            acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=3, deps=(acc, accz, phi_prev, lo_prev))
-            lo_prev = lo
-        else:
-            acc, phi_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, phi_prev))
-        phi_prev = phi
-        _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step + NBUF - 1, T, HX, HK, D, C, BK, NBUF,
-                    NSTEP, W_ROWS)
-    acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
+    for ci in range(nchunk):
+        n = n_first + (-ci if REV else ci)
+        if SCAN and GATED:
+            decay = gl.exp(gl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
+            if REV:      # dgt_n = decay_n (<S_n, R_{n+1}> + <z_n, Rz_{n+1}>) over this group's rows
+                sb = (slot0 + n) * DS
+                rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+                s_n = gl.load(SF + sb * D + rows, mask=fmask, other=0.0).to(gl.float32)
+                zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
+                z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
+                part = gl.sum(gl.sum(s_n * acc, axis=1), axis=0) + gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
+                gl.store(DGT + (pid_bh.to(gl.int64) * gl.num_programs(0) + g) * NC + n, decay * part)
+            acc = acc * decay
+            accz = accz * decay
+        for st in range(NSTEP):
+            step = ci * NSTEP + st
+            s = step % NBUF
+            async_copy.wait_group(NBUF - 2)
+            _barrier()
+            xi3 = gl.expand_dims(xi_s.index(s).load(XI_L), 1)
+            xj3 = gl.expand_dims(xj_s.index(s).load(XJ_L), 0)
+            phi3 = xi3 * xj3                                                               # [TW, TJ, BK] bf16
+            phi = gl.convert_layout(gl.reshape(phi3, [FG, BK]), A_L, assert_trivial=True)
+            acc = warpgroup_mma(phi, y_s.index(s), acc, is_async=True)
+            if NORMS:
+                # the normalizer sums the exact products: phi = hi + lo with lo = x_i x_j - hi (exact in bf16, one
+                # fma) (the bf16 products alone lose ~2^-9 sqrt(rows) relatively where signs cancel: 9% at 1500 rows)
+                lo = gl.convert_layout(gl.reshape(gl.fma(xi3, xj3, -phi3), [FG, BK]), AZ_L, assert_trivial=True)
+                w_t = w_s.index(s if W_ROWS else 0)
+                accz = warpgroup_mma(gl.convert_layout(phi, AZ_L, assert_trivial=True), w_t, accz, is_async=True)
+                accz = warpgroup_mma(lo, w_t, accz, is_async=True)
+                # the previous step's matmuls are done: its slot takes step + NBUF - 1, its operand registers are free
+                acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=3,
+                                                                  deps=(acc, accz, phi_prev, lo_prev))
+                lo_prev = lo
+            else:
+                acc, phi_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, phi_prev))
+            phi_prev = phi
+            _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step + NBUF - 1, nstep_all, T, HX, HK, D,
+                        C, BK, NBUF, NSTEP, W_ROWS, REV)
+        acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
+        if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk)
+            base = (slot0 + n + SLOT) * DS
+            rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+            gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
+            zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
+            gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * multz, mask=zmask)
     async_copy.wait_group(0)
-    # every warp past its last matmul before the epilogue's layout conversion, whose scratch reuses the ring's memory
-    _barrier()
-
-    # the group's state rows (layout rows of the features (a, c): see triton_sym2._feature_rows); KEYS: the
-    # multiplicities (1 in tile ti, 2 after it) scale the finished sums (exact: the steps' products did not carry them)
-    base = (pid_bh.to(gl.int64) * (NC + 1) + n + SLOT) * DS
-    offs_f = gl.arange(0, FG, layout=gl.SliceLayout(1, MMA))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, MMA))
-    c = offs_f % TJ
-    lrow = (l0 + c // TW) * (TW * TW) + (offs_f // TJ) * TW + c % TW
-    if KEYS:
-        acc = acc * gl.expand_dims(gl.where(tj + c // TW == ti, 1.0, 2.0), 1)
-    gl.store(OUT + (base + lrow)[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty),
-             mask=(tj * TW + c < D)[:, None])
-    ZL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    z = gl.convert_layout(gl.sum(accz, axis=1), ZL)             # the weights' columns: [w] or [hi, lo], the rest 0
-    fz = gl.arange(0, FG, layout=ZL)
-    cz = fz % TJ
-    if KEYS:
-        z = z * gl.where(tj + cz // TW == ti, 1.0, 2.0)
-    gl.store(OUTZ + base + (l0 + cz // TW) * (TW * TW) + (fz // TJ) * TW + cz % TW, z, mask=tj * TW + cz < D)
+    if not SCAN:
+        # every warp past its last matmul before the epilogue's layout conversion, whose scratch reuses the ring's
+        # memory
+        _barrier()
+        base = (slot0 + n_first + SLOT) * DS
+        rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+        gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
+        ZB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        z = gl.convert_layout(gl.sum(accz, axis=1), ZB)         # the weights' columns: [w] or [hi, lo], the rest 0
+        fzb = gl.arange(0, FG, layout=ZB)
+        czb = fzb % TJ
+        if KEYS:
+            z = z * gl.where(tj + czb // TW == ti, 1.0, 2.0)
+        gl.store(OUTZ + base + (l0 + czb // TW) * (TW * TW) + (fzb // TJ) * TW + czb % TW, z, mask=tj * TW + czb < D)

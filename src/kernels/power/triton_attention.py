@@ -461,10 +461,6 @@ def _dot_dtype(dtype, norm, backward):
 
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
-FWD_GLUON = False   # the bf16 fast-path forward as gluon_attention.gluon_attn_fwd (pipelined scores / weights x
-#                     values; both forms). Correct (GPU test) but slower, so off: H100 (session 16), intra-chunk
-#                     forward at 64k 3.54 -> 5.75 ms; attention form fwd 4k 0.82 -> 1.21 ms, 16k 4.46 -> 5.06
-GLUON_FWD_BLOCK = (128, 64, 8, 6)   # its (BM, BN, warps, ring slots)
 GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k); equal speed
                             # on the H200 (scripts/gpu/ab_gate_scores.py, session 6), kept as an A/B switch
 FAST_BACKWARD = True
@@ -540,17 +536,9 @@ def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):
 
 
 def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, gated, cfg):
-    """The forward kernel on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the chunked form's
-    chunks as batch entries): gluon_attention.gluon_attn_fwd where it applies (FWD_GLUON, bf16 fast path with the
-    gate on the scores, d = 32 / 64, a Triton with its Gluon), else _attn_fwd with cfg (_launch_cfg)."""
-    from .triton_sym2 import gluon_available
-    if (FWD_GLUON and q.is_cuda and q.dtype == torch.bfloat16 and cfg["FAST"] and GATE_SCORES and d in (32, 64)
-            and gluon_available()):
-        from .gluon_attention import gluon_attn_fwd
-        bm, bn, warps, nbuf = GLUON_FWD_BLOCK
-        gluon_attn_fwd[(-(-t // bm), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm,
-                                          GATED=gated, BM=bm, BN=bn, NBUF=nbuf, num_warps=warps)
-        return
+    """_attn_fwd with cfg (_launch_cfg) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
+    chunked form's chunks as batch entries). (A Gluon version with FA3-style pipelining, branch exp/gluon-attn-fwd,
+    was correct but slower on the H100: 64k intra-chunk 3.54 -> 5.75 ms, session 16.)"""
     _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm,
                                          GATED=gated, GATE_SCORES=GATE_SCORES, **cfg)
 

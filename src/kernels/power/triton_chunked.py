@@ -555,21 +555,22 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     parallel = PARALLEL_STATE or low       # the serial kernels keep fp32 states
     if parallel:
         # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
-        if fast:
-            sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm, gated,
-                              sdt, sprec)
-        else:
-            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
-            _update_state_fwd[(NC * L, d // pBD, b * hk)](
-                k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows,
-                BD=pBD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
         if has_s0:
             S[:, :, 0] = s0
             Z[:, :, 0] = z0
         else:
             S[:, :, 0].zero_()
             Z[:, :, 0].zero_()
-        for X, M in ((S, DS * d), (Z, DS)):
+        scanned = False
+        if fast:
+            scanned = sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm,
+                                        gated, sdt, sprec, scan={})
+        else:
+            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
+            _update_state_fwd[(NC * L, d // pBD, b * hk)](
+                k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows,
+                BD=pBD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
+        for X, M in ((S, DS * d), (Z, DS)) if not scanned else ():
             _discumsum[(triton.cdiv(M, DISCUMSUM_BLOCK), b * hk)](
                 X, G, dummy, dummy, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=False,
                 num_warps=4)
@@ -692,25 +693,30 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         dq = dq.to(q.dtype)                 # dq is complete: release its fp32 buffer before dR exists
         dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
+        dR[:, :, NC] = dsf
+        dRz[:, :, NC] = dzf
+        scan = dict(SF=S, ZF=Z)
+        scanned = False
         if fast:
-            sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C, False, norm, gated,
-                              sdt, sprec)
+            scanned = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C, False, norm,
+                                        gated, sdt, sprec, scan=scan)
         else:
             prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
             _query_grad_state[(NC * L, d // pBD, b * hk)](
                 q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD,
                 NORM=norm, **dict(sizes, num_warps=pwarps, num_stages=pstages))
-        dR[:, :, NC] = dsf
-        dRz[:, :, NC] = dzf
         dgts = []
-        for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)):
+        for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)) if not scanned else ():
             nblk = triton.cdiv(M, DISCUMSUM_BLOCK)
             dgt_ = torch.empty(b * hk, nblk, NC, **f32) if gated else dummy
             _discumsum[(nblk, b * hk)](
                 X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=True,
                 num_warps=4)
             dgts.append(dgt_)
-        dgt = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
+        if scanned:
+            dgt = scan["dgt"] if gated else dummy
+        else:
+            dgt = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
         ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
         dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
     else:

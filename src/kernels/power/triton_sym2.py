@@ -709,6 +709,11 @@ GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per grou
 #                               float64 as Triton's do (session 15: keys 2.3e-3 per chunk), but some groups' normalizer
 #                               sums differ (e.g. 32 of one group's 64 rows) and chunked-p2-norm-d128-bfloat16-nogate
 #                               fails on dk (3.9e-2); a barrier before the epilogue and valid swizzle phases did not fix it
+OUTER_SCAN = True   # the Gluon outer products also do the gated cumulative sum over chunks (gluon_outer's SCAN: one
+#                     program per group walks the chunks with the running state in its accumulators), so the states
+#                     are written once and triton_chunked._discumsum (3.3 ms of a 64k fwd+bwd, H100) does not run
+GLUON_OUTER_SCAN_REGS = 168   # register cap of its scanning launches (0: none). The query side's scan (the dgt
+#                               reductions) builds at 202 registers uncapped, 2 programs per SM; 168 without spill: 3
 GLUON_OUTER_ROWS = {128: 16}  # rows per step where they differ from BLOCKS' "outer" (d=128: see above)
 QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in
 #                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
@@ -796,9 +801,13 @@ def _transposed(X, T, hx, d, **scale):
 
 
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
-                 dot_dt, prec):
+                 dot_dt, prec, scan=None):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
-    states (keys) or the query-side state gradients."""
+    states (keys) or the query-side state gradients. scan (a dict, or None): where the Gluon kernel applies and
+    OUTER_SCAN is on, the gated cumulative sum over chunks is done in the same pass (gluon_outer's SCAN: slot 0 /
+    slot NC must hold the state entering the scan; scan["SF"], scan["ZF"]: the forward's states for the query side's
+    dgt) and scan["dgt"] receives the (b, hk, NC) gate gradient (gated query side); returns whether it scanned (else
+    the caller runs triton_chunked._discumsum)."""
     jg, bk, _, _ = blocks("outer", d)
     grp = groups(d, jg, X.device)
     if gluon_outer_applies(X, d, C):
@@ -808,15 +817,26 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
         W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
         XT = _transposed(X, T, hx, d, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
                          SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W)
-        gluon_outer[(grp.shape[0], NC, X.shape[0] * hk)](
+        scanning = scan is not None and OUTER_SCAN
+        extra = {}
+        if scanning:
+            dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32) \
+                if gated and not keys else OUTZ
+            extra = dict(G=G, SF=scan.get("SF", OUT), ZF=scan.get("ZF", OUTZ), DGT=dgt, SCAN=True, GATED=gated)
+            if GLUON_OUTER_SCAN_REGS:
+                extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
+        gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
-            NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4)
-        return
+            NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4, **extra)
+        if scanning and gated and not keys:
+            scan["dgt"] = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
+        return scanning
     if OUTER_XT:
         X = _transposed(X, T, hx, d)
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
         X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
         KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, XT_IN=OUTER_XT, **launch_options("outer", d))
+    return False
 
 
 def applies(p: int, d: int, dtype) -> bool:
