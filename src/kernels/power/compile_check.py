@@ -271,7 +271,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .gluon_sym2 import gluon_outer, operand_layout_3d
-    jg, bk = s2.blocks("outer", d)[0], s2.gluon_outer_rows(d)
+    jg, bk = s2.gluon_outer_block(d)
     ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
     out = []
     for keys in (True, False):

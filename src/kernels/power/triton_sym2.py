@@ -714,7 +714,11 @@ OUTER_SCAN = True   # the Gluon outer products also do the gated cumulative sum 
 #                     are written once and triton_chunked._discumsum (3.3 ms of a 64k fwd+bwd, H100) does not run
 GLUON_OUTER_SCAN_REGS = 168   # register cap of its scanning launches (0: none). The query side's scan (the dgt
 #                               reductions) builds at 202 registers uncapped, 2 programs per SM; 168 without spill: 3
-GLUON_OUTER_ROWS = {128: 16}  # rows per step where they differ from BLOCKS' "outer" (d=128: see above)
+GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ from BLOCKS' "outer" (d=128: see
+#   GLUON_OUTER_DIMS). d=64 keeps (2, 32): H100 64k with OUTER_SCAN (tune_sym2.py --sweep outer, one process, session
+#   16): (1, 64) 12.08 ms, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16) 15.35, (4, 32) 42.8; but with (1, 64)
+#   Triton 3.6 crashed compiling a chunk-128 GQA launch (test mode scan-bf16, ConvertTritonGPUToLLVM) and the returned
+#   normalizer's error against float64 grew (1.8e-3 -> 4.0e-3), so it stays off until that is understood
 QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in
 #                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
 #                    sm_90, d=64: 124 / 83 SASS instructions a slice (full / half window) against Triton's 158 / 102;
@@ -772,15 +776,15 @@ _GLUON_OK = None
 
 def gluon_outer_applies(X, d: int, C: int) -> bool:
     """Whether the outer product runs as gluon_sym2.gluon_outer: OUTER_GLUON, bf16 on CUDA, its rows per step
-    (gluon_outer_rows) a multiple of 16 dividing the chunk, a Triton with its Gluon."""
-    bk = gluon_outer_rows(d)
+    (gluon_outer_block) a multiple of 16 dividing the chunk, a Triton with its Gluon."""
+    bk = gluon_outer_block(d)[1]
     return (OUTER_GLUON and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
             and d in GLUON_OUTER_DIMS and gluon_available())
 
 
-def gluon_outer_rows(d: int) -> int:
-    """Rows per step of the Gluon outer product for head dim d (GLUON_OUTER_ROWS, else BLOCKS' "outer")."""
-    return GLUON_OUTER_ROWS.get(d, blocks("outer", d)[1])
+def gluon_outer_block(d: int) -> tuple[int, int]:
+    """(JG, rows per step) of the Gluon outer product for head dim d (GLUON_OUTER_BLOCK, else BLOCKS' "outer")."""
+    return GLUON_OUTER_BLOCK.get(d, blocks("outer", d)[:2])
 
 
 def gluon_rows_applies(kernel: str, q, d: int) -> bool:
@@ -809,9 +813,9 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
     dgt) and scan["dgt"] receives the (b, hk, NC) gate gradient (gated query side); returns whether it scanned (else
     the caller runs triton_chunked._discumsum)."""
     jg, bk, _, _ = blocks("outer", d)
-    grp = groups(d, jg, X.device)
     if gluon_outer_applies(X, d, C):
-        bk = gluon_outer_rows(d)
+        jg, bk = gluon_outer_block(d)
+        grp = groups(d, jg, X.device)
         from .gluon_sym2 import gluon_outer, operand_layout_3d
         # the query side's normalizer weights, [hi, lo] of -Delta per row (written by the copy)
         W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
@@ -831,6 +835,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
         if scanning and gated and not keys:
             scan["dgt"] = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
         return scanning
+    grp = groups(d, jg, X.device)
     if OUTER_XT:
         X = _transposed(X, T, hx, d)
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
