@@ -102,6 +102,18 @@ LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "_sym2
           "_row_dot": ("Delta = dy . y (before session 15)", "other")}
 
 
+def torch_label(name: str) -> str:
+    """A short label for a torch kernel of the profile (the benchmark harness accumulates .grad: that add is
+    not ours)."""
+    if "CUDAFunctor_add<c10::BFloat16>" in name:
+        return "torch add bf16: .grad accumulation (harness)"
+    if "CUDAFunctor_add<float>" in name:
+        return "torch add fp32"
+    if "FillFunctor" in name:
+        return "torch fill (ones_like, zero_)"
+    return name[:40]
+
+
 def plot_profile(profile: dict, path: str, title: str):
     """Horizontal bars of one fwd+bwd's CUDA ms per kernel (tune_sym2.json's profile_best), colored by family."""
     import matplotlib
@@ -110,8 +122,7 @@ def plot_profile(profile: dict, path: str, title: str):
     colors = {"state": "tab:blue", "attention": "tab:orange", "other": "tab:gray"}
     rows = []
     for name, ms in profile.items():
-        label, family = LABELS.get(name, ("torch elementwise (harness's grad accumulation)" if "elementwise" in name
-                                          else name[:40], "other"))
+        label, family = LABELS.get(name, (torch_label(name), "other"))
         rows.append((ms, label, family))
     rows.sort()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
