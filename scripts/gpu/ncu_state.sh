@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# ncu over one p=2 chunked fwd+bwd (b=8, h=12, d=64, bf16, gated, chunk 1024; t = $1, default 16384): speed of light,
+# occupancy, warp stall reasons and launch stats of the state and intra-chunk kernels, as CSV under $OUT.
+#   source scripts/gpu/setup_device.sh; bash scripts/gpu/ncu_state.sh 16384
+T=${1:-16384}
+OUT=${OUT:-runs/ncu}
+mkdir -p "$OUT"
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
+cat > /tmp/ncu_one_call.py <<PY
+import sys
+sys.path.insert(0, "scripts")
+import torch
+from bench_attention import inputs
+from longctx.kernels.power.triton_chunked import chunked_form
+xs, lg = inputs(8, $T, 12, 64, True)
+y = chunked_form(*xs, lg, p=2, scale=0.125, chunk_size=1024, norm=True)
+y.backward(torch.ones_like(y))
+torch.cuda.synchronize()
+PY
+"$NCU" --kernel-name regex:"gluon_|_attn_|_transpose" --section SpeedOfLight --section Occupancy \
+  --section WarpStateStats --section LaunchStats --section ComputeWorkloadAnalysis --csv \
+  python3 /tmp/ncu_one_call.py > "$OUT/ncu_${T}.csv" 2> "$OUT/ncu_${T}.err"
+echo "ncu rc=$? rows=$(wc -l < "$OUT/ncu_${T}.csv")"
+python3 - "$OUT/ncu_${T}.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no ncu rows")
+head, body = rows[0], rows[1:]
+ix = {k: i for i, k in enumerate(head)}
+want = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "L1/TEX Cache Throughput",
+        "Achieved Active Warps Per SM", "Registers Per Thread", "Warp Cycles Per Issued Instruction",
+        "Issue Slots Busy", "Executed Ipc Active")
+per = collections.defaultdict(dict)
+for r in body:
+    name = r[ix["Kernel Name"]][:28]
+    metric = r[ix["Metric Name"]]
+    if metric in want:
+        per[name][metric] = r[ix["Metric Value"]] + " " + r[ix["Metric Unit"]]
+for name, m in per.items():
+    print(name, " | ".join(f"{k}: {m.get(k, '?')}" for k in want))
+PY
+grep -E "Stall|stall" "$OUT/ncu_${T}.csv" | head -0
