@@ -586,7 +586,8 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
         bm, warps, nbuf = sym2.GLUON_QFWD_BLOCK
         gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf, num_warps=warps)
+            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf, num_warps=warps,
+            **sym2.gluon_rows_regs("qfwd"))
     elif fast and sym2.row_scaled("qfwd", d):
         _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -666,7 +667,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
             KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast,
-            num_warps=warps)
+            num_warps=warps, **sym2.gluon_rows_regs("qbwd"))
     elif fast and sym2.row_scaled("qbwd", d):
         _, bm, _, _ = sym2.blocks("qbwd_rows", d)
         sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -738,7 +739,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             bk, warps, nbuf = sym2.GLUON_KDK_BLOCK
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
-                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, num_warps=warps)
+                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, num_warps=warps, **sym2.gluon_rows_regs("kdk"))
         elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)
             sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
@@ -758,7 +759,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             bk, warps, nbuf = sym2.GLUON_KDV_BLOCK
             gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                NBUF=nbuf, num_warps=warps)
+                NBUF=nbuf, num_warps=warps, **sym2.gluon_rows_regs("kdv"))
         elif dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](

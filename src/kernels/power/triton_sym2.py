@@ -739,6 +739,13 @@ KDK_GLUON = True    # the key backward's dk as gluon_rows.gluon_key_dk_rows (the
 #                     side's multiplicities; session 16). H100, 64k: Triton's grouped _sym2_key_bwd 10.48 ms -> 9.88.
 #                     Triton 3.6, d=64: 255 registers, 80 bytes spilled (the per-tile multiplicities); d=32 139
 GLUON_KDK_BLOCK = (64, 4, 4)    # its (rows per program, warps, cp.async ring slots)
+# register caps of the Gluon row kernels (0: none). Uncapped at d=64 (Triton 3.6): query forward 168, query backward
+# 255, key dv 148, key dk 255 (+80 bytes spilled): 2-3 programs of 4 warps per SM, issuing on 27-42% of the cycles
+# (ncu, session 16). More programs per SM pay despite the spills (H100 64k, one process per cap, same machine):
+GLUON_QFWD_REGS = 128   # 6.38 -> 6.22 ms (4 programs / SM, 184 bytes spilled; 152: 6.47)
+GLUON_QBWD_REGS = 168   # 9.64 -> 9.36 ms (3 programs / SM, 176 bytes spilled)
+GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
+GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
@@ -785,6 +792,12 @@ def gluon_outer_applies(X, d: int, C: int) -> bool:
 def gluon_outer_block(d: int) -> tuple[int, int]:
     """(JG, rows per step) of the Gluon outer product for head dim d (GLUON_OUTER_BLOCK, else BLOCKS' "outer")."""
     return GLUON_OUTER_BLOCK.get(d, blocks("outer", d)[:2])
+
+
+def gluon_rows_regs(kernel: str) -> dict:
+    """Launch options of the Gluon row kernel `kernel` ("qfwd", "qbwd", "kdv", "kdk"): its register cap, if any."""
+    cap = {"qfwd": GLUON_QFWD_REGS, "qbwd": GLUON_QBWD_REGS, "kdv": GLUON_KDV_REGS, "kdk": GLUON_KDK_REGS}[kernel]
+    return {"maxnreg": cap} if cap else {}
 
 
 def gluon_rows_applies(kernel: str, q, d: int) -> bool:
