@@ -59,11 +59,18 @@ def test_sym2_kernels_compile_for_sm90():
     # machine, and keep everything in registers
     from longctx.kernels.power.triton_sym2 import gluon_available
     assert gluon_available()        # what a CUDA launch on this Triton checks before taking the Gluon kernel
-    for name in ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan",
-                 "gluon_query_fwd_rows", "gluon_key_dv_rows"):
+    for name in ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan"):
         assert out[name][1] in (None, 0), f"{name} spills {out[name][1]} bytes"
-    # the query backward runs at 255 registers: no spill with Triton 3.6 (the device's), 104 bytes with 3.9
-    assert out["gluon_query_bwd_rows"][1] in (None, 0) or out["gluon_query_bwd_rows"][1] <= 128, out
+    # the row kernels run under register caps (GLUON_*_REGS: 3-4 programs per SM pay despite a few spilled rows,
+    # session 16; Triton 3.6 spills 184 / 176 / 72 bytes in the query forward / query backward / key dv, 3.9 136 /
+    # 424 / 96): the caps reach the build, and what they push to the stack stays a few rows, not the accumulators
+    from longctx.kernels.power import triton_sym2 as s2
+    regs = {name: r for name, _, r, _ in built}
+    for name, kind in (("gluon_query_fwd_rows", "qfwd"), ("gluon_query_bwd_rows", "qbwd"),
+                       ("gluon_key_dv_rows", "kdv")):
+        cap = s2.gluon_rows_regs(kind).get("maxnreg", 255)
+        assert regs[name] is None or regs[name] <= cap, (name, regs[name], cap)
+        assert out[name][1] in (None, 0) or out[name][1] <= 512, f"{name} spills {out[name][1]} bytes"
     # the Gluon query forward and key dv keep one accumulating matmul in flight and drain the pipe once per first
     # tile: a loop-carried in-flight accumulator made ptxas serialize every matmul (C7515, session 15: a full wait
     # per HGMMA)

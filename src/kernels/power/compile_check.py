@@ -228,8 +228,8 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
 
 def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     """The row-scaled kernels in Gluon (gluon_rows.gluon_query_fwd_rows / gluon_query_bwd_rows / gluon_key_dv_rows /
-    gluon_key_dk_rows, QFWD_GLUON / QBWD_GLUON / KDV_GLUON / KDK_GLUON) as they would launch: [(name, shared,
-    registers, stack)]."""
+    gluon_key_dk_rows, QFWD_GLUON / QBWD_GLUON / KDV_GLUON / KDK_GLUON) as they would launch, register caps
+    (GLUON_*_REGS) included: [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .gluon_rows import gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
@@ -237,12 +237,14 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     consts = dict(HQ=hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), NORM=norm, GATED=True,
                   HAS_S0=False)
     out = []
-    for fn, block, ptrs, extra in (
-            (gluon_query_fwd_rows, s2.GLUON_QFWD_BLOCK, {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16"}, {}),
+    for fn, block, ptrs, extra, kind in (
+            (gluon_query_fwd_rows, s2.GLUON_QFWD_BLOCK, {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16"}, {},
+             "qfwd"),
             (gluon_query_bwd_rows, s2.GLUON_QBWD_BLOCK, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"},
-             {"CAST": True})):
+             {"CAST": True}, "qbwd")):
         bm, warps, nbuf = block
-        k = _compile(fn, ptrs, ints, dict(consts, BM=bm, NBUF=nbuf, **extra), warps, 1, arch, source=GluonASTSource)
+        k = _compile(fn, ptrs, ints, dict(consts, BM=bm, NBUF=nbuf, **extra), warps, 1, arch,
+                     s2.gluon_rows_regs(kind).get("maxnreg"), source=GluonASTSource)
         name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
         PTX_OF[name] = k.asm["ptx"]
         SASS_OF[name] = _cuobjdump(k, "-sass")
@@ -251,7 +253,7 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     k = _compile(gluon_key_dv_rows, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
                  {n: "i32" for n in ("T", "NC", "DS", "NU")},
                  dict(HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), BK=bk, GATED=True, NBUF=nbuf), warps,
-                 1, arch, source=GluonASTSource)
+                 1, arch, s2.gluon_rows_regs("kdv").get("maxnreg"), source=GluonASTSource)
     PTX_OF["gluon_key_dv_rows"] = k.asm["ptx"]
     SASS_OF["gluon_key_dv_rows"] = _cuobjdump(k, "-sass")
     out.append(("gluon_key_dv_rows", k.metadata.shared, *_usage(k)))
@@ -259,7 +261,7 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     k = _compile(gluon_key_dk_rows, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
                  {n: "i32" for n in ("T", "NC", "DS", "NU")},
                  dict(HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), BK=bk, GATED=True, NBUF=nbuf,
-                      CAST=True), warps, 1, arch, source=GluonASTSource)
+                      CAST=True), warps, 1, arch, s2.gluon_rows_regs("kdk").get("maxnreg"), source=GluonASTSource)
     PTX_OF["gluon_key_dk_rows"] = k.asm["ptx"]
     SASS_OF["gluon_key_dk_rows"] = _cuobjdump(k, "-sass")
     return out + [("gluon_key_dk_rows", k.metadata.shared, *_usage(k))]
