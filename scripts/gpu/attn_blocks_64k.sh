@@ -10,5 +10,5 @@ for cfg in default 64,64,4,3,168 64,64,4,2,168 64,64,4,2,128 32,64,4,3 32,64,4,2
   [ "$cfg" = default ] || extra=(--attn-blocks "dkdv=$cfg")
   echo "== dkdv $cfg"
   timeout 120 python3 scripts/tune_sym2.py --out "$OUT/dkdv_${cfg//,/_}" --no-check --sweep qbwd_rows \
-    --configs 1,64,4,1,168 "${extra[@]}" 2>&1 | grep -E "^PROFILE|^TIME|Error" | sed 's/|.*_attn_bwd_dkdv/| ... _attn_bwd_dkdv/'
+    --configs 1,64,4,1,168 "${extra[@]}" 2>&1 | grep -E "^PROFILE|^TIME|Error"
 done
