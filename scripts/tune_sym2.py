@@ -114,6 +114,11 @@ def torch_label(name: str) -> str:
     return name[:40]
 
 
+def label_of(name: str) -> tuple[str, str]:
+    """(label, family) of a profiled kernel for the plot: LABELS, else torch_label's and "other"."""
+    return LABELS.get(name, (torch_label(name), "other"))
+
+
 def plot_profile(profile: dict, path: str, title: str):
     """Horizontal bars of one fwd+bwd's CUDA ms per kernel (tune_sym2.json's profile_best), colored by family."""
     import matplotlib
@@ -122,8 +127,7 @@ def plot_profile(profile: dict, path: str, title: str):
     colors = {"state": "tab:blue", "attention": "tab:orange", "other": "tab:gray"}
     rows = []
     for name, ms in profile.items():
-        label, family = LABELS.get(name, (torch_label(name), "other"))
-        rows.append((ms, label, family))
+        rows.append((ms, *label_of(name)))
     rows.sort()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
     ax.barh([r[1] for r in rows], [r[0] for r in rows], color=[colors[r[2]] for r in rows])

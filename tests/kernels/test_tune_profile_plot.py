@@ -24,6 +24,6 @@ def test_replot_draws_every_kernel_of_a_saved_profile(tmp_path):
     finally:
         sys.path.remove(str(REPO / "scripts"))
     profile = json.loads(SAVED.read_text())["profile_best"]
-    labels = [tune_sym2.LABELS[k][0] if k in tune_sym2.LABELS else tune_sym2.torch_label(k) for k in profile]
+    labels = [tune_sym2.label_of(k)[0] for k in profile]
     assert len(set(labels)) == len(labels) == len(profile), labels
     assert all(len(label) < 50 and not label.startswith("void") for label in labels), labels

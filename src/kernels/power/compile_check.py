@@ -233,38 +233,29 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .gluon_rows import gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
-    ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
-    consts = dict(HQ=hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), NORM=norm, GATED=True,
-                  HAS_S0=False)
+    query_ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
+    key_ints = {n: "i32" for n in ("T", "NC", "DS", "NU")}
+    shape = dict(D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), GATED=True)
+    queries = dict(shape, HQ=hq, HK=hk, NORM=norm, HAS_S0=False)
     out = []
-    for fn, block, ptrs, extra, kind in (
-            (gluon_query_fwd_rows, s2.GLUON_QFWD_BLOCK, {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16"}, {},
-             "qfwd"),
-            (gluon_query_bwd_rows, s2.GLUON_QBWD_BLOCK, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"},
-             {"CAST": True}, "qbwd")):
-        bm, warps, nbuf = block
-        k = _compile(fn, ptrs, ints, dict(consts, BM=bm, NBUF=nbuf, **extra), warps, 1, arch,
-                     s2.gluon_rows_regs(kind).get("maxnreg"), source=GluonASTSource)
-        name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+    for fn, kind, block, ptrs, ints, consts in (
+            (gluon_query_fwd_rows, "qfwd", s2.GLUON_QFWD_BLOCK,
+             {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16"}, query_ints, queries),
+            (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
+             {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"}, query_ints, dict(queries, CAST=True)),
+            (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"}, key_ints,
+             dict(shape, HK=hk)),
+            (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
+             key_ints, dict(shape, HK=hk, CAST=True))):
+        rows, warps, nbuf = block
+        consts = dict(consts, NBUF=nbuf, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
+        k = _compile(fn, ptrs, ints, consts, warps, 1, arch, s2.gluon_rows_regs(kind).get("maxnreg"),
+                     source=GluonASTSource)
+        name = fn.fn.__name__
         PTX_OF[name] = k.asm["ptx"]
         SASS_OF[name] = _cuobjdump(k, "-sass")
         out.append((name, k.metadata.shared, *_usage(k)))
-    bk, warps, nbuf = s2.GLUON_KDV_BLOCK
-    k = _compile(gluon_key_dv_rows, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
-                 {n: "i32" for n in ("T", "NC", "DS", "NU")},
-                 dict(HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), BK=bk, GATED=True, NBUF=nbuf), warps,
-                 1, arch, s2.gluon_rows_regs("kdv").get("maxnreg"), source=GluonASTSource)
-    PTX_OF["gluon_key_dv_rows"] = k.asm["ptx"]
-    SASS_OF["gluon_key_dv_rows"] = _cuobjdump(k, "-sass")
-    out.append(("gluon_key_dv_rows", k.metadata.shared, *_usage(k)))
-    bk, warps, nbuf = s2.GLUON_KDK_BLOCK
-    k = _compile(gluon_key_dk_rows, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
-                 {n: "i32" for n in ("T", "NC", "DS", "NU")},
-                 dict(HK=hk, D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), BK=bk, GATED=True, NBUF=nbuf,
-                      CAST=True), warps, 1, arch, s2.gluon_rows_regs("kdk").get("maxnreg"), source=GluonASTSource)
-    PTX_OF["gluon_key_dk_rows"] = k.asm["ptx"]
-    SASS_OF["gluon_key_dk_rows"] = _cuobjdump(k, "-sass")
-    return out + [("gluon_key_dk_rows", k.metadata.shared, *_usage(k))]
+    return out
 
 
 def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):

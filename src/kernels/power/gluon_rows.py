@@ -282,8 +282,6 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, r
         gl.store(DG + row, dg_all * rg, mask=mask)
 
 
-
-
 @gluon.jit
 def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
@@ -391,7 +389,6 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC + 1, DS, HQ, HK, D, C, BM, HAS_S0,
                                                         GATED, BLK)
     num = _rows_forward(Q, S, s_base, row, m2, q, on, D, TW, KW2, BM, NBUF, False)
-
     num = num * gl.expand_dims(r, 1)
     yi = gl.load(OI + off, mask=m2, other=0.0).to(gl.float32)
     if NORM:     # den = q Zm q^T (three bf16 split matmuls, ~2^-16), stabilized as _combine_store

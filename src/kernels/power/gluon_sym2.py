@@ -238,7 +238,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
             _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step + NBUF - 1, nstep_all, T, HX, HK, D,
                         C, BK, NBUF, NSTEP, W_ROWS, REV)
         acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
-        if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk)
+        if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
+            # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers
             base = (slot0 + n + SLOT) * DS
             rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
             gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
@@ -254,8 +255,5 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
         ZB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         z = gl.convert_layout(gl.sum(accz, axis=1), ZB)         # the weights' columns: [w] or [hi, lo], the rest 0
-        fzb = gl.arange(0, FG, layout=ZB)
-        czb = fzb % TJ
-        if KEYS:
-            z = z * gl.where(tj + czb // TW == ti, 1.0, 2.0)
-        gl.store(OUTZ + base + (l0 + czb // TW) * (TW * TW) + (fzb // TJ) * TW + czb % TW, z, mask=tj * TW + czb < D)
+        zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, ZB)
+        gl.store(OUTZ + base + zrows, z * multz, mask=zmask)

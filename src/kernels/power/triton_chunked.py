@@ -563,8 +563,8 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
             Z[:, :, 0].zero_()
         scanned = False
         if fast:
-            scanned = sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm,
-                                        gated, sdt, sprec, scan={})
+            scanned, _ = sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm,
+                                           gated, sdt, sprec, scan=True)
         else:
             prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
             _update_state_fwd[(NC * L, d // pBD, b * hk)](
@@ -696,11 +696,10 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
         dR[:, :, NC] = dsf
         dRz[:, :, NC] = dzf
-        scan = dict(SF=S, ZF=Z)
-        scanned = False
+        scanned, dgt_scan = False, None
         if fast:
-            scanned = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C, False, norm,
-                                        gated, sdt, sprec, scan=scan)
+            scanned, dgt_scan = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C,
+                                                  False, norm, gated, sdt, sprec, scan=True, fwd_states=(S, Z))
         else:
             prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
             _query_grad_state[(NC * L, d // pBD, b * hk)](
@@ -715,7 +714,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 num_warps=4)
             dgts.append(dgt_)
         if scanned:
-            dgt = scan["dgt"] if gated else dummy
+            dgt = dgt_scan if gated else dummy
         else:
             dgt = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
         ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]

@@ -819,13 +819,13 @@ def _transposed(X, T, hx, d, **scale):
 
 
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
-                 dot_dt, prec, scan=None):
+                 dot_dt, prec, scan=False, fwd_states=None):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
-    states (keys) or the query-side state gradients. scan (a dict, or None): where the Gluon kernel applies and
-    OUTER_SCAN is on, the gated cumulative sum over chunks is done in the same pass (gluon_outer's SCAN: slot 0 /
-    slot NC must hold the state entering the scan; scan["SF"], scan["ZF"]: the forward's states for the query side's
-    dgt) and scan["dgt"] receives the (b, hk, NC) gate gradient (gated query side); returns whether it scanned (else
-    the caller runs triton_chunked._discumsum)."""
+    states (keys) or the query-side state gradients. scan: where the Gluon kernel applies and OUTER_SCAN is on, the
+    gated cumulative sum over chunks is done in the same pass (gluon_outer's SCAN: slot 0 / slot NC must hold the
+    state entering the scan; fwd_states = (S, Z), the forward's states, for the query side's dgt). Returns
+    (scanned, dgt): whether it scanned (else the caller runs triton_chunked._discumsum) and the (b, hk, NC) gate
+    gradient of the gated query side's scan (else None)."""
     jg, bk, _, _ = blocks("outer", d)
     if gluon_outer_applies(X, d, C):
         jg, bk = gluon_outer_block(d)
@@ -835,27 +835,26 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
         W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
         XT = _transposed(X, T, hx, d, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
                          SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W)
-        scanning = scan is not None and OUTER_SCAN
-        extra = {}
+        scanning = scan and OUTER_SCAN
+        extra, dgt = {}, None
         if scanning:
-            dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32) \
-                if gated and not keys else OUTZ
-            extra = dict(G=G, SF=scan.get("SF", OUT), ZF=scan.get("ZF", OUTZ), DGT=dgt, SCAN=True, GATED=gated)
+            if gated and not keys:
+                dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32)
+            sf, zf = fwd_states or (OUT, OUTZ)
+            extra = dict(G=G, SF=sf, ZF=zf, DGT=OUTZ if dgt is None else dgt, SCAN=True, GATED=gated)
             if GLUON_OUTER_SCAN_REGS:
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4, **extra)
-        if scanning and gated and not keys:
-            scan["dgt"] = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
-        return scanning
+        return scanning, None if dgt is None else dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
     grp = groups(d, jg, X.device)
     if OUTER_XT:
         X = _transposed(X, T, hx, d)
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
         X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
         KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, XT_IN=OUTER_XT, **launch_options("outer", d))
-    return False
+    return False, None
 
 
 def applies(p: int, d: int, dtype) -> bool:
