@@ -244,9 +244,9 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
             (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"}, query_ints, dict(queries, CAST=True)),
             (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"}, key_ints,
-             dict(shape, HK=hk)),
+             dict(shape, HK=hk, DU_MULT=s2.DU_MULT)),
             (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
-             key_ints, dict(shape, HK=hk, CAST=True))):
+             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT))):
         rows, warps, nbuf = block
         consts = dict(consts, NBUF=nbuf, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
         k = _compile(fn, ptrs, ints, consts, warps, 1, arch, s2.gluon_rows_regs(kind).get("maxnreg"),
@@ -271,7 +271,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         for scan in (False, True):      # per chunk, or with the cumulative sum over chunks (OUTER_SCAN, gated)
             consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys,
                           NORM=norm, NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
-                          SCAN=scan, GATED=scan)
+                          SCAN=scan, GATED=scan, DU_MULT=scan and not keys and s2.DU_MULT)
             k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16",
                                        "SF": "*bf16"}, ints, consts, 4, 1, arch,
                          maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)

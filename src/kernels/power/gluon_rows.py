@@ -421,14 +421,16 @@ def _decay_to_chunk_end(G, T, row, mask, c, HK: gl.constexpr, C: gl.constexpr, G
 
 @gluon.jit
 def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
-                      TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr):
+                      TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr,
+                      DU_MULT: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dv_rows`: the key backward's dv_j += c_j sum_i
     (k_i k_win,w) dU_i (the forward's pass with KEYS: the key side's multiplicities w on the window's columns),
     c_j = e^(gt_n - g_j); dU_n is slot n of DU (NU slots per (b, hk)). DV holds the intra-chunk part in the inputs'
-    dtype; the sum is added in fp32 and written back in place."""
+    dtype; the sum is added in fp32 and written back in place. DU_MULT: dU already carries the multiplicities
+    (gluon_sym2.gluon_outer's DU_MULT)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
-    num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, KW2, BK, NBUF, True)
+    num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, KW2, BK, NBUF, not DU_MULT)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     dv = num * gl.expand_dims(c, 1) + gl.load(DV + off, mask=m2, other=0.0).to(gl.float32)
     gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=m2)
@@ -437,14 +439,14 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 @gluon.jit
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
                       C: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
-                      NBUF: gl.constexpr, CAST: gl.constexpr):
+                      NBUF: gl.constexpr, CAST: gl.constexpr, DU_MULT: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dk_rows`: X = v dU_n^T + dUz_n = dL/dph for
     ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) += c dph/dk^T X (written to DKO in its dtype
     with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU slots per (b, hk)). The query backward's
-    passes with the key side's multiplicities (KEYS) and dl = 1."""
+    passes with the key side's multiplicities (KEYS; DU_MULT: dU / dUz already carry them) and dl = 1."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
     _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, row, mask, off, m2, k, v, gl.where(mask, 1.0, 0.0), c, -c, on,
-                   D, TW, KW2, BK, NBUF, True, True, GATED, CAST)
+                   D, TW, KW2, BK, NBUF, not DU_MULT, True, GATED, CAST)

@@ -101,7 +101,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
-                GATED: gl.constexpr = False):
+                GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
@@ -116,7 +116,9 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
       keys: slot 0 holds S_0; chunk by chunk, S_{n+1} = decay_n S_n + U_n is written to slot n + 1;
       query side (reverse): slot NC holds dL/dS_NC; for n = NC-1..0, R_n = Q_n + decay_n R_{n+1} is written to
       slot n, and with GATED DGT[b*hk, g, n] = decay_n (<S_n, R_{n+1}> + <z_n, Rz_{n+1}>) over the group's rows
-      (SF / ZF: the forward's states)."""
+      (SF / ZF: the forward's states). DU_MULT (query side): slots 1..NC (the key side's dU) are written times the
+      key side's multiplicities (1 in tile ti, 2 after it; exact), so the key kernels need not apply them; slot 0
+      (the initial state's gradient) stays plain."""
     TJ: gl.constexpr = TW * JG
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK
@@ -192,6 +194,11 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         z0 = gl.load(OUTZ + base + zrows, mask=zmask, other=0.0) / multz
         col0 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMAZ)) == 0, 0)
         accz = gl.where(col0, gl.expand_dims(z0, 1), gl.zeros([FG, 8], gl.float32, MMAZ))
+        if DU_MULT:  # slot NC (dL/dS_NC, written by the host) is dU_{NC-1}: with the key side's multiplicities too
+            _, _, mult_k = _group_rows(ti, tj, l0, FG, TJ, TW, D, True, MMA)
+            _, _, multz_k = _group_zrows(ti, tj, l0, FG, TJ, TW, D, True, MZ)
+            gl.store(OUT + base * D + rows, (acc * mult_k).to(OUT.dtype.element_ty), mask=fmask)
+            gl.store(OUTZ + base + zrows, z0 * multz_k, mask=zmask)
     else:
         acc = gl.zeros([FG, D], gl.float32, MMA)
         accz = gl.zeros([FG, 8], gl.float32, MMAZ)
@@ -241,10 +248,14 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
             # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers
             base = (slot0 + n + SLOT) * DS
-            rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
-            gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
-            zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
-            gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * multz, mask=zmask)
+            rows, fmask, smult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MMA)
+            zrows, zmask, zmult = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MZ)
+            if DU_MULT:  # slot 0 (dL/dS_0, returned) without them
+                first = (n == 0).to(gl.float32)
+                smult = smult + (1.0 - smult) * first
+                zmult = zmult + (1.0 - zmult) * first
+            gl.store(OUT + base * D + rows, (acc * smult).to(OUT.dtype.element_ty), mask=fmask)
+            gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * zmult, mask=zmask)
     async_copy.wait_group(0)
     if not SCAN:
         # every warp past its last matmul before the epilogue's layout conversion, whose scratch reuses the ring's

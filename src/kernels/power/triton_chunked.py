@@ -687,6 +687,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             HAS_S0=has_s0, **sizes)
     dq = dq_out
     NV = d // BD
+    du_mult = False
     if parallel:
         # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
         # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
@@ -696,11 +697,16 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
         dR[:, :, NC] = dsf
         dRz[:, :, NC] = dzf
+        # dU with the key side's multiplicities (the scan writes them) where both key kernels run in Gluon
+        du_mult = (sym2.DU_MULT and dv_rows and sym2.gluon_rows_applies("kdk", k, d)
+                   and sym2.gluon_rows_applies("kdv", k, d))
         scanned, dgt_scan = False, None
         if fast:
             scanned, dgt_scan = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C,
-                                                  False, norm, gated, sdt, sprec, scan=True, fwd_states=(S, Z))
-        else:
+                                                  False, norm, gated, sdt, sprec, scan=True, fwd_states=(S, Z),
+                                                  du_mult=du_mult)
+        du_mult = du_mult and scanned
+        if not fast:
             prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
             _query_grad_state[(NC * L, d // pBD, b * hk)](
                 q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD,
@@ -738,7 +744,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             bk, warps, nbuf = sym2.GLUON_KDK_BLOCK
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
-                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, num_warps=warps, **sym2.gluon_rows_regs("kdk"))
+                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, num_warps=warps,
+                **sym2.gluon_rows_regs("kdk"))
         elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)
             sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
@@ -758,7 +765,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             bk, warps, nbuf = sym2.GLUON_KDV_BLOCK
             gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                NBUF=nbuf, num_warps=warps, **sym2.gluon_rows_regs("kdv"))
+                NBUF=nbuf, DU_MULT=du_mult, num_warps=warps, **sym2.gluon_rows_regs("kdv"))
         elif dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](

@@ -712,6 +712,9 @@ GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per grou
 OUTER_SCAN = True   # the Gluon outer products also do the gated cumulative sum over chunks (gluon_outer's SCAN: one
 #                     program per group walks the chunks with the running state in its accumulators), so the states
 #                     are written once and triton_chunked._discumsum (3.3 ms of a 64k fwd+bwd, H100) does not run
+DU_MULT = True      # experimental (session 16, compiled, not run on a GPU): the query side's scan writes dU with the key
+#                     side's multiplicities (gluon_outer DU_MULT) when both key kernels run in Gluon, which then skip
+#                     them (key dk: 255 registers + 80 bytes spilled, partly for the per-tile multiplicities)
 GLUON_OUTER_SCAN_REGS = 168   # register cap of its scanning launches (0: none). The query side's scan (the dgt
 #                               reductions) builds at 202 registers uncapped, 2 programs per SM; 168 without spill: 3
 GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ from BLOCKS' "outer" (d=128: see
@@ -819,11 +822,12 @@ def _transposed(X, T, hx, d, **scale):
 
 
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
-                 dot_dt, prec, scan=False, fwd_states=None):
+                 dot_dt, prec, scan=False, fwd_states=None, du_mult=False):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
     states (keys) or the query-side state gradients. scan: where the Gluon kernel applies and OUTER_SCAN is on, the
     gated cumulative sum over chunks is done in the same pass (gluon_outer's SCAN: slot 0 / slot NC must hold the
-    state entering the scan; fwd_states = (S, Z), the forward's states, for the query side's dgt). Returns
+    state entering the scan; fwd_states = (S, Z), the forward's states, for the query side's dgt; du_mult: the query
+    side writes dU with the key side's multiplicities). Returns
     (scanned, dgt): whether it scanned (else the caller runs triton_chunked._discumsum) and the (b, hk, NC) gate
     gradient of the gated query side's scan (else None)."""
     jg, bk, _, _ = blocks("outer", d)
@@ -841,7 +845,8 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
             if gated and not keys:
                 dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32)
             sf, zf = fwd_states or (OUT, OUTZ)
-            extra = dict(G=G, SF=sf, ZF=zf, DGT=OUTZ if dgt is None else dgt, SCAN=True, GATED=gated)
+            extra = dict(G=G, SF=sf, ZF=zf, DGT=OUTZ if dgt is None else dgt, SCAN=True, GATED=gated,
+                         DU_MULT=du_mult and not keys)
             if GLUON_OUTER_SCAN_REGS:
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
