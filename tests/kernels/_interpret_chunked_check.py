@@ -132,6 +132,47 @@ def scaled_transpose(keys):
     return ok
 
 
+def attention_copies(norm, gated):
+    """The chunked form's attention kernels writing the Gluon outer products' scaled copies (XT_IN_ATTENTION: keys
+    from the forward, queries and their normalizer weights from dq). The CPU never runs gluon_outer, so the copies
+    are checked where launch_outer receives them, against _transpose_heads on that call's own inputs; GQA, bf16,
+    the chunk-batch split over several launches (MAX_GRID_Y)."""
+    b, t, hq, hk, d, chunk = 2, 64, 4, 2, 16, 16
+    triton_sym2.FORCE, triton_chunked.PARALLEL_STATE, triton_chunked.MAX_GRID_Y = True, True, 3 * hq
+    errs = {}
+    launch_outer = triton_sym2.launch_outer
+
+    def spy(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk_, d_, C, keys, norm_, gated_, *rest,
+            copy=None, **kw):
+        xt, w = triton_sym2.scaled_copy_buffers(X, T, hx, d_, norm_, keys)
+        triton_sym2._transpose_heads[(T // 16, X.shape[0] * hx)](
+            X, xt, T, H=hx, D=d_, BT=16, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk_, C=C,
+            SCALE=1 if keys else 2, GATED=gated_, NORM=norm_, DELTA=DELTA, W=w)
+        name = "k" if keys else "q"
+        errs[name] = rel(copy[0], xt)
+        if norm_ and not keys:
+            errs["w"] = rel(copy[1], w)
+        return launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk_, d_, C, keys, norm_,
+                            gated_, *rest, **kw)
+
+    triton_sym2.launch_outer = spy
+    copy_in_attention = triton_chunked._copy_in_attention
+    triton_chunked._copy_in_attention = lambda fast, x, d, C, keys: fast         # as on a GPU with gluon_outer
+    try:
+        q, k, v = (torch.randn(b, t, h, d, dtype=torch.bfloat16, requires_grad=True) for h in (hq, hk, hk))
+        lg = (-0.3 * torch.rand(b, t, hk)).requires_grad_() if gated else None
+        y = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=norm)
+        y.backward(torch.randn_like(y))
+    finally:
+        triton_sym2.launch_outer = launch_outer
+        triton_chunked._copy_in_attention = copy_in_attention
+        triton_sym2.FORCE, triton_chunked.MAX_GRID_Y = False, 65535
+    ok = set(errs) == ({"k", "q", "w"} if norm else {"k", "q"}) and all(e < 1e-6 for e in errs.values())
+    print(f"{'ok  ' if ok else 'FAIL'} copies in attention norm={norm} gated={gated} "
+          + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
+    return ok
+
+
 def main():
     torch.manual_seed(0)
     args = [a for a in sys.argv[1:] if a not in ("sym2", "groups", "rows")]
@@ -146,6 +187,7 @@ def main():
         failed += sum(not run(CASES[i], fast=True, plain=True) for i in SYM2_GROUPS)
         failed += sum(not run(CASES[i], fast=True, rows=True, atomic=False) for i in SYM2_GROUPS)
         failed += sum(not scaled_transpose(keys) for keys in (True, False))
+        failed += sum(not attention_copies(norm, gated) for norm in (True, False) for gated in (True, False))
     sys.exit(1 if failed else 0)
 
 

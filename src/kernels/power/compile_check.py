@@ -152,9 +152,10 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
     return out
 
 
-def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90):
+def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90, xt=False):
     """Compile the attention-form kernels (forward, the two backward kernels) for one (p, d, dtype) with the blocks
-    and operand types AttentionForm uses; returns [(name, shared bytes, registers, spill stack bytes)]."""
+    and operand types AttentionForm uses; returns [(name, shared bytes, registers, spill stack bytes)]. xt: as the
+    chunked form launches them with the Gluon outer products' scaled copies (forward XT_MODE 1, dq XT_MODE 2)."""
     torch_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     ints = {"scale": "fp32", "scale_p": "fp32", "T": "i32"}
@@ -167,7 +168,12 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
         if kernel == "dq":
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
-        k = _compile(fn, ptrs, ints, dict(base, **cfg), warps, stages, arch, reg)
+        scalars = ints
+        if xt and kernel != "dkdv":
+            cfg["XT_MODE"] = 1 if kernel == "fwd" else 2
+            ptrs = dict(ptrs, XT=io, W=io)
+            scalars = dict(ints, CB0="i32", NCH="i32", T_FULL="i32", sqrt_scale_p="fp32")
+        k = _compile(fn, ptrs, scalars, dict(base, **cfg), warps, stages, arch, reg)
         out.append((k.name, k.metadata.shared, *_usage(k)))
         PTX_OF[k.name] = k.asm["ptx"]
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which

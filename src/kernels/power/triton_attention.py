@@ -128,6 +128,35 @@ def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constex
 
 
 @triton.jit
+def _store_transposed(x, f, XT_ROWS, T, rows, mask, D: tl.constexpr):
+    """Stores (x [BT, D] times the row factors f [BT]).T at XT_ROWS + c * T + rows (c < D): rows of a (b, h, D, T)
+    copy, the layout the outer products read their factors from (triton_sym2._transpose_heads, and the chunked
+    form's attention kernels with XT_MODE, which hold these rows anyway)."""
+    x = (x.to(tl.float32) * f[:, None]).to(XT_ROWS.dtype.element_ty)
+    tl.store(XT_ROWS + tl.arange(0, D).to(tl.int64)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
+
+
+@triton.jit
+def _store_norm_weights(W_ROWS, dl, mask):
+    """The query side's normalizer weights of rows W_ROWS (pointers to their 8 bf16 values): [hi, lo, 0, ...] with
+    hi + lo = dl to ~2^-16 (gluon_sym2.gluon_outer's W)."""
+    hi = dl.to(tl.bfloat16)
+    lo = (dl - hi.to(tl.float32)).to(tl.bfloat16)
+    cols = tl.arange(0, 8)[None, :]
+    w = tl.where(cols == 0, hi[:, None], tl.where(cols == 1, lo[:, None], 0.0))
+    tl.store(W_ROWS[:, None] + cols, w.to(W_ROWS.dtype.element_ty), mask=mask[:, None])
+
+
+@triton.jit
+def _xt_rows(XT, i_cb, i_h, CB0, NCH, T_FULL, C, H: tl.constexpr, D: tl.constexpr):
+    """XT_ROWS of _store_transposed for a chunked-form attention program on chunk-batch entry i_cb of a launch
+    starting at entry CB0 (NCH chunks of C rows per sequence of T_FULL): head i_h's plane of the (b, H, D, T_FULL)
+    copy, at the chunk's first row."""
+    i_cg = CB0 + i_cb
+    return XT + ((i_cg // NCH) * H + i_h) * D * T_FULL + (i_cg % NCH) * C
+
+
+@triton.jit
 def _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM: tl.constexpr, D: tl.constexpr):
     """Epilogue of the chunked form's query kernels: the state term (num [BM, D], den [BM], not yet scaled by
     the row factor r = s^p e^(g_i)) joins the intra-chunk output y_intra (normalized, lse_intra = log of its
@@ -154,7 +183,12 @@ def _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM: tl.constexpr,
 def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True):
+              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
+              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0):
+    """XT_MODE 1 (the chunked form, each chunk a batch entry of T = C rows): the first query head of each GQA group
+    also writes its block's keys, times e^((gt - g_j) / 2) (gt: G at the chunk's last row), into XT, the
+    (b, hk, D, T_FULL) copy the Gluon outer products read (triton_sym2._transpose_heads with SCALE 1), so that
+    copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
@@ -167,6 +201,13 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
     g_base = G + i_b * T * HK + i_hk
     if GATED:
         g_q = tl.load(g_base + offs_m * HK, mask=mask_m, other=0.0)     # [BM]
+    if XT_MODE == 1:    # before the key loop, as dq's copy
+        if i_hq % (HQ // HK) == 0:
+            kx = tl.load(k_base + offs_m[:, None] * (HK * D) + offs_d[None, :], mask=mask_m[:, None], other=0.0)
+            f = tl.full([BM], 1.0, tl.float32)
+            if GATED:
+                f = tl.exp(0.5 * (tl.load(g_base + (T - 1) * HK) - g_q))
+            _store_transposed(kx, f, _xt_rows(XT, i_b, i_hk, CB0, NCH, T_FULL, T, HK, D), T_FULL, offs_m, mask_m, D)
     m_i = tl.full([BM], 1e-30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -380,13 +421,27 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
-                 O=None, DELTA_OUT: tl.constexpr = False):
+                 O=None, DELTA_OUT: tl.constexpr = False, XT=None, W=None, sqrt_scale_p=1.0, CB0=0, NCH=1, T_FULL=0,
+                 XT_MODE: tl.constexpr = 0):
+    """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
+    (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
+    copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
+    (b, T_FULL, hq, 8)): what triton_sym2._transpose_heads with SCALE 2 would write, without its pass."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ, HK, D,
                                                         BM, NORM, GATED, DOT_DT, O, DELTA_OUT)
+    if XT_MODE == 2:    # before the key loop: nothing it needs stays live through the loop for this
+        half = tl.zeros([BM], tl.float32)
+        if GATED:
+            half += g_q
+        if NORM:
+            half -= lse
+            _store_norm_weights(W + (i_b * T * HQ + offs_m * HQ + i_hq) * 8, -delta, mask_m)
+        _store_transposed(q, tl.exp(0.5 * half) * sqrt_scale_p, _xt_rows(XT, i_b, i_hq, CB0, NCH, T_FULL, T, HQ, D),
+                          T_FULL, offs_m, mask_m, D)
     k_base = K + i_b * T * HK * D + i_hk * D
     v_base = V + i_b * T * HK * D + i_hk * D
     dq = tl.zeros([BM, D], tl.float32)
@@ -535,12 +590,13 @@ def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):
     return o, lse, Gc
 
 
-def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, gated, cfg):
+def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, gated, cfg, **side):
     """_attn_fwd with cfg (_launch_cfg) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
     chunked form's chunks as batch entries). (A Gluon version with FA3-style pipelining, branch exp/gluon-attn-fwd,
-    was correct but slower on the H100: 64k intra-chunk 3.54 -> 5.75 ms, session 16.)"""
+    was correct but slower on the H100: 64k intra-chunk 3.54 -> 5.75 ms, session 16.) side: _attn_fwd's XT_MODE
+    arguments (the chunked form's copy of k)."""
     _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm,
-                                         GATED=gated, GATE_SCORES=GATE_SCORES, **cfg)
+                                         GATED=gated, GATE_SCORES=GATE_SCORES, **cfg, **side)
 
 
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool):

@@ -516,6 +516,12 @@ def _chunk_blocks(F, d, dot_dt):
     return 32, 32, 8, 2
 
 
+def _copy_in_attention(fast, x, d, C, keys) -> bool:
+    """Whether the attention kernels write the Gluon outer product's scaled copy of x, the keys or the queries
+    (triton_sym2.XT_IN_ATTENTION; the p=2 path with gluon_outer)."""
+    return fast and bool(sym2.XT_IN_ATTENTION & (1 if keys else 2)) and sym2.gluon_outer_applies(x, d, C)
+
+
 def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int):
     """The chunked form's forward launches: (y, S, Z, lse, G, parallel) with S / Z the states entering each chunk
     and the final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy, parallel whether
@@ -543,9 +549,13 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     cq, ck, cv, cG, co = (_chunk_view(x, nb, C, r) for x, r in
                           ((q, True), (k, True), (v, True), (G, gated), (o_intra, True)))
     cl = _chunk_view(lse_intra, nb, C, norm)
+    # the Gluon outer products' scaled copy of k, written by the attention kernel (it holds those rows anyway)
+    copy_k = sym2.scaled_copy_buffers(k, T, hk, d, norm, True) if _copy_in_attention(fast, k, d, C, True) else None
     for sl in _chunk_batches(nb, hq):
+        side = dict(XT=copy_k[0], CB0=sl.start, NCH=NC, T_FULL=T, XT_MODE=1) if copy_k else {}
         triton_attention.launch_fwd(cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl,
-                                    scale, sp, C, (sl.stop - sl.start) * hq, hq, hk, d, p, norm, gated, attn_cfg)
+                                    scale, sp, C, (sl.stop - sl.start) * hq, hq, hk, d, p, norm, gated, attn_cfg,
+                                    **side)
     # states entering each chunk (+ the final one)
     sdt, sprec = _state_operands(q.dtype)
     rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
@@ -564,7 +574,8 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
         scanned = False
         if fast:
             scanned, _ = sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm,
-                                           gated, sdt, sprec, scan=True)
+                                           gated, sdt, sprec, scan=True, copy=copy_k)
+            del copy_k
         else:
             prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
             _update_state_fwd[(NC * L, d // pBD, b * hk)](
@@ -642,12 +653,18 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     cq, ck, cv, cdy, cy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, y, dq, dk, dv))
     cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))
     cl, cdl = (_chunk_view(x, nb, C, norm) for x in (lse, delta))
+    # the query side's scaled copy for the Gluon outer products (and its normalizer weights), written by dq
+    copy_q = (sym2.scaled_copy_buffers(q, T, hq, d, norm, False)
+              if parallel and _copy_in_attention(fast, q, d, C, False) else None)
+    cw = _chunk_view(copy_q[1], nb, C, norm) if copy_q else None
     for sl in _chunk_batches(nb, hq):
         n_sl = sl.stop - sl.start
         g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+        side = dict(XT=copy_q[0], W=cw[sl] if norm else cw, sqrt_scale_p=sp ** 0.5, CB0=sl.start, NCH=NC, T_FULL=T,
+                    XT_MODE=2) if copy_q else {}
         _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
             cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
-            GATE_SCORES=triton_attention.GATE_SCORES, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg)
+            GATE_SCORES=triton_attention.GATE_SCORES, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg, **side)
         _attn_bwd_dkdv[(triton.cdiv(C, kv_cfg["BN"]), n_sl * hk)](
             cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
             **common, **kv_cfg)
@@ -704,7 +721,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         if fast:
             scanned, dgt_scan = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C,
                                                   False, norm, gated, sdt, sprec, scan=True, fwd_states=(S, Z),
-                                                  du_mult=du_mult)
+                                                  du_mult=du_mult, copy=copy_q)
+        del copy_q, cw
         du_mult = du_mult and scanned
         if not fast:
             prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)

@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from .triton_attention import (_combine_store, _has_state, _key_block, _key_decay, _key_rows, _kv_heads,
-                               _query_block, _row_factor, launch_options as _entry_options)
+                               _query_block, _row_factor, _store_norm_weights, _store_transposed,
+                               launch_options as _entry_options)
 
 TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
@@ -141,16 +142,12 @@ def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexp
         f_half = tl.exp(0.5 * half)
         if SCALE == 2:
             f_half = f_half * sqrt_scale_p
-        x = (x.to(tl.float32) * f_half[:, None]).to(XT.dtype.element_ty)
         if SCALE == 2 and NORM:
             row = (i_b * T + rows) * H + i_h
-            dl = -tl.load(DELTA + row, mask=mask, other=0.0)
-            hi = dl.to(tl.bfloat16)
-            lo = (dl - hi.to(tl.float32)).to(tl.bfloat16)
-            cols = tl.arange(0, 8)[None, :]
-            w = tl.where(cols == 0, hi[:, None], tl.where(cols == 1, lo[:, None], 0.0))
-            tl.store(W + row.to(tl.int64)[:, None] * 8 + cols, w.to(W.dtype.element_ty), mask=mask[:, None])
-    tl.store(XT + (pid_bh.to(tl.int64) * D + offs_d)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
+            _store_norm_weights(W + row.to(tl.int64) * 8, -tl.load(DELTA + row, mask=mask, other=0.0), mask)
+    else:
+        f_half = tl.full([BT], 1.0, tl.float32)
+    _store_transposed(x, f_half, XT + pid_bh.to(tl.int64) * D * T, T, rows, mask, D)
 
 
 @triton.jit
@@ -700,6 +697,9 @@ KDV_ACC = True     # dv accumulates (k_i k_win) dU_i in the tensor cores (_rows_
 #                    7.40 -> 6.2 ms (d=64, 128 rows per program), 2.58 -> 2.16 (d=32); d=128 at 16k 9.65 -> 8.41. The
 #                    query forward gained nothing from it (7.35 -> 7.5 ms), so it keeps the fp32 product
 TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
+XT_IN_ATTENTION = 3         # the chunked form's attention kernels write the Gluon outer products' scaled copies, so
+#                             _transpose_heads does not run: bit 1 the keys' (the forward, XT_MODE 1), bit 2 the
+#                             queries' and their weights (dq, XT_MODE 2)
 OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the wgmma register layout, async matmuls
 #                    (H100, 64k, session 13: both launches 18.9 -> 14.6 ms with their scaled transposed copies)
 GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
@@ -812,33 +812,46 @@ def gluon_rows_applies(kernel: str, q, d: int) -> bool:
     return on and q.is_cuda and q.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
-def _transposed(X, T, hx, d, **scale):
-    """The (b, hx, d, T) copy of X (b, T, hx, d) the outer products read (_transpose_heads; `scale`: its SCALE
-    arguments for the Gluon kernel's row-factor-scaled copy)."""
+def _transposed(X, T, hx, d):
+    """The (b, hx, d, T) copy of X (b, T, hx, d) Triton's outer product reads (_transpose_heads, unscaled)."""
     XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
     bt, warps = TRANSPOSE_BLOCK
-    _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps, **scale)
+    _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps)
     return XT
 
 
+def scaled_copy_buffers(X, T, hx, d, norm, keys):
+    """(XT, W) for gluon_outer: the (b, hx, d, T) scaled copy of X (b, T, hx, d) and the query side's normalizer
+    weights (b, T, hx, 8) (X itself, unread, for keys or without norm), to be written by _transpose_heads or by the
+    chunked form's attention kernels (XT_IN_ATTENTION)."""
+    XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
+    W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
+    return XT, W
+
+
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
-                 dot_dt, prec, scan=False, fwd_states=None, du_mult=False):
+                 dot_dt, prec, scan=False, fwd_states=None, du_mult=False, copy=None):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
     states (keys) or the query-side state gradients. scan: where the Gluon kernel applies and OUTER_SCAN is on, the
     gated cumulative sum over chunks is done in the same pass (gluon_outer's SCAN: slot 0 / slot NC must hold the
     state entering the scan; fwd_states = (S, Z), the forward's states, for the query side's dgt; du_mult: the query
     side writes dU with the key side's multiplicities). Returns
     (scanned, dgt): whether it scanned (else the caller runs triton_chunked._discumsum) and the (b, hk, NC) gate
-    gradient of the gated query side's scan (else None)."""
+    gradient of the gated query side's scan (else None). copy: (XT, W) of scaled_copy_buffers, already written (the
+    Gluon kernel's input; else _transpose_heads writes it here)."""
     jg, bk, _, _ = blocks("outer", d)
     if gluon_outer_applies(X, d, C):
         jg, bk = gluon_outer_block(d)
         grp = groups(d, jg, X.device)
         from .gluon_sym2 import gluon_outer, operand_layout_3d
-        # the query side's normalizer weights, [hi, lo] of -Delta per row (written by the copy)
-        W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
-        XT = _transposed(X, T, hx, d, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
-                         SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W)
+        if copy is None:     # the query side's normalizer weights, [hi, lo] of -Delta per row, come with the copy
+            XT, W = scaled_copy_buffers(X, T, hx, d, norm, keys)
+            bt, warps = TRANSPOSE_BLOCK
+            _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](
+                X, XT, T, H=hx, D=d, BT=bt, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
+                SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W, num_warps=warps)
+        else:
+            XT, W = copy
         scanning = scan and OUTER_SCAN
         extra, dgt = {}, None
         if scanning:
