@@ -71,6 +71,16 @@ def _group_zrows(ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexp
 
 
 @gluon.jit
+def _prefetch_state(SF, sf_s, slot, DS, ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr,
+                    D: gl.constexpr, CPS: gl.constexpr):
+    """cp.async of the group's rows of state slot `slot` of SF (bf16 (.., DS, D)) into sf_s [FG, D], one commit
+    group (rows outside the state: zeros)."""
+    rows, fmask, _ = _group_rows(ti, tj, l0, FG, TJ, TW, D, False, CPS)
+    _cp_async(sf_s, SF + slot * DS * D + rows, mask=fmask & (rows >= 0))      # (rows >= 0: the mask's full shape)
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_all, T, HX: gl.constexpr,
                 HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr,
                 NSTEP: gl.constexpr, W_ROWS: gl.constexpr, REV: gl.constexpr):
@@ -101,7 +111,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
-                GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False):
+                GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False, PREFETCH_SF: gl.constexpr = False):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
@@ -144,6 +154,13 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     y_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BK, D], gl.NVMMASharedLayout.get_default_for([BK, D],
                                                                                                  gl.bfloat16))
     w_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF if W_ROWS else 1, BK, 8], WS)
+    # PREFETCH_SF: the reverse scan's dgt reads the forward's state S_n of each chunk: cp.async'd into shared memory
+    # during the chunk before, so the chunk boundary does not wait on a [FG, D] global load (and each scan's decay is
+    # loaded a chunk ahead)
+    PREFETCH: gl.constexpr = PREFETCH_SF and REV and GATED
+    CPS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
+    sf_s = gl.allocate_shared_memory(gl.bfloat16, [FG if PREFETCH else 8, D],
+                                     gl.SwizzledSharedLayout(8, 1, min(8, D // 8), [1, 0]))
     g = gl.program_id(0)
     pid_bh = gl.program_id(2)
     if SCAN:
@@ -181,6 +198,11 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     slot0 = pid_bh.to(gl.int64) * (NC + 1)
 
     nstep_all = nchunk * NSTEP
+    if PREFETCH:     # the first chunk's S_n goes before the ring's prologue (its wait below counts on that)
+        _prefetch_state(SF, sf_s, slot0 + n_first, DS, ti, tj, l0, FG, TJ, TW, D, CPS)
+    g_next = 0.0
+    if SCAN and GATED and PREFETCH_SF:   # each chunk's decay is loaded one chunk ahead
+        g_next = gl.load(G + (i_b * T + n_first * C + C - 1) * HK + i_hk)
     for p in gl.static_range(NBUF - 1):
         _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, p, nstep_all, T, HX, HK, D, C, BK, NBUF,
                     NSTEP, W_ROWS, REV)
@@ -206,12 +228,25 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     lo_prev = gl.zeros([FG, BK], gl.bfloat16, AZ_L)
     for ci in range(nchunk):
         n = n_first + (-ci if REV else ci)
+        n_next = n + (-1 if REV else 1)
         if SCAN and GATED:
-            decay = gl.exp(gl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
+            if PREFETCH_SF:
+                decay = gl.exp(g_next)
+                if ci + 1 < nchunk:
+                    g_next = gl.load(G + (i_b * T + n_next * C + C - 1) * HK + i_hk)
+            else:
+                decay = gl.exp(gl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
             if REV:      # dgt_n = decay_n (<S_n, R_{n+1}> + <z_n, Rz_{n+1}>) over this group's rows
                 sb = (slot0 + n) * DS
-                rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
-                s_n = gl.load(SF + sb * D + rows, mask=fmask, other=0.0).to(gl.float32)
+                if PREFETCH:
+                    # S_n was committed before at least min(NSTEP - 1, NBUF - 2) later groups (the steps' issued
+                    # since): this wait finishes it, the barrier shows every thread's part to all
+                    async_copy.wait_group(min(NSTEP - 1, NBUF - 2))
+                    _barrier()
+                    s_n = sf_s.load(MMA).to(gl.float32)
+                else:
+                    rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+                    s_n = gl.load(SF + sb * D + rows, mask=fmask, other=0.0).to(gl.float32)
                 zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
                 z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
                 part = gl.sum(gl.sum(s_n * acc, axis=1), axis=0) + gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
@@ -244,6 +279,9 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
             phi_prev = phi
             _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step + NBUF - 1, nstep_all, T, HX, HK, D,
                         C, BK, NBUF, NSTEP, W_ROWS, REV)
+            if PREFETCH:     # after step 0's barrier every thread is done reading this chunk's S_n from sf_s
+                if st == 0 and ci + 1 < nchunk:
+                    _prefetch_state(SF, sf_s, slot0 + n_next, DS, ti, tj, l0, FG, TJ, TW, D, CPS)
         acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
         if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
             # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers

@@ -703,6 +703,8 @@ XT_IN_ATTENTION = 3         # the chunked form's attention kernels write the Glu
 OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the wgmma register layout, async matmuls
 #                    (H100, 64k, session 13: both launches 18.9 -> 14.6 ms with their scaled transposed copies)
 GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
+GLUON_OUTER_PREFETCH = True   # the reverse scan's forward states S_n cp.async'd one chunk ahead (PREFETCH_SF), and
+#                               every scan's decays loaded one chunk ahead (not yet timed)
 GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per group, 128 output columns) stays on
 #                               Triton's _sym2_outer: with 32 rows a step it came out wrong (H100, session 13); with 16
 #                               rows a step it is faster (16k: 26.0 -> 20.1 ms, H200, session 14) and its states match
@@ -859,7 +861,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
                 dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32)
             sf, zf = fwd_states or (OUT, OUTZ)
             extra = dict(G=G, SF=sf, ZF=zf, DGT=OUTZ if dgt is None else dgt, SCAN=True, GATED=gated,
-                         DU_MULT=du_mult and not keys)
+                         DU_MULT=du_mult and not keys, PREFETCH_SF=GLUON_OUTER_PREFETCH)
             if GLUON_OUTER_SCAN_REGS:
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
