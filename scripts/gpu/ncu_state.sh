@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ncu over one p=2 chunked fwd+bwd (b=8, h=12, d=64, bf16, gated, chunk 1024; t = $1, default 16384): speed of light,
-# occupancy, warp stall reasons and launch stats of the state and intra-chunk kernels, as CSV under $OUT.
+# occupancy, warp state and launch stats of the state and intra-chunk kernels, then (a second pass) each kernel's
+# stall reasons per issued instruction, as CSV under $OUT.
 #   source scripts/gpu/setup_device.sh; bash scripts/gpu/ncu_state.sh 16384
 T=${1:-16384}
 OUT=${OUT:-runs/ncu}
@@ -41,4 +42,23 @@ for r in body:
 for name, m in per.items():
     print(name, " | ".join(f"{k}: {m.get(k, '?')}" for k in want))
 PY
-grep -E "Stall|stall" "$OUT/ncu_${T}.csv" | head -0
+# the stall reasons per kernel (cycles a warp spent stalled per issued instruction, by reason: the breakdown behind
+# "Warp Cycles Per Issued Instruction"), in a second pass
+"$NCU" --kernel-name regex:"gluon_|_attn_" \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv \
+  python3 /tmp/ncu_one_call.py > "$OUT/ncu_${T}_stalls.csv" 2> "$OUT/ncu_${T}_stalls.err"
+echo "ncu stalls rc=$? rows=$(wc -l < "$OUT/ncu_${T}_stalls.csv")"
+python3 - "$OUT/ncu_${T}_stalls.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no stall rows")
+ix = {k: i for i, k in enumerate(rows[0])}
+per = collections.defaultdict(dict)
+for r in rows[1:]:
+    reason = r[ix["Metric Name"]].replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", "")
+    per[r[ix["Kernel Name"]][:28]][reason] = float(r[ix["Metric Value"]].replace(",", "") or 0)
+for name, m in per.items():
+    top = sorted(m.items(), key=lambda kv: -kv[1])[:6]
+    print(name, " | ".join(f"{k} {v:.2f}" for k, v in top))
+PY
