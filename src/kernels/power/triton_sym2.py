@@ -699,12 +699,13 @@ KDV_ACC = True     # dv accumulates (k_i k_win) dU_i in the tensor cores (_rows_
 TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
 XT_IN_ATTENTION = 3         # the chunked form's attention kernels write the Gluon outer products' scaled copies, so
 #                             _transpose_heads does not run: bit 1 the keys' (the forward, XT_MODE 1), bit 2 the
-#                             queries' and their weights (dq, XT_MODE 2)
+#                             queries' and their weights (dq, XT_MODE 2). H100 64k, session 17: copies 1.57 ms -> 0,
+#                             attention fwd 3.51 -> 3.82, dq 4.07 -> 4.34
 OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the wgmma register layout, async matmuls
 #                    (H100, 64k, session 13: both launches 18.9 -> 14.6 ms with their scaled transposed copies)
 GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
 GLUON_OUTER_PREFETCH = True   # the reverse scan's forward states S_n cp.async'd one chunk ahead (PREFETCH_SF), and
-#                               every scan's decays loaded one chunk ahead (not yet timed)
+#                               every scan's decays loaded one chunk ahead (H100 64k, session 17: 12.73 -> 12.55 ms)
 GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per group, 128 output columns) stays on
 #                               Triton's _sym2_outer: with 32 rows a step it came out wrong (H100, session 13); with 16
 #                               rows a step it is faster (16k: 26.0 -> 20.1 ms, H200, session 14) and its states match
@@ -714,9 +715,9 @@ GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per grou
 OUTER_SCAN = True   # the Gluon outer products also do the gated cumulative sum over chunks (gluon_outer's SCAN: one
 #                     program per group walks the chunks with the running state in its accumulators), so the states
 #                     are written once and triton_chunked._discumsum (3.3 ms of a 64k fwd+bwd, H100) does not run
-DU_MULT = True      # experimental (session 16, compiled, not run on a GPU): the query side's scan writes dU with the key
-#                     side's multiplicities (gluon_outer DU_MULT) when both key kernels run in Gluon, which then skip
-#                     them (key dk: 255 registers + 80 bytes spilled, partly for the per-tile multiplicities)
+DU_MULT = True      # the query side's scan writes dU with the key side's multiplicities (gluon_outer DU_MULT) when both
+#                     key kernels run in Gluon, which then skip them (H100 64k, session 17: key dk 9.91 -> 9.51 ms, key
+#                     dv 4.79 -> 4.63, the outer products 12.51 -> 12.68)
 GLUON_OUTER_SCAN_REGS = 168   # register cap of its scanning launches (0: none). The query side's scan (the dgt
 #                               reductions) builds at 202 registers uncapped, 2 programs per SM; 168 without spill: 3
 GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ from BLOCKS' "outer" (d=128: see
