@@ -79,3 +79,14 @@ def test_sym2_kernels_compile_for_sm90():
         if SASS_OF.get(name):
             waits = wgmma_waits(SASS_OF[name])
             assert waits["full_waits"] * 4 < waits["hgmma"], (name, waits)
+    # the slice loops as sass_loop_counts sees them: one loop per pass and first tile, whose matmuls are the closed
+    # form TW slices x (contraction / 16) HGMMA: at d=64 the full window's 8 x 64/16 = 32 in every kernel, the half
+    # window's 8 x 32/16 = 16 where it contracts the window (forward passes) and 32 where it contracts d (backward)
+    from longctx.kernels.power.compile_check import sass_loop_counts
+    expect = {"gluon_query_fwd_rows": [32, 16], "gluon_key_dv_rows": [32, 16], "gluon_query_bwd_rows": [32, 32],
+              "gluon_key_dk_rows": [32, 32]}
+    for name, hgmma in expect.items():
+        if SASS_OF.get(name):
+            loops = sass_loop_counts(SASS_OF[name])
+            assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
+            assert all(loop["instructions"] > loop["ops"]["HGMMA"] for loop in loops), name

@@ -16,6 +16,7 @@ view found session 6's two largest wins; read it before sweeping blocks.
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import os
 import re
@@ -88,6 +89,23 @@ def loop_op_counts(ptx: str, ops=LOOP_OPS) -> list[dict]:
             body = "\n".join(lines[labels[m.group(1)]:i + 1])
             counts = {op: len(re.findall(r"\b" + re.escape(op), body)) for op in ops}
             out.append(counts | {"lines": i + 1 - labels[m.group(1)]})
+    return out
+
+
+def sass_loop_counts(sass: str) -> list[dict]:
+    """For each loop of a SASS listing (cuobjdump -sass: a branch back to an earlier address), its instruction count
+    and the count of each opcode (guard predicates and modifiers dropped), outermost and inner loops alike. What a
+    slice loop issues per iteration is the row kernels' cost where the tensor cores wait on the issue slots."""
+    ins = [(int(m.group(1), 16), m.group(2).strip())
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    index = {addr: i for i, (addr, _) in enumerate(ins)}
+    out = []
+    for i, (addr, text) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in index:
+            body = [t for _, t in ins[index[int(m.group(1), 16)]:i + 1]]
+            ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+            out.append({"start": int(m.group(1), 16), "end": addr, "instructions": len(body), "ops": dict(ops)})
     return out
 
 
@@ -314,6 +332,16 @@ def main(argv):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
                 if loops:
                     _print_loops(name)
+            continue
+        if case.startswith("gluon"):     # the Gluon row kernels with their slice loops' instruction counts (SASS)
+            d = int(case.split(",")[1])
+            print(f"gluon row kernels d={d}", flush=True)
+            for name, shared, regs, stack in compile_gluon_rows(d):
+                print(f"  {name:22s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
+                for loop in sass_loop_counts(SASS_OF.get(name) or ""):
+                    top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:6]
+                    print(f"    loop {loop['start']:#x}: {loop['instructions']} instructions, "
+                          + ", ".join(f"{k} {v}" for k, v in top), flush=True)
             continue
         if case.startswith("attn"):
             _, p, d, dtype = case.split(",")
