@@ -126,7 +126,7 @@ def _usage(kernel):
     return (int(m.group(1)), int(m.group(2))) if m else (None, None)
 
 
-SASS_OF: dict = {}    # the Gluon row kernels' SASS (compile_gluon_rows), when cuobjdump is bundled
+SASS_OF: dict = {}    # the Gluon kernels' SASS (compile_gluon_rows, compile_gluon_outer), when cuobjdump is bundled
 
 
 def wgmma_waits(sass: str) -> dict:
@@ -303,6 +303,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
             name = f"gluon_outer{'_keys' if keys else ''}{'_scan' if scan else ''}"
             out.append((name, k.metadata.shared, *_usage(k)))
             PTX_OF[name] = k.asm["ptx"]
+            SASS_OF[name] = _cuobjdump(k, "-sass")
         bt, warps = s2.TRANSPOSE_BLOCK
         k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16", "W": "*bf16"}, ints,
                      dict(H=hk if keys else hq, D=d, BT=bt, HK=hk, C=chunk, SCALE=1 if keys else 2, GATED=True,
@@ -333,10 +334,10 @@ def main(argv):
                 if loops:
                     _print_loops(name)
             continue
-        if case.startswith("gluon"):     # the Gluon row kernels with their slice loops' instruction counts (SASS)
+        if case.startswith("gluon"):     # the Gluon kernels with their loops' instruction counts (SASS)
             d = int(case.split(",")[1])
-            print(f"gluon row kernels d={d}", flush=True)
-            for name, shared, regs, stack in compile_gluon_rows(d):
+            print(f"gluon kernels d={d}", flush=True)
+            for name, shared, regs, stack in compile_gluon_rows(d) + compile_gluon_outer(d):
                 print(f"  {name:22s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
                 for loop in sass_loop_counts(SASS_OF.get(name) or ""):
                     top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:6]
