@@ -56,7 +56,8 @@ def flex_call(t, chunk, p, lg):
         return (qi // chunk == ki // chunk) & (qi >= ki)
 
     t0 = time.time()
-    mask = create_block_mask(mask_mod, None, None, t, t, device="cuda")
+    # _compile: the mask built block by block (evaluated densely at 64k its int64 index grids would need ~34 GB)
+    mask = create_block_mask(mask_mod, None, None, t, t, device="cuda", _compile=True)
     built = time.time() - t0
     compiled = torch.compile(flex_attention)
 
