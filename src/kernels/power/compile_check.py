@@ -102,10 +102,11 @@ def sass_loop_counts(sass: str) -> list[dict]:
     out = []
     for i, (addr, text) in enumerate(ins):
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in index:
-            body = [t for _, t in ins[index[int(m.group(1), 16)]:i + 1]]
+        target = int(m.group(1), 16) if m else None
+        if target is not None and target < addr and target in index:
+            body = [t for _, t in ins[index[target]:i + 1]]
             ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
-            out.append({"start": int(m.group(1), 16), "end": addr, "instructions": len(body), "ops": dict(ops)})
+            out.append({"start": target, "end": addr, "instructions": len(body), "ops": dict(ops)})
     return out
 
 

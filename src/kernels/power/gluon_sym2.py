@@ -72,10 +72,10 @@ def _group_zrows(ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexp
 
 @gluon.jit
 def _prefetch_state(SF, sf_s, slot, DS, ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr,
-                    D: gl.constexpr, CPS: gl.constexpr):
-    """cp.async of the group's rows of state slot `slot` of SF (bf16 (.., DS, D)) into sf_s [FG, D], one commit
-    group (rows outside the state: zeros)."""
-    rows, fmask, _ = _group_rows(ti, tj, l0, FG, TJ, TW, D, False, CPS)
+                    D: gl.constexpr, CP: gl.constexpr):
+    """cp.async of the group's rows of state slot `slot` of SF (bf16 (.., DS, D)) into sf_s [FG, D] in the copy
+    layout CP (the ring's [rows, D] one), one commit group (rows outside the state: zeros)."""
+    rows, fmask, _ = _group_rows(ti, tj, l0, FG, TJ, TW, D, False, CP)
     _cp_async(sf_s, SF + slot * DS * D + rows, mask=fmask & (rows >= 0))      # (rows >= 0: the mask's full shape)
     async_copy.commit_group()
 
@@ -158,7 +158,6 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     # during the chunk before, so the chunk boundary does not wait on a [FG, D] global load (and each scan's decay is
     # loaded a chunk ahead)
     PREFETCH: gl.constexpr = PREFETCH_SF and REV and GATED
-    CPS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
     sf_s = gl.allocate_shared_memory(gl.bfloat16, [FG if PREFETCH else 8, D],
                                      gl.SwizzledSharedLayout(8, 1, min(8, D // 8), [1, 0]))
     g = gl.program_id(0)
@@ -199,7 +198,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
 
     nstep_all = nchunk * NSTEP
     if PREFETCH:     # the first chunk's S_n goes before the ring's prologue (its wait below counts on that)
-        _prefetch_state(SF, sf_s, slot0 + n_first, DS, ti, tj, l0, FG, TJ, TW, D, CPS)
+        _prefetch_state(SF, sf_s, slot0 + n_first, DS, ti, tj, l0, FG, TJ, TW, D, CPY)
     g_next = 0.0
     if SCAN and GATED and PREFETCH_SF:   # each chunk's decay is loaded one chunk ahead
         g_next = gl.load(G + (i_b * T + n_first * C + C - 1) * HK + i_hk)
@@ -281,7 +280,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                         C, BK, NBUF, NSTEP, W_ROWS, REV)
             if PREFETCH:     # after step 0's barrier every thread is done reading this chunk's S_n from sf_s
                 if st == 0 and ci + 1 < nchunk:
-                    _prefetch_state(SF, sf_s, slot0 + n_next, DS, ti, tj, l0, FG, TJ, TW, D, CPS)
+                    _prefetch_state(SF, sf_s, slot0 + n_next, DS, ti, tj, l0, FG, TJ, TW, D, CPY)
         acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
         if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
             # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers

@@ -815,11 +815,13 @@ def gluon_rows_applies(kernel: str, q, d: int) -> bool:
     return on and q.is_cuda and q.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
-def _transposed(X, T, hx, d):
-    """The (b, hx, d, T) copy of X (b, T, hx, d) Triton's outer product reads (_transpose_heads, unscaled)."""
-    XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
+def _transposed(X, T, hx, d, XT=None, **scale):
+    """The (b, hx, d, T) copy of X (b, T, hx, d) the outer products read (_transpose_heads), into XT (else a new
+    tensor); `scale`: its SCALE arguments for the Gluon kernel's row-factor-scaled copy."""
+    if XT is None:
+        XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
     bt, warps = TRANSPOSE_BLOCK
-    _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps)
+    _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps, **scale)
     return XT
 
 
@@ -849,10 +851,8 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
         from .gluon_sym2 import gluon_outer, operand_layout_3d
         if copy is None:     # the query side's normalizer weights, [hi, lo] of -Delta per row, come with the copy
             XT, W = scaled_copy_buffers(X, T, hx, d, norm, keys)
-            bt, warps = TRANSPOSE_BLOCK
-            _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](
-                X, XT, T, H=hx, D=d, BT=bt, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
-                SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W, num_warps=warps)
+            _transposed(X, T, hx, d, XT, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
+                        SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W)
         else:
             XT, W = copy
         scanning = scan and OUTER_SCAN
