@@ -172,7 +172,12 @@ def main():
                     "kernels (longctx_p2_chunked<C>_serial)")
     ap.add_argument("--profile-chunked", action="store_true", help="with --chunked: print per-kernel CUDA time "
                     "of one fwd+bwd of each chunked impl at each context (torch.profiler)")
+    ap.add_argument("--keep-autotune", action="store_true", help="keep Triton's autotune winners on disk "
+                    "(power-attention 1.4.4's ~460 s at 64k), for scripts/gpu/keep_autotune.sh; the first-call "
+                    "seconds stay cold only on a machine whose cache was not seeded")
     args = ap.parse_args()
+    if args.keep_autotune:
+        os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     os.makedirs(args.out, exist_ok=True)
     prop = torch.cuda.get_device_properties(0)
     import triton

@@ -262,15 +262,18 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     key_ints = {n: "i32" for n in ("T", "NC", "DS", "NU")}
     shape = dict(D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), GATED=True)
     queries = dict(shape, HQ=hq, HK=hk, NORM=norm, HAS_S0=False)
+    low = "*bf16" if s2.INTRA_GRADS_LOW else "*fp32"    # the intra-chunk dq / dk they finish
     out = []
     for fn, kind, block, ptrs, ints, consts in (
             (gluon_query_fwd_rows, "qfwd", s2.GLUON_QFWD_BLOCK,
              {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16"}, query_ints, queries),
             (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
-             {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"}, query_ints, dict(queries, CAST=True)),
+             {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low}, query_ints,
+             dict(queries, CAST=True)),
             (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"}, key_ints,
              dict(shape, HK=hk, DU_MULT=s2.DU_MULT)),
-            (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
+            (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK,
+             {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low},
              key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT))):
         rows, warps, nbuf = block
         consts = dict(consts, NBUF=nbuf, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))

@@ -516,6 +516,13 @@ def _chunk_blocks(F, d, dot_dt):
     return 32, 32, 8, 2
 
 
+def _intra_grad_low(fast, x, d, kernel):
+    """Whether the intra-chunk dq (kernel "qbwd") or dk ("kdk") is stored in x's dtype (bf16) instead of fp32: the
+    Gluon row kernel that adds the state term then reads it, adds in fp32 and writes the result in place (as dv)."""
+    return (fast and sym2.INTRA_GRADS_LOW and x.dtype != torch.float32 and sym2.row_scaled(kernel, d)
+            and sym2.gluon_rows_applies(kernel, x, d))
+
+
 def _copy_in_attention(fast, x, d, C, keys) -> bool:
     """Whether the attention kernels write the Gluon outer product's scaled copy of x, the keys or the queries
     (triton_sym2.XT_IN_ATTENTION; the p=2 path with gluon_outer)."""
@@ -638,11 +645,14 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # Delta = dy . y (b,T,hq): formed and stored by the intra-chunk dq kernel, which runs first
     delta = torch.empty(b, T, hq, **f32) if norm else dummy
     # intra-chunk attention backward with the combined normalizer (lse = log of the total)
-    dq = torch.empty(b, T, hq, d, **f32)
-    dk = torch.empty(b, T, hk, d, **f32)
     # with the row-scaled dv kernel (the last to write dv) dv stays in the inputs' dtype throughout: the intra-chunk
-    # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass)
+    # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass); dq and
+    # dk likewise where the Gluon query backward / key dk finish them (INTRA_GRADS_LOW)
     dv_rows = fast and sym2.row_scaled("kdv", d)
+    dq_low = _intra_grad_low(fast, q, d, "qbwd")
+    dk_low = dv_rows and _intra_grad_low(fast, k, d, "kdk")
+    dq = torch.empty_like(q) if dq_low else torch.empty(b, T, hq, d, **f32)
+    dk = torch.empty_like(k) if dk_low else torch.empty(b, T, hk, d, **f32)
     dv = torch.empty_like(v) if dv_rows else torch.empty(b, T, hk, d, **f32)
     dgq = torch.empty(b, T, hq, **f32) if gated else dummy
     dgk = torch.empty(b, T, hk, **f32) if gated else dummy
@@ -677,7 +687,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
     # the p=2 kernels write the finished dq / dk in the inputs' dtype themselves (CAST: no conversion pass)
     cast = fast and q.dtype != torch.float32
-    dq_out = torch.empty_like(q) if cast else dq
+    dq_out = dq if dq_low or not cast else torch.empty_like(q)
     if fast and sym2.row_scaled("qbwd", d) and sym2.gluon_rows_applies("qbwd", q, d):
         from .gluon_rows import gluon_query_bwd_rows
         bm, warps, nbuf = sym2.GLUON_QBWD_BLOCK
@@ -756,7 +766,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         NU = NC
     dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
     if fast:
-        dk_out = torch.empty_like(k) if cast else dk
+        dk_out = dk if dk_low or not cast else torch.empty_like(k)
         if dv_rows and sym2.gluon_rows_applies("kdk", k, d):
             from .gluon_rows import gluon_key_dk_rows
             bk, warps, nbuf = sym2.GLUON_KDK_BLOCK

@@ -752,6 +752,8 @@ GLUON_QFWD_REGS = 128   # 6.38 -> 6.22 ms (4 programs / SM, 184 bytes spilled; 1
 GLUON_QBWD_REGS = 168   # 9.64 -> 9.36 ms (3 programs / SM, 176 bytes spilled)
 GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
 GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
+INTRA_GRADS_LOW = True  # the intra-chunk dq / dk stored in bf16 (not fp32) where the Gluon query backward / key dk add
+#                         the state term in fp32 and write the sum in place, as dv since session 10 (session 18)
 # (timed at d=64; at d=32 only the query backward reaches a cap: 178 -> 168 registers, no spill, 2 -> 3 programs / SM)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
