@@ -20,7 +20,8 @@ column q_i is a global load. Here:
 - q_i per row comes from a transposed copy of the block's q in shared memory (one row of it per slice);
 - the first-index sums g_i (one per row) go to a [D, rows] shared tile, added to dq once at the end; dq is written
   once per row (the block owns its rows: no atomics), in the inputs' dtype with CAST;
-- the normalizer term dl x (Zm + Zm^T) is three bf16 matmuls (hi / lo splits of both factors, ~2^-16 relative).
+- the normalizer term dl x (Zm + Zm^T) is two bf16 matmuls (x is exact in bf16; hi / lo splits of Zm + Zm^T, ~2^-16
+  relative).
 Same grids, arguments and results as Triton's kernels (the backward needs no ATOMIC). Gluon does not run under
 TRITON_INTERPRET: a GPU test compares it with Triton's kernel.
 """
@@ -168,21 +169,17 @@ def _zsym(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr, KEYS: g
 
 
 @gluon.jit
-def _split_dot(x, b, MMA: gl.constexpr, A_L: gl.constexpr, BS: gl.constexpr, BM: gl.constexpr, N: gl.constexpr):
-    """x [BM, K] @ b [K, N] (both fp32) on the tensor cores as xh bh + xh bl + xl bh with bf16 hi / lo parts
-    (~2^-16 relative)."""
-    xh = x.to(gl.bfloat16)
-    xl = (x - xh.to(gl.float32)).to(gl.bfloat16)
+def _split_dot(x, b, MMA: gl.constexpr, BS: gl.constexpr, BM: gl.constexpr, N: gl.constexpr):
+    """x [BM, K] (bf16, the matmul's operand layout: exact, the rows of a bf16 input) @ b [K, N] (fp32) on the tensor
+    cores as x bh + x bl with bf16 hi / lo parts of b (~2^-16 relative)."""
     bh = b.to(gl.bfloat16)
     bl = (b - bh.to(gl.float32)).to(gl.bfloat16)
     bh_s = gl.allocate_shared_memory(gl.bfloat16, bh.shape, BS, bh)
     bl_s = gl.allocate_shared_memory(gl.bfloat16, bl.shape, BS, bl)
     fence_async_shared()         # the stores above before the tensor cores read them (async proxy), from every thread
     _barrier()
-    ah = gl.convert_layout(xh, A_L)
-    out = warpgroup_mma(ah, bh_s, gl.zeros([BM, N], gl.float32, MMA), use_acc=False)
-    out = warpgroup_mma(ah, bl_s, out)
-    return warpgroup_mma(gl.convert_layout(xl, A_L), bh_s, out)
+    out = warpgroup_mma(x, bh_s, gl.zeros([BM, N], gl.float32, MMA), use_acc=False)
+    return warpgroup_mma(x, bl_s, out)
 
 
 @gluon.jit
@@ -249,7 +246,7 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, r
     acc = gl.zeros([BM, D], gl.float32, MMA)
     dg = gl.zeros([BM], gl.float32, ROW)
     if NORM:      # dl x (Zm + Zm^T): the normalizer's part of X, no per-slice work
-        xz = _split_dot(xf, _zsym(Z, s_base, D, TW, BLK, KEYS), MMA, A_L,
+        xz = _split_dot(gl.convert_layout(x, A_L), _zsym(Z, s_base, D, TW, BLK, KEYS), MMA,
                         gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16), BM, D) * on
         dg = 0.5 * dl_m * gl.sum(xf * xz, axis=1)
         acc = xz * gl.expand_dims(dl_m, 1)
@@ -388,28 +385,27 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
     row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC + 1, DS, HQ, HK, D, C, BM, HAS_S0,
                                                         GATED, BLK)
-    if NORM:     # den = q Zm q^T (three bf16 split matmuls, ~2^-16), formed before the passes: fewer live registers
-        xf = gl.convert_layout(q, MMA).to(gl.float32)
-        xz = _split_dot(xf, _zm(Z, s_base, D, TW, BLK), MMA, A_L,
+    if NORM:     # den = q Zm q^T (two bf16 split matmuls, ~2^-16), formed before the passes: fewer live registers
+        xz = _split_dot(gl.convert_layout(q, A_L), _zm(Z, s_base, D, TW, BLK), MMA,
                         gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16), BM, D)
-        den = gl.convert_layout(gl.sum(xf * xz, axis=1), BROW) * r
+        den = gl.convert_layout(gl.sum(gl.convert_layout(q, MMA).to(gl.float32) * xz, axis=1), BROW) * r
     # the passes under a branch with constant loop bounds, not bounds scaled by `on`: no per-slice predicates or
     # address arithmetic in the slice loops (SASS 536 -> 377 instructions per first tile, Triton 3.6)
     num = gl.zeros([BM, D], gl.float32, BLK)
     if on > 0:
         num = _rows_forward(Q, S, s_base, row, m2, q, 1, D, TW, KW2, BM, NBUF, False)
-    num = num * gl.expand_dims(r, 1)
     yi = gl.load(OI + off, mask=m2, other=0.0).to(gl.float32)
-    if NORM:     # stabilized as _combine_store
+    if NORM:     # stabilized as _combine_store; per-row factors, so each element takes one multiply and one FMA
         lse_i = gl.load(LSEI + row, mask=mask, other=0.0)
         big = gl.maximum(lse_i, gl.log(gl.maximum(den, 1e-30)))
         a = gl.exp(lse_i - big)
         bb = gl.exp(-big)
         tot = a + den * bb                                               # >= 1 (stabilized)
-        y = (yi * gl.expand_dims(a, 1) + num * gl.expand_dims(bb, 1)) / gl.expand_dims(tot, 1)
+        inv = 1.0 / tot
+        y = yi * gl.expand_dims(a * inv, 1) + num * gl.expand_dims(r * bb * inv, 1)
         gl.store(LSE + row, big + gl.log(tot), mask=mask)
     else:
-        y = yi + num
+        y = yi + num * gl.expand_dims(r, 1)
     gl.store(Y + off, y.to(Y.dtype.element_ty), mask=m2)
 
 
