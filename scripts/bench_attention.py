@@ -158,6 +158,19 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+def merged_rows(specs):
+    """Rows of several bench.json files ("path" or "path:impl,impl"), later files replacing earlier rows of the same
+    impl, t, d and mode."""
+    rows = {}
+    for spec in specs:
+        path, _, names = spec.partition(":")
+        keep = set(names.split(",")) if names else None
+        for r in json.load(open(path))["rows"]:
+            if "ms" in r and (keep is None or r["impl"] in keep):
+                rows[r["impl"], r["t"], r["d"], r["mode"]] = r
+    return list(rows.values())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/bench"))
@@ -175,7 +188,14 @@ def main():
     ap.add_argument("--keep-autotune", action="store_true", help="keep Triton's autotune winners on disk "
                     "(power-attention 1.4.4's ~460 s at 64k), for scripts/gpu/keep_autotune.sh; the first-call "
                     "seconds stay cold only on a machine whose cache was not seeded")
+    ap.add_argument("--replot", nargs="*", default=None, metavar="JSON[:IMPL,...]",
+                    help="no GPU: draw bench.png into --out from earlier bench.json files (the rows of the named impls "
+                         "only, if given; a later file's row replaces an earlier one's of the same impl, t, d, mode)")
     args = ap.parse_args()
+    if args.replot is not None:
+        os.makedirs(args.out, exist_ok=True)
+        plot(merged_rows(args.replot), os.path.join(args.out, "bench.png"))
+        return
     if args.keep_autotune:
         os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     os.makedirs(args.out, exist_ok=True)

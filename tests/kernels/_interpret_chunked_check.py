@@ -173,6 +173,29 @@ def attention_copies(norm, gated):
     return ok
 
 
+def dense_normalizer(sym, keys):
+    """triton_sym2.dense_normalizer (the Gluon row kernels' DENSE_Z operand, which the CPU never launches) against the
+    tiled symmetric power's definition in float64: per slot, x Zm x^T = z . phi(x) (phi with the key side's
+    multiplicities for keys) and, with sym, x (Zm + Zm^T) = its gradient; hi + lo to bf16's 2^-16."""
+    from longctx.kernels.power.reference import expand
+    d, slots = 32, 5
+    z = torch.randn(slots, state_dim(2, d))
+    zd = triton_sym2.dense_normalizer(z.view(1, slots, -1), d, sym=sym, keys=keys)[0]
+    m = zd[:, 0].double() + zd[:, 1].double()                                     # (slots, d (j), d (i))
+    x = torch.randn(slots, d, dtype=torch.float64, requires_grad=True)
+    val = (z.double() * expand(x, 2, weighted=keys)).sum(-1)
+    if sym:
+        want = torch.autograd.grad(val.sum(), x)[0]
+        got = torch.einsum("sj,sji->si", x.detach(), m)
+    else:
+        want = val.detach()
+        got = torch.einsum("sj,sji,si->s", x.detach(), m, x.detach())
+    err = rel(got, want)
+    ok = err < 1e-4 and zd.dtype == torch.bfloat16
+    print(f"{'ok  ' if ok else 'FAIL'} dense normalizer sym={sym} keys={keys} err={err:.1e}")
+    return ok
+
+
 def main():
     torch.manual_seed(0)
     args = [a for a in sys.argv[1:] if a not in ("sym2", "groups", "rows")]
@@ -188,6 +211,7 @@ def main():
         failed += sum(not run(CASES[i], fast=True, rows=True, atomic=False) for i in SYM2_GROUPS)
         failed += sum(not scaled_transpose(keys) for keys in (True, False))
         failed += sum(not attention_copies(norm, gated) for norm in (True, False) for gated in (True, False))
+        failed += sum(not dense_normalizer(sym, keys) for sym, keys in ((False, False), (True, False), (True, True)))
     sys.exit(1 if failed else 0)
 
 

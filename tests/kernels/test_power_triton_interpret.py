@@ -90,3 +90,32 @@ def test_sym2_kernels_compile_for_sm90():
             loops = sass_loop_counts(SASS_OF[name])
             assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
             assert all(loop["instructions"] > loop["ops"]["HGMMA"] for loop in loops), name
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
+    """GLUON_DENSE_Z (experimental, off by default): the Gluon row kernels that read the normalizer (query forward,
+    query backward, key dk) build with it for sm_90, their slice loops keep their matmuls, and reading the dense bf16
+    hi / lo matrices takes fewer instructions outside the loops than gathering Zm from the packed z."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import re
+
+    from longctx.kernels.power import triton_sym2 as s2
+    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    if not s2.gluon_available():
+        pytest.skip("this Triton has no Gluon")
+    outside = {}
+    for dense in (False, True):
+        monkeypatch.setattr(s2, "GLUON_DENSE_Z", dense)
+        built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
+        for name in ("gluon_query_fwd_rows", "gluon_query_bwd_rows", "gluon_key_dk_rows"):
+            assert built[name] in (None, 0) or built[name] <= 512, (name, dense, built[name])
+            sass = SASS_OF.get(name)
+            if not sass:
+                pytest.skip("no cuobjdump for the SASS")
+            loops = sass_loop_counts(sass)
+            assert loops and all(loop["ops"].get("HGMMA", 0) >= 16 for loop in loops), (name, dense)
+            total = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[^;]*;", sass))
+            outside[name, dense] = total - sum(loop["instructions"] for loop in loops)
+    for name in ("gluon_query_fwd_rows", "gluon_query_bwd_rows", "gluon_key_dk_rows"):
+        assert outside[name, True] < outside[name, False], (name, outside)

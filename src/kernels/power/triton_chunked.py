@@ -602,10 +602,11 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     if fast and sym2.row_scaled("qfwd", d) and sym2.gluon_rows_applies("qfwd", q, d):
         from .gluon_rows import gluon_query_fwd_rows
         bm, warps, nbuf = sym2.GLUON_QFWD_BLOCK
+        dense = norm and sym2.GLUON_DENSE_Z
         gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf, num_warps=warps,
-            **sym2.gluon_rows_regs("qfwd"))
+            q, G, S, sym2.dense_normalizer(Z, d, sym=False) if dense else Z, o_intra, lse_intra, y, lse, sp, T, NC, DS,
+            HQ=hq, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0,
+            NBUF=nbuf, DENSE_Z=dense, num_warps=warps, **sym2.gluon_rows_regs("qfwd"))
     elif fast and sym2.row_scaled("qfwd", d):
         _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -691,10 +692,11 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     if fast and sym2.row_scaled("qbwd", d) and sym2.gluon_rows_applies("qbwd", q, d):
         from .gluon_rows import gluon_query_bwd_rows
         bm, warps, nbuf = sym2.GLUON_QBWD_BLOCK
+        dense = norm and sym2.GLUON_DENSE_Z
         gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast,
-            num_warps=warps, **sym2.gluon_rows_regs("qbwd"))
+            q, G, S, sym2.dense_normalizer(Z, d, sym=True) if dense else Z, dy, lse, delta, dq, dq_out, dgq2, sp, T,
+            NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated,
+            HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, num_warps=warps, **sym2.gluon_rows_regs("qbwd"))
     elif fast and sym2.row_scaled("qbwd", d):
         _, bm, _, _ = sym2.blocks("qbwd_rows", d)
         sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -770,9 +772,14 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         if dv_rows and sym2.gluon_rows_applies("kdk", k, d):
             from .gluon_rows import gluon_key_dk_rows
             bk, warps, nbuf = sym2.GLUON_KDK_BLOCK
+            dense = sym2.GLUON_DENSE_Z
+            duz = dUz
+            if dense:     # formed from the whole buffer: the kernel finds slot n of dUz where the offset view has it
+                full, first = (dRz, 1) if parallel else (dUz, 0)
+                duz = sym2.dense_normalizer(full, d, sym=True, keys=not du_mult)[:, :, first:]
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
-                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, num_warps=warps,
+                k, v, G, dU, duz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
+                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, DENSE_Z=dense, num_warps=warps,
                 **sym2.gluon_rows_regs("kdk"))
         elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)

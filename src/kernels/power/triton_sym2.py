@@ -336,6 +336,25 @@ def _zmat(Z, s_base, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr):
 
 
 @triton.jit
+def _dense_zmat(Z, OUT, DS, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr, SYM: tl.constexpr,
+                KEYS: tl.constexpr):
+    """Program = one state slot of Z (packed, DS per slot): its Zm (_zmat; times the key side's multiplicities with
+    KEYS; + Zm^T with SYM) as bf16 hi and lo parts, OUT[slot] = [hi, lo] ([2, D, D], row j, column i)."""
+    slot = tl.program_id(0).to(tl.int64)
+    zm = _zmat(Z, slot * DS, D, NT, TW)
+    j = tl.arange(0, D)[:, None]
+    i = tl.arange(0, D)[None, :]
+    if KEYS:
+        zm = zm * tl.where(j // TW == i // TW, 1.0, 2.0)
+    if SYM:
+        zm = zm + tl.trans(zm)
+    hi = zm.to(tl.bfloat16)
+    off = slot * (2 * D * D) + j * D + i
+    tl.store(OUT + off, hi)
+    tl.store(OUT + off + D * D, (zm - hi.to(tl.float32)).to(tl.bfloat16))
+
+
+@triton.jit
 def _key_weights(qw, j, ti, TW: tl.constexpr):
     """The key side's operand for first tile ti: the window's columns j times their multiplicities (1 in tile ti, 2
     after it; exact in bf16)."""
@@ -754,6 +773,12 @@ GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
 GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
 INTRA_GRADS_LOW = True  # the intra-chunk dq / dk stored in bf16 (not fp32) where the Gluon query backward / key dk add
 #                         the state term in fp32 and write the sum in place, as dv since session 10 (session 18)
+GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read each chunk's normalizer matrix Zm (or
+#                         Zm + Zm^T) as bf16 hi / lo parts formed once per slot (dense_normalizer), instead of gathering
+#                         it from the packed z in every program (SASS outside the slice loops, d=64: query forward
+#                         1537 -> 1413, backward 1839 -> 1559, key dk 1574 -> 1306). H100 64k (session 18): key dk 9.46
+#                         -> 9.32 ms, query bwd 8.67 -> 8.60, fwd 5.38 -> 5.35, but _dense_zmat's three launches take
+#                         0.16: net -0.08, within noise, so off. Formed by the scans that write z it would pay ~0.2 ms
 # (timed at d=64; at d=32 only the query backward reaches a cap: 178 -> 168 registers, no spill, 2 -> 3 programs / SM)
 # The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
 # warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
@@ -825,6 +850,19 @@ def _transposed(X, T, hx, d, XT=None, **scale):
     bt, warps = TRANSPOSE_BLOCK
     _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps, **scale)
     return XT
+
+
+def dense_normalizer(Z, d: int, sym: bool, keys: bool = False) -> torch.Tensor:
+    """Each slot of the packed normalizer state Z (..., DS) fp32 as the [2, d, d] bf16 hi / lo parts of Zm (z . phi(x)
+    = x Zm x^T), or of Zm + Zm^T (sym: the gradient's x (Zm + Zm^T)), with the key side's multiplicities (keys): the
+    Gluon row kernels' DENSE_Z operand. One program per slot (~100 MB at 64k, d=64)."""
+    DS = Z.shape[-1]
+    Z = Z.contiguous()
+    out = torch.empty(*Z.shape[:-1], 2, d, d, device=Z.device, dtype=torch.bfloat16)
+    n = Z.numel() // DS
+    if n:
+        _dense_zmat[(n,)](Z, out, DS, D=d, NT=d // TILE2, TW=TILE2, SYM=sym, KEYS=keys, num_warps=4)
+    return out
 
 
 def scaled_copy_buffers(X, T, hx, d, norm, keys):
