@@ -263,7 +263,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     _transpose_heads; ahead-*: the scans' forward states and decays loaded a chunk ahead (GLUON_OUTER_PREFETCH)
     against loaded at each chunk boundary; lowgrad-*: the intra-chunk dq / dk stored in bf16 and finished in place by
     the Gluon query backward / key dk (INTRA_GRADS_LOW) against fp32; densez-*: the Gluon row kernels' normalizer
-    matrices formed once per slot (GLUON_DENSE_Z) against gathered per program. Many chunks, state in and out, output, state and all gradients."""
+    matrices formed once per slot (GLUON_DENSE_Z) against gathered per program. Many chunks, state in and out,
+    output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64

@@ -98,10 +98,8 @@ def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
     query backward, key dk) build with it for sm_90, their slice loops keep their matmuls, and reading the dense bf16
     hi / lo matrices takes fewer instructions outside the loops than gathering Zm from the packed z."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    import re
-
     from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_instructions, sass_loop_counts
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
     outside = {}
@@ -115,7 +113,7 @@ def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
                 pytest.skip("no cuobjdump for the SASS")
             loops = sass_loop_counts(sass)
             assert loops and all(loop["ops"].get("HGMMA", 0) >= 16 for loop in loops), (name, dense)
-            total = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[^;]*;", sass))
+            total = len(sass_instructions(sass))
             outside[name, dense] = total - sum(loop["instructions"] for loop in loops)
     for name in ("gluon_query_fwd_rows", "gluon_query_bwd_rows", "gluon_key_dk_rows"):
         assert outside[name, True] < outside[name, False], (name, outside)

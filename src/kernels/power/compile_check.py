@@ -92,12 +92,16 @@ def loop_op_counts(ptx: str, ops=LOOP_OPS) -> list[dict]:
     return out
 
 
+def sass_instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, text) of each instruction of a SASS listing (cuobjdump -sass)."""
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
 def sass_loop_counts(sass: str) -> list[dict]:
     """For each loop of a SASS listing (cuobjdump -sass: a branch back to an earlier address), its instruction count
     and the count of each opcode (guard predicates and modifiers dropped), outermost and inner loops alike. What a
     slice loop issues per iteration is the row kernels' cost where the tensor cores wait on the issue slots."""
-    ins = [(int(m.group(1), 16), m.group(2).strip())
-           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ins = sass_instructions(sass)
     index = {addr: i for i, (addr, _) in enumerate(ins)}
     out = []
     for i, (addr, text) in enumerate(ins):

@@ -516,13 +516,6 @@ def _chunk_blocks(F, d, dot_dt):
     return 32, 32, 8, 2
 
 
-def _intra_grad_low(fast, x, d, kernel):
-    """Whether the intra-chunk dq (kernel "qbwd") or dk ("kdk") is stored in x's dtype (bf16) instead of fp32: the
-    Gluon row kernel that adds the state term then reads it, adds in fp32 and writes the result in place (as dv)."""
-    return (fast and sym2.INTRA_GRADS_LOW and x.dtype != torch.float32 and sym2.row_scaled(kernel, d)
-            and sym2.gluon_rows_applies(kernel, x, d))
-
-
 def _copy_in_attention(fast, x, d, C, keys) -> bool:
     """Whether the attention kernels write the Gluon outer product's scaled copy of x, the keys or the queries
     (triton_sym2.XT_IN_ATTENTION; the p=2 path with gluon_outer)."""
@@ -650,8 +643,11 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass); dq and
     # dk likewise where the Gluon query backward / key dk finish them (INTRA_GRADS_LOW)
     dv_rows = fast and sym2.row_scaled("kdv", d)
-    dq_low = _intra_grad_low(fast, q, d, "qbwd")
-    dk_low = dv_rows and _intra_grad_low(fast, k, d, "kdk")
+    # the state kernels that run in Gluon (bf16 inputs only)
+    qbwd_gluon = fast and sym2.row_scaled("qbwd", d) and sym2.gluon_rows_applies("qbwd", q, d)
+    kdk_gluon = dv_rows and sym2.gluon_rows_applies("kdk", k, d)
+    dq_low = qbwd_gluon and sym2.INTRA_GRADS_LOW
+    dk_low = kdk_gluon and sym2.row_scaled("kdk", d) and sym2.INTRA_GRADS_LOW
     dq = torch.empty_like(q) if dq_low else torch.empty(b, T, hq, d, **f32)
     dk = torch.empty_like(k) if dk_low else torch.empty(b, T, hk, d, **f32)
     dv = torch.empty_like(v) if dv_rows else torch.empty(b, T, hk, d, **f32)
@@ -689,7 +685,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # the p=2 kernels write the finished dq / dk in the inputs' dtype themselves (CAST: no conversion pass)
     cast = fast and q.dtype != torch.float32
     dq_out = dq if dq_low or not cast else torch.empty_like(q)
-    if fast and sym2.row_scaled("qbwd", d) and sym2.gluon_rows_applies("qbwd", q, d):
+    if qbwd_gluon:
         from .gluon_rows import gluon_query_bwd_rows
         bm, warps, nbuf = sym2.GLUON_QBWD_BLOCK
         dense = norm and sym2.GLUON_DENSE_Z
@@ -727,8 +723,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         dR[:, :, NC] = dsf
         dRz[:, :, NC] = dzf
         # dU with the key side's multiplicities (the scan writes them) where both key kernels run in Gluon
-        du_mult = (sym2.DU_MULT and dv_rows and sym2.gluon_rows_applies("kdk", k, d)
-                   and sym2.gluon_rows_applies("kdv", k, d))
+        du_mult = sym2.DU_MULT and kdk_gluon and sym2.gluon_rows_applies("kdv", k, d)
         scanned, dgt_scan = False, None
         if fast:
             scanned, dgt_scan = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C,
@@ -769,7 +764,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
     if fast:
         dk_out = dk if dk_low or not cast else torch.empty_like(k)
-        if dv_rows and sym2.gluon_rows_applies("kdk", k, d):
+        if kdk_gluon:
             from .gluon_rows import gluon_key_dk_rows
             bk, warps, nbuf = sym2.GLUON_KDK_BLOCK
             dense = sym2.GLUON_DENSE_Z
