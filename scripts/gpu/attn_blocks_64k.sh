@@ -4,7 +4,8 @@
 # tune_sym2.py process per config, kernel profile per run. KERNEL: dkdv (default; session 17: the default 5.93 ms
 # won), fwd (128, 32, 4, 3, 168; it now also writes the keys' scaled copy) or dq (64, 64, 4, 1, 128; it also writes
 # the queries' copy). ~4 minutes per kernel on a warm H100.
-#   source scripts/gpu/setup_device.sh; bash scripts/gpu/attn_blocks_64k.sh [dkdv|fwd|dq]     (writes under $OUT)
+#   source scripts/gpu/setup_device.sh; bash scripts/gpu/attn_blocks_64k.sh [dkdv|fwd|dq] [CFG ...]   (under $OUT)
+# CFG: BM,BN,warps,stages[,maxnreg] or "default"; without them the kernel's list below.
 OUT=${OUT:-runs/attn_blocks}
 KERNEL=${1:-dkdv}
 case "$KERNEL" in
@@ -13,6 +14,7 @@ case "$KERNEL" in
   dq) cfgs="default 64,64,4,2,128 64,64,4,3,168 128,64,8,2 64,32,4,2,128 128,32,8,3" ;;
   *) echo "KERNEL must be dkdv, fwd or dq, got '$KERNEL'" >&2; exit 2 ;;
 esac
+[ $# -gt 1 ] && cfgs="${*:2}"
 for cfg in $cfgs; do
   extra=()
   [ "$cfg" = default ] || extra=(--attn-blocks "$KERNEL=$cfg")

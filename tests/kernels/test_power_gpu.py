@@ -246,7 +246,8 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z"}   # off by default until tim
                                   "gluonv-bf16", "gluonv-bf16-d32", "gluonk-bf16", "gluonk-bf16-d32",
                                   "scan-bf16", "scan-bf16-d32", "dumult-bf16", "dumult-bf16-d32", "xtattn-bf16",
                                   "xtattn-bf16-d32", "ahead-bf16", "ahead-bf16-d32", "lowgrad-bf16",
-                                  "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32"])
+                                  "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
+                                  "streams-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -263,8 +264,9 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     _transpose_heads; ahead-*: the scans' forward states and decays loaded a chunk ahead (GLUON_OUTER_PREFETCH)
     against loaded at each chunk boundary; lowgrad-*: the intra-chunk dq / dk stored in bf16 and finished in place by
     the Gluon query backward / key dk (INTRA_GRADS_LOW) against fp32; densez-*: the Gluon row kernels' normalizer
-    matrices formed once per slot (GLUON_DENSE_Z) against gathered per program. Many chunks, state in and out,
-    output, state and all gradients."""
+    matrices formed once per slot (GLUON_DENSE_Z) against gathered per program; streams-*: the backward's
+    two chains on two CUDA streams (CONCURRENT_BWD) against one. Many chunks, state in and out, output, state and
+    all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
@@ -274,7 +276,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "gluonq": ("QBWD_GLUON",), "gluonf": ("QFWD_GLUON",), "gluonv": ("KDV_GLUON",),
                 "gluonk": ("KDK_GLUON",), "scan": ("OUTER_SCAN",), "dumult": ("DU_MULT",),
                 "xtattn": ("XT_IN_ATTENTION",), "ahead": ("GLUON_OUTER_PREFETCH",),
-                "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",)}
+                "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
+                "streams": ("CONCURRENT_BWD",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)

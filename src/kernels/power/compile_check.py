@@ -187,7 +187,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     for fn, kernel, ptrs in ((ta._attn_fwd, "fwd", {"Q": io, "K": io, "V": io, "O": io}),
                              (ta._attn_bwd_dkdv, "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
                              (ta._attn_bwd_dq, "dq", {"Q": io, "K": io, "V": io, "DO": io, "O": io})):
-        cfg = ta._launch_cfg(d, kernel, *ta._dot_dtype(torch_dt, norm, kernel != "fwd"))
+        cfg = ta._launch_cfg(d, kernel, *ta._dot_dtype(torch_dt, norm, kernel != "fwd"), chunked=xt)
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
         if kernel == "dq":
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
@@ -299,7 +299,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .gluon_sym2 import gluon_outer, operand_layout_3d
-    jg, bk = s2.gluon_outer_block(d)
+    jg, bk = s2.gluon_outer_block(d, chunk)
     ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
     out = []
     for keys in (True, False):

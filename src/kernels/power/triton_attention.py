@@ -517,7 +517,7 @@ def _dot_dtype(dtype, norm, backward):
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
 GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k); equal speed
-                            # on the H200 (scripts/gpu/ab_gate_scores.py, session 6), kept as an A/B switch
+                            # on the H200 (scripts/gpu/ab_switch.py, session 6), kept as an A/B switch
 FAST_BACKWARD = True
 
 
@@ -537,16 +537,21 @@ BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): 
 KERNELS = ("fwd", "dkdv", "dq")
 
 
-def _blocks(d, kernel, dot_dt):
+def _blocks(d, kernel, dot_dt, chunked=False):
     """(BM, BN, num_warps, num_stages) of one attention-form kernel ("fwd", "dkdv" or "dq") per head dim; fixed
     (no benchmarking autotuner), measured in docs/kernels.md. The two backward kernels can take different tiles
-    (BLOCK_OVERRIDE), though today's defaults are the same."""
+    (BLOCK_OVERRIDE), though today's defaults are the same. chunked: the tiles of the chunked form's intra-chunk
+    attention (every chunk a short sequence of its own), where they differ."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
     for key in (kernel, "bwd" if kernel != "fwd" else None):
         if key in BLOCK_OVERRIDE:
             return BLOCK_OVERRIDE[key]
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
+    if chunked and kernel == "fwd" and d <= 64 and dot_dt == tl.bfloat16:
+        # 64k, chunk 1024 (H100, session 19, one tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
+        # 3.66 here (96 registers, 8 bytes of stack as before: 5 programs per SM instead of 3); 3.73 at 128
+        return (64, 32, 4, 3, 96)
     if d <= 64 and dot_dt == tl.bfloat16:
         # register caps (5th entry, maxnreg) that let more programs share an SM (H100, session 10: the chunked
         # form's intra-chunk attention at 64k fwd 4.04 -> 3.46 ms, dq 4.43 -> 3.96; the attention form at 4k
@@ -567,9 +572,10 @@ def launch_options(entry) -> dict:
     return opts
 
 
-def _launch_cfg(d, kernel, dot_dt, prec):
-    """The tile constexprs and launch options (launch_options) of one attention-form kernel."""
-    entry = _blocks(d, kernel, dot_dt)
+def _launch_cfg(d, kernel, dot_dt, prec, chunked=False):
+    """The tile constexprs and launch options (launch_options) of one attention-form kernel (chunked: as the chunked
+    form's intra-chunk attention)."""
+    entry = _blocks(d, kernel, dot_dt, chunked)
     BM, BN = entry[:2]
     return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
                 **launch_options(entry))

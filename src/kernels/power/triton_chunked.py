@@ -522,6 +522,18 @@ def _copy_in_attention(fast, x, d, C, keys) -> bool:
     return fast and bool(sym2.XT_IN_ATTENTION & (1 if keys else 2)) and sym2.gluon_outer_applies(x, d, C)
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device) -> torch.cuda.Stream:
+    """One side stream per device for the chunked backward's second chain (created once: streams are not freed)."""
+    idx = torch.device(device).index
+    idx = torch.cuda.current_device() if idx is None else idx
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx]
+
+
 def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int):
     """The chunked form's forward launches: (y, S, Z, lse, G, parallel) with S / Z the states entering each chunk
     and the final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy, parallel whether
@@ -538,7 +550,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     DS = state_dim(p, d)
     sp = scale ** p
     # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
-    attn_cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False))
+    attn_cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False), chunked=True)
     fast = sym2.applies(p, d, q.dtype)      # p = 2: the grouped outer-product kernels (triton_sym2.py)
     # bf16 inputs on the p=2 path: the intra output and the per-chunk states are stored in bf16 (they are
     # bf16 matmul operands anyway; sums stay fp32 in registers): half the memory of fp32 buffers
@@ -664,18 +676,30 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     copy_q = (sym2.scaled_copy_buffers(q, T, hq, d, norm, False)
               if parallel and _copy_in_attention(fast, q, d, C, False) else None)
     cw = _chunk_view(copy_q[1], nb, C, norm) if copy_q else None
+    # the query side's reverse scan and then the key kernels may run on a side stream (sym2.CONCURRENT_BWD): the
+    # scan needs only the intra-chunk dq's copies and Delta, the key kernels the intra-chunk dk / dv, and the
+    # intra-chunk dk / dv and the query backward need neither. Every buffer either chain writes is allocated on the
+    # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
+    # memory is freed or reused while the other stream may still use it.
+    side = _side_stream(q.device) if sym2.CONCURRENT_BWD and fast and parallel and q.is_cuda else None
     for sl in _chunk_batches(nb, hq):
         n_sl = sl.stop - sl.start
         g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
-        side = dict(XT=copy_q[0], W=cw[sl] if norm else cw, sqrt_scale_p=sp ** 0.5, CB0=sl.start, NCH=NC, T_FULL=T,
-                    XT_MODE=2) if copy_q else {}
+        side_args = dict(XT=copy_q[0], W=cw[sl] if norm else cw, sqrt_scale_p=sp ** 0.5, CB0=sl.start, NCH=NC,
+                         T_FULL=T, XT_MODE=2) if copy_q else {}
         _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
             cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
-            GATE_SCORES=triton_attention.GATE_SCORES, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg, **side)
-        _attn_bwd_dkdv[(triton.cdiv(C, kv_cfg["BN"]), n_sl * hk)](
-            cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale, sp, C,
-            **common, **kv_cfg)
-    del cdq, cdk                            # views that would keep the fp32 dq alive after its conversion
+            GATE_SCORES=triton_attention.GATE_SCORES, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg, **side_args)
+    del cdq                                 # a view that would keep an fp32 dq alive after its conversion
+
+    def intra_dkdv():
+        for sl in _chunk_batches(nb, hq):
+            n_sl = sl.stop - sl.start
+            g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+            _attn_bwd_dkdv[(triton.cdiv(C, kv_cfg["BN"]), n_sl * hk)](
+                cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale,
+                sp, C, **common, **kv_cfg)
+
     # state term
     sdt, sprec = _state_operands(q.dtype)
     rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
@@ -685,97 +709,112 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # the p=2 kernels write the finished dq / dk in the inputs' dtype themselves (CAST: no conversion pass)
     cast = fast and q.dtype != torch.float32
     dq_out = dq if dq_low or not cast else torch.empty_like(q)
-    if qbwd_gluon:
-        from .gluon_rows import gluon_query_bwd_rows
-        bm, warps, nbuf = sym2.GLUON_QBWD_BLOCK
-        dense = norm and sym2.GLUON_DENSE_Z
-        gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, S, sym2.dense_normalizer(Z, d, sym=True) if dense else Z, dy, lse, delta, dq, dq_out, dgq2, sp, T,
-            NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated,
-            HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, num_warps=warps, **sym2.gluon_rows_regs("qbwd"))
-    elif fast and sym2.row_scaled("qbwd", d):
-        _, bm, _, _ = sym2.blocks("qbwd_rows", d)
-        sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            ATOMIC=atomic, PIPE=sym2.QBWD_PIPE, CAST=cast, **sym2.launch_options("qbwd_rows", d))
-    elif fast:
-        jg, bm, _, _ = sym2.blocks("qbwd", d)
-        grp = sym2.groups(d, jg, q.device)
-        sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, grp, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
-            TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            ATOMIC=atomic, CAST=cast, **sym2.launch_options("qbwd", d))
-    else:
-        _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
-            q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
-            HAS_S0=has_s0, **sizes)
-    dq = dq_out
+
+    def query_state():
+        if qbwd_gluon:
+            from .gluon_rows import gluon_query_bwd_rows
+            bm, warps_, nbuf = sym2.GLUON_QBWD_BLOCK
+            dense = norm and sym2.GLUON_DENSE_Z
+            gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+                q, G, S, sym2.dense_normalizer(Z, d, sym=True) if dense else Z, dy, lse, delta, dq, dq_out, dgq2, sp,
+                T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated,
+                HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, num_warps=warps_, **sym2.gluon_rows_regs("qbwd"))
+        elif fast and sym2.row_scaled("qbwd", d):
+            _, bm, _, _ = sym2.blocks("qbwd_rows", d)
+            sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
+                q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+                KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+                ATOMIC=atomic, PIPE=sym2.QBWD_PIPE, CAST=cast, **sym2.launch_options("qbwd_rows", d))
+        elif fast:
+            jg, bm, _, _ = sym2.blocks("qbwd", d)
+            grp = sym2.groups(d, jg, q.device)
+            sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
+                q, G, grp, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d,
+                C=C, TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
+                ATOMIC=atomic, CAST=cast, **sym2.launch_options("qbwd", d))
+        else:
+            _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
+                q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
+                HAS_S0=has_s0, **sizes)
+        # dq is complete: with fp32 intermediates its buffer is released (before dR exists, on one stream)
+        return dq_out.to(q.dtype) if parallel else dq_out
+
     NV = d // BD
-    du_mult = False
     if parallel:
         # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
         # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
         # and d initial_state = slot 0
-        dq = dq.to(q.dtype)                 # dq is complete: release its fp32 buffer before dR exists
+        if side is None:
+            intra_dkdv()
+            dq = query_state()
         dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
         dR[:, :, NC] = dsf
         dRz[:, :, NC] = dzf
-        # dU with the key side's multiplicities (the scan writes them) where both key kernels run in Gluon
-        du_mult = sym2.DU_MULT and kdk_gluon and sym2.gluon_rows_applies("kdv", k, d)
+        ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
+        dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
+    else:
+        intra_dkdv()
+        dq = query_state()
+        dU = torch.empty(b, hk, NC, DS, d, **f32)
+        dUz = torch.empty(b, hk, NC, DS, **f32)
+        ds0 = torch.empty(b, hk, DS, d, **f32)
+        dz0 = torch.empty(b, hk, DS, **f32)
+        NU = NC
+    # dU with the key side's multiplicities (the scan writes them) where both key kernels run in Gluon
+    du_mult = parallel and fast and sym2.DU_MULT and kdk_gluon and sym2.gluon_rows_applies("kdv", k, d)
+    dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
+    dk_out = dk if dk_low or not cast else torch.empty_like(k)
+
+    def state_grads():
+        """dL/dS_n of every chunk (dR, or the serial kernel's dU) and the chunks' gate gradients dgt; whether dU
+        carries the key multiplicities."""
+        if not parallel:
+            dgt_ = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
+            _chunk_state_bwd[(L, NV, b * hk)](
+                q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt_, sp,
+                T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
+            return (dgt_.view(b, hk, -1, NC).sum(2) if gated else dummy), False
         scanned, dgt_scan = False, None
         if fast:
             scanned, dgt_scan = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C,
                                                   False, norm, gated, sdt, sprec, scan=True, fwd_states=(S, Z),
                                                   du_mult=du_mult, copy=copy_q)
-        del copy_q, cw
-        du_mult = du_mult and scanned
-        if not fast:
+        else:
             prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
             _query_grad_state[(NC * L, d // pBD, b * hk)](
                 q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD,
                 NORM=norm, **dict(sizes, num_warps=pwarps, num_stages=pstages))
+        if scanned:
+            return (dgt_scan if gated else dummy), du_mult
         dgts = []
-        for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)) if not scanned else ():
+        for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)):
             nblk = triton.cdiv(M, DISCUMSUM_BLOCK)
             dgt_ = torch.empty(b * hk, nblk, NC, **f32) if gated else dummy
             _discumsum[(nblk, b * hk)](
                 X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=True,
                 num_warps=4)
             dgts.append(dgt_)
-        if scanned:
-            dgt = dgt_scan if gated else dummy
-        else:
-            dgt = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
-        ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
-        dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
-    else:
-        dU = torch.empty(b, hk, NC, DS, d, **f32)
-        dUz = torch.empty(b, hk, NC, DS, **f32)
-        ds0 = torch.empty(b, hk, DS, d, **f32)
-        dz0 = torch.empty(b, hk, DS, **f32)
-        dgt = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
-        _chunk_state_bwd[(L, NV, b * hk)](
-            q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt, sp,
-            T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
-        dgt = dgt.view(b, hk, -1, NC).sum(2) if gated else dummy
-        NU = NC
-    dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
-    if fast:
-        dk_out = dk if dk_low or not cast else torch.empty_like(k)
+        dgt_ = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
+        return dgt_, False
+
+    def key_state(du_mult):
+        if not fast:
+            _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
+                k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
+            return
         if kdk_gluon:
             from .gluon_rows import gluon_key_dk_rows
-            bk, warps, nbuf = sym2.GLUON_KDK_BLOCK
+            bk, warps_, nbuf = sym2.GLUON_KDK_BLOCK
             dense = sym2.GLUON_DENSE_Z
             duz = dUz
             if dense:     # formed from the whole buffer: the kernel finds slot n of dUz where the offset view has it
                 full, first = (dRz, 1) if parallel else (dUz, 0)
                 duz = sym2.dense_normalizer(full, d, sym=True, keys=not du_mult)[:, :, first:]
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, dU, duz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
-                BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, DENSE_Z=dense, num_warps=warps,
-                **sym2.gluon_rows_regs("kdk"))
+                k, v, G, dU, duz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE,
+                KW2=sym2.half_window(d), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, DENSE_Z=dense,
+                num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
         elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)
             sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
@@ -789,21 +828,35 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 k, v, G, grp, dU, dUz, dk, dk_out, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE,
                 JG=jg, BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows, CAST=cast,
                 **sym2.launch_options("kbwd", d))
-        dk = dk_out
         if dv_rows and sym2.gluon_rows_applies("kdv", k, d):
             from .gluon_rows import gluon_key_dv_rows
-            bk, warps, nbuf = sym2.GLUON_KDV_BLOCK
+            bk, warps_, nbuf = sym2.GLUON_KDV_BLOCK
             gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                NBUF=nbuf, DU_MULT=du_mult, num_warps=warps, **sym2.gluon_rows_regs("kdv"))
+                NBUF=nbuf, DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_rows_regs("kdv"))
         elif dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
                 DOT_DT=sdt, PREC=sprec, PIPE=sym2.KDV_PIPE, ACC=sym2.KDV_ACC, **sym2.launch_options("kdv_rows", d))
+
+    if side is None:
+        dgt, du_mult = state_grads()
+        key_state(du_mult)
     else:
-        _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
-            k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
+        main = torch.cuda.current_stream(q.device)
+        side.wait_stream(main)                  # the intra-chunk dq's copies and Delta, dR's last slot
+        with torch.cuda.stream(side):
+            dgt, du_mult = state_grads()
+        intra_dkdv()
+        side.wait_stream(main)                  # the intra-chunk dk / dv, which the key kernels finish
+        dq = query_state()
+        with torch.cuda.stream(side):
+            key_state(du_mult)
+        main.wait_stream(side)
+    del cdk, copy_q, cw
+    if fast:
+        dk = dk_out
     dgl = None
     if gated:
         rep = hq // hk

@@ -744,6 +744,12 @@ GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ fro
 #   16): (1, 64) 12.08 ms, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16) 15.35, (4, 32) 42.8; but with (1, 64)
 #   Triton 3.6 crashed compiling a chunk-128 GQA launch (test mode scan-bf16, ConvertTritonGPUToLLVM) and the returned
 #   normalizer's error against float64 grew (1.8e-3 -> 4.0e-3), so it stays off until that is understood
+GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (Triton 3.6 builds them; chunk 128 still fails in
+#   ConvertTritonGPUToLLVM). Off: a race. H100 64k, session 19: outer 12.56 -> 12.18 ms, but the returned normalizer z
+#   against float64 (tune_sym2.py's check, chunk 256) came out 5.4e-3, 1.8e-3 and 3.7e-3 in three runs (1.8e-3 every
+#   time at (2, 32)), while the states s stay at 3.3e-3: the normalizer sums race with one block per group (64 rows
+#   of features), as d=128's Gluon outer product (also one block per group) does. For debugging it:
+#   tune_sym2.py --set GLUON_OUTER_ROWS64=1
 QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in
 #                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
 #                    sm_90, d=64: 124 / 83 SASS instructions a slice (full / half window) against Triton's 158 / 102;
@@ -785,6 +791,12 @@ GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read eac
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
 # ATOMIC_RMW = False, they are read-modify-writes after a barrier instead (bitwise reproducible).
 ATOMIC_RMW = True
+CONCURRENT_BWD = True   # the chunked backward's two independent chains on two CUDA streams: the query side's reverse
+#                         scan and then the key kernels on a side stream, the intra-chunk dk / dv and the query
+#                         backward on the caller's (the scan needs only the intra-chunk dq's copies, the key kernels
+#                         the intra-chunk dk / dv), so one chain's kernels fill the other's tails. H100, one process,
+#                         rounds interleaved (scripts/gpu/ab_switch.py, session 19): 8k fwd+bwd 7.50 -> 7.40 ms; 64k
+#                         58.62 -> 58.56 (no gain: each kernel fills the GPU there); peak memory unchanged
 
 
 def atomic_updates() -> bool:
@@ -818,13 +830,16 @@ _GLUON_OK = None
 def gluon_outer_applies(X, d: int, C: int) -> bool:
     """Whether the outer product runs as gluon_sym2.gluon_outer: OUTER_GLUON, bf16 on CUDA, its rows per step
     (gluon_outer_block) a multiple of 16 dividing the chunk, a Triton with its Gluon."""
-    bk = gluon_outer_block(d)[1]
+    bk = gluon_outer_block(d, C)[1]
     return (OUTER_GLUON and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
             and d in GLUON_OUTER_DIMS and gluon_available())
 
 
-def gluon_outer_block(d: int) -> tuple[int, int]:
-    """(JG, rows per step) of the Gluon outer product for head dim d (GLUON_OUTER_BLOCK, else BLOCKS' "outer")."""
+def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
+    """(JG, rows per step) of the Gluon outer product for head dim d and chunk C (GLUON_OUTER_BLOCK, else BLOCKS'
+    "outer"; GLUON_OUTER_ROWS64 at d=64 from chunk 256 on)."""
+    if GLUON_OUTER_ROWS64 and d == 64 and C >= 256:
+        return (1, 64)
     return GLUON_OUTER_BLOCK.get(d, blocks("outer", d)[:2])
 
 
@@ -886,7 +901,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
     Gluon kernel's input; else _transpose_heads writes it here)."""
     jg, bk, _, _ = blocks("outer", d)
     if gluon_outer_applies(X, d, C):
-        jg, bk = gluon_outer_block(d)
+        jg, bk = gluon_outer_block(d, C)
         grp = groups(d, jg, X.device)
         from .gluon_sym2 import gluon_outer, operand_layout_3d
         if copy is None:     # the query side's normalizer weights, [hi, lo] of -Delta per row, come with the copy

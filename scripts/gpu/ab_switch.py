@@ -1,0 +1,108 @@
+"""A/B of kernel switches in one process on a GPU: fwd+bwd (and fwd) ms of the public power_attention (b=8, h=12,
+d=64, bf16, gated, p=2) under each variant, the variants interleaved over several rounds so that clock and thermal
+drift hit them alike (the median of the rounds' medians is reported).
+
+A variant is '+'-joined items: NAME=VALUE sets a switch of triton_sym2 / triton_attention (tune_sym2.py --set),
+attn:KERNEL=BM,BN,warps,stages[,maxnreg] an intra-chunk attention tile (triton_attention.BLOCK_OVERRIDE), and
+"default" nothing.
+
+    python scripts/gpu/ab_switch.py --variants CONCURRENT_BWD=0 CONCURRENT_BWD=1 --ctxs 65536,8192
+    python scripts/gpu/ab_switch.py --variants GATE_SCORES=0 GATE_SCORES=1 --ctxs 1024,4096,16384
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_attention import inputs, make_ours, run_once  # noqa: E402
+from tune_sym2 import apply_switches  # noqa: E402
+from longctx.kernels.power import triton_attention, triton_sym2  # noqa: E402
+
+OURS = make_ours(2)
+
+
+def parse_variant(spec: str):
+    """'A=1+attn:fwd=64,32,4,3' -> (switch items, {kernel: tile})."""
+    switches, tiles = [], {}
+    for item in filter(None, spec.split("+")):
+        if item == "default":
+            continue
+        if item.startswith("attn:"):
+            kernel, cfg = item[5:].split("=")
+            if kernel not in (*triton_attention.KERNELS, "bwd"):
+                raise SystemExit(f"--variants: attention kernel {kernel!r} is not one of {triton_attention.KERNELS}")
+            tiles[kernel] = tuple(int(x) for x in cfg.split(","))
+        elif "=" in item:
+            switches.append(item)
+        else:
+            raise SystemExit(f"--variants: item {item!r} is neither NAME=VALUE, attn:KERNEL=TILE nor 'default'")
+    return switches, tiles
+
+
+def snapshot():
+    """The module switches (upper-case names) of both kernel modules, to restore between variants."""
+    return {m: {k: v for k, v in vars(m).items() if k.isupper()} for m in (triton_sym2, triton_attention)}
+
+
+def restore(snap):
+    for m, values in snap.items():
+        for k, v in values.items():
+            setattr(m, k, v)
+    triton_attention.BLOCK_OVERRIDE.clear()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", nargs="+", required=True)
+    ap.add_argument("--ctxs", default="65536")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fwd", action="store_true", help="also time the forward alone")
+    ap.add_argument("--out", default=os.environ.get("OUT", "runs/ab_switch"))
+    args = ap.parse_args()
+    variants = {spec: parse_variant(spec) for spec in args.variants}
+    base = snapshot()
+    res = {"device": torch.cuda.get_device_name(), "variants": args.variants, "rows": []}
+    for t in (int(c) for c in args.ctxs.split(",")):
+        xs, lg = inputs(8, t, 12, 64, True)
+        modes = [("fwd+bwd", True)] + ([("fwd", False)] if args.fwd else [])
+        times = {(spec, m): [] for spec in variants for m, _ in modes}
+        peak = {}
+        for r in range(args.rounds):
+            for spec, (switches, tiles) in variants.items():
+                restore(base)
+                apply_switches(switches)
+                triton_attention.BLOCK_OVERRIDE.update(tiles)
+                for m, bwd in modes:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    run_once(OURS, *xs, lg, bwd)                     # compile (first round) / warm
+                    torch.cuda.synchronize()
+                    peak[(spec, m)] = torch.cuda.max_memory_allocated() / 1e9
+                    times[(spec, m)].append(do_bench(lambda: run_once(OURS, *xs, lg, bwd), warmup=25, rep=500,
+                                                     return_mode="median"))
+        restore(base)
+        for m, _ in modes:
+            ref = statistics.median(times[(args.variants[0], m)])
+            for spec in variants:
+                ms = statistics.median(times[(spec, m)])
+                row = dict(t=t, mode=m, variant=spec, ms=ms, rounds=times[(spec, m)], vs_first=ref / ms,
+                           peak_gb=peak[(spec, m)])
+                res["rows"].append(row)
+                print(f"t={t} {m:8s} {spec:40s} {ms:8.3f} ms  ({ref / ms:.3f}x the first; peak "
+                      f"{peak[(spec, m)]:.2f} GB; rounds "
+                      + " ".join(f"{x:.2f}" for x in times[(spec, m)]) + ")", flush=True)
+        del xs, lg
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "ab_switch.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
