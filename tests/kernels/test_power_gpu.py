@@ -236,7 +236,7 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
     assert rel_err(y, y_attn) < 1e-2
 
 
-EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z"}   # off by default until timed on a GPU (turned on for `other`)
+EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_WS"}   # off by default until timed on a GPU (turned on for `other`)
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
@@ -247,7 +247,7 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z"}   # off by default until tim
                                   "scan-bf16", "scan-bf16-d32", "dumult-bf16", "dumult-bf16-d32", "xtattn-bf16",
                                   "xtattn-bf16-d32", "ahead-bf16", "ahead-bf16-d32", "lowgrad-bf16",
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
-                                  "streams-bf16-d32"])
+                                  "streams-bf16-d32", "ws-bf16", "ws-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -265,7 +265,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     against loaded at each chunk boundary; lowgrad-*: the intra-chunk dq / dk stored in bf16 and finished in place by
     the Gluon query backward / key dk (INTRA_GRADS_LOW) against fp32; densez-*: the Gluon row kernels' normalizer
     matrices formed once per slot (GLUON_DENSE_Z) against gathered per program; streams-*: the backward's
-    two chains on two CUDA streams (CONCURRENT_BWD) against one. Many chunks, state in and out, output, state and
+    two chains on two CUDA streams (CONCURRENT_BWD) against one; ws-*: the Gluon query forward and key dv
+    warp-specialized, their slices by TMA (GLUON_WS) against cp.async. Many chunks, state in and out, output, state and
     all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
@@ -277,7 +278,7 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "gluonk": ("KDK_GLUON",), "scan": ("OUTER_SCAN",), "dumult": ("DU_MULT",),
                 "xtattn": ("XT_IN_ATTENTION",), "ahead": ("GLUON_OUTER_PREFETCH",),
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
-                "streams": ("CONCURRENT_BWD",)}
+                "streams": ("CONCURRENT_BWD",), "ws": ("GLUON_WS",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)

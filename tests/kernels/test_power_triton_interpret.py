@@ -2,6 +2,7 @@
 never reaches other tests), forward and gradients vs the reference. See _interpret_check.py (attention
 form), _interpret_chunked_check.py (chunked form: state kernels, query-state, state gradients) and
 _interpret_ops_check.py (both forms as custom ops under torch.compile)."""
+import collections
 import os
 import subprocess
 import sys
@@ -122,3 +123,35 @@ def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
             outside[name, dense] = total - sum(loop["instructions"] for loop in loops)
     for name in ("gluon_query_fwd_rows", "gluon_query_bwd_rows", "gluon_key_dk_rows"):
         assert outside[name, True] < outside[name, False], (name, outside)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_gluon_forward_rows_compile_warp_specialized(monkeypatch):
+    """GLUON_WS (off by default until a GPU has run it): the Gluon query forward and key dv, warp-specialized (a 1-warp
+    TMA partition brings the state slices, full / empty mbarriers), build for sm_90 at d=32/64 under their register
+    cap with nothing spilled, fit shared memory, load the slices by TMA only (no cp.async left in them) and keep the
+    closed-form matmul count: TW slices x (d / 16 + half window / 16) per first tile (key dv: 8 x (4 + 2) = 48 at
+    d=64)."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power import triton_sym2 as s2
+    from longctx.kernels.power.compile_check import H100_SHARED, SASS_OF, compile_gluon_rows, sass_instructions
+    if not s2.gluon_available():
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(s2, "GLUON_WS", True)
+    for d in (32, 64):
+        built = {name: (shared, regs, stack) for name, shared, regs, stack in compile_gluon_rows(d)}
+        for name in ("gluon_query_fwd_rows", "gluon_key_dv_rows"):
+            shared, regs, stack = built[name]
+            assert shared <= H100_SHARED and regs <= s2.GLUON_WS_REGS and stack in (None, 0), (name, d, built[name])
+            sass = SASS_OF.get(name)
+            if not sass:
+                pytest.skip("no cuobjdump for the SASS")
+            ops = _opcodes(sass_instructions(sass))
+            assert ops["UTMALDG"] >= 2 and ops["LDGSTS"] == 0, (name, d, ops["UTMALDG"], ops["LDGSTS"])
+        ops = _opcodes(sass_instructions(SASS_OF["gluon_key_dv_rows"]))
+        assert ops["HGMMA"] == s2.TILE2 * (d // 16 + s2.half_window(d) // 16), (d, ops["HGMMA"])
+
+
+def _opcodes(instructions) -> collections.Counter:
+    """SASS opcodes (without predicate and modifiers) of sass_instructions' list, counted."""
+    return collections.Counter(text.split()[1 if text.startswith("@") else 0].split(".")[0] for _, text in instructions)
