@@ -3,6 +3,7 @@ normalizer sums, and the keys' states against a float64 sum of e^(G_last - G_r) 
 Session 15 used it to narrow down Gluon at d=128 (states right, some normalizer rows wrong):
 
     python3 scripts/gpu/check_outer.py --d 128            # Gluon at d=128 (adds 128 to GLUON_OUTER_DIMS)
+    python3 scripts/gpu/check_outer.py --d 128 --drain    # the same with GLUON_OUTER_DRAIN (session 19's suspect)
 """
 import argparse
 
@@ -63,7 +64,10 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--t", type=int, default=768)
     ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--drain", action="store_true", help="triton_sym2.GLUON_OUTER_DRAIN: each step waits for the "
+                    "previous step's matmuls before writing its operand registers")
     args = ap.parse_args()
+    sym2.GLUON_OUTER_DRAIN = args.drain
     torch.manual_seed(0)
     for keys in (False, True):
         for gated in (False, True):

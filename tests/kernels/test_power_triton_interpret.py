@@ -155,3 +155,31 @@ def test_gluon_forward_rows_compile_warp_specialized(monkeypatch):
 def _opcodes(instructions) -> collections.Counter:
     """SASS opcodes (without predicate and modifiers) of sass_instructions' list, counted."""
     return collections.Counter(text.split()[1 if text.startswith("@") else 0].split(".")[0] for _, text in instructions)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_gluon_outer_drain_reaches_the_step_loop(monkeypatch):
+    """GLUON_OUTER_DRAIN (off; session 19's suspect for the normalizer race): with it every Gluon outer-product kernel's
+    step loop waits for all its matmuls (WARPGROUP.DEPBAR.LE gsb0, 0x0) before the loads that write the next step's
+    operand registers, and the builds keep everything in registers."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power import triton_sym2 as s2
+    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_outer, sass_instructions
+    if not s2.gluon_available():
+        pytest.skip("this Triton has no Gluon")
+    names = ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan")
+    full_waits = {}
+    for drain in (False, True):
+        monkeypatch.setattr(s2, "GLUON_OUTER_DRAIN", drain)
+        built = {name: stack for name, _, _, stack in compile_gluon_outer(64)}
+        for name in names:
+            assert built[name] in (None, 0), (name, drain, built[name])
+            if not SASS_OF.get(name):
+                pytest.skip("no cuobjdump for the SASS")
+            ins = [text for _, text in sass_instructions(SASS_OF[name])]
+            full_waits[name, drain] = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in text for text in ins)
+            if drain:   # the wait comes right before a step's operand loads (LDSM)
+                loads = [i for i, text in enumerate(ins) if text.startswith("LDSM")]
+                assert any(any("WARPGROUP.DEPBAR.LE gsb0, 0x0" in text for text in ins[i - 6:i]) for i in loads), name
+    for name in names:
+        assert full_waits[name, True] > full_waits[name, False], (name, full_waits)

@@ -313,7 +313,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
             consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys,
                           NORM=norm, NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
                           SCAN=scan, GATED=scan, DU_MULT=scan and not keys and s2.DU_MULT,
-                          PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH)
+                          PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH, DRAIN_STEP=s2.GLUON_OUTER_DRAIN)
             k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16",
                                        "SF": "*bf16"}, ints, consts, 4, 1, arch,
                          maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)

@@ -111,7 +111,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
-                GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False, PREFETCH_SF: gl.constexpr = False):
+                GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False, PREFETCH_SF: gl.constexpr = False,
+                DRAIN_STEP: gl.constexpr = False):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
@@ -128,7 +129,14 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
       slot n, and with GATED DGT[b*hk, g, n] = decay_n (<S_n, R_{n+1}> + <z_n, Rz_{n+1}>) over the group's rows
       (SF / ZF: the forward's states). DU_MULT (query side): slots 1..NC (the key side's dU) are written times the
       key side's multiplicities (1 in tile ti, 2 after it; exact), so the key kernels need not apply them; slot 0
-      (the initial state's gradient) stays plain."""
+      (the initial state's gradient) stays plain.
+
+    DRAIN_STEP (triton_sym2.GLUON_OUTER_DRAIN): every step waits for the previous step's matmuls before it writes its
+    operand registers. Without it the previous step's matmuls may still be in flight there: the `deps` of the wait keep
+    phi / lo alive for LLVM only (a comment in the wait's inline asm), and ptxas gives the next step's factors and
+    products the same registers (Triton 3.6 SASS: the loop's LDSM / HMUL2 write the registers the last normalizer
+    HGMMA reads, after only `WARPGROUP.DEPBAR.LE gsb0, 0x3`). The suspect of the normalizer race at one block per
+    group (docs/kernels.md, session 19)."""
     TJ: gl.constexpr = TW * JG
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK
@@ -257,6 +265,9 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
             s = step % NBUF
             async_copy.wait_group(NBUF - 2)
             _barrier()
+            if DRAIN_STEP:
+                acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0,
+                                                                  deps=(acc, accz, phi_prev, lo_prev))
             xi3 = gl.expand_dims(xi_s.index(s).load(XI_L), 1)
             xj3 = gl.expand_dims(xj_s.index(s).load(XJ_L), 0)
             phi3 = xi3 * xj3                                                               # [TW, TJ, BK] bf16

@@ -744,8 +744,10 @@ GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ fro
 #   16): (1, 64) 12.08 ms, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16) 15.35, (4, 32) 42.8; but with (1, 64)
 #   Triton 3.6 crashed compiling a chunk-128 GQA launch (test mode scan-bf16, ConvertTritonGPUToLLVM) and the returned
 #   normalizer's error against float64 grew (1.8e-3 -> 4.0e-3), so it stays off until that is understood
+GLUON_OUTER_DRAIN = False    # gluon_outer's DRAIN_STEP: each step waits for the previous step's matmuls before writing
+#   its operand registers (the suspected cause of the normalizer race below; not yet run: scripts/gpu/outer_race.sh)
 GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (Triton 3.6 builds them; chunk 128 still fails in
-#   ConvertTritonGPUToLLVM). Off: a race. H100 64k, session 19: outer 12.56 -> 12.18 ms, but the returned normalizer z
+#   ConvertTritonGPUToLLVM). Off: a race (suspect: GLUON_OUTER_DRAIN's). H100 64k, session 19: outer 12.56 -> 12.18 ms, but the returned normalizer z
 #   against float64 (tune_sym2.py's check, chunk 256) came out 5.4e-3, 1.8e-3 and 3.7e-3 in three runs (1.8e-3 every
 #   time at (2, 32)), while the states s stay at 3.3e-3: the normalizer sums race with one block per group (64 rows
 #   of features), as d=128's Gluon outer product (also one block per group) does. For debugging it:
@@ -965,7 +967,8 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
-            NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4, **extra)
+            NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
+            DRAIN_STEP=GLUON_OUTER_DRAIN, **extra)
         return scanning, None if dgt is None else dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
     grp = groups(d, jg, X.device)
     if OUTER_XT:
