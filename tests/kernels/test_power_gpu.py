@@ -236,7 +236,8 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
     assert rel_err(y, y_attn) < 1e-2
 
 
-EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_WS"}   # off by default until timed on a GPU (turned on for `other`)
+# off by default until timed on a GPU (turned on for `other`)
+EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_WS"}
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",

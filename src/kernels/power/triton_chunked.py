@@ -682,9 +682,13 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
     # memory is freed or reused while the other stream may still use it.
     side = _side_stream(q.device) if sym2.CONCURRENT_BWD and fast and parallel and q.is_cuda else None
+
+    def slice_inputs(sl):
+        """A chunk-batch slice's launch size and its gate, log-normalizer and Delta views (dummies where unused)."""
+        return sl.stop - sl.start, (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+
     for sl in _chunk_batches(nb, hq):
-        n_sl = sl.stop - sl.start
-        g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+        n_sl, g_, l_, d_ = slice_inputs(sl)
         side_args = dict(XT=copy_q[0], W=cw[sl] if norm else cw, sqrt_scale_p=sp ** 0.5, CB0=sl.start, NCH=NC,
                          T_FULL=T, XT_MODE=2) if copy_q else {}
         _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
@@ -694,8 +698,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
 
     def intra_dkdv():
         for sl in _chunk_batches(nb, hq):
-            n_sl = sl.stop - sl.start
-            g_, l_, d_ = (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
+            n_sl, g_, l_, d_ = slice_inputs(sl)
             _attn_bwd_dkdv[(triton.cdiv(C, kv_cfg["BN"]), n_sl * hk)](
                 cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale,
                 sp, C, **common, **kv_cfg)
@@ -740,13 +743,13 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         return dq_out.to(q.dtype) if parallel else dq_out
 
     NV = d // BD
+    if side is None:    # one stream, in order: dq's fp32 buffer (if any) is released before dR exists
+        intra_dkdv()
+        dq = query_state()
     if parallel:
         # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
         # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
         # and d initial_state = slot 0
-        if side is None:
-            intra_dkdv()
-            dq = query_state()
         dR = sym2.state_rows_buffer(b, hk, NC + 1, DS, d, S.dtype, q.device)
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
         dR[:, :, NC] = dsf
@@ -754,8 +757,6 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
         dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
     else:
-        intra_dkdv()
-        dq = query_state()
         dU = torch.empty(b, hk, NC, DS, d, **f32)
         dUz = torch.empty(b, hk, NC, DS, **f32)
         ds0 = torch.empty(b, hk, DS, d, **f32)

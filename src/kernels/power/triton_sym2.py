@@ -743,15 +743,15 @@ GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ fro
 #   GLUON_OUTER_DIMS). d=64 keeps (2, 32): H100 64k with OUTER_SCAN (tune_sym2.py --sweep outer, one process, session
 #   16): (1, 64) 12.08 ms, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16) 15.35, (4, 32) 42.8; but with (1, 64)
 #   Triton 3.6 crashed compiling a chunk-128 GQA launch (test mode scan-bf16, ConvertTritonGPUToLLVM) and the returned
-#   normalizer's error against float64 grew (1.8e-3 -> 4.0e-3), so it stays off until that is understood
+#   normalizer's error against float64 grew (1.8e-3 -> 4.0e-3): GLUON_OUTER_ROWS64 below
 GLUON_OUTER_DRAIN = False    # gluon_outer's DRAIN_STEP: each step waits for the previous step's matmuls before writing
 #   its operand registers (the suspected cause of the normalizer race below; not yet run: scripts/gpu/outer_race.sh)
 GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (Triton 3.6 builds them; chunk 128 still fails in
-#   ConvertTritonGPUToLLVM). Off: a race (suspect: GLUON_OUTER_DRAIN's). H100 64k, session 19: outer 12.56 -> 12.18 ms, but the returned normalizer z
-#   against float64 (tune_sym2.py's check, chunk 256) came out 5.4e-3, 1.8e-3 and 3.7e-3 in three runs (1.8e-3 every
-#   time at (2, 32)), while the states s stay at 3.3e-3: the normalizer sums race with one block per group (64 rows
-#   of features), as d=128's Gluon outer product (also one block per group) does. For debugging it:
-#   tune_sym2.py --set GLUON_OUTER_ROWS64=1
+#   ConvertTritonGPUToLLVM). Off: a race (suspect: GLUON_OUTER_DRAIN's). H100 64k, session 19: outer 12.56 -> 12.18
+#   ms, but the returned normalizer z against float64 (tune_sym2.py's check, chunk 256) came out 5.4e-3, 1.8e-3 and
+#   3.7e-3 in three runs (1.8e-3 every time at (2, 32)), while the states s stay at 3.3e-3: the normalizer sums race
+#   with one block per group (64 rows of features), as d=128's Gluon outer product (also one block per group) does.
+#   For debugging it: tune_sym2.py --set GLUON_OUTER_ROWS64=1
 QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in
 #                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
 #                    sm_90, d=64: 124 / 83 SASS instructions a slice (full / half window) against Triton's 158 / 102;
@@ -877,12 +877,10 @@ def slice_descriptors(X: torch.Tensor, d: int) -> tuple:
     rows = (X.untyped_storage().nbytes() // X.element_size() - X.storage_offset()) // d
     shape, strides = [rows // (tw * tw), tw, tw, d], [tw * tw * d, tw * d, d, 1]
     view = X.as_strided(shape, strides)
-    out = []
-    for kw in (d, half_window(d)):
-        swizzle = gl.NVMMASharedLayout.get_default_for([kw, d], gl.bfloat16).swizzle_byte_width
-        out.append(TensorDescriptor(view, shape, strides, [kw // tw, 1, tw, d],
-                                    gl.NVMMASharedLayout(swizzle, 16, rank=4)))
-    return tuple(out)
+    # the ring slots' swizzle (rows of d bf16), which the kernel gives both windows' boxes (_ws_slice_loads' BOX)
+    box = gl.NVMMASharedLayout(gl.NVMMASharedLayout.get_default_for([d, d], gl.bfloat16).swizzle_byte_width, 16,
+                               rank=4)
+    return tuple(TensorDescriptor(view, shape, strides, [kw // tw, 1, tw, d], box) for kw in (d, half_window(d)))
 
 
 def gluon_ws_launch(X: torch.Tensor, d: int, kernel: str, nbuf: int) -> dict:
