@@ -49,6 +49,17 @@ def run_once(call, q, k, v, lg, backward):
     o.backward(torch.ones_like(o))
 
 
+def without_skipped(impls: dict, skip: str) -> dict:
+    """impls less the comma-separated names of --skip; a name that is not an implementation of this run is an error
+    (a misspelled skip would otherwise run, e.g., 1.4.4's minutes of cold autotuning)."""
+    names = [n for n in skip.split(",") if n]
+    unknown = [n for n in names if n not in impls]
+    if unknown:
+        raise SystemExit(f"--skip: {', '.join(map(repr, unknown))} not among this run's implementations "
+                         f"{sorted(impls)}")
+    return {k: v for k, v in impls.items() if k not in names}
+
+
 def make_sdpa(backend):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
@@ -212,7 +223,7 @@ def main():
     impls.update({f"longctx_p2_chunked{c}": make_ours_chunked(2, c) for c in chunks})
     if args.chunked_serial:
         impls.update({f"longctx_p2_chunked{c}_serial": make_ours_chunked(2, c, False) for c in chunks})
-    impls = {k: v for k, v in impls.items() if k not in args.skip.split(",")}
+    impls = without_skipped(impls, args.skip)
     jobs = [(name, call, t, 64) for t in map(int, args.ctxs.split(",")) for name, call in impls.items()]
     if args.sweep:
         for t in map(int, args.sweep_ctxs.split(",")):

@@ -1,8 +1,10 @@
-"""scripts/bench_attention.py --replot: the throughput-vs-context plot from saved runs, without a GPU."""
+"""scripts/bench_attention.py without a GPU: --replot (the plot from saved runs) and the --skip check."""
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,3 +35,16 @@ def test_replot_merges_runs_later_rows_replacing_earlier(tmp_path):
                            "--replot", str(old), str(new)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_skip_names_an_unknown_implementation():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import bench_attention
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    impls = {"sdpa_cudnn": 1, "power_attention_1.4.4_p2": 2, "longctx_p2": 3}
+    assert bench_attention.without_skipped(impls, "sdpa_cudnn,") == {"power_attention_1.4.4_p2": 2, "longctx_p2": 3}
+    assert bench_attention.without_skipped(impls, "") == impls
+    with pytest.raises(SystemExit, match="'power_attention'"):
+        bench_attention.without_skipped(impls, "sdpa_cudnn,power_attention")
