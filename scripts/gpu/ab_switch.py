@@ -1,13 +1,18 @@
 """A/B of kernel switches in one process on a GPU: fwd+bwd (and fwd) ms of the public power_attention (b=8, h=12,
-d=64, bf16, gated, p=2) under each variant, the variants interleaved over several rounds so that clock and thermal
-drift hit them alike (the median of the rounds' medians is reported).
+d=64 or --d, bf16, gated, p=2) under each variant, the variants interleaved over several rounds so that clock and
+thermal drift hit them alike (the median of the rounds' medians is reported).
 
 A variant is '+'-joined items: NAME=VALUE sets a switch of triton_sym2 / triton_attention (tune_sym2.py --set),
 attn:KERNEL=BM,BN,warps,stages[,maxnreg] an intra-chunk attention tile (triton_attention.BLOCK_OVERRIDE), and
 "default" nothing.
 
+Speed is not all: in the first round each variant's output and gradients (one fwd+bwd, upstream gradient of ones)
+are compared with the first variant's, and a relative error above --tol is flagged DISAGREES (session 20 timed a
+cp.async ring too short to be correct as 2% faster).
+
     python scripts/gpu/ab_switch.py --variants CONCURRENT_BWD=0 CONCURRENT_BWD=1 --ctxs 65536,8192
     python scripts/gpu/ab_switch.py --variants GATE_SCORES=0 GATE_SCORES=1 --ctxs 1024,4096,16384
+    python scripts/gpu/ab_switch.py --d 128 --variants GLUON_OUTER_DIMS=32,64 GLUON_OUTER_DIMS=32,64,128
 """
 import argparse
 import json
@@ -25,6 +30,24 @@ from tune_sym2 import apply_switches  # noqa: E402
 from longctx.kernels.power import triton_attention, triton_sym2  # noqa: E402
 
 OURS = make_ours(2)
+NAMES = ("y", "dq", "dk", "dv", "dlog_g")
+
+
+def outputs(q, k, v, lg):
+    """y and the gradients of q, k, v, log_g of one fwd+bwd of OURS (upstream gradient of ones)."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, lg)]
+    y = OURS(*leaves)
+    return [y.detach()] + list(torch.autograd.grad(y, leaves, torch.ones_like(y)))
+
+
+def disagreement(outs, ref) -> dict:
+    """Relative error (Frobenius, in fp32) of each of outputs()' tensors against the reference variant's (kept on
+    the host between variants, so that the peak memory measured is the variant's own)."""
+    errs = {}
+    for name, a, b in zip(NAMES, outs, ref):
+        a, b = a.float(), b.to(a.device).float()
+        errs[name] = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    return errs
 
 
 def parse_variant(spec: str):
@@ -62,22 +85,29 @@ def main():
     ap.add_argument("--variants", nargs="+", required=True)
     ap.add_argument("--ctxs", default="65536")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--d", type=int, default=64, help="head dim")
     ap.add_argument("--fwd", action="store_true", help="also time the forward alone")
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/ab_switch"))
+    ap.add_argument("--tol", type=float, default=1e-2, help="largest relative error against the first variant")
     args = ap.parse_args()
     variants = {spec: parse_variant(spec) for spec in args.variants}
     base = snapshot()
-    res = {"device": torch.cuda.get_device_name(), "variants": args.variants, "rows": []}
+    res = {"device": torch.cuda.get_device_name(), "d": args.d, "variants": args.variants, "rows": []}
     for t in (int(c) for c in args.ctxs.split(",")):
-        xs, lg = inputs(8, t, 12, 64, True)
+        xs, lg = inputs(8, t, 12, args.d, True)
         modes = [("fwd+bwd", True)] + ([("fwd", False)] if args.fwd else [])
         times = {(spec, m): [] for spec in variants for m, _ in modes}
-        peak = {}
+        peak, errs, ref = {}, {}, None
         for r in range(args.rounds):
             for spec, (switches, tiles) in variants.items():
                 restore(base)
                 apply_switches(switches)
                 triton_attention.BLOCK_OVERRIDE.update(tiles)
+                if r == 0:
+                    outs = outputs(*xs, lg)
+                    ref = ref if ref is not None else [x.cpu() for x in outs]
+                    errs[spec] = disagreement(outs, ref)
+                    del outs
                 for m, bwd in modes:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
@@ -88,16 +118,18 @@ def main():
                                                      return_mode="median"))
         restore(base)
         for m, _ in modes:
-            ref = statistics.median(times[(args.variants[0], m)])
+            first = statistics.median(times[(args.variants[0], m)])
             for spec in variants:
                 ms = statistics.median(times[(spec, m)])
-                row = dict(t=t, mode=m, variant=spec, ms=ms, rounds=times[(spec, m)], vs_first=ref / ms,
-                           peak_gb=peak[(spec, m)])
+                worst = max(errs[spec].values())
+                row = dict(t=t, mode=m, variant=spec, ms=ms, rounds=times[(spec, m)], vs_first=first / ms,
+                           peak_gb=peak[(spec, m)], rel_err_vs_first=errs[spec])
                 res["rows"].append(row)
-                print(f"t={t} {m:8s} {spec:40s} {ms:8.3f} ms  ({ref / ms:.3f}x the first; peak "
-                      f"{peak[(spec, m)]:.2f} GB; rounds "
-                      + " ".join(f"{x:.2f}" for x in times[(spec, m)]) + ")", flush=True)
-        del xs, lg
+                print(f"t={t} d={args.d} {m:8s} {spec:40s} {ms:8.3f} ms  ({first / ms:.3f}x the first; peak "
+                      f"{peak[(spec, m)]:.2f} GB; rounds " + " ".join(f"{x:.2f}" for x in times[(spec, m)])
+                      + f"; vs the first's outputs {worst:.1e}" + (" DISAGREES" if worst > args.tol else "") + ")",
+                      flush=True)
+        del xs, lg, ref
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ab_switch.json"), "w") as f:

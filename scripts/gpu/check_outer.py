@@ -2,8 +2,8 @@
 normalizer sums, and the keys' states against a float64 sum of e^(G_last - G_r) w phi(k_r) v_r^T (reference.expand).
 Session 15 used it to narrow down Gluon at d=128 (states right, some normalizer rows wrong):
 
-    python3 scripts/gpu/check_outer.py --d 128            # Gluon at d=128 (adds 128 to GLUON_OUTER_DIMS)
-    python3 scripts/gpu/check_outer.py --d 128 --drain    # the same with GLUON_OUTER_DRAIN (session 19's suspect)
+    python3 scripts/gpu/check_outer.py --d 128               # Gluon at d=128 against Triton's kernel
+    python3 scripts/gpu/check_outer.py --d 128 --no-drain    # without GLUON_OUTER_DRAIN (the race it closes)
 """
 import argparse
 
@@ -64,10 +64,11 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--t", type=int, default=768)
     ap.add_argument("--chunk", type=int, default=128)
-    ap.add_argument("--drain", action="store_true", help="triton_sym2.GLUON_OUTER_DRAIN: each step waits for the "
-                    "previous step's matmuls before writing its operand registers")
+    ap.add_argument("--no-drain", action="store_true", help="triton_sym2.GLUON_OUTER_DRAIN off: a step does not wait "
+                    "for the previous step's matmuls before writing their operand registers (session 20: some "
+                    "normalizer rows off at d=128)")
     args = ap.parse_args()
-    sym2.GLUON_OUTER_DRAIN = args.drain
+    sym2.GLUON_OUTER_DRAIN = not args.no_drain
     torch.manual_seed(0)
     for keys in (False, True):
         for gated in (False, True):

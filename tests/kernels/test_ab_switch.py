@@ -30,3 +30,16 @@ def test_variant_items(ab_switch):
 def test_bad_items_name_themselves(ab_switch, spec, named):
     with pytest.raises(SystemExit, match=named):
         ab_switch.parse_variant(spec)
+
+
+def test_disagreement_is_the_relative_error_of_each_output(ab_switch):
+    """Each output's Frobenius relative error against the reference: 0 for itself, the closed form for a known
+    perturbation (a + e, |e| / |a|), named per output."""
+    torch = pytest.importorskip("torch")
+    ref = [torch.full((4, 3), 2.0) for _ in ab_switch.NAMES]
+    outs = [x.clone() for x in ref]
+    outs[2][0, 0] += 1.0                                  # dk: |e| = 1, |ref| = 2 sqrt(12)
+    errs = ab_switch.disagreement(outs, ref)
+    assert list(errs) == list(ab_switch.NAMES)
+    assert errs["y"] == 0.0 and errs["dv"] == 0.0
+    assert errs["dk"] == pytest.approx(1.0 / (2.0 * 12 ** 0.5), rel=1e-6)

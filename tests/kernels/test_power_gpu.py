@@ -248,7 +248,8 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_WS"}
                                   "scan-bf16", "scan-bf16-d32", "dumult-bf16", "dumult-bf16-d32", "xtattn-bf16",
                                   "xtattn-bf16-d32", "ahead-bf16", "ahead-bf16-d32", "lowgrad-bf16",
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
-                                  "streams-bf16-d32", "ws-bf16", "ws-bf16-d32"])
+                                  "streams-bf16-d32", "ws-bf16", "ws-bf16-d32", "gluon-bf16-d128",
+                                  "scan-bf16-d128", "drain-bf16", "rows64-bf16"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -267,8 +268,11 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     the Gluon query backward / key dk (INTRA_GRADS_LOW) against fp32; densez-*: the Gluon row kernels' normalizer
     matrices formed once per slot (GLUON_DENSE_Z) against gathered per program; streams-*: the backward's
     two chains on two CUDA streams (CONCURRENT_BWD) against one; ws-*: the Gluon query forward and key dv
-    warp-specialized, their slices by TMA (GLUON_WS) against cp.async. Many chunks, state in and out, output, state and
-    all gradients."""
+    warp-specialized, their slices by TMA (GLUON_WS) against cp.async; drain-*: the Gluon outer products' steps
+    waiting for the previous step's matmuls (GLUON_OUTER_DRAIN) against not (d=64 at two blocks per group, where the
+    race was never seen; d=128 without it is wrong: scripts/gpu/check_outer.py --no-drain); rows64-*: one block of 64
+    feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32. Many chunks,
+    state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
@@ -279,7 +283,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "gluonk": ("KDK_GLUON",), "scan": ("OUTER_SCAN",), "dumult": ("DU_MULT",),
                 "xtattn": ("XT_IN_ATTENTION",), "ahead": ("GLUON_OUTER_PREFETCH",),
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
-                "streams": ("CONCURRENT_BWD",), "ws": ("GLUON_WS",)}
+                "streams": ("CONCURRENT_BWD",), "ws": ("GLUON_WS",), "drain": ("GLUON_OUTER_DRAIN",),
+                "rows64": ("GLUON_OUTER_ROWS64",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)
@@ -301,7 +306,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
         elif rows_mode:
             monkeypatch.setattr(triton_sym2, "ROWS", dict.fromkeys(triton_sym2.ROWS, other))
             monkeypatch.setattr(triton_sym2, "GROUPED_WIDE", set())
-        y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True,
+        chunk = 256 if mode.startswith("rows64") else 128
+        y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=chunk, norm=True,
                                  initial_state=leaves[4:], return_state=True)
         outs = [y, st_out.s, st_out.z]
         torch.manual_seed(0)

@@ -127,11 +127,11 @@ def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_gluon_forward_rows_compile_warp_specialized(monkeypatch):
-    """GLUON_WS (off by default until a GPU has run it): the Gluon query forward and key dv, warp-specialized (a 1-warp
-    TMA partition brings the state slices, full / empty mbarriers), build for sm_90 at d=32/64 under their register
-    cap with nothing spilled, fit shared memory, load the slices by TMA only (no cp.async left in them) and keep the
-    closed-form matmul count: TW slices x (d / 16 + half window / 16) per first tile (key dv: 8 x (4 + 2) = 48 at
-    d=64)."""
+    """GLUON_WS (off: correct on the H100, not faster, session 20): the Gluon query forward and key dv,
+    warp-specialized (a 1-warp TMA partition brings the state slices, full / empty mbarriers), build for sm_90 at
+    d=32/64 under their register cap with nothing spilled, fit shared memory, load the slices by TMA only (no cp.async
+    left in them) and keep the closed-form matmul count: TW slices x (d / 16 + half window / 16) per first tile (key
+    dv: 8 x (4 + 2) = 48 at d=64)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power import triton_sym2 as s2
     from longctx.kernels.power.compile_check import H100_SHARED, SASS_OF, compile_gluon_rows, sass_instructions
@@ -152,6 +152,26 @@ def test_gluon_forward_rows_compile_warp_specialized(monkeypatch):
         assert ops["HGMMA"] == s2.TILE2 * (d // 16 + s2.half_window(d) // 16), (d, ops["HGMMA"])
 
 
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.parametrize("block", ["GLUON_QBWD_BLOCK", "GLUON_QFWD_BLOCK"])
+def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
+    """A 2-slot cp.async ring would issue a slice's copy into the slot its matmul reads next, with no wait between
+    (session 20 timed such a build 2% faster): the row kernels' passes refuse to build with fewer than 3 slots."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power import triton_sym2 as s2
+    from longctx.kernels.power.compile_check import compile_gluon_rows
+    if not s2.gluon_available():
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(s2, block, (64, 4, 2))
+    with pytest.raises(Exception) as err:
+        compile_gluon_rows(32)
+    chain, e = [], err.value
+    while e is not None:                    # the assertion's message sits in the compiler error's chain
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("landing" in text for text in chain), chain      # _grad_pass / _fwd_pass: "... one landing ..."
+
+
 def _opcodes(instructions) -> collections.Counter:
     """SASS opcodes (without predicate and modifiers) of sass_instructions' list, counted."""
     return collections.Counter(text.split()[1 if text.startswith("@") else 0].split(".")[0] for _, text in instructions)
@@ -159,9 +179,9 @@ def _opcodes(instructions) -> collections.Counter:
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_gluon_outer_drain_reaches_the_step_loop(monkeypatch):
-    """GLUON_OUTER_DRAIN (off; session 19's suspect for the normalizer race): with it every Gluon outer-product kernel's
-    step loop waits for all its matmuls (WARPGROUP.DEPBAR.LE gsb0, 0x0) before the loads that write the next step's
-    operand registers, and the builds keep everything in registers."""
+    """GLUON_OUTER_DRAIN (on since session 20: it closed the normalizer race of one block per group): with it every
+    Gluon outer-product kernel's step loop waits for all its matmuls (WARPGROUP.DEPBAR.LE gsb0, 0x0) before the loads
+    that write the next step's operand registers, and the builds keep everything in registers."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power import triton_sym2 as s2
     from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_outer, sass_instructions

@@ -111,6 +111,9 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
     every wgmma: C7514). Between tiles the pipe drains once. KEYS: X_i carries the key side's multiplicities (1 on
     tile ti's columns, 2 after them)."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
+    # slice i + 1's copy must be issued a step before its matmul, into a slot slice i does not hold: with 2 slots it
+    # would land in the slot being read (session 20 timed such a build "faster" before reading this)
+    gl.static_assert(NBUF >= 3, "a slot in use, one landing, one being refilled")
     NT: gl.constexpr = D // TW
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     ring, m_p, tj, dtrue, i_end = _ring_start(S, s_base, t_lo, t_hi, J0, KW, D, TW, NW, NBUF, NBUF - 1)

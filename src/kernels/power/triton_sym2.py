@@ -725,12 +725,10 @@ OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the 
 GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
 GLUON_OUTER_PREFETCH = True   # the reverse scan's forward states S_n cp.async'd one chunk ahead (PREFETCH_SF), and
 #                               every scan's decays loaded one chunk ahead (H100 64k, session 17: 12.73 -> 12.55 ms)
-GLUON_OUTER_DIMS = (32, 64)   # head dims it runs for. d=128 (one block per group, 128 output columns) stays on
-#                               Triton's _sym2_outer: with 32 rows a step it came out wrong (H100, session 13); with 16
-#                               rows a step it is faster (16k: 26.0 -> 20.1 ms, H200, session 14) and its states match
-#                               float64 as Triton's do (session 15: keys 2.3e-3 per chunk), but some groups' normalizer
-#                               sums differ (e.g. 32 of one group's 64 rows) and chunked-p2-norm-d128-bfloat16-nogate
-#                               fails on dk (3.9e-2); a barrier before the epilogue and valid swizzle phases did not fix it
+GLUON_OUTER_DIMS = (32, 64, 128)   # head dims it runs for. d=128 (one block per group, 16 rows a step) came out
+#   right in its states but with some groups' normalizer rows off, run to run (sessions 14-19; 16k outer product
+#   26.0 -> 20.1 ms, H200): the race GLUON_OUTER_DRAIN closes (H100, session 20: check_outer.py --d 128 found 64, 8
+#   and 16 rows off in three slots without it, none with it)
 OUTER_SCAN = True   # the Gluon outer products also do the gated cumulative sum over chunks (gluon_outer's SCAN: one
 #                     program per group walks the chunks with the running state in its accumulators), so the states
 #                     are written once and triton_chunked._discumsum (3.3 ms of a 64k fwd+bwd, H100) does not run
@@ -740,25 +738,29 @@ DU_MULT = True      # the query side's scan writes dU with the key side's multip
 GLUON_OUTER_SCAN_REGS = 168   # register cap of its scanning launches (0: none). The query side's scan (the dgt
 #                               reductions) builds at 202 registers uncapped, 2 programs per SM; 168 without spill: 3
 GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ from BLOCKS' "outer" (d=128: see
-#   GLUON_OUTER_DIMS). d=64 keeps (2, 32): H100 64k with OUTER_SCAN (tune_sym2.py --sweep outer, one process, session
-#   16): (1, 64) 12.08 ms, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16) 15.35, (4, 32) 42.8; but with (1, 64)
-#   Triton 3.6 crashed compiling a chunk-128 GQA launch (test mode scan-bf16, ConvertTritonGPUToLLVM) and the returned
-#   normalizer's error against float64 grew (1.8e-3 -> 4.0e-3): GLUON_OUTER_ROWS64 below
-GLUON_OUTER_DRAIN = False    # gluon_outer's DRAIN_STEP: each step waits for the previous step's matmuls before writing
-#   its operand registers (the suspected cause of the normalizer race below; not yet run: scripts/gpu/outer_race.sh)
-GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (Triton 3.6 builds them; chunk 128 still fails in
-#   ConvertTritonGPUToLLVM). Off: a race (suspect: GLUON_OUTER_DRAIN's). H100 64k, session 19: outer 12.56 -> 12.18
-#   ms, but the returned normalizer z against float64 (tune_sym2.py's check, chunk 256) came out 5.4e-3, 1.8e-3 and
-#   3.7e-3 in three runs (1.8e-3 every time at (2, 32)), while the states s stay at 3.3e-3: the normalizer sums race
-#   with one block per group (64 rows of features), as d=128's Gluon outer product (also one block per group) does.
-#   For debugging it: tune_sym2.py --set GLUON_OUTER_ROWS64=1
+#   GLUON_OUTER_DIMS). d=64 keeps (2, 32) (GLUON_OUTER_ROWS64 below). H100 64k with OUTER_SCAN (tune_sym2.py
+#   --sweep outer, one process, session 16): (1, 64) 12.08 ms, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16)
+#   15.35, (4, 32) 42.8
+GLUON_OUTER_DRAIN = True     # gluon_outer's DRAIN_STEP: each step waits for the previous step's matmuls before writing
+#   its operand registers. Without it the next step's LDSM / HMUL2 overwrite the registers of the last, possibly still
+#   running normalizer matmul (Triton 3.6 SASS: only DEPBAR.LE gsb0,3 between them; Gluon's wait deps reach PTX as an
+#   asm comment): with one block per group (d=64 at (1, 64), d=128) some normalizer rows came out wrong, run to run.
+#   H100, session 20 (scripts/gpu/outer_race.sh): d=128 rows off in 3 of 12 slots without, none with; 64k cost nil
+#   (outer products 12.29 -> 12.30 ms at (1, 64)); d=128 then runs Gluon: fwd+bwd 16k 99.5 -> 91.1 ms, 64k 398 -> 365
+GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (chunk 128 fails in Triton 3.6's
+#   ConvertTritonGPUToLLVM). Right since GLUON_OUTER_DRAIN (session 19 without it: the normalizer's float64 error moved
+#   run to run, 1.8e-3 .. 5.4e-3; session 20 with it: 1.8e-3 twice, GPU test mode rows64-bf16 passed), and the kernel
+#   alone is faster (H100 64k profiles: 12.55 -> 12.29 ms), but fwd+bwd wall time is not (scripts/gpu/ab_switch.py, 3
+#   interleaved rounds, session 20: 58.47 -> 58.86 ms), so off
 QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in
 #                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
 #                    sm_90, d=64: 124 / 83 SASS instructions a slice (full / half window) against Triton's 158 / 102;
 #                    H100, 64k (tune_sym2.py --set QBWD_GLUON=1 / 0): 10.44 -> 9.56 ms, check against float64 unchanged
 GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots). Each program reads the whole
-#                                 state once (266 KB at d=64): ~26 GB from L2 a 64k fwd+bwd at 64 rows, half at 128
-#                                 rows on 8 warps (builds: 255 registers, no spill, 80 KB shared; not yet timed)
+#   state once (266 KB at d=64): ~26 GB from L2 a 64k fwd+bwd at 64 rows, half at 128 rows on 8 warps (255 registers
+#   uncapped, 1 program per SM). H100 64k profiles (session 20, scripts/gpu/rows128.sh), query backward / key dk at
+#   128 rows: 10.22 / 10.00 ms against 9.43 / 9.38; fwd+bwd 58.54 -> 59.64 (both), 58.77 (key dk only). The ring
+#   needs 4 or 8 slots (_grad_pass: slice i + 1 must land while slice i is used, and slots repeat per tile)
 QFWD_GLUON = True   # the row-scaled query forward as gluon_rows.gluon_query_fwd_rows (bf16 operand q_i q_j built in
 #                     registers, accumulated on the tensor cores with one matmul in flight; session 16). H100, 64k
 #                     (tune_sym2.py --set QFWD_GLUON=1 / defaults, one machine): 7.10 -> 6.42 ms; at 128 rows / 8
@@ -795,10 +797,10 @@ GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read eac
 ATOMIC_RMW = True
 GLUON_WS = False        # the Gluon query forward / key dv warp-specialized (gluon_rows._forward_ws): a 1-warp
 #                         partition brings each state slice in by one TMA copy (full / empty mbarriers), so the
-#                         compute warps have no CTA barrier per slice and no copy addresses in registers. Session 19's
-#                         ncu: both kernels stall most on that barrier and on spills. Built for sm_90 (Triton 3.6), not
-#                         yet run on a GPU: the first device call runs the GPU test modes ws-bf16(-d32) and
-#                         `scripts/gpu/ab_switch.py --variants GLUON_WS=0 GLUON_WS=1`
+#                         compute warps have no CTA barrier per slice and no copy addresses in registers (session 19's
+#                         ncu: both kernels stall most on that barrier and on spills). Correct (GPU test modes ws-*),
+#                         not faster (H100 64k, session 20, scripts/gpu/ws_ab.sh): query forward / key dv 5.37 / 4.62
+#                         ms -> 5.68 / 5.05 at 80 registers (5.40 / 4.53 at 64), fwd+bwd 60.12 -> 59.98, so off
 GLUON_WS_REGS = 80      # its register cap: the worker's warpgroup counts too (8 warps a program), 80 -> 3 programs per
 #                         SM, the compute warps get (8 * 80 - 4 * 24) / 4 = 136 registers
 GLUON_WS_SLOTS = 4      # its ring slots ([d, d] bf16 each)
