@@ -5,10 +5,10 @@
 
 1. correctness: bf16 and fp32 (forced) against the float64 reference (output and every gradient, state in/out);
 2. for each variant (--rows: which kernels run row-scaled) and block config (JG, rows, warps, stages), applied
-   to the kernels named by --sweep: one fwd+bwd at the benchmark
-   shape (b=8, h=12, d=64, bf16, gated, chunk 1024) under torch.profiler -> CUDA ms per kernel and TFLOP/s of
-   its matmul work; the best config per kernel is then combined and timed (do_bench, fwd and fwd+bwd), and
-   chunk sizes are compared. Writes tune_sym2.json and profile.png (ms per kernel) into --out.
+   to the kernels named by --sweep: one fwd+bwd at the benchmark shape (b=8, h=12, d=64, bf16, gated, chunk 1024)
+   under torch.profiler -> CUDA ms per kernel and TFLOP/s of its matmul work (the backward on one stream:
+   --profile-streams for two, whose kernels overlap); the best config per kernel is then combined and timed
+   (do_bench, fwd and fwd+bwd), and chunk sizes are compared. Writes tune_sym2.json and profile.png (ms per kernel) into --out.
 
     python scripts/tune_sym2.py --replot docs/results/s15/tune_final_h200.json   # the plot again, no GPU
 """
@@ -77,13 +77,25 @@ def fwd_bwd(xs, lg, chunk):
     y.backward(torch.ones_like(y))
 
 
+ONE_STREAM = True   # --profile-streams clears it
+
+
 def profile_kernels(xs, lg, chunk):
+    """CUDA ms per kernel name of one fwd+bwd. On one stream (triton_sym2.CONCURRENT_BWD off for the profile, unless
+    --profile-streams): with the backward's two streams the kernels overlap and each one's time stretches with its
+    neighbours' (session 20: a kernel profiled 0.26 ms faster while fwd+bwd got slower), so per-kernel numbers from two
+    settings would not compare. Wall time (the TIME lines, scripts/gpu/ab_switch.py) keeps the default."""
     from torch.profiler import ProfilerActivity, profile
-    fwd_bwd(xs, lg, chunk)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    streams = triton_sym2.CONCURRENT_BWD
+    triton_sym2.CONCURRENT_BWD = streams and not ONE_STREAM
+    try:
         fwd_bwd(xs, lg, chunk)
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fwd_bwd(xs, lg, chunk)
+            torch.cuda.synchronize()
+    finally:
+        triton_sym2.CONCURRENT_BWD = streams
     times = {}
     for ev in prof.key_averages():
         times[ev.key] = times.get(ev.key, 0.0) + ev.device_time_total / 1e3
@@ -198,12 +210,16 @@ def main():
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
                     help="triton_sym2 (or triton_attention) switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2 "
                          "GLUON_QBWD_BLOCK=128,8,4 OUTER_SCAN=0 (a comma list sets a tuple)")
+    ap.add_argument("--profile-streams", action="store_true",
+                    help="profile with the backward's two streams (kernel times overlap; default: one stream)")
     ap.add_argument("--replot", nargs="*", default=None, metavar="JSON",
                     help="only draw the profile plot of saved tune_sym2.json files (no GPU)")
     args = ap.parse_args()
     if args.replot is not None:
         return replot(args.replot)
     triton_sym2.ATOMIC_RMW = not args.no_atomic
+    global ONE_STREAM
+    ONE_STREAM = not args.profile_streams
     apply_switches(args.set)
     for item in args.attn_blocks:
         kernel, cfg = item.split("=")

@@ -27,3 +27,39 @@ def test_replot_draws_every_kernel_of_a_saved_profile(tmp_path):
     labels = [tune_sym2.label_of(k)[0] for k in profile]
     assert len(set(labels)) == len(labels) == len(profile), labels
     assert all(len(label) < 50 and not label.startswith("void") for label in labels), labels
+
+
+def test_kernel_profiles_run_the_backward_on_one_stream(monkeypatch):
+    """profile_kernels times one fwd+bwd with the backward's second stream off (overlapping kernels stretch each
+    other's times), puts the switch back afterwards, and keeps both streams with --profile-streams."""
+    import torch
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import tune_sym2
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    seen = []
+    monkeypatch.setattr(tune_sym2, "fwd_bwd", lambda xs, lg, chunk: seen.append(tune_sym2.triton_sym2.CONCURRENT_BWD))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class NoProfile:          # torch's profiler wants a CUDA build for CUDA activities: stand in, collecting nothing
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            return []
+
+    monkeypatch.setattr(torch.profiler, "profile", NoProfile)
+    monkeypatch.setattr(tune_sym2.triton_sym2, "CONCURRENT_BWD", True)
+    for one_stream, expected in ((True, False), (False, True)):
+        monkeypatch.setattr(tune_sym2, "ONE_STREAM", one_stream)
+        seen.clear()
+        tune_sym2.profile_kernels(None, None, 1024)
+        assert seen == [expected, expected]
+        assert tune_sym2.triton_sym2.CONCURRENT_BWD is True
