@@ -8,7 +8,8 @@
    to the kernels named by --sweep: one fwd+bwd at the benchmark shape (b=8, h=12, d=64, bf16, gated, chunk 1024)
    under torch.profiler -> CUDA ms per kernel and TFLOP/s of its matmul work (the backward on one stream:
    --profile-streams for two, whose kernels overlap); the best config per kernel is then combined and timed
-   (do_bench, fwd and fwd+bwd), and chunk sizes are compared. Writes tune_sym2.json and profile.png (ms per kernel) into --out.
+   (do_bench, fwd and fwd+bwd), and chunk sizes are compared. Writes tune_sym2.json and profile.png (ms per
+   kernel) into --out.
 
     python scripts/tune_sym2.py --replot docs/results/s15/tune_final_h200.json   # the plot again, no GPU
 """
