@@ -24,7 +24,8 @@ y.backward(torch.ones_like(y))
 torch.cuda.synchronize()
 PY
 for k in gluon_query_fwd_rows gluon_key_dv_rows gluon_query_bwd_rows gluon_key_dk_rows gluon_outer; do
-  timeout 150 "$NCU" --kernel-name "regex:^${k}\$" --launch-count 1 --section SourceCounters --section WarpStateStats \
+  timeout 150 "$NCU" --clock-control none --kernel-name "regex:^${k}\$" --launch-count 1 --section SourceCounters \
+    --section WarpStateStats \
     -f -o "$OUT/$k" python3 /tmp/ncu_source_call.py > "$OUT/$k.log" 2>&1
   echo "$k: ncu rc=$?"
   "$NCU" --import "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/$k.csv" 2> "$OUT/$k.err" \
