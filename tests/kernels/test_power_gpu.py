@@ -237,7 +237,7 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 
 # off by default until timed on a GPU (turned on for `other`)
-EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_WS"}
+EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z"}
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
@@ -248,7 +248,7 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_WS"}
                                   "scan-bf16", "scan-bf16-d32", "dumult-bf16", "dumult-bf16-d32", "xtattn-bf16",
                                   "xtattn-bf16-d32", "ahead-bf16", "ahead-bf16-d32", "lowgrad-bf16",
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
-                                  "streams-bf16-d32", "ws-bf16", "ws-bf16-d32", "gluon-bf16-d128",
+                                  "streams-bf16-d32", "gluon-bf16-d128",
                                   "scan-bf16-d128", "drain-bf16", "rows64-bf16"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
@@ -283,7 +283,7 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "gluonk": ("KDK_GLUON",), "scan": ("OUTER_SCAN",), "dumult": ("DU_MULT",),
                 "xtattn": ("XT_IN_ATTENTION",), "ahead": ("GLUON_OUTER_PREFETCH",),
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
-                "streams": ("CONCURRENT_BWD",), "ws": ("GLUON_WS",), "drain": ("GLUON_OUTER_DRAIN",),
+                "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
                 "rows64": ("GLUON_OUTER_ROWS64",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}

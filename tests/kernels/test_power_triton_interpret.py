@@ -2,7 +2,6 @@
 never reaches other tests), forward and gradients vs the reference. See _interpret_check.py (attention
 form), _interpret_chunked_check.py (chunked form: state kernels, query-state, state gradients) and
 _interpret_ops_check.py (both forms as custom ops under torch.compile)."""
-import collections
 import os
 import subprocess
 import sys
@@ -126,33 +125,6 @@ def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_forward_rows_compile_warp_specialized(monkeypatch):
-    """GLUON_WS (off: correct on the H100, not faster, session 20): the Gluon query forward and key dv,
-    warp-specialized (a 1-warp TMA partition brings the state slices, full / empty mbarriers), build for sm_90 at
-    d=32/64 under their register cap with nothing spilled, fit shared memory, load the slices by TMA only (no cp.async
-    left in them) and keep the closed-form matmul count: TW slices x (d / 16 + half window / 16) per first tile (key
-    dv: 8 x (4 + 2) = 48 at d=64)."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import H100_SHARED, SASS_OF, compile_gluon_rows, sass_instructions
-    if not s2.gluon_available():
-        pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(s2, "GLUON_WS", True)
-    for d in (32, 64):
-        built = {name: (shared, regs, stack) for name, shared, regs, stack in compile_gluon_rows(d)}
-        for name in ("gluon_query_fwd_rows", "gluon_key_dv_rows"):
-            shared, regs, stack = built[name]
-            assert shared <= H100_SHARED and regs <= s2.GLUON_WS_REGS and stack in (None, 0), (name, d, built[name])
-            sass = SASS_OF.get(name)
-            if not sass:
-                pytest.skip("no cuobjdump for the SASS")
-            ops = _opcodes(sass_instructions(sass))
-            assert ops["UTMALDG"] >= 2 and ops["LDGSTS"] == 0, (name, d, ops["UTMALDG"], ops["LDGSTS"])
-        ops = _opcodes(sass_instructions(SASS_OF["gluon_key_dv_rows"]))
-        assert ops["HGMMA"] == s2.TILE2 * (d // 16 + s2.half_window(d) // 16), (d, ops["HGMMA"])
-
-
-@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("block", ["GLUON_QBWD_BLOCK", "GLUON_QFWD_BLOCK"])
 def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
     """A 2-slot cp.async ring would issue a slice's copy into the slot its matmul reads next, with no wait between
@@ -170,11 +142,6 @@ def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
         chain.append(str(e))
         e = e.__cause__ or e.__context__
     assert any("landing" in text for text in chain), chain      # _grad_pass / _fwd_pass: "... one landing ..."
-
-
-def _opcodes(instructions) -> collections.Counter:
-    """SASS opcodes (without predicate and modifiers) of sass_instructions' list, counted."""
-    return collections.Counter(text.split()[1 if text.startswith("@") else 0].split(".")[0] for _, text in instructions)
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")

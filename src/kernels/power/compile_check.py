@@ -269,29 +269,23 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     low = "*bf16" if s2.INTRA_GRADS_LOW else "*fp32"    # the intra-chunk dq / dk they finish
     dense = s2.GLUON_DENSE_Z                              # the normalizer read as bf16 hi / lo matrices
     zt = "*bf16" if dense else "*fp32"
-    ws = {}             # warp-specialized (GLUON_WS): the TMA descriptors' signature types, from a CPU buffer
-    if s2.GLUON_WS:
-        from triton.runtime.jit import mangle_type
-        sd, sd2 = s2.slice_descriptors(s2.state_rows_buffer(1, 1, 2, 64, d, torch.bfloat16, "cpu"), d)
-        ws = {"SD": mangle_type(sd), "SD2": mangle_type(sd2)}
-    ws_consts = dict(WS=True, NBUF=s2.GLUON_WS_SLOTS) if ws else {}
     out = []
     for fn, kind, block, ptrs, ints, consts in (
             (gluon_query_fwd_rows, "qfwd", s2.GLUON_QFWD_BLOCK,
-             {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16", "Z": zt, **ws}, query_ints,
-             dict(queries, DENSE_Z=dense, **ws_consts)),
+             {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16", "Z": zt}, query_ints,
+             dict(queries, DENSE_Z=dense)),
             (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
              dict(queries, CAST=True, DENSE_Z=dense)),
-            (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16", **ws},
-             key_ints, dict(shape, HK=hk, DU_MULT=s2.DU_MULT, **ws_consts)),
+            (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
+             key_ints, dict(shape, HK=hk, DU_MULT=s2.DU_MULT)),
             (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
              key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense))):
         rows, warps, nbuf = block
-        consts = dict({"NBUF": nbuf}, **consts, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
-        cap = s2.GLUON_WS_REGS if consts.get("WS") else s2.gluon_rows_regs(kind).get("maxnreg")
-        k = _compile(fn, ptrs, ints, consts, warps, 1, arch, cap, source=GluonASTSource)
+        consts = dict(consts, NBUF=nbuf, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
+        k = _compile(fn, ptrs, ints, consts, warps, 1, arch, s2.gluon_rows_regs(kind).get("maxnreg"),
+                     source=GluonASTSource)
         name = fn.fn.__name__
         PTX_OF[name] = k.asm["ptx"]
         SASS_OF[name] = _cuobjdump(k, "-sass")

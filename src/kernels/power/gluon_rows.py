@@ -30,14 +30,11 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, \
     warpgroup_mma_wait
 
 from .gluon_sym2 import _barrier, _cp_async
 
-# TMA global -> shared: `async_copy_global_to_shared` in Triton 3.6 (the device's), `async_load` later (3.9 raises on
-# the old name)
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # a shared buffer seen with another shape / layout: `_reinterpret` in Triton 3.6 (the device's), `reinterpret` later
 _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
@@ -380,121 +377,12 @@ def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.con
     return num
 
 
-# ----------------------------------------------------------------------------------------------
-# the forward passes warp-specialized (triton_sym2.GLUON_WS): a 1-warp partition brings the slices in by TMA
-# ----------------------------------------------------------------------------------------------
-@gluon.jit
-def _slice_row0(s_base, i, J0: gl.constexpr, D: gl.constexpr, TW: gl.constexpr):
-    """The state row of slice i's first window column J0 (the slice's rows are TW consecutive rows per tile, tiles
-    TW * TW rows apart: triton_sym2.slice_descriptors' box) and its box coordinates."""
-    NT: gl.constexpr = D // TW
-    ti = i // TW
-    row0 = s_base + ((_diag(ti, NT) - ti) * TW + i % TW) * TW + (J0 // TW) * (TW * TW)
-    return (row0 // (TW * TW)).to(gl.int32), ((row0 // TW) % TW).to(gl.int32)
-
-
-@gluon.jit
-def _ws_slice_loads(SD, SD2, ring, full, empty, s_base, n1, n2, D: gl.constexpr, TW: gl.constexpr,
-                    KW2: gl.constexpr, NBUF: gl.constexpr):
-    """Worker partition (1 warp): the TMA copy of every slice the consumer takes, in its order: n1 slices of the full
-    window [0, D) (first tiles from 0), then n2 of [D - KW2, D) (first tiles from T1), each into ring slot li % NBUF
-    once the consumer has released it (empty), completing on full."""
-    T1: gl.constexpr = (D - KW2) // TW
-    # the boxes' shared layout (both windows': rows of D bf16), as triton_sym2.slice_descriptors makes them
-    SWIZZLE: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16).swizzle_byte_width
-    BOX: gl.constexpr = gl.NVMMASharedLayout(SWIZZLE, 16, rank=4)
-    for li in range(n1 + n2):
-        slot = li % NBUF
-        mbarrier.wait(empty.index(slot), ((li // NBUF) & 1) ^ 1)      # a fresh barrier passes parity 1
-        dst = ring.index(slot)
-        if li < n1:
-            c0, c1 = _slice_row0(s_base, li, 0, D, TW)
-            mbarrier.expect(full.index(slot), D * D * 2)
-            _tma_load(SD, [c0, c1, 0, 0], full.index(slot), _as(dst, gl.bfloat16, [D // TW, 1, TW, D], BOX))
-        else:
-            c0, c1 = _slice_row0(s_base, T1 * TW + li - n1, D - KW2, D, TW)
-            mbarrier.expect(full.index(slot), KW2 * D * 2)
-            _tma_load(SD2, [c0, c1, 0, 0], full.index(slot),
-                      _as(dst.slice(0, KW2, dim=0), gl.bfloat16, [KW2 // TW, 1, TW, D], BOX))
-
-
-@gluon.jit
-def _ws_pass(num, qw, xT_s, ring, full, empty, li0, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr,
-             D: gl.constexpr, TW: gl.constexpr, NBUF: gl.constexpr, A_L: gl.constexpr, KEYS: gl.constexpr):
-    """_fwd_pass's matmuls on slices that a worker partition brought in (_ws_slice_loads): per slice, wait for its slot
-    (full), build the operand (q_i q_win) in registers, issue the matmul with one in flight and release the slot of
-    the slice whose matmul is done (empty): no CTA barrier, no copy addresses. The copies do not zero the rows of tiles
-    before i's: the window's columns of those tiles are zeroed in the operand, with the multiplicities (KEYS)."""
-    ROWA: gl.constexpr = gl.SliceLayout(1, A_L)
-    jw = (J0 + gl.arange(0, KW, layout=gl.SliceLayout(0, A_L))) // TW
-    prev = gl.zeros(qw.shape, gl.bfloat16, A_L)
-    for ti in range(t_lo, t_hi):
-        f = gl.where(jw < ti, 0.0, gl.where(jw == ti, 1.0, 2.0 if KEYS else 1.0))
-        qw_t = qw * gl.expand_dims(f.to(gl.bfloat16), 0)
-        for a in gl.static_range(TW):
-            li = li0 + (ti - t_lo) * TW + a
-            slot = li % NBUF
-            mbarrier.wait(full.index(slot), (li // NBUF) & 1)
-            op = qw_t * gl.expand_dims(xT_s.index(ti * TW + a).load(ROWA), 1)
-            b = ring.index(slot)
-            if KW < D:
-                b = b.slice(0, KW, dim=0)
-            num = warpgroup_mma(op, b, num, is_async=True)
-            if a + 1 < TW:
-                num, prev = warpgroup_mma_wait(num_outstanding=1, deps=(num, prev))
-                if a > 0:      # slice li - 1's matmul is done: its slot goes back to the loads
-                    mbarrier.arrive(empty.index((li + NBUF - 1) % NBUF), count=1)
-                prev = op
-            else:
-                num, op = warpgroup_mma_wait(num_outstanding=0, deps=(num, op))
-                mbarrier.arrive(empty.index((li + NBUF - 1) % NBUF), count=1)
-                mbarrier.arrive(empty.index(slot), count=1)
-    return num
-
-
-@gluon.jit
-def _ws_consumer(num, qw, qw2, xT_s, ring, full, empty, n1, n2, D: gl.constexpr, TW: gl.constexpr,
-                 KW2: gl.constexpr, NBUF: gl.constexpr, A_L: gl.constexpr, KEYS: gl.constexpr):
-    """Default partition: both windows' passes (n1 / TW first tiles over [0, D), n2 / TW over [D - KW2, D))."""
-    T1: gl.constexpr = (D - KW2) // TW
-    num = _ws_pass(num, qw, xT_s, ring, full, empty, 0, 0, n1 // TW, 0, D, D, TW, NBUF, A_L, KEYS)
-    num = _ws_pass(num, qw2, xT_s, ring, full, empty, n1, T1, T1 + n2 // TW, D - KW2, KW2, D, TW, NBUF, A_L, KEYS)
-    return (num, )      # (warp_specialize flattens the default partition's results as a tuple)
-
-
-@gluon.jit
-def _forward_ws(num, qw, qw2, xT_s, SD, SD2, s_base, on, D: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr,
-                NBUF: gl.constexpr, A_L: gl.constexpr, KEYS: gl.constexpr):
-    """_rows_forward's passes warp-specialized (triton_sym2.GLUON_WS): the slices of the state come through TMA
-    descriptors SD / SD2 of the two windows (triton_sym2.slice_descriptors), issued by a 1-warp worker partition into
-    a ring of NBUF slots with full / empty mbarriers; the kernel's warps build the operands (qw, qw2: the block's rows
-    over both windows, operand layout) and run the matmuls."""
-    NT: gl.constexpr = D // TW
-    T1: gl.constexpr = (D - KW2) // TW
-    ring = gl.allocate_shared_memory(gl.bfloat16, [NBUF, D, D], gl.NVMMASharedLayout.get_default_for([D, D],
-                                                                                                   gl.bfloat16))
-    full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NBUF):
-        mbarrier.init(full.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    n1 = T1 * TW * on
-    n2 = (NT - T1) * TW * on
-    num, = gl.warp_specialize([
-        (_ws_consumer, (num, qw, qw2, xT_s, ring, full, empty, n1, n2, D, TW, KW2, NBUF, A_L, KEYS)),
-        (_ws_slice_loads, (SD, SD2, ring, full, empty, s_base, n1, n2, D, TW, KW2, NBUF)),
-    ], [1], [24])
-    return num
-
-
 @gluon.jit
 def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr,
-                  BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr, SD=None, SD2=None,
-                  WS: gl.constexpr = False):
+                  BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr):
     """sum_i (x_i x_win) M_i [BM, D] (fp32, x's coalesced layout) over both windows: the first tiles ti < T1 over
     [0, D), the rest over [D - KW2, D) (none when on = 0); x [BM, D] bf16 the block's rows of X (flat row index
-    `row`, mask m2), M_i the slices of the state at s_base. KEYS: _fwd_pass's multiplicities. WS: warp-specialized,
-    the slices by TMA through SD / SD2 (_forward_ws)."""
+    `row`, mask m2), M_i the slices of the state at s_base. KEYS: _fwd_pass's multiplicities."""
     NW: gl.constexpr = gl.num_warps()
     NT: gl.constexpr = D // TW
     T1: gl.constexpr = (D - KW2) // TW
@@ -507,16 +395,10 @@ def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexp
     xT_s = _as(xT_s, gl.bfloat16, [D, BM], ROWS_S)
     num = gl.zeros([BM, D], gl.float32, MMA)
     c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
-    if WS:
-        x2 = gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0)
-        num = _forward_ws(num, gl.convert_layout(x, A_L), gl.convert_layout(x2, A_L), xT_s, SD, SD2, s_base, on, D,
-                          TW, KW2, NBUF, A_L, KEYS)
-    else:
-        num = _fwd_pass(num, gl.convert_layout(x, A_L), S, s_base, xT_s, 0, T1 * on, 0, D, D, TW, NBUF, NW, A_L,
-                        KEYS)
-        x2 = gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0)    # after pass 1: registers
-        num = _fwd_pass(num, gl.convert_layout(x2, A_L), S, s_base, xT_s, T1, T1 + (NT - T1) * on, D - KW2, KW2, D,
-                        TW, NBUF, NW, A_L, KEYS)
+    num = _fwd_pass(num, gl.convert_layout(x, A_L), S, s_base, xT_s, 0, T1 * on, 0, D, D, TW, NBUF, NW, A_L, KEYS)
+    x2 = gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0)    # after pass 1: registers
+    num = _fwd_pass(num, gl.convert_layout(x2, A_L), S, s_base, xT_s, T1, T1 + (NT - T1) * on, D - KW2, KW2, D, TW,
+                    NBUF, NW, A_L, KEYS)
     return gl.convert_layout(num, BLK)
 
 
@@ -524,15 +406,13 @@ def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexp
 def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                          KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
-                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, DENSE_Z: gl.constexpr = False, SD=None, SD2=None,
-                         WS: gl.constexpr = False):
+                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, DENSE_Z: gl.constexpr = False):
     """Program (query block of a chunk, chunk n, b*hq), as `_sym2_query_fwd_rows`: the state term num = phi(q) S_n
     (row-scaled: sum_i (q_i q_win) S_i, the first tiles ti < T1 over the full window, the rest over [D - KW2, D)) and
     den = phi(q) . z_n = q Zm q^T join the intra-chunk output OI (normalized, LSEI = log of its normalizer):
     y = (OI e^LSEI + r num) / (e^LSEI + r den), stabilized by the larger log (NORM), else OI + r num; r = s^p e^(g_i).
     Writes Y (the inputs' dtype) and LSE = log of the total normalizer. DENSE_Z: Z holds each slot's Zm as bf16 hi / lo
-    matrices (triton_sym2.dense_normalizer), not the packed z. WS: warp-specialized, the state's slices by TMA through
-    SD / SD2 (triton_sym2.GLUON_WS, _forward_ws)."""
+    matrices (triton_sym2.dense_normalizer), not the packed z."""
     NW: gl.constexpr = gl.num_warps()
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -548,7 +428,7 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     # address arithmetic in the slice loops (SASS 536 -> 377 instructions per first tile, Triton 3.6)
     num = gl.zeros([BM, D], gl.float32, BLK)
     if on > 0:
-        num = _rows_forward(Q, S, s_base, row, m2, q, 1, D, TW, KW2, BM, NBUF, False, SD, SD2, WS)
+        num = _rows_forward(Q, S, s_base, row, m2, q, 1, D, TW, KW2, BM, NBUF, False)
     yi = gl.load(OI + off, mask=m2, other=0.0).to(gl.float32)
     if NORM:     # stabilized as _combine_store; per-row factors, so each element takes one multiply and one FMA
         lse_i = gl.load(LSEI + row, mask=mask, other=0.0)
@@ -578,16 +458,15 @@ def _decay_to_chunk_end(G, T, row, mask, c, HK: gl.constexpr, C: gl.constexpr, G
 @gluon.jit
 def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
                       TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr,
-                      DU_MULT: gl.constexpr = False, SD=None, SD2=None, WS: gl.constexpr = False):
+                      DU_MULT: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dv_rows`: the key backward's dv_j += c_j sum_i
     (k_i k_win,w) dU_i (the forward's pass with KEYS: the key side's multiplicities w on the window's columns),
     c_j = e^(gt_n - g_j); dU_n is slot n of DU (NU slots per (b, hk)). DV holds the intra-chunk part in the inputs'
     dtype; the sum is added in fp32 and written back in place. DU_MULT: dU already carries the multiplicities
-    (gluon_sym2.gluon_outer's DU_MULT). WS: warp-specialized, dU's slices by TMA through SD / SD2
-    (triton_sym2.GLUON_WS, _forward_ws)."""
+    (gluon_sym2.gluon_outer's DU_MULT)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
-    num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, KW2, BK, NBUF, not DU_MULT, SD, SD2, WS)
+    num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, KW2, BK, NBUF, not DU_MULT)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     dv = num * gl.expand_dims(c, 1) + gl.load(DV + off, mask=m2, other=0.0).to(gl.float32)
     gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=m2)

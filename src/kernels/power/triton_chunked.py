@@ -571,7 +571,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     # states entering each chunk (+ the final one)
     sdt, sprec = _state_operands(q.dtype)
     rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
-    S = sym2.state_rows_buffer(b, hk, NC + 1, DS, d, torch.bfloat16 if low else torch.float32, dev)
+    S = torch.empty(b, hk, NC + 1, DS, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
     Z = torch.empty(b, hk, NC + 1, DS, **f32)
     has_s0 = s0 is not None
     parallel = PARALLEL_STATE or low       # the serial kernels keep fp32 states
@@ -611,7 +611,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
         gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, sym2.dense_normalizer(Z, d, sym=False) if dense else Z, o_intra, lse_intra, y, lse, sp, T, NC, DS,
             HQ=hq, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0,
-            DENSE_Z=dense, num_warps=warps, **sym2.gluon_ws_launch(S, d, "qfwd", nbuf))
+            DENSE_Z=dense, NBUF=nbuf, num_warps=warps, **sym2.gluon_rows_regs("qfwd"))
     elif fast and sym2.row_scaled("qfwd", d):
         _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -750,7 +750,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
         # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
         # and d initial_state = slot 0
-        dR = sym2.state_rows_buffer(b, hk, NC + 1, DS, d, S.dtype, q.device)
+        dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
         dR[:, :, NC] = dsf
         dRz[:, :, NC] = dzf
@@ -834,7 +834,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             bk, warps_, nbuf = sym2.GLUON_KDV_BLOCK
             gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_ws_launch(dU, d, "kdv", nbuf))
+                NBUF=nbuf, DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_rows_regs("kdv"))
         elif dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](

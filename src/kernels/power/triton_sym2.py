@@ -795,15 +795,9 @@ GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read eac
 # session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
 # ATOMIC_RMW = False, they are read-modify-writes after a barrier instead (bitwise reproducible).
 ATOMIC_RMW = True
-GLUON_WS = False        # the Gluon query forward / key dv warp-specialized (gluon_rows._forward_ws): a 1-warp
-#                         partition brings each state slice in by one TMA copy (full / empty mbarriers), so the
-#                         compute warps have no CTA barrier per slice and no copy addresses in registers (session 19's
-#                         ncu: both kernels stall most on that barrier and on spills). Correct (GPU test modes ws-*),
-#                         not faster (H100 64k, session 20, scripts/gpu/ws_ab.sh): query forward / key dv 5.37 / 4.62
-#                         ms -> 5.68 / 5.05 at 80 registers (5.40 / 4.53 at 64), fwd+bwd 60.12 -> 59.98, so off
-GLUON_WS_REGS = 80      # its register cap: the worker's warpgroup counts too (8 warps a program), 80 -> 3 programs per
-#                         SM, the compute warps get (8 * 80 - 4 * 24) / 4 = 136 registers
-GLUON_WS_SLOTS = 4      # its ring slots ([d, d] bf16 each)
+# (the query forward / key dv warp-specialized, their slices by TMA from a 1-warp partition with full / empty
+# mbarriers: correct, not faster: H100 64k, session 20, 5.37 / 4.62 -> 5.68 / 5.05 ms, fwd+bwd 60.12 -> 59.98;
+# removed from main, kept on branch exp/gluon-ws)
 CONCURRENT_BWD = True   # the chunked backward's two independent chains on two CUDA streams: the query side's reverse
 #                         scan and then the key kernels on a side stream, the intra-chunk dk / dv and the query
 #                         backward on the caller's (the scan needs only the intra-chunk dq's copies, the key kernels
@@ -860,38 +854,6 @@ def gluon_rows_regs(kernel: str) -> dict:
     """Launch options of the Gluon row kernel `kernel` ("qfwd", "qbwd", "kdv", "kdk"): its register cap, if any."""
     cap = {"qfwd": GLUON_QFWD_REGS, "qbwd": GLUON_QBWD_REGS, "kdv": GLUON_KDV_REGS, "kdk": GLUON_KDK_REGS}[kernel]
     return {"maxnreg": cap} if cap else {}
-
-
-def state_rows_buffer(b: int, hk: int, nslot: int, ds: int, d: int, dtype, device) -> torch.Tensor:
-    """A (b, hk, nslot, ds, d) state buffer with TILE2^2 spare rows after it, so that slice_descriptors' view of its
-    rows as whole groups of TILE2^2 covers every row."""
-    n = b * hk * nslot * ds * d
-    return torch.empty(n + TILE2 * TILE2 * d, device=device, dtype=dtype)[:n].view(b, hk, nslot, ds, d)
-
-
-def slice_descriptors(X: torch.Tensor, d: int) -> tuple:
-    """TMA descriptors of the Gluon row kernels' state slices (gluon_rows._slice_row0) for both windows (d and
-    half_window(d) columns): X's rows from its first element on (a bf16 state buffer from state_rows_buffer, or a
-    slot-offset view of one) seen as [groups, TILE2, TILE2, d], boxes [KW / TILE2, 1, TILE2, d]."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    tw = TILE2
-    rows = (X.untyped_storage().nbytes() // X.element_size() - X.storage_offset()) // d
-    shape, strides = [rows // (tw * tw), tw, tw, d], [tw * tw * d, tw * d, d, 1]
-    view = X.as_strided(shape, strides)
-    # the ring slots' swizzle (rows of d bf16), which the kernel gives both windows' boxes (_ws_slice_loads' BOX)
-    box = gl.NVMMASharedLayout(gl.NVMMASharedLayout.get_default_for([d, d], gl.bfloat16).swizzle_byte_width, 16,
-                               rank=4)
-    return tuple(TensorDescriptor(view, shape, strides, [kw // tw, 1, tw, d], box) for kw in (d, half_window(d)))
-
-
-def gluon_ws_launch(X: torch.Tensor, d: int, kernel: str, nbuf: int) -> dict:
-    """Launch arguments of a Gluon forward-type row kernel ("qfwd" or "kdv") reading state X: with GLUON_WS its TMA
-    descriptors, WS, its ring slots and register cap, else its own (NBUF, GLUON_*_REGS)."""
-    if not GLUON_WS:
-        return dict(NBUF=nbuf, **gluon_rows_regs(kernel))
-    sd, sd2 = slice_descriptors(X, d)
-    return dict(SD=sd, SD2=sd2, WS=True, NBUF=GLUON_WS_SLOTS, maxnreg=GLUON_WS_REGS)
 
 
 def gluon_rows_applies(kernel: str, q, d: int) -> bool:
