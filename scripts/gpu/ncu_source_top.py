@@ -10,6 +10,8 @@ import collections
 import csv
 import sys
 
+from longctx.kernels.power.compile_check import sass_opcode
+
 
 def _column(header, *needles):
     """Index of the first column whose name contains every needle (case-insensitive), or None."""
@@ -49,14 +51,6 @@ def read_source_csv(path):
     return out
 
 
-def opcode(sass: str) -> str:
-    """The opcode of a SASS line without predicate and modifiers ('@P0 LDGSTS.E.128 [..]' -> 'LDGSTS')."""
-    words = sass.split()
-    if words and words[0].startswith("@"):
-        words = words[1:]
-    return words[0].split(".")[0] if words else ""
-
-
 def summarize(rows, top: int):
     total = sum(r[2] for r in rows) or 1.0
     lines = [f"{len(rows)} instructions, {total:.0f} samples"]
@@ -64,7 +58,7 @@ def summarize(rows, top: int):
         lines.append(f"  {every / total:6.1%}  (not issued {idle / total:5.1%})  {address:>8}  {sass[:90]}")
     per_op = collections.Counter()
     for _, sass, every, _ in rows:
-        per_op[opcode(sass)] += every
+        per_op[sass_opcode(sass)] += every
     lines.append("per opcode: " + ", ".join(f"{op} {n / total:.1%}" for op, n in per_op.most_common(12)))
     return lines
 

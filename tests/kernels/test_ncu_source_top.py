@@ -33,7 +33,7 @@ def test_rows_shares_and_opcodes(top, tmp_path):
     rows = top.read_source_csv(path)
     assert [r[2] for r in rows] == [1000.0, 250.0, 2500.0, 250.0, 0.0]
     assert rows[2][3] == 2400.0 and rows[1][0] == "0x110"
-    assert [top.opcode(r[1]) for r in rows] == ["HGMMA", "LDGSTS", "WARPGROUP", "HMUL2", "HMUL2"]
+    assert [top.sass_opcode(r[1]) for r in rows] == ["HGMMA", "LDGSTS", "WARPGROUP", "HMUL2", "HMUL2"]
     lines = top.summarize(rows, top=2)
     assert lines[0] == "5 instructions, 4000 samples"
     assert "62.5%" in lines[1] and "DEPBAR" in lines[1]          # 2500 / 4000 first

@@ -97,6 +97,13 @@ def sass_instructions(sass: str) -> list[tuple[int, str]]:
     return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
 
 
+def sass_opcode(text: str) -> str:
+    """The opcode of one SASS instruction without its guard predicate and modifiers ('@!P0 LDGSTS.E.128 [..]' ->
+    'LDGSTS')."""
+    words = re.sub(r"^@!?U?P\w+\s+", "", text.strip()).split()
+    return words[0].split(".")[0] if words else ""
+
+
 def sass_loop_counts(sass: str) -> list[dict]:
     """For each loop of a SASS listing (cuobjdump -sass: a branch back to an earlier address), its instruction count
     and the count of each opcode (guard predicates and modifiers dropped), outermost and inner loops alike. What a
@@ -109,7 +116,7 @@ def sass_loop_counts(sass: str) -> list[dict]:
         target = int(m.group(1), 16) if m else None
         if target is not None and target < addr and target in index:
             body = [t for _, t in ins[index[target]:i + 1]]
-            ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+            ops = collections.Counter(sass_opcode(t) for t in body)
             out.append({"start": target, "end": addr, "instructions": len(body), "ops": dict(ops)})
     return out
 
