@@ -78,17 +78,14 @@ def fwd_bwd(xs, lg, chunk):
     y.backward(torch.ones_like(y))
 
 
-ONE_STREAM = True   # --profile-streams clears it
-
-
-def profile_kernels(xs, lg, chunk):
+def profile_kernels(xs, lg, chunk, streams=False):
     """CUDA ms per kernel name of one fwd+bwd. On one stream (triton_sym2.CONCURRENT_BWD off for the profile, unless
-    --profile-streams): with the backward's two streams the kernels overlap and each one's time stretches with its
+    streams: --profile-streams): with the backward's two streams the kernels overlap and each one's time stretches with its
     neighbours' (session 20: a kernel profiled 0.26 ms faster while fwd+bwd got slower), so per-kernel numbers from two
     settings would not compare. Wall time (the TIME lines, scripts/gpu/ab_switch.py) keeps the default."""
     from torch.profiler import ProfilerActivity, profile
-    streams = triton_sym2.CONCURRENT_BWD
-    triton_sym2.CONCURRENT_BWD = streams and not ONE_STREAM
+    default = triton_sym2.CONCURRENT_BWD
+    triton_sym2.CONCURRENT_BWD = default and streams
     try:
         fwd_bwd(xs, lg, chunk)
         torch.cuda.synchronize()
@@ -96,7 +93,7 @@ def profile_kernels(xs, lg, chunk):
             fwd_bwd(xs, lg, chunk)
             torch.cuda.synchronize()
     finally:
-        triton_sym2.CONCURRENT_BWD = streams
+        triton_sym2.CONCURRENT_BWD = default
     times = {}
     for ev in prof.key_averages():
         times[ev.key] = times.get(ev.key, 0.0) + ev.device_time_total / 1e3
@@ -219,8 +216,6 @@ def main():
     if args.replot is not None:
         return replot(args.replot)
     triton_sym2.ATOMIC_RMW = not args.no_atomic
-    global ONE_STREAM
-    ONE_STREAM = not args.profile_streams
     apply_switches(args.set)
     for item in args.attn_blocks:
         kernel, cfg = item.split("=")
@@ -256,7 +251,7 @@ def main():
             tag = f"{cfg} rows={variant}"
             try:
                 t0 = time.time()
-                times = profile_kernels(xs, lg, args.chunk)
+                times = profile_kernels(xs, lg, args.chunk, args.profile_streams)
             except Exception as e:                              # noqa: BLE001 (out of resources etc.)
                 print(f"CFG {tag}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
@@ -279,7 +274,7 @@ def main():
     setattr(triton_sym2, table, dict(base_blocks, **best_blocks))
     res["best"] = {k: list(v) for k, v in getattr(triton_sym2, table).items()}
     print("BEST", res["best"], "rows:", triton_sym2.ROWS, flush=True)
-    times = profile_kernels(xs, lg, args.chunk)
+    times = profile_kernels(xs, lg, args.chunk, args.profile_streams)
     top = sorted(times.items(), key=lambda kv: -kv[1])[:12]
     print("PROFILE best: " + " | ".join(f"{k[:40]} {v:.2f}" for k, v in top), flush=True)
     res["profile_best"] = dict(top)

@@ -57,9 +57,8 @@ def test_kernel_profiles_run_the_backward_on_one_stream(monkeypatch):
 
     monkeypatch.setattr(torch.profiler, "profile", NoProfile)
     monkeypatch.setattr(tune_sym2.triton_sym2, "CONCURRENT_BWD", True)
-    for one_stream, expected in ((True, False), (False, True)):
-        monkeypatch.setattr(tune_sym2, "ONE_STREAM", one_stream)
+    for kwargs, expected in (({}, False), ({"streams": True}, True)):
         seen.clear()
-        tune_sym2.profile_kernels(None, None, 1024)
+        tune_sym2.profile_kernels(None, None, 1024, **kwargs)
         assert seen == [expected, expected]
         assert tune_sym2.triton_sym2.CONCURRENT_BWD is True
