@@ -135,8 +135,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     operand registers. Without it the previous step's matmuls may still be in flight there: the `deps` of the wait keep
     phi / lo alive for LLVM only (a comment in the wait's inline asm), and ptxas gives the next step's factors and
     products the same registers (Triton 3.6 SASS: the loop's LDSM / HMUL2 write the registers the last normalizer
-    HGMMA reads, after only `WARPGROUP.DEPBAR.LE gsb0, 0x3`). The suspect of the normalizer race at one block per
-    group (docs/kernels.md, session 19)."""
+    HGMMA reads, after only `WARPGROUP.DEPBAR.LE gsb0, 0x3`). That was the normalizer race at one block per group:
+    with it d=128's normalizer rows match Triton's (docs/kernels.md, session 20)."""
     TJ: gl.constexpr = TW * JG
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK
