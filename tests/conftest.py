@@ -1,7 +1,9 @@
 """Shared fixtures: Hydra composition of the real config, a small cached ICL dataset, GPU skipping."""
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def import_script():
+    """import_script("bench_attention") or import_script("gpu/ab_switch") -> that module of scripts/, imported with
+    scripts/ and the script's own folder on sys.path for the duration of the import (the scripts import each other
+    by bare name)."""
+    def _import(path: str):
+        dirs = list(dict.fromkeys([str(REPO / "scripts"), str((REPO / "scripts" / path).parent)]))
+        sys.path[:0] = dirs
+        try:
+            return importlib.import_module(Path(path).name)
+        finally:
+            del sys.path[:len(dirs)]
+    return _import
 
 
 @pytest.fixture

@@ -1,22 +1,12 @@
-"""scripts/gpu/ab_switch.py's variant specs (parsed without a GPU): switches, attention tiles, and one clear error for
-an item that is neither."""
-import sys
-from pathlib import Path
+"""scripts/gpu/ab_switch.py without a GPU: its variant specs (switches, attention tiles, one clear error for an item
+that is neither) and its output comparison."""
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def ab_switch():
-    paths = [str(REPO / "scripts"), str(REPO / "scripts" / "gpu")]
-    sys.path[:0] = paths
-    try:
-        import ab_switch
-    finally:
-        del sys.path[:len(paths)]
-    return ab_switch
+def ab_switch(import_script):
+    return import_script("gpu/ab_switch")
 
 
 def test_variant_items(ab_switch):

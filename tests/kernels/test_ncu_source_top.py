@@ -1,11 +1,7 @@
 """scripts/gpu/ncu_source_top.py: the per-instruction stall summary of an ncu source-page CSV, on a small CSV in ncu's
 shape (banner lines, quoted numbers with thousands separators, predicated SASS)."""
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
 
 CSV = '''==PROF== Connected to process 1234
 "Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed"
@@ -18,13 +14,8 @@ CSV = '''==PROF== Connected to process 1234
 
 
 @pytest.fixture(scope="module")
-def top():
-    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    try:
-        import ncu_source_top
-    finally:
-        sys.path.remove(str(REPO / "scripts" / "gpu"))
-    return ncu_source_top
+def top(import_script):
+    return import_script("gpu/ncu_source_top")
 
 
 def test_rows_shares_and_opcodes(top, tmp_path):
