@@ -242,6 +242,8 @@ def main():
     base_blocks = dict(getattr(triton_sym2, table))
     best = {}
     default_rows = dict(triton_sym2.ROWS)
+    if "outer" in sweep:     # the swept entry, not the Gluon outer products' own block, applies
+        triton_sym2.GLUON_OUTER_BLOCK = {}
     for variant in args.rows:
         on = default_rows if variant == "default" else {k: k in variant.split("+") for k in default_rows}
         triton_sym2.ROWS = dict(on)

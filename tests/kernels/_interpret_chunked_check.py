@@ -196,6 +196,58 @@ def dense_normalizer(sym, keys):
     return ok
 
 
+def norm_scan(keys, gated, du_mult):
+    """triton_sym2.launch_norm_scan (the normalizer half of the Gluon outer products' scan, which the CPU never
+    launches) against float64 sums of the tiled symmetric power: keys z_{n+1} = decay_n z_n + sum_r phi_w(x'_r)
+    (phi with the key multiplicities), query side R_n = decay_n R_{n+1} + sum_r w_r phi(x'_r) in reverse, its gate
+    gradient decay_n <z_n, R_{n+1}> and dU's multiplicities (du_mult)."""
+    from longctx.kernels.power.reference import expand
+    b, hk, d, C, NC = 1, 2, 32, 64, 3
+    hx, T, DS = (hk if keys else 2 * hk), C * NC, state_dim(2, d)
+    xt = torch.randn(b, hx, d, T)
+    w = torch.randn(b, T, hx, 8)
+    g = -(0.02 * torch.rand(b, T, hk)).cumsum(1)
+    outz = torch.full((b, hk, NC + 1, DS), float("nan"))
+    outz[:, :, 0 if keys else NC] = torch.randn(b, hk, DS)
+    entering = outz.clone()
+    zf = torch.randn(b, hk, NC + 1, DS)
+    block = triton_sym2.NORM_SUMS_BK
+    triton_sym2.NORM_SUMS_BK = 32          # two steps a chunk
+    try:
+        dgt = triton_sym2.launch_norm_scan(xt, w, g, outz, None if keys else zf, T, NC, DS, 1 if keys else 0, hx, hk,
+                                           d, C, keys, True, gated, du_mult)
+    finally:
+        triton_sym2.NORM_SUMS_BK = block
+    x = xt.double().transpose(2, 3).reshape(b, hk, hx // hk, NC, C, d)           # (b, hk, rep, chunk, row, d)
+    phi = expand(x, 2, weighted=keys)
+    if not keys:
+        phi = phi * (w[..., 0] + w[..., 1]).double().permute(0, 2, 1).reshape(b, hk, hx // hk, NC, C)[..., None]
+    sums = phi.sum((2, 4))                                                         # (b, hk, NC, DS)
+    ones = torch.ones(d, dtype=torch.float64)
+    mult = expand(ones, 2, weighted=True) / expand(ones, 2)
+    decay = g[:, C - 1::C].double().exp().permute(0, 2, 1) if gated else torch.ones(b, hk, NC, dtype=torch.float64)
+    want = entering.double().clone()
+    want_dgt = torch.zeros(b, hk, NC, dtype=torch.float64)
+    if keys:
+        for n in range(NC):
+            want[:, :, n + 1] = decay[..., n, None] * want[:, :, n] + sums[:, :, n]
+    else:
+        r = want[:, :, NC].clone()
+        if du_mult:
+            want[:, :, NC] = r * mult
+        for n in reversed(range(NC)):
+            want_dgt[..., n] = decay[..., n] * (zf.double()[:, :, n] * r).sum(-1)
+            r = decay[..., n, None] * r + sums[:, :, n]
+            want[:, :, n] = r * mult if du_mult and n > 0 else r
+    errs = {"z": rel(outz, want)}
+    if gated and not keys:
+        errs["dgt"] = rel(dgt, want_dgt)
+    ok = all(e < 1e-5 for e in errs.values()) and (dgt is None) == (keys or not gated)
+    print(f"{'ok  ' if ok else 'FAIL'} normalizer scan keys={keys} gated={gated} du_mult={du_mult} "
+          + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
+    return ok
+
+
 def main():
     torch.manual_seed(0)
     args = [a for a in sys.argv[1:] if a not in ("sym2", "groups", "rows")]
@@ -212,6 +264,9 @@ def main():
         failed += sum(not scaled_transpose(keys) for keys in (True, False))
         failed += sum(not attention_copies(norm, gated) for norm in (True, False) for gated in (True, False))
         failed += sum(not dense_normalizer(sym, keys) for sym, keys in ((False, False), (True, False), (True, True)))
+        failed += sum(not norm_scan(keys, gated, du_mult) for keys, gated, du_mult in
+                      ((True, True, False), (True, False, False), (False, True, False), (False, False, False),
+                                                        (False, True, True)))
     sys.exit(1 if failed else 0)
 
 

@@ -237,7 +237,7 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 
 # off by default until timed on a GPU (turned on for `other`)
-EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z"}
+EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_OUTER_Z"}   # off by default: `other` turns them on
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
@@ -249,7 +249,8 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z"}
                                   "xtattn-bf16-d32", "ahead-bf16", "ahead-bf16-d32", "lowgrad-bf16",
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
                                   "streams-bf16-d32", "gluon-bf16-d128",
-                                  "scan-bf16-d128", "drain-bf16", "rows64-bf16"])
+                                  "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
+                                  "outerz-bf16-d128"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -271,7 +272,9 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     warp-specialized, their slices by TMA (GLUON_WS) against cp.async; drain-*: the Gluon outer products' steps
     waiting for the previous step's matmuls (GLUON_OUTER_DRAIN) against not (d=64 at two blocks per group, where the
     race was never seen; d=128 without it is wrong: scripts/gpu/check_outer.py --no-drain); rows64-*: one block of 64
-    feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32. Many chunks,
+    feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32; outerz-*: the
+    scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
+    summed by the Gluon outer products. Many chunks,
     state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
@@ -284,7 +287,7 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "xtattn": ("XT_IN_ATTENTION",), "ahead": ("GLUON_OUTER_PREFETCH",),
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
                 "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
-                "rows64": ("GLUON_OUTER_ROWS64",)}
+                "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)

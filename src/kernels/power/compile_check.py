@@ -314,7 +314,8 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
             consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys,
                           NORM=norm, NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
                           SCAN=scan, GATED=scan, DU_MULT=scan and not keys and s2.DU_MULT,
-                          PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH, DRAIN_STEP=s2.GLUON_OUTER_DRAIN)
+                          PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH, DRAIN_STEP=s2.GLUON_OUTER_DRAIN,
+                          Z_SUMS=s2.GLUON_OUTER_Z or not scan)
             k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16",
                                        "SF": "*bf16"}, ints, consts, 4, 1, arch,
                          maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)
@@ -327,6 +328,16 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
                      dict(H=hk if keys else hq, D=d, BT=bt, HK=hk, C=chunk, SCALE=1 if keys else 2, GATED=True,
                           NORM=norm), warps, 1, arch)
         out.append((f"_transpose_heads_scale{1 if keys else 2}", k.metadata.shared, *_usage(k)))
+        if not s2.GLUON_OUTER_Z:     # the normalizer apart (triton_sym2.launch_norm_scan)
+            k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
+                         dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=s2.NORM_SUMS_BK, WEIGHTED=not keys),
+                         4 if d <= 64 else 8, 3, arch)
+            out.append((f"_norm_chunk_sums{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
+            bi = min(s2.NORM_SCAN_BI, d)
+            k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
+                         ints, dict(HK=hk, D=d, C=chunk, NT=d // s2.TILE2, TW=s2.TILE2, BI=bi, KEYS=keys, GATED=True,
+                                    DU_MULT=not keys and s2.DU_MULT, SUMS=True), 4, 3, arch)
+            out.append((f"_norm_scan{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
     return out
 
 

@@ -112,7 +112,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
                 GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False, PREFETCH_SF: gl.constexpr = False,
-                DRAIN_STEP: gl.constexpr = False):
+                DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
@@ -131,6 +131,9 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
       key side's multiplicities (1 in tile ti, 2 after it; exact), so the key kernels need not apply them; slot 0
       (the initial state's gradient) stays plain.
 
+    Z_SUMS False (the scans with triton_sym2.GLUON_OUTER_Z off): no normalizer at all, OUTZ and dgt's z part are left
+    to triton_sym2.launch_norm_scan (the normalizer's 8 small matmuls and 32 fma a step made the loop 1.5x longer).
+
     DRAIN_STEP (triton_sym2.GLUON_OUTER_DRAIN): every step waits for the previous step's matmuls before it writes its
     operand registers. Without it the previous step's matmuls may still be in flight there: the `deps` of the wait keep
     phi / lo alive for LLVM only (a comment in the wait's inline asm), and ptxas gives the next step's factors and
@@ -141,8 +144,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK
     NSTEP: gl.constexpr = REP * (C // BK)
-    W_ROWS: gl.constexpr = (not KEYS) and NORM        # per-row normalizer weights through the ring
-    NORMS: gl.constexpr = KEYS or NORM
+    W_ROWS: gl.constexpr = (not KEYS) and NORM and Z_SUMS   # per-row normalizer weights through the ring
+    NORMS: gl.constexpr = (KEYS or NORM) and Z_SUMS
     REV: gl.constexpr = SCAN and not KEYS
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     MMAZ: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -217,17 +220,20 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         base = (slot0 + (NC if REV else 0)) * DS
         rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
         acc = gl.load(OUT + base * D + rows, mask=fmask, other=0.0).to(gl.float32) / mult
-        # the normalizer state runs through the scan even without normalizer sums (NORMS False: the query side of
-        # norm=False, where dL/dz_NC still flows back to every chunk)
-        zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
-        z0 = gl.load(OUTZ + base + zrows, mask=zmask, other=0.0) / multz
-        col0 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMAZ)) == 0, 0)
-        accz = gl.where(col0, gl.expand_dims(z0, 1), gl.zeros([FG, 8], gl.float32, MMAZ))
+        accz = gl.zeros([FG, 8], gl.float32, MMAZ)
+        if Z_SUMS:
+            # the normalizer state runs through the scan even without normalizer sums (NORMS False: the query side
+            # of norm=False, where dL/dz_NC still flows back to every chunk)
+            zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
+            z0 = gl.load(OUTZ + base + zrows, mask=zmask, other=0.0) / multz
+            col0 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMAZ)) == 0, 0)
+            accz = gl.where(col0, gl.expand_dims(z0, 1), accz)
         if DU_MULT:  # slot NC (dL/dS_NC, written by the host) is dU_{NC-1}: with the key side's multiplicities too
             _, _, mult_k = _group_rows(ti, tj, l0, FG, TJ, TW, D, True, MMA)
-            _, _, multz_k = _group_zrows(ti, tj, l0, FG, TJ, TW, D, True, MZ)
             gl.store(OUT + base * D + rows, (acc * mult_k).to(OUT.dtype.element_ty), mask=fmask)
-            gl.store(OUTZ + base + zrows, z0 * multz_k, mask=zmask)
+            if Z_SUMS:
+                _, _, multz_k = _group_zrows(ti, tj, l0, FG, TJ, TW, D, True, MZ)
+                gl.store(OUTZ + base + zrows, z0 * multz_k, mask=zmask)
     else:
         acc = gl.zeros([FG, D], gl.float32, MMA)
         accz = gl.zeros([FG, 8], gl.float32, MMAZ)
@@ -254,20 +260,26 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 else:
                     rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
                     s_n = gl.load(SF + sb * D + rows, mask=fmask, other=0.0).to(gl.float32)
-                zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
-                z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
-                part = gl.sum(gl.sum(s_n * acc, axis=1), axis=0) + gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
+                part = gl.sum(gl.sum(s_n * acc, axis=1), axis=0)
+                if Z_SUMS:
+                    zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
+                    z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
+                    part += gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
                 gl.store(DGT + (pid_bh.to(gl.int64) * gl.num_programs(0) + g) * NC + n, decay * part)
             acc = acc * decay
-            accz = accz * decay
+            if Z_SUMS:
+                accz = accz * decay
         for st in range(NSTEP):
             step = ci * NSTEP + st
             s = step % NBUF
             async_copy.wait_group(NBUF - 2)
             _barrier()
             if DRAIN_STEP:
-                acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0,
-                                                                  deps=(acc, accz, phi_prev, lo_prev))
+                if NORMS:
+                    acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0,
+                                                                      deps=(acc, accz, phi_prev, lo_prev))
+                else:
+                    acc, phi_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, phi_prev))
             xi3 = gl.expand_dims(xi_s.index(s).load(XI_L), 1)
             xj3 = gl.expand_dims(xj_s.index(s).load(XJ_L), 0)
             phi3 = xi3 * xj3                                                               # [TW, TJ, BK] bf16
@@ -292,18 +304,23 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
             if PREFETCH:     # after step 0's barrier every thread is done reading this chunk's S_n from sf_s
                 if st == 0 and ci + 1 < nchunk:
                     _prefetch_state(SF, sf_s, slot0 + n_next, DS, ti, tj, l0, FG, TJ, TW, D, CPY)
-        acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, accz, phi_prev, lo_prev))
+        if NORMS:
+            acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0,
+                                                              deps=(acc, accz, phi_prev, lo_prev))
+        else:
+            acc, phi_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, phi_prev))
         if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
             # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers
             base = (slot0 + n + SLOT) * DS
             rows, fmask, smult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MMA)
-            zrows, zmask, zmult = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MZ)
             if DU_MULT:  # slot 0 (dL/dS_0, returned) without them
-                first = (n == 0).to(gl.float32)
-                smult = smult + (1.0 - smult) * first
-                zmult = zmult + (1.0 - zmult) * first
+                smult = smult + (1.0 - smult) * (n == 0).to(gl.float32)
             gl.store(OUT + base * D + rows, (acc * smult).to(OUT.dtype.element_ty), mask=fmask)
-            gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * zmult, mask=zmask)
+            if Z_SUMS:
+                zrows, zmask, zmult = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MZ)
+                if DU_MULT:
+                    zmult = zmult + (1.0 - zmult) * (n == 0).to(gl.float32)
+                gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * zmult, mask=zmask)
     async_copy.wait_group(0)
     if not SCAN:
         # every warp past its last matmul before the epilogue's layout conversion, whose scratch reuses the ring's
@@ -312,7 +329,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         base = (slot0 + n_first + SLOT) * DS
         rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
         gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
-        ZB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        z = gl.convert_layout(gl.sum(accz, axis=1), ZB)         # the weights' columns: [w] or [hi, lo], the rest 0
-        zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, ZB)
-        gl.store(OUTZ + base + zrows, z * multz, mask=zmask)
+        if Z_SUMS:
+            ZB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            z = gl.convert_layout(gl.sum(accz, axis=1), ZB)     # the weights' columns: [w] or [hi, lo], the rest 0
+            zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, ZB)
+            gl.store(OUTZ + base + zrows, z * multz, mask=zmask)

@@ -355,6 +355,87 @@ def _dense_zmat(Z, OUT, DS, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr,
 
 
 @triton.jit
+def _norm_chunk_sums(X, W, ZC, T, NC, HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+                     BK: tl.constexpr, WEIGHTED: tl.constexpr):
+    """Program (chunk n, b*hk): ZC[b*hk, n] = sum over chunk n's rows r of its GQA heads of w_r x'_r x'_r^T, [D, D]
+    fp32: the normalizer sums of the p=2 features in matrix form (feature (i, j) is entry [i, j]). X: the (b, HX, D,
+    T) scaled copy the outer products read (rows already times the square roots of their row factors); WEIGHTED (the
+    query side): w_r = hi + lo of W (b, T, HX, 8), the rows' -Delta, and x' w is split into bf16 hi + lo before its
+    matmul; keys: w = 1. The products are exact in the matmul (bf16 x bf16 in fp32), so no lo of the features is
+    needed, unlike sums of the bf16 features phi."""
+    n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = pid_bh // HK
+    i_hk = pid_bh % HK
+    REP: tl.constexpr = HX // HK
+    offs_d = tl.arange(0, D)
+    offs_r = tl.arange(0, BK)
+    acc = tl.zeros([D, D], tl.float32)
+    for rep in range(REP):
+        h = i_hk * REP + rep
+        base = X + ((i_b * HX + h) * D).to(tl.int64) * T + n * C
+        for r in range(0, C, BK):
+            x = tl.load(base + offs_d[:, None] * T + (r + offs_r)[None, :])           # [D, BK]
+            if WEIGHTED:
+                wrow = W + ((i_b * T + n * C + r + offs_r).to(tl.int64) * HX + h) * 8
+                w = tl.load(wrow).to(tl.float32) + tl.load(wrow + 1).to(tl.float32)
+                xw = x.to(tl.float32) * w[None, :]
+                hi = xw.to(x.dtype)
+                acc = tl.dot(hi, tl.trans(x), acc)
+                acc = tl.dot((xw - hi.to(tl.float32)).to(x.dtype), tl.trans(x), acc)
+            else:
+                acc = tl.dot(x, tl.trans(x), acc)
+    out = ZC + ((pid_bh.to(tl.int64) * NC + n) * D + offs_d[:, None]) * D + offs_d[None, :]
+    tl.store(out, acc)
+
+
+@triton.jit
+def _norm_scan(ZC, G, OUTZ, ZF, DGT, T, NC, DS, SLOT, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+               NT: tl.constexpr, TW: tl.constexpr, BI: tl.constexpr, KEYS: tl.constexpr, GATED: tl.constexpr,
+               DU_MULT: tl.constexpr, SUMS: tl.constexpr):
+    """Program (b*hk, rows block): the gated cumulative sum over chunks of the packed normalizer state OUTZ (b, hk,
+    NC+1, DS), for the features (i, j) with i in rows [BI r, BI r + BI) (the layout holds (i, j) for tile(j) >=
+    tile(i): _win), from the chunks' sums ZC (_norm_chunk_sums; SUMS False: none, the state only decays). What
+    gluon_outer's SCAN does for the normalizer: keys (forward): z_{n+1} = decay_n z_n + sums_n into slot n + SLOT
+    (slot 0 holds z_0), with the key side's multiplicities (1 in the diagonal tile, 2 after it) as stored; query
+    side (reverse): slot NC holds dL/dz_NC, R_n = sums_n + decay_n R_{n+1} into slot n + SLOT, and with GATED
+    DGT[b*hk, r, n] = decay_n <z_n, R_{n+1}> over these features (ZF: the forward's states); DU_MULT: slots but 0
+    (and the entering slot NC) times the key side's multiplicities."""
+    pid_bh = tl.program_id(0)
+    pr = tl.program_id(1)
+    i_b = pid_bh // HK
+    i_hk = pid_bh % HK
+    i = pr * BI + tl.arange(0, BI)[:, None]
+    j = tl.arange(0, D)[None, :]
+    P, held = _win(i // TW, i % TW, j, NT, TW)
+    mult_k = tl.where(i // TW == j // TW, 1.0, 2.0)
+    slot0 = pid_bh.to(tl.int64) * (NC + 1)
+    first = NC if not KEYS else 0
+    z = tl.load(OUTZ + (slot0 + first) * DS + P, mask=held, other=0.0)
+    if KEYS:
+        z = z / mult_k
+    if DU_MULT:        # slot NC (dL/dz_NC, written by the host) is dUz_{NC-1}: with the key side's multiplicities
+        tl.store(OUTZ + (slot0 + first) * DS + P, z * mult_k, mask=held)
+    zc_base = ZC + pid_bh.to(tl.int64) * NC * D * D + i * D + j
+    for ci in range(NC):
+        n = ci if KEYS else NC - 1 - ci
+        if GATED:
+            decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
+            if not KEYS:     # dgt_n = decay_n <z_n, R_{n+1}> (z_n with the multiplicities, R plain)
+                zf = tl.load(ZF + (slot0 + n) * DS + P, mask=held, other=0.0)
+                tl.store(DGT + (pid_bh.to(tl.int64) * tl.num_programs(1) + pr) * NC + n, decay * tl.sum(zf * z))
+            z = z * decay
+        if SUMS:
+            z += tl.load(zc_base + n * (D * D), mask=held, other=0.0)
+        out = z
+        if KEYS:
+            out = z * mult_k
+        if DU_MULT:
+            out = tl.where(n == 0, z, z * mult_k)
+        tl.store(OUTZ + (slot0 + n + SLOT) * DS + P, out, mask=held)
+
+
+@triton.jit
 def _key_weights(qw, j, ti, TW: tl.constexpr):
     """The key side's operand for first tile ti: the window's columns j times their multiplicities (1 in tile ti, 2
     after it; exact in bf16)."""
@@ -737,10 +818,16 @@ DU_MULT = True      # the query side's scan writes dU with the key side's multip
 #                     dv 4.79 -> 4.63, the outer products 12.51 -> 12.68)
 GLUON_OUTER_SCAN_REGS = 168   # register cap of its scanning launches (0: none). The query side's scan (the dgt
 #                               reductions) builds at 202 registers uncapped, 2 programs per SM; 168 without spill: 3
-GLUON_OUTER_BLOCK = {128: (1, 16)}   # (JG, rows per step) where they differ from BLOCKS' "outer" (d=128: see
-#   GLUON_OUTER_DIMS). d=64 keeps (2, 32) (GLUON_OUTER_ROWS64 below). H100 64k with OUTER_SCAN (tune_sym2.py
-#   --sweep outer, one process, session 16): (1, 64) 12.08 ms, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16)
-#   15.35, (4, 32) 42.8
+GLUON_OUTER_BLOCK = {32: (2, 64), 64: (2, 64), 128: (1, 32)}   # (JG, rows per step) where they differ from
+#   BLOCKS' "outer" (rows halved for short chunks: gluon_outer_block). With the normalizer apart (GLUON_OUTER_Z off;
+#   H200 64k, one process each, session 21): d=64 (2, 64) 8.68 ms, (2, 32) 9.57, (2, 16) 12.64; d=128 (1, 32) 66.1,
+#   (1, 16) 85.2; d=32 (2, 64) 2.51, (2, 32) 2.59. With the normalizer in the loop (H100, session 16, d=64): (1, 64)
+#   12.08, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16) 15.35, (4, 32) 42.8; d=128 built only at (1, 16)
+GLUON_OUTER_Z = False  # True: the scanning Gluon outer products also sum the normalizer (phi^T times a [rows, 8]
+#                        tile of weights, phi = hi + lo: 8 small matmuls and 32 fma a step beside the state's 4).
+#                        False: they leave it to _norm_chunk_sums / _norm_scan, which sum x' w x'^T per chunk in
+#                        matrix form (d x d, exact products) and scan it (session 21, H100 64k: outer products 12.25
+#                        -> 9.58 ms without the normalizer)
 GLUON_OUTER_DRAIN = True     # gluon_outer's DRAIN_STEP: each step waits for the previous step's matmuls before writing
 #   its operand registers. Without it the next step's LDSM / HMUL2 overwrite the registers of the last, possibly still
 #   running normalizer matmul (Triton 3.6 SASS: only DEPBAR.LE gsb0,3 between them; Gluon's wait deps reach PTX as an
@@ -847,7 +934,10 @@ def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
     "outer"; GLUON_OUTER_ROWS64 at d=64 from chunk 256 on)."""
     if GLUON_OUTER_ROWS64 and d == 64 and C >= 256:
         return (1, 64)
-    return GLUON_OUTER_BLOCK.get(d, blocks("outer", d)[:2])
+    jg, bk = GLUON_OUTER_BLOCK.get(d, blocks("outer", d)[:2])
+    while bk > 16 and (C % bk or C // bk < 4):    # 64 rows a step at chunk 128 fails ConvertTritonGPUToLLVM (3.6)
+        bk //= 2
+    return jg, bk
 
 
 def gluon_rows_regs(kernel: str) -> dict:
@@ -885,6 +975,34 @@ def dense_normalizer(Z, d: int, sym: bool, keys: bool = False) -> torch.Tensor:
     if n:
         _dense_zmat[(n,)](Z, out, DS, D=d, NT=d // TILE2, TW=TILE2, SYM=sym, KEYS=keys, num_warps=4)
     return out
+
+
+NORM_SCAN_BI = 16     # rows of the dense normalizer per _norm_scan program
+NORM_SUMS_BK = 64     # rows of the chunk per _norm_chunk_sums step (H100 64k, both scans: 0.78 ms; 128: 0.81, 32: 0.86)
+NORM_SUMS_WARPS = 4   # its warps at d <= 64 (d = 128: 8) and pipeline stages
+NORM_SUMS_STAGES = 3
+
+
+def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated, du_mult):
+    """The normalizer half of gluon_outer's SCAN as two Triton kernels (GLUON_OUTER_Z False): each chunk's sums in
+    matrix form from the scaled copy XT (b, hx, d, T) (and the query side's weights W), then their gated cumulative
+    sum into the packed OUTZ. Returns the query side's gated (b, hk, NC) part of dgt (else None)."""
+    b = XT.shape[0]
+    sums = keys or norm
+    zc = XT
+    if sums:
+        zc = torch.empty(b * hk, NC, d, d, device=XT.device, dtype=torch.float32)
+        bk = next(r for r in (NORM_SUMS_BK, 32, 16) if C % r == 0)     # gluon_outer runs only for C % 16 == 0
+        _norm_chunk_sums[(NC, b * hk)](XT, W, zc, T, NC, HX=hx, HK=hk, D=d, C=C, BK=bk, WEIGHTED=not keys,
+                                       num_warps=NORM_SUMS_WARPS if d <= 64 else 8, num_stages=NORM_SUMS_STAGES)
+    bi = min(NORM_SCAN_BI, d)
+    dgt = None
+    if gated and not keys:
+        dgt = torch.empty(b * hk, d // bi, NC, device=XT.device, dtype=torch.float32)
+    _norm_scan[(b * hk, d // bi)](zc, G, OUTZ, OUTZ if ZF is None else ZF, OUTZ if dgt is None else dgt, T, NC, DS,
+                                  slot, HK=hk, D=d, C=C, NT=d // TILE2, TW=TILE2, BI=bi, KEYS=keys, GATED=gated,
+                                  DU_MULT=du_mult and not keys, SUMS=sums, num_warps=4)
+    return None if dgt is None else dgt.view(b, hk, d // bi, NC).sum(2)
 
 
 def scaled_copy_buffers(X, T, hx, d, norm, keys):
@@ -927,11 +1045,19 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
                          DU_MULT=du_mult and not keys, PREFETCH_SF=GLUON_OUTER_PREFETCH)
             if GLUON_OUTER_SCAN_REGS:
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
+        z_apart = scanning and not GLUON_OUTER_Z
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
-            DRAIN_STEP=GLUON_OUTER_DRAIN, **extra)
-        return scanning, None if dgt is None else dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
+            DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, **extra)
+        if dgt is not None:
+            dgt = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
+        if z_apart:
+            dgt_z = launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d, C,
+                                     keys, norm, gated, du_mult)
+            if dgt_z is not None:
+                dgt = dgt + dgt_z
+        return scanning, dgt
     grp = groups(d, jg, X.device)
     if OUTER_XT:
         X = _transposed(X, T, hx, d)
