@@ -250,7 +250,7 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_OUTER_Z"}   # off by 
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
                                   "streams-bf16-d32", "gluon-bf16-d128",
                                   "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
-                                  "outerz-bf16-d128"])
+                                  "outerz-bf16-d128", "normstream-bf16"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -274,7 +274,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     race was never seen; d=128 without it is wrong: scripts/gpu/check_outer.py --no-drain); rows64-*: one block of 64
     feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32; outerz-*: the
     scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
-    summed by the Gluon outer products. Many chunks,
+    summed by the Gluon outer products; normstream-*: that normalizer on its own stream beside the outer products
+    (NORM_SCAN_CONCURRENT) against on theirs. Many chunks,
     state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
@@ -287,7 +288,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "xtattn": ("XT_IN_ATTENTION",), "ahead": ("GLUON_OUTER_PREFETCH",),
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
                 "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
-                "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",)}
+                "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",),
+                "normstream": ("NORM_SCAN_CONCURRENT",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)

@@ -522,18 +522,6 @@ def _copy_in_attention(fast, x, d, C, keys) -> bool:
     return fast and bool(sym2.XT_IN_ATTENTION & (1 if keys else 2)) and sym2.gluon_outer_applies(x, d, C)
 
 
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device) -> torch.cuda.Stream:
-    """One side stream per device for the chunked backward's second chain (created once: streams are not freed)."""
-    idx = torch.device(device).index
-    idx = torch.cuda.current_device() if idx is None else idx
-    if idx not in _SIDE_STREAMS:
-        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
-    return _SIDE_STREAMS[idx]
-
-
 def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int):
     """The chunked form's forward launches: (y, S, Z, lse, G, parallel) with S / Z the states entering each chunk
     and the final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy, parallel whether
@@ -681,7 +669,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # intra-chunk dk / dv and the query backward need neither. Every buffer either chain writes is allocated on the
     # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
     # memory is freed or reused while the other stream may still use it.
-    side = _side_stream(q.device) if sym2.CONCURRENT_BWD and fast and parallel and q.is_cuda else None
+    side = sym2.side_stream(q.device, "bwd") if sym2.CONCURRENT_BWD and fast and parallel and q.is_cuda else None
 
     def slice_inputs(sl):
         """A chunk-batch slice's launch size and its gate, log-normalizer and Delta views (dummies where unused)."""

@@ -978,9 +978,23 @@ def dense_normalizer(Z, d: int, sym: bool, keys: bool = False) -> torch.Tensor:
 
 
 NORM_SCAN_BI = 16     # rows of the dense normalizer per _norm_scan program
+NORM_SCAN_CONCURRENT = True   # the normalizer apart on its own stream beside the outer products (launch_outer)
 NORM_SUMS_BK = 64     # rows of the chunk per _norm_chunk_sums step (H100 64k, both scans: 0.78 ms; 128: 0.81, 32: 0.86)
 NORM_SUMS_WARPS = 4   # its warps at d <= 64 (d = 128: 8) and pipeline stages
 NORM_SUMS_STAGES = 3
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def side_stream(device, role: str) -> torch.cuda.Stream:
+    """One stream per device and role ("bwd": the chunked backward's second chain, CONCURRENT_BWD; "norm": the
+    normalizer apart, NORM_SCAN_CONCURRENT), created once (streams are not freed)."""
+    idx = torch.device(device).index
+    idx = torch.cuda.current_device() if idx is None else idx
+    if (idx, role) not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx, role] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx, role]
 
 
 def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated, du_mult):
@@ -1046,15 +1060,31 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
             if GLUON_OUTER_SCAN_REGS:
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
         z_apart = scanning and not GLUON_OUTER_Z
+        side, dgt_z = None, None
+
+        def norm_scan():
+            return launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d, C,
+                                    keys, norm, gated, du_mult)
+
+        if z_apart and NORM_SCAN_CONCURRENT:
+            # on a side stream beside the outer products (it reads only the copies, G and the forward's z; its
+            # buffers are allocated there): the memory-bound sums fill the SMs the outer products' last wave leaves
+            side = side_stream(X.device, "norm")
+            side.wait_stream(torch.cuda.current_stream(X.device))
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
             DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, **extra)
+        if side is not None:
+            with torch.cuda.stream(side):
+                dgt_z = norm_scan()
         if dgt is not None:
             dgt = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
         if z_apart:
-            dgt_z = launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d, C,
-                                     keys, norm, gated, du_mult)
+            if side is None:
+                dgt_z = norm_scan()
+            else:            # joined: nothing it reads or writes is touched by the caller's stream meanwhile
+                torch.cuda.current_stream(X.device).wait_stream(side)
             if dgt_z is not None:
                 dgt = dgt + dgt_z
         return scanning, dgt
