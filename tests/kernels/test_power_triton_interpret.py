@@ -145,6 +145,36 @@ def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_gluon_backward_rows_accumulate_on_the_tensor_cores(monkeypatch):
+    """GLUON_QBWD_MMA / GLUON_KDK_MMA (prepared, off): the backward-type row kernels' X_i q_i accumulates on the tensor
+    cores (_grad_pass_mma): each pass's slice loop has twice the matmuls and half the FFMA of the default build (one
+    FMA per element of X_i instead of two), and the key dk spills no more than the default (Triton 3.6: none, 3.9: 16
+    bytes against 120)."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power import triton_sym2 as s2
+    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    if not s2.gluon_available():
+        pytest.skip("this Triton has no Gluon")
+    names = ("gluon_query_bwd_rows", "gluon_key_dk_rows")
+    loops, stack = {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(s2, "GLUON_QBWD_MMA", on)
+        monkeypatch.setattr(s2, "GLUON_KDK_MMA", on)
+        built = {name: st for name, _, _, st in compile_gluon_rows(64)}
+        for name in names:
+            if not SASS_OF.get(name):
+                pytest.skip("no cuobjdump for the SASS")
+            loops[name, on] = [loop["ops"] for loop in sass_loop_counts(SASS_OF[name])]
+            stack[name, on] = built[name] or 0
+    for name in names:
+        assert len(loops[name, True]) == len(loops[name, False]) == 2, (name, loops)
+        for off, mma in zip(loops[name, False], loops[name, True]):
+            assert mma.get("HGMMA", 0) == 2 * off.get("HGMMA", 0), (name, off, mma)
+            assert mma.get("FFMA", 0) <= off.get("FFMA", 0) // 2 + 16, (name, off, mma)
+    assert stack["gluon_key_dk_rows", True] <= stack["gluon_key_dk_rows", False], stack
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_gluon_outer_drain_reaches_the_step_loop(monkeypatch):
     """GLUON_OUTER_DRAIN (on since session 20: it closed the normalizer race of one block per group): with it every
     Gluon outer-product kernel's step loop waits for all its matmuls (WARPGROUP.DEPBAR.LE gsb0, 0x0) before the loads

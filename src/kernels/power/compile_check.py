@@ -283,12 +283,12 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
              dict(queries, DENSE_Z=dense)),
             (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
-             dict(queries, CAST=True, DENSE_Z=dense)),
+             dict(queries, CAST=True, DENSE_Z=dense, GRAD_MMA=s2.GLUON_QBWD_MMA)),
             (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
              key_ints, dict(shape, HK=hk, DU_MULT=s2.DU_MULT)),
             (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
-             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense))):
+             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense, GRAD_MMA=s2.GLUON_KDK_MMA))):
         rows, warps, nbuf = block
         consts = dict(consts, NBUF=nbuf, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
         k = _compile(fn, ptrs, ints, consts, warps, 1, arch, s2.gluon_rows_regs(kind).get("maxnreg"),

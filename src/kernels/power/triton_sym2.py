@@ -868,6 +868,12 @@ GLUON_QFWD_REGS = 128   # 6.38 -> 6.22 ms (4 programs / SM, 184 bytes spilled; 1
 GLUON_QBWD_REGS = 168   # 9.64 -> 9.36 ms (3 programs / SM, 176 bytes spilled)
 GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
 GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
+GLUON_QBWD_MMA = False  # PREPARED, not run on a GPU (session 21): the Gluon query backward / key dk accumulate X_i q_i
+GLUON_KDK_MMA = False   # on the tensor cores ((a q_i) M_i^T, the operand in bf16: gluon_rows._grad_pass_mma), one FMA
+#                         per element of X_i a slice instead of two (their loops are FFMA-bound: ncu, session 21).
+#                         Triton 3.6 SASS, d=64, a pass-1 iteration (8 slices): key dk 899 -> 849 instructions (FFMA
+#                         512 -> 256, HMUL2 +128, HGMMA +32), 255 -> 238 registers, no spill; the query backward at
+#                         its 168 cap spills more (152 -> 240 bytes, +212 local loads / stores an iteration)
 INTRA_GRADS_LOW = True  # the intra-chunk dq / dk stored in bf16 (not fp32) where the Gluon query backward / key dk add
 #                         the state term in fp32 and write the sum in place, as dv since session 10 (session 18)
 GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read each chunk's normalizer matrix Zm (or
