@@ -33,18 +33,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .gluon_sym2 import _barrier, _cp_async
-
-# a shared buffer seen with another shape / layout: `_reinterpret` in Triton 3.6 (the device's), `reinterpret` later
-_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-
-
-@gluon.jit
-def _as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-    if _NEW_REINTERPRET:
-        return buf.reinterpret(dtype, shape, layout)
-    else:
-        return buf._reinterpret(dtype, shape, layout)
+from .gluon_sym2 import _as, _barrier, _cp_async
 
 
 @gluon.jit
