@@ -332,7 +332,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         if not s2.GLUON_OUTER_Z:     # the normalizer apart (triton_sym2.launch_norm_scan)
             k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
                          dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=s2.NORM_SUMS_BK, WEIGHTED=not keys),
-                         4 if d <= 64 else 8, 3, arch)
+                         s2.NORM_SUMS_WARPS if d <= 64 else 8, s2.NORM_SUMS_STAGES, arch)
             out.append((f"_norm_chunk_sums{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
             bi = min(s2.NORM_SCAN_BI, d)
             k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},

@@ -81,29 +81,28 @@ def _slice_step(acc, dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
     """Slice i's share, X_i = x: acc += X_i q_i, g_i = sum_j X_i[:, j] q_j into gT_s[i], dg += q_i g_i."""
     q_i = qT_s.index(i).load(ROW).to(gl.float32)
     acc += x * gl.expand_dims(q_i, 1)
-    g_i = gl.sum(x * xw, axis=1)
-    gT_s.index(i).store(g_i)
-    return acc, dg + q_i * g_i
+    return acc, _slice_sums(dg, x, xw, q_i, gT_s, i)
 
 
 @gluon.jit
-def _slice_sums(dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
-    """_slice_step without acc (ACC_MMA: the tensor cores accumulate X_i q_i): g_i into gT_s[i], dg += q_i g_i."""
+def _slice_sums(dg, x, xw, q_i, gT_s, i):
+    """Slice i's first-index sums g_i = sum_j X_i[:, j] q_j into gT_s[i], and dg + q_i g_i (_slice_step's second
+    half; alone in _grad_pass_mma, whose tensor cores accumulate X_i q_i)."""
     g_i = gl.sum(x * xw, axis=1)
     gT_s.index(i).store(g_i)
-    return dg + qT_s.index(i).load(ROW).to(gl.float32) * g_i
+    return dg + q_i * g_i
 
 
 @gluon.jit
 def _grad_pass_mma(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr,
                    D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
                    MMA: gl.constexpr):
-    """_grad_pass with acc += X_i q_i on the tensor cores (triton_sym2.GLUON_GRAD_MMA): (a q_i) M_i^T accumulates into
-    acc, the operand a q_i built in registers in bf16 (one rounding, as the forward pass's q_i q_win), so a slice keeps
-    one FMA per element of X_i (the first-index sums) instead of two. Each slice starts by waiting for all its
-    matmuls (X_i, issued a slice earlier, and the previous slice's accumulation, which read the slot refilled next);
-    then X_{i+1} and (a q_i) M_i^T are issued and run while the first-index sums of X_i are formed. Without the
-    key side's multiplicities (they scale X_i's columns per first tile)."""
+    """_grad_pass with acc += X_i q_i on the tensor cores (triton_sym2.GLUON_QBWD_MMA / GLUON_KDK_MMA): (a q_i) M_i^T
+    accumulates into acc, the operand a q_i built in registers in bf16 (one rounding, as the forward pass's q_i
+    q_win), so a slice keeps one FMA per element of X_i (the first-index sums) instead of two. Each slice starts by
+    waiting for all its matmuls (X_i, issued a slice earlier, and the previous slice's accumulation, which read the
+    slot refilled next); then X_{i+1} and (a q_i) M_i^T are issued and run while the first-index sums of X_i are
+    formed. Without the key side's multiplicities (they scale X_i's columns per first tile)."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     gl.static_assert(NBUF >= 3, "a slot in use, one landing, one being refilled")
     NT: gl.constexpr = D // TW
@@ -131,7 +130,7 @@ def _grad_pass_mma(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.
             acc = warpgroup_mma(op, ring.index(a % NBUF).permute((1, 0)), acc, is_async=True)
             # no wait: X_{i+1} and this accumulation stay in flight (the next slice's first wait finishes them)
             acc, op = warpgroup_mma_wait(num_outstanding=2 if a + 1 < TW else 1, deps=(acc, op))
-            dg = _slice_sums(dg, x, xw, qT_s, gT_s, i0 + a, ROW)
+            dg = _slice_sums(dg, x, xw, qT_s.index(i0 + a).load(ROW).to(gl.float32), gT_s, i0 + a)
     acc, op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, op))
     async_copy.wait_group(0)
     _barrier()     # every warp done with the ring before shared memory after it (next pass's ring, epilogue) reuses it

@@ -26,6 +26,8 @@ accumulation.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -1069,17 +1071,12 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
             if GLUON_OUTER_SCAN_REGS:
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
         z_apart = scanning and not GLUON_OUTER_Z
-        side, dgt_z = None, None
         zc_prog = z_apart and GLUON_OUTER_ZC and (keys or norm) and d == 64    # (wgmma: d >= 64; d=128 spills)
         zc = None
         if zc_prog:     # the chunks' normalizer sums by one more program per (b, hk) of the outer products
             zc = torch.empty(X.shape[0] * hk, NC, d, d, device=X.device, dtype=torch.float32)
             extra.update(ZC=zc, ZC_PROG=True)
-
-        def norm_scan():
-            return launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d, C,
-                                    keys, norm, gated, du_mult, zc=zc)
-
+        side = None
         if z_apart and NORM_SCAN_CONCURRENT and not zc_prog:
             # on a side stream beside the outer products (it reads only the copies, G and the forward's z; its
             # buffers are allocated there): the memory-bound sums fill the SMs the outer products' last wave leaves
@@ -1089,15 +1086,13 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
             DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, **extra)
-        if side is not None:
-            with torch.cuda.stream(side):
-                dgt_z = norm_scan()
         if dgt is not None:
             dgt = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
         if z_apart:
-            if side is None:
-                dgt_z = norm_scan()
-            else:            # joined: nothing it reads or writes is touched by the caller's stream meanwhile
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                dgt_z = launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d,
+                                         C, keys, norm, gated, du_mult, zc=zc)
+            if side is not None:     # joined: nothing it reads or writes is touched by the caller's stream meanwhile
                 torch.cuda.current_stream(X.device).wait_stream(side)
             if dgt_z is not None:
                 dgt = dgt + dgt_z
