@@ -237,8 +237,7 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 
 # off by default until timed on a GPU (turned on for `other`)
-EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_OUTER_Z", "GLUON_QBWD_MMA", "GLUON_KDK_MMA",
-                                   "GLUON_OUTER_ZC"}   # off by default: `other` turns them on
+EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_OUTER_Z"}   # off by default: `other` turns them on
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
@@ -251,8 +250,7 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_OUTER_Z", "GLUON_QBWD
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
                                   "streams-bf16-d32", "gluon-bf16-d128",
                                   "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
-                                  "outerz-bf16-d128", "normstream-bf16", "qbwdmma-bf16",
-                                  "qbwdmma-bf16-d32", "kdkmma-bf16", "kdkmma-bf16-d32", "zcprog-bf16"])
+                                  "outerz-bf16-d128", "normstream-bf16"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -277,11 +275,7 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32; outerz-*: the
     scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
     summed by the Gluon outer products; normstream-*: that normalizer on its own stream beside the outer products
-    (NORM_SCAN_CONCURRENT) against on theirs; qbwdmma-* / kdkmma-*: the query backward's / key dk's X_i q_i on the
-    tensor cores (GLUON_QBWD_MMA / GLUON_KDK_MMA, prepared in session 21) against by FMA; zcprog-*: the normalizer's
-    chunk sums by one more program of the outer products (GLUON_OUTER_ZC, prepared in session 21) against apart.
-    Many chunks,
-    state in and out, output, state and all gradients."""
+    (NORM_SCAN_CONCURRENT) against on theirs. Many chunks, state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
@@ -294,8 +288,7 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
                 "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
                 "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",),
-                "normstream": ("NORM_SCAN_CONCURRENT",), "qbwdmma": ("GLUON_QBWD_MMA",),
-                "kdkmma": ("GLUON_KDK_MMA",), "zcprog": ("GLUON_OUTER_ZC",)}
+                "normstream": ("NORM_SCAN_CONCURRENT",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)

@@ -145,63 +145,6 @@ def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_backward_rows_accumulate_on_the_tensor_cores(monkeypatch):
-    """GLUON_QBWD_MMA / GLUON_KDK_MMA (prepared, off): the backward-type row kernels' X_i q_i accumulates on the tensor
-    cores (_grad_pass_mma): each pass's slice loop has twice the matmuls and half the FFMA of the default build (one
-    FMA per element of X_i instead of two), and the key dk spills no more than the default (Triton 3.6: none, 3.9: 16
-    bytes against 120)."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
-    if not s2.gluon_available():
-        pytest.skip("this Triton has no Gluon")
-    names = ("gluon_query_bwd_rows", "gluon_key_dk_rows")
-    loops, stack = {}, {}
-    for on in (False, True):
-        monkeypatch.setattr(s2, "GLUON_QBWD_MMA", on)
-        monkeypatch.setattr(s2, "GLUON_KDK_MMA", on)
-        built = {name: st for name, _, _, st in compile_gluon_rows(64)}
-        for name in names:
-            if not SASS_OF.get(name):
-                pytest.skip("no cuobjdump for the SASS")
-            loops[name, on] = [loop["ops"] for loop in sass_loop_counts(SASS_OF[name])]
-            stack[name, on] = built[name] or 0
-    for name in names:
-        assert len(loops[name, True]) == len(loops[name, False]) == 2, (name, loops)
-        for off, mma in zip(loops[name, False], loops[name, True]):
-            assert mma.get("HGMMA", 0) == 2 * off.get("HGMMA", 0), (name, off, mma)
-            assert mma.get("FFMA", 0) <= off.get("FFMA", 0) // 2 + 16, (name, off, mma)
-    assert stack["gluon_key_dk_rows", True] <= stack["gluon_key_dk_rows", False], stack
-
-
-@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_outer_sums_the_normalizer_in_one_more_program(monkeypatch):
-    """GLUON_OUTER_ZC (prepared, off): the scanning outer products at d=64 take one more program per (b, hk) for the
-    normalizer's chunk sums (_norm_sums_program). It must not cost the group programs: the same shared memory (3
-    programs per SM), no spill, the step loop no longer (its ring reuses the value ring's memory; its sums are stored
-    from the accumulator's layout, not through shared memory)."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_outer, sass_loop_counts
-    if not s2.gluon_available():
-        pytest.skip("this Triton has no Gluon")
-    built, steps = {}, {}
-    for on in (False, True):
-        monkeypatch.setattr(s2, "GLUON_OUTER_ZC", on)
-        for name, shared, _, stack in compile_gluon_outer(64):
-            if name.startswith("gluon_outer") and name.endswith("scan"):
-                built[name, on] = (shared, stack or 0)
-                if not SASS_OF.get(name):
-                    pytest.skip("no cuobjdump for the SASS")
-                # the step loop: the one with the state's matmuls and the fewest instructions
-                loops = [lp for lp in sass_loop_counts(SASS_OF[name]) if lp["ops"].get("HGMMA", 0) >= 8]
-                steps[name, on] = min(lp["instructions"] for lp in loops)
-    for name in ("gluon_outer_keys_scan", "gluon_outer_scan"):
-        assert built[name, True] == (built[name, False][0], 0), (name, built)
-        assert steps[name, True] <= steps[name, False] + 8, (name, steps)
-
-
-@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_gluon_outer_drain_reaches_the_step_loop(monkeypatch):
     """GLUON_OUTER_DRAIN (on since session 20: it closed the normalizer race of one block per group): with it every
     Gluon outer-product kernel's step loop waits for all its matmuls (WARPGROUP.DEPBAR.LE gsb0, 0x0) before the loads

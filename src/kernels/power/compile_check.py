@@ -283,12 +283,12 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
              dict(queries, DENSE_Z=dense)),
             (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
-             dict(queries, CAST=True, DENSE_Z=dense, GRAD_MMA=s2.GLUON_QBWD_MMA)),
+             dict(queries, CAST=True, DENSE_Z=dense)),
             (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
              key_ints, dict(shape, HK=hk, DU_MULT=s2.DU_MULT)),
             (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
-             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense, GRAD_MMA=s2.GLUON_KDK_MMA))):
+             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense))):
         rows, warps, nbuf = block
         consts = dict(consts, NBUF=nbuf, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
         k = _compile(fn, ptrs, ints, consts, warps, 1, arch, s2.gluon_rows_regs(kind).get("maxnreg"),
@@ -315,10 +315,9 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
                           NORM=norm, NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
                           SCAN=scan, GATED=scan, DU_MULT=scan and not keys and s2.DU_MULT,
                           PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH, DRAIN_STEP=s2.GLUON_OUTER_DRAIN,
-                          Z_SUMS=s2.GLUON_OUTER_Z or not scan,
-                          ZC_PROG=scan and not s2.GLUON_OUTER_Z and s2.GLUON_OUTER_ZC and d == 64)
+                          Z_SUMS=s2.GLUON_OUTER_Z or not scan)
             k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16",
-                                       "SF": "*bf16", "ZC": "*fp32"}, ints, consts, 4, 1, arch,
+                                       "SF": "*bf16"}, ints, consts, 4, 1, arch,
                          maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)
             name = f"gluon_outer{'_keys' if keys else ''}{'_scan' if scan else ''}"
             out.append((name, k.metadata.shared, *_usage(k)))

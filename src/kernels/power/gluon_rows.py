@@ -33,7 +33,18 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .gluon_sym2 import _as, _barrier, _cp_async
+from .gluon_sym2 import _barrier, _cp_async
+
+# a shared buffer seen with another shape / layout: `_reinterpret` in Triton 3.6 (the device's), `reinterpret` later
+_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def _as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    if _NEW_REINTERPRET:
+        return buf.reinterpret(dtype, shape, layout)
+    else:
+        return buf._reinterpret(dtype, shape, layout)
 
 
 @gluon.jit
@@ -81,60 +92,9 @@ def _slice_step(acc, dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
     """Slice i's share, X_i = x: acc += X_i q_i, g_i = sum_j X_i[:, j] q_j into gT_s[i], dg += q_i g_i."""
     q_i = qT_s.index(i).load(ROW).to(gl.float32)
     acc += x * gl.expand_dims(q_i, 1)
-    return acc, _slice_sums(dg, x, xw, q_i, gT_s, i)
-
-
-@gluon.jit
-def _slice_sums(dg, x, xw, q_i, gT_s, i):
-    """Slice i's first-index sums g_i = sum_j X_i[:, j] q_j into gT_s[i], and dg + q_i g_i (_slice_step's second
-    half; alone in _grad_pass_mma, whose tensor cores accumulate X_i q_i)."""
     g_i = gl.sum(x * xw, axis=1)
     gT_s.index(i).store(g_i)
-    return dg + q_i * g_i
-
-
-@gluon.jit
-def _grad_pass_mma(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr,
-                   D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
-                   MMA: gl.constexpr):
-    """_grad_pass with acc += X_i q_i on the tensor cores (triton_sym2.GLUON_QBWD_MMA / GLUON_KDK_MMA): (a q_i) M_i^T
-    accumulates into acc, the operand a q_i built in registers in bf16 (one rounding, as the forward pass's q_i
-    q_win), so a slice keeps one FMA per element of X_i (the first-index sums) instead of two. Each slice starts by
-    waiting for all its matmuls (X_i, issued a slice earlier, and the previous slice's accumulation, which read the
-    slot refilled next); then X_{i+1} and (a q_i) M_i^T are issued and run while the first-index sums of X_i are
-    formed. Without the key side's multiplicities (they scale X_i's columns per first tile)."""
-    gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
-    gl.static_assert(NBUF >= 3, "a slot in use, one landing, one being refilled")
-    NT: gl.constexpr = D // TW
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    ROWA: gl.constexpr = gl.SliceLayout(1, A_L)
-    ring, m_p, tj, dtrue, i_end = _ring_start(S, s_base, t_lo, t_hi, J0, KW, D, TW, NW, NBUF, NBUF - 1)
-    async_copy.wait_group(NBUF - 2)
-    _barrier()
-    zero = gl.zeros([BM, KW], gl.float32, MMA)
-    op = gl.zeros(a_op.shape, gl.bfloat16, A_L)
-    for ti in range(t_lo, t_hi):
-        i0 = ti * TW
-        nxt = warpgroup_mma(a_op, ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-        for a in gl.static_range(TW):
-            # X_i and the previous slice's accumulation are done (that slice's slot is refilled below)
-            x, acc, op = warpgroup_mma_wait(num_outstanding=0, deps=(nxt, acc, op))
-            async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i + 1 landed
-            _barrier()                           # everyone's, and every warp is done with slice i - 1's slot
-            _copy_slice(ring, m_p, tj, dtrue, i0 + a + NBUF - 1, i_end, NBUF, D, TW, NT)
-            if a + 1 < TW:
-                nxt = warpgroup_mma(a_op, ring.index((a + 1) % NBUF).permute((1, 0)), zero, use_acc=False,
-                                    is_async=True)
-            op = a_op * gl.expand_dims(qT_s.index(i0 + a).load(ROWA), 1)
-            acc = warpgroup_mma(op, ring.index(a % NBUF).permute((1, 0)), acc, is_async=True)
-            # no wait: X_{i+1} and this accumulation stay in flight (the next slice's first wait finishes them)
-            acc, op = warpgroup_mma_wait(num_outstanding=2 if a + 1 < TW else 1, deps=(acc, op))
-            dg = _slice_sums(dg, x, xw, qT_s.index(i0 + a).load(ROW).to(gl.float32), gT_s, i0 + a)
-    acc, op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, op))
-    async_copy.wait_group(0)
-    _barrier()     # every warp done with the ring before shared memory after it (next pass's ring, epilogue) reuses it
-    return acc, dg
+    return acc, dg + q_i * g_i
 
 
 @gluon.jit
@@ -288,8 +248,7 @@ def _query_block(Q, G, scale_p, T, NSLOT, DS, HQ: gl.constexpr, HK: gl.constexpr
 @gluon.jit
 def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
                    TW: gl.constexpr, KW2: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
-                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, DENSE_Z: gl.constexpr,
-                   GRAD_MMA: gl.constexpr = False):
+                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, DENSE_Z: gl.constexpr):
     """The row-scaled backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index
     `row`, mask, offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM),
     DX (fp32, holding the intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and
@@ -325,23 +284,14 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, 
         dg = 0.5 * dl_m * gl.sum(xf * xz, axis=1)
         acc = xz * gl.expand_dims(dl_m, 1)
     a_op = gl.convert_layout(a, A_L)
-    MMA_ACC: gl.constexpr = GRAD_MMA and not KEYS      # X_i q_i on the tensor cores (_grad_pass_mma)
-    if MMA_ACC:
-        acc, dg = _grad_pass_mma(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA)
-    else:
-        acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA,
-                             KEYS)
+    acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA, KEYS)
     c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
     xw2 = gl.convert_layout(gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0),
                             MMA2).to(gl.float32)
     acc2 = gl.zeros([BM, KW2], gl.float32, MMA2)
     dg2 = gl.zeros([BM], gl.float32, gl.SliceLayout(1, MMA2))
-    if MMA_ACC:
-        acc2, dg2 = _grad_pass_mma(acc2, dg2, gl.convert_layout(a_op, A2_L), xw2, S, s_base, qT_s, gT_s, T1,
-                                   T1 + (NT - T1) * on, D - KW2, KW2, D, TW, BM, NBUF, NW, MMA2)
-    else:
-        acc2, dg2 = _grad_pass(acc2, dg2, gl.convert_layout(a_op, A2_L), xw2, S, s_base, qT_s, gT_s, T1,
-                               T1 + (NT - T1) * on, D - KW2, KW2, D, TW, BM, NBUF, NW, MMA2, KEYS)
+    acc2, dg2 = _grad_pass(acc2, dg2, gl.convert_layout(a_op, A2_L), xw2, S, s_base, qT_s, gT_s, T1,
+                           T1 + (NT - T1) * on, D - KW2, KW2, D, TW, BM, NBUF, NW, MMA2, KEYS)
 
     # dx = DX + rf (acc + acc2 on the window's columns + the first-index sums), through shared memory once
     st = gl.allocate_shared_memory(gl.float32, [BM, D], PLAIN, acc)
@@ -367,7 +317,7 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                          KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
                          HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr,
-                         DENSE_Z: gl.constexpr = False, GRAD_MMA: gl.constexpr = False):
+                         DENSE_Z: gl.constexpr = False):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
     or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). As _sym2_query_bwd_rows: the
@@ -384,7 +334,7 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
         dn = dn * gl.expand_dims(inv, 1)
         dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
     _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, _z_base(s_base, DS, D, DENSE_Z), row, mask, off, m2, q,
-                   dn.to(gl.bfloat16), dl, r, r, on, D, TW, KW2, BM, NBUF, False, NORM, GATED, CAST, DENSE_Z, GRAD_MMA)
+                   dn.to(gl.bfloat16), dl, r, r, on, D, TW, KW2, BM, NBUF, False, NORM, GATED, CAST, DENSE_Z)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -526,7 +476,7 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
                       C: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
                       NBUF: gl.constexpr, CAST: gl.constexpr, DU_MULT: gl.constexpr = False,
-                      DENSE_Z: gl.constexpr = False, GRAD_MMA: gl.constexpr = False):
+                      DENSE_Z: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dk_rows`: X = v dU_n^T + dUz_n = dL/dph for
     ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) += c dph/dk^T X (written to DKO in its dtype
     with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU slots per (b, hk)). The query backward's
@@ -536,5 +486,4 @@ def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.cons
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
     _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, _z_base(u_base, DS, D, DENSE_Z), row, mask, off, m2, k, v,
-                   gl.where(mask, 1.0, 0.0), c, -c, on, D, TW, KW2, BK, NBUF, not DU_MULT, True, GATED, CAST, DENSE_Z,
-                   GRAD_MMA)
+                   gl.where(mask, 1.0, 0.0), c, -c, on, D, TW, KW2, BK, NBUF, not DU_MULT, True, GATED, CAST, DENSE_Z)

@@ -26,16 +26,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 # cp.async global -> shared: `async_copy_global_to_shared` in Triton 3.6 (the device's), `async_load` from 3.7 on
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier        # the CTA barrier: renamed after 3.6
-# a shared buffer seen with another shape / layout: `_reinterpret` in Triton 3.6 (the device's), `reinterpret` later
-_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-
-
-@gluon.jit
-def _as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-    if _NEW_REINTERPRET:
-        return buf.reinterpret(dtype, shape, layout)
-    else:
-        return buf._reinterpret(dtype, shape, layout)
 
 
 def operand_layout_3d(tw: int, tj: int, bk: int) -> gl.DistributedLinearLayout:
@@ -123,82 +113,12 @@ def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_a
 
 
 @gluon.jit
-def _norm_sums_program(X, W, ZC, y_s, T, NC, i_b, i_hk, HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr,
-                       C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr,
-                       REV: gl.constexpr):
-    """The normalizer's chunk sums (triton_sym2._norm_chunk_sums' ZC[b*hk, n] = sum over chunk n's rows of w x' x'^T,
-    [D, D] fp32) as one more program of the scanning outer products (ZC_PROG): a [D, BK] x [BK, D] matmul a step from
-    the same scaled copy X, chunk by chunk in the scan's order, so its tiles come from L2 while the group programs of
-    the same (b, hk) read them. Its cp.async ring is y_s's memory seen as [NBUF, D, BK]. The query side's rows carry
-    w = hi + lo of W (b, T, HX, 8): x' w is split into bf16 hi + lo, two matmuls (keys: w = 1, one). Each step's
-    matmuls finish before the next step's copy (the program has half a group program's work: it does not set the
-    pace)."""
-    REP: gl.constexpr = HX // HK
-    NSTEP_C: gl.constexpr = C // BK
-    NSTEP: gl.constexpr = REP * NSTEP_C
-    MMAC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    AC_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMAC, k_width=2)
-    CPZ: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
-    ring = _as(y_s, gl.bfloat16, [NBUF, D, BK], gl.NVMMASharedLayout.get_default_for([D, BK], gl.bfloat16))
-    n_first = (NC - 1) if REV else 0
-    xt = X + ((i_b * HX + i_hk * REP) * D) * T + n_first * C
-    dr = gl.arange(0, D, layout=gl.SliceLayout(1, CPZ))
-    rx = gl.arange(0, BK, layout=gl.SliceLayout(0, CPZ))
-    x_p = xt + dr[:, None] * T + rx[None, :]
-    kr = gl.arange(0, BK, layout=gl.SliceLayout(0, AC_L))
-    nstep_all = NC * NSTEP
-    for p in gl.static_range(NBUF - 1):
-        _issue_rows(ring, x_p, p, nstep_all, T, D, C, BK, NBUF, NSTEP, REV)
-    for ci in range(NC):
-        n = n_first + (-ci if REV else ci)
-        acc = gl.zeros([D, D], gl.float32, MMAC)
-        for st in range(NSTEP):
-            step = ci * NSTEP + st
-            s = step % NBUF
-            async_copy.wait_group(NBUF - 2)
-            _barrier()
-            tile = ring.index(s)
-            if KEYS:
-                acc = warpgroup_mma(tile, tile.permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            elif NORM:
-                rows = (i_b * T + n * C + (st % NSTEP_C) * BK + kr) * HX + i_hk * REP + st // NSTEP_C
-                w = gl.load(W + rows * 8).to(gl.float32) + gl.load(W + rows * 8 + 1).to(gl.float32)
-                xw = tile.load(AC_L).to(gl.float32) * gl.expand_dims(w, 0)
-                hi = xw.to(gl.bfloat16)
-                lo = (xw - hi.to(gl.float32)).to(gl.bfloat16)
-                acc = warpgroup_mma(hi, tile.permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma(lo, tile.permute((1, 0)), acc, is_async=True)
-                acc, hi, lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, hi, lo))
-            _barrier()       # every warp's matmul of this slot done before its refill
-            _issue_rows(ring, x_p, step + NBUF - 1, nstep_all, T, D, C, BK, NBUF, NSTEP, REV)
-        # straight from the accumulator's layout: a layout conversion would take 16 KB of shared memory (3 programs
-        # per SM would no longer fit the query side's scan)
-        zr = gl.arange(0, D, layout=gl.SliceLayout(1, MMAC))
-        zc = gl.arange(0, D, layout=gl.SliceLayout(0, MMAC))
-        gl.store(ZC + ((i_b * HK + i_hk) * NC + n) * (D * D) + zr[:, None] * D + zc[None, :], acc)
-    async_copy.wait_group(0)
-
-
-@gluon.jit
-def _issue_rows(ring, x_p, step, nstep_all, T, D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr,
-                NBUF: gl.constexpr, NSTEP: gl.constexpr, REV: gl.constexpr):
-    """_issue_step for _norm_sums_program: cp.async of the [D, BK] rows of step `step` into slot step % NBUF (one
-    commit group either way)."""
-    if step < nstep_all:
-        rep, rr = _step_rows(step, C, BK, NSTEP, REV)
-        _cp_async(ring.index(step % NBUF), x_p + (rep.to(gl.int64) * (D * T) + rr))
-    async_copy.commit_group()
-
-
-@gluon.jit
 def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
                 GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False, PREFETCH_SF: gl.constexpr = False,
-                DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True, ZC=None,
-                ZC_PROG: gl.constexpr = False):
+                DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
@@ -267,12 +187,6 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         nchunk = 1
     i_b = (pid_bh // HK).to(gl.int64)
     i_hk = pid_bh % HK
-    ngroups = gl.num_programs(0)
-    if ZC_PROG:      # the last program of each (b, hk) sums the normalizer's chunks (_norm_sums_program)
-        ngroups = ngroups - 1
-        if g == ngroups:
-            _norm_sums_program(X, W, ZC, y_s, T, NC, i_b, i_hk, HX, HK, D, C, BK, NBUF, KEYS, NORM, REV)
-            return
     ti = gl.load(GRP + 3 * g)
     tj = gl.load(GRP + 3 * g + 1)
     l0 = gl.load(GRP + 3 * g + 2)
@@ -357,7 +271,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                     zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
                     z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
                     part += gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
-                gl.store(DGT + (pid_bh.to(gl.int64) * ngroups + g) * NC + n, decay * part)
+                gl.store(DGT + (pid_bh.to(gl.int64) * gl.num_programs(0) + g) * NC + n, decay * part)
             acc = acc * decay
             if Z_SUMS:
                 accz = accz * decay

@@ -870,12 +870,6 @@ GLUON_QFWD_REGS = 128   # 6.38 -> 6.22 ms (4 programs / SM, 184 bytes spilled; 1
 GLUON_QBWD_REGS = 168   # 9.64 -> 9.36 ms (3 programs / SM, 176 bytes spilled)
 GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
 GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
-GLUON_QBWD_MMA = False  # PREPARED, not run on a GPU (session 21): the Gluon query backward / key dk accumulate X_i q_i
-GLUON_KDK_MMA = False   # on the tensor cores ((a q_i) M_i^T, the operand in bf16: gluon_rows._grad_pass_mma), one FMA
-#                         per element of X_i a slice instead of two (their loops are FFMA-bound: ncu, session 21).
-#                         Triton 3.6 SASS, d=64, a pass-1 iteration (8 slices): key dk 899 -> 849 instructions (FFMA
-#                         512 -> 256, HMUL2 +128, HGMMA +32), 255 -> 238 registers, no spill; the query backward at
-#                         its 168 cap spills more (152 -> 240 bytes, +212 local loads / stores an iteration)
 INTRA_GRADS_LOW = True  # the intra-chunk dq / dk stored in bf16 (not fp32) where the Gluon query backward / key dk add
 #                         the state term in fp32 and write the sum in place, as dv since session 10 (session 18)
 GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read each chunk's normalizer matrix Zm (or
@@ -987,9 +981,6 @@ def dense_normalizer(Z, d: int, sym: bool, keys: bool = False) -> torch.Tensor:
 
 NORM_SCAN_BI = 16     # rows of the dense normalizer per _norm_scan program
 NORM_SCAN_CONCURRENT = True   # the normalizer apart on its own stream beside the outer products (launch_outer)
-GLUON_OUTER_ZC = False  # PREPARED, not run on a GPU (session 21): the chunks' normalizer sums by one more program per
-#                         (b, hk) of the scanning outer products (gluon_outer ZC_PROG), reading the copies from L2
-#                         beside the group programs instead of again from HBM (_norm_chunk_sums: 0.78 ms at 64k, H100)
 NORM_SUMS_BK = 64     # rows of the chunk per _norm_chunk_sums step (H100 64k, both scans: 0.78 ms; 128: 0.81, 32: 0.86)
 NORM_SUMS_WARPS = 4   # its warps at d <= 64 (d = 128: 8) and pipeline stages
 NORM_SUMS_STAGES = 3
@@ -1008,14 +999,14 @@ def side_stream(device, role: str) -> torch.cuda.Stream:
     return _SIDE_STREAMS[idx, role]
 
 
-def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated, du_mult, zc=None):
+def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated, du_mult):
     """The normalizer half of gluon_outer's SCAN as two Triton kernels (GLUON_OUTER_Z False): each chunk's sums in
     matrix form from the scaled copy XT (b, hx, d, T) (and the query side's weights W), then their gated cumulative
-    sum into the packed OUTZ. zc: the chunks' sums, already written (gluon_outer's ZC_PROG). Returns the query
-    side's gated (b, hk, NC) part of dgt (else None)."""
+    sum into the packed OUTZ. Returns the query side's gated (b, hk, NC) part of dgt (else None)."""
     b = XT.shape[0]
     sums = keys or norm
-    if sums and zc is None:
+    zc = XT     # unread without sums (SUMS False)
+    if sums:
         zc = torch.empty(b * hk, NC, d, d, device=XT.device, dtype=torch.float32)
         bk = next(r for r in (NORM_SUMS_BK, 32, 16) if C % r == 0)     # gluon_outer runs only for C % 16 == 0
         _norm_chunk_sums[(NC, b * hk)](XT, W, zc, T, NC, HX=hx, HK=hk, D=d, C=C, BK=bk, WEIGHTED=not keys,
@@ -1024,7 +1015,7 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
     dgt = None
     if gated and not keys:
         dgt = torch.empty(b * hk, d // bi, NC, device=XT.device, dtype=torch.float32)
-    _norm_scan[(b * hk, d // bi)](XT if zc is None else zc, G, OUTZ, OUTZ if ZF is None else ZF, OUTZ if dgt is None else dgt, T, NC, DS,
+    _norm_scan[(b * hk, d // bi)](zc, G, OUTZ, OUTZ if ZF is None else ZF, OUTZ if dgt is None else dgt, T, NC, DS,
                                   slot, HK=hk, D=d, C=C, NT=d // TILE2, TW=TILE2, BI=bi, KEYS=keys, GATED=gated,
                                   DU_MULT=du_mult and not keys, SUMS=sums, num_warps=4)
     return None if dgt is None else dgt.view(b, hk, d // bi, NC).sum(2)
@@ -1071,18 +1062,13 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
             if GLUON_OUTER_SCAN_REGS:
                 extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
         z_apart = scanning and not GLUON_OUTER_Z
-        zc_prog = z_apart and GLUON_OUTER_ZC and (keys or norm) and d == 64    # (wgmma: d >= 64; d=128 spills)
-        zc = None
-        if zc_prog:     # the chunks' normalizer sums by one more program per (b, hk) of the outer products
-            zc = torch.empty(X.shape[0] * hk, NC, d, d, device=X.device, dtype=torch.float32)
-            extra.update(ZC=zc, ZC_PROG=True)
         side = None
-        if z_apart and NORM_SCAN_CONCURRENT and not zc_prog:
+        if z_apart and NORM_SCAN_CONCURRENT:
             # on a side stream beside the outer products (it reads only the copies, G and the forward's z; its
             # buffers are allocated there): the memory-bound sums fill the SMs the outer products' last wave leaves
             side = side_stream(X.device, "norm")
             side.wait_stream(torch.cuda.current_stream(X.device))
-        gluon_outer[(grp.shape[0] + zc_prog, 1 if scanning else NC, X.shape[0] * hk)](
+        gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
             DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, **extra)
@@ -1091,7 +1077,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
         if z_apart:
             with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 dgt_z = launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d,
-                                         C, keys, norm, gated, du_mult, zc=zc)
+                                         C, keys, norm, gated, du_mult)
             if side is not None:     # joined: nothing it reads or writes is touched by the caller's stream meanwhile
                 torch.cuda.current_stream(X.device).wait_stream(side)
             if dgt_z is not None:
