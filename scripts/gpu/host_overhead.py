@@ -1,8 +1,12 @@
 """Host (CPU) cost per call of the pieces of a short power_attention call on a GPU: mean wall us over n calls
 with one sync at the end, for pieces small enough that the host, not the GPU, sets the pace. Also a block
-sweep of the attention form at --sweep-t (fwd, fwd+bwd medians).
+sweep of the attention form at --sweep-t (fwd, fwd+bwd medians). The pieces separate the kernels' own launches
+(raw passes, main thread) from the autograd node around them (an empty node over the same four leaves, the raw
+backward inside a node: the engine runs it on its device thread) and from cuDNN's fwd+bwd in the same process.
+Host times of one piece swing by 30% run to run on the lent machines (session 22): compare pieces of one run.
 
     python3 scripts/gpu/host_overhead.py --t 1024 --sweep-t 1024
+    python3 scripts/gpu/host_overhead.py --t 1024 --kernels --cpu-ops     # + per-kernel GPU time, CPU op tables
 """
 import argparse
 import json
@@ -15,9 +19,10 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs, run_once  # noqa: E402
+from bench_attention import inputs, make_ours, make_sdpa, profile, run_once  # noqa: E402
 from longctx.kernels import power_attention  # noqa: E402
 from longctx.kernels.power import triton_attention as ta  # noqa: E402
+from longctx.kernels.power import gates  # noqa: E402
 from longctx.kernels.power.gates import gate_cumsum  # noqa: E402
 
 
@@ -38,7 +43,15 @@ def main():
     ap.add_argument("--t", type=int, default=1024)
     ap.add_argument("--sweep-t", default="")
     ap.add_argument("--cprofile", action="store_true", help="also the top host functions of 100 fwd+bwd calls")
+    ap.add_argument("--cpu-ops", action="store_true",
+                    help="also the torch profiler's CPU ops / runtime calls of 20 fwd+bwd calls, ours and cuDNN")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also the per-kernel GPU time of one fwd+bwd, ours and SDPA cuDNN (PROFILE tables)")
+    ap.add_argument("--no-gc", action="store_true", help="Python's garbage collector off while timing")
     args = ap.parse_args()
+    if args.no_gc:
+        import gc
+        gc.disable()
     (q, k, v), lg = inputs(8, args.t, 12, 64, True)
     qd, kd, vd, lgd = (x.detach() for x in (q, k, v, lg))
     G = gate_cumsum(lgd)
@@ -61,6 +74,67 @@ def main():
     def fwd_bwd():
         run_once(ours, q, k, v, lg, True)
 
+    cudnn = make_sdpa("cudnn")
+    from longctx.kernels.power.interface import _check
+    scale = 64 ** -0.5
+    o_, lse_, G_ = ta.attention_forward(qd, kd, vd, lgd, scale, 2, True)
+    do_ = torch.ones_like(o_)
+
+    def attn_fwd_raw():          # the forward's launches and buffers, no autograd, no dispatch
+        ta.attention_forward(qd, kd, vd, lgd, scale, 2, True)
+
+    def attn_bwd_raw():
+        ta.attention_backward(do_, qd, kd, vd, G_, o_, lse_, scale, 2, True, True)
+
+    def form_apply():            # the autograd node's forward (graph recorded, no backward)
+        ta.AttentionForm.apply(q, k, v, lg, scale, 2, True)
+
+    extra_ = lgd.clone()
+
+    def api_fwd_bwd():           # the public API without bench_attention.make_ours' environment variable
+        y = power_attention(q, k, v, lg, p=2)
+        y.backward(torch.ones_like(y))
+
+    def form_fwd_bwd():          # the autograd node directly (no dispatch, no environment variable)
+        y = ta.AttentionForm.apply(q, k, v, lg, scale, 2, True)
+        y.backward(torch.ones_like(y))
+
+    class Empty(torch.autograd.Function):      # the floor of a Python autograd node over the same four leaves
+        @staticmethod
+        def forward(ctx, q, k, v, lg):
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, do):
+            return torch.empty_like(do), torch.empty_like(do), torch.empty_like(do), lg.new_empty(lg.shape)
+
+    def empty_fwd_bwd():
+        y = Empty.apply(q, k, v, lg)
+        y.backward(torch.ones_like(y))
+
+    class RawInside(torch.autograd.Function):  # the raw backward's launches inside an autograd node's backward
+        @staticmethod
+        def forward(ctx, q, k, v, lg):
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, do):
+            return ta.attention_backward(do_, qd, kd, vd, G_, o_, lse_, scale, 2, True, True)
+
+    def raw_inside_fwd_bwd():
+        y = RawInside.apply(q, k, v, lg)
+        y.backward(torch.ones_like(y))
+
+    def raw_fwd_then_bwd():      # both raw passes back to back on the main thread, no autograd
+        ta.attention_forward(qd, kd, vd, lgd, scale, 2, True)
+        ta.attention_backward(do_, qd, kd, vd, G_, o_, lse_, scale, 2, True, True)
+
+    def scan_rev():
+        gates.segment_scan(lgd, args.t, reverse=True, extra=extra_)
+
+    def cudnn_fwd_bwd():
+        run_once(cudnn, q, k, v, lg, True)
+
     def empty_like():
         torch.empty_like(qd)
 
@@ -69,9 +143,35 @@ def main():
         y.backward(torch.ones_like(y))
 
     for name, fn in (("torch.empty_like", empty_like), ("gate_cumsum", lambda: gate_cumsum(lgd)),
+                     ("segment_scan fwd", lambda: gates.segment_scan(lgd, args.t)),
+                     ("segment_scan reverse + extra", scan_rev),
+                     ("_check", lambda: _check(q, k, v, lg, 2, None, None, True, None)),
+                     ("attention_forward raw", attn_fwd_raw), ("attention_backward raw", attn_bwd_raw),
+                     ("AttentionForm.apply (grad, no backward)", form_apply),
                      ("_attn_fwd launch", raw_launch), ("power_attention fwd (no grad)", fwd_nograd),
-                     ("fwd+bwd", fwd_bwd), ("mul + backward (autograd floor)", ones_backward_only)):
+                     ("fwd+bwd", fwd_bwd), ("AttentionForm.apply fwd+bwd", form_fwd_bwd),
+                     ("empty autograd node fwd+bwd (4 leaves)", empty_fwd_bwd),
+                     ("raw backward inside an autograd node", raw_inside_fwd_bwd),
+                     ("raw fwd + raw bwd, main thread", raw_fwd_then_bwd), ("SDPA cuDNN fwd+bwd", cudnn_fwd_bwd),
+                     ("mul + backward (autograd floor)", ones_backward_only), ("power_attention fwd+bwd, no env var", api_fwd_bwd),
+                     ("fwd+bwd again (the same call: the host's run-to-run noise)", fwd_bwd)):
         print(json.dumps(dict(t=args.t, piece=name, host_us=host_us(fn))), flush=True)
+    if args.cpu_ops:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as tprofile
+        for name, fn in (("longctx_p2", fwd_bwd), ("sdpa_cudnn", cudnn_fwd_bwd)):
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(20):
+                    fn()
+                torch.cuda.synchronize()
+            print(f"CPU OPS {name} (20 fwd+bwd calls)", flush=True)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+    if args.kernels:
+        profile("longctx_p2", make_ours(2), 8, args.t, 12, 64)
+        profile("sdpa_cudnn", cudnn, 8, args.t, 12, 64)
     if args.cprofile:
         import cProfile
         import pstats

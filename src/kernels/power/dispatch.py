@@ -23,9 +23,9 @@ from .triton_attention import attention_form
 
 IMPL_ENV = "LONGCTX_POWER_IMPL"
 IMPLS = ("auto", "chunked", "attention", "reference")
-CHUNKED_MIN_T = 8192        # p=2 d=64, b=8 h=12 bf16, fwd+bwd ms chunked / attention form: H200, session 14 (Gluon
-                            # outer products): 8k 8.41 / 10.32, 10k 10.39 / 15.80; H100, session 7 (10240 then): 8k
-                            # 12.50 / 10.68, 12k 18.69 / 22.43. d=32 and p=1 cross earlier (docs/kernels.md)
+CHUNKED_MIN_T = 6144        # p=2 d=64, b=8 h=12 bf16, fwd+bwd ms chunked / attention form, H100, session 22
+                            # (scripts/gpu/bench_forms.py): 4k 3.84 / 3.05, 6k 5.32 / 6.18, 8k 6.99 / 10.41 (8192
+                            # from session 14, 10240 from session 7). d=32 and p=1 cross earlier (docs/kernels.md)
 CHUNKED_MIN_T_WIDE = 16384  # d=128, p=2 (D = 8704 features), H100 session 8 after the BLOCKS_WIDE sweep, fwd+bwd
                             # ms chunked / attention form: 8k 57.4 / 32.3, 16k 116.5 / 128.4 (32768 before the sweep)
 CHUNKED_MIN_T_LINEAR = 4096  # p=1 (state d x d), same shape and card (session 8), chunked / attention form fwd+bwd
