@@ -91,10 +91,6 @@ def main():
 
     extra_ = lgd.clone()
 
-    def api_fwd_bwd():           # the public API without bench_attention.make_ours' environment variable
-        y = power_attention(q, k, v, lg, p=2)
-        y.backward(torch.ones_like(y))
-
     def form_fwd_bwd():          # the autograd node directly (no dispatch, no environment variable)
         y = ta.AttentionForm.apply(q, k, v, lg, scale, 2, True)
         y.backward(torch.ones_like(y))
@@ -153,7 +149,7 @@ def main():
                      ("empty autograd node fwd+bwd (4 leaves)", empty_fwd_bwd),
                      ("raw backward inside an autograd node", raw_inside_fwd_bwd),
                      ("raw fwd + raw bwd, main thread", raw_fwd_then_bwd), ("SDPA cuDNN fwd+bwd", cudnn_fwd_bwd),
-                     ("mul + backward (autograd floor)", ones_backward_only), ("power_attention fwd+bwd, no env var", api_fwd_bwd),
+                     ("mul + backward (autograd floor)", ones_backward_only),
                      ("fwd+bwd again (the same call: the host's run-to-run noise)", fwd_bwd)):
         print(json.dumps(dict(t=args.t, piece=name, host_us=host_us(fn))), flush=True)
     if args.cpu_ops:
