@@ -81,16 +81,6 @@ def _prefetch_state(SF, sf_s, slot, DS, ti, tj, l0, FG: gl.constexpr, TJ: gl.con
 
 
 @gluon.jit
-def _step_rows(step, C: gl.constexpr, BK: gl.constexpr, NSTEP: gl.constexpr, REV: gl.constexpr):
-    """(GQA head within the group, first row from the first chunk's start) of a scan's step: steps run through the
-    GQA heads of a chunk (NSTEP per chunk), then the next chunk: the one after (REV False) or before (REV) it."""
-    NSTEP_C: gl.constexpr = C // BK
-    ci = step // NSTEP
-    st = step % NSTEP
-    return st // NSTEP_C, (st % NSTEP_C) * BK + (-ci if REV else ci) * C
-
-
-@gluon.jit
 def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_all, T, HX: gl.constexpr,
                 HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr,
                 NSTEP: gl.constexpr, W_ROWS: gl.constexpr, REV: gl.constexpr):
@@ -99,9 +89,13 @@ def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_a
     step-0 addresses plus one scalar offset per tensor; one commit group per step either way, so the waits count
     steps. Steps run through the GQA heads of a chunk (NSTEP per chunk), then the next chunk: the one after (REV
     False) or before (REV: the reverse scan) it."""
+    NSTEP_C: gl.constexpr = C // BK
     if step < nstep_all:
         s = step % NBUF
-        rep, rr = _step_rows(step, C, BK, NSTEP, REV)
+        ci = step // NSTEP
+        st = step % NSTEP
+        rep = st // NSTEP_C
+        rr = (st % NSTEP_C) * BK + (-ci if REV else ci) * C           # rows from the first chunk's start
         xo = rep.to(gl.int64) * (D * T) + rr                  # next GQA head: the copy's next (D, T) plane
         _cp_async(xi_s.index(s), xi_p + xo)
         _cp_async(xj_s.index(s), xj_p + xo, mask=jmask)
