@@ -2,7 +2,7 @@
 d=64 or --d, bf16, gated, p=2) under each variant, the variants interleaved over several rounds so that clock and
 thermal drift hit them alike (the median of the rounds' medians is reported).
 
-A variant is '+'-joined items: NAME=VALUE sets a switch of triton_sym2 / triton_attention (tune_sym2.py --set),
+A variant is '+'-joined items: NAME=VALUE sets a switch of triton_sym2 / triton_attention / dispatch (tune_sym2.py --set),
 attn:KERNEL=BM,BN,warps,stages[,maxnreg] an intra-chunk attention tile (triton_attention.BLOCK_OVERRIDE), and
 "default" nothing.
 
@@ -27,7 +27,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_attention import inputs, make_ours, run_once  # noqa: E402
 from tune_sym2 import apply_switches  # noqa: E402
-from longctx.kernels.power import triton_attention, triton_sym2  # noqa: E402
+from longctx.kernels.power import dispatch, triton_attention, triton_sym2  # noqa: E402
 
 OURS = make_ours(2)
 NAMES = ("y", "dq", "dk", "dv", "dlog_g")
@@ -69,8 +69,9 @@ def parse_variant(spec: str):
 
 
 def snapshot():
-    """The module switches (upper-case names) of both kernel modules, to restore between variants."""
-    return {m: {k: v for k, v in vars(m).items() if k.isupper()} for m in (triton_sym2, triton_attention)}
+    """The module switches (upper-case names) of the kernel modules and of dispatch (CHUNKED_DEFAULT_C, ...), to
+    restore between variants."""
+    return {m: {k: v for k, v in vars(m).items() if k.isupper()} for m in (triton_sym2, triton_attention, dispatch)}
 
 
 def restore(snap):

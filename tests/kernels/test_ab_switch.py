@@ -33,3 +33,18 @@ def test_disagreement_is_the_relative_error_of_each_output(ab_switch):
     assert list(errs) == list(ab_switch.NAMES)
     assert errs["y"] == 0.0 and errs["dv"] == 0.0
     assert errs["dk"] == pytest.approx(1.0 / (2.0 * 12 ** 0.5), rel=1e-6)
+
+
+def test_restore_undoes_every_module_switch(ab_switch):
+    """A variant's switches, dispatch's included (CHUNKED_DEFAULT_C), must not leak into the next variant: session 23's
+    A/B timed later rounds of 'default' at the previous variant's chunk before dispatch was in the snapshot."""
+    from longctx.kernels.power import dispatch, triton_attention, triton_sym2
+    base = ab_switch.snapshot()
+    before = (dispatch.CHUNKED_DEFAULT_C, triton_sym2.CONCURRENT_BWD, triton_attention.GATE_SCORES)
+    ab_switch.apply_switches([f"CHUNKED_DEFAULT_C={before[0] // 2}", f"CONCURRENT_BWD={int(not before[1])}",
+                              f"GATE_SCORES={int(not before[2])}"])
+    triton_attention.BLOCK_OVERRIDE["fwd"] = (64, 32, 4, 3)
+    assert (dispatch.CHUNKED_DEFAULT_C, triton_sym2.CONCURRENT_BWD, triton_attention.GATE_SCORES) != before
+    ab_switch.restore(base)
+    assert (dispatch.CHUNKED_DEFAULT_C, triton_sym2.CONCURRENT_BWD, triton_attention.GATE_SCORES) == before
+    assert triton_attention.BLOCK_OVERRIDE == {}
