@@ -16,6 +16,21 @@ from longctx.kernels.power import triton_attention as ta
 from longctx.kernels.power.interface import _check
 
 
+class EmptyNode(torch.autograd.Function):
+    """The floor of a Python autograd node over the attention's four leaves (q, k, v, log_g): no work, gradients of
+    the leaves' shapes and dtypes (also used by scripts/gpu/host_overhead.py)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lg):
+        ctx.lg_meta = lg.shape, lg.dtype
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, dy):
+        shape, dtype = ctx.lg_meta
+        return torch.empty_like(dy), torch.empty_like(dy), torch.empty_like(dy), dy.new_empty(shape, dtype=dtype)
+
+
 class _NoLaunch:
     """Stands in for a Triton kernel: kernel[grid](...) does nothing."""
     def __getitem__(self, grid):
@@ -43,20 +58,11 @@ def main():
     o, lse, G = ta.attention_forward(qd, kd, vd, lgd, scale, 2, True)
     do = torch.ones_like(o)
 
-    class Empty(torch.autograd.Function):     # the floor of a Python node over the same four leaves
-        @staticmethod
-        def forward(ctx, q, k, v, lg):
-            return torch.empty_like(q)
-
-        @staticmethod
-        def backward(ctx, dy):
-            return torch.empty_like(dy), torch.empty_like(dy), torch.empty_like(dy), torch.empty_like(lgd)
-
     def form_fwd_bwd():
         ta.AttentionForm.apply(q, k, v, lg, scale, 2, True).backward(do)
 
     def empty_fwd_bwd():
-        Empty.apply(q, k, v, lg).backward(do)
+        EmptyNode.apply(q, k, v, lg).backward(do)
 
     def cpp_fwd_bwd():
         (q * 1.0).backward(do)

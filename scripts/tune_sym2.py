@@ -170,12 +170,15 @@ def replot(paths):
         print("wrote", out)
 
 
+SWITCH_MODULES = (triton_sym2, triton_attention, dispatch)   # whose upper-case globals --set / ab_switch.py may set
+
+
 def apply_switches(items):
     """--set NAME=VALUE: a switch of triton_sym2, triton_attention or dispatch (e.g. CHUNKED_DEFAULT_C) for this
     process (a comma list sets a tuple)."""
     for item in items:
         name, value = item.split("=")
-        module = next((m for m in (triton_sym2, triton_attention, dispatch) if hasattr(m, name)), None)
+        module = next((m for m in SWITCH_MODULES if hasattr(m, name)), None)
         if module is None:
             raise SystemExit(f"--set: none of triton_sym2, triton_attention, dispatch has a switch {name!r}")
         current = getattr(module, name)

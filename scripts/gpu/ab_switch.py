@@ -26,8 +26,8 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_attention import inputs, make_ours, run_once  # noqa: E402
-from tune_sym2 import apply_switches  # noqa: E402
-from longctx.kernels.power import dispatch, triton_attention, triton_sym2  # noqa: E402
+from tune_sym2 import SWITCH_MODULES, apply_switches  # noqa: E402
+from longctx.kernels.power import triton_attention  # noqa: E402
 
 OURS = make_ours(2)
 NAMES = ("y", "dq", "dk", "dv", "dlog_g")
@@ -69,9 +69,8 @@ def parse_variant(spec: str):
 
 
 def snapshot():
-    """The module switches (upper-case names) of the kernel modules and of dispatch (CHUNKED_DEFAULT_C, ...), to
-    restore between variants."""
-    return {m: {k: v for k, v in vars(m).items() if k.isupper()} for m in (triton_sym2, triton_attention, dispatch)}
+    """The switches (upper-case names) of every module apply_switches may set, to restore between variants."""
+    return {m: {k: v for k, v in vars(m).items() if k.isupper()} for m in SWITCH_MODULES}
 
 
 def restore(snap):
