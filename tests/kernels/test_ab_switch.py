@@ -48,3 +48,8 @@ def test_restore_undoes_every_module_switch(ab_switch):
     ab_switch.restore(base)
     assert (dispatch.CHUNKED_DEFAULT_C, triton_sym2.CONCURRENT_BWD, triton_attention.GATE_SCORES) == before
     assert triton_attention.BLOCK_OVERRIDE == {}
+
+
+def test_unknown_switch_names_itself_and_the_modules(ab_switch):
+    with pytest.raises(SystemExit, match="none of triton_sym2, triton_attention, dispatch has a switch 'CHUNK_SIZE'"):
+        ab_switch.apply_switches(["CHUNK_SIZE=512"])
