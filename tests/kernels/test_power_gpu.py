@@ -237,7 +237,8 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 
 
 # off by default until timed on a GPU (turned on for `other`)
-EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_OUTER_Z"}   # off by default: `other` turns them on
+# off by default: `other` sets them to these values
+EXPERIMENTAL_SWITCHES: dict = {"GLUON_DENSE_Z": True, "GLUON_OUTER_Z": True, "GLUON_WINDOW_MIN": (16, 16)}
 
 
 @pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
@@ -250,7 +251,7 @@ EXPERIMENTAL_SWITCHES: set[str] = {"GLUON_DENSE_Z", "GLUON_OUTER_Z"}   # off by 
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
                                   "streams-bf16-d32", "gluon-bf16-d128",
                                   "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
-                                  "outerz-bf16-d128", "normstream-bf16"])
+                                  "outerz-bf16-d128", "normstream-bf16", "levels-bf16"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -275,7 +276,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32; outerz-*: the
     scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
     summed by the Gluon outer products; normstream-*: that normalizer on its own stream beside the outer products
-    (NORM_SCAN_CONCURRENT) against on theirs. Many chunks, state in and out, output, state and all gradients."""
+    (NORM_SCAN_CONCURRENT) against on theirs; levels-*: the Gluon row kernels' slice windows halving down to 16
+    columns (GLUON_WINDOW_MIN, all four kernels) against two windows. Many chunks, state in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
@@ -288,7 +290,7 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
                 "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
                 "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",),
-                "normstream": ("NORM_SCAN_CONCURRENT",)}
+                "normstream": ("NORM_SCAN_CONCURRENT",), "levels": ("GLUON_WINDOW_MIN",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)
@@ -305,8 +307,9 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
         monkeypatch.setattr(triton_sym2, "ATOMIC_RMW", other or not atomic_mode)
         if variant:
             for name in variant:     # the defaults for `other` (experimental switches: on), else off
-                on = True if name in EXPERIMENTAL_SWITCHES else defaults[name]
-                monkeypatch.setattr(triton_sym2, name, type(defaults[name])(on if other else 0))
+                on = EXPERIMENTAL_SWITCHES.get(name, defaults[name])
+                off = (0,) * len(on) if isinstance(on, tuple) else 0
+                monkeypatch.setattr(triton_sym2, name, on if other else type(defaults[name])(off))
         elif rows_mode:
             monkeypatch.setattr(triton_sym2, "ROWS", dict.fromkeys(triton_sym2.ROWS, other))
             monkeypatch.setattr(triton_sym2, "GROUPED_WIDE", set())

@@ -84,12 +84,15 @@ def test_sym2_kernels_compile_for_sm90():
         if SASS_OF.get(name):
             waits = wgmma_waits(SASS_OF[name])
             assert waits["full_waits"] * 4 < waits["hgmma"], (name, waits)
-    # the slice loops as sass_loop_counts sees them: one loop per pass and first tile, whose matmuls are the closed
-    # form TW slices x (contraction / 16) HGMMA: at d=64 the full window's 8 x 64/16 = 32 in every kernel, the half
-    # window's 8 x 32/16 = 16 where it contracts the window (forward passes) and 32 where it contracts d (backward)
+    # the slice loops as sass_loop_counts sees them: one loop per window level, whose matmuls are the closed form
+    # TW slices x (contraction / 16) HGMMA: at d=64 the full window's 8 x 64/16 = 32 in every kernel, a window of w
+    # columns 8 x w/16 where it contracts the window (forward-type: GLUON_WINDOW_MIN[0] = 16, windows 64 / 32 / 16)
+    # and 32 where it contracts d (backward-type, two windows)
     from longctx.kernels.power.compile_check import sass_loop_counts
-    expect = {"gluon_query_fwd_rows": [32, 16], "gluon_key_dv_rows": [32, 16], "gluon_query_bwd_rows": [32, 32],
-              "gluon_key_dk_rows": [32, 32]}
+    fwd = [8 * (64 >> lv) // 16 for lv in range(3 if s2.gluon_window_min(64, "qfwd") == 16 else 2)]
+    bwd = [32] * (3 if s2.gluon_window_min(64, "qbwd") == 16 else 2)
+    expect = {"gluon_query_fwd_rows": fwd, "gluon_key_dv_rows": fwd, "gluon_query_bwd_rows": bwd,
+              "gluon_key_dk_rows": bwd}
     for name, hgmma in expect.items():
         if SASS_OF.get(name):
             loops = sass_loop_counts(SASS_OF[name])
@@ -101,12 +104,14 @@ def test_sym2_kernels_compile_for_sm90():
 def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
     """GLUON_DENSE_Z (experimental, off by default): the Gluon row kernels that read the normalizer (query forward,
     query backward, key dk) build with it for sm_90, their slice loops keep their matmuls, and reading the dense bf16
-    hi / lo matrices takes fewer instructions outside the loops than gathering Zm from the packed z."""
+    hi / lo matrices takes fewer instructions outside the loops than gathering Zm from the packed z (at 64 rows on 4
+    warps, as measured in session 18: on 8 warps each thread gathers half as much and the query forward saves none)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power import triton_sym2 as s2
     from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_instructions, sass_loop_counts
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(s2, "GLUON_QFWD_BLOCK", (64, 4, 4))
     outside = {}
     for dense in (False, True):
         monkeypatch.setattr(s2, "GLUON_DENSE_Z", dense)
@@ -117,11 +122,41 @@ def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
             if not sass:
                 pytest.skip("no cuobjdump for the SASS")
             loops = sass_loop_counts(sass)
-            assert loops and all(loop["ops"].get("HGMMA", 0) >= 16 for loop in loops), (name, dense)
+            assert loops and all(loop["ops"].get("HGMMA", 0) >= 8 for loop in loops), (name, dense)
             total = len(sass_instructions(sass))
             outside[name, dense] = total - sum(loop["instructions"] for loop in loops)
     for name in ("gluon_query_fwd_rows", "gluon_query_bwd_rows", "gluon_key_dk_rows"):
         assert outside[name, True] < outside[name, False], (name, outside)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_gluon_rows_window_levels(monkeypatch):
+    """GLUON_WINDOW_MIN = 16 at d=64: the slices' windows halve 64 -> 32 -> 16 columns, each level serving the first
+    tiles whose features (i, j >= tile(i)) it covers (0-3, 4-5, 6-7 of 8): one slice loop per level, whose HGMMA count
+    is the closed form 8 slices x contraction / 16 (the forward contracts the window: 32, 16, 8; the backward d: 32
+    each). An invalid minimum falls back to the two windows."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power import gluon_rows, triton_sym2 as s2
+    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    if not s2.gluon_available():
+        pytest.skip("this Triton has no Gluon")
+    levels, tiles = (getattr(f, "fn", f) for f in (gluon_rows._levels, gluon_rows._level_tiles))
+    assert levels(16, 64) == 3 and [tiles(lv, 16, 64, 8) for lv in range(3)] == [(0, 4), (4, 6), (6, 8)]
+    assert levels(32, 64) == 2 and [tiles(lv, 32, 64, 8) for lv in range(2)] == [(0, 4), (4, 8)]
+    assert levels(16, 32) == 2 and [tiles(lv, 16, 32, 8) for lv in range(2)] == [(0, 2), (2, 4)]
+    for w, d, expect in ((16, 64, 16), (0, 64, 32), (24, 64, 32), (64, 64, 32), (16, 32, 16)):
+        monkeypatch.setattr(s2, "GLUON_WINDOW_MIN", (w, 0))
+        assert s2.gluon_window_min(d, "qfwd") == s2.gluon_window_min(d, "kdv") == expect, (w, d)
+        assert s2.gluon_window_min(d, "qbwd") == s2.gluon_window_min(d, "kdk") == d // 2, (w, d)
+    monkeypatch.setattr(s2, "GLUON_WINDOW_MIN", (16, 16))
+    built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
+    expect = {"gluon_query_fwd_rows": [32, 16, 8], "gluon_key_dv_rows": [32, 16, 8],
+              "gluon_query_bwd_rows": [32, 32, 32], "gluon_key_dk_rows": [32, 32, 32]}
+    for name, hgmma in expect.items():
+        assert built[name] in (None, 0) or built[name] <= 512, (name, built[name])
+        if SASS_OF.get(name):
+            loops = sass_loop_counts(SASS_OF[name])
+            assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")

@@ -271,7 +271,7 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     from .gluon_rows import gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
     query_ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
     key_ints = {n: "i32" for n in ("T", "NC", "DS", "NU")}
-    shape = dict(D=d, C=chunk, TW=s2.TILE2, KW2=s2.half_window(d), GATED=True)
+    shape = dict(D=d, C=chunk, TW=s2.TILE2, GATED=True)
     queries = dict(shape, HQ=hq, HK=hk, NORM=norm, HAS_S0=False)
     low = "*bf16" if s2.INTRA_GRADS_LOW else "*fp32"    # the intra-chunk dq / dk they finish
     dense = s2.GLUON_DENSE_Z                              # the normalizer read as bf16 hi / lo matrices
@@ -290,7 +290,8 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
              key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense))):
         rows, warps, nbuf = block
-        consts = dict(consts, NBUF=nbuf, **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
+        consts = dict(consts, NBUF=nbuf, MINW=s2.gluon_window_min(d, kind),
+                      **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
         k = _compile(fn, ptrs, ints, consts, warps, 1, arch, s2.gluon_rows_regs(kind).get("maxnreg"),
                      source=GluonASTSource)
         name = fn.fn.__name__

@@ -245,23 +245,65 @@ def _query_block(Q, G, scale_p, T, NSLOT, DS, HQ: gl.constexpr, HK: gl.constexpr
     return row, mask, off, m2, q, r, on, s_base
 
 
+@gluon.constexpr_function
+def _levels(MINW, D):
+    """How many window levels the row kernels' slices take: D, D / 2, ... down to MINW columns."""
+    n, kw = 1, D
+    while kw > MINW:
+        n, kw = n + 1, kw // 2
+    return n
+
+
+@gluon.constexpr_function
+def _level_tiles(LV, MINW, D, TW):
+    """(first tile, end tile) of window level LV: its window [D - KW, D), KW = D >> LV, serves the first tiles from
+    (D - KW) / TW (a slice's features (i, j) start at j's tile = i's) to where the next, half as wide, can start
+    (the last level: to D / TW). Windows of powers of two (Triton's shapes); MINW = D / 2 gives two levels."""
+    kw = D >> LV
+    last = LV == _levels(MINW, D) - 1
+    return ((D - kw) // TW, D // TW if last else (D - kw // 2) // TW)
+
+
+@gluon.jit
+def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexpr, MINW: gl.constexpr,
+                D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
+                KEYS: gl.constexpr):
+    """Window level LV >= 1 of _rows_backward (_level_tiles): its first tiles over the window [J0, D) of D >> LV
+    columns, their X_i q_i added to st's window columns (st [BM, D] fp32 in shared memory; each element's owner thread is the
+    same in every window width's matmul layout, so no barrier is needed around the read-modify-write). Returns the
+    level's share of the gate gradient's sum, [BM] in the coalesced layout."""
+    KW: gl.constexpr = D >> LV
+    J0: gl.constexpr = D - KW
+    MMA_W: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, KW, 16])
+    A_W: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_W, k_width=2)
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    cw = gl.expand_dims(gl.arange(0, KW, layout=gl.SliceLayout(0, BLK)), 0)
+    xw = gl.convert_layout(gl.load(X + gl.expand_dims(row, 1) * D + J0 + cw, mask=m2, other=0.0), MMA_W).to(gl.float32)
+    accw = gl.zeros([BM, KW], gl.float32, MMA_W)
+    dgw = gl.zeros([BM], gl.float32, gl.SliceLayout(1, MMA_W))
+    t0: gl.constexpr = _level_tiles(LV, MINW, D, TW)[0]
+    t1: gl.constexpr = _level_tiles(LV, MINW, D, TW)[1]
+    accw, dgw = _grad_pass(accw, dgw, gl.convert_layout(a_op, A_W), xw, S, s_base, qT_s, gT_s, t0,
+                           t0 + (t1 - t0) * on, J0, KW, D, TW, BM, NBUF, NW, MMA_W, KEYS)
+    win = st.slice(J0, KW, dim=1)
+    win.store(win.load(MMA_W) + accw)
+    return gl.convert_layout(dgw, gl.SliceLayout(1, BLK))
+
+
 @gluon.jit
 def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
-                   TW: gl.constexpr, KW2: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
+                   TW: gl.constexpr, MINW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
                    NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, DENSE_Z: gl.constexpr):
     """The row-scaled backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index
     `row`, mask, offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM),
     DX (fp32, holding the intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and
     DG = rg X . phi(x) (Euler's identity: the gate gradient) with GATED. KEYS: the key side's multiplicities. The
-    normalizer state starts at z_base of Z (DENSE_Z: as hi / lo matrices of Zm + Zm^T, _normalizer_dot). As
-    _sym2_query_bwd_rows: the first tiles ti < T1 take the full window [0, D), the rest [D - KW2, D)."""
+    normalizer state starts at z_base of Z (DENSE_Z: as hi / lo matrices of Zm + Zm^T, _normalizer_dot). The
+    slices' windows halve down to MINW columns (_level_tiles); MINW = D / 2 is _sym2_query_bwd_rows' two windows."""
     NW: gl.constexpr = gl.num_warps()
-    NT: gl.constexpr = D // TW
-    T1: gl.constexpr = (D - KW2) // TW
+    T1: gl.constexpr = _level_tiles(0, MINW, D, TW)[1]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
-    MMA2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, KW2, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    A2_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA2, k_width=2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
@@ -285,19 +327,13 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, 
         acc = xz * gl.expand_dims(dl_m, 1)
     a_op = gl.convert_layout(a, A_L)
     acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA, KEYS)
-    c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
-    xw2 = gl.convert_layout(gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0),
-                            MMA2).to(gl.float32)
-    acc2 = gl.zeros([BM, KW2], gl.float32, MMA2)
-    dg2 = gl.zeros([BM], gl.float32, gl.SliceLayout(1, MMA2))
-    acc2, dg2 = _grad_pass(acc2, dg2, gl.convert_layout(a_op, A2_L), xw2, S, s_base, qT_s, gT_s, T1,
-                           T1 + (NT - T1) * on, D - KW2, KW2, D, TW, BM, NBUF, NW, MMA2, KEYS)
 
-    # dx = DX + rf (acc + acc2 on the window's columns + the first-index sums), through shared memory once
+    # dx = DX + rf (acc + each later level's share on its window's columns + the first-index sums), the levels
+    # summed in shared memory
     st = gl.allocate_shared_memory(gl.float32, [BM, D], PLAIN, acc)
-    _barrier()
-    win = st.slice(D - KW2, KW2, dim=1)
-    win.store(win.load(MMA2) + acc2)
+    dg_all = gl.convert_layout(dg, BROW)
+    for lv in gl.static_range(1, _levels(MINW, D)):
+        dg_all += _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, lv, MINW, D, TW, BM, NBUF, NW, KEYS)
     _barrier()
     first = gl.permute(gl.reshape(_as(gT_s, gl.float32, [D * BM], ROWS_S).load(
         gl.BlockedLayout([4], [32], [NW], [0])), [D, BM]), [1, 0])                               # [BM, D]
@@ -308,20 +344,19 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, 
     else:
         gl.store(DX + off, dx, mask=m2)
     if GATED:
-        dg_all = gl.convert_layout(dg, BROW) + gl.convert_layout(dg2, BROW)
         gl.store(DG + row, dg_all * rg, mask=mask)
 
 
 @gluon.jit
 def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
-                         KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
+                         MINW: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
                          HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr,
                          DENSE_Z: gl.constexpr = False):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
-    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). As _sym2_query_bwd_rows: the
-    first tiles ti < T1 take the full window [0, D), the rest [D - KW2, D)."""
+    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve down to MINW
+    columns (_level_tiles)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
     # the block's rows in the coalesced layout: q, dn = dy / Den, dl = -Delta / Den, r
@@ -334,7 +369,7 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
         dn = dn * gl.expand_dims(inv, 1)
         dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
     _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, _z_base(s_base, DS, D, DENSE_Z), row, mask, off, m2, q,
-                   dn.to(gl.bfloat16), dl, r, r, on, D, TW, KW2, BM, NBUF, False, NORM, GATED, CAST, DENSE_Z)
+                   dn.to(gl.bfloat16), dl, r, r, on, D, TW, MINW, BM, NBUF, False, NORM, GATED, CAST, DENSE_Z)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -378,14 +413,28 @@ def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.con
 
 
 @gluon.jit
-def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr,
+def _fwd_level(num, X, row, m2, S, s_base, xT_s, on, LV: gl.constexpr, MINW: gl.constexpr, D: gl.constexpr,
+               TW: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr, A_L: gl.constexpr, KEYS: gl.constexpr):
+    """Window level LV >= 1 of _rows_forward (_level_tiles): _fwd_pass over its first tiles and window [D - KW, D),
+    KW = D >> LV, the window's columns of X loaded after the previous pass (fewer live registers)."""
+    KW: gl.constexpr = D >> LV
+    t0: gl.constexpr = _level_tiles(LV, MINW, D, TW)[0]
+    t1: gl.constexpr = _level_tiles(LV, MINW, D, TW)[1]
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    cw = gl.expand_dims(gl.arange(0, KW, layout=gl.SliceLayout(0, BLK)), 0)
+    xw = gl.load(X + gl.expand_dims(row, 1) * D + (D - KW) + cw, mask=m2, other=0.0)
+    return _fwd_pass(num, gl.convert_layout(xw, A_L), S, s_base, xT_s, t0, t0 + (t1 - t0) * on, D - KW, KW, D, TW,
+                     NBUF, NW, A_L, KEYS)
+
+
+@gluon.jit
+def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr,
                   BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr):
-    """sum_i (x_i x_win) M_i [BM, D] (fp32, x's coalesced layout) over both windows: the first tiles ti < T1 over
-    [0, D), the rest over [D - KW2, D) (none when on = 0); x [BM, D] bf16 the block's rows of X (flat row index
-    `row`, mask m2), M_i the slices of the state at s_base. KEYS: _fwd_pass's multiplicities."""
+    """sum_i (x_i x_win) M_i [BM, D] (fp32, x's coalesced layout) over the window levels of _level_tiles (none when
+    on = 0); x [BM, D] bf16 the block's rows of X (flat row index `row`, mask m2), M_i the slices of the state at
+    s_base. KEYS: _fwd_pass's multiplicities."""
     NW: gl.constexpr = gl.num_warps()
-    NT: gl.constexpr = D // TW
-    T1: gl.constexpr = (D - KW2) // TW
+    T1: gl.constexpr = _level_tiles(0, MINW, D, TW)[1]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
@@ -394,21 +443,19 @@ def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexp
     xT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
     xT_s = _as(xT_s, gl.bfloat16, [D, BM], ROWS_S)
     num = gl.zeros([BM, D], gl.float32, MMA)
-    c2 = gl.expand_dims(gl.arange(0, KW2, layout=gl.SliceLayout(0, BLK)), 0)
     num = _fwd_pass(num, gl.convert_layout(x, A_L), S, s_base, xT_s, 0, T1 * on, 0, D, D, TW, NBUF, NW, A_L, KEYS)
-    x2 = gl.load(X + gl.expand_dims(row, 1) * D + (D - KW2) + c2, mask=m2, other=0.0)    # after pass 1: registers
-    num = _fwd_pass(num, gl.convert_layout(x2, A_L), S, s_base, xT_s, T1, T1 + (NT - T1) * on, D - KW2, KW2, D, TW,
-                    NBUF, NW, A_L, KEYS)
+    for lv in gl.static_range(1, _levels(MINW, D)):
+        num = _fwd_level(num, X, row, m2, S, s_base, xT_s, on, lv, MINW, D, TW, NBUF, NW, A_L, KEYS)
     return gl.convert_layout(num, BLK)
 
 
 @gluon.jit
 def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
-                         KW2: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
+                         MINW: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
                          HAS_S0: gl.constexpr, NBUF: gl.constexpr, DENSE_Z: gl.constexpr = False):
     """Program (query block of a chunk, chunk n, b*hq), as `_sym2_query_fwd_rows`: the state term num = phi(q) S_n
-    (row-scaled: sum_i (q_i q_win) S_i, the first tiles ti < T1 over the full window, the rest over [D - KW2, D)) and
+    (row-scaled: sum_i (q_i q_win) S_i, over the window levels of _rows_forward) and
     den = phi(q) . z_n = q Zm q^T join the intra-chunk output OI (normalized, LSEI = log of its normalizer):
     y = (OI e^LSEI + r num) / (e^LSEI + r den), stabilized by the larger log (NORM), else OI + r num; r = s^p e^(g_i).
     Writes Y (the inputs' dtype) and LSE = log of the total normalizer. DENSE_Z: Z holds each slot's Zm as bf16 hi / lo
@@ -428,7 +475,7 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     # address arithmetic in the slice loops (SASS 536 -> 377 instructions per first tile, Triton 3.6)
     num = gl.zeros([BM, D], gl.float32, BLK)
     if on > 0:
-        num = _rows_forward(Q, S, s_base, row, m2, q, 1, D, TW, KW2, BM, NBUF, False)
+        num = _rows_forward(Q, S, s_base, row, m2, q, 1, D, TW, MINW, BM, NBUF, False)
     yi = gl.load(OI + off, mask=m2, other=0.0).to(gl.float32)
     if NORM:     # stabilized as _combine_store; per-row factors, so each element takes one multiply and one FMA
         lse_i = gl.load(LSEI + row, mask=mask, other=0.0)
@@ -457,7 +504,7 @@ def _decay_to_chunk_end(G, T, row, mask, c, HK: gl.constexpr, C: gl.constexpr, G
 
 @gluon.jit
 def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr,
-                      TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr,
+                      TW: gl.constexpr, MINW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr,
                       DU_MULT: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dv_rows`: the key backward's dv_j += c_j sum_i
     (k_i k_win,w) dU_i (the forward's pass with KEYS: the key side's multiplicities w on the window's columns),
@@ -466,7 +513,7 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
     (gluon_sym2.gluon_outer's DU_MULT)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
-    num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, KW2, BK, NBUF, not DU_MULT)
+    num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, MINW, BK, NBUF, not DU_MULT)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     dv = num * gl.expand_dims(c, 1) + gl.load(DV + off, mask=m2, other=0.0).to(gl.float32)
     gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=m2)
@@ -474,7 +521,7 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 
 @gluon.jit
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
-                      C: gl.constexpr, TW: gl.constexpr, KW2: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
+                      C: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
                       NBUF: gl.constexpr, CAST: gl.constexpr, DU_MULT: gl.constexpr = False,
                       DENSE_Z: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dk_rows`: X = v dU_n^T + dUz_n = dL/dph for
@@ -486,4 +533,4 @@ def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.cons
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
     _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, _z_base(u_base, DS, D, DENSE_Z), row, mask, off, m2, k, v,
-                   gl.where(mask, 1.0, 0.0), c, -c, on, D, TW, KW2, BK, NBUF, not DU_MULT, True, GATED, CAST, DENSE_Z)
+                   gl.where(mask, 1.0, 0.0), c, -c, on, D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, DENSE_Z)

@@ -598,8 +598,8 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
         dense = norm and sym2.GLUON_DENSE_Z
         gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, sym2.dense_normalizer(Z, d, sym=False) if dense else Z, o_intra, lse_intra, y, lse, sp, T, NC, DS,
-            HQ=hq, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0,
-            DENSE_Z=dense, NBUF=nbuf, num_warps=warps, **sym2.gluon_rows_regs("qfwd"))
+            HQ=hq, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "qfwd"), BM=bm, NORM=norm, GATED=gated,
+            HAS_S0=has_s0, DENSE_Z=dense, NBUF=nbuf, num_warps=warps, **sym2.gluon_rows_regs("qfwd"))
     elif fast and sym2.row_scaled("qfwd", d):
         _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -708,8 +708,9 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             dense = norm and sym2.GLUON_DENSE_Z
             gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
                 q, G, S, sym2.dense_normalizer(Z, d, sym=True) if dense else Z, dy, lse, delta, dq, dq_out, dgq2, sp,
-                T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated,
-                HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, num_warps=warps_, **sym2.gluon_rows_regs("qbwd"))
+                T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "qbwd"), BM=bm, NORM=norm,
+                GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, num_warps=warps_,
+                **sym2.gluon_rows_regs("qbwd"))
         elif fast and sym2.row_scaled("qbwd", d):
             _, bm, _, _ = sym2.blocks("qbwd_rows", d)
             sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -802,7 +803,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 duz = sym2.dense_normalizer(full, d, sym=True, keys=not du_mult)[:, :, first:]
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, v, G, dU, duz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE,
-                KW2=sym2.half_window(d), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, DENSE_Z=dense,
+                MINW=sym2.gluon_window_min(d, "kdk"), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, DENSE_Z=dense,
                 num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
         elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)
@@ -821,8 +822,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             from .gluon_rows import gluon_key_dv_rows
             bk, warps_, nbuf = sym2.GLUON_KDV_BLOCK
             gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                NBUF=nbuf, DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_rows_regs("kdv"))
+                k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "kdv"), BK=bk,
+                GATED=gated, NBUF=nbuf, DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_rows_regs("kdv"))
         elif dv_rows:
             _, bk, _, _ = sym2.blocks("kdv_rows", d)
             sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](

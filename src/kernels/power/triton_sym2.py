@@ -854,11 +854,15 @@ QFWD_GLUON = True   # the row-scaled query forward as gluon_rows.gluon_query_fwd
 #                     registers, accumulated on the tensor cores with one matmul in flight; session 16). H100, 64k
 #                     (tune_sym2.py --set QFWD_GLUON=1 / defaults, one machine): 7.10 -> 6.42 ms; at 128 rows / 8
 #                     warps 8.71
-GLUON_QFWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots)
+GLUON_QFWD_BLOCK = (128, 8, 8)  # its (rows per program, warps, cp.async ring slots). Session 24 (H100, ab_switch.py, 5
+#   rounds): 128 rows on 8 warps (two warpgroups share each slice: half the state's L2 reads; 130 registers uncapped
+#   in today's build, no spill at the 128 cap: 2 programs / 16 warps per SM) with 8 slots, and the same for key dv:
+#   64k fwd+bwd 56.41 -> 55.47 ms, forward 15.24 -> 14.68, 8k 7.03 -> 6.91. Session 16's 128 rows (8.71 ms against
+#   6.42) ran at 168 registers: one program per SM
 KDV_GLUON = True    # the key backward's row-scaled dv as gluon_rows.gluon_key_dv_rows (the query forward's pass with
 #                     the key side's multiplicities; session 16). H100, 64k: Triton's _sym2_key_dv_rows 6.44 ms ->
 #                     5.58 at 64 rows / 4 warps (7.95 at 128 rows / 8 warps)
-GLUON_KDV_BLOCK = (64, 4, 4)    # its (rows per program, warps, cp.async ring slots)
+GLUON_KDV_BLOCK = (128, 8, 8)   # its (rows per program, warps, cp.async ring slots): as GLUON_QFWD_BLOCK
 KDK_GLUON = True    # the key backward's dk as gluon_rows.gluon_key_dk_rows (the query backward's passes with the key
 #                     side's multiplicities; session 16). H100, 64k: Triton's grouped _sym2_key_bwd 10.48 ms -> 9.88.
 #                     Triton 3.6, d=64: 255 registers, 80 bytes spilled (the per-tile multiplicities); d=32 139
@@ -904,6 +908,23 @@ def half_window(d: int) -> int:
     """KW2 of the row-scaled kernels: the window of the later half of the first tiles (d/2; d for d < 32,
     where a half window would be below the 16-column minimum of a matmul)."""
     return d // 2 if d >= 32 else d
+
+
+GLUON_WINDOW_MIN = (16, 0)   # the Gluon row kernels' narrowest slice window (forward-type: query forward, key dv;
+#   backward-type: query backward, key dk): the windows halve (d, d/2, ...) down to it, each serving the first tiles
+#   it covers (a slice's features (i, j) start at j's tile = i's); at d=64, 16: windows 64 / 32 / 16 for first tiles
+#   0-3 / 4-5 / 6-7, 8% fewer matmul columns than 0 = half_window(d) (two windows, d and d/2). H100, 64k, session 24
+#   (tune_sym2.py profiles): key dv 4.15 -> 4.03 ms, query forward 4.71 -> 4.68; query backward 8.65 -> 9.07, key dk
+#   9.53 -> 9.66 (a level's fixed costs: ring start, drain, a shared-memory fold), so the backward-type keep two
+
+
+def gluon_window_min(d: int, kernel: str = "qfwd") -> int:
+    """MINW of the Gluon row kernel `kernel` ("qfwd", "kdv": GLUON_WINDOW_MIN[0]; "qbwd", "kdk": [1]) for head dim d:
+    that minimum where it is a power of two from 16 to d / 2, else half_window(d)."""
+    w = GLUON_WINDOW_MIN[kernel in ("qbwd", "kdk")]
+    if w and w >= 16 and w & (w - 1) == 0 and w <= d // 2:
+        return w
+    return half_window(d)
 
 
 def gluon_available() -> bool:
