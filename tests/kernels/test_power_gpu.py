@@ -277,7 +277,8 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
     summed by the Gluon outer products; normstream-*: that normalizer on its own stream beside the outer products
     (NORM_SCAN_CONCURRENT) against on theirs; levels-*: the Gluon row kernels' slice windows halving down to 16
-    columns (GLUON_WINDOW_MIN, all four kernels) against two windows. Many chunks, state in and out, output, state and all gradients."""
+    columns (GLUON_WINDOW_MIN, all four kernels) against two windows. Many chunks, state in and out, output, state
+    and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64

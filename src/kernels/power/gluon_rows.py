@@ -269,9 +269,9 @@ def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexp
                 D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
                 KEYS: gl.constexpr):
     """Window level LV >= 1 of _rows_backward (_level_tiles): its first tiles over the window [J0, D) of D >> LV
-    columns, their X_i q_i added to st's window columns (st [BM, D] fp32 in shared memory; each element's owner thread is the
-    same in every window width's matmul layout, so no barrier is needed around the read-modify-write). Returns the
-    level's share of the gate gradient's sum, [BM] in the coalesced layout."""
+    columns, their X_i q_i added to st's window columns (st [BM, D] fp32 in shared memory; each element's owner
+    thread is the same in every window width's matmul layout, so the read-modify-write needs no barrier). Returns
+    the level's share of the gate gradient's sum, [BM] in the coalesced layout."""
     KW: gl.constexpr = D >> LV
     J0: gl.constexpr = D - KW
     MMA_W: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, KW, 16])
@@ -355,8 +355,8 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
                          DENSE_Z: gl.constexpr = False):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
-    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve down to MINW
-    columns (_level_tiles)."""
+    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve
+    down to MINW columns (_level_tiles)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
     # the block's rows in the coalesced layout: q, dn = dy / Den, dl = -Delta / Den, r

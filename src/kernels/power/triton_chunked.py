@@ -803,8 +803,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 duz = sym2.dense_normalizer(full, d, sym=True, keys=not du_mult)[:, :, first:]
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, v, G, dU, duz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE,
-                MINW=sym2.gluon_window_min(d, "kdk"), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, DENSE_Z=dense,
-                num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
+                MINW=sym2.gluon_window_min(d, "kdk"), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult,
+                DENSE_Z=dense, num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
         elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)
             sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
