@@ -66,9 +66,10 @@ def test_sym2_kernels_compile_for_sm90():
     assert gluon_available()        # what a CUDA launch on this Triton checks before taking the Gluon kernel
     for name in ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan"):
         assert out[name][1] in (None, 0), f"{name} spills {out[name][1]} bytes"
-    # the row kernels run under register caps (GLUON_*_REGS: 3-4 programs per SM pay despite a few spilled rows,
-    # session 16; Triton 3.6 spills 184 / 176 / 72 bytes in the query forward / query backward / key dv, 3.9 136 /
-    # 424 / 96): the caps reach the build, and what they push to the stack stays a few rows, not the accumulators
+    # the row kernels run under register caps (GLUON_*_REGS: more programs per SM pay despite a few spilled rows,
+    # session 16; session 24's blocks: Triton 3.6 spills 32 / 160 / 0 bytes in the query forward / query backward /
+    # key dv, 3.9 0 / 360 / 0): the caps reach the build, and what they push to the stack stays a few rows, not the
+    # accumulators
     from longctx.kernels.power import triton_sym2 as s2
     regs = {name: r for name, _, r, _ in built}
     for name, kind in (("gluon_query_fwd_rows", "qfwd"), ("gluon_query_bwd_rows", "qbwd"),

@@ -265,6 +265,15 @@ def _level_tiles(LV, MINW, D, TW):
 
 
 @gluon.jit
+def _window_cols(X, row, m2, KW: gl.constexpr, D: gl.constexpr, NW: gl.constexpr):
+    """The block's rows of X (flat row index `row`, mask m2) on a window level's columns [D - KW, D): [BM, KW] in the
+    coalesced layout, loaded where the level starts (fewer live registers than keeping them from the prologue)."""
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    cw = gl.expand_dims(gl.arange(0, KW, layout=gl.SliceLayout(0, BLK)), 0)
+    return gl.load(X + gl.expand_dims(row, 1) * D + (D - KW) + cw, mask=m2, other=0.0)
+
+
+@gluon.jit
 def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexpr, MINW: gl.constexpr,
                 D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
                 KEYS: gl.constexpr):
@@ -277,8 +286,7 @@ def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexp
     MMA_W: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, KW, 16])
     A_W: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_W, k_width=2)
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-    cw = gl.expand_dims(gl.arange(0, KW, layout=gl.SliceLayout(0, BLK)), 0)
-    xw = gl.convert_layout(gl.load(X + gl.expand_dims(row, 1) * D + J0 + cw, mask=m2, other=0.0), MMA_W).to(gl.float32)
+    xw = gl.convert_layout(_window_cols(X, row, m2, KW, D, NW), MMA_W).to(gl.float32)
     accw = gl.zeros([BM, KW], gl.float32, MMA_W)
     dgw = gl.zeros([BM], gl.float32, gl.SliceLayout(1, MMA_W))
     t0: gl.constexpr = _level_tiles(LV, MINW, D, TW)[0]
@@ -416,15 +424,12 @@ def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.con
 def _fwd_level(num, X, row, m2, S, s_base, xT_s, on, LV: gl.constexpr, MINW: gl.constexpr, D: gl.constexpr,
                TW: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr, A_L: gl.constexpr, KEYS: gl.constexpr):
     """Window level LV >= 1 of _rows_forward (_level_tiles): _fwd_pass over its first tiles and window [D - KW, D),
-    KW = D >> LV, the window's columns of X loaded after the previous pass (fewer live registers)."""
+    KW = D >> LV."""
     KW: gl.constexpr = D >> LV
     t0: gl.constexpr = _level_tiles(LV, MINW, D, TW)[0]
     t1: gl.constexpr = _level_tiles(LV, MINW, D, TW)[1]
-    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-    cw = gl.expand_dims(gl.arange(0, KW, layout=gl.SliceLayout(0, BLK)), 0)
-    xw = gl.load(X + gl.expand_dims(row, 1) * D + (D - KW) + cw, mask=m2, other=0.0)
-    return _fwd_pass(num, gl.convert_layout(xw, A_L), S, s_base, xT_s, t0, t0 + (t1 - t0) * on, D - KW, KW, D, TW,
-                     NBUF, NW, A_L, KEYS)
+    return _fwd_pass(num, gl.convert_layout(_window_cols(X, row, m2, KW, D, NW), A_L), S, s_base, xT_s, t0,
+                     t0 + (t1 - t0) * on, D - KW, KW, D, TW, NBUF, NW, A_L, KEYS)
 
 
 @gluon.jit

@@ -857,8 +857,8 @@ QFWD_GLUON = True   # the row-scaled query forward as gluon_rows.gluon_query_fwd
 GLUON_QFWD_BLOCK = (128, 8, 8)  # its (rows per program, warps, cp.async ring slots). Session 24 (H100, ab_switch.py, 5
 #   rounds): 128 rows on 8 warps (two warpgroups share each slice: half the state's L2 reads; 130 registers uncapped
 #   in today's build, at most 32 bytes spilled at the 128 cap: 2 programs / 16 warps per SM) with 8 slots, and the
-#   same for key dv: 64k fwd+bwd 56.41 -> 55.47 ms, forward 15.24 -> 14.68, 8k 7.03 -> 6.91. Session 16's 128 rows (8.71 ms against
-#   6.42) ran at 168 registers: one program per SM
+#   same for key dv: 64k fwd+bwd 56.41 -> 55.47 ms, forward 15.24 -> 14.68, 8k 7.03 -> 6.91. Session 16's 128 rows
+#   (8.71 ms against 6.42) ran at 168 registers: one program per SM
 KDV_GLUON = True    # the key backward's row-scaled dv as gluon_rows.gluon_key_dv_rows (the query forward's pass with
 #                     the key side's multiplicities; session 16). H100, 64k: Triton's _sym2_key_dv_rows 6.44 ms ->
 #                     5.58 at 64 rows / 4 warps (7.95 at 128 rows / 8 warps)
