@@ -79,8 +79,15 @@ def make_public(deg):
 
 
 def make_ours(p, impl="auto"):
-    """The public API; impl sets LONGCTX_POWER_IMPL for the call (auto: the default routing of dispatch.py)."""
+    """The public API; impl sets LONGCTX_POWER_IMPL for the call (auto: the default routing of dispatch.py, called
+    as a user would). Waits for the short-sequence C++ launcher's one-time build (native.py) first."""
     from longctx.kernels import power_attention
+    from longctx.kernels.power import native
+
+    if torch.cuda.is_available():
+        native.wait()
+    if impl == "auto":
+        return lambda q, k, v, lg: power_attention(q, k, v, lg, p=p, norm=p % 2 == 0)   # odd p: numerator only
 
     def call(q, k, v, lg):
         os.environ["LONGCTX_POWER_IMPL"] = impl

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from bench_attention import inputs  # the benchmark's inputs (same shape, scaling and gates)
-from longctx.kernels.power import dispatch, triton_attention, triton_sym2
+from longctx.kernels.power import dispatch, gates, triton_attention, triton_sym2
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
 from longctx.kernels.power.triton_chunked import chunked_form
 
@@ -170,17 +170,17 @@ def replot(paths):
         print("wrote", out)
 
 
-SWITCH_MODULES = (triton_sym2, triton_attention, dispatch)   # whose upper-case globals --set / ab_switch.py may set
+SWITCH_MODULES = (triton_sym2, triton_attention, dispatch, gates)  # whose upper-case globals --set / ab_switch.py set
 
 
 def apply_switches(items):
-    """--set NAME=VALUE: a switch of triton_sym2, triton_attention or dispatch (e.g. CHUNKED_DEFAULT_C) for this
+    """--set NAME=VALUE: a switch of triton_sym2, triton_attention, dispatch or gates (e.g. CHUNKED_DEFAULT_C) for this
     process (a comma list sets a tuple)."""
     for item in items:
         name, value = item.split("=")
         module = next((m for m in SWITCH_MODULES if hasattr(m, name)), None)
         if module is None:
-            raise SystemExit(f"--set: none of triton_sym2, triton_attention, dispatch has a switch {name!r}")
+            raise SystemExit(f"--set: none of triton_sym2, triton_attention, dispatch, gates has a switch {name!r}")
         current = getattr(module, name)
         setattr(module, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
                 else type(current)(int(value)))

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from longctx.kernels.power.reference import power_attention_reference  # noqa: E402
 from _gate_ref import segment_cumsum_f64  # noqa: E402
 from longctx.kernels.power.gates import gate_cumsum  # noqa: E402
-from longctx.kernels.power import triton_attention  # noqa: E402
+from longctx.kernels.power import gates, triton_attention  # noqa: E402
 from longctx.kernels.power.triton_attention import attention_form  # noqa: E402
 
 # bf16 is not checked here: the interpreter's numpy backend mis-handles bf16 tiles (GPU tests cover it).
@@ -73,7 +73,11 @@ def check_gate_cumsum():
     """The segment scan of the gates (gates._segment_cumsum) and its reverse (backward) vs float64 torch, for
     whole-sequence and chunk-local segments, a segment longer than one tile and a ragged last segment."""
     failed = 0
-    for t, h, seg in ((70, 3, None), (600, 12, 256), (300, 1, 64), (37, 5, 16)):
+    default_tile = gates.COLUMN_TILE
+    # (t, h, seg, column tile): a 64-step tile makes the column programs carry across tiles
+    for t, h, seg, tile in ((70, 3, None, default_tile), (600, 12, 256, default_tile), (37, 5, 16, default_tile),
+                            (300, 2, None, 64), (300, 1, 64, 64)):
+        gates.COLUMN_TILE = tile
         x = (-torch.rand(2, t, h, dtype=torch.float64) * 2).requires_grad_()
         dy = torch.randn(2, t, h, dtype=torch.float64)
         y = gate_cumsum(x.float(), seg)
@@ -84,8 +88,9 @@ def check_gate_cumsum():
         errs = [rel(y, y_ref), rel(dx, dx_ref)]
         ok = y.dtype == torch.float32 and all(e < 1e-6 for e in errs)
         failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} gate_cumsum t={t} h={h} seg={seg} "
+        print(f"{'ok  ' if ok else 'FAIL'} gate_cumsum t={t} h={h} seg={seg} tile={tile} "
               f"errs(G,dlog_g)={['%.1e' % e for e in errs]}", flush=True)
+    gates.COLUMN_TILE = default_tile
     return failed
 
 

@@ -344,3 +344,52 @@ def test_chunked_backward_bitwise_reproducible_in_deterministic_mode():
         torch.use_deterministic_algorithms(before)
     for name, a, b in zip(("dq", "dk", "dv", "dlog_g"), *grads):
         assert torch.equal(a, b), name
+
+
+NATIVE_CASES = [  # p, norm, d, dtype, gated, hq, hk, t
+    (2, True, 64, torch.bfloat16, True, 12, 12, 1024), (2, True, 64, torch.bfloat16, False, 4, 2, 1000),
+    (1, False, 32, torch.float16, True, 4, 4, 333), (3, False, 128, torch.float32, True, 2, 1, 256),
+    (4, True, 64, torch.bfloat16, True, 6, 3, 77), (2, False, 128, torch.bfloat16, False, 2, 2, 2048)]
+
+
+@pytest.mark.parametrize("p,norm,d,dtype,gated,hq,hk,t", NATIVE_CASES,
+                         ids=[f"p{c[0]}-{'norm' if c[1] else 'num'}-d{c[2]}-{str(c[3])[6:]}-{'gate' if c[4] else 'nogate'}"
+                              f"-h{c[5]}x{c[6]}-t{c[7]}" for c in NATIVE_CASES])
+@pytest.mark.parametrize("stream", ["default", "side"])
+def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, stream, monkeypatch):
+    """The attention form's C++ node (native.py) launches the kernels the Python node compiled: the same outputs
+    and gradients, bit for bit, on the current stream (also a side stream), with and without gradients."""
+    from longctx.kernels.power import native
+    from longctx.kernels.power.triton_attention import attention_form
+    assert native.wait(), native.status()
+    q, k, v, lg = make(2, t, hq, hk, d, dtype, gated, seed=t)
+    leaves = [x.requires_grad_() for x in (q, k, v, lg) if x is not None]
+    do = torch.randn(2, t, hq, d, device="cuda").to(dtype)
+    scale = d ** -0.5
+
+    def run(grad=True):
+        s = torch.cuda.Stream() if stream == "side" else torch.cuda.current_stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with torch.no_grad():
+                out = [attention_form(q, k, v, lg, p=p, scale=scale, norm=norm)]
+            if grad:
+                y = attention_form(q, k, v, lg, p=p, scale=scale, norm=norm)
+                out += [y, *torch.autograd.grad(y, leaves, do)]
+        torch.cuda.synchronize()
+        return out
+
+    monkeypatch.setenv(native.ENV, "0")
+    python = run()
+    monkeypatch.setenv(native.ENV, "1")
+    key = native.plan_key(q, k, lg, p, norm)
+    run(grad=False)                        # records the forward-only plan (Python node)
+    assert native._forward_plans.get(key, -1) >= 0
+    forward_only = run()                   # its no-grad call on the forward-only plan; records the full plan
+    assert native._plans.get(key, -1) >= 0
+    cpp = run()                            # everything on the C++ node
+    names = ["y (no grad)", "y", "dq", "dk", "dv", "dlog_g"]
+    for label, native_run in (("forward-only plan", forward_only[:1]), ("full plan", cpp)):
+        for name, a, b in zip(names, python, native_run):
+            assert a.dtype == b.dtype and a.shape == b.shape, (label, name)
+            assert torch.equal(a, b), f"{label}, {name}: max |diff| {(a.float() - b.float()).abs().max().item()}"

@@ -190,3 +190,18 @@ def test_attention_form_tiles_per_kernel(monkeypatch):
     assert ta._launch_cfg(64, "fwd", tl.bfloat16, "tf32")["maxnreg"] == 128
     with pytest.raises(ValueError, match="kernel='bwd'"):
         ta._blocks(64, "bwd", tl.bfloat16)
+
+
+def test_attention_form_short_forward_tile():
+    """The attention form's forward takes SHORT_FWD_BLOCK up to SHORT_FWD_T tokens (d=64, bf16), its default tile
+    above; the chunked form's intra-chunk forward, the backward kernels and other head dims never take it."""
+    import triton.language as tl
+    from longctx.kernels.power import triton_attention as ta
+    short, long_ = ta.SHORT_FWD_T, ta.SHORT_FWD_T + 1
+    default = ta._blocks(64, "fwd", tl.bfloat16)
+    assert ta._blocks(64, "fwd", tl.bfloat16, t=short) == ta.SHORT_FWD_BLOCK != default
+    assert ta._blocks(64, "fwd", tl.bfloat16, t=long_) == default
+    assert ta._blocks(64, "fwd", tl.bfloat16, chunked=True, t=short) == ta._blocks(64, "fwd", tl.bfloat16, chunked=True)
+    assert ta._blocks(64, "dq", tl.bfloat16, t=short) == ta._blocks(64, "dq", tl.bfloat16)
+    assert ta._blocks(32, "fwd", tl.bfloat16, t=short) == ta._blocks(32, "fwd", tl.bfloat16)
+    assert ta._blocks(64, "fwd", tl.float32, t=short) == ta._blocks(64, "fwd", tl.float32)

@@ -3,9 +3,9 @@
 Both forms need G (the attention form over the whole sequence, the chunked form chunk-locally). torch's
 `log_g.double().cumsum(1).float()` on the (b, t, h) layout is a scan over an outer dimension with h = 12 columns:
 on the H200 it took 0.75 ms at t=4k (b=8) and again in the backward, more than the attention forward kernel
-itself (scripts/gpu/profile_attn.py). Here a program scans one (batch, segment) tile by tile: [BT, H] tiles are
-contiguous rows, the running sum is float64 (G's own rounding stays ~1e-7 |G|), the output is float32. The
-backward is the reverse scan of dG within each segment.
+itself (scripts/gpu/profile_attn.py). Here a program scans one column (batch, head) of one segment, BT steps at a
+time; the running sum is float64 (G's own rounding stays ~1e-7 |G|), the output is float32. The backward is the
+reverse scan of dG within each segment.
 """
 from __future__ import annotations
 
@@ -15,17 +15,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _segment_cumsum(X, X2, Y, T, SEG, H: tl.constexpr, HP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr,
-                    REP: tl.constexpr = 0):
-    """Y[b, s] = sum of X[b, r] over r <= s (REVERSE: r >= s) within s's segment of SEG steps; X, Y (b, T, H).
+def _segment_cumsum(X, X2, Y, T, SEG, H: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr, REP: tl.constexpr = 0):
+    """Y[b, s, h] = sum of X[b, r, h] over r <= s (REVERSE: r >= s) within s's segment of SEG steps; X, Y (b, T, H).
     REP > 0: X2 (b, T, H * REP) joins X first, its REP consecutive columns summed into column h (the query heads
-    of a GQA group: the attention backward's query-side gate gradients)."""
+    of a GQA group: the attention backward's query-side gate gradients).
+    One program per (segment, batch, column): BT steps of the column are one strided load and one float64 scan, so a
+    segment of <= BT steps takes one step. (Session 25: the earlier program per (segment, batch) walked [1024 / h, h]
+    tiles in series, 16 dependent steps on 8 programs at t = 1k, h = 12; this one took the H100's 1k fwd+bwd from
+    0.388 to 0.350 ms, 4k from 3.04 to 2.93, and 64k's chunk-local scans are as fast. The h programs of a batch share
+    the 32-byte sectors of their strided loads through L2.)"""
     seg = tl.program_id(0)
-    i_b = tl.program_id(1).to(tl.int64)
+    i_b = (tl.program_id(1) // H).to(tl.int64)
+    h = tl.program_id(1) % H
     lo = seg * SEG
     hi = tl.minimum(lo + SEG, T)
-    cols = tl.arange(0, HP)
-    carry = tl.zeros([HP], tl.float64)
+    carry = tl.zeros([1], tl.float64)
     n_blocks = tl.cdiv(hi - lo, BT)
     for i in range(0, n_blocks):
         if REVERSE:
@@ -33,42 +37,38 @@ def _segment_cumsum(X, X2, Y, T, SEG, H: tl.constexpr, HP: tl.constexpr, BT: tl.
         else:
             start = lo + i * BT
         rows = start + tl.arange(0, BT)
-        m = ((rows >= lo) & (rows < hi))[:, None] & (cols < H)[None, :]
-        off = i_b * T * H + rows[:, None] * H + cols[None, :]
+        m = (rows >= lo) & (rows < hi)
+        off = i_b * T * H + rows * H + h
         x = tl.load(X + off, mask=m, other=0.0).to(tl.float64)
         for r in tl.static_range(REP):
-            off2 = i_b * T * H * REP + rows[:, None] * (H * REP) + cols[None, :] * REP + r
-            x += tl.load(X2 + off2, mask=m, other=0.0).to(tl.float64)
+            x += tl.load(X2 + i_b * T * H * REP + rows * (H * REP) + h * REP + r, mask=m, other=0.0).to(tl.float64)
         inc = tl.cumsum(x, axis=0)
         tot = tl.sum(x, axis=0)
         if REVERSE:
-            y = carry[None, :] + (tot[None, :] - inc + x)        # inclusive suffix sums
+            y = carry + (tot - inc + x)                                # inclusive suffix sums
         else:
-            y = carry[None, :] + inc
+            y = carry + inc
         carry += tot
         tl.store(Y + off, y.to(tl.float32), mask=m)
 
 
-def _pow2(n: int) -> int:
-    """Next power of two (plain Python: triton.next_power_of_2 is a constexpr function with a costly call path)."""
-    return 1 << max(0, n - 1).bit_length()
+COLUMN_TILE = 1024      # steps per tile of a column program (float64: 8 per thread at 4 warps)
 
 
-def tile_rows(h: int) -> int:
-    """Time steps per tile: float64 tiles of ~1024 values (8 per thread at 4 warps: no spills on sm_90)."""
-    return max(16, min(128, 1024 // _pow2(h)))
-
-
-def segment_scan(x: torch.Tensor, seg: int, reverse: bool = False, extra: torch.Tensor | None = None) -> torch.Tensor:
+def segment_scan(x: torch.Tensor, seg: int, reverse: bool = False, extra: torch.Tensor | None = None,
+                 record: dict | None = None) -> torch.Tensor:
     """The Triton scan, no autograd: float32 (b, t, h) cumsum (reverse: suffix sums) of x (b, t, h) within segments
-    of seg steps; `extra` (b, t, h * rep) is added first with its rep consecutive columns summed per column of x."""
+    of seg steps; `extra` (b, t, h * rep) is added first with its rep consecutive columns summed per column of x.
+    record: the compiled kernel goes in as "fwd_scan" / "bwd_scan" (native.py's plans; one segment per column)."""
     x = x.contiguous()
     b, t, h = x.shape
     rep = 0 if extra is None else extra.shape[-1] // h
     x2 = x if extra is None else extra.contiguous()
     y = torch.empty(b, t, h, device=x.device, dtype=torch.float32)
-    _segment_cumsum[(-(-t // seg), b)](x, x2, y, t, seg, H=h, HP=_pow2(h), BT=tile_rows(h), REVERSE=reverse, REP=rep,
-                                       num_warps=4)
+    kernel = _segment_cumsum[(-(-t // seg), b * h)](x, x2, y, t, seg, H=h, BT=COLUMN_TILE, REVERSE=reverse, REP=rep,
+                                                    num_warps=4)
+    if record is not None:
+        record["bwd_scan" if reverse else "fwd_scan"] = (kernel, 0, h)
     return y
 
 

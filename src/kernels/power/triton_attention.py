@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import gates
+from . import gates, native
 
 
 @triton.jit
@@ -534,19 +534,26 @@ def _fast_paths(kernel, dot_dt, BM, BN):
 
 BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): (BM, BN, warps, stages[, maxnreg])}:
                             # tuning only
+SHORT_FWD_T = 2048          # the attention form's forward at t <= SHORT_FWD_T (d = 64, bf16) takes SHORT_FWD_BLOCK:
+SHORT_FWD_BLOCK = (64, 64, 4, 3)  # H100, session 25 (ab_switch.py, the C++ node): fwd 1k 0.093 -> 0.082 ms, 2k 0.240
+                            # -> 0.234; at 4k the default stays faster (0.753 against 0.809)
 KERNELS = ("fwd", "dkdv", "dq")
 
 
-def _blocks(d, kernel, dot_dt, chunked=False):
+def _blocks(d, kernel, dot_dt, chunked=False, t=None):
     """(BM, BN, num_warps, num_stages) of one attention-form kernel ("fwd", "dkdv" or "dq") per head dim; fixed
     (no benchmarking autotuner), measured in docs/kernels.md. The two backward kernels can take different tiles
     (BLOCK_OVERRIDE), though today's defaults are the same. chunked: the tiles of the chunked form's intra-chunk
-    attention (every chunk a short sequence of its own), where they differ."""
+    attention (every chunk a short sequence of its own), where they differ. t: the attention form's sequence length,
+    for its short-sequence forward tile (SHORT_FWD_T)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
     for key in (kernel, "bwd" if kernel != "fwd" else None):
         if key in BLOCK_OVERRIDE:
             return BLOCK_OVERRIDE[key]
+    if (kernel == "fwd" and not chunked and t is not None and t <= SHORT_FWD_T and d == 64
+            and dot_dt == tl.bfloat16):
+        return SHORT_FWD_BLOCK
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
     if chunked and kernel == "fwd" and d <= 64 and dot_dt == tl.bfloat16:
         # 64k, chunk 1024 (H100, session 19, one tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
@@ -572,27 +579,31 @@ def launch_options(entry) -> dict:
     return opts
 
 
-def _launch_cfg(d, kernel, dot_dt, prec, chunked=False):
+def _launch_cfg(d, kernel, dot_dt, prec, chunked=False, t=None):
     """The tile constexprs and launch options (launch_options) of one attention-form kernel (chunked: as the chunked
-    form's intra-chunk attention)."""
-    entry = _blocks(d, kernel, dot_dt, chunked)
+    form's intra-chunk attention; t: as _blocks)."""
+    entry = _blocks(d, kernel, dot_dt, chunked, t)
     BM, BN = entry[:2]
     return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
                 **launch_options(entry))
 
 
-def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool):
+def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool, record: dict | None = None):
     """The attention form's forward launches: (o, lse, G) with G the gate cumsum (fp32 (b,t,hk); a 1-element dummy
-    when ungated) and lse the log row normalizer (fp32 (b,t,hq); a dummy when not norm). q, k, v contiguous."""
+    when ungated) and lse the log row normalizer (fp32 (b,t,hq); a dummy when not norm). q, k, v contiguous.
+    record: each compiled kernel goes in with its grid's rows and heads (native.py's plans)."""
     b, t, hq, d = q.shape
     hk = k.shape[2]
     gated = log_g is not None
-    Gc = gates.segment_scan(log_g, t) if gated else q.new_empty(1, dtype=torch.float32)   # unread when ungated
+    Gc = (gates.segment_scan(log_g, t, record=record) if gated
+          else q.new_empty(1, dtype=torch.float32))                             # unread when ungated
     o = torch.empty_like(q)
     f32 = dict(device=q.device, dtype=torch.float32)
     lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
-    cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False))
-    launch_fwd(q, k, v, Gc, o, lse, scale, scale ** p, t, b * hq, hq, hk, d, p, norm, gated, cfg)
+    cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False), t=t)
+    kernel = launch_fwd(q, k, v, Gc, o, lse, scale, scale ** p, t, b * hq, hq, hk, d, p, norm, gated, cfg)
+    if record is not None:
+        record["fwd"] = (kernel, cfg["BM"], hq)
     return o, lse, Gc
 
 
@@ -600,13 +611,15 @@ def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, g
     """_attn_fwd with cfg (_launch_cfg) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
     chunked form's chunks as batch entries). (A Gluon version with FA3-style pipelining, branch exp/gluon-attn-fwd,
     was correct but slower on the H100: 64k intra-chunk 3.54 -> 5.75 ms, session 16.) side: _attn_fwd's XT_MODE
-    arguments (the chunked form's copy of k)."""
-    _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p, NORM=norm,
-                                         GATED=gated, GATE_SCORES=GATE_SCORES, **cfg, **side)
+    arguments (the chunked form's copy of k). Returns the compiled kernel."""
+    return _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p,
+                                                NORM=norm, GATED=gated, GATE_SCORES=GATE_SCORES, **cfg, **side)
 
 
-def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool):
-    """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's."""
+def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
+                       record: dict | None = None):
+    """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's.
+    record: as attention_forward's."""
     b, t, hq, d = q.shape
     hk = k.shape[2]
     # Delta = dy . y (b,t,hq): formed and stored by the dq kernel, which runs first (one launch less than a separate
@@ -619,11 +632,13 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     sp = scale ** p
-    _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                 GATE_SCORES=GATE_SCORES, O=o, DELTA_OUT=norm, **common, **q_cfg)
-    _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
-                                                    **common, **kv_cfg)
-    dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq) if gated else None
+    kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                                      GATE_SCORES=GATE_SCORES, O=o, DELTA_OUT=norm, **common, **q_cfg)
+    kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
+                                                          **common, **kv_cfg)
+    if record is not None:
+        record["dq"], record["dkdv"] = (kq, q_cfg["BM"], hq), (kkv, kv_cfg["BN"], hk)
+    dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq, record=record) if gated else None
     return dq, dk, dv, dlog_g
 
 
@@ -631,26 +646,37 @@ class AttentionForm(torch.autograd.Function):
     """y = power attention (attention form). q (b,t,hq,d), k/v (b,t,hk,d), log_g (b,t,hk) or None. The gate cumsum
     G and, in the backward, its reverse scan (which also sums the query heads' gate gradients per GQA group) run
     inside this one autograd node: at short t every node and torch op is host time (docs/kernels.md). Under
-    torch.compile the same passes run as custom ops instead (ops.py)."""
+    torch.compile the same passes run as custom ops instead (ops.py). record: native.lookup's recorder (the
+    compiled kernels become a plan for the C++ node, native.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, log_g, scale, p, norm):
+    def forward(ctx, q, k, v, log_g, scale, p, norm, record=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, lse, Gc = attention_forward(q, k, v, log_g, scale, p, norm)
+        o, lse, Gc = attention_forward(q, k, v, log_g, scale, p, norm, record)
         ctx.save_for_backward(q, k, v, Gc, o, lse)
         ctx.cfg = (scale, p, norm, log_g is not None)
+        ctx.record = record if record is not None and record["grad"] else None
+        if record is not None and not record["grad"]:
+            native.register(record, q, k, norm, log_g is not None, backward=False)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, Gc, o, lse = ctx.saved_tensors
-        dq, dk, dv, dlog_g = attention_backward(do.contiguous(), q, k, v, Gc, o, lse, *ctx.cfg)
-        return dq, dk, dv, dlog_g, None, None, None
+        dq, dk, dv, dlog_g = attention_backward(do.contiguous(), q, k, v, Gc, o, lse, *ctx.cfg, record=ctx.record)
+        if ctx.record is not None:
+            native.register(ctx.record, q, k, ctx.cfg[2], ctx.cfg[3], backward=True)
+        return dq, dk, dv, dlog_g, None, None, None, None
 
 
 def attention_form(q, k, v, log_g, *, p, scale, norm):
-    """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None."""
+    """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None. On CUDA the C++ node
+    (native.py) runs it once the extension is built and this specialization's kernels are known."""
     if torch.compiler.is_compiling():      # dynamo cannot trace the launches: one opaque op per pass (ops.py)
         from .ops import attention_form_op
         return attention_form_op(q, k, v, log_g, float(scale), int(p), bool(norm))
-    return AttentionForm.apply(q, k, v, log_g, float(scale), int(p), bool(norm))
+    scale, p, norm = float(scale), int(p), bool(norm)
+    plan, record = native.lookup(q, k, v, log_g, p, norm)
+    if plan is not None:
+        return native.run(plan, q, k, v, log_g, scale, p)
+    return AttentionForm.apply(q, k, v, log_g, scale, p, norm, record)
