@@ -180,7 +180,8 @@ def apply_switches(items):
         name, value = item.split("=")
         module = next((m for m in SWITCH_MODULES if hasattr(m, name)), None)
         if module is None:
-            raise SystemExit(f"--set: none of triton_sym2, triton_attention, dispatch, gates has a switch {name!r}")
+            names = ", ".join(m.__name__.rsplit(".", 1)[-1] for m in SWITCH_MODULES)
+            raise SystemExit(f"--set: none of {names} has a switch {name!r}")
         current = getattr(module, name)
         setattr(module, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
                 else type(current)(int(value)))

@@ -2,7 +2,7 @@
 d=64 or --d, bf16, gated, p=2) under each variant, the variants interleaved over several rounds so that clock and
 thermal drift hit them alike (the median of the rounds' medians is reported).
 
-A variant is '+'-joined items: NAME=VALUE sets a switch of triton_sym2 / triton_attention / dispatch
+A variant is '+'-joined items: NAME=VALUE sets a switch of triton_sym2 / triton_attention / dispatch / gates
 (tune_sym2.py --set), attn:KERNEL=BM,BN,warps,stages[,maxnreg] an intra-chunk attention tile
 (triton_attention.BLOCK_OVERRIDE), and "default" nothing.
 

@@ -51,5 +51,5 @@ def test_restore_undoes_every_module_switch(ab_switch):
 
 
 def test_unknown_switch_names_itself_and_the_modules(ab_switch):
-    with pytest.raises(SystemExit, match="none of triton_sym2, triton_attention, dispatch has a switch 'CHUNK_SIZE'"):
+    with pytest.raises(SystemExit, match="none of triton_sym2, triton_attention, dispatch, gates has a switch 'CHUNK_SIZE'"):
         ab_switch.apply_switches(["CHUNK_SIZE=512"])

@@ -229,7 +229,7 @@ def register(record: dict, q, k, norm: bool, gated: bool, backward: bool) -> Non
     try:
         spec = plan_spec(record, q.shape[2], k.shape[2], q.shape[3], q.device.index or 0, norm, gated)
         table[key] = torch.ops.longctx_native.register_plan(spec)
-    except Unsupported as e:
+    except (Unsupported, RuntimeError) as e:     # RuntimeError: the C++ side refused the plan (e.g. too many)
         warnings.warn(f"longctx: native attention-form launcher unsupported here ({e}); Python path kept",
                       stacklevel=2)
         _plans[key] = _forward_plans[key] = -1

@@ -10,6 +10,7 @@
 // launches instead of making them, so the CPU tests can check grids and arguments against the Python side.
 #include <torch/library.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <dlfcn.h>
@@ -263,6 +264,7 @@ struct AttentionFormNative : public torch::autograd::Function<AttentionFormNativ
   static Tensor forward(AutogradContext* ctx, Tensor q, Tensor k, Tensor v, std::optional<Tensor> log_g,
                         int64_t plan_id, double scale, double scale_p) {
     const Plan& plan = get_plan(plan_id);
+    const c10::DeviceGuard guard(q.device());      // the plan's kernels were loaded on q's device
     q = dense(q); k = dense(k); v = dense(v);
     const int64_t b = q.size(0), t = q.size(1);
     TORCH_CHECK(q.size(2) == plan.hq && k.size(2) == plan.hk && q.size(3) == plan.d,
@@ -296,6 +298,7 @@ struct AttentionFormNative : public torch::autograd::Function<AttentionFormNativ
                 " is forward-only (native.py uses it only without gradients)");
     auto saved = ctx->get_saved_variables();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &G = saved[3], &o = saved[4], &lse = saved[5];
+    const c10::DeviceGuard guard(q.device());
     Tensor dout = dense(grads[0]);
     const int64_t b = q.size(0), t = q.size(1);
     const auto f32 = q.options().dtype(at::kFloat);
