@@ -194,3 +194,21 @@ def test_dry_run_launches_match_the_python_path(built, fake_kernels, gated, norm
     assert outputs <= set(cpp_ptrs)
     assert y.shape == q.shape and y.dtype == q.dtype
     assert [x.grad.shape for x in leaves] == [x.shape for x in leaves]
+
+
+def test_disabled_or_failed_build_keeps_the_python_node(monkeypatch):
+    """LONGCTX_NATIVE=0: nothing is built and no call is native. A build that fails (no compiler, no ninja) warns
+    once, naming the variable, and leaves every call on the Python node."""
+    monkeypatch.setattr(native, "_state", {"status": "new", "thread": None, "error": None})
+    monkeypatch.setenv(native.ENV, "0")
+    assert not native.ready() and native._state["status"] == "new"
+
+    import torch.utils.cpp_extension as cpp
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+    monkeypatch.setattr(cpp, "load", no_compiler)
+    monkeypatch.setenv(native.ENV, "1")
+    with pytest.warns(UserWarning, match=f"did not build.*no C\\+\\+ compiler.*{native.ENV}=0"):
+        native.start_build(background=False)
+    assert native.status().startswith("failed") and not native.ready() and not native.wait()
