@@ -72,8 +72,9 @@ def _build():
         if shutil.which("ninja") is None:      # the pip package's binary, when its venv's bin is not on PATH
             import ninja
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        load(name="longctx_native_launch", sources=[str(SOURCE)], extra_cflags=["-O2"], is_python_module=False,
-             verbose=False)
+        # torch's version in the name: a build cached for another torch (same Python and CUDA tags) is not reused
+        name = "longctx_native_launch_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
+        load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"], is_python_module=False, verbose=False)
         _state["status"] = "ready"
     except Exception as e:  # noqa: BLE001 -- no compiler, no ninja, ...: the Python path stays
         _state["status"], _state["error"] = "failed", f"{type(e).__name__}: {e}"

@@ -270,6 +270,8 @@ struct AttentionFormNative : public torch::autograd::Function<AttentionFormNativ
     TORCH_CHECK(q.size(2) == plan.hq && k.size(2) == plan.hk && q.size(3) == plan.d,
                 "longctx native launcher: inputs do not match plan ", plan_id);
     TORCH_CHECK(plan.gated == log_g.has_value(), "longctx native launcher: gating does not match plan ", plan_id);
+    TORCH_CHECK(!q.is_cuda() || q.device().index() == plan.device, "longctx native launcher: q is on ", q.device(),
+                ", plan ", plan_id, " was compiled for cuda:", plan.device);
     const auto f32 = q.options().dtype(at::kFloat);
     Tensor lg = plan.gated ? dense(*log_g) : Tensor();
     Tensor G = plan.gated ? at::empty({b, t, plan.hk}, f32) : at::empty({1}, f32);   // unread when ungated
