@@ -27,6 +27,10 @@ from pathlib import Path
 
 import torch
 
+# triton_attention imports this module too: both only read each other's attributes at call time
+from . import gates
+from . import triton_attention as ta
+
 ENV = "LONGCTX_NATIVE"
 SOURCE = Path(__file__).with_name("native_launch.cpp")
 
@@ -124,8 +128,6 @@ def status() -> str:
 
 def _switches():
     """The module switches the compiled kernels (and their grids) depend on."""
-    from . import gates
-    from . import triton_attention as ta
     override = tuple(sorted(ta.BLOCK_OVERRIDE.items())) if ta.BLOCK_OVERRIDE else ()
     return (ta.FAST_FORWARD, ta.FAST_BACKWARD, ta.GATE_SCORES, override, ta.SHORT_FWD_T, ta.SHORT_FWD_BLOCK,
             gates.COLUMN_TILE)
@@ -134,10 +136,9 @@ def _switches():
 def plan_key(q, k, log_g, p: int, norm: bool):
     """What the compiled kernels depend on beyond the pointers: Triton specializes t on t % 16 == 0 and t == 1, and
     the forward's tile on t <= SHORT_FWD_T (triton_attention._blocks)."""
-    from .triton_attention import SHORT_FWD_T
     t = q.shape[1]
     return (q.device.index, q.dtype, None if log_g is None else log_g.dtype, q.shape[2], k.shape[2], q.shape[3], p,
-            norm, t % 16 == 0, t == 1, t <= SHORT_FWD_T, _switches())
+            norm, t % 16 == 0, t == 1, t <= ta.SHORT_FWD_T, _switches())
 
 
 def needs_grad(q, k, v, log_g) -> bool:
@@ -151,13 +152,13 @@ def lookup(q, k, v, log_g, p: int, norm: bool):
     if not q.is_cuda or not ready():
         return None, None
     key = plan_key(q, k, log_g, p, norm)
-    grad = needs_grad(q, k, v, log_g)
     plan = _plans.get(key)
-    if plan is None and not grad:
-        plan = _forward_plans.get(key)
-    if plan is not None:
-        return (plan if plan >= 0 else None), None
-    return None, {"key": key, "grad": grad}
+    if plan is None:                     # no full plan: a forward-only one serves a call without gradients
+        grad = needs_grad(q, k, v, log_g)
+        plan = None if grad else _forward_plans.get(key)
+        if plan is None:
+            return None, {"key": key, "grad": grad}
+    return (plan if plan >= 0 else None), None
 
 
 def run(plan: int, q, k, v, log_g, scale: float, p: int):
