@@ -161,6 +161,40 @@ def test_gluon_rows_window_levels(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_gluon_key_dk_two_slices_per_barrier(monkeypatch):
+    """GLUON_BWD_STEP: key dk (the default, 8 ring slots) waits for its copies and meets at the CTA barrier once per two
+    slices: its slice loops hold fewer barriers than with one slice a step, and the same matmuls (8 slices x 64 / 16
+    HGMMA per first tile). A ring too short for the step (4 slots: the step's two slices landing, two being refilled,
+    one in use) is refused at build time."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from longctx.kernels.power import triton_sym2 as s2
+    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    if not s2.gluon_available():
+        pytest.skip("this Triton has no Gluon")
+    assert s2.GLUON_BWD_STEP[1] == 2 and s2.GLUON_KDK_BLOCK[2] == 8
+    bars = {}
+    for step in (1, 2):
+        monkeypatch.setattr(s2, "GLUON_BWD_STEP", (1, step))
+        built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
+        assert built["gluon_key_dk_rows"] in (None, 0) or built["gluon_key_dk_rows"] <= 512
+        sass = SASS_OF.get("gluon_key_dk_rows")
+        if not sass:
+            pytest.skip("no cuobjdump for the SASS")
+        loops = sass_loop_counts(sass)
+        assert [loop["ops"].get("HGMMA", 0) for loop in loops] == [32, 32], loops
+        bars[step] = sum(loop["ops"].get("BAR", 0) for loop in loops)
+    assert bars[2] < bars[1], bars
+    monkeypatch.setattr(s2, "GLUON_KDK_BLOCK", (64, 4, 4))
+    with pytest.raises(Exception) as err:
+        compile_gluon_rows(32)
+    chain, e = [], err.value
+    while e is not None:
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("landing" in text for text in chain), chain
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("block", ["GLUON_QBWD_BLOCK", "GLUON_QFWD_BLOCK"])
 def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
     """A 2-slot cp.async ring would issue a slice's copy into the slot its matmul reads next, with no wait between

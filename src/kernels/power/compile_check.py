@@ -282,12 +282,12 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
              dict(queries, DENSE_Z=dense)),
             (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
-             dict(queries, CAST=True, DENSE_Z=dense)),
+             dict(queries, CAST=True, DENSE_Z=dense, STEP=s2.GLUON_BWD_STEP[0])),
             (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
              key_ints, dict(shape, HK=hk, DU_MULT=s2.DU_MULT)),
             (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
-             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense))):
+             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense, STEP=s2.GLUON_BWD_STEP[1]))):
         rows, warps, nbuf = block
         consts = dict(consts, NBUF=nbuf, MINW=s2.gluon_window_min(d, kind),
                       **({"BM": rows} if kind.startswith("q") else {"BK": rows}))

@@ -100,21 +100,24 @@ def _slice_step(acc, dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
 @gluon.jit
 def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr,
                D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
-               MMA: gl.constexpr, KEYS: gl.constexpr = False):
+               MMA: gl.constexpr, KEYS: gl.constexpr = False, STEP: gl.constexpr = 1):
     """First tiles ti in [t_lo, t_hi), window [J0, J0 + KW): for each slice i = TW ti + a, X_i = a_op M_i^T [BM, KW]
     (dL/dphi over the features (i, j)), then _slice_step. xw: q's window columns in MMA's layout (fp32).
     The slices of a tile are unrolled: slice i + 1's matmul is issued before slice i is used, into the other of two
     accumulators, so no in-flight accumulator crosses a loop iteration (a loop-carried one made ptxas serialize
     every wgmma: C7514). Between tiles the pipe drains once. KEYS: X_i carries the key side's multiplicities (1 on
-    tile ti's columns, 2 after them)."""
+    tile ti's columns, 2 after them). STEP: slices per ring wait and CTA barrier: a step starting at slice i waits
+    for slices up to i + STEP (the last matmul it issues) and refills the STEP slots of slices i - STEP .. i - 1
+    (every warpgroup's matmul of slice i - 1 is done at its barrier), NBUF - STEP slices ahead."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
+    gl.static_assert(TW % STEP == 0, "steps must tile the first tiles")
     # slice i + 1's copy must be issued a step before its matmul, into a slot slice i does not hold: with 2 slots it
     # would land in the slot being read (session 20 timed such a build "faster" before reading this)
-    gl.static_assert(NBUF >= 3, "a slot in use, one landing, one being refilled")
+    gl.static_assert(NBUF >= 2 * STEP + 1, "a slot in use, the step's slices landing, its slots being refilled")
     NT: gl.constexpr = D // TW
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    ring, m_p, tj, dtrue, i_end = _ring_start(S, s_base, t_lo, t_hi, J0, KW, D, TW, NW, NBUF, NBUF - 1)
-    async_copy.wait_group(NBUF - 2)
+    ring, m_p, tj, dtrue, i_end = _ring_start(S, s_base, t_lo, t_hi, J0, KW, D, TW, NW, NBUF, NBUF - STEP)
+    async_copy.wait_group(NBUF - STEP - 1)
     _barrier()
     zero = gl.zeros([BM, KW], gl.float32, MMA)
     for ti in range(t_lo, t_hi):
@@ -125,9 +128,11 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
             wv = gl.expand_dims(gl.where(jw == ti, 1.0, 2.0), 0)
         cur = warpgroup_mma(a_op, ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
         for a in gl.static_range(TW):
-            async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i + 1 landed
-            _barrier()                           # everyone's, and every warpgroup is done with slice i - 1's slot
-            _copy_slice(ring, m_p, tj, dtrue, i0 + a + NBUF - 1, i_end, NBUF, D, TW, NT)
+            if a % STEP == 0:
+                async_copy.wait_group(NBUF - 2 * STEP - 1)  # this thread's copies of slices up to i + STEP landed
+                _barrier()                       # everyone's, and every warpgroup is done with slice i - 1's slot
+                for k in gl.static_range(STEP):
+                    _copy_slice(ring, m_p, tj, dtrue, i0 + a + NBUF - STEP + k, i_end, NBUF, D, TW, NT)
             if a + 1 < TW:
                 nxt = warpgroup_mma(a_op, ring.index((a + 1) % NBUF).permute((1, 0)), zero, use_acc=False,
                                     is_async=True)
@@ -276,7 +281,7 @@ def _window_cols(X, row, m2, KW: gl.constexpr, D: gl.constexpr, NW: gl.constexpr
 @gluon.jit
 def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexpr, MINW: gl.constexpr,
                 D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
-                KEYS: gl.constexpr):
+                KEYS: gl.constexpr, STEP: gl.constexpr):
     """Window level LV >= 1 of _rows_backward (_level_tiles): its first tiles over the window [J0, D) of D >> LV
     columns, their X_i q_i added to st's window columns (st [BM, D] fp32 in shared memory; each element's owner
     thread is the same in every window width's matmul layout, so the read-modify-write needs no barrier). Returns
@@ -292,7 +297,7 @@ def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexp
     t0: gl.constexpr = _level_tiles(LV, MINW, D, TW)[0]
     t1: gl.constexpr = _level_tiles(LV, MINW, D, TW)[1]
     accw, dgw = _grad_pass(accw, dgw, gl.convert_layout(a_op, A_W), xw, S, s_base, qT_s, gT_s, t0,
-                           t0 + (t1 - t0) * on, J0, KW, D, TW, BM, NBUF, NW, MMA_W, KEYS)
+                           t0 + (t1 - t0) * on, J0, KW, D, TW, BM, NBUF, NW, MMA_W, KEYS, STEP)
     win = st.slice(J0, KW, dim=1)
     win.store(win.load(MMA_W) + accw)
     return gl.convert_layout(dgw, gl.SliceLayout(1, BLK))
@@ -301,13 +306,15 @@ def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexp
 @gluon.jit
 def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
                    TW: gl.constexpr, MINW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
-                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, DENSE_Z: gl.constexpr):
+                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, DENSE_Z: gl.constexpr,
+                   STEP: gl.constexpr):
     """The row-scaled backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index
     `row`, mask, offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM),
     DX (fp32, holding the intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and
     DG = rg X . phi(x) (Euler's identity: the gate gradient) with GATED. KEYS: the key side's multiplicities. The
     normalizer state starts at z_base of Z (DENSE_Z: as hi / lo matrices of Zm + Zm^T, _normalizer_dot). The
-    slices' windows halve down to MINW columns (_level_tiles); MINW = D / 2 is _sym2_query_bwd_rows' two windows."""
+    slices' windows halve down to MINW columns (_level_tiles); MINW = D / 2 is _sym2_query_bwd_rows' two windows.
+    STEP: slices per ring wait and barrier (_grad_pass)."""
     NW: gl.constexpr = gl.num_warps()
     T1: gl.constexpr = _level_tiles(0, MINW, D, TW)[1]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
@@ -334,14 +341,16 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, 
         dg = 0.5 * dl_m * gl.sum(xf * xz, axis=1)
         acc = xz * gl.expand_dims(dl_m, 1)
     a_op = gl.convert_layout(a, A_L)
-    acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA, KEYS)
+    acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA, KEYS,
+                         STEP)
 
     # dx = DX + rf (acc + each later level's share on its window's columns + the first-index sums), the levels
     # summed in shared memory
     st = gl.allocate_shared_memory(gl.float32, [BM, D], PLAIN, acc)
     dg_all = gl.convert_layout(dg, BROW)
     for lv in gl.static_range(1, _levels(MINW, D)):
-        dg_all += _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, lv, MINW, D, TW, BM, NBUF, NW, KEYS)
+        dg_all += _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, lv, MINW, D, TW, BM, NBUF, NW, KEYS,
+                              STEP)
     _barrier()
     first = gl.permute(gl.reshape(_as(gT_s, gl.float32, [D * BM], ROWS_S).load(
         gl.BlockedLayout([4], [32], [NW], [0])), [D, BM]), [1, 0])                               # [BM, D]
@@ -360,11 +369,11 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                          MINW: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
                          HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr,
-                         DENSE_Z: gl.constexpr = False):
+                         DENSE_Z: gl.constexpr = False, STEP: gl.constexpr = 1):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
     or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve
-    down to MINW columns (_level_tiles)."""
+    down to MINW columns (_level_tiles). STEP: slices per ring wait and barrier (_grad_pass)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
     # the block's rows in the coalesced layout: q, dn = dy / Den, dl = -Delta / Den, r
@@ -377,7 +386,7 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
         dn = dn * gl.expand_dims(inv, 1)
         dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
     _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, _z_base(s_base, DS, D, DENSE_Z), row, mask, off, m2, q,
-                   dn.to(gl.bfloat16), dl, r, r, on, D, TW, MINW, BM, NBUF, False, NORM, GATED, CAST, DENSE_Z)
+                   dn.to(gl.bfloat16), dl, r, r, on, D, TW, MINW, BM, NBUF, False, NORM, GATED, CAST, DENSE_Z, STEP)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -528,14 +537,16 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
                       C: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
                       NBUF: gl.constexpr, CAST: gl.constexpr, DU_MULT: gl.constexpr = False,
-                      DENSE_Z: gl.constexpr = False):
+                      DENSE_Z: gl.constexpr = False, STEP: gl.constexpr = 1):
     """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dk_rows`: X = v dU_n^T + dUz_n = dL/dph for
     ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) += c dph/dk^T X (written to DKO in its dtype
     with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU slots per (b, hk)). The query backward's
-    passes with the key side's multiplicities (KEYS; DU_MULT: dU / dUz already carry them) and dl = 1."""
+    passes with the key side's multiplicities (KEYS; DU_MULT: dU / dUz already carry them) and dl = 1. STEP: slices
+    per ring wait and barrier (_grad_pass)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
     _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, _z_base(u_base, DS, D, DENSE_Z), row, mask, off, m2, k, v,
-                   gl.where(mask, 1.0, 0.0), c, -c, on, D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, DENSE_Z)
+                   gl.where(mask, 1.0, 0.0), c, -c, on, D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, DENSE_Z,
+                   STEP)

@@ -709,8 +709,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
                 q, G, S, sym2.dense_normalizer(Z, d, sym=True) if dense else Z, dy, lse, delta, dq, dq_out, dgq2, sp,
                 T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "qbwd"), BM=bm, NORM=norm,
-                GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, num_warps=warps_,
-                **sym2.gluon_rows_regs("qbwd"))
+                GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, STEP=sym2.GLUON_BWD_STEP[0],
+                num_warps=warps_, **sym2.gluon_rows_regs("qbwd"))
         elif fast and sym2.row_scaled("qbwd", d):
             _, bm, _, _ = sym2.blocks("qbwd_rows", d)
             sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -804,7 +804,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, v, G, dU, duz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE,
                 MINW=sym2.gluon_window_min(d, "kdk"), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult,
-                DENSE_Z=dense, num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
+                DENSE_Z=dense, STEP=sym2.GLUON_BWD_STEP[1], num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
         elif dv_rows and sym2.row_scaled("kdk", d):
             _, bk, _, _ = sym2.blocks("kdk_rows", d)
             sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](

@@ -866,7 +866,10 @@ GLUON_KDV_BLOCK = (128, 8, 8)   # its (rows per program, warps, cp.async ring sl
 KDK_GLUON = True    # the key backward's dk as gluon_rows.gluon_key_dk_rows (the query backward's passes with the key
 #                     side's multiplicities; session 16). H100, 64k: Triton's grouped _sym2_key_bwd 10.48 ms -> 9.88.
 #                     Triton 3.6, d=64: 255 registers, 80 bytes spilled (the per-tile multiplicities); d=32 139
-GLUON_KDK_BLOCK = (64, 4, 4)    # its (rows per program, warps, cp.async ring slots)
+GLUON_KDK_BLOCK = (64, 4, 8)    # its (rows per program, warps, cp.async ring slots): 8 slots for two slices per
+#   barrier (GLUON_BWD_STEP; it runs 2 programs per SM at 255 registers either way, so the larger ring costs no
+#   occupancy). Session 26 (H100): 4 slots, one slice a barrier 9.41 ms at 64k; 8 slots alone no change
+#   (ab_switch.py 54.85 -> 55.00 ms fwd+bwd); 8 slots, two slices a barrier 8.33 ms (spill 48 -> 0 bytes)
 # register caps of the Gluon row kernels (0: none). Uncapped at d=64 (Triton 3.6): query forward 168, query backward
 # 255, key dv 148, key dk 255 (+80 bytes spilled): 2-3 programs of 4 warps per SM, issuing on 27-42% of the cycles
 # (ncu, session 16). More programs per SM pay despite the spills (H100 64k, one process per cap, same machine):
@@ -874,6 +877,14 @@ GLUON_QFWD_REGS = 128   # 6.38 -> 6.22 ms (4 programs / SM, 184 bytes spilled; 1
 GLUON_QBWD_REGS = 168   # 9.64 -> 9.36 ms (3 programs / SM, 176 bytes spilled)
 GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
 GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
+GLUON_BWD_STEP = (1, 1)   # the backward-type Gluon row kernels' (query backward, key dk) slices per cp.async wait and
+#                           CTA barrier (gluon_rows._grad_pass STEP; needs a ring of >= 2 STEP + 1 slots)
+GLUON_BWD_STEP = (1, 2)   # the backward-type Gluon row kernels' (query backward, key dk) slices per cp.async wait
+#   and CTA barrier (gluon_rows._grad_pass STEP; a ring of >= 2 STEP + 1 slots). Key dk at 2 programs (8 warps) per
+#   SM spent ~22% of its ncu samples at the slice barrier and the instruction after it (session 26, 16k); at two
+#   slices a barrier it takes 9.41 -> 8.33 ms at 64k (H100 profile), fwd+bwd 54.93 -> 53.41 ms (3 rounds) / 55.15
+#   -> 54.63 (5 rounds), 8k 6.865 -> 6.793. The query backward (3 programs / 12 warps per SM at its 168-register
+#   cap, 3% of samples at barriers) needs 8 slots for it, which costs it a program per SM: 54.93 -> 54.99 uncapped
 INTRA_GRADS_LOW = True  # the intra-chunk dq / dk stored in bf16 (not fp32) where the Gluon query backward / key dk add
 #                         the state term in fp32 and write the sum in place, as dv since session 10 (session 18)
 GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read each chunk's normalizer matrix Zm (or
