@@ -108,13 +108,9 @@ def _(q, k, v, log_g, scale, p, norm, C):
 def _chunked_bwd(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor,
                  S: torch.Tensor, Z: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, scale: float, p: int,
                  norm: bool, gated: bool, C: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    b, _, _, d = q.shape
-    hk = k.shape[2]
-    ds = state_dim(p, d)
-    dsf = q.new_zeros((b, hk, ds, d), dtype=_F32)                 # the final state is not an output here
-    dzf = q.new_zeros((b, hk, ds), dtype=_F32)
     parallel = triton_chunked.PARALLEL_STATE or S.dtype == torch.bfloat16          # as chunked_forward chose
-    dq, dk, dv, dgl, _, _ = triton_chunked.chunked_backward(dy, dsf, dzf, q.contiguous(), k.contiguous(),
+    # the final state is not an output here: its gradients are None (zeros in the kernels' slot)
+    dq, dk, dv, dgl, _, _ = triton_chunked.chunked_backward(dy, None, None, q.contiguous(), k.contiguous(),
                                                             v.contiguous(), G, S, Z, y, lse, scale, p, norm, gated,
                                                             C, False, parallel)
     dlog_g = gates.segment_scan(dgl, C, reverse=True) if gated else q.new_empty(0, dtype=_F32)

@@ -624,7 +624,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
 def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: int, norm: bool, gated: bool, C: int,
                      has_s0: bool, parallel: bool):
     """The chunked form's backward launches: (dq, dk, dv, dgl, ds0, dz0) from the forward's tensors
-    (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, zeros when unused)."""
+    (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, or None where unused: zeros)."""
     b, T, hq, d = q.shape
     hk = k.shape[2]
     NC = T // C
@@ -741,8 +741,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         # and d initial_state = slot 0
         dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
-        dR[:, :, NC] = dsf
-        dRz[:, :, NC] = dzf
+        for slot, g in ((dR[:, :, NC], dsf), (dRz[:, :, NC], dzf)):
+            slot.copy_(g) if g is not None else slot.zero_()
         ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
         dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
     else:
@@ -762,7 +762,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         if not parallel:
             dgt_ = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
             _chunk_state_bwd[(L, NV, b * hk)](
-                q, G, IDX, S, Z, dy, lse, delta, dsf.contiguous(), dzf.contiguous(), dU, dUz, ds0, dz0, dgt_, sp,
+                q, G, IDX, S, Z, dy, lse, delta, _or_zeros(dsf, (b, hk, DS, d), q.device),
+                _or_zeros(dzf, (b, hk, DS), q.device), dU, dUz, ds0, dz0, dgt_, sp,
                 T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
             return (dgt_.view(b, hk, -1, NC).sum(2) if gated else dummy), False
         scanned, dgt_scan = False, None
@@ -862,24 +863,35 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0, dz0.contiguous() if has_s0 else None
 
 
+def _or_zeros(g, shape, device):
+    """A state gradient as a contiguous fp32 tensor: g, or zeros where autograd passed None (state unused)."""
+    return g.contiguous() if g is not None else torch.zeros(shape, device=device, dtype=torch.float32)
+
+
 class ChunkedForm(torch.autograd.Function):
     """(y, s_final, z_final) of power attention, chunked form. q (b,T,hq,d), k/v (b,T,hk,d) with T % C == 0
     (the caller pads with zeros), gl (b,T,hk) fp32 chunk-local cumulative log-gates or None, s0 (b,hk,D_s,d)
     / z0 (b,hk,D_s) fp32 or None. Under torch.compile a stateless call runs as custom ops instead (ops.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C):
+    def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C, want_state=True):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         y, S, Z, lse, G, parallel = chunked_forward(q, k, v, gl, s0, z0, scale, p, norm, C)
         ctx.save_for_backward(q, k, v, G, S, Z, y, lse)
         ctx.cfg = (scale, p, norm, gl is not None, C, s0 is not None, parallel)
+        # unused gradients arrive as None, not materialized zeros (the final state's: (b, hk, D_s, d) fp32)
+        ctx.set_materialize_grads(False)
+        if not want_state:      # a stateless call: no fp32 copy of the final state
+            return y, None, None
         NC = q.shape[1] // C
         return y, S[:, :, NC].to(torch.float32, copy=True), Z[:, :, NC].clone()
 
     @staticmethod
     def backward(ctx, dy, dsf, dzf):
+        if dy is None:          # only the final state was used
+            dy = torch.zeros_like(ctx.saved_tensors[6])
         grads = chunked_backward(dy, dsf, dzf, *ctx.saved_tensors, *ctx.cfg)
-        return (*grads, None, None, None, None)
+        return (*grads, None, None, None, None, None)
 
 
 def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=None, return_state=False):
@@ -904,6 +916,6 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=No
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)
-    y, s, z = ChunkedForm.apply(q, k, v, gl, s0, z0, float(scale), int(p), bool(norm), C)
+    y, s, z = ChunkedForm.apply(q, k, v, gl, s0, z0, float(scale), int(p), bool(norm), C, bool(return_state))
     y = y[:, :t] if pad else y
     return (y, PowerState(s, z)) if return_state else y
