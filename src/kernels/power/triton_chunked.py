@@ -742,7 +742,10 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
         for slot, g in ((dR[:, :, NC], dsf), (dRz[:, :, NC], dzf)):
-            slot.copy_(g) if g is not None else slot.zero_()
+            if g is None:        # the final state unused: no materialized zeros to copy
+                slot.zero_()
+            else:
+                slot.copy_(g)
         ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
         dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
     else:
