@@ -891,9 +891,10 @@ class ChunkedForm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dsf, dzf):
-        if dy is None:          # only the final state was used
-            dy = torch.zeros_like(ctx.saved_tensors[6])
-        grads = chunked_backward(dy, dsf, dzf, *ctx.saved_tensors, *ctx.cfg)
+        saved = ctx.saved_tensors        # q, k, v, G, S, Z, y, lse
+        if dy is None:                   # only the final state was used
+            dy = torch.zeros_like(saved[-2])
+        grads = chunked_backward(dy, dsf, dzf, *saved, *ctx.cfg)
         return (*grads, None, None, None, None, None)
 
 

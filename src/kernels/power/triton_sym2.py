@@ -877,8 +877,6 @@ GLUON_QFWD_REGS = 128   # 6.38 -> 6.22 ms (4 programs / SM, 184 bytes spilled; 1
 GLUON_QBWD_REGS = 168   # 9.64 -> 9.36 ms (3 programs / SM, 176 bytes spilled)
 GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
 GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
-GLUON_BWD_STEP = (1, 1)   # the backward-type Gluon row kernels' (query backward, key dk) slices per cp.async wait and
-#                           CTA barrier (gluon_rows._grad_pass STEP; needs a ring of >= 2 STEP + 1 slots)
 GLUON_BWD_STEP = (1, 2)   # the backward-type Gluon row kernels' (query backward, key dk) slices per cp.async wait
 #   and CTA barrier (gluon_rows._grad_pass STEP; a ring of >= 2 STEP + 1 slots). Key dk at 2 programs (8 warps) per
 #   SM spent ~22% of its ncu samples at the slice barrier and the instruction after it (session 26, 16k); at two
