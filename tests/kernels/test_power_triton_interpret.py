@@ -25,15 +25,20 @@ def test_chunked_kernels_compile_for_sm90():
     """The interpreter accepts code the compiler rejects: compile the chunked and attention-form kernels for sm_90
     on this CPU machine (Triton's nvidia backend + bundled ptxas) and check they fit the H100/H200 shared memory."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power.compile_check import H100_SHARED, compile_attention, compile_chunked
+    from longctx.kernels.power.compile_check import (H100_SHARED, SASS_OF, compile_attention, compile_chunked,
+                                                     sass_loop_counts)
     built = compile_chunked(2, 64, "bf16") + compile_attention(2, 64, "bf16")
     for name, shared, _, _ in built:
         assert shared <= H100_SHARED, name
     # the chunked form's intra-chunk forward runs its own tile, capped at 96 registers (5 programs per SM): the cap
-    # reaches the build and pushes no more than a few values to the stack (Triton 3.6: 8 bytes, 3.9: 24)
+    # reaches the build and pushes no more than a few values to the stack (with the row sums by matmul, ROWSUM_MMA:
+    # Triton 3.6 24 bytes, 3.9 56), none of them in the off-diagonal key loop, where the time goes
     intra = {name: (shared, regs, stack) for name, shared, regs, stack in compile_attention(2, 64, "bf16", xt=True)}
     shared, regs, stack = intra["_attn_fwd"]
-    assert shared <= H100_SHARED and regs <= 96 and (stack or 0) <= 32, intra["_attn_fwd"]
+    assert shared <= H100_SHARED and regs <= 96 and (stack or 0) <= 64, intra["_attn_fwd"]
+    if SASS_OF.get("_attn_fwd"):
+        hot = sass_loop_counts(SASS_OF["_attn_fwd"])[0]["ops"]
+        assert hot.get("STL", 0) == 0 and hot.get("LDL", 0) == 0 and hot.get("HGMMA", 0) > 0, hot
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")

@@ -129,7 +129,7 @@ def status() -> str:
 def _switches():
     """The module switches the compiled kernels (and their grids) depend on."""
     override = tuple(sorted(ta.BLOCK_OVERRIDE.items())) if ta.BLOCK_OVERRIDE else ()
-    return (ta.FAST_FORWARD, ta.FAST_BACKWARD, ta.GATE_SCORES, override, ta.SHORT_FWD_T, ta.SHORT_FWD_BLOCK,
+    return (ta.FAST_FORWARD, ta.FAST_BACKWARD, ta.GATE_SCORES, ta.ROWSUM_MMA, override, ta.SHORT_FWD_T, ta.SHORT_FWD_BLOCK,
             gates.COLUMN_TILE)
 
 

@@ -184,11 +184,14 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
-              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0):
+              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0, ROWSUM_MMA: tl.constexpr = False):
     """XT_MODE 1 (the chunked form, each chunk a batch entry of T = C rows): the first query head of each GQA group
     also writes its block's keys, times e^((gt - g_j) / 2) (gt: G at the chunk's last row), into XT, the
     (b, hk, D, T_FULL) copy the Gluon outer products read (triton_sym2._transpose_heads with SCALE 1), so that
-    copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL)."""
+    copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL). ROWSUM_MMA (fast paths): the
+    normalizer's row sums of the rounded weights by one more small matmul, a [BN, 16] operand of ones in its first
+    column, instead of widening each weight back to fp32 and adding it (the kernel is issue-bound: ncu, session 27,
+    70% of issue slots busy, the tensor pipe 25%)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
@@ -211,6 +214,10 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
     m_i = tl.full([BM], 1e-30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
+    RS: tl.constexpr = ROWSUM_MMA and FAST and NORM
+    if RS:
+        ones = ((tl.arange(0, BN)[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DOT_DT)   # [BN, 16]
+        l_mma = tl.zeros([BM, 16], tl.float32)                           # row sums in column 0, zeros beside
     hi = tl.minimum((pid_m + 1) * BM, T)
     lo = 0
     if FAST:
@@ -234,9 +241,14 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
             if GATED and GATE_SCORES:  # the key factor on the scores: k stays a plain loaded operand
                 a = a * tl.exp(g_r - g_k)[None, :]
             a = a.to(DOT_DT)
-            if NORM:
+            if RS:
+                l_mma = tl.dot(a, ones, l_mma, input_precision=PREC)
+            elif NORM:
                 l_i += tl.sum(a.to(tl.float32), axis=1)                  # the rounded weights: see below
             acc += tl.dot(a, v, input_precision=PREC)
+        if RS:
+            l_i = tl.sum(l_mma, axis=1)
+            l_mma = tl.zeros([BM, 16], tl.float32)
         row_f = tl.full([BM], 1.0, tl.float32) * scale_p
         if GATED:
             row_f = row_f * tl.exp(g_q - g_r)
@@ -269,9 +281,13 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
         # row with one key and a tiny score (y_0 = v_0 exactly) got a spurious dq ~ 2^-9 |dy||v| / s
         # (bf16 d=32 dq/dk errors of 2e-2 for some draws on the H200)
         a = a.to(DOT_DT)
-        if NORM:
+        if RS:
+            l_mma = tl.dot(a, ones, l_mma, input_precision=PREC)
+        elif NORM:
             l_i += tl.sum(a.to(tl.float32), axis=1)
         acc += tl.dot(a, v, input_precision=PREC)
+    if RS:
+        l_i += tl.sum(l_mma, axis=1)
     o_ptrs = O + i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
     if NORM and FAST:
         l_i = tl.maximum(l_i, 1e-30)                                     # all-zero row -> y = 0
@@ -516,6 +532,9 @@ def _dot_dtype(dtype, norm, backward):
 
 
 FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
+ROWSUM_MMA = True           # _attn_fwd's normalizer row sums by a matmul with ones (fast paths). H100, session 27
+#                             (ab_switch.py, 3 rounds): attention-form forward at 4k 0.758 -> 0.629 ms (fwd+bwd
+#                             2.922 -> 2.800); the chunked form's intra-chunk forward at 64k 3.66 -> 3.53 ms
 GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k); equal speed
                             # on the H200 (scripts/gpu/ab_switch.py, session 6), kept as an A/B switch
 FAST_BACKWARD = True
@@ -613,7 +632,8 @@ def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, g
     was correct but slower on the H100: 64k intra-chunk 3.54 -> 5.75 ms, session 16.) side: _attn_fwd's XT_MODE
     arguments (the chunked form's copy of k). Returns the compiled kernel."""
     return _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p,
-                                                NORM=norm, GATED=gated, GATE_SCORES=GATE_SCORES, **cfg, **side)
+                                                NORM=norm, GATED=gated, GATE_SCORES=GATE_SCORES, ROWSUM_MMA=ROWSUM_MMA,
+                                                **cfg, **side)
 
 
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
