@@ -10,19 +10,6 @@ OUT=${OUT:-runs/ncu_pipes}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
-cat > /tmp/ncu_pipes_call.py <<PY
-import sys
-sys.path.insert(0, "scripts")
-import torch
-from bench_attention import inputs
-from longctx.kernels.power import triton_sym2
-from longctx.kernels.power.triton_chunked import chunked_form
-triton_sym2.CONCURRENT_BWD = False      # one stream: ncu serializes the kernels anyway
-xs, lg = inputs(8, $T, 12, 64, True)
-y = chunked_form(*xs, lg, p=2, scale=0.125, chunk_size=1024, norm=True)
-y.backward(torch.ones_like(y))
-torch.cuda.synchronize()
-PY
 METRICS="regex:^(sm__pipe_tensor_op_(gmma|hmma)_cycles_active\.avg\.pct_of_peak_sustained_active"
 METRICS+="|sm__inst_executed_pipe_tensor_op_gmma\.sum"
 METRICS+="|l1tex__data_bank_(reads|writes)\.avg\.pct_of_peak_sustained_elapsed"
@@ -36,7 +23,7 @@ METRICS+="|dram__throughput\.avg\.pct_of_peak_sustained_elapsed"
 METRICS+="|sm__warps_active\.avg\.pct_of_peak_sustained_active"
 METRICS+="|gpu__time_duration\.sum)$"
 "$NCU" --clock-control none --kernel-name regex:"gluon_|_attn_" --metrics "$METRICS" --csv \
-  python3 /tmp/ncu_pipes_call.py > "$OUT/ncu_pipes_${T}.csv" 2> "$OUT/ncu_pipes_${T}.err"
+  python3 scripts/gpu/ncu_call.py --t "$T" --one-stream > "$OUT/ncu_pipes_${T}.csv" 2> "$OUT/ncu_pipes_${T}.err"
 echo "ncu rc=$? rows=$(wc -l < "$OUT/ncu_pipes_${T}.csv")"
 python3 - "$OUT/ncu_pipes_${T}.csv" <<'PY'
 import collections

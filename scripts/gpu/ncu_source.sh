@@ -10,23 +10,10 @@ mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
 "$NCU" --version | tail -1
-cat > /tmp/ncu_source_call.py <<PY
-import sys
-sys.path.insert(0, "scripts")
-import torch
-from bench_attention import inputs
-from longctx.kernels.power import triton_sym2
-from longctx.kernels.power.triton_chunked import chunked_form
-triton_sym2.CONCURRENT_BWD = False      # one stream: each kernel alone on the GPU, as ncu serializes them anyway
-xs, lg = inputs(8, $T, 12, 64, True)
-y = chunked_form(*xs, lg, p=2, scale=0.125, chunk_size=1024, norm=True)
-y.backward(torch.ones_like(y))
-torch.cuda.synchronize()
-PY
 for k in gluon_query_fwd_rows gluon_key_dv_rows gluon_query_bwd_rows gluon_key_dk_rows gluon_outer; do
   timeout 150 "$NCU" --clock-control none --kernel-name "regex:^${k}\$" --launch-count 1 --section SourceCounters \
     --section WarpStateStats \
-    -f -o "$OUT/$k" python3 /tmp/ncu_source_call.py > "$OUT/$k.log" 2>&1
+    -f -o "$OUT/$k" python3 scripts/gpu/ncu_call.py --t "$T" --one-stream > "$OUT/$k.log" 2>&1
   echo "$k: ncu rc=$?"
   "$NCU" --import "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/$k.csv" 2> "$OUT/$k.err" \
     && python3 scripts/gpu/ncu_source_top.py "$OUT/$k.csv" --top 25 || tail -3 "$OUT/$k.err"

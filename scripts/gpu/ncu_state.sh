@@ -8,20 +8,9 @@ OUT=${OUT:-runs/ncu}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
-cat > /tmp/ncu_one_call.py <<PY
-import sys
-sys.path.insert(0, "scripts")
-import torch
-from bench_attention import inputs
-from longctx.kernels.power.triton_chunked import chunked_form
-xs, lg = inputs(8, $T, 12, 64, True)
-y = chunked_form(*xs, lg, p=2, scale=0.125, chunk_size=1024, norm=True)
-y.backward(torch.ones_like(y))
-torch.cuda.synchronize()
-PY
 "$NCU" --kernel-name regex:"gluon_|_attn_|_transpose" --section SpeedOfLight --section Occupancy \
   --section WarpStateStats --section LaunchStats --section ComputeWorkloadAnalysis --csv \
-  python3 /tmp/ncu_one_call.py > "$OUT/ncu_${T}.csv" 2> "$OUT/ncu_${T}.err"
+  python3 scripts/gpu/ncu_call.py --t "$T" > "$OUT/ncu_${T}.csv" 2> "$OUT/ncu_${T}.err"
 echo "ncu rc=$? rows=$(wc -l < "$OUT/ncu_${T}.csv")"
 python3 - "$OUT/ncu_${T}.csv" <<'PY'
 import csv, sys, collections
@@ -46,7 +35,7 @@ PY
 # "Warp Cycles Per Issued Instruction"), in a second pass
 "$NCU" --kernel-name regex:"gluon_|_attn_" \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv \
-  python3 /tmp/ncu_one_call.py > "$OUT/ncu_${T}_stalls.csv" 2> "$OUT/ncu_${T}_stalls.err"
+  python3 scripts/gpu/ncu_call.py --t "$T" > "$OUT/ncu_${T}_stalls.csv" 2> "$OUT/ncu_${T}_stalls.err"
 echo "ncu stalls rc=$? rows=$(wc -l < "$OUT/ncu_${T}_stalls.csv")"
 python3 - "$OUT/ncu_${T}_stalls.csv" <<'PY'
 import csv, sys, collections

@@ -44,9 +44,10 @@ def main():
         failed += not check(CASES[i], f" tiles={tiles}")
         triton_attention.BLOCK_OVERRIDE.clear()
     # the forward's normalizer row sums as fp32 adds of the widened weights (ROWSUM_MMA off; on is the default)
+    default_rowsum = triton_attention.ROWSUM_MMA
     triton_attention.ROWSUM_MMA = False
     failed += sum(not check(CASES[i], " ROWSUM_MMA=0") for i in (0, 1, 4))
-    triton_attention.ROWSUM_MMA = True
+    triton_attention.ROWSUM_MMA = default_rowsum
     failed += check_gate_cumsum()
     sys.exit(1 if failed else 0)
 
