@@ -228,7 +228,7 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
     """t >= CHUNKED_MIN_T, bf16, p=2: chunk_size=None takes the chunked form; it agrees with the attention form."""
     from longctx.kernels.power import dispatch
     t = dispatch.CHUNKED_MIN_T
-    assert dispatch.cuda_chunk_size(t, 2, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(t, 2, 64, torch.bfloat16) == dispatch.default_chunk(2, 64, torch.bfloat16)
     q, k, v, lg = make(1, t, 2, 2, 64, torch.bfloat16, True)
     y = power_attention(q, k, v, lg, p=2)
     monkeypatch.setenv(dispatch.IMPL_ENV, "attention")
@@ -251,7 +251,8 @@ EXPERIMENTAL_SWITCHES: dict = {"GLUON_DENSE_Z": True, "GLUON_OUTER_Z": True, "GL
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
                                   "streams-bf16-d32", "gluon-bf16-d128",
                                   "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
-                                  "outerz-bf16-d128", "normstream-bf16", "levels-bf16"])
+                                  "outerz-bf16-d128", "normstream-bf16", "levels-bf16", "inplace-bf16",
+                                  "inplace-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -277,8 +278,9 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
     summed by the Gluon outer products; normstream-*: that normalizer on its own stream beside the outer products
     (NORM_SCAN_CONCURRENT) against on theirs; levels-*: the Gluon row kernels' slice windows halving down to 16
-    columns (GLUON_WINDOW_MIN, all four kernels) against two windows. Many chunks, state in and out, output, state
-    and all gradients."""
+    columns (GLUON_WINDOW_MIN, all four kernels) against two windows; inplace-*: the state gradients written over the
+    forward's saved states (BWD_STATES_IN_PLACE) against a buffer of their own. Many chunks, state in and out,
+    output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
@@ -291,10 +293,13 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
                 "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
                 "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",),
-                "normstream": ("NORM_SCAN_CONCURRENT",), "levels": ("GLUON_WINDOW_MIN",)}
+                "normstream": ("NORM_SCAN_CONCURRENT",), "levels": ("GLUON_WINDOW_MIN",),
+                "inplace": ("BWD_STATES_IN_PLACE",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}
     rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)
+    if mode.startswith("streams"):     # in place, the backward runs on one stream
+        monkeypatch.setattr(triton_sym2, "BWD_STATES_IN_PLACE", False)
     q, k, v, lg = make(2, 4000, 4, 2, d, dtype, True, seed=3)
     _, st = power_attention_reference(*make(2, 300, 4, 2, d, torch.float32, True, seed=4), p=2, norm=True,
                                       chunk_size=128, return_state=True)
@@ -325,6 +330,23 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     for name, a, b in zip("y s z dq dk dv dlog_g ds0 dz0".split(), *res):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, b) < tol, name
+
+
+def test_chunked_backward_twice_with_retain_graph():
+    """retain_graph=True keeps the forward's states intact (the backward writes its state gradients over them only
+    when the graph is freed after it): a second backward over the same graph gives the same gradients, and a third
+    without retain_graph (in place) too."""
+    from longctx.kernels.power import triton_sym2
+    assert triton_sym2.BWD_STATES_IN_PLACE
+    q, k, v, lg = (x.requires_grad_() for x in make(1, 4096, 4, 2, 64, torch.bfloat16, True, seed=6))
+    y = chunked_form(q, k, v, lg, p=2, scale=0.125, chunk_size=512, norm=True)
+    do = torch.randn_like(y)
+    first = torch.autograd.grad(y, (q, k, v, lg), do, retain_graph=True)
+    second = torch.autograd.grad(y, (q, k, v, lg), do, retain_graph=True)
+    third = torch.autograd.grad(y, (q, k, v, lg), do)
+    for name, a, b, c in zip(("dq", "dk", "dv", "dlog_g"), first, second, third):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(b, a) < 1e-6 and rel_err(c, a) < 1e-6, name
 
 
 def test_chunked_backward_bitwise_reproducible_in_deterministic_mode():

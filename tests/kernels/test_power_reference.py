@@ -147,7 +147,7 @@ def test_cuda_routing_and_impl_env(monkeypatch):
     from longctx.kernels.power import dispatch
     long, short = dispatch.CHUNKED_MIN_T, dispatch.CHUNKED_MIN_T - 1
     monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
-    assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C   # p=2 bf16: chunked
+    assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) == dispatch.CHUNKED_C_P2        # p=2 bf16: chunked
     assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) is None                       # short: attention
     assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) is None                         # no fast kernels
     assert dispatch.cuda_chunk_size(long, 4, 64, torch.bfloat16) is None
@@ -157,9 +157,10 @@ def test_cuda_routing_and_impl_env(monkeypatch):
     assert dispatch.cuda_chunk_size(linear - 1, 1, 64, torch.bfloat16) is None
     assert dispatch.cuda_chunk_size(long, 2, 128, torch.bfloat16) is None                       # d=128: later
     assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T_WIDE, 2, 128, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.default_chunk(2, 32, torch.bfloat16) == dispatch.CHUNKED_C_P2 < dispatch.CHUNKED_DEFAULT_C
     monkeypatch.setenv(dispatch.IMPL_ENV, "chunked")
     assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) == dispatch.CHUNKED_DEFAULT_C
-    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C  # any t
+    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) == dispatch.CHUNKED_C_P2       # any t
     assert dispatch.cuda_chunk_size(long, 3, 64, torch.bfloat16) is None                        # p >= 3
     for impl in ("attention", "reference"):
         monkeypatch.setenv(dispatch.IMPL_ENV, impl)

@@ -318,7 +318,8 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
                           NORM=norm, NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
                           SCAN=scan, GATED=scan, DU_MULT=scan and not keys and s2.DU_MULT,
                           PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH, DRAIN_STEP=s2.GLUON_OUTER_DRAIN,
-                          Z_SUMS=s2.GLUON_OUTER_Z or not scan)
+                          Z_SUMS=s2.GLUON_OUTER_Z or not scan, FACTOR_BANKS=s2.GLUON_OUTER_FACTOR_BANKS,
+                          COALESCED=s2.GLUON_OUTER_COALESCED)
             k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16",
                                        "SF": "*bf16"}, ints, consts, 4, 1, arch,
                          maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)

@@ -32,6 +32,11 @@ CHUNKED_MIN_T_LINEAR = 4096  # p=1 (state d x d), same shape and card (session 8
                             # ms: 2k 3.47 / 0.89, 4k 1.88 / 2.70, 8k 3.52 / 9.15 (the p=1 attention form's backward is
                             # generic, the chunked form's state kernels are plain matmuls)
 CHUNKED_DEFAULT_C = 1024    # chunk length when the caller gives none (512 and 2048 measured within 3%)
+CHUNKED_C_P2 = 512          # ... for p=2 on the bf16 state kernels at d <= 64 (session 28, H100, ab_switch.py, b=8
+                            # h=12 d=64: 64k fwd+bwd 52.69 -> 50.46 ms, 8k 6.473 -> 6.203): half the intra-chunk
+                            # attention's work for twice the chunk states, whose scans lost their per-chunk cost to
+                            # coalesced stores, and whose memory the backward's in-place state gradients pay
+                            # (triton_sym2.BWD_STATES_IN_PLACE: peak 15.69 GB against 15.50 at 1024 before)
 
 
 def _impl() -> str:
@@ -48,18 +53,26 @@ def min_chunked_t(p: int, d: int) -> int:
     return CHUNKED_MIN_T_WIDE if p == 2 and d >= 128 else CHUNKED_MIN_T
 
 
+def default_chunk(p: int, d: int, dtype=None) -> int:
+    """The chunk length of a call that gives none: CHUNKED_C_P2 for p=2 on the bf16 state kernels at d <= 64, else
+    CHUNKED_DEFAULT_C."""
+    if p == 2 and d <= 64 and dtype is not None and triton_sym2.applies(p, d, dtype):
+        return CHUNKED_C_P2
+    return CHUNKED_DEFAULT_C
+
+
 def cuda_chunk_size(t: int, p: int, d: int, dtype=None):
     """Chunk length for a stateless CUDA call with chunk_size=None, or None for the attention form."""
     impl = _impl()
     if impl in ("attention", "reference"):
         return None
     if impl == "chunked" and p <= 2:
-        return CHUNKED_DEFAULT_C
+        return default_chunk(p, d, dtype)
     if t < min_chunked_t(p, d):
         return None
     if p == 1:
         return CHUNKED_DEFAULT_C
-    return CHUNKED_DEFAULT_C if dtype is not None and triton_sym2.applies(p, d, dtype) else None
+    return default_chunk(p, d, dtype) if dtype is not None and triton_sym2.applies(p, d, dtype) else None
 
 
 def power_attention_cuda(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state, return_state):
@@ -70,5 +83,6 @@ def power_attention_cuda(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_
     if chunk_size is None and initial_state is None and not return_state:
         return attention_form(q, k, v, log_g, p=p, scale=scale, norm=norm)
     from .triton_chunked import chunked_form
-    return chunked_form(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size or CHUNKED_DEFAULT_C,
+    chunk_size = chunk_size or default_chunk(p, q.shape[-1], q.dtype)
+    return chunked_form(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size,
                         norm=norm, initial_state=initial_state, return_state=return_state)

@@ -46,6 +46,18 @@ def operand_layout_3d(tw: int, tj: int, bk: int) -> gl.DistributedLinearLayout:
                                       [], [tw, tj, bk])
 
 
+@gluon.constexpr_function
+def factor_swizzle(BK, FACTOR_BANKS):
+    """The factor tiles' shared layout ([rows, BK] bf16, 16-byte chunks swizzled): an ldmatrix reads 8 consecutive
+    rows x 16 bytes, which hit all 32 banks once when the chunks' phase changes with every 128-byte line: per row at
+    BK = 64 (rows of 128 bytes), per row pair at 32, per 4 rows at 16. FACTOR_BANKS False: session 13's phases by row
+    pairs at any BK, right for its BK = 32 and 2-way bank conflicts on every ldmatrix of x_j at BK = 64 (session 21's
+    rows per step)."""
+    if FACTOR_BANKS:
+        return gl.SwizzledSharedLayout(8, max(1, 64 // BK), min(8, BK // 8), [1, 0])
+    return gl.SwizzledSharedLayout(8, 2, min(4, BK // 8), [1, 0])
+
+
 @gluon.jit
 def _group_rows(ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
                 KEYS: gl.constexpr, LAYOUT: gl.constexpr):
@@ -112,7 +124,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
                 GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False, PREFETCH_SF: gl.constexpr = False,
-                DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True):
+                DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True, FACTOR_BANKS: gl.constexpr = True,
+                COALESCED: gl.constexpr = True):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
     features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
@@ -156,9 +169,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
     CPX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
     CPY: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
     CPW: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
-    # factor tiles: 16-byte chunks swizzled by row pairs, so a warp's 8 rows x 16 bytes hit 32 banks; no more phases
-    # than a row has chunks (BK / 8: 2 at 16 rows a step)
-    XS: gl.constexpr = gl.SwizzledSharedLayout(8, 2, min(4, BK // 8), [1, 0])
+    XS: gl.constexpr = factor_swizzle(BK, FACTOR_BANKS)
     WS: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 8], gl.bfloat16)
     xi_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TW, BK], XS)
     xj_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TJ, BK], XS)
@@ -315,7 +326,14 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
             rows, fmask, smult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MMA)
             if DU_MULT:  # slot 0 (dL/dS_0, returned) without them
                 smult = smult + (1.0 - smult) * (n == 0).to(gl.float32)
-            gl.store(OUT + base * D + rows, (acc * smult).to(OUT.dtype.element_ty), mask=fmask)
+            out = (acc * smult).to(OUT.dtype.element_ty)
+            if COALESCED:
+                # through shared memory into 16-byte rows: a warp then writes 4 whole state rows (512 contiguous
+                # bytes) per store, where from the accumulator's layout each store wrote 8 rows x 16 bytes
+                rows_c, fmask_c, mult_c = _group_rows(ti, tj, l0, FG, TJ, TW, D, False, CPY)
+                gl.store(OUT + base * D + rows_c, gl.convert_layout(out, CPY), mask=fmask_c)
+            else:
+                gl.store(OUT + base * D + rows, out, mask=fmask)
             if Z_SUMS:
                 zrows, zmask, zmult = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MZ)
                 if DU_MULT:

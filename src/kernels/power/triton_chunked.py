@@ -622,9 +622,12 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
 
 
 def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: int, norm: bool, gated: bool, C: int,
-                     has_s0: bool, parallel: bool):
+                     has_s0: bool, parallel: bool, states_in_place: bool = False):
     """The chunked form's backward launches: (dq, dk, dv, dgl, ds0, dz0) from the forward's tensors
-    (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, or None where unused: zeros)."""
+    (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, or None where unused: zeros).
+    states_in_place: the state gradients dL/dS_n may be written over the forward's states S (the caller will not
+    run this backward again: states_in_place()); done where the Gluon scan writes them (it reads each S_n before it
+    writes slot n), after the query backward, the other reader of S, on one stream."""
     b, T, hq, d = q.shape
     hk = k.shape[2]
     NC = T // C
@@ -670,6 +673,10 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
     # memory is freed or reused while the other stream may still use it.
     side = sym2.side_stream(q.device, "bwd") if sym2.CONCURRENT_BWD and fast and parallel and q.is_cuda else None
+    in_place = (states_in_place and parallel and fast and sym2.OUTER_SCAN and q.is_cuda
+                and sym2.gluon_outer_applies(q, d, C))
+    if in_place:        # S must be read by the query backward before the scan writes over it: one stream, in order
+        side = None
 
     def slice_inputs(sl):
         """A chunk-batch slice's launch size and its gate, log-normalizer and Delta views (dummies where unused)."""
@@ -739,7 +746,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
         # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
         # and d initial_state = slot 0
-        dR = torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
+        dR = S if in_place else torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
         dRz = torch.empty(b, hk, NC + 1, DS, **f32)
         for slot, g in ((dR[:, :, NC], dsf), (dRz[:, :, NC], dzf)):
             if g is None:        # the final state unused: no materialized zeros to copy
@@ -866,6 +873,13 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0, dz0.contiguous() if has_s0 else None
 
 
+def states_in_place() -> bool:
+    """Whether this backward may write over the saved states (triton_sym2.BWD_STATES_IN_PLACE): only in a graph task
+    that frees the graph after it (torch's retain_graph=False; unknown -> no), since another backward needs S."""
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return sym2.BWD_STATES_IN_PLACE and keep is not None and not keep()
+
+
 def _or_zeros(g, shape, device):
     """A state gradient as a contiguous fp32 tensor: g, or zeros where autograd passed None (state unused)."""
     return g.contiguous() if g is not None else torch.zeros(shape, device=device, dtype=torch.float32)
@@ -894,7 +908,7 @@ class ChunkedForm(torch.autograd.Function):
         saved = ctx.saved_tensors        # q, k, v, G, S, Z, y, lse
         if dy is None:                   # only the final state was used
             dy = torch.zeros_like(saved[-2])
-        grads = chunked_backward(dy, dsf, dzf, *saved, *ctx.cfg)
+        grads = chunked_backward(dy, dsf, dzf, *saved, *ctx.cfg, states_in_place=states_in_place())
         return (*grads, None, None, None, None, None)
 
 

@@ -836,6 +836,11 @@ GLUON_OUTER_DRAIN = True     # gluon_outer's DRAIN_STEP: each step waits for the
 #   asm comment): with one block per group (d=64 at (1, 64), d=128) some normalizer rows came out wrong, run to run.
 #   H100, session 20 (scripts/gpu/outer_race.sh): d=128 rows off in 3 of 12 slots without, none with; 64k cost nil
 #   (outer products 12.29 -> 12.30 ms at (1, 64)); d=128 then runs Gluon: fwd+bwd 16k 99.5 -> 91.1 ms, 64k 398 -> 365
+GLUON_OUTER_FACTOR_BANKS = True   # gluon_outer's factor tiles swizzled per 128-byte line (gluon_sym2.factor_swizzle):
+#   False keeps session 13's phases by row pairs, which at 64 rows a step (session 21) put 2-way bank conflicts on
+#   every ldmatrix of x_j
+GLUON_OUTER_COALESCED = True   # the scans write each chunk's state rows through shared memory as 16-byte rows (a warp
+#   writes 4 whole rows per store) instead of from the accumulator's layout (8 rows x 16 bytes per store, 4x the stores)
 GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (chunk 128 fails in Triton 3.6's
 #   ConvertTritonGPUToLLVM). Right since GLUON_OUTER_DRAIN (session 19 without it: the normalizer's float64 error moved
 #   run to run, 1.8e-3 .. 5.4e-3; session 20 with it: 1.8e-3 twice, GPU test mode rows64-bf16 passed), and the kernel
@@ -900,6 +905,10 @@ ATOMIC_RMW = True
 # (the query forward / key dv warp-specialized, their slices by TMA from a 1-warp partition with full / empty
 # mbarriers: correct, not faster: H100 64k, session 20, 5.37 / 4.62 -> 5.68 / 5.05 ms, fwd+bwd 60.12 -> 59.98;
 # removed from main, kept on branch exp/gluon-ws)
+BWD_STATES_IN_PLACE = True   # the chunked backward writes the state gradients dL/dS_n over the forward's saved states
+#   S (triton_chunked.states_in_place: not under retain_graph=True, which needs S again): one (b, hk, NC + 1, DS, d)
+#   buffer less (1.8 GB at 64k, b=8, h=12, d=64, chunk 1024). The query backward, S's other reader, then runs before
+#   the query side's scan, on one stream (CONCURRENT_BWD off for such a call)
 CONCURRENT_BWD = True   # the chunked backward's two independent chains on two CUDA streams: the query side's reverse
 #                         scan and then the key kernels on a side stream, the intra-chunk dk / dv and the query
 #                         backward on the caller's (the scan needs only the intra-chunk dq's copies, the key kernels
@@ -1101,7 +1110,8 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
             NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
-            DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, **extra)
+            DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, FACTOR_BANKS=GLUON_OUTER_FACTOR_BANKS,
+            COALESCED=GLUON_OUTER_COALESCED, **extra)
         if dgt is not None:
             dgt = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
         if z_apart:
