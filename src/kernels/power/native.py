@@ -129,8 +129,8 @@ def status() -> str:
 def _switches():
     """The module switches the compiled kernels (and their grids) depend on."""
     override = tuple(sorted(ta.BLOCK_OVERRIDE.items())) if ta.BLOCK_OVERRIDE else ()
-    return (ta.FAST_FORWARD, ta.FAST_BACKWARD, ta.GATE_SCORES, ta.ROWSUM_MMA, override, ta.SHORT_FWD_T, ta.SHORT_FWD_BLOCK,
-            gates.COLUMN_TILE)
+    return (ta.FAST_FORWARD, ta.FAST_BACKWARD, ta.GATE_SCORES, ta.ROWSUM_MMA, override, ta.SHORT_FWD_T,
+            ta.SHORT_FWD_BLOCK, gates.COLUMN_TILE)
 
 
 def plan_key(q, k, log_g, p: int, norm: bool):

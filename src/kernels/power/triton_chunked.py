@@ -673,8 +673,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
     # memory is freed or reused while the other stream may still use it.
     side = sym2.side_stream(q.device, "bwd") if sym2.CONCURRENT_BWD and fast and parallel and q.is_cuda else None
-    in_place = (states_in_place and parallel and fast and sym2.OUTER_SCAN and q.is_cuda
-                and sym2.gluon_outer_applies(q, d, C))
+    in_place = states_in_place and parallel and fast and sym2.gluon_scan_applies(q, d, C)
     if in_place:        # S must be read by the query backward before the scan writes over it: one stream, in order
         side = None
 

@@ -970,6 +970,13 @@ def gluon_outer_applies(X, d: int, C: int) -> bool:
             and d in GLUON_OUTER_DIMS and gluon_available())
 
 
+def gluon_scan_applies(X, d: int, C: int) -> bool:
+    """Whether launch_outer(scan=True) runs the Gluon scan (gluon_outer's SCAN: each chunk's state written in the same
+    pass, the query side reading each forward state S_n before it writes slot n) rather than per-chunk sums and
+    triton_chunked._discumsum."""
+    return OUTER_SCAN and gluon_outer_applies(X, d, C)
+
+
 def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
     """(JG, rows per step) of the Gluon outer product for head dim d and chunk C (GLUON_OUTER_BLOCK, else BLOCKS'
     "outer"; GLUON_OUTER_ROWS64 at d=64 from chunk 256 on)."""
@@ -1090,7 +1097,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
                         SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W)
         else:
             XT, W = copy
-        scanning = scan and OUTER_SCAN
+        scanning = scan and gluon_scan_applies(X, d, C)
         extra, dgt = {}, None
         if scanning:
             if gated and not keys:
