@@ -196,11 +196,12 @@ def dense_normalizer(sym, keys):
     return ok
 
 
-def norm_scan(keys, gated, du_mult):
+def norm_scan(keys, gated, du_mult, rows=None, ahead=None):
     """triton_sym2.launch_norm_scan (the normalizer half of the Gluon outer products' scan, which the CPU never
     launches) against float64 sums of the tiled symmetric power: keys z_{n+1} = decay_n z_n + sum_r phi_w(x'_r)
     (phi with the key multiplicities), query side R_n = decay_n R_{n+1} + sum_r w_r phi(x'_r) in reverse, its gate
-    gradient decay_n <z_n, R_{n+1}> and dU's multiplicities (du_mult)."""
+    gradient decay_n <z_n, R_{n+1}> and dU's multiplicities (du_mult). rows / ahead: NORM_SUMS_ROWS (64: a program
+    a chunk; the default, all 3 chunks in one) and NORM_SCAN_AHEAD (0, 1, 2 chunks loaded ahead) if given."""
     from longctx.kernels.power.reference import expand
     b, hk, d, C, NC = 1, 2, 32, 64, 3
     hx, T, DS = (hk if keys else 2 * hk), C * NC, state_dim(2, d)
@@ -211,13 +212,16 @@ def norm_scan(keys, gated, du_mult):
     outz[:, :, 0 if keys else NC] = torch.randn(b, hk, DS)
     entering = outz.clone()
     zf = torch.randn(b, hk, NC + 1, DS)
-    block = triton_sym2.NORM_SUMS_BK
+    saved = {n: getattr(triton_sym2, n) for n in ("NORM_SUMS_BK", "NORM_SUMS_ROWS", "NORM_SCAN_AHEAD")}
     triton_sym2.NORM_SUMS_BK = 32          # two steps a chunk
+    triton_sym2.NORM_SUMS_ROWS = saved["NORM_SUMS_ROWS"] if rows is None else rows
+    triton_sym2.NORM_SCAN_AHEAD = saved["NORM_SCAN_AHEAD"] if ahead is None else ahead
     try:
         dgt = triton_sym2.launch_norm_scan(xt, w, g, outz, None if keys else zf, T, NC, DS, 1 if keys else 0, hx, hk,
                                            d, C, keys, True, gated, du_mult)
     finally:
-        triton_sym2.NORM_SUMS_BK = block
+        for n, v in saved.items():
+            setattr(triton_sym2, n, v)
     x = xt.double().transpose(2, 3).reshape(b, hk, hx // hk, NC, C, d)           # (b, hk, rep, chunk, row, d)
     phi = expand(x, 2, weighted=keys)
     if not keys:
@@ -243,7 +247,8 @@ def norm_scan(keys, gated, du_mult):
     if gated and not keys:
         errs["dgt"] = rel(dgt, want_dgt)
     ok = all(e < 1e-5 for e in errs.values()) and (dgt is None) == (keys or not gated)
-    print(f"{'ok  ' if ok else 'FAIL'} normalizer scan keys={keys} gated={gated} du_mult={du_mult} "
+    print(f"{'ok  ' if ok else 'FAIL'} normalizer scan keys={keys} gated={gated} du_mult={du_mult} rows={rows} "
+          f"ahead={ahead} "
           + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
     return ok
 
@@ -266,7 +271,9 @@ def main():
         failed += sum(not dense_normalizer(sym, keys) for sym, keys in ((False, False), (True, False), (True, True)))
         failed += sum(not norm_scan(keys, gated, du_mult) for keys, gated, du_mult in
                       ((True, True, False), (True, False, False), (False, True, False), (False, False, False),
-                                                        (False, True, True)))
+                       (False, True, True)))
+        failed += sum(not norm_scan(keys, True, not keys, rows, ahead) for keys in (True, False)
+                      for rows, ahead in ((64, 0), (None, 2)))
     sys.exit(1 if failed else 0)
 
 

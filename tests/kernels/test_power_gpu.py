@@ -251,8 +251,9 @@ EXPERIMENTAL_SWITCHES: dict = {"GLUON_DENSE_Z": True, "GLUON_OUTER_Z": True, "GL
                                   "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
                                   "streams-bf16-d32", "gluon-bf16-d128",
                                   "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
-                                  "outerz-bf16-d128", "normstream-bf16", "levels-bf16", "inplace-bf16",
-                                  "inplace-bf16-d32"])
+                                  "outerz-bf16-d128", "normstream-bf16", "normahead-bf16", "pairs-bf16",
+                                  "pairs-bf16-d32", "levels-bf16",
+                                  "inplace-bf16", "inplace-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
@@ -277,10 +278,13 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
     feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32; outerz-*: the
     scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
     summed by the Gluon outer products; normstream-*: that normalizer on its own stream beside the outer products
-    (NORM_SCAN_CONCURRENT) against on theirs; levels-*: the Gluon row kernels' slice windows halving down to 16
-    columns (GLUON_WINDOW_MIN, all four kernels) against two windows; inplace-*: the state gradients written over the
-    forward's saved states (BWD_STATES_IN_PLACE) against a buffer of their own. Many chunks, state in and out,
-    output, state and all gradients."""
+    (NORM_SCAN_CONCURRENT) against on theirs; normahead-*: the sums over several chunks a program
+    (NORM_SUMS_ROWS) and the scan loading chunks ahead (NORM_SCAN_AHEAD) against a program a chunk, no loads ahead;
+    pairs-*: the Gluon outer products' half-empty last groups paired, their blocks stored transposed
+    (GLUON_OUTER_PAIRS) against one half-empty group per row; levels-*: the Gluon row kernels' slice windows halving
+    down to 16 columns (GLUON_WINDOW_MIN, all four kernels) against two windows; inplace-*: the state gradients
+    written over the forward's saved states (BWD_STATES_IN_PLACE) against a buffer of their own. Many chunks, state
+    in and out, output, state and all gradients."""
     from longctx.kernels.power import triton_chunked, triton_sym2
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
@@ -293,7 +297,9 @@ def test_chunked_state_paths_agree(mode, monkeypatch):
                 "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
                 "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
                 "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",),
-                "normstream": ("NORM_SCAN_CONCURRENT",), "levels": ("GLUON_WINDOW_MIN",),
+                "normstream": ("NORM_SCAN_CONCURRENT",),
+                "normahead": ("NORM_SUMS_ROWS", "NORM_SCAN_AHEAD"), "pairs": ("GLUON_OUTER_PAIRS",),
+                "levels": ("GLUON_WINDOW_MIN",),
                 "inplace": ("BWD_STATES_IN_PLACE",)}
     variant = variants.get(mode.split("-")[0], ())
     defaults = {name: getattr(triton_sym2, name) for name in variant}

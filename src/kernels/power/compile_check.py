@@ -320,8 +320,8 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
                           PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH, DRAIN_STEP=s2.GLUON_OUTER_DRAIN,
                           Z_SUMS=s2.GLUON_OUTER_Z or not scan, FACTOR_BANKS=s2.GLUON_OUTER_FACTOR_BANKS,
                           COALESCED=s2.GLUON_OUTER_COALESCED)
-            k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "OUT": "*bf16",
-                                       "SF": "*bf16"}, ints, consts, 4, 1, arch,
+            k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "GROWS": "*i32",
+                                       "OUT": "*bf16", "SF": "*bf16"}, ints, consts, 4, 1, arch,
                          maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)
             name = f"gluon_outer{'_keys' if keys else ''}{'_scan' if scan else ''}"
             out.append((name, k.metadata.shared, *_usage(k)))
@@ -334,13 +334,15 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         out.append((f"_transpose_heads_scale{1 if keys else 2}", k.metadata.shared, *_usage(k)))
         if not s2.GLUON_OUTER_Z:     # the normalizer apart (triton_sym2.launch_norm_scan)
             k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
-                         dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=s2.NORM_SUMS_BK, WEIGHTED=not keys),
+                         dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=s2.NORM_SUMS_BK, WEIGHTED=not keys,
+                              CPP=s2.norm_sums_chunks(chunk, 65536 // chunk)),
                          s2.NORM_SUMS_WARPS if d <= 64 else 8, s2.NORM_SUMS_STAGES, arch)
             out.append((f"_norm_chunk_sums{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
             bi = min(s2.NORM_SCAN_BI, d)
             k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
                          ints, dict(HK=hk, D=d, C=chunk, NT=d // s2.TILE2, TW=s2.TILE2, BI=bi, KEYS=keys, GATED=True,
-                                    DU_MULT=not keys and s2.DU_MULT, SUMS=True), 4, 3, arch)
+                                    DU_MULT=not keys and s2.DU_MULT, SUMS=True, AHEAD=s2.NORM_SCAN_AHEAD), 4, 3,
+                         arch)
             out.append((f"_norm_scan{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
     return out
 

@@ -59,35 +59,44 @@ def factor_swizzle(BK, FACTOR_BANKS):
 
 
 @gluon.jit
-def _group_rows(ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
-                KEYS: gl.constexpr, LAYOUT: gl.constexpr):
-    """The group's state rows (layout rows of the features (a, c): see triton_sym2._feature_rows) as [FG, D] offsets
-    in LAYOUT (the accumulator's), their mask and the keys' multiplicities (1 in tile ti, 2 after it; 1.0 for the
-    query side): they scale the finished sums (exact: the steps' products did not carry them)."""
-    offs_f = gl.arange(0, FG, layout=gl.SliceLayout(1, LAYOUT))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, LAYOUT))
-    c = offs_f % TJ
-    rows = ((l0 + c // TW) * (TW * TW) + (offs_f // TJ) * TW + c % TW)[:, None] * D + offs_d[None, :]
-    mult = gl.expand_dims(gl.where(tj + c // TW == ti, 1.0, 2.0), 1) if KEYS else 1.0
-    return rows, (tj * TW + c < D)[:, None], mult
+def _group_rows(grows, ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
+                KEYS: gl.constexpr, LAYOUT: gl.constexpr, MULT_ONLY: gl.constexpr = False):
+    """The group's state rows as [FG, D] offsets in LAYOUT (the accumulator's), their mask and the keys'
+    multiplicities (1 in a diagonal block, 2 elsewhere; 1.0 for the query side): they scale the finished sums (exact:
+    the steps' products did not carry them). MULT_ONLY: the multiplicities alone (offsets and mask: 0)."""
+    frows, fmask, mult = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, gl.SliceLayout(1, LAYOUT), MULT_ONLY)
+    mult = gl.expand_dims(mult, 1) if KEYS else 1.0
+    if not MULT_ONLY:
+        frows = frows[:, None] * D + gl.arange(0, D, layout=gl.SliceLayout(0, LAYOUT))[None, :]
+        fmask = fmask[:, None]
+    return frows, fmask, mult
 
 
 @gluon.jit
-def _group_zrows(ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
-                 KEYS: gl.constexpr, LAYOUT: gl.constexpr):
-    """_group_rows for the normalizer state (one value per feature; LAYOUT 1-D)."""
-    fz = gl.arange(0, FG, layout=LAYOUT)
-    cz = fz % TJ
-    mult = gl.where(tj + cz // TW == ti, 1.0, 2.0) if KEYS else 1.0
-    return (l0 + cz // TW) * (TW * TW) + (fz // TJ) * TW + cz % TW, tj * TW + cz < D, mult
+def _group_zrows(grows, ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
+                 KEYS: gl.constexpr, LAYOUT: gl.constexpr, MULT_ONLY: gl.constexpr = False):
+    """Per accumulator row (LAYOUT 1-D) its layout row, whether it exists (the group's row of
+    triton_sym2.gluon_groups' table grows: the row or -1; loaded, not computed: the pairs of last blocks map their
+    rows transposed, and the formulas' registers spilled at the cap) and the keys' multiplicity (row a TW + c is
+    column tile tj for c % (TW JG) < TW, else tjb: 1 where that is the row tile ti)."""
+    f = gl.arange(0, FG, layout=LAYOUT)
+    mult = gl.where(gl.where(f % TJ >= TW, tjb, tj) == ti, 1.0, 2.0) if KEYS else 1.0
+    if MULT_ONLY:
+        rows = 0
+        exists = 0
+    else:
+        e = gl.load(grows + f)
+        rows = gl.maximum(e, 0)
+        exists = e >= 0
+    return rows, exists, mult
 
 
 @gluon.jit
-def _prefetch_state(SF, sf_s, slot, DS, ti, tj, l0, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr,
+def _prefetch_state(SF, sf_s, slot, DS, grows, ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr,
                     D: gl.constexpr, CP: gl.constexpr):
     """cp.async of the group's rows of state slot `slot` of SF (bf16 (.., DS, D)) into sf_s [FG, D] in the copy
     layout CP (the ring's [rows, D] one), one commit group (rows outside the state: zeros)."""
-    rows, fmask, _ = _group_rows(ti, tj, l0, FG, TJ, TW, D, False, CP)
+    rows, fmask, _ = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, False, CP)
     _cp_async(sf_s, SF + slot * DS * D + rows, mask=fmask & (rows >= 0))      # (rows >= 0: the mask's full shape)
     async_copy.commit_group()
 
@@ -119,7 +128,7 @@ def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_a
 
 
 @gluon.jit
-def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
+def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
                 L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
@@ -127,7 +136,8 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                 DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True, FACTOR_BANKS: gl.constexpr = True,
                 COALESCED: gl.constexpr = True):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
-    features, as `_sym2_outer` with XT_IN. X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
+    features, as `_sym2_outer` with XT_IN; GRP / GROWS: triton_sym2.gluon_groups' tables (its tiles, the layout rows
+    of its accumulator rows). X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
     by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
     no per-row work here. L3: operand_layout_3d. The products are formed in bf16 (one rounding, as the fp32 product
     rounded for the matmul). The normalizer sums run on the tensor cores, phi^T times a [rows, 8] tile of row
@@ -192,15 +202,17 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         nchunk = 1
     i_b = (pid_bh // HK).to(gl.int64)
     i_hk = pid_bh % HK
-    ti = gl.load(GRP + 3 * g)
+    ti = gl.load(GRP + 3 * g)     # the group (triton_sym2.gluon_groups): its row tile and two column tiles
     tj = gl.load(GRP + 3 * g + 1)
-    l0 = gl.load(GRP + 3 * g + 2)
+    tjb = gl.load(GRP + 3 * g + 2)
+    grows = GROWS + g * FG        # and the layout rows of its features
     start = n_first * C
     # step-0 addresses (head i_hk * REP, rows start..start+BK); later steps add a scalar offset (_issue_step)
     xt = X + ((i_b * HX + i_hk * REP) * D) * T + start
     rx = gl.arange(0, BK, layout=gl.SliceLayout(0, CPX))
     ai = gl.arange(0, TW, layout=gl.SliceLayout(1, CPX))
-    cj = tj * TW + gl.arange(0, TJ, layout=gl.SliceLayout(1, CPX))
+    cc = gl.arange(0, TJ, layout=gl.SliceLayout(1, CPX))
+    cj = gl.where(cc >= TW, tjb, tj) * TW + cc % TW             # the x_j rows: TW of tile tj, then TW of tile tjb
     xi_p = xt + (ti * TW + ai)[:, None] * T + rx[None, :]
     xj_p = xt + cj[:, None] * T + rx[None, :]
     jmask = (cj < D)[:, None] & (rx < BK)[None, :]
@@ -220,7 +232,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
 
     nstep_all = nchunk * NSTEP
     if PREFETCH:     # the first chunk's S_n goes before the ring's prologue (its wait below counts on that)
-        _prefetch_state(SF, sf_s, slot0 + n_first, DS, ti, tj, l0, FG, TJ, TW, D, CPY)
+        _prefetch_state(SF, sf_s, slot0 + n_first, DS, grows, ti, tj, tjb, FG, TJ, TW, D, CPY)
     g_next = 0.0
     if SCAN and GATED and PREFETCH_SF:   # each chunk's decay is loaded one chunk ahead
         g_next = gl.load(G + (i_b * T + n_first * C + C - 1) * HK + i_hk)
@@ -229,21 +241,21 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                     NSTEP, W_ROWS, REV)
     if SCAN:     # the state entering the scan (slot 0, or slot NC in reverse), without the multiplicities
         base = (slot0 + (NC if REV else 0)) * DS
-        rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+        rows, fmask, mult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MMA)
         acc = gl.load(OUT + base * D + rows, mask=fmask, other=0.0).to(gl.float32) / mult
         accz = gl.zeros([FG, 8], gl.float32, MMAZ)
         if Z_SUMS:
             # the normalizer state runs through the scan even without normalizer sums (NORMS False: the query side
             # of norm=False, where dL/dz_NC still flows back to every chunk)
-            zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
+            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MZ)
             z0 = gl.load(OUTZ + base + zrows, mask=zmask, other=0.0) / multz
             col0 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMAZ)) == 0, 0)
             accz = gl.where(col0, gl.expand_dims(z0, 1), accz)
         if DU_MULT:  # slot NC (dL/dS_NC, written by the host) is dU_{NC-1}: with the key side's multiplicities too
-            _, _, mult_k = _group_rows(ti, tj, l0, FG, TJ, TW, D, True, MMA)
+            _, _, mult_k = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, True, MMA, True)
             gl.store(OUT + base * D + rows, (acc * mult_k).to(OUT.dtype.element_ty), mask=fmask)
             if Z_SUMS:
-                _, _, multz_k = _group_zrows(ti, tj, l0, FG, TJ, TW, D, True, MZ)
+                _, _, multz_k = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, True, MZ, True)
                 gl.store(OUTZ + base + zrows, z0 * multz_k, mask=zmask)
     else:
         acc = gl.zeros([FG, D], gl.float32, MMA)
@@ -269,11 +281,11 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                     _barrier()
                     s_n = sf_s.load(MMA).to(gl.float32)
                 else:
-                    rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+                    rows, fmask, mult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MMA)
                     s_n = gl.load(SF + sb * D + rows, mask=fmask, other=0.0).to(gl.float32)
                 part = gl.sum(gl.sum(s_n * acc, axis=1), axis=0)
                 if Z_SUMS:
-                    zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, MZ)
+                    zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MZ)
                     z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
                     part += gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
                 gl.store(DGT + (pid_bh.to(gl.int64) * gl.num_programs(0) + g) * NC + n, decay * part)
@@ -314,7 +326,7 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
                         C, BK, NBUF, NSTEP, W_ROWS, REV)
             if PREFETCH:     # after step 0's barrier every thread is done reading this chunk's S_n from sf_s
                 if st == 0 and ci + 1 < nchunk:
-                    _prefetch_state(SF, sf_s, slot0 + n_next, DS, ti, tj, l0, FG, TJ, TW, D, CPY)
+                    _prefetch_state(SF, sf_s, slot0 + n_next, DS, grows, ti, tj, tjb, FG, TJ, TW, D, CPY)
         if NORMS:
             acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0,
                                                               deps=(acc, accz, phi_prev, lo_prev))
@@ -323,19 +335,20 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
             # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers
             base = (slot0 + n + SLOT) * DS
-            rows, fmask, smult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MMA)
+            s_unused, m_unused, smult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS or DU_MULT, MMA, True)
             if DU_MULT:  # slot 0 (dL/dS_0, returned) without them
                 smult = smult + (1.0 - smult) * (n == 0).to(gl.float32)
             out = (acc * smult).to(OUT.dtype.element_ty)
             if COALESCED:
                 # through shared memory into 16-byte rows: a warp then writes 4 whole state rows (512 contiguous
                 # bytes) per store, where from the accumulator's layout each store wrote 8 rows x 16 bytes
-                rows_c, fmask_c, mult_c = _group_rows(ti, tj, l0, FG, TJ, TW, D, False, CPY)
+                rows_c, fmask_c, mult_c = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, False, CPY)
                 gl.store(OUT + base * D + rows_c, gl.convert_layout(out, CPY), mask=fmask_c)
             else:
-                gl.store(OUT + base * D + rows, out, mask=fmask)
+                srows, smask, mult_c = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, False, MMA)
+                gl.store(OUT + base * D + srows, out, mask=smask)
             if Z_SUMS:
-                zrows, zmask, zmult = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS or DU_MULT, MZ)
+                zrows, zmask, zmult = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS or DU_MULT, MZ)
                 if DU_MULT:
                     zmult = zmult + (1.0 - zmult) * (n == 0).to(gl.float32)
                 gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * zmult, mask=zmask)
@@ -345,10 +358,10 @@ def gluon_outer(X, Y, W, GRP, OUT, OUTZ, T, NC, DS, SLOT,
         # memory
         _barrier()
         base = (slot0 + n_first + SLOT) * DS
-        rows, fmask, mult = _group_rows(ti, tj, l0, FG, TJ, TW, D, KEYS, MMA)
+        rows, fmask, mult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MMA)
         gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
         if Z_SUMS:
             ZB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             z = gl.convert_layout(gl.sum(accz, axis=1), ZB)     # the weights' columns: [w] or [hi, lo], the rest 0
-            zrows, zmask, multz = _group_zrows(ti, tj, l0, FG, TJ, TW, D, KEYS, ZB)
+            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, ZB)
             gl.store(OUTZ + base + zrows, z * multz, mask=zmask)

@@ -358,43 +358,61 @@ def _dense_zmat(Z, OUT, DS, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr,
 
 @triton.jit
 def _norm_chunk_sums(X, W, ZC, T, NC, HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
-                     BK: tl.constexpr, WEIGHTED: tl.constexpr):
-    """Program (chunk n, b*hk): ZC[b*hk, n] = sum over chunk n's rows r of its GQA heads of w_r x'_r x'_r^T, [D, D]
-    fp32: the normalizer sums of the p=2 features in matrix form (feature (i, j) is entry [i, j]). X: the (b, HX, D,
-    T) scaled copy the outer products read (rows already times the square roots of their row factors); WEIGHTED (the
-    query side): w_r = hi + lo of W (b, T, HX, 8), the rows' -Delta, and x' w is split into bf16 hi + lo before its
-    matmul; keys: w = 1. The products are exact in the matmul (bf16 x bf16 in fp32), so no lo of the features is
-    needed, unlike sums of the bf16 features phi."""
-    n = tl.program_id(0)
+                     BK: tl.constexpr, WEIGHTED: tl.constexpr, CPP: tl.constexpr):
+    """Program (chunks CPP m .. CPP m + CPP - 1, b*hk): ZC[b*hk, n] = sum over chunk n's rows r of its GQA heads of
+    w_r x'_r x'_r^T, [D, D] fp32: the normalizer sums of the p=2 features in matrix form (feature (i, j) is entry
+    [i, j]). X: the (b, HX, D, T) scaled copy the outer products read (rows already times the square roots of their
+    row factors); WEIGHTED (the query side): w_r = hi + lo of W (b, T, HX, 8), the rows' -Delta, and x' w is split
+    into bf16 hi + lo before its matmul; keys: w = 1. The products are exact in the matmul (bf16 x bf16 in fp32), so
+    no lo of the features is needed, unlike sums of the bf16 features phi. The CPP chunks are one loop (a chunk's
+    sum stored, and the accumulator cleared, at its last step) so that the loads stay pipelined across chunks: at
+    chunk 512, one program a chunk took twice chunk 1024's time for the same bytes."""
+    m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = pid_bh // HK
     i_hk = pid_bh % HK
     REP: tl.constexpr = HX // HK
+    STEPS: tl.constexpr = REP * (C // BK)          # steps a chunk: its row blocks, for each GQA head
     offs_d = tl.arange(0, D)
     offs_r = tl.arange(0, BK)
     acc = tl.zeros([D, D], tl.float32)
-    for rep in range(REP):
-        h = i_hk * REP + rep
-        base = X + ((i_b * HX + h) * D).to(tl.int64) * T + n * C
-        for r in range(0, C, BK):
-            x = tl.load(base + offs_d[:, None] * T + (r + offs_r)[None, :])           # [D, BK]
-            if WEIGHTED:
-                wrow = W + ((i_b * T + n * C + r + offs_r).to(tl.int64) * HX + h) * 8
-                w = tl.load(wrow).to(tl.float32) + tl.load(wrow + 1).to(tl.float32)
-                xw = x.to(tl.float32) * w[None, :]
-                hi = xw.to(x.dtype)
-                acc = tl.dot(hi, tl.trans(x), acc)
-                acc = tl.dot((xw - hi.to(tl.float32)).to(x.dtype), tl.trans(x), acc)
-            else:
-                acc = tl.dot(x, tl.trans(x), acc)
-    out = ZC + ((pid_bh.to(tl.int64) * NC + n) * D + offs_d[:, None]) * D + offs_d[None, :]
-    tl.store(out, acc)
+    out = ZC + ((pid_bh.to(tl.int64) * NC + m * CPP) * D + offs_d[:, None]) * D + offs_d[None, :]
+    if WEIGHTED:     # the weights one step ahead: strided 2-byte loads, not pipelined by the compiler as x is
+        w_next = _norm_sums_weights(W, 0, m, i_b, i_hk, offs_r, T, HX, REP, C, BK, CPP)
+    for s in range(CPP * STEPS):
+        c = s // STEPS
+        h = i_hk * REP + (s % STEPS) // (C // BK)
+        t0 = (m * CPP + c) * C + (s % (C // BK)) * BK
+        x = tl.load(X + ((i_b * HX + h) * D).to(tl.int64) * T + t0 + offs_d[:, None] * T + offs_r[None, :])  # [D, BK]
+        if WEIGHTED:
+            w = w_next
+            w_next = _norm_sums_weights(W, (s + 1) % (CPP * STEPS), m, i_b, i_hk, offs_r, T, HX, REP, C, BK, CPP)
+            xw = x.to(tl.float32) * w[None, :]
+            hi = xw.to(x.dtype)
+            acc = tl.dot(hi, tl.trans(x), acc)
+            acc = tl.dot((xw - hi.to(tl.float32)).to(x.dtype), tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(x), acc)
+        if s % STEPS == STEPS - 1:
+            tl.store(out + c * (D * D), acc)
+            acc = tl.zeros([D, D], tl.float32)
+
+
+@triton.jit
+def _norm_sums_weights(W, s, m, i_b, i_hk, offs_r, T, HX: tl.constexpr, REP: tl.constexpr, C: tl.constexpr,
+                       BK: tl.constexpr, CPP: tl.constexpr):
+    """The query side's row weights w = hi + lo of W (b, T, HX, 8) for _norm_chunk_sums' step s, fp32 [BK]."""
+    STEPS: tl.constexpr = REP * (C // BK)
+    h = i_hk * REP + (s % STEPS) // (C // BK)
+    t0 = (m * CPP + s // STEPS) * C + (s % (C // BK)) * BK
+    wrow = W + ((i_b * T + t0 + offs_r).to(tl.int64) * HX + h) * 8
+    return tl.load(wrow).to(tl.float32) + tl.load(wrow + 1).to(tl.float32)
 
 
 @triton.jit
 def _norm_scan(ZC, G, OUTZ, ZF, DGT, T, NC, DS, SLOT, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
                NT: tl.constexpr, TW: tl.constexpr, BI: tl.constexpr, KEYS: tl.constexpr, GATED: tl.constexpr,
-               DU_MULT: tl.constexpr, SUMS: tl.constexpr):
+               DU_MULT: tl.constexpr, SUMS: tl.constexpr, AHEAD: tl.constexpr = 0):
     """Program (b*hk, rows block): the gated cumulative sum over chunks of the packed normalizer state OUTZ (b, hk,
     NC+1, DS), for the features (i, j) with i in rows [BI r, BI r + BI) (the layout holds (i, j) for tile(j) >=
     tile(i): _win), from the chunks' sums ZC (_norm_chunk_sums; SUMS False: none, the state only decays). What
@@ -419,22 +437,58 @@ def _norm_scan(ZC, G, OUTZ, ZF, DGT, T, NC, DS, SLOT, HK: tl.constexpr, D: tl.co
     if DU_MULT:        # slot NC (dL/dz_NC, written by the host) is dUz_{NC-1}: with the key side's multiplicities
         tl.store(OUTZ + (slot0 + first) * DS + P, z * mult_k, mask=held)
     zc_base = ZC + pid_bh.to(tl.int64) * NC * D * D + i * D + j
+    # AHEAD: the next chunks' loads are issued before this chunk's sums and stores (one after another, each step
+    # waited on its loads: at chunk 512 the 128 steps took ~2.8 us each); (ci + k) % NC stays in bounds at the end
+    if AHEAD >= 1:
+        dec1, zf1, zc1 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, 0, i_b, i_hk, T, NC, DS, HK, D, C,
+                                           KEYS, GATED, SUMS)
+    if AHEAD >= 2:
+        dec2, zf2, zc2 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, 1 % NC, i_b, i_hk, T, NC, DS, HK, D, C,
+                                           KEYS, GATED, SUMS)
     for ci in range(NC):
         n = ci if KEYS else NC - 1 - ci
+        if AHEAD == 0:
+            decay, zf, zc = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, ci, i_b, i_hk, T, NC, DS, HK, D, C,
+                                              KEYS, GATED, SUMS)
+        elif AHEAD == 1:
+            decay, zf, zc = dec1, zf1, zc1
+            dec1, zf1, zc1 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, (ci + 1) % NC, i_b, i_hk, T, NC, DS,
+                                               HK, D, C, KEYS, GATED, SUMS)
+        else:
+            decay, zf, zc = dec1, zf1, zc1
+            dec1, zf1, zc1 = dec2, zf2, zc2
+            dec2, zf2, zc2 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, (ci + 2) % NC, i_b, i_hk, T, NC, DS,
+                                               HK, D, C, KEYS, GATED, SUMS)
         if GATED:
-            decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
             if not KEYS:     # dgt_n = decay_n <z_n, R_{n+1}> (z_n with the multiplicities, R plain)
-                zf = tl.load(ZF + (slot0 + n) * DS + P, mask=held, other=0.0)
                 tl.store(DGT + (pid_bh.to(tl.int64) * tl.num_programs(1) + pr) * NC + n, decay * tl.sum(zf * z))
             z = z * decay
         if SUMS:
-            z += tl.load(zc_base + n * (D * D), mask=held, other=0.0)
+            z += zc
         out = z
         if KEYS:
             out = z * mult_k
         if DU_MULT:
             out = tl.where(n == 0, z, z * mult_k)
         tl.store(OUTZ + (slot0 + n + SLOT) * DS + P, out, mask=held)
+
+
+@triton.jit
+def _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, ci, i_b, i_hk, T, NC, DS, HK: tl.constexpr, D: tl.constexpr,
+                      C: tl.constexpr, KEYS: tl.constexpr, GATED: tl.constexpr, SUMS: tl.constexpr):
+    """What _norm_scan's step ci reads: chunk n's decay (1 ungated), the forward's z_n (the gated query side's dgt;
+    else zeros) and the chunk's sums (zeros without SUMS); n = ci for keys, NC - 1 - ci for the query side."""
+    n = ci if KEYS else NC - 1 - ci
+    decay = tl.full([], 1.0, tl.float32)
+    zf = tl.zeros(P.shape, tl.float32)
+    zc = tl.zeros(P.shape, tl.float32)
+    if GATED:
+        decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
+        if not KEYS:
+            zf = tl.load(ZF + (slot0 + n) * DS + P, mask=held, other=0.0)
+    if SUMS:
+        zc = tl.load(zc_base + n * (D * D), mask=held, other=0.0)
+    return decay, zf, zc
 
 
 @triton.jit
@@ -724,6 +778,55 @@ def groups(d: int, jg: int, device) -> torch.Tensor:
     return _GROUPS[key]
 
 
+_GLUON_GROUPS: dict = {}
+
+
+def gluon_groups(d: int, jg: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gluon outer products' groups: (NG, 3) int32 (row tile ti, column tiles tj, tjb) and (NG, TW * TW * jg)
+    int32, per accumulator row a TW jg + c (the product x_(TW ti + a) x_(TW jt + c % TW), jt = tj for c < TW, else
+    tjb) its layout row, or -1 where jt is past the tiles (the kernel forms the multiplicities from ti and jt).
+
+    As groups(): JG consecutive column tiles of one row (tjb = tj + 1), product (TW ti + a, TW jt + c) at row
+    a TW + c of block l(ti, jt). With GLUON_OUTER_PAIRS, the rows whose last group would hold one block (tile
+    nt - 1 alone, the other half of its matmuls on zeros) give those blocks (i, nt - 1) to groups of two: the products
+    of row tile nt - 1 with column tiles i and i', each stored transposed (product (TW (nt-1) + a, TW i + c) is
+    feature (TW i + c, TW (nt-1) + a), row c TW + a of block l(i, nt - 1)). d=64 at JG 2: 18 full groups instead of
+    20 with 4 half empty."""
+    key = (d, jg, GLUON_OUTER_PAIRS, str(device))
+    if key not in _GLUON_GROUPS:
+        nt, tw = d // TILE2, TILE2
+        block = {}
+        for i in range(nt):
+            for j in range(i, nt):
+                block[i, j] = len(block)
+        groups_, alone = [], []
+        for i in range(nt):
+            for j0 in range(i, nt, jg):
+                if jg == 2 and j0 == nt - 1 and GLUON_OUTER_PAIRS:
+                    alone.append(i)
+                else:
+                    groups_.append((i, j0, j0 + 1, False))
+        for k in range(0, len(alone) - 1, 2):
+            groups_.append((nt - 1, alone[k], alone[k + 1], True))
+        if len(alone) % 2:
+            groups_.append((alone[-1], nt - 1, nt, False))
+        rows = []
+        for ti, tj, tjb, transposed in groups_:
+            out = []
+            for f in range(tw * tw * jg):
+                a, c, jt = f // (tw * jg), f % tw, tjb if f % (tw * jg) >= tw else tj
+                if jt >= nt:
+                    out.append(-1)
+                elif transposed:
+                    out.append(block[jt, ti] * tw * tw + c * tw + a)
+                else:
+                    out.append(block[ti, jt] * tw * tw + a * tw + c)
+            rows.append(out)
+        _GLUON_GROUPS[key] = (torch.tensor([g[:3] for g in groups_], dtype=torch.int32, device=device),
+                              torch.tensor(rows, dtype=torch.int32, device=device))
+    return _GLUON_GROUPS[key]
+
+
 ENABLED = True     # False: p = 2 runs the generic expand-MMA kernels (A/B timing, tests)
 FORCE = False      # True: use these kernels for every dtype (the interpreter test runs them in fp32)
 # kernel -> (JG, rows per program or step, warps, stages[, maxnreg]); d = 32 and 64: H200 sweeps (sessions 4-6),
@@ -841,6 +944,8 @@ GLUON_OUTER_FACTOR_BANKS = True   # gluon_outer's factor tiles swizzled per 128-
 #   every ldmatrix of x_j
 GLUON_OUTER_COALESCED = True   # the scans write each chunk's state rows through shared memory as 16-byte rows (a warp
 #   writes 4 whole rows per store) instead of from the accumulator's layout (8 rows x 16 bytes per store, 4x the stores)
+GLUON_OUTER_PAIRS = True   # the rows' half-empty last groups paired into full ones (gluon_groups: d=64, 20 -> 18
+#   groups; d=32, 6 -> 5): the zeros' matmuls were 10% of the scans' work
 GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (chunk 128 fails in Triton 3.6's
 #   ConvertTritonGPUToLLVM). Right since GLUON_OUTER_DRAIN (session 19 without it: the normalizer's float64 error moved
 #   run to run, 1.8e-3 .. 5.4e-3; session 20 with it: 1.8e-3 twice, GPU test mode rows64-bf16 passed), and the kernel
@@ -1030,6 +1135,8 @@ NORM_SCAN_CONCURRENT = True   # the normalizer apart on its own stream beside th
 NORM_SUMS_BK = 64     # rows of the chunk per _norm_chunk_sums step (H100 64k, both scans: 0.78 ms; 128: 0.81, 32: 0.86)
 NORM_SUMS_WARPS = 4   # its warps at d <= 64 (d = 128: 8) and pipeline stages
 NORM_SUMS_STAGES = 3
+NORM_SUMS_ROWS = 1024  # rows per _norm_chunk_sums program (whole chunks: 2 at chunk 512; 1 = a program a chunk)
+NORM_SCAN_AHEAD = 1   # chunks whose inputs _norm_scan loads ahead of the one it adds (0: none, the loads in turn)
 
 
 _SIDE_STREAMS: dict = {}
@@ -1045,6 +1152,11 @@ def side_stream(device, role: str) -> torch.cuda.Stream:
     return _SIDE_STREAMS[idx, role]
 
 
+def norm_sums_chunks(C: int, NC: int) -> int:
+    """Chunks per _norm_chunk_sums program: the most that divide NC and hold at most NORM_SUMS_ROWS rows."""
+    return max(c for c in range(1, max(1, NORM_SUMS_ROWS // C) + 1) if NC % c == 0)
+
+
 def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated, du_mult):
     """The normalizer half of gluon_outer's SCAN as two Triton kernels (GLUON_OUTER_Z False): each chunk's sums in
     matrix form from the scaled copy XT (b, hx, d, T) (and the query side's weights W), then their gated cumulative
@@ -1055,15 +1167,18 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
     if sums:
         zc = torch.empty(b * hk, NC, d, d, device=XT.device, dtype=torch.float32)
         bk = next(r for r in (NORM_SUMS_BK, 32, 16) if C % r == 0)     # gluon_outer runs only for C % 16 == 0
-        _norm_chunk_sums[(NC, b * hk)](XT, W, zc, T, NC, HX=hx, HK=hk, D=d, C=C, BK=bk, WEIGHTED=not keys,
-                                       num_warps=NORM_SUMS_WARPS if d <= 64 else 8, num_stages=NORM_SUMS_STAGES)
+        cpp = norm_sums_chunks(C, NC)
+        _norm_chunk_sums[(NC // cpp, b * hk)](XT, W, zc, T, NC, HX=hx, HK=hk, D=d, C=C, BK=bk, WEIGHTED=not keys,
+                                              CPP=cpp, num_warps=NORM_SUMS_WARPS if d <= 64 else 8,
+                                              num_stages=NORM_SUMS_STAGES)
     bi = min(NORM_SCAN_BI, d)
     dgt = None
     if gated and not keys:
         dgt = torch.empty(b * hk, d // bi, NC, device=XT.device, dtype=torch.float32)
     _norm_scan[(b * hk, d // bi)](zc, G, OUTZ, OUTZ if ZF is None else ZF, OUTZ if dgt is None else dgt, T, NC, DS,
                                   slot, HK=hk, D=d, C=C, NT=d // TILE2, TW=TILE2, BI=bi, KEYS=keys, GATED=gated,
-                                  DU_MULT=du_mult and not keys, SUMS=sums, num_warps=4)
+                                  DU_MULT=du_mult and not keys, SUMS=sums, AHEAD=NORM_SCAN_AHEAD,
+                                  num_warps=4)
     return None if dgt is None else dgt.view(b, hk, d // bi, NC).sum(2)
 
 
@@ -1089,7 +1204,7 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
     jg, bk, _, _ = blocks("outer", d)
     if gluon_outer_applies(X, d, C):
         jg, bk = gluon_outer_block(d, C)
-        grp = groups(d, jg, X.device)
+        grp, grows = gluon_groups(d, jg, X.device)
         from .gluon_sym2 import gluon_outer, operand_layout_3d
         if copy is None:     # the query side's normalizer weights, [hi, lo] of -Delta per row, come with the copy
             XT, W = scaled_copy_buffers(X, T, hx, d, norm, keys)
@@ -1115,8 +1230,8 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
             side = side_stream(X.device, "norm")
             side.wait_stream(torch.cuda.current_stream(X.device))
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
-            XT, Y, W, grp, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk, KEYS=keys,
-            NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
+            XT, Y, W, grp, grows, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
+            KEYS=keys, NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
             DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, FACTOR_BANKS=GLUON_OUTER_FACTOR_BANKS,
             COALESCED=GLUON_OUTER_COALESCED, **extra)
         if dgt is not None:
