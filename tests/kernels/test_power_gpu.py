@@ -252,8 +252,7 @@ EXPERIMENTAL_SWITCHES: dict = {"GLUON_DENSE_Z": True, "GLUON_OUTER_Z": True, "GL
                                   "streams-bf16-d32", "gluon-bf16-d128",
                                   "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
                                   "outerz-bf16-d128", "normstream-bf16", "normahead-bf16", "pairs-bf16",
-                                  "pairs-bf16-d32", "levels-bf16",
-                                  "inplace-bf16", "inplace-bf16-d32"])
+                                  "pairs-bf16-d32", "levels-bf16", "inplace-bf16", "inplace-bf16-d32"])
 def test_chunked_state_paths_agree(mode, monkeypatch):
     """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
     program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with

@@ -60,35 +60,32 @@ def factor_swizzle(BK, FACTOR_BANKS):
 
 @gluon.jit
 def _group_rows(grows, ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
-                KEYS: gl.constexpr, LAYOUT: gl.constexpr, MULT_ONLY: gl.constexpr = False):
+                KEYS: gl.constexpr, LAYOUT: gl.constexpr):
     """The group's state rows as [FG, D] offsets in LAYOUT (the accumulator's), their mask and the keys'
-    multiplicities (1 in a diagonal block, 2 elsewhere; 1.0 for the query side): they scale the finished sums (exact:
-    the steps' products did not carry them). MULT_ONLY: the multiplicities alone (offsets and mask: 0)."""
-    frows, fmask, mult = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, gl.SliceLayout(1, LAYOUT), MULT_ONLY)
-    mult = gl.expand_dims(mult, 1) if KEYS else 1.0
-    if not MULT_ONLY:
-        frows = frows[:, None] * D + gl.arange(0, D, layout=gl.SliceLayout(0, LAYOUT))[None, :]
-        fmask = fmask[:, None]
-    return frows, fmask, mult
+    multiplicities (_group_mults)."""
+    frows, fmask, mult = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS, gl.SliceLayout(1, LAYOUT))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, LAYOUT))
+    return frows[:, None] * D + offs_d[None, :], fmask[:, None], gl.expand_dims(mult, 1) if KEYS else 1.0
 
 
 @gluon.jit
-def _group_zrows(grows, ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, D: gl.constexpr,
-                 KEYS: gl.constexpr, LAYOUT: gl.constexpr, MULT_ONLY: gl.constexpr = False):
+def _group_mults(ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, KEYS: gl.constexpr,
+                 LAYOUT: gl.constexpr):
+    """Per accumulator row (LAYOUT 1-D) the keys' multiplicity (1.0 for the query side): row a TW + c is column tile
+    tj for c % (TW JG) < TW, else tjb; 1 where that is the row tile ti (a diagonal block), else 2. They scale the
+    finished sums (exact: the steps' products did not carry them)."""
+    f = gl.arange(0, FG, layout=LAYOUT)
+    return gl.where(gl.where(f % TJ >= TW, tjb, tj) == ti, 1.0, 2.0) if KEYS else 1.0
+
+
+@gluon.jit
+def _group_zrows(grows, ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, KEYS: gl.constexpr,
+                 LAYOUT: gl.constexpr):
     """Per accumulator row (LAYOUT 1-D) its layout row, whether it exists (the group's row of
     triton_sym2.gluon_groups' table grows: the row or -1; loaded, not computed: the pairs of last blocks map their
-    rows transposed, and the formulas' registers spilled at the cap) and the keys' multiplicity (row a TW + c is
-    column tile tj for c % (TW JG) < TW, else tjb: 1 where that is the row tile ti)."""
-    f = gl.arange(0, FG, layout=LAYOUT)
-    mult = gl.where(gl.where(f % TJ >= TW, tjb, tj) == ti, 1.0, 2.0) if KEYS else 1.0
-    if MULT_ONLY:
-        rows = 0
-        exists = 0
-    else:
-        e = gl.load(grows + f)
-        rows = gl.maximum(e, 0)
-        exists = e >= 0
-    return rows, exists, mult
+    rows transposed, and the formulas' registers spilled at the cap) and the keys' multiplicity (_group_mults)."""
+    e = gl.load(grows + gl.arange(0, FG, layout=LAYOUT))
+    return gl.maximum(e, 0), e >= 0, _group_mults(ti, tj, tjb, FG, TJ, TW, KEYS, LAYOUT)
 
 
 @gluon.jit
@@ -247,15 +244,15 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
         if Z_SUMS:
             # the normalizer state runs through the scan even without normalizer sums (NORMS False: the query side
             # of norm=False, where dL/dz_NC still flows back to every chunk)
-            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MZ)
+            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS, MZ)
             z0 = gl.load(OUTZ + base + zrows, mask=zmask, other=0.0) / multz
             col0 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMAZ)) == 0, 0)
             accz = gl.where(col0, gl.expand_dims(z0, 1), accz)
         if DU_MULT:  # slot NC (dL/dS_NC, written by the host) is dU_{NC-1}: with the key side's multiplicities too
-            _, _, mult_k = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, True, MMA, True)
+            mult_k = gl.expand_dims(_group_mults(ti, tj, tjb, FG, TJ, TW, True, gl.SliceLayout(1, MMA)), 1)
             gl.store(OUT + base * D + rows, (acc * mult_k).to(OUT.dtype.element_ty), mask=fmask)
             if Z_SUMS:
-                _, _, multz_k = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, True, MZ, True)
+                multz_k = _group_mults(ti, tj, tjb, FG, TJ, TW, True, MZ)
                 gl.store(OUTZ + base + zrows, z0 * multz_k, mask=zmask)
     else:
         acc = gl.zeros([FG, D], gl.float32, MMA)
@@ -285,7 +282,7 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
                     s_n = gl.load(SF + sb * D + rows, mask=fmask, other=0.0).to(gl.float32)
                 part = gl.sum(gl.sum(s_n * acc, axis=1), axis=0)
                 if Z_SUMS:
-                    zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MZ)
+                    zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS, MZ)
                     z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
                     part += gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
                 gl.store(DGT + (pid_bh.to(gl.int64) * gl.num_programs(0) + g) * NC + n, decay * part)
@@ -335,7 +332,8 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
         if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
             # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers
             base = (slot0 + n + SLOT) * DS
-            s_unused, m_unused, smult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS or DU_MULT, MMA, True)
+            smult = (gl.expand_dims(_group_mults(ti, tj, tjb, FG, TJ, TW, True, gl.SliceLayout(1, MMA)), 1)
+                     if KEYS or DU_MULT else 1.0)
             if DU_MULT:  # slot 0 (dL/dS_0, returned) without them
                 smult = smult + (1.0 - smult) * (n == 0).to(gl.float32)
             out = (acc * smult).to(OUT.dtype.element_ty)
@@ -348,7 +346,7 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
                 srows, smask, mult_c = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, False, MMA)
                 gl.store(OUT + base * D + srows, out, mask=smask)
             if Z_SUMS:
-                zrows, zmask, zmult = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS or DU_MULT, MZ)
+                zrows, zmask, zmult = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS or DU_MULT, MZ)
                 if DU_MULT:
                     zmult = zmult + (1.0 - zmult) * (n == 0).to(gl.float32)
                 gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * zmult, mask=zmask)
@@ -363,5 +361,5 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
         if Z_SUMS:
             ZB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             z = gl.convert_layout(gl.sum(accz, axis=1), ZB)     # the weights' columns: [w] or [hi, lo], the rest 0
-            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, ZB)
+            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS, ZB)
             gl.store(OUTZ + base + zrows, z * multz, mask=zmask)

@@ -437,28 +437,20 @@ def _norm_scan(ZC, G, OUTZ, ZF, DGT, T, NC, DS, SLOT, HK: tl.constexpr, D: tl.co
     if DU_MULT:        # slot NC (dL/dz_NC, written by the host) is dUz_{NC-1}: with the key side's multiplicities
         tl.store(OUTZ + (slot0 + first) * DS + P, z * mult_k, mask=held)
     zc_base = ZC + pid_bh.to(tl.int64) * NC * D * D + i * D + j
-    # AHEAD: the next chunks' loads are issued before this chunk's sums and stores (one after another, each step
-    # waited on its loads: at chunk 512 the 128 steps took ~2.8 us each); (ci + k) % NC stays in bounds at the end
-    if AHEAD >= 1:
-        dec1, zf1, zc1 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, 0, i_b, i_hk, T, NC, DS, HK, D, C,
-                                           KEYS, GATED, SUMS)
-    if AHEAD >= 2:
-        dec2, zf2, zc2 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, 1 % NC, i_b, i_hk, T, NC, DS, HK, D, C,
-                                           KEYS, GATED, SUMS)
+    # AHEAD: the next chunk's loads are issued before this chunk's sums and stores (one after another, each step
+    # waited on its loads: at chunk 512 the 128 steps took ~2.8 us each); (ci + 1) % NC stays in bounds at the end
+    if AHEAD:
+        ahead = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, 0, i_b, i_hk, T, NC, DS, HK, D, C, KEYS, GATED,
+                                  SUMS)
     for ci in range(NC):
         n = ci if KEYS else NC - 1 - ci
-        if AHEAD == 0:
+        if AHEAD:
+            decay, zf, zc = ahead
+            ahead = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, (ci + 1) % NC, i_b, i_hk, T, NC, DS, HK, D,
+                                      C, KEYS, GATED, SUMS)
+        else:
             decay, zf, zc = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, ci, i_b, i_hk, T, NC, DS, HK, D, C,
                                               KEYS, GATED, SUMS)
-        elif AHEAD == 1:
-            decay, zf, zc = dec1, zf1, zc1
-            dec1, zf1, zc1 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, (ci + 1) % NC, i_b, i_hk, T, NC, DS,
-                                               HK, D, C, KEYS, GATED, SUMS)
-        else:
-            decay, zf, zc = dec1, zf1, zc1
-            dec1, zf1, zc1 = dec2, zf2, zc2
-            dec2, zf2, zc2 = _norm_scan_inputs(G, ZF, zc_base, slot0, P, held, (ci + 2) % NC, i_b, i_hk, T, NC, DS,
-                                               HK, D, C, KEYS, GATED, SUMS)
         if GATED:
             if not KEYS:     # dgt_n = decay_n <z_n, R_{n+1}> (z_n with the multiplicities, R plain)
                 tl.store(DGT + (pid_bh.to(tl.int64) * tl.num_programs(1) + pr) * NC + n, decay * tl.sum(zf * z))
@@ -795,10 +787,7 @@ def gluon_groups(d: int, jg: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     key = (d, jg, GLUON_OUTER_PAIRS, str(device))
     if key not in _GLUON_GROUPS:
         nt, tw = d // TILE2, TILE2
-        block = {}
-        for i in range(nt):
-            for j in range(i, nt):
-                block[i, j] = len(block)
+        block = {(i, j): l for i, j, l in groups(d, 1, "cpu").tolist()}       # l(i, j) of the layout's blocks
         groups_, alone = [], []
         for i in range(nt):
             for j0 in range(i, nt, jg):
@@ -1136,7 +1125,8 @@ NORM_SUMS_BK = 64     # rows of the chunk per _norm_chunk_sums step (H100 64k, b
 NORM_SUMS_WARPS = 4   # its warps at d <= 64 (d = 128: 8) and pipeline stages
 NORM_SUMS_STAGES = 3
 NORM_SUMS_ROWS = 1024  # rows per _norm_chunk_sums program (whole chunks: 2 at chunk 512; 1 = a program a chunk)
-NORM_SCAN_AHEAD = 1   # chunks whose inputs _norm_scan loads ahead of the one it adds (0: none, the loads in turn)
+NORM_SCAN_AHEAD = 1   # _norm_scan loads the next chunk's inputs before it adds this one's (0: the loads in turn;
+#   two chunks ahead was no faster, session 29)
 
 
 _SIDE_STREAMS: dict = {}
