@@ -36,8 +36,8 @@ LABELS = {"exp": "exp", "window": "window-{window}", "linear": "linear", "power"
 class NoMixing(torch.nn.Module):
     """Benchmark-only attention core (--attentions none): each position keeps its own value, no token mixing and no
     cost. A model with it runs every other part of the step (projections, MLP or channel mix, gates, loss head,
-    optimizer), so its tokens/s is the ceiling any attention can reach in that model: what the issue's speed targets
-    are measured against (docs/models.md, "What the targets need")."""
+    optimizer), so its tokens/s is the ceiling any attention can reach in that model (docs/models.md, "Training
+    speed")."""
 
     def forward(self, q, k, v, x=None):
         return v

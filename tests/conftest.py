@@ -51,7 +51,7 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
-    """One dataset cache for the whole session (generated once, on first use)."""
+    """One dataset cache for the whole test run (generated once, on first use)."""
     return tmp_path_factory.mktemp("longctx_cache")
 
 
@@ -69,7 +69,7 @@ def compose(data_cache):
 
 @pytest.fixture
 def train_env(data_cache):
-    """Environment for running train.py in a subprocess (CPU, the session's dataset cache)."""
+    """Environment for running train.py in a subprocess (CPU, the test run's dataset cache)."""
     env = dict(os.environ)
     env["LONGCTX_CACHE"] = str(data_cache)
     env["WANDB_SILENT"] = "true"

@@ -120,7 +120,7 @@ class LongCrawl64:
         self.block_docs = S
         self._lookahead = math.ceil(S / self.docs_per_rank / W) + 1  # batches spanning about one block
         self._next = 0                                     # global index of the next batch to yield
-        self._session = 0
+        self._iteration = 0
         self._worker: threading.Thread | None = None
         self._stop: threading.Event | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -158,8 +158,8 @@ class LongCrawl64:
     # ----- iteration -----------------------------------------------------------------------------------
     def __iter__(self):
         self._stop_worker()
-        self._session += 1
-        session = self._session
+        self._iteration += 1
+        iteration = self._iteration
         stop = threading.Event()
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         if self._pool is None:
@@ -168,11 +168,11 @@ class LongCrawl64:
         self._worker = threading.Thread(target=self._produce, args=(weakref.ref(self), self._next, q, stop),
                                         daemon=True, name="lc64-batches")
         self._worker.start()
-        return self._consume(session, q, stop)
+        return self._consume(iteration, q, stop)
 
-    def _consume(self, session, q, stop):
+    def _consume(self, iteration, q, stop):
         while True:
-            if self._session != session:
+            if self._iteration != iteration:
                 raise RuntimeError("this LongCrawl64 iterator was superseded by a later iter(), "
                                    "load_state_dict() or close(); call iter(loader) again")
             item = q.get()
@@ -279,7 +279,7 @@ class LongCrawl64:
             if self._worker is not threading.current_thread():
                 self._worker.join()
             self._worker = None
-        self._session += 1
+        self._iteration += 1
 
     def close(self) -> None:
         """Stop the background threads (iteration can start again later)."""

@@ -1,0 +1,152 @@
+"""Redraw the plots of docs/results/ from their JSON records (no GPU, no training: the numbers are read, not measured).
+
+    python scripts/plot_results.py                     # every <table>.json in docs/results -> <table>.png
+    python scripts/plot_results.py --dir out kernel_benchmark
+
+Each JSON carries the command that measured it; README.md's "Results" quotes the same records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from longctx.train.loggers import plot_icl_curves  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+IMPL_LABELS = {"longctx_p2": "longctx", "power_attention_1.4.4_p2": "power-attention 1.4.4",
+               "sdpa_cudnn": "SDPA cuDNN (softmax)"}
+
+
+def _ctx_label(t: int) -> str:
+    return f"{t // 1024}k" if t % 1024 == 0 else f"{t:,}"
+
+
+def _finish(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_kernel_benchmark(record: dict, path: Path) -> Path:
+    """Milliseconds against context length, forward and forward+backward side by side, log-log."""
+    rows = record["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, mode, name in zip(axes, ("fwdbwd", "fwd"), ("forward + backward", "forward")):
+        for impl, label in IMPL_LABELS.items():
+            pts = sorted((r["t"], r["ms"]) for r in rows if r["impl"] == impl and r["mode"] == mode)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ctxs = sorted({r["t"] for r in rows})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ctxs, [_ctx_label(t) for t in ctxs])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("time per call (ms, lower is better)")
+        ax.set_title(f"{name}: b=8, h=12, d=64, bf16, p=2", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Power-attention kernels ({record['env']['gpu']})", fontsize=11)
+    return _finish(fig, path)
+
+
+def plot_training_throughput(record: dict, path: Path) -> Path:
+    """Tokens/s per attention, grouped by model and context, as bars."""
+    rows = [r for r in record["rows"] if not r.get("error")]
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    groups = list(dict.fromkeys((r["arch"], r["ctx"]) for r in rows))
+    rate = {(r["arch"], r["ctx"], r["label"]): r["tokens_per_s"] / 1e3 for r in rows}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        xs = [g + (i - (len(labels) - 1) / 2) * width for g in range(len(groups))]
+        ys = [rate.get((arch, ctx, label), 0.0) for arch, ctx in groups]
+        name = {"no mixing": "no attention (ceiling)", "power p=2": "power p=2", "exp": "exp (softmax)"}.get(label, label)
+        ax.bar(xs, ys, width, label=name)
+    ax.set_xticks(range(len(groups)), [f"{arch.upper().replace('GPT2', 'GPT-2')} small\nctx {_ctx_label(ctx)}"
+                                       for arch, ctx in groups])
+    ax.set_ylabel("training throughput (k tokens/s)")
+    ax.set_title(f"Training steps, 65,536 tokens per update, bf16 ({record['env']['gpu']})", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _finish(fig, path)
+
+
+def plot_ddp_scaling(record: dict, path: Path) -> Path:
+    """Tokens/s of the last step on 1..N GPUs beside perfect scaling from one GPU."""
+    gpus = sorted(int(n) for n in record["runs"])
+    rates = [record["runs"][str(n)][-1]["tokens_per_s"] / 1e3 for n in gpus]
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    ax.bar([str(n) for n in gpus], rates, 0.5, label="measured")
+    ax.plot([str(n) for n in gpus], [rates[0] * n / gpus[0] for n in gpus], "k--", marker="_", label="perfect scaling")
+    for i, r in enumerate(rates):
+        ax.annotate(f"{r:.1f}k\n({r / rates[0]:.2f}x)", (i, r / 2), ha="center", va="center", color="white",
+                    fontsize=10)
+    ax.set_ylim(0, max(rates) * 1.15)
+    ax.set_xlabel("GPUs (DDP, same global batch)")
+    ax.set_ylabel("training throughput (k tokens/s)")
+    ax.set_title(f"GPT-2 small, power p=2, ctx 64k ({record['env']['gpu']})", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _finish(fig, path)
+
+
+def plot_wsfr(record: dict, path: Path) -> Path:
+    """Weight-to-state FLOP ratio against context, one line per attention, the paper's values as crosses."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for attention in dict.fromkeys(r["attention"] for r in record["rows"]):
+        rows = sorted((r for r in record["rows"] if r["attention"] == attention), key=lambda r: r["ctx"])
+        line, = ax.plot([r["ctx"] for r in rows], [r["wsfr_no_lm_head"] for r in rows], marker="o", label=attention)
+        paper = [(r["ctx"], _ratio(r["paper_wsfr"])) for r in rows if r.get("paper_wsfr")]
+        if paper:
+            ax.plot(*zip(*paper), "x", color=line.get_color(), ms=9, mew=2)
+    ax.plot([], [], "kx", ms=9, mew=2, label="paper's table")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("WSFR = weight FLOPs / state FLOPs\n(per token, LM head excluded)")
+    ax.set_title(f"Weight-to-state FLOP ratio, {record['model']}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _finish(fig, path)
+
+
+def _ratio(text: str) -> float:
+    a, b = text.split(":")
+    return float(a) / float(b)
+
+
+def plot_default_cpu_run(record: dict, path: Path) -> Path:
+    return plot_icl_curves(record["records"], path, "Default run (GPT-2 tiny, ICL Markov data, ctx 128, CPU): "
+                           "heldout loss by position")
+
+
+PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "training_throughput": plot_training_throughput,
+         "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run}
+
+
+def main(argv=None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tables", nargs="*", help=f"which tables (default: all of {', '.join(PLOTS)})")
+    parser.add_argument("--dir", type=Path, default=RESULTS, help="folder holding <table>.json; PNGs go beside them")
+    args = parser.parse_args(argv)
+    unknown = [t for t in args.tables if t not in PLOTS]
+    if unknown:
+        parser.error(f"unknown table {unknown[0]!r}; tables: {', '.join(PLOTS)}")
+    written = []
+    for table in args.tables or PLOTS:
+        record = json.loads((args.dir / f"{table}.json").read_text())
+        written.append(PLOTS[table](record, args.dir / f"{table}.png"))
+        print(written[-1])
+    return written
+
+
+if __name__ == "__main__":
+    main()
