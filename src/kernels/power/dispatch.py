@@ -3,9 +3,9 @@
 Routing (docs/kernels.md has the measurements behind the thresholds):
 * a stateless call with `chunk_size=None`: the Triton chunked form (chunk CHUNKED_DEFAULT_C) when it is the
   faster one -- t >= min_chunked_t(d) and either p = 1 (state of d x d: cheap at any dtype) or p = 2 with bf16
-  inputs (the grouped kernels of triton_sym2.py) -- else the Triton attention form (quadratic, fastest at short
+  inputs (the grouped kernels of chunk_p2/kernels.py) -- else the Triton attention form (quadratic, fastest at short
   t; the faster form for p >= 3 and for p = 2 in fp16/fp32, where only the generic chunked kernels exist);
-* `chunk_size` set, `initial_state`, `return_state`, decoding: the Triton chunked kernels (triton_chunked.py;
+* `chunk_size` set, `initial_state`, `return_state`, decoding: the Triton chunked kernels (chunk.py;
   every p, dtype, GQA, gating, state in/out; GPU-tested).
 
 `LONGCTX_POWER_IMPL` (read at each call) overrides the choice for stateless calls: `auto` (default, above),
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 
-from . import triton_sym2
+from .autograd import attention_form, chunked_form
+from .chunk_p2.kernels import applies as p2_applies
 from .reference import power_attention_reference
-from .triton_attention import attention_form
 
 IMPL_ENV = "LONGCTX_POWER_IMPL"
 IMPLS = ("auto", "chunked", "attention", "reference")
@@ -36,7 +36,7 @@ CHUNKED_C_P2 = 512          # ... for p=2 on the bf16 state kernels at d <= 64 (
                             # h=12 d=64: 64k fwd+bwd 52.69 -> 50.46 ms, 8k 6.473 -> 6.203): half the intra-chunk
                             # attention's work for twice the chunk states, whose scans lost their per-chunk cost to
                             # coalesced stores, and whose memory the backward's in-place state gradients pay
-                            # (triton_sym2.BWD_STATES_IN_PLACE: peak 15.69 GB against 15.50 at 1024 before)
+                            # (kernels.BWD_STATES_IN_PLACE: peak 15.69 GB against 15.50 at 1024 before)
 
 
 def _impl() -> str:
@@ -56,7 +56,7 @@ def min_chunked_t(p: int, d: int) -> int:
 def default_chunk(p: int, d: int, dtype=None) -> int:
     """The chunk length of a call that gives none: CHUNKED_C_P2 for p=2 on the bf16 state kernels at d <= 64, else
     CHUNKED_DEFAULT_C."""
-    if p == 2 and d <= 64 and dtype is not None and triton_sym2.applies(p, d, dtype):
+    if p == 2 and d <= 64 and dtype is not None and p2_applies(p, d, dtype):
         return CHUNKED_C_P2
     return CHUNKED_DEFAULT_C
 
@@ -72,7 +72,7 @@ def cuda_chunk_size(t: int, p: int, d: int, dtype=None):
         return None
     if p == 1:
         return CHUNKED_DEFAULT_C
-    return default_chunk(p, d, dtype) if dtype is not None and triton_sym2.applies(p, d, dtype) else None
+    return default_chunk(p, d, dtype) if dtype is not None and p2_applies(p, d, dtype) else None
 
 
 def power_attention_cuda(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state, return_state):
@@ -82,7 +82,6 @@ def power_attention_cuda(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_
                                          initial_state=initial_state, return_state=return_state)
     if chunk_size is None and initial_state is None and not return_state:
         return attention_form(q, k, v, log_g, p=p, scale=scale, norm=norm)
-    from .triton_chunked import chunked_form
     chunk_size = chunk_size or default_chunk(p, q.shape[-1], q.dtype)
     return chunked_form(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size,
                         norm=norm, initial_state=initial_state, return_state=return_state)

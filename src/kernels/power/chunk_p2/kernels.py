@@ -1,6 +1,6 @@
 """Fast state kernels of the chunked form for p = 2 (tile 8): "grouped outer-product expansion".
 
-Why a second set: the generic expand-MMA kernels (triton_chunked.py) build each [rows, 64] block of phi by
+Why a second set: the generic expand-MMA kernels (chunk.py) build each [rows, 64] block of phi by
 pointer gathers and run [64 x 32 x 32] matmuls with one-hot "contract" matmuls in the backward; on an H200 they
 reach ~9 TFLOP/s (docs/kernels.md). Here, for p = 2, a program handles a *group* of JG state blocks that share
 their first tile: blocks (i, j0), (i, j0+1), ... (lexicographic, so their rows are consecutive in the layout).
@@ -15,13 +15,13 @@ dx[8i + a] += sum_c X[a, c] x[8j0 + c] and dx[8j0 + c] += sum_a X[a, c] x[8i + a
 the fp32 gradient buffer (rows are private to the program; a barrier orders the overlapping updates).
 Gate gradients use Euler's identity for the degree-2 form: X . phi = sum_a x[8i + a] dx_i[a].
 
-The query forward needs no phi at all: _sym2_query_fwd_rows (the default, ROWS) scales the rows of plain matmuls
-with slices of S instead (section "row-scaled" below); _sym2_query_fwd is the grouped version, kept for A/B. The key
+The query forward needs no phi at all: _sym2_query_fwd_rows scales the rows of plain matmuls with slices of S
+instead (section "row-scaled" below). The key
 backward's dv and (for d <= 64) the query backward are row-scaled the same way (_sym2_key_dv_rows,
-_sym2_query_bwd_rows); the key dk stays grouped (its row-scaled version measured slower, ROWS["kdk"]).
+_sym2_query_bwd_rows); the key dk stays grouped (its row-scaled Triton version measured slower).
 
-Same buffers, slots and semantics as the generic kernels (triton_chunked.py's docstring); bf16 inputs keep the
-per-chunk states in bf16 (triton_chunked.ChunkedForm), matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32
+Same buffers, slots and semantics as the generic kernels (chunk.py's docstring); bf16 inputs keep the
+per-chunk states in bf16 (chunk.ChunkedForm), matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32
 accumulation.
 """
 from __future__ import annotations
@@ -32,11 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import (_combine_store, _has_state, _key_block, _key_decay, _key_rows, _kv_heads,
-                               _query_block, _row_factor, _store_norm_weights, _store_transposed,
-                               launch_options as _entry_options)
+from . import config
+from .config import (BLOCKS, BLOCKS_NARROW, BLOCKS_WIDE, GLUON_OUTER_BLOCK, GLUON_OUTER_DIMS, GROUPED_QBWD_MIN_D,
+                     NORM_SCAN_BI, NORM_SUMS_STAGES, NORM_SUMS_WARPS, TILE2)
+from .._common import (_combine_store, _has_state, _key_block, _key_decay, _key_rows, _kv_heads, _query_block,
+                       _row_factor, _store_norm_weights, _store_transposed, launch_options as _entry_options)
 
-TILE2 = 8          # the p = 2 tile (reference.state_tile(2, d) for d in 32, 64, 128)
 
 
 @triton.jit
@@ -120,7 +121,7 @@ def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexp
                      NORM: tl.constexpr = False, DELTA=None, W=None):
     """XT (b, h, D, T) = X (b, T, h, D) transposed, program (time block, b*h): the column-major copy of q or k the
     outer product reads its factors from (XT_IN). SCALE: each row times the square root of the row factor the outer
-    product gives its phi (gluon_sym2.gluon_outer), so phi(x') = f phi(x): 1 (keys) e^((gt_n - g_j) / 2), the chunk's
+    product gives its phi (gluon_outer.gluon_outer), so phi(x') = f phi(x): 1 (keys) e^((gt_n - g_j) / 2), the chunk's
     last gate gt_n; 2 (queries) (s^p e^(g_i) / Den_i)^(1/2), Den_i = e^(lse_i), and with NORM the rows' normalizer
     weights W (b, T, h, 8) = [hi, lo, 0, ...] of -Delta_i in bf16 (hi + lo = -Delta_i to ~2^-16)."""
     pid_bh = tl.program_id(1)
@@ -238,29 +239,6 @@ def _query_rows(scale_p, G, T, NC, DS, HQ: tl.constexpr, HK: tl.constexpr, C: tl
 
 
 @triton.jit
-def _sym2_query_fwd(Q, G, GRP, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, NG,
-                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
-                    JG: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                    HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """Program (query block of a chunk, chunk n, b*hq): inter = r phi(q) S_n, den = r phi(q) . z_n, joined
-    with the intra-chunk output by _combine_store."""
-    row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
-    offs_d = tl.arange(0, D)
-    num = tl.zeros([BM, D], tl.float32)
-    den = tl.zeros([BM], tl.float32)
-    for g in range(NG * _has_state(n, HAS_S0)):
-        ti, tj, lrow, fvalid, colj, jvalid = _group(GRP, g, TW, JG, D)
-        xi, xj = _pair(Q + row * D, ti, tj, mask, colj, jvalid, TW)
-        phi = _phi(xi, xj, BM, TW, JG).to(DOT_DT)
-        s_blk = tl.load(S + (s_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
-        num += tl.dot(phi, s_blk.to(DOT_DT), input_precision=PREC)
-        if NORM:
-            z_blk = tl.load(Z + s_base + lrow, mask=fvalid, other=0.0)
-            den += tl.sum(phi.to(tl.float32) * z_blk[None, :], axis=1)
-    _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM, D)
-
-
-@triton.jit
 def _query_grad_rows(DO, LSE, DELTA, row, mask, BM: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr):
     """The query backward's row inputs: dn = dy / Den and (NORM) dl = -Delta / Den (fp32)."""
     dn = tl.load(DO + row[:, None] * D + tl.arange(0, D)[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
@@ -335,25 +313,6 @@ def _zmat(Z, s_base, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr):
     i = tl.arange(0, D)[None, :]
     lrow, valid = _win(i // TW, i % TW, tl.arange(0, D)[:, None], NT, TW)
     return tl.load(Z + s_base + lrow, mask=valid, other=0.0)
-
-
-@triton.jit
-def _dense_zmat(Z, OUT, DS, D: tl.constexpr, NT: tl.constexpr, TW: tl.constexpr, SYM: tl.constexpr,
-                KEYS: tl.constexpr):
-    """Program = one state slot of Z (packed, DS per slot): its Zm (_zmat; times the key side's multiplicities with
-    KEYS; + Zm^T with SYM) as bf16 hi and lo parts, OUT[slot] = [hi, lo] ([2, D, D], row j, column i)."""
-    slot = tl.program_id(0).to(tl.int64)
-    zm = _zmat(Z, slot * DS, D, NT, TW)
-    j = tl.arange(0, D)[:, None]
-    i = tl.arange(0, D)[None, :]
-    if KEYS:
-        zm = zm * tl.where(j // TW == i // TW, 1.0, 2.0)
-    if SYM:
-        zm = zm + tl.trans(zm)
-    hi = zm.to(tl.bfloat16)
-    off = slot * (2 * D * D) + j * D + i
-    tl.store(OUT + off, hi)
-    tl.store(OUT + off + D * D, (zm - hi.to(tl.float32)).to(tl.bfloat16))
 
 
 @triton.jit
@@ -677,7 +636,7 @@ def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
                          KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
                          HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr,
                          PIPE: tl.constexpr = 0, CAST: tl.constexpr = False):
-    """_sym2_query_bwd, row-scaled (ROWS["qbwd"]): X = r (dn S_n^T + dl z_n), DQ += dphi/dq^T X, DGQ = X . phi;
+    """_sym2_query_bwd, row-scaled (config rows_qbwd): X = r (dn S_n^T + dl z_n), DQ += dphi/dq^T X, DGQ = X . phi;
     CAST: DQO = DQ in the inputs' dtype."""
     row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
@@ -686,23 +645,6 @@ def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     if GATED:
         tl.store(DGQ + row, dg * r, mask=mask)
     _cast_rows(DQ, DQO, row, mask, HQ, D, CAST)
-
-
-@triton.jit
-def _sym2_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr,
-                      C: tl.constexpr, TW: tl.constexpr, KW2: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
-                      DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr, PIPE: tl.constexpr = 0,
-                      CAST: tl.constexpr = False):
-    """_sym2_key_bwd's dk, row-scaled (ROWS["kdk"]): X = v dU_n^T + dUz_n, DK += c dph/dk^T X, DGK = -c X . ph
-    (ph = w phi(k), c_j = e^(gt_n - g_j)); _sym2_key_dv_rows adds dv; CAST: DKO = DK in the inputs' dtype."""
-    i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
-    row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
-    u_base = (pid_bh.to(tl.int64) * NU + n) * DS
-    y = _rows_grad(v.to(DOT_DT), K + row * D, DK + row * D, DU, DUZ, u_base, tl.full([BK], 1.0, tl.float32), c,
-                   mask, KW2, D, TW, BK, 1, DOT_DT, PREC, True, ATOMIC, PIPE, True)
-    if GATED:
-        tl.store(DGK + row, -y * c, mask=mask)
-    _cast_rows(DK, DKO, row, mask, HK, D, CAST)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -779,19 +721,20 @@ def gluon_groups(d: int, jg: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     tjb) its layout row, or -1 where jt is past the tiles (the kernel forms the multiplicities from ti and jt).
 
     As groups(): JG consecutive column tiles of one row (tjb = tj + 1), product (TW ti + a, TW jt + c) at row
-    a TW + c of block l(ti, jt). With GLUON_OUTER_PAIRS, the rows whose last group would hold one block (tile
+    a TW + c of block l(ti, jt). With config outer_pairs, the rows whose last group would hold one block (tile
     nt - 1 alone, the other half of its matmuls on zeros) give those blocks (i, nt - 1) to groups of two: the products
     of row tile nt - 1 with column tiles i and i', each stored transposed (product (TW (nt-1) + a, TW i + c) is
     feature (TW i + c, TW (nt-1) + a), row c TW + a of block l(i, nt - 1)). d=64 at JG 2: 18 full groups instead of
     20 with 4 half empty."""
-    key = (d, jg, GLUON_OUTER_PAIRS, str(device))
+    pairs = config.current().outer_pairs
+    key = (d, jg, pairs, str(device))
     if key not in _GLUON_GROUPS:
         nt, tw = d // TILE2, TILE2
         block = {(i, j): l for i, j, l in groups(d, 1, "cpu").tolist()}       # l(i, j) of the layout's blocks
         groups_, alone = [], []
         for i in range(nt):
             for j0 in range(i, nt, jg):
-                if jg == 2 and j0 == nt - 1 and GLUON_OUTER_PAIRS:
+                if jg == 2 and j0 == nt - 1 and pairs:
                     alone.append(i)
                 else:
                     groups_.append((i, j0, j0 + 1, False))
@@ -816,42 +759,6 @@ def gluon_groups(d: int, jg: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return _GLUON_GROUPS[key]
 
 
-ENABLED = True     # False: p = 2 runs the generic expand-MMA kernels (A/B timing, tests)
-FORCE = False      # True: use these kernels for every dtype (the interpreter test runs them in fp32)
-# kernel -> (JG, rows per program or step, warps, stages[, maxnreg]); d = 32 and 64: H200 sweeps (sessions 4-6),
-BLOCKS = {
-    "outer": (2, 32, 4, 3),       # outer and row-scaled forward re-swept on an H100 (session 9, tune_sym2.py --t 65536:
-    "qfwd": (2, 64, 4, 1),        # outer 23.1 -> 21.7 ms, query forward 11.8 -> 10.4 ms at b=8, h=12, d=64, chunk 1024)
-    "qbwd": (2, 64, 4, 3),
-    "kbwd": (2, 64, 4, 2),        # dk only (ROWS["kdv"]); with dv too (2, 64, 4, 1) was best
-    "qfwd_rows": (1, 64, 4, 1, 128),  # the row-scaled query forward (JG unused), capped at 128 registers: 4 programs
-                                      # per SM instead of 3 (H100, 64k: 10.45 -> 8.93 ms, session 10)
-    "kdv_rows": (1, 128, 4, 1, 168),  # the row-scaled dv of the key backward (ROWS["kdv"]; JG unused); with KDV_ACC
-                                      # 128 rows per program (H100, 64k: 6.60 -> 6.23 ms against (1, 64, 4, 1, 128))
-    "qbwd_rows": (1, 64, 4, 1, 168),  # the row-scaled query backward (ROWS["qbwd"]): 3 programs per SM (H100, 64k:
-                                      # 12.6 ms uncapped, 11.2 at 160, 10.4 at 168, 13.5 at 184; session 12)
-    "kdk_rows": (1, 64, 4, 1, 168),   # the row-scaled key dk (ROWS["kdk"], off: 11.2 ms vs the grouped 10.3)
-}
-
-
-BLOCKS_WIDE = {    # d = 128: the best per kernel of an H100 sweep at t=16k (session 8, scripts/tune_sym2.py --d 128:
-    "outer": (1, 32, 4, 3),      # fwd+bwd 190.0 -> 116.9 ms); 4 warps for the outer product and the key backward
-    "qfwd": (1, 64, 8, 1),       # (no spill with Triton 3.9's sm_90 build: compile_check sym2,128)
-    "qbwd": (1, 128, 8, 2),
-    "kbwd": (1, 64, 4, 2),
-    "qfwd_rows": (1, 64, 8, 3),
-    "kdv_rows": (1, 64, 4, 2),   # (session 10, t=16k: 14.6 ms; with (1, 64, 8, 3) 14.8)
-    "qbwd_rows": (1, 64, 8, 1),
-    "kdk_rows": (1, 64, 8, 1),
-}
-
-
-BLOCKS_NARROW = {  # d <= 32: entries that differ from BLOCKS (H100, 64k, session 12: row-scaled query backward
-    "qbwd_rows": (1, 64, 4, 1, 128),   # 3.33 ms capped at 128 registers, 3.80 at 168; grouped 3.58)
-    "kdv_rows": (1, 128, 4, 1, 128),   # session 13, with KDV_ACC: 2.16 ms (2.37 at 168; 2.58 before KDV_ACC)
-}
-
-
 def block_entry(kernel: str, d: int) -> tuple:
     """One kernel's table entry for head dim d: (JG, rows, warps, stages[, maxnreg])."""
     if d <= 32 and kernel in BLOCKS_NARROW:
@@ -865,155 +772,18 @@ def blocks(kernel: str, d: int):
 
 
 def launch_options(kernel: str, d: int) -> dict:
-    """num_warps, num_stages and (5th entry) maxnreg of one kernel's launch (triton_attention.launch_options)."""
+    """num_warps, num_stages and (5th entry) maxnreg of one kernel's launch (_common.launch_options)."""
     return _entry_options(block_entry(kernel, d))
 
 
-# row-scaled kernels in place of grouped ones: the query forward (False: _sym2_query_fwd), the key backward's
-# dv (False: _sym2_key_bwd builds phi(k) for it, DV_TOO), the query backward (False: _sym2_query_bwd) and the key
-# backward's dk (with kdv only; False: _sym2_key_bwd)
-ROWS = {"qfwd": True, "kdv": True, "qbwd": True, "kdk": False}
-# ... except for d >= 128, where these stay grouped (H100, 16k: query backward 15.7 ms grouped, 19.1 row-scaled)
-GROUPED_WIDE = {"qbwd"}
-
-
-def row_scaled(kernel: str, d: int) -> bool:
-    """Whether `kernel` (a ROWS key) runs row-scaled for head dim d."""
-    return ROWS[kernel] and not (d >= 128 and kernel in GROUPED_WIDE)
-# the outer products read q / k from a transposed copy (_transpose_heads; _sym2_outer's XT_IN)
-OUTER_XT = True
-# stages of the row-scaled kernels' flattened slice loop (0: the nested loops, no prefetch; _rows_fwd_pass PIPE)
-QFWD_PIPE = 3      # H100, 64k: query forward 8.87 -> 7.25 ms (2 stages 9.33; uncapped 7.73) (session 11)
-KDV_PIPE = 3       # dv: 9.50 -> 7.29 ms (prefetch within each first tile; capped at 128 registers, session 11)
-QBWD_PIPE = 4      # the row-scaled query backward's and key dk's slice prefetch, within each first tile (H100,
-KDK_PIPE = 4       # 64k, session 12: query backward 20.5 / 18.0 / 10.8 / 10.4 ms with 0 / 2 / 3 / 4 stages)
-KDV_ACC = True     # dv accumulates (k_i k_win) dU_i in the tensor cores (_rows_slice ACC). H100, session 13: dv at 64k
-#                    7.40 -> 6.2 ms (d=64, 128 rows per program), 2.58 -> 2.16 (d=32); d=128 at 16k 9.65 -> 8.41. The
-#                    query forward gained nothing from it (7.35 -> 7.5 ms), so it keeps the fp32 product
-TRANSPOSE_BLOCK = (64, 4)   # _transpose_heads: (time rows per program, warps)
-XT_IN_ATTENTION = 3         # the chunked form's attention kernels write the Gluon outer products' scaled copies, so
-#                             _transpose_heads does not run: bit 1 the keys' (the forward, XT_MODE 1), bit 2 the
-#                             queries' and their weights (dq, XT_MODE 2). H100 64k, session 17: copies 1.57 ms -> 0,
-#                             attention fwd 3.51 -> 3.82, dq 4.07 -> 4.34
-OUTER_GLUON = True # the outer products as gluon_sym2.gluon_outer: phi^T in the wgmma register layout, async matmuls
-#                    (H100, 64k, session 13: both launches 18.9 -> 14.6 ms with their scaled transposed copies)
-GLUON_OUTER_STAGES = 4   # its cp.async ring (3: 14.1 ms, 2: 20.2)
-GLUON_OUTER_PREFETCH = True   # the reverse scan's forward states S_n cp.async'd one chunk ahead (PREFETCH_SF), and
-#                               every scan's decays loaded one chunk ahead (H100 64k, session 17: 12.73 -> 12.55 ms)
-GLUON_OUTER_DIMS = (32, 64, 128)   # head dims it runs for. d=128 (one block per group, 16 rows a step) came out
-#   right in its states but with some groups' normalizer rows off, run to run (sessions 14-19; 16k outer product
-#   26.0 -> 20.1 ms, H200): the race GLUON_OUTER_DRAIN closes (H100, session 20: check_outer.py --d 128 found 64, 8
-#   and 16 rows off in three slots without it, none with it)
-OUTER_SCAN = True   # the Gluon outer products also do the gated cumulative sum over chunks (gluon_outer's SCAN: one
-#                     program per group walks the chunks with the running state in its accumulators), so the states
-#                     are written once and triton_chunked._discumsum (3.3 ms of a 64k fwd+bwd, H100) does not run
-DU_MULT = True      # the query side's scan writes dU with the key side's multiplicities (gluon_outer DU_MULT) when both
-#                     key kernels run in Gluon, which then skip them (H100 64k, session 17: key dk 9.91 -> 9.51 ms, key
-#                     dv 4.79 -> 4.63, the outer products 12.51 -> 12.68)
-GLUON_OUTER_SCAN_REGS = 168   # register cap of its scanning launches (0: none). The query side's scan (the dgt
-#                               reductions) builds at 202 registers uncapped, 2 programs per SM; 168 without spill: 3
-GLUON_OUTER_BLOCK = {32: (2, 64), 64: (2, 64), 128: (1, 32)}   # (JG, rows per step) where they differ from
-#   BLOCKS' "outer" (rows halved for short chunks: gluon_outer_block). With the normalizer apart (GLUON_OUTER_Z off;
-#   H200 64k, one process each, session 21): d=64 (2, 64) 8.68 ms, (2, 32) 9.57, (2, 16) 12.64; d=128 (1, 32) 66.1,
-#   (1, 16) 85.2; d=32 (2, 64) 2.51, (2, 32) 2.59. With the normalizer in the loop (H100, session 16, d=64): (1, 64)
-#   12.08, (2, 32) 12.56, (2, 64) 13.01, (1, 32) 13.16, (2, 16) 15.35, (4, 32) 42.8; d=128 built only at (1, 16)
-GLUON_OUTER_Z = False  # True: the scanning Gluon outer products also sum the normalizer (phi^T times a [rows, 8]
-#                        tile of weights, phi = hi + lo: 8 small matmuls and 32 fma a step beside the state's 4).
-#                        False: they leave it to _norm_chunk_sums / _norm_scan, which sum x' w x'^T per chunk in
-#                        matrix form (d x d, exact products) and scan it (session 21, H100 64k: outer products 12.25
-#                        -> 9.58 ms without the normalizer)
-GLUON_OUTER_DRAIN = True     # gluon_outer's DRAIN_STEP: each step waits for the previous step's matmuls before writing
-#   its operand registers. Without it the next step's LDSM / HMUL2 overwrite the registers of the last, possibly still
-#   running normalizer matmul (Triton 3.6 SASS: only DEPBAR.LE gsb0,3 between them; Gluon's wait deps reach PTX as an
-#   asm comment): with one block per group (d=64 at (1, 64), d=128) some normalizer rows came out wrong, run to run.
-#   H100, session 20 (scripts/gpu/outer_race.sh): d=128 rows off in 3 of 12 slots without, none with; 64k cost nil
-#   (outer products 12.29 -> 12.30 ms at (1, 64)); d=128 then runs Gluon: fwd+bwd 16k 99.5 -> 91.1 ms, 64k 398 -> 365
-GLUON_OUTER_FACTOR_BANKS = True   # gluon_outer's factor tiles swizzled per 128-byte line (gluon_sym2.factor_swizzle):
-#   False keeps session 13's phases by row pairs, which at 64 rows a step (session 21) put 2-way bank conflicts on
-#   every ldmatrix of x_j
-GLUON_OUTER_COALESCED = True   # the scans write each chunk's state rows through shared memory as 16-byte rows (a warp
-#   writes 4 whole rows per store) instead of from the accumulator's layout (8 rows x 16 bytes per store, 4x the stores)
-GLUON_OUTER_PAIRS = True   # the rows' half-empty last groups paired into full ones (gluon_groups: d=64, 20 -> 18
-#   groups; d=32, 6 -> 5): the zeros' matmuls were 10% of the scans' work
-GLUON_OUTER_ROWS64 = False   # (1, 64) at d=64 from chunk 256 on (chunk 128 fails in Triton 3.6's
-#   ConvertTritonGPUToLLVM). Right since GLUON_OUTER_DRAIN (session 19 without it: the normalizer's float64 error moved
-#   run to run, 1.8e-3 .. 5.4e-3; session 20 with it: 1.8e-3 twice, GPU test mode rows64-bf16 passed), and the kernel
-#   alone is faster (H100 64k profiles: 12.55 -> 12.29 ms), but fwd+bwd wall time is not (scripts/gpu/ab_switch.py, 3
-#   interleaved rounds, session 20: 58.47 -> 58.86 ms), so off
-QBWD_GLUON = True  # the row-scaled query backward as gluon_rows.gluon_query_bwd_rows (async slice matmuls, one in
-#                    flight; first-index sums through shared memory; dq written once per row; session 15). Triton 3.6
-#                    sm_90, d=64: 124 / 83 SASS instructions a slice (full / half window) against Triton's 158 / 102;
-#                    H100, 64k (tune_sym2.py --set QBWD_GLUON=1 / 0): 10.44 -> 9.56 ms, check against float64 unchanged
-GLUON_QBWD_BLOCK = (64, 4, 4)   # its (rows per program, warps, cp.async ring slots). Each program reads the whole
-#   state once (266 KB at d=64): ~26 GB from L2 a 64k fwd+bwd at 64 rows, half at 128 rows on 8 warps (255 registers
-#   uncapped, 1 program per SM). H100 64k profiles (session 20, scripts/gpu/rows128.sh), query backward / key dk at
-#   128 rows: 10.22 / 10.00 ms against 9.43 / 9.38; fwd+bwd 58.54 -> 59.64 (both), 58.77 (key dk only). The ring
-#   needs 4 or 8 slots (_grad_pass: slice i + 1 must land while slice i is used, and slots repeat per tile)
-QFWD_GLUON = True   # the row-scaled query forward as gluon_rows.gluon_query_fwd_rows (bf16 operand q_i q_j built in
-#                     registers, accumulated on the tensor cores with one matmul in flight; session 16). H100, 64k
-#                     (tune_sym2.py --set QFWD_GLUON=1 / defaults, one machine): 7.10 -> 6.42 ms; at 128 rows / 8
-#                     warps 8.71
-GLUON_QFWD_BLOCK = (128, 8, 8)  # its (rows per program, warps, cp.async ring slots). Session 24 (H100, ab_switch.py, 5
-#   rounds): 128 rows on 8 warps (two warpgroups share each slice: half the state's L2 reads; 130 registers uncapped
-#   in today's build, at most 32 bytes spilled at the 128 cap: 2 programs / 16 warps per SM) with 8 slots, and the
-#   same for key dv: 64k fwd+bwd 56.41 -> 55.47 ms, forward 15.24 -> 14.68, 8k 7.03 -> 6.91. Session 16's 128 rows
-#   (8.71 ms against 6.42) ran at 168 registers: one program per SM
-KDV_GLUON = True    # the key backward's row-scaled dv as gluon_rows.gluon_key_dv_rows (the query forward's pass with
-#                     the key side's multiplicities; session 16). H100, 64k: Triton's _sym2_key_dv_rows 6.44 ms ->
-#                     5.58 at 64 rows / 4 warps (7.95 at 128 rows / 8 warps)
-GLUON_KDV_BLOCK = (128, 8, 8)   # its (rows per program, warps, cp.async ring slots): as GLUON_QFWD_BLOCK
-KDK_GLUON = True    # the key backward's dk as gluon_rows.gluon_key_dk_rows (the query backward's passes with the key
-#                     side's multiplicities; session 16). H100, 64k: Triton's grouped _sym2_key_bwd 10.48 ms -> 9.88.
-#                     Triton 3.6, d=64: 255 registers, 80 bytes spilled (the per-tile multiplicities); d=32 139
-GLUON_KDK_BLOCK = (64, 4, 8)    # its (rows per program, warps, cp.async ring slots): 8 slots for two slices per
-#   barrier (GLUON_BWD_STEP; it runs 2 programs per SM at 255 registers either way, so the larger ring costs no
-#   occupancy). Session 26 (H100): 4 slots, one slice a barrier 9.41 ms at 64k; 8 slots alone no change
-#   (ab_switch.py 54.85 -> 55.00 ms fwd+bwd); 8 slots, two slices a barrier 8.33 ms (spill 48 -> 0 bytes)
-# register caps of the Gluon row kernels (0: none). Uncapped at d=64 (Triton 3.6): query forward 168, query backward
-# 255, key dv 148, key dk 255 (+80 bytes spilled): 2-3 programs of 4 warps per SM, issuing on 27-42% of the cycles
-# (ncu, session 16). More programs per SM pay despite the spills (H100 64k, one process per cap, same machine):
-GLUON_QFWD_REGS = 128   # 6.38 -> 6.22 ms (4 programs / SM, 184 bytes spilled; 152: 6.47)
-GLUON_QBWD_REGS = 168   # 9.64 -> 9.36 ms (3 programs / SM, 176 bytes spilled)
-GLUON_KDV_REGS = 128    # 5.58 -> 4.75 ms (4 programs / SM, 72 bytes spilled)
-GLUON_KDK_REGS = 0      # at 168 (304 bytes spilled) 9.82 -> 10.85 ms
-GLUON_BWD_STEP = (1, 2)   # the backward-type Gluon row kernels' (query backward, key dk) slices per cp.async wait
-#   and CTA barrier (gluon_rows._grad_pass STEP; a ring of >= 2 STEP + 1 slots). Key dk at 2 programs (8 warps) per
-#   SM spent ~22% of its ncu samples at the slice barrier and the instruction after it (session 26, 16k); at two
-#   slices a barrier it takes 9.41 -> 8.33 ms at 64k (H100 profile), fwd+bwd 54.93 -> 53.41 ms (3 rounds) / 55.15
-#   -> 54.63 (5 rounds), 8k 6.865 -> 6.793. The query backward (3 programs / 12 warps per SM at its 168-register
-#   cap, 3% of samples at barriers) needs 8 slots for it, which costs it a program per SM: 54.93 -> 54.99 uncapped
-INTRA_GRADS_LOW = True  # the intra-chunk dq / dk stored in bf16 (not fp32) where the Gluon query backward / key dk add
-#                         the state term in fp32 and write the sum in place, as dv since session 10 (session 18)
-GLUON_DENSE_Z = False   # the Gluon query forward / backward and key dk read each chunk's normalizer matrix Zm (or
-#                         Zm + Zm^T) as bf16 hi / lo parts formed once per slot (dense_normalizer), instead of gathering
-#                         it from the packed z in every program (SASS outside the slice loops, d=64: query forward
-#                         1537 -> 1413, backward 1839 -> 1559, key dk 1574 -> 1306). H100 64k (session 18): key dk 9.46
-#                         -> 9.32 ms, query bwd 8.67 -> 8.60, fwd 5.38 -> 5.35, but _dense_zmat's three launches take
-#                         0.16: net -0.08, within noise, so off. Formed by the scans that write z it would pay ~0.2 ms
-# (timed at d=64; at d=32 only the query backward reaches a cap: 178 -> 168 registers, no spill, 2 -> 3 programs / SM)
-# The backward kernels add each group's dq / dk columns by relaxed atomics: no barrier between groups, so the
-# warps need not wait for each other (H100, 64k: key backward 27.8 -> 24.9 ms, query backward 14.9 -> 12.0 ms,
-# session 9). The order of those fp32 adds is not fixed: under torch.use_deterministic_algorithms(True), or with
-# ATOMIC_RMW = False, they are read-modify-writes after a barrier instead (bitwise reproducible).
-ATOMIC_RMW = True
-# (the query forward / key dv warp-specialized, their slices by TMA from a 1-warp partition with full / empty
-# mbarriers: correct, not faster: H100 64k, session 20, 5.37 / 4.62 -> 5.68 / 5.05 ms, fwd+bwd 60.12 -> 59.98;
-# removed from main, kept on branch exp/gluon-ws)
-BWD_STATES_IN_PLACE = True   # the chunked backward writes the state gradients dL/dS_n over the forward's saved states
-#   S (triton_chunked.states_in_place: not under retain_graph=True, which needs S again): one (b, hk, NC + 1, DS, d)
-#   buffer less (1.8 GB at 64k, b=8, h=12, d=64, chunk 1024). The query backward, S's other reader, then runs before
-#   the query side's scan, on one stream (CONCURRENT_BWD off for such a call)
-CONCURRENT_BWD = True   # the chunked backward's two independent chains on two CUDA streams: the query side's reverse
-#                         scan and then the key kernels on a side stream, the intra-chunk dk / dv and the query
-#                         backward on the caller's (the scan needs only the intra-chunk dq's copies, the key kernels
-#                         the intra-chunk dk / dv), so one chain's kernels fill the other's tails. H100, one process,
-#                         rounds interleaved (scripts/gpu/ab_switch.py, session 19): 8k fwd+bwd 7.50 -> 7.40 ms; 64k
-#                         58.62 -> 58.56 (no gain: each kernel fills the GPU there); peak memory unchanged
+def row_scaled_qbwd(d: int) -> bool:
+    """Whether the query backward runs row-scaled (else grouped) for head dim d."""
+    return config.current().rows_qbwd and d < GROUPED_QBWD_MIN_D
 
 
 def atomic_updates() -> bool:
     """Whether this launch of the backward kernels adds dq / dk by atomics (the ATOMIC constexpr)."""
-    return ATOMIC_RMW and not torch.are_deterministic_algorithms_enabled()
+    return config.current().atomic_rmw and not torch.are_deterministic_algorithms_enabled()
 
 
 def half_window(d: int) -> int:
@@ -1022,18 +792,10 @@ def half_window(d: int) -> int:
     return d // 2 if d >= 32 else d
 
 
-GLUON_WINDOW_MIN = (16, 0)   # the Gluon row kernels' narrowest slice window (forward-type: query forward, key dv;
-#   backward-type: query backward, key dk): the windows halve (d, d/2, ...) down to it, each serving the first tiles
-#   it covers (a slice's features (i, j) start at j's tile = i's); at d=64, 16: windows 64 / 32 / 16 for first tiles
-#   0-3 / 4-5 / 6-7, 8% fewer matmul columns than 0 = half_window(d) (two windows, d and d/2). H100, 64k, session 24
-#   (tune_sym2.py profiles): key dv 4.15 -> 4.03 ms, query forward 4.71 -> 4.68; query backward 8.65 -> 9.07, key dk
-#   9.53 -> 9.66 (a level's fixed costs: ring start, drain, a shared-memory fold), so the backward-type keep two
-
-
 def gluon_window_min(d: int, kernel: str = "qfwd") -> int:
-    """MINW of the Gluon row kernel `kernel` ("qfwd", "kdv": GLUON_WINDOW_MIN[0]; "qbwd", "kdk": [1]) for head dim d:
-    that minimum where it is a power of two from 16 to d / 2, else half_window(d)."""
-    w = GLUON_WINDOW_MIN[kernel in ("qbwd", "kdk")]
+    """MINW of the Gluon row kernel `kernel` ("qfwd", "kdv": config window_min[0]; "qbwd", "kdk": [1]) for head dim
+    d: that minimum where it is a power of two from 16 to d / 2, else half_window(d)."""
+    w = config.current().window_min[kernel in ("qbwd", "kdk")]
     if w and w >= 16 and w & (w - 1) == 0 and w <= d // 2:
         return w
     return half_window(d)
@@ -1046,7 +808,7 @@ def gluon_available() -> bool:
     if _GLUON_OK is None:
         try:
             major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-            from . import gluon_sym2  # noqa: F401
+            from . import gluon_outer  # noqa: F401
             _GLUON_OK = (major, minor) >= (3, 6)
         except (ImportError, AttributeError, ValueError):
             _GLUON_OK = False
@@ -1057,25 +819,23 @@ _GLUON_OK = None
 
 
 def gluon_outer_applies(X, d: int, C: int) -> bool:
-    """Whether the outer product runs as gluon_sym2.gluon_outer: OUTER_GLUON, bf16 on CUDA, its rows per step
+    """Whether the outer product runs as gluon_outer.gluon_outer: config outer_gluon, bf16 on CUDA, its rows per step
     (gluon_outer_block) a multiple of 16 dividing the chunk, a Triton with its Gluon."""
     bk = gluon_outer_block(d, C)[1]
-    return (OUTER_GLUON and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
+    return (config.current().outer_gluon and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
             and d in GLUON_OUTER_DIMS and gluon_available())
 
 
 def gluon_scan_applies(X, d: int, C: int) -> bool:
     """Whether launch_outer(scan=True) runs the Gluon scan (gluon_outer's SCAN: each chunk's state written in the same
     pass, the query side reading each forward state S_n before it writes slot n) rather than per-chunk sums and
-    triton_chunked._discumsum."""
-    return OUTER_SCAN and gluon_outer_applies(X, d, C)
+    chunk._discumsum."""
+    return config.current().outer_scan and gluon_outer_applies(X, d, C)
 
 
 def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
     """(JG, rows per step) of the Gluon outer product for head dim d and chunk C (GLUON_OUTER_BLOCK, else BLOCKS'
-    "outer"; GLUON_OUTER_ROWS64 at d=64 from chunk 256 on)."""
-    if GLUON_OUTER_ROWS64 and d == 64 and C >= 256:
-        return (1, 64)
+    "outer")."""
     jg, bk = GLUON_OUTER_BLOCK.get(d, blocks("outer", d)[:2])
     while bk > 16 and (C % bk or C // bk < 4):    # 64 rows a step at chunk 128 fails ConvertTritonGPUToLLVM (3.6)
         bk //= 2
@@ -1084,15 +844,17 @@ def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
 
 def gluon_rows_regs(kernel: str) -> dict:
     """Launch options of the Gluon row kernel `kernel` ("qfwd", "qbwd", "kdv", "kdk"): its register cap, if any."""
-    cap = {"qfwd": GLUON_QFWD_REGS, "qbwd": GLUON_QBWD_REGS, "kdv": GLUON_KDV_REGS, "kdk": GLUON_KDK_REGS}[kernel]
+    cfg = config.current()
+    cap = {"qfwd": cfg.qfwd_regs, "qbwd": cfg.qbwd_regs, "kdv": cfg.kdv_regs, "kdk": cfg.kdk_regs}[kernel]
     return {"maxnreg": cap} if cap else {}
 
 
 def gluon_rows_applies(kernel: str, q, d: int) -> bool:
     """Whether the row-scaled kernel `kernel` ("qfwd", "qbwd", "kdv" or "kdk") runs as its Gluon version in
-    gluon_rows (QFWD_GLUON / QBWD_GLUON / KDV_GLUON / KDK_GLUON, bf16 on CUDA, d = 32 or 64, a Triton with its
-    Gluon)."""
-    on = {"qfwd": QFWD_GLUON, "qbwd": QBWD_GLUON, "kdv": KDV_GLUON, "kdk": KDK_GLUON}[kernel]
+    gluon_rows (config gluon_qfwd / gluon_qbwd / gluon_kdv / gluon_kdk, bf16 on CUDA, d = 32 or 64, a Triton with
+    its Gluon)."""
+    cfg = config.current()
+    on = {"qfwd": cfg.gluon_qfwd, "qbwd": cfg.gluon_qbwd, "kdv": cfg.gluon_kdv, "kdk": cfg.gluon_kdk}[kernel]
     return on and q.is_cuda and q.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
@@ -1101,40 +863,17 @@ def _transposed(X, T, hx, d, XT=None, **scale):
     tensor); `scale`: its SCALE arguments for the Gluon kernel's row-factor-scaled copy."""
     if XT is None:
         XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
-    bt, warps = TRANSPOSE_BLOCK
+    bt, warps = config.current().transpose_block
     _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps, **scale)
     return XT
-
-
-def dense_normalizer(Z, d: int, sym: bool, keys: bool = False) -> torch.Tensor:
-    """Each slot of the packed normalizer state Z (..., DS) fp32 as the [2, d, d] bf16 hi / lo parts of Zm (z . phi(x)
-    = x Zm x^T), or of Zm + Zm^T (sym: the gradient's x (Zm + Zm^T)), with the key side's multiplicities (keys): the
-    Gluon row kernels' DENSE_Z operand. One program per slot (~100 MB at 64k, d=64)."""
-    DS = Z.shape[-1]
-    Z = Z.contiguous()
-    out = torch.empty(*Z.shape[:-1], 2, d, d, device=Z.device, dtype=torch.bfloat16)
-    n = Z.numel() // DS
-    if n:
-        _dense_zmat[(n,)](Z, out, DS, D=d, NT=d // TILE2, TW=TILE2, SYM=sym, KEYS=keys, num_warps=4)
-    return out
-
-
-NORM_SCAN_BI = 16     # rows of the dense normalizer per _norm_scan program
-NORM_SCAN_CONCURRENT = True   # the normalizer apart on its own stream beside the outer products (launch_outer)
-NORM_SUMS_BK = 64     # rows of the chunk per _norm_chunk_sums step (H100 64k, both scans: 0.78 ms; 128: 0.81, 32: 0.86)
-NORM_SUMS_WARPS = 4   # its warps at d <= 64 (d = 128: 8) and pipeline stages
-NORM_SUMS_STAGES = 3
-NORM_SUMS_ROWS = 1024  # rows per _norm_chunk_sums program (whole chunks: 2 at chunk 512; 1 = a program a chunk)
-NORM_SCAN_AHEAD = 1   # _norm_scan loads the next chunk's inputs before it adds this one's (0: the loads in turn;
-#   two chunks ahead was no faster, session 29)
 
 
 _SIDE_STREAMS: dict = {}
 
 
 def side_stream(device, role: str) -> torch.cuda.Stream:
-    """One stream per device and role ("bwd": the chunked backward's second chain, CONCURRENT_BWD; "norm": the
-    normalizer apart, NORM_SCAN_CONCURRENT), created once (streams are not freed)."""
+    """One stream per device and role ("bwd": the chunked backward's second chain, config concurrent_bwd; "norm":
+    the normalizer apart, config norm_concurrent), created once (streams are not freed)."""
     idx = torch.device(device).index
     idx = torch.cuda.current_device() if idx is None else idx
     if (idx, role) not in _SIDE_STREAMS:
@@ -1143,12 +882,12 @@ def side_stream(device, role: str) -> torch.cuda.Stream:
 
 
 def norm_sums_chunks(C: int, NC: int) -> int:
-    """Chunks per _norm_chunk_sums program: the most that divide NC and hold at most NORM_SUMS_ROWS rows."""
-    return max(c for c in range(1, max(1, NORM_SUMS_ROWS // C) + 1) if NC % c == 0)
+    """Chunks per _norm_chunk_sums program: the most that divide NC and hold at most config norm_sums_rows rows."""
+    return max(c for c in range(1, max(1, config.current().norm_sums_rows // C) + 1) if NC % c == 0)
 
 
 def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated, du_mult):
-    """The normalizer half of gluon_outer's SCAN as two Triton kernels (GLUON_OUTER_Z False): each chunk's sums in
+    """The normalizer half of gluon_outer's SCAN as two Triton kernels: each chunk's sums in
     matrix form from the scaled copy XT (b, hx, d, T) (and the query side's weights W), then their gated cumulative
     sum into the packed OUTZ. Returns the query side's gated (b, hk, NC) part of dgt (else None)."""
     b = XT.shape[0]
@@ -1156,7 +895,7 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
     zc = XT     # unread without sums (SUMS False)
     if sums:
         zc = torch.empty(b * hk, NC, d, d, device=XT.device, dtype=torch.float32)
-        bk = next(r for r in (NORM_SUMS_BK, 32, 16) if C % r == 0)     # gluon_outer runs only for C % 16 == 0
+        bk = next(r for r in (config.current().norm_sums_bk, 32, 16) if C % r == 0)     # gluon_outer runs only for C % 16 == 0
         cpp = norm_sums_chunks(C, NC)
         _norm_chunk_sums[(NC // cpp, b * hk)](XT, W, zc, T, NC, HX=hx, HK=hk, D=d, C=C, BK=bk, WEIGHTED=not keys,
                                               CPP=cpp, num_warps=NORM_SUMS_WARPS if d <= 64 else 8,
@@ -1167,7 +906,7 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
         dgt = torch.empty(b * hk, d // bi, NC, device=XT.device, dtype=torch.float32)
     _norm_scan[(b * hk, d // bi)](zc, G, OUTZ, OUTZ if ZF is None else ZF, OUTZ if dgt is None else dgt, T, NC, DS,
                                   slot, HK=hk, D=d, C=C, NT=d // TILE2, TW=TILE2, BI=bi, KEYS=keys, GATED=gated,
-                                  DU_MULT=du_mult and not keys, SUMS=sums, AHEAD=NORM_SCAN_AHEAD,
+                                  DU_MULT=du_mult and not keys, SUMS=sums, AHEAD=config.current().norm_scan_ahead,
                                   num_warps=4)
     return None if dgt is None else dgt.view(b, hk, d // bi, NC).sum(2)
 
@@ -1175,7 +914,7 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
 def scaled_copy_buffers(X, T, hx, d, norm, keys):
     """(XT, W) for gluon_outer: the (b, hx, d, T) scaled copy of X (b, T, hx, d) and the query side's normalizer
     weights (b, T, hx, 8) (X itself, unread, for keys or without norm), to be written by _transpose_heads or by the
-    chunked form's attention kernels (XT_IN_ATTENTION)."""
+    chunked form's attention kernels (config xt_in_attention)."""
     XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
     W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
     return XT, W
@@ -1184,18 +923,19 @@ def scaled_copy_buffers(X, T, hx, d, norm, keys):
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
                  dot_dt, prec, scan=False, fwd_states=None, du_mult=False, copy=None):
     """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
-    states (keys) or the query-side state gradients. scan: where the Gluon kernel applies and OUTER_SCAN is on, the
+    states (keys) or the query-side state gradients. scan: where the Gluon kernel applies and outer_scan is on, the
     gated cumulative sum over chunks is done in the same pass (gluon_outer's SCAN: slot 0 / slot NC must hold the
     state entering the scan; fwd_states = (S, Z), the forward's states, for the query side's dgt; du_mult: the query
     side writes dU with the key side's multiplicities). Returns
-    (scanned, dgt): whether it scanned (else the caller runs triton_chunked._discumsum) and the (b, hk, NC) gate
+    (scanned, dgt): whether it scanned (else the caller runs chunk._discumsum) and the (b, hk, NC) gate
     gradient of the gated query side's scan (else None). copy: (XT, W) of scaled_copy_buffers, already written (the
     Gluon kernel's input; else _transpose_heads writes it here)."""
+    cfg = config.current()
     jg, bk, _, _ = blocks("outer", d)
     if gluon_outer_applies(X, d, C):
         jg, bk = gluon_outer_block(d, C)
         grp, grows = gluon_groups(d, jg, X.device)
-        from .gluon_sym2 import gluon_outer, operand_layout_3d
+        from .gluon_outer import gluon_outer, operand_layout_3d
         if copy is None:     # the query side's normalizer weights, [hi, lo] of -Delta per row, come with the copy
             XT, W = scaled_copy_buffers(X, T, hx, d, norm, keys)
             _transposed(X, T, hx, d, XT, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
@@ -1209,21 +949,20 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
                 dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32)
             sf, zf = fwd_states or (OUT, OUTZ)
             extra = dict(G=G, SF=sf, ZF=zf, DGT=OUTZ if dgt is None else dgt, SCAN=True, GATED=gated,
-                         DU_MULT=du_mult and not keys, PREFETCH_SF=GLUON_OUTER_PREFETCH)
-            if GLUON_OUTER_SCAN_REGS:
-                extra["maxnreg"] = GLUON_OUTER_SCAN_REGS
-        z_apart = scanning and not GLUON_OUTER_Z
+                         DU_MULT=du_mult and not keys, PREFETCH_SF=True)
+            if cfg.outer_scan_regs:
+                extra["maxnreg"] = cfg.outer_scan_regs
+        z_apart = scanning      # the scans leave the normalizer to launch_norm_scan (outer products 12.25 -> 9.58 ms)
         side = None
-        if z_apart and NORM_SCAN_CONCURRENT:
+        if z_apart and cfg.norm_concurrent:
             # on a side stream beside the outer products (it reads only the copies, G and the forward's z; its
             # buffers are allocated there): the memory-bound sums fill the SMs the outer products' last wave leaves
             side = side_stream(X.device, "norm")
             side.wait_stream(torch.cuda.current_stream(X.device))
         gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
             XT, Y, W, grp, grows, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
-            KEYS=keys, NORM=norm, NBUF=GLUON_OUTER_STAGES, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
-            DRAIN_STEP=GLUON_OUTER_DRAIN, Z_SUMS=not z_apart, FACTOR_BANKS=GLUON_OUTER_FACTOR_BANKS,
-            COALESCED=GLUON_OUTER_COALESCED, **extra)
+            KEYS=keys, NORM=norm, NBUF=cfg.outer_stages, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
+            DRAIN_STEP=cfg.outer_drain, Z_SUMS=not z_apart, FACTOR_BANKS=True, COALESCED=True, **extra)
         if dgt is not None:
             dgt = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
         if z_apart:
@@ -1236,13 +975,14 @@ def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, h
                 dgt = dgt + dgt_z
         return scanning, dgt
     grp = groups(d, jg, X.device)
-    if OUTER_XT:
-        X = _transposed(X, T, hx, d)
+    X = _transposed(X, T, hx, d)
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
         X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
-        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, XT_IN=OUTER_XT, **launch_options("outer", d))
+        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, XT_IN=True, **launch_options("outer", d))
     return False, None
 
 
 def applies(p: int, d: int, dtype) -> bool:
-    return ENABLED and p == 2 and d % TILE2 == 0 and (FORCE or dtype == torch.bfloat16)
+    """Whether a p=2 call runs these kernels (config enabled; bf16, or any dtype with config force)."""
+    cfg = config.current()
+    return cfg.enabled and p == 2 and d % TILE2 == 0 and (cfg.force or dtype == torch.bfloat16)

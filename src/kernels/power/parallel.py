@@ -27,7 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import gates, native
+
+from . import config, gates
+from ._common import _kv_heads, _query_heads, _store_norm_weights, _store_transposed, launch_options
 
 
 @triton.jit
@@ -48,135 +50,12 @@ def _pow(s, P: tl.constexpr):
 
 
 @triton.jit
-def _query_heads(pid_bh, HQ: tl.constexpr, HK: tl.constexpr):
-    """Batch, query head and its kv head (GQA) of a program over b*hq."""
-    i_b = (pid_bh // HQ).to(tl.int64)
-    i_hq = pid_bh % HQ
-    return i_b, i_hq, i_hq // (HQ // HK)
-
-
-@triton.jit
-def _kv_heads(pid_bh, HK: tl.constexpr):
-    """Batch (int64: offsets built from it stay 64-bit) and kv head of a program over b*hk."""
-    return (pid_bh // HK).to(tl.int64), pid_bh % HK
-
-
-@triton.jit
-def _has_state(n, HAS_S0: tl.constexpr):
-    """1 if chunk n's queries see a state, else 0: without an incoming state S_0 = 0, so chunk 0 has no state term
-    (the query kernels multiply their state-block counts by it)."""
-    on = 1
-    if not HAS_S0:
-        on = tl.minimum(n, 1)
-    return on
-
-
-@triton.jit
-def _query_block(T, HQ: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
-    """Program (query block of a chunk, chunk n, b*hq) of a chunked-form query kernel: batch, query head, its kv
-    head, n, the block's token indices and their mask (inside the chunk and the sequence)."""
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1)
-    i_b, i_hq, i_hk = _query_heads(tl.program_id(2), HQ, HK)
-    loc = pid_m * BM + tl.arange(0, BM)
-    rows = n * C + loc
-    return i_b, i_hq, i_hk, n, rows, (loc < C) & (rows < T)
-
-
-@triton.jit
-def _row_factor(G, scale_p, i_b, T, rows, mask, i_hk, HK: tl.constexpr, BM: tl.constexpr, GATED: tl.constexpr):
-    """r = s^p e^(G_i) of query rows `rows` (0 where masked): the factor the state term of a query row carries."""
-    r = tl.full([BM], 1.0, tl.float32) * scale_p
-    if GATED:
-        r = r * tl.exp(tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0))
-    return tl.where(mask, r, 0.0)
-
-
-@triton.jit
-def _key_block(T, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
-    """Program (key block of a chunk, chunk n, b*hk) of a chunked-form key kernel: batch, kv head, n, b*hk, the
-    block's token indices and their mask."""
-    pid_k = tl.program_id(0)
-    n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b, i_hk = _kv_heads(pid_bh, HK)
-    loc = pid_k * BK + tl.arange(0, BK)
-    rows = n * C + loc
-    return i_b, i_hk, n, pid_bh, rows, (loc < C) & (rows < T)
-
-
-@triton.jit
-def _key_decay(G, T, i_b, i_hk, n, row, mask, HK: tl.constexpr, C: tl.constexpr, GATED: tl.constexpr):
-    """c_j = e^(gt_n - g_j) of a chunked-form key block's rows (flat (b, t, hk) index `row`): the decay from key j
-    to the chunk's end (0 where masked)."""
-    c = tl.where(mask, 1.0, 0.0)
-    if GATED:
-        g_end = tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk)
-        c = c * tl.exp(g_end - tl.load(G + row, mask=mask, other=0.0))
-    return c
-
-
-@triton.jit
-def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
-              GATED: tl.constexpr):
-    """A chunked-form key block's rows: their (b, t, hk) row index, the offsets of their d values, v [BK, D] and
-    their decay c (_key_decay)."""
-    row = (i_b * T + rows) * HK + i_hk
-    kv_off = row[:, None] * D + tl.arange(0, D)[None, :]
-    v = tl.load(V + kv_off, mask=mask[:, None], other=0.0)
-    return row, kv_off, v, _key_decay(G, T, i_b, i_hk, n, row, mask, HK, C, GATED)
-
-
-@triton.jit
-def _store_transposed(x, f, XT_ROWS, T, rows, mask, D: tl.constexpr):
-    """Stores (x [BT, D] times the row factors f [BT]).T at XT_ROWS + c * T + rows (c < D): rows of a (b, h, D, T)
-    copy, the layout the outer products read their factors from (triton_sym2._transpose_heads, and the chunked
-    form's attention kernels with XT_MODE, which hold these rows anyway)."""
-    x = (x.to(tl.float32) * f[:, None]).to(XT_ROWS.dtype.element_ty)
-    tl.store(XT_ROWS + tl.arange(0, D).to(tl.int64)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
-
-
-@triton.jit
-def _store_norm_weights(W_ROWS, dl, mask):
-    """The query side's normalizer weights of rows W_ROWS (pointers to their 8 bf16 values): [hi, lo, 0, ...] with
-    hi + lo = dl to ~2^-16 (gluon_sym2.gluon_outer's W)."""
-    hi = dl.to(tl.bfloat16)
-    lo = (dl - hi.to(tl.float32)).to(tl.bfloat16)
-    cols = tl.arange(0, 8)[None, :]
-    w = tl.where(cols == 0, hi[:, None], tl.where(cols == 1, lo[:, None], 0.0))
-    tl.store(W_ROWS[:, None] + cols, w.to(W_ROWS.dtype.element_ty), mask=mask[:, None])
-
-
-@triton.jit
 def _xt_rows(XT, i_cb, i_h, CB0, NCH, T_FULL, C, H: tl.constexpr, D: tl.constexpr):
     """XT_ROWS of _store_transposed for a chunked-form attention program on chunk-batch entry i_cb of a launch
     starting at entry CB0 (NCH chunks of C rows per sequence of T_FULL): head i_h's plane of the (b, H, D, T_FULL)
     copy, at the chunk's first row."""
     i_cg = CB0 + i_cb
     return XT + ((i_cg // NCH) * H + i_h) * D * T_FULL + (i_cg % NCH) * C
-
-
-@triton.jit
-def _combine_store(num, den, r, OI, LSEI, Y, LSE, row, mask, NORM: tl.constexpr, D: tl.constexpr):
-    """Epilogue of the chunked form's query kernels: the state term (num [BM, D], den [BM], not yet scaled by
-    the row factor r = s^p e^(g_i)) joins the intra-chunk output y_intra (normalized, lse_intra = log of its
-    normalizer) of rows `row`: y = (y_intra e^lse + r num) / (e^lse + r den), stabilized by the larger of the
-    two logs (norm), or y_intra + r num; stores y and lse = log(total normalizer)."""
-    num = num * r[:, None]
-    o_off = row[:, None] * D + tl.arange(0, D)[None, :]
-    yi = tl.load(OI + o_off, mask=mask[:, None], other=0.0)
-    if NORM:
-        den = den * r
-        lse_i = tl.load(LSEI + row, mask=mask, other=0.0)
-        big = tl.maximum(lse_i, tl.log(tl.maximum(den, 1e-30)))
-        a = tl.exp(lse_i - big)
-        bb = tl.exp(-big)
-        tot = a + den * bb                                               # >= 1 (stabilized)
-        y = (yi * a[:, None] + num * bb[:, None]) / tot[:, None]
-        tl.store(LSE + row, big + tl.log(tot), mask=mask)
-    else:
-        y = yi + num
-    tl.store(Y + o_off, y.to(Y.dtype.element_ty), mask=mask[:, None])
 
 
 @triton.jit
@@ -187,7 +66,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0, ROWSUM_MMA: tl.constexpr = False):
     """XT_MODE 1 (the chunked form, each chunk a batch entry of T = C rows): the first query head of each GQA group
     also writes its block's keys, times e^((gt - g_j) / 2) (gt: G at the chunk's last row), into XT, the
-    (b, hk, D, T_FULL) copy the Gluon outer products read (triton_sym2._transpose_heads with SCALE 1), so that
+    (b, hk, D, T_FULL) copy the Gluon outer products read (kernels._transpose_heads with SCALE 1), so that
     copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL). ROWSUM_MMA (fast paths): the
     normalizer's row sums of the rounded weights by one more small matmul, a [BN, 16] operand of ones in its first
     column, instead of widening each weight back to fp32 and adding it (the kernel is issue-bound: ncu, session 27,
@@ -442,7 +321,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
     """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
     (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
     copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
-    (b, T_FULL, hq, 8)): what triton_sym2._transpose_heads with SCALE 2 would write, without its pass."""
+    (b, T_FULL, hq, 8)): what kernels._transpose_heads with SCALE 2 would write, without its pass."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -531,48 +410,36 @@ def _dot_dtype(dtype, norm, backward):
     return tl.float32, "tf32x3"
 
 
-FAST_FORWARD = True         # off-diagonal fast paths (see _attn_fwd, _attn_bwd_*); False for A/B timing
-ROWSUM_MMA = True           # _attn_fwd's normalizer row sums by a matmul with ones (fast paths). H100, session 27
-#                             (ab_switch.py, 3 rounds): attention-form forward at 4k 0.758 -> 0.629 ms (fwd+bwd
-#                             2.922 -> 2.800); the chunked form's intra-chunk forward at 64k 3.66 -> 3.53 ms
-GATE_SCORES = True          # fast paths: the key gate factor multiplies the scores (False: folded into k); equal speed
-                            # on the H200 (scripts/gpu/ab_switch.py, session 6), kept as an A/B switch
-FAST_BACKWARD = True
-
-
 def _fast_paths(kernel, dot_dt, BM, BN):
     """Whether a launch of kernel ("fwd", "dkdv", "dq") takes the off-diagonal fast paths. The query-block kernels
     need whole key blocks per query block (BM % BN == 0); dk/dv also runs with whole query blocks per key block
-    (BN % BM == 0). The forward's also needs operands with fp32's range (not fp16). FAST_FORWARD / FAST_BACKWARD
-    switch them off."""
+    (BN % BM == 0). The forward's also needs operands with fp32's range (not fp16). config.attention's fast_forward /
+    fast_backward switch them off."""
+    cfg = config.attention.current()
     tiles = BM % BN == 0 or (kernel == "dkdv" and BN % BM == 0)
     if kernel != "fwd":
-        return tiles and FAST_BACKWARD
-    return tiles and dot_dt != tl.float16 and FAST_FORWARD
+        return tiles and cfg.fast_backward
+    return tiles and dot_dt != tl.float16 and cfg.fast_forward
 
 
-BLOCK_OVERRIDE: dict = {}   # {"fwd"|"dkdv"|"dq"|"bwd" (both backward kernels): (BM, BN, warps, stages[, maxnreg])}:
-                            # tuning only
-SHORT_FWD_T = 2048          # the attention form's forward at t <= SHORT_FWD_T (d = 64, bf16) takes SHORT_FWD_BLOCK:
-SHORT_FWD_BLOCK = (64, 64, 4, 3)  # H100, session 25 (ab_switch.py, the C++ node): fwd 1k 0.093 -> 0.082 ms, 2k 0.240
-                            # -> 0.234; at 4k the default stays faster (0.753 against 0.809)
 KERNELS = ("fwd", "dkdv", "dq")
 
 
 def _blocks(d, kernel, dot_dt, chunked=False, t=None):
     """(BM, BN, num_warps, num_stages) of one attention-form kernel ("fwd", "dkdv" or "dq") per head dim; fixed
     (no benchmarking autotuner), measured in docs/kernels.md. The two backward kernels can take different tiles
-    (BLOCK_OVERRIDE), though today's defaults are the same. chunked: the tiles of the chunked form's intra-chunk
+    (config.attention's block_override), though today's defaults are the same. chunked: the tiles of the chunked form's intra-chunk
     attention (every chunk a short sequence of its own), where they differ. t: the attention form's sequence length,
-    for its short-sequence forward tile (SHORT_FWD_T)."""
+    for its short-sequence forward tile (config.attention's short_fwd_t)."""
+    cfg = config.attention.current()
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
     for key in (kernel, "bwd" if kernel != "fwd" else None):
-        if key in BLOCK_OVERRIDE:
-            return BLOCK_OVERRIDE[key]
-    if (kernel == "fwd" and not chunked and t is not None and t <= SHORT_FWD_T and d == 64
+        if key in cfg.block_override:
+            return cfg.block_override[key]
+    if (kernel == "fwd" and not chunked and t is not None and t <= cfg.short_fwd_t and d == 64
             and dot_dt == tl.bfloat16):
-        return SHORT_FWD_BLOCK
+        return cfg.short_fwd_block
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
     if chunked and kernel == "fwd" and d <= 64 and dot_dt == tl.bfloat16:
         # 64k, chunk 1024 (H100, session 19, one tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
@@ -587,15 +454,6 @@ def _blocks(d, kernel, dot_dt, chunked=False, t=None):
         return (32, 32, 4, 1) if wide else (64, 64, 4, 3) if d <= 64 else (64, 64, 8, 2)
     return (64, 32, 4, 1) if wide else (128, 64, 4, 4) if d <= 64 else (128, 64, 8, 2)
 
-
-def launch_options(entry) -> dict:
-    """num_warps, num_stages and, where the entry has a 5th value, maxnreg of a block entry (tile, tile, warps,
-    stages[, maxnreg]; here and in triton_sym2's tables). The register cap lets more programs share an SM where
-    registers, not shared memory, limit them."""
-    opts = dict(num_warps=entry[2], num_stages=entry[3])
-    if len(entry) > 4 and entry[4]:
-        opts["maxnreg"] = entry[4]
-    return opts
 
 
 def _launch_cfg(d, kernel, dot_dt, prec, chunked=False, t=None):
@@ -628,12 +486,12 @@ def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool, record: 
 
 def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, gated, cfg, **side):
     """_attn_fwd with cfg (_launch_cfg) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
-    chunked form's chunks as batch entries). (A Gluon version with FA3-style pipelining, branch exp/gluon-attn-fwd,
-    was correct but slower on the H100: 64k intra-chunk 3.54 -> 5.75 ms, session 16.) side: _attn_fwd's XT_MODE
-    arguments (the chunked form's copy of k). Returns the compiled kernel."""
+    chunked form's chunks as batch entries). side: _attn_fwd's XT_MODE arguments (the chunked form's copy of k).
+    Returns the compiled kernel."""
+    switches = config.attention.current()
     return _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p,
-                                                NORM=norm, GATED=gated, GATE_SCORES=GATE_SCORES, ROWSUM_MMA=ROWSUM_MMA,
-                                                **cfg, **side)
+                                                NORM=norm, GATED=gated, GATE_SCORES=switches.gate_scores,
+                                                ROWSUM_MMA=switches.rowsum_mma, **cfg, **side)
 
 
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
@@ -653,50 +511,10 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     sp = scale ** p
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                      GATE_SCORES=GATE_SCORES, O=o, DELTA_OUT=norm, **common, **q_cfg)
+                                                      GATE_SCORES=config.attention.current().gate_scores, O=o, DELTA_OUT=norm, **common, **q_cfg)
     kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
                                                           **common, **kv_cfg)
     if record is not None:
         record["dq"], record["dkdv"] = (kq, q_cfg["BM"], hq), (kkv, kv_cfg["BN"], hk)
     dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq, record=record) if gated else None
     return dq, dk, dv, dlog_g
-
-
-class AttentionForm(torch.autograd.Function):
-    """y = power attention (attention form). q (b,t,hq,d), k/v (b,t,hk,d), log_g (b,t,hk) or None. The gate cumsum
-    G and, in the backward, its reverse scan (which also sums the query heads' gate gradients per GQA group) run
-    inside this one autograd node: at short t every node and torch op is host time (docs/kernels.md). Under
-    torch.compile the same passes run as custom ops instead (ops.py). record: native.lookup's recorder (the
-    compiled kernels become a plan for the C++ node, native.py)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, log_g, scale, p, norm, record=None):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, lse, Gc = attention_forward(q, k, v, log_g, scale, p, norm, record)
-        ctx.save_for_backward(q, k, v, Gc, o, lse)
-        ctx.cfg = (scale, p, norm, log_g is not None)
-        ctx.record = record if record is not None and record["grad"] else None
-        if record is not None and not record["grad"]:
-            native.register(record, q, k, norm, log_g is not None, backward=False)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, Gc, o, lse = ctx.saved_tensors
-        dq, dk, dv, dlog_g = attention_backward(do.contiguous(), q, k, v, Gc, o, lse, *ctx.cfg, record=ctx.record)
-        if ctx.record is not None:
-            native.register(ctx.record, q, k, ctx.cfg[2], ctx.cfg[3], backward=True)
-        return dq, dk, dv, dlog_g, None, None, None, None
-
-
-def attention_form(q, k, v, log_g, *, p, scale, norm):
-    """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None. On CUDA the C++ node
-    (native.py) runs it once the extension is built and this specialization's kernels are known."""
-    if torch.compiler.is_compiling():      # dynamo cannot trace the launches: one opaque op per pass (ops.py)
-        from .ops import attention_form_op
-        return attention_form_op(q, k, v, log_g, float(scale), int(p), bool(norm))
-    scale, p, norm = float(scale), int(p), bool(norm)
-    plan, record = native.lookup(q, k, v, log_g, p, norm)
-    if plan is not None:
-        return native.run(plan, q, k, v, log_g, scale, p)
-    return AttentionForm.apply(q, k, v, log_g, scale, p, norm, record)

@@ -1,17 +1,16 @@
 """Chunked form of power attention in Triton (forward + backward), with the tiled symmetric-power expansion done
 on the fly inside the matmuls ("expand-MMA": phi(K) / phi(Q) never exist in HBM).
 
-Math (reference.py `_block`, ../../../docs/kernels.md). Chunk n covers tokens [nC, nC + C); g = chunk-local
+Math (reference.py `_block`, docs/kernels.md). Chunk n covers tokens [nC, nC + C); g = chunk-local
 cumulative log-gate (g_i = sum of log_g from the chunk start to i), gt_n = g at the chunk's last token, s = scale:
 
-    intra_i  = attention form on the chunk alone (reuses triton_attention._attn_fwd: y_intra, lse_intra)
+    intra_i  = attention form on the chunk alone (reuses parallel._attn_fwd: y_intra, lse_intra)
     U_n      = sum_{j in n} w phi(k_j) e^(gt_n - g_j) v_j^T,  Uz_n = same with v_j -> 1   (update-state, expand-M)
     S_{n+1}  = e^(gt_n) S_n + U_n   (discumsum; S_0 = initial state)
-               default (PARALLEL_STATE): _update_state_fwd computes every chunk's U_n in parallel (grid over
-               chunk x state tile x value block x b*hk) into slot n+1 of the state buffer, then _discumsum
-               (elementwise, one program per block of the flattened state, walking the chunks) turns the
-               slots into the states entering each chunk, in place. Serial alternative (PARALLEL_STATE =
-               False): _chunk_state_fwd keeps one state tile [F, BD] on chip and walks all chunks in order.
+               _update_state_fwd computes every chunk's U_n in parallel (grid over chunk x state tile x value
+               block x b*hk) into slot n+1 of the state buffer, then _discumsum (elementwise, one program per
+               block of the flattened state, walking the chunks) turns the slots into the states entering each
+               chunk, in place.
     inter_i  = r_i phi(q_i) S_n, den_i = r_i phi(q_i) . z_n,  r_i = s^p e^(g_i)       (query-state, expand-K)
     y_i      = (N_i + inter_i) / (L_i + den_i)  (norm; stabilized by max(lse_intra, log den)) or N_i + inter_i
 
@@ -25,8 +24,8 @@ Backward (Den_i = total normalizer, Delta_i = dy_i . y_i, dn_i = dy_i / Den_i, d
     dg_i += X . phi(q_i);
   * states: R_n = dL/dS_n = Q_n + e^(gt_n) R_{n+1}, Q_n = sum_{i in n} r_i phi(q_i)^T [dn_i | dl_i],
     R_NC = gradient of the returned state; dU_n = R_{n+1}, dgt_n = e^(gt_n) <S_n, R_{n+1}>, dS_0 = R_0.
-    Default: _query_grad_state computes every Q_n in parallel, _discumsum(REVERSE) accumulates in place (and
-    the per-block dgt partials); serial alternative: _chunk_state_bwd (one state tile on chip, chunks reversed);
+    _query_grad_state computes every Q_n in parallel, _discumsum(REVERSE) accumulates in place (and the
+    per-block dgt partials);
   * key side (_update_state_bwd): X = dU_n v_j + dUz_n = dL/d(w phi(k_j) e^(gt_n - g_j)); dv += ph dU,
     dk += contract(X), Y_j = X . ph_j: dg_j -= Y_j, dgt_n += Y_j.
 contract(X) maps a feature gradient back to the d inputs: dx[col_z(f)] += X_f prod_{z' != z} x[col_z'(f)],
@@ -38,12 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_attention
-from . import triton_sym2 as sym2
-from .gates import gate_cumsum
+from . import config
+from . import parallel as attn
+from ._common import _combine_store, _has_state, _key_block, _key_rows, _kv_heads, _query_block, _row_factor
+from .chunk_p2 import config as p2_config
+from .chunk_p2 import kernels as sym2
+from .parallel import _attn_bwd_dkdv, _attn_bwd_dq, _dot_dtype, _launch_cfg
 from .reference import _ndmi, state_dim, state_tile
-from .triton_attention import (_attn_bwd_dkdv, _attn_bwd_dq, _combine_store, _dot_dtype, _has_state,
-                               _launch_cfg, _key_block, _key_rows, _kv_heads, _query_block, _row_factor)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,43 +188,6 @@ def _chunk_query_grad(Q, G, IDX, DO, LSE, DELTA, scale_p, l, n, i_b, i_hk, offs_
 # forward kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _chunk_state_fwd(K, V, G, IDX, MULT, S0, Z0, S, Z, T, NC, DS,
-                     HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr,
-                     C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, GATED: tl.constexpr,
-                     HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """Update-state + discumsum fused. Program (l, value block, b*hk) keeps S[l-block, v-block] ([F, BD]) and
-    z[l-block] ([F]) on chip, walks the NC chunks and stores the state entering each chunk (and the final one).
-    S: (b, hk, NC+1, DS, D) fp32, Z: (b, hk, NC+1, DS) fp32."""
-    l = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b, i_hk = _kv_heads(pid_bh, HK)
-    offs_f, offs_v, z_store, st_off = _state_tile(l, pid_v, F, BD, D)
-    w = tl.load(MULT + l)
-    acc = tl.zeros([F, BD], tl.float32)
-    accz = tl.zeros([F], tl.float32)
-    if HAS_S0:
-        acc += tl.load(S0 + pid_bh.to(tl.int64) * DS * D + st_off)
-        accz += tl.load(Z0 + pid_bh.to(tl.int64) * DS + l * F + offs_f)
-    for n in range(NC):
-        s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
-        tl.store(S + s_base * D + st_off, acc)
-        tl.store(Z + s_base + l * F + offs_f, accz, mask=z_store)
-        u, uz = _chunk_update(K, V, G, IDX, w, l, n, i_b, i_hk, offs_v, T, HK, D, P, TILE, F, C, BK, GATED,
-                              DOT_DT, PREC)
-        if GATED:
-            decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
-            acc = acc * decay + u
-            accz = accz * decay + uz
-        else:
-            acc += u
-            accz += uz
-    s_base = (pid_bh.to(tl.int64) * (NC + 1) + NC) * DS
-    tl.store(S + s_base * D + st_off, acc)
-    tl.store(Z + s_base + l * F + offs_f, accz, mask=z_store)
-
-
-@triton.jit
 def _query_state_fwd(Q, G, IDX, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS, L,
                      HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr,
                      F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr,
@@ -291,60 +254,14 @@ def _query_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DQ, DGQ, scale_p, T, NC, D
 
 
 @triton.jit
-def _chunk_state_bwd(Q, G, IDX, S, Z, DO, LSE, DELTA, DSF, DZF, DU, DUZ, DS0, DZ0, DGT, scale_p, T, NC, DS, L,
-                     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr,
-                     F: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
-                     NORM: tl.constexpr, GATED: tl.constexpr, HAS_DSF: tl.constexpr,
-                     DOT_DT: tl.constexpr, PREC: tl.constexpr):
-    """Reverse discumsum fused with the query-side state gradient. Program (l, value block, b*hk) keeps
-    R = dL/dS_{n+1} ([F, BD]) and Rz on chip, walking chunks backwards: DU[n] = R (the gradient of the chunk's
-    update U_n), DGT[.., n] = e^gt_n <S_n, R> (this tile's part), R <- sum_i r_i phi(q_i)^T dn_i + e^gt_n R.
-    Finally DS0 = R (gradient of the initial state)."""
-    l = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    i_b, i_hk = _kv_heads(pid_bh, HK)
-    NV = tl.num_programs(1)
-    offs_f, offs_v, z_store, st_off = _state_tile(l, pid_v, F, BD, D)
-    R = tl.zeros([F, BD], tl.float32)
-    Rz = tl.zeros([F], tl.float32)
-    if HAS_DSF:
-        R += tl.load(DSF + pid_bh.to(tl.int64) * DS * D + st_off)
-        Rz += tl.load(DZF + pid_bh.to(tl.int64) * DS + l * F + offs_f)
-    for n_rev in range(NC):
-        n = NC - 1 - n_rev
-        u_base = (pid_bh.to(tl.int64) * NC + n) * DS
-        tl.store(DU + u_base * D + st_off, R)
-        tl.store(DUZ + u_base + l * F + offs_f, Rz, mask=z_store)
-        if GATED:
-            decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
-            s_base = (pid_bh.to(tl.int64) * (NC + 1) + n) * DS
-            s_n = tl.load(S + s_base * D + st_off)
-            part = tl.sum(tl.sum(s_n * R, axis=1), axis=0)
-            z_n = tl.load(Z + s_base + l * F + offs_f)
-            part += tl.where(pid_v == 0, tl.sum(z_n * Rz, axis=0), 0.0)
-            tl.store(DGT + ((pid_bh.to(tl.int64) * L + l) * NV + pid_v) * NC + n, decay * part)
-        du, duz = _chunk_query_grad(Q, G, IDX, DO, LSE, DELTA, scale_p, l, n, i_b, i_hk, offs_v, T, HQ, HK, D, P,
-                                    TILE, F, C, BM, NORM, GATED, DOT_DT, PREC)
-        if GATED:
-            R = du + decay * R
-            Rz = duz + decay * Rz
-        else:
-            R += du
-            Rz += duz
-    tl.store(DS0 + pid_bh.to(tl.int64) * DS * D + st_off, R)
-    tl.store(DZ0 + pid_bh.to(tl.int64) * DS + l * F + offs_f, Rz, mask=z_store)
-
-
-@triton.jit
 def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L, NU,
                       HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TILE: tl.constexpr, F: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
                       DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """Key side of the state term. Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j,
     c_j = e^(gt_n - g_j) and X = v dU_n^T + dUz_n: DV += ph dU_n, DK += contract(X w c_j), DGK = -X . ph.
-    dU_n is slot n of DU / DUZ, NU slots per (b, hk) (NC for the serial path's dU, NC+1 for the parallel
-    path, which passes its dL/dS buffer offset by one slot: dU_n = dL/dS_{n+1})."""
+    dU_n is slot n of DU / DUZ, NU = NC+1 slots per (b, hk): the caller passes its dL/dS buffer offset by one
+    slot, dU_n = dL/dS_{n+1}."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_f = tl.arange(0, F)
     offs_d = tl.arange(0, D)
@@ -479,18 +396,12 @@ def _tables(p, d, device):
     return _TABLES[key]
 
 
-PARALLEL_STATE = True  # False: the serial state kernels (_chunk_state_fwd/_bwd, one program walks all chunks);
-                       # kept for A/B timing (scripts/bench_attention.py --chunked-serial) and tests
-DISCUMSUM_BLOCK = 1024  # elements of the flattened state per _discumsum program
-PARALLEL_BLOCKS = None  # (rows per step, BD, warps, stages) of _update_state_fwd / _query_grad_state; None:
-                        # _chunk_blocks'. Untimed: a knob for GPU sweeps (BD must divide d, rows >= 16)
 
-MAX_GRID_Y = 65535     # CUDA's limit on grid dims 1 and 2: the intra-chunk launches split the chunk-batch to fit
 
 
 def _chunk_batches(nb, heads):
-    """Slices of the b*NC chunk-batch such that one intra-chunk launch has <= MAX_GRID_Y programs in grid dim 1."""
-    step = max(1, MAX_GRID_Y // heads)
+    """Slices of the b*NC chunk-batch such that one intra-chunk launch has <= max_grid_y programs in grid dim 1."""
+    step = max(1, config.chunk.current().max_grid_y // heads)
     return [slice(i, min(i + step, nb)) for i in range(0, nb, step)]
 
 
@@ -518,14 +429,14 @@ def _chunk_blocks(F, d, dot_dt):
 
 def _copy_in_attention(fast, x, d, C, keys) -> bool:
     """Whether the attention kernels write the Gluon outer product's scaled copy of x, the keys or the queries
-    (triton_sym2.XT_IN_ATTENTION; the p=2 path with gluon_outer)."""
-    return fast and bool(sym2.XT_IN_ATTENTION & (1 if keys else 2)) and sym2.gluon_outer_applies(x, d, C)
+    (chunk_p2 config xt_in_attention; the p=2 path with gluon_outer)."""
+    return fast and bool(p2_config.current().xt_in_attention & (1 if keys else 2)) and sym2.gluon_outer_applies(x, d, C)
 
 
 def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int):
-    """The chunked form's forward launches: (y, S, Z, lse, G, parallel) with S / Z the states entering each chunk
-    and the final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy, parallel whether
-    the parallel state path ran. Arguments as ChunkedForm's; q, k, v contiguous."""
+    """The chunked form's forward launches: (y, S, Z, lse, G) with S / Z the states entering each chunk and the
+    final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy. Arguments as
+    autograd.ChunkedForm's; q, k, v contiguous."""
     b, T, hq, d = q.shape
     hk = k.shape[2]
     NC = T // C
@@ -537,9 +448,11 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     IDX, MULT, TILE, F, L = _tables(p, d, dev)
     DS = state_dim(p, d)
     sp = scale ** p
+    block = config.chunk.current().discumsum_block     # elements of the flattened state per _discumsum program
     # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
     attn_cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False), chunked=True)
-    fast = sym2.applies(p, d, q.dtype)      # p = 2: the grouped outer-product kernels (triton_sym2.py)
+    fast = sym2.applies(p, d, q.dtype)      # p = 2: the state kernels of chunk_p2/
+    p2 = p2_config.current()
     # bf16 inputs on the p=2 path: the intra output and the per-chunk states are stored in bf16 (they are
     # bf16 matmul operands anyway; sums stay fp32 in registers): half the memory of fp32 buffers
     low = fast and q.dtype == torch.bfloat16
@@ -553,7 +466,7 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     copy_k = sym2.scaled_copy_buffers(k, T, hk, d, norm, True) if _copy_in_attention(fast, k, d, C, True) else None
     for sl in _chunk_batches(nb, hq):
         side = dict(XT=copy_k[0], CB0=sl.start, NCH=NC, T_FULL=T, XT_MODE=1) if copy_k else {}
-        triton_attention.launch_fwd(cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl,
+        attn.launch_fwd(cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl,
                                     scale, sp, C, (sl.stop - sl.start) * hq, hq, hk, d, p, norm, gated, attn_cfg,
                                     **side)
     # states entering each chunk (+ the final one)
@@ -562,67 +475,51 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
     S = torch.empty(b, hk, NC + 1, DS, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
     Z = torch.empty(b, hk, NC + 1, DS, **f32)
     has_s0 = s0 is not None
-    parallel = PARALLEL_STATE or low       # the serial kernels keep fp32 states
-    if parallel:
-        # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
-        if has_s0:
-            S[:, :, 0] = s0
-            Z[:, :, 0] = z0
-        else:
-            S[:, :, 0].zero_()
-            Z[:, :, 0].zero_()
-        scanned = False
-        if fast:
-            scanned, _ = sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm,
-                                           gated, sdt, sprec, scan=True, copy=copy_k)
-            del copy_k
-        else:
-            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
-            _update_state_fwd[(NC * L, d // pBD, b * hk)](
-                k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=prows,
-                BD=pBD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=pwarps, num_stages=pstages)
-        for X, M in ((S, DS * d), (Z, DS)) if not scanned else ():
-            _discumsum[(triton.cdiv(M, DISCUMSUM_BLOCK), b * hk)](
-                X, G, dummy, dummy, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=False,
-                num_warps=4)
+    # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
+    if has_s0:
+        S[:, :, 0] = s0
+        Z[:, :, 0] = z0
     else:
-        _chunk_state_fwd[(L, d // BD, b * hk)](
-            k, v, G, IDX, MULT, s0.contiguous() if has_s0 else dummy, z0.contiguous() if has_s0 else dummy,
-            S, Z, T, NC, DS, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows, BD=BD, GATED=gated,
-            HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
+        S[:, :, 0].zero_()
+        Z[:, :, 0].zero_()
+    scanned = False
+    if fast:
+        scanned, _ = sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm,
+                                       gated, sdt, sprec, scan=True, copy=copy_k)
+        del copy_k
+    else:
+        _update_state_fwd[(NC * L, d // BD, b * hk)](
+            k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows,
+            BD=BD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
+    for X, M in ((S, DS * d), (Z, DS)) if not scanned else ():
+        _discumsum[(triton.cdiv(M, block), b * hk)](
+            X, G, dummy, dummy, M, T, NC, HK=hk, C=C, BLOCK=block, GATED=gated, REVERSE=False,
+            num_warps=4)
     y = torch.empty_like(q)
     lse = torch.empty(b, T, hq, **f32) if norm else dummy
-    if fast and sym2.row_scaled("qfwd", d) and sym2.gluon_rows_applies("qfwd", q, d):
-        from .gluon_rows import gluon_query_fwd_rows
-        bm, warps, nbuf = sym2.GLUON_QFWD_BLOCK
-        dense = norm and sym2.GLUON_DENSE_Z
+    if fast and sym2.gluon_rows_applies("qfwd", q, d):
+        from .chunk_p2.gluon_rows import gluon_query_fwd_rows
+        bm, warps, nbuf = p2.qfwd_block
         gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, S, sym2.dense_normalizer(Z, d, sym=False) if dense else Z, o_intra, lse_intra, y, lse, sp, T, NC, DS,
-            HQ=hq, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "qfwd"), BM=bm, NORM=norm, GATED=gated,
-            HAS_S0=has_s0, DENSE_Z=dense, NBUF=nbuf, num_warps=warps, **sym2.gluon_rows_regs("qfwd"))
-    elif fast and sym2.row_scaled("qfwd", d):
+            q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
+            MINW=sym2.gluon_window_min(d, "qfwd"), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf,
+            num_warps=warps, **sym2.gluon_rows_regs("qfwd"))
+    elif fast:
         _, bm, _, _ = sym2.blocks("qfwd_rows", d)
         sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
             KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            PIPE=sym2.QFWD_PIPE, **sym2.launch_options("qfwd_rows", d))
-    elif fast:
-        jg, bm, _, _ = sym2.blocks("qfwd", d)
-        grp = sym2.groups(d, jg, dev)
-        sym2._sym2_query_fwd[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, grp, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d, C=C,
-            TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            **sym2.launch_options("qfwd", d))
+            PIPE=p2.qfwd_pipe, **sym2.launch_options("qfwd_rows", d))
     else:
         _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
             q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
             F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
             num_warps=warps, num_stages=stages)
-    return y, S, Z, lse, G, parallel
+    return y, S, Z, lse, G
 
 
 def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: int, norm: bool, gated: bool, C: int,
-                     has_s0: bool, parallel: bool, states_in_place: bool = False):
+                     has_s0: bool, states_in_place: bool = False):
     """The chunked form's backward launches: (dq, dk, dv, dgl, ds0, dz0) from the forward's tensors
     (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, or None where unused: zeros).
     states_in_place: the state gradients dL/dS_n may be written over the forward's states S (the caller will not
@@ -638,6 +535,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     atomic = sym2.atomic_updates()                     # dq / dk updates of the p=2 backward kernels (both alike)
     DS = state_dim(p, d)
     sp = scale ** p
+    block = config.chunk.current().discumsum_block     # elements of the flattened state per _discumsum program
     dy = dy.contiguous()
     # Delta = dy . y (b,T,hq): formed and stored by the intra-chunk dq kernel, which runs first
     delta = torch.empty(b, T, hq, **f32) if norm else dummy
@@ -645,15 +543,15 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     # with the row-scaled dv kernel (the last to write dv) dv stays in the inputs' dtype throughout: the intra-chunk
     # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass); dq and
     # dk likewise where the Gluon query backward / key dk finish them (INTRA_GRADS_LOW)
-    dv_rows = fast and sym2.row_scaled("kdv", d)
+    p2 = p2_config.current()
     # the state kernels that run in Gluon (bf16 inputs only)
-    qbwd_gluon = fast and sym2.row_scaled("qbwd", d) and sym2.gluon_rows_applies("qbwd", q, d)
-    kdk_gluon = dv_rows and sym2.gluon_rows_applies("kdk", k, d)
-    dq_low = qbwd_gluon and sym2.INTRA_GRADS_LOW
-    dk_low = kdk_gluon and sym2.row_scaled("kdk", d) and sym2.INTRA_GRADS_LOW
+    qbwd_gluon = fast and sym2.row_scaled_qbwd(d) and sym2.gluon_rows_applies("qbwd", q, d)
+    kdk_gluon = fast and sym2.gluon_rows_applies("kdk", k, d)
+    dq_low = qbwd_gluon
+    dk_low = kdk_gluon
     dq = torch.empty_like(q) if dq_low else torch.empty(b, T, hq, d, **f32)
     dk = torch.empty_like(k) if dk_low else torch.empty(b, T, hk, d, **f32)
-    dv = torch.empty_like(v) if dv_rows else torch.empty(b, T, hk, d, **f32)
+    dv = torch.empty_like(v) if fast else torch.empty(b, T, hk, d, **f32)
     dgq = torch.empty(b, T, hq, **f32) if gated else dummy
     dgk = torch.empty(b, T, hk, **f32) if gated else dummy
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
@@ -665,15 +563,15 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     cl, cdl = (_chunk_view(x, nb, C, norm) for x in (lse, delta))
     # the query side's scaled copy for the Gluon outer products (and its normalizer weights), written by dq
     copy_q = (sym2.scaled_copy_buffers(q, T, hq, d, norm, False)
-              if parallel and _copy_in_attention(fast, q, d, C, False) else None)
+              if _copy_in_attention(fast, q, d, C, False) else None)
     cw = _chunk_view(copy_q[1], nb, C, norm) if copy_q else None
-    # the query side's reverse scan and then the key kernels may run on a side stream (sym2.CONCURRENT_BWD): the
+    # the query side's reverse scan and then the key kernels may run on a side stream (chunk_p2 config concurrent_bwd): the
     # scan needs only the intra-chunk dq's copies and Delta, the key kernels the intra-chunk dk / dv, and the
     # intra-chunk dk / dv and the query backward need neither. Every buffer either chain writes is allocated on the
     # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
     # memory is freed or reused while the other stream may still use it.
-    side = sym2.side_stream(q.device, "bwd") if sym2.CONCURRENT_BWD and fast and parallel and q.is_cuda else None
-    in_place = states_in_place and parallel and fast and sym2.gluon_scan_applies(q, d, C)
+    side = sym2.side_stream(q.device, "bwd") if p2.concurrent_bwd and fast and q.is_cuda else None
+    in_place = states_in_place and fast and sym2.gluon_scan_applies(q, d, C)
     if in_place:        # S must be read by the query backward before the scan writes over it: one stream, in order
         side = None
 
@@ -687,7 +585,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                          T_FULL=T, XT_MODE=2) if copy_q else {}
         _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
             cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
-            GATE_SCORES=triton_attention.GATE_SCORES, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg, **side_args)
+            GATE_SCORES=config.attention.current().gate_scores, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg, **side_args)
     del cdq                                 # a view that would keep an fp32 dq alive after its conversion
 
     def intra_dkdv():
@@ -709,20 +607,19 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
 
     def query_state():
         if qbwd_gluon:
-            from .gluon_rows import gluon_query_bwd_rows
-            bm, warps_, nbuf = sym2.GLUON_QBWD_BLOCK
-            dense = norm and sym2.GLUON_DENSE_Z
+            from .chunk_p2.gluon_rows import gluon_query_bwd_rows
+            bm, warps_, nbuf = p2.qbwd_block
             gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, S, sym2.dense_normalizer(Z, d, sym=True) if dense else Z, dy, lse, delta, dq, dq_out, dgq2, sp,
+                q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp,
                 T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "qbwd"), BM=bm, NORM=norm,
-                GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast, DENSE_Z=dense, STEP=sym2.GLUON_BWD_STEP[0],
+                GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast, STEP=p2.bwd_step[0],
                 num_warps=warps_, **sym2.gluon_rows_regs("qbwd"))
-        elif fast and sym2.row_scaled("qbwd", d):
+        elif fast and sym2.row_scaled_qbwd(d):
             _, bm, _, _ = sym2.blocks("qbwd_rows", d)
             sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
                 q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
                 KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                ATOMIC=atomic, PIPE=sym2.QBWD_PIPE, CAST=cast, **sym2.launch_options("qbwd_rows", d))
+                ATOMIC=atomic, PIPE=p2.qbwd_pipe, CAST=cast, **sym2.launch_options("qbwd_rows", d))
         elif fast:
             jg, bm, _, _ = sym2.blocks("qbwd", d)
             grp = sym2.groups(d, jg, q.device)
@@ -735,64 +632,48 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
                 HAS_S0=has_s0, **sizes)
         # dq is complete: with fp32 intermediates its buffer is released (before dR exists, on one stream)
-        return dq_out.to(q.dtype) if parallel else dq_out
+        return dq_out.to(q.dtype)
 
-    NV = d // BD
     if side is None:    # one stream, in order: dq's fp32 buffer (if any) is released before dR exists
         intra_dkdv()
         dq = query_state()
-    if parallel:
-        # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
-        # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
-        # and d initial_state = slot 0
-        dR = S if in_place else torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
-        dRz = torch.empty(b, hk, NC + 1, DS, **f32)
-        for slot, g in ((dR[:, :, NC], dsf), (dRz[:, :, NC], dzf)):
-            if g is None:        # the final state unused: no materialized zeros to copy
-                slot.zero_()
-            else:
-                slot.copy_(g)
-        ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
-        dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
-    else:
-        dU = torch.empty(b, hk, NC, DS, d, **f32)
-        dUz = torch.empty(b, hk, NC, DS, **f32)
-        ds0 = torch.empty(b, hk, DS, d, **f32)
-        dz0 = torch.empty(b, hk, DS, **f32)
-        NU = NC
+    # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
+    # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
+    # and d initial_state = slot 0
+    dR = S if in_place else torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
+    dRz = torch.empty(b, hk, NC + 1, DS, **f32)
+    for slot, g in ((dR[:, :, NC], dsf), (dRz[:, :, NC], dzf)):
+        if g is None:        # the final state unused: no materialized zeros to copy
+            slot.zero_()
+        else:
+            slot.copy_(g)
+    ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
+    dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
     # dU with the key side's multiplicities (the scan writes them) where both key kernels run in Gluon
-    du_mult = parallel and fast and sym2.DU_MULT and kdk_gluon and sym2.gluon_rows_applies("kdv", k, d)
+    du_mult = fast and p2.du_mult and kdk_gluon and sym2.gluon_rows_applies("kdv", k, d)
     dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
     dk_out = dk if dk_low or not cast else torch.empty_like(k)
 
     def state_grads():
-        """dL/dS_n of every chunk (dR, or the serial kernel's dU) and the chunks' gate gradients dgt; whether dU
+        """dL/dS_n of every chunk (dR) and the chunks' gate gradients dgt; whether dU
         carries the key multiplicities."""
-        if not parallel:
-            dgt_ = torch.empty(b * hk, L, NV, NC, **f32) if gated else dummy
-            _chunk_state_bwd[(L, NV, b * hk)](
-                q, G, IDX, S, Z, dy, lse, delta, _or_zeros(dsf, (b, hk, DS, d), q.device),
-                _or_zeros(dzf, (b, hk, DS), q.device), dU, dUz, ds0, dz0, dgt_, sp,
-                T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True, **sizes)
-            return (dgt_.view(b, hk, -1, NC).sum(2) if gated else dummy), False
         scanned, dgt_scan = False, None
         if fast:
             scanned, dgt_scan = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C,
                                                   False, norm, gated, sdt, sprec, scan=True, fwd_states=(S, Z),
                                                   du_mult=du_mult, copy=copy_q)
         else:
-            prows, pBD, pwarps, pstages = PARALLEL_BLOCKS or (rows, BD, warps, stages)
-            _query_grad_state[(NC * L, d // pBD, b * hk)](
-                q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=prows, BD=pBD,
-                NORM=norm, **dict(sizes, num_warps=pwarps, num_stages=pstages))
+            _query_grad_state[(NC * L, d // BD, b * hk)](
+                q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm,
+                **sizes)
         if scanned:
             return (dgt_scan if gated else dummy), du_mult
         dgts = []
         for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)):
-            nblk = triton.cdiv(M, DISCUMSUM_BLOCK)
+            nblk = triton.cdiv(M, block)
             dgt_ = torch.empty(b * hk, nblk, NC, **f32) if gated else dummy
             _discumsum[(nblk, b * hk)](
-                X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=DISCUMSUM_BLOCK, GATED=gated, REVERSE=True,
+                X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=block, GATED=gated, REVERSE=True,
                 num_warps=4)
             dgts.append(dgt_)
         dgt_ = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
@@ -804,41 +685,30 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
             return
         if kdk_gluon:
-            from .gluon_rows import gluon_key_dk_rows
-            bk, warps_, nbuf = sym2.GLUON_KDK_BLOCK
-            dense = sym2.GLUON_DENSE_Z
-            duz = dUz
-            if dense:     # formed from the whole buffer: the kernel finds slot n of dUz where the offset view has it
-                full, first = (dRz, 1) if parallel else (dUz, 0)
-                duz = sym2.dense_normalizer(full, d, sym=True, keys=not du_mult)[:, :, first:]
+            from .chunk_p2.gluon_rows import gluon_key_dk_rows
+            bk, warps_, nbuf = p2.kdk_block
             gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, dU, duz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE,
+                k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE,
                 MINW=sym2.gluon_window_min(d, "kdk"), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult,
-                DENSE_Z=dense, STEP=sym2.GLUON_BWD_STEP[1], num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
-        elif dv_rows and sym2.row_scaled("kdk", d):
-            _, bk, _, _ = sym2.blocks("kdk_rows", d)
-            sym2._sym2_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d),
-                BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, PIPE=sym2.KDK_PIPE, CAST=cast,
-                **sym2.launch_options("kdk_rows", d))
+                STEP=p2.bwd_step[1], num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
         else:
             jg, bk, _, _ = sym2.blocks("kbwd", d)
             grp = sym2.groups(d, jg, q.device)
             sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
                 k, v, G, grp, dU, dUz, dk, dk_out, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE,
-                JG=jg, BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=not dv_rows, CAST=cast,
+                JG=jg, BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=False, CAST=cast,
                 **sym2.launch_options("kbwd", d))
-        if dv_rows and sym2.gluon_rows_applies("kdv", k, d):
-            from .gluon_rows import gluon_key_dv_rows
-            bk, warps_, nbuf = sym2.GLUON_KDV_BLOCK
-            gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
+        if sym2.gluon_rows_applies("kdv", k, d):
+            from .chunk_p2.gluon_rows import gluon_key_fast
+            bk, warps_, nbuf = p2.kdv_block
+            gluon_key_fast[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "kdv"), BK=bk,
                 GATED=gated, NBUF=nbuf, DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_rows_regs("kdv"))
-        elif dv_rows:
-            _, bk, _, _ = sym2.blocks("kdv_rows", d)
-            sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
+        else:
+            _, bk, _, _ = sym2.blocks("kfast", d)
+            sym2._sym2_key_fast[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                DOT_DT=sdt, PREC=sprec, PIPE=sym2.KDV_PIPE, ACC=sym2.KDV_ACC, **sym2.launch_options("kdv_rows", d))
+                DOT_DT=sdt, PREC=sprec, PIPE=p2.kdv_pipe, ACC=True, **sym2.launch_options("kfast", d))
 
     if side is None:
         dgt, du_mult = state_grads()
@@ -867,72 +737,5 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
         dgl = dgl.view(b, T, hk)
     ds0 = ds0.float().contiguous() if has_s0 else None
     del dU, dUz
-    if parallel:
-        del dR, dRz
+    del dR, dRz
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0, dz0.contiguous() if has_s0 else None
-
-
-def states_in_place() -> bool:
-    """Whether this backward may write over the saved states (triton_sym2.BWD_STATES_IN_PLACE): only in a graph task
-    that frees the graph after it (torch's retain_graph=False; unknown -> no), since another backward needs S."""
-    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    return sym2.BWD_STATES_IN_PLACE and keep is not None and not keep()
-
-
-def _or_zeros(g, shape, device):
-    """A state gradient as a contiguous fp32 tensor: g, or zeros where autograd passed None (state unused)."""
-    return g.contiguous() if g is not None else torch.zeros(shape, device=device, dtype=torch.float32)
-
-
-class ChunkedForm(torch.autograd.Function):
-    """(y, s_final, z_final) of power attention, chunked form. q (b,T,hq,d), k/v (b,T,hk,d) with T % C == 0
-    (the caller pads with zeros), gl (b,T,hk) fp32 chunk-local cumulative log-gates or None, s0 (b,hk,D_s,d)
-    / z0 (b,hk,D_s) fp32 or None. Under torch.compile a stateless call runs as custom ops instead (ops.py)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C, want_state=True):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        y, S, Z, lse, G, parallel = chunked_forward(q, k, v, gl, s0, z0, scale, p, norm, C)
-        ctx.save_for_backward(q, k, v, G, S, Z, y, lse)
-        ctx.cfg = (scale, p, norm, gl is not None, C, s0 is not None, parallel)
-        # unused gradients arrive as None, not materialized zeros (the final state's: (b, hk, D_s, d) fp32)
-        ctx.set_materialize_grads(False)
-        if not want_state:      # a stateless call: no fp32 copy of the final state
-            return y, None, None
-        NC = q.shape[1] // C
-        return y, S[:, :, NC].to(torch.float32, copy=True), Z[:, :, NC].clone()
-
-    @staticmethod
-    def backward(ctx, dy, dsf, dzf):
-        saved = ctx.saved_tensors        # q, k, v, G, S, Z, y, lse
-        if dy is None:                   # only the final state was used
-            dy = torch.zeros_like(saved[-2])
-        grads = chunked_backward(dy, dsf, dzf, *saved, *ctx.cfg, states_in_place=states_in_place())
-        return (*grads, None, None, None, None, None)
-
-
-def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=None, return_state=False):
-    """Triton chunked form: any t (zero-padded to a multiple of the chunk), GQA, optional incoming state
-    (PowerState or (s, z)), optionally returns the final PowerState (float32). Same semantics as
-    reference.power_attention_reference with the same chunk_size."""
-    from .reference import PowerState
-    b, t, hq, d = q.shape
-    C = min(int(chunk_size), t)
-    NC = -(-t // C)
-    pad = NC * C - t
-    if pad:
-        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-    lg = log_g
-    if log_g is not None and pad:
-        lg = torch.nn.functional.pad(log_g, (0, 0, 0, pad))
-    if torch.compiler.is_compiling() and initial_state is None and not return_state:
-        from .ops import chunked_form_op          # dynamo cannot trace the launches: one opaque op per pass
-        y = chunked_form_op(q, k, v, lg, float(scale), int(p), bool(norm), C)
-        return y[:, :t] if pad else y
-    gl = None if lg is None else gate_cumsum(lg, C)                                  # chunk-local G
-    s0 = z0 = None
-    if initial_state is not None:
-        s0, z0 = (x.float() for x in initial_state)
-    y, s, z = ChunkedForm.apply(q, k, v, gl, s0, z0, float(scale), int(p), bool(norm), C, bool(return_state))
-    y = y[:, :t] if pad else y
-    return (y, PowerState(s, z)) if return_state else y

@@ -1,7 +1,7 @@
-"""The p=2 row-scaled state kernels in Gluon, default for bf16 d=32/64: the query backward (`triton_sym2.
+"""The p=2 row-scaled state kernels in Gluon, default for bf16 d=32/64: the query backward (`kernels.
 _sym2_query_bwd_rows`; session 15: H100 64k 10.44 -> 9.56 ms), the query forward (`_sym2_query_fwd_rows`; session 16:
 7.10 -> 6.42 ms), the key backward's dv (`_sym2_key_dv_rows`; 6.44 -> 5.58 ms) and its dk (the grouped
-`_sym2_key_bwd`; 10.48 -> 9.88 ms). Switches: triton_sym2.QBWD_GLUON / QFWD_GLUON / KDV_GLUON / KDK_GLUON.
+`_sym2_key_bwd`; 10.48 -> 9.88 ms). Switches: kernels.QBWD_GLUON / QFWD_GLUON / KDV_GLUON / KDK_GLUON.
 
 The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
 products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8
@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .gluon_sym2 import _barrier, _cp_async
+from .gluon_outer import _barrier, _cp_async
 
 # a shared buffer seen with another shape / layout: `_reinterpret` in Triton 3.6 (the device's), `reinterpret` later
 _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
@@ -193,7 +193,7 @@ def _normalizer_dot(x, Z, z_base, D: gl.constexpr, TW: gl.constexpr, L: gl.const
                     BM: gl.constexpr, SYM: gl.constexpr, KEYS: gl.constexpr, DENSE: gl.constexpr):
     """x Zm (x Zsym with SYM: _zsym) [BM, D] for x [BM, D] (bf16, operand layout) and the normalizer state at z_base
     of Z: gathered from the packed z (_zm), or with DENSE read as the [2, D, D] bf16 hi / lo parts formed once per slot
-    (triton_sym2.dense_normalizer, with the same SYM / KEYS)."""
+    (kernels.dense_normalizer, with the same SYM / KEYS)."""
     BS: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16)
     if DENSE:
         jj = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, L)), 1)
@@ -390,7 +390,7 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
 
 
 # ----------------------------------------------------------------------------------------------
-# the row-scaled query forward (triton_sym2._sym2_query_fwd_rows with its ACC operand)
+# the row-scaled query forward (kernels._sym2_query_fwd_rows with its ACC operand)
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
 def _fwd_pass(num, qw, S, s_base, qT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr, D: gl.constexpr,
@@ -473,7 +473,7 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     den = phi(q) . z_n = q Zm q^T join the intra-chunk output OI (normalized, LSEI = log of its normalizer):
     y = (OI e^LSEI + r num) / (e^LSEI + r den), stabilized by the larger log (NORM), else OI + r num; r = s^p e^(g_i).
     Writes Y (the inputs' dtype) and LSE = log of the total normalizer. DENSE_Z: Z holds each slot's Zm as bf16 hi / lo
-    matrices (triton_sym2.dense_normalizer), not the packed z."""
+    matrices (kernels.dense_normalizer), not the packed z."""
     NW: gl.constexpr = gl.num_warps()
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -524,7 +524,7 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
     (k_i k_win,w) dU_i (the forward's pass with KEYS: the key side's multiplicities w on the window's columns),
     c_j = e^(gt_n - g_j); dU_n is slot n of DU (NU slots per (b, hk)). DV holds the intra-chunk part in the inputs'
     dtype; the sum is added in fp32 and written back in place. DU_MULT: dU already carries the multiplicities
-    (gluon_sym2.gluon_outer's DU_MULT)."""
+    (gluon_outer.gluon_outer's DU_MULT)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
     num = _rows_forward(K, DU, u_base, row, m2, k, on, D, TW, MINW, BK, NBUF, not DU_MULT)

@@ -10,7 +10,7 @@ How a call gets there:
 1. The extension is built once per machine (torch's cpp_extension, in a background thread at the first CUDA call:
    the caller never waits for the compiler; `wait()` does, for benchmarks and tests).
 2. A call whose specialization (dtype, heads, head dim, p, norm, gating, what Triton specializes t on, the tile
-   switches) has no plan yet runs the Python node (`triton_attention.AttentionForm`) with a recorder: its launches
+   switches) has no plan yet runs the Python node (`autograd.AttentionForm`) with a recorder: its launches
    hand back the compiled kernels, and `register()` turns their signatures into a plan (which tensor or scalar
    each kernel parameter is) for the C++ side. A call without gradients records a forward-only plan.
 3. Later calls with that specialization run `torch.ops.longctx_native.attention_form`.
@@ -27,9 +27,7 @@ from pathlib import Path
 
 import torch
 
-# triton_attention imports this module too: both only read each other's attributes at call time
-from . import gates
-from . import triton_attention as ta
+from .. import config, gates
 
 ENV = "LONGCTX_NATIVE"
 SOURCE = Path(__file__).with_name("native_launch.cpp")
@@ -127,18 +125,19 @@ def status() -> str:
 
 
 def _switches():
-    """The module switches the compiled kernels (and their grids) depend on."""
-    override = tuple(sorted(ta.BLOCK_OVERRIDE.items())) if ta.BLOCK_OVERRIDE else ()
-    return (ta.FAST_FORWARD, ta.FAST_BACKWARD, ta.GATE_SCORES, ta.ROWSUM_MMA, override, ta.SHORT_FWD_T,
-            ta.SHORT_FWD_BLOCK, gates.COLUMN_TILE)
+    """The switches the compiled kernels (and their grids) depend on: the attention config (its block override as
+    sorted items, so the key hashes) and the gate scan's tile."""
+    cfg = config.attention.current()
+    return (cfg.fast_forward, cfg.fast_backward, cfg.gate_scores, cfg.rowsum_mma,
+            tuple(sorted(cfg.block_override.items())), cfg.short_fwd_t, cfg.short_fwd_block, gates.COLUMN_TILE)
 
 
 def plan_key(q, k, log_g, p: int, norm: bool):
     """What the compiled kernels depend on beyond the pointers: Triton specializes t on t % 16 == 0 and t == 1, and
-    the forward's tile on t <= SHORT_FWD_T (triton_attention._blocks)."""
+    the forward's tile on t <= short_fwd_t (parallel._blocks)."""
     t = q.shape[1]
     return (q.device.index, q.dtype, None if log_g is None else log_g.dtype, q.shape[2], k.shape[2], q.shape[3], p,
-            norm, t % 16 == 0, t == 1, t <= ta.SHORT_FWD_T, _switches())
+            norm, t % 16 == 0, t == 1, t <= config.attention.current().short_fwd_t, _switches())
 
 
 def needs_grad(q, k, v, log_g) -> bool:

@@ -1,18 +1,18 @@
-"""Developer tool: compile the power-attention kernels for an NVIDIA target on a machine without a GPU (Triton's
+"""Compile the power-attention kernels for an NVIDIA target on a machine without a GPU (Triton's
 nvidia backend + the bundled ptxas), and print shared memory, registers and spill stack per kernel. Catches what
 TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows, before any device time.
 
-    python -m longctx.kernels.power.compile_check 2,64,bf16 4,64,fp32      # p,d,dtype ...
-    python -m longctx.kernels.power.compile_check sym2,64                  # the p=2 kernels (triton_sym2.BLOCKS)
-    python -m longctx.kernels.power.compile_check attn,2,64,bf16           # the attention form (p,d,dtype)
-    python -m longctx.kernels.power.compile_check --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
-    python -m longctx.kernels.power.compile_check --loops sym2,64 attn,2,64,bf16  # + instruction mix per loop
+    python tools/compile_check.py 2,64,bf16 4,64,fp32      # p,d,dtype ...
+    python tools/compile_check.py sym2,64                  # the p=2 kernels (chunk_p2.config.BLOCKS)
+    python tools/compile_check.py attn,2,64,bf16           # the attention form (p,d,dtype)
+    python tools/compile_check.py --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
+    python tools/compile_check.py --loops sym2,64 attn,2,64,bf16  # + instruction mix per loop
 
 --ptx writes DIR/<case>_<kernel>_<i>.ptx without line info and label names: run it on two trees and diff the
 folders (`diff -r`) to show that a refactor of the kernel sources compiles to the same code.
 --loops also prints, per kernel, the instruction mix of each loop body of its PTX (`loop_op_counts`): what a step
 of the main loop costs besides its matmuls (lane shuffles, barriers, shared-memory round trips, global loads). That
-view found session 6's two largest wins; read it before sweeping blocks.
+view found two of the largest wins; read it before sweeping blocks.
 """
 from __future__ import annotations
 
@@ -30,10 +30,12 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import gates
-from . import triton_attention as ta
-from . import triton_chunked as tc
-from . import triton_sym2 as s2
+from longctx.kernels.power import chunk as tc
+from longctx.kernels.power import config as power_config
+from longctx.kernels.power import gates
+from longctx.kernels.power import parallel as ta
+from longctx.kernels.power.chunk_p2 import config as p2cfg
+from longctx.kernels.power.chunk_p2 import kernels as s2
 
 H100_SHARED = 232448        # bytes of shared memory a block may use on sm_90
 
@@ -56,8 +58,7 @@ def _normalized_ptx(ptx: str) -> str:
 def _compile(fn, ptr_types, scalars, consts, warps, stages, arch, maxnreg=None, source=ASTSource):
     params = inspect.signature(fn.fn).parameters
     names = list(params)
-    # constexpr switches left at their defaults compile as those defaults, as a launch that does not pass them (before
-    # session 15 they compiled as pointer arguments: GATE_SCORES of the attention kernels, PIPE / ACC / CAST ...)
+    # constexpr switches left at their defaults compile as those defaults, as a launch that does not pass them
     consts = dict({n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty
                    and "constexpr" in str(p.annotation)}, **consts)
     sig = {n: "constexpr" if n in consts else scalars.get(n, ptr_types.get(n, "*fp32")) for n in names}
@@ -148,7 +149,7 @@ def wgmma_waits(sass: str) -> dict:
 
 
 def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90):
-    """Compile the chunked-form kernels (serial and parallel state paths) for one (p, d, dtype in
+    """Compile the chunked-form kernels for one (p, d, dtype in
     {'bf16','fp16','fp32'}); returns [(name, shared bytes, registers, spill stack bytes)]."""
     tile = tc.state_tile(p, d)
     F = tile ** p
@@ -158,19 +159,16 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
     base = dict(D=d, P=p, TILE=tile, F=F, C=chunk, GATED=gated, DOT_DT=sdt, PREC=prec)
     ints = {n: "i32" for n in ("T", "NC", "DS", "L", "NU", "M")} | {"scale_p": "fp32"}
     jobs = [
-        (tc._chunk_state_fwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows, BD=BD, HAS_S0=True)),
         (tc._query_state_fwd, {"Q": io, "IDX": "*i32", "Y": io},
          dict(base, HQ=hq, HK=hk, BM=rows, NORM=norm, HAS_S0=True)),
         (tc._query_state_bwd, {"Q": io, "IDX": "*i32", "DO": io},
          dict(base, HQ=hq, HK=hk, BM=rows, NORM=norm, HAS_S0=True)),
-        (tc._chunk_state_bwd, {"Q": io, "IDX": "*i32", "DO": io},
-         dict(base, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm, HAS_DSF=True)),
         (tc._update_state_bwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows)),
         (tc._update_state_fwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows, BD=BD)),
         (tc._query_grad_state, {"Q": io, "IDX": "*i32", "DO": io},
          dict(base, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm)),
     ]
-    scan = dict(HK=hk, C=chunk, BLOCK=tc.DISCUMSUM_BLOCK, GATED=gated)
+    scan = dict(HK=hk, C=chunk, BLOCK=power_config.chunk.current().discumsum_block, GATED=gated)
     jobs_scan = [(tc._discumsum, {}, dict(scan, REVERSE=False)), (tc._discumsum, {}, dict(scan, REVERSE=True))]
     out = []
     for fn, ptrs, consts in jobs:
@@ -199,7 +197,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         if kernel == "dq":
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
         if kernel == "fwd":
-            cfg["ROWSUM_MMA"] = ta.ROWSUM_MMA
+            cfg["ROWSUM_MMA"] = power_config.attention.current().rowsum_mma
         scalars = ints
         if xt and kernel != "dkdv":
             cfg["XT_MODE"] = 1 if kernel == "fwd" else 2
@@ -218,9 +216,10 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
 
 
 def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, blocks=None):
-    """Compile the p=2 kernels (triton_sym2.py, bf16) with `blocks` (default triton_sym2.block_entry(kernel, d));
+    """Compile the p=2 kernels (chunk_p2/kernels.py, bf16) with `blocks` (default chunk_p2.kernels.block_entry);
     returns [(name, shared bytes, registers, spill stack bytes)]."""
     ints = {n: "i32" for n in ("T", "NC", "DS", "NG", "NU", "SLOT")} | {"scale_p": "fp32"}
+    cfg = p2cfg.current()
     base = dict(D=d, C=chunk, TW=s2.TILE2, GATED=gated, DOT_DT=tl.bfloat16, PREC="tf32")
     query = dict(base, HQ=hq, HK=hk, NORM=norm, HAS_S0=True)
     rows_kw = dict(KW2=s2.half_window(d))
@@ -228,22 +227,19 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     jobs = [
         # (OUT: the per-chunk states and their gradients are bf16 for bf16 inputs)
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
-         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm, XT_IN=s2.OUTER_XT), "BK"),
+         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm, XT_IN=True), "BK"),
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
-         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm, XT_IN=s2.OUTER_XT), "BK"),
-        ("qfwd", s2._sym2_query_fwd, {"Q": "*bf16", "GRP": "*i32", "Y": "*bf16"}, query, "BM"),
+         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm, XT_IN=True), "BK"),
         ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16", "DQO": "*bf16"},
          dict(query, ATOMIC=atomic, CAST=True), "BM"),
         ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"},
-         query | rows_kw | dict(PIPE=s2.QFWD_PIPE), "BM"),
+         query | rows_kw | dict(PIPE=cfg.qfwd_pipe), "BM"),
         ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32", "DKO": "*bf16"},
-         dict(base, HK=hk, ATOMIC=atomic, DV_TOO=not s2.row_scaled("kdv", d), CAST=True), "BK"),
+         dict(base, HK=hk, ATOMIC=atomic, DV_TOO=False, CAST=True), "BK"),
         ("qbwd_rows", s2._sym2_query_bwd_rows, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"},
-         dict(query, ATOMIC=atomic, CAST=True) | rows_kw | dict(PIPE=s2.QBWD_PIPE), "BM"),
-        ("kdk_rows", s2._sym2_key_dk_rows, {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16"},
-         dict(base, HK=hk, ATOMIC=atomic, CAST=True) | rows_kw | dict(PIPE=s2.KDK_PIPE), "BK"),
+         dict(query, ATOMIC=atomic, CAST=True) | rows_kw | dict(PIPE=cfg.qbwd_pipe), "BM"),
         ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
-         dict(base, HK=hk) | rows_kw | dict(PIPE=s2.KDV_PIPE, ACC=s2.KDV_ACC), "BK"),
+         dict(base, HK=hk) | rows_kw | dict(PIPE=cfg.kdv_pipe, ACC=True), "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:
@@ -257,7 +253,7 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
         name = f"{k.name}{'_keys' if consts.get('KEYS') else ''}"
         out.append((name, k.metadata.shared, *_usage(k)))
         PTX_OF[name] = k.asm["ptx"]
-    if d in s2.GLUON_OUTER_DIMS:
+    if d in p2cfg.GLUON_OUTER_DIMS:
         out += compile_gluon_outer(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
     if d in (32, 64):
         out += compile_gluon_rows(d, norm=norm, hq=hq, hk=hk, chunk=chunk, arch=arch)
@@ -266,31 +262,30 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
 
 def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     """The row-scaled kernels in Gluon (gluon_rows.gluon_query_fwd_rows / gluon_query_bwd_rows / gluon_key_dv_rows /
-    gluon_key_dk_rows, QFWD_GLUON / QBWD_GLUON / KDV_GLUON / KDK_GLUON) as they would launch, register caps
-    (GLUON_*_REGS) included: [(name, shared, registers, stack)]."""
+    gluon_key_dk_rows) as they would launch with the current chunk_p2 config, register caps included:
+    [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon_rows import gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
+    from longctx.kernels.power.chunk_p2.gluon_rows import gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
     query_ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
     key_ints = {n: "i32" for n in ("T", "NC", "DS", "NU")}
     shape = dict(D=d, C=chunk, TW=s2.TILE2, GATED=True)
     queries = dict(shape, HQ=hq, HK=hk, NORM=norm, HAS_S0=False)
-    low = "*bf16" if s2.INTRA_GRADS_LOW else "*fp32"    # the intra-chunk dq / dk they finish
-    dense = s2.GLUON_DENSE_Z                              # the normalizer read as bf16 hi / lo matrices
-    zt = "*bf16" if dense else "*fp32"
+    cfg = p2cfg.current()
+    low, zt = "*bf16", "*fp32"          # the intra-chunk dq / dk they finish (bf16); the packed normalizer
     out = []
     for fn, kind, block, ptrs, ints, consts in (
-            (gluon_query_fwd_rows, "qfwd", s2.GLUON_QFWD_BLOCK,
+            (gluon_query_fwd_rows, "qfwd", cfg.qfwd_block,
              {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16", "Z": zt}, query_ints,
-             dict(queries, DENSE_Z=dense)),
-            (gluon_query_bwd_rows, "qbwd", s2.GLUON_QBWD_BLOCK,
+             dict(queries)),
+            (gluon_query_bwd_rows, "qbwd", cfg.qbwd_block,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
-             dict(queries, CAST=True, DENSE_Z=dense, STEP=s2.GLUON_BWD_STEP[0])),
-            (gluon_key_dv_rows, "kdv", s2.GLUON_KDV_BLOCK, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
-             key_ints, dict(shape, HK=hk, DU_MULT=s2.DU_MULT)),
-            (gluon_key_dk_rows, "kdk", s2.GLUON_KDK_BLOCK,
+             dict(queries, CAST=True, STEP=cfg.bwd_step[0])),
+            (gluon_key_dv_rows, "kdv", cfg.kdv_block, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
+             key_ints, dict(shape, HK=hk, DU_MULT=cfg.du_mult)),
+            (gluon_key_dk_rows, "kdk", cfg.kdk_block,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
-             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=s2.DU_MULT, DENSE_Z=dense, STEP=s2.GLUON_BWD_STEP[1]))):
+             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=cfg.du_mult, STEP=cfg.bwd_step[1]))):
         rows, warps, nbuf = block
         consts = dict(consts, NBUF=nbuf, MINW=s2.gluon_window_min(d, kind),
                       **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
@@ -304,46 +299,46 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
 
 
 def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
-    """The outer products as launched with OUTER_GLUON (gluon_sym2.gluon_outer, keys and query side) and the scaled
-    transposed copies they read (triton_sym2._transpose_heads with SCALE): [(name, shared, registers, stack)]."""
+    """The outer products in Gluon (gluon_outer.gluon_outer, keys and query side), the scaled transposed copies they
+    read (kernels._transpose_heads with SCALE) and the normalizer's scan: [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon_sym2 import gluon_outer, operand_layout_3d
+    from longctx.kernels.power.chunk_p2.gluon_outer import gluon_outer, operand_layout_3d
+    cfg = p2cfg.current()
     jg, bk = s2.gluon_outer_block(d, chunk)
     ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
     out = []
     for keys in (True, False):
-        for scan in (False, True):      # per chunk, or with the cumulative sum over chunks (OUTER_SCAN, gated)
+        for scan in (False, True):      # per chunk, or with the cumulative sum over chunks (outer_scan, gated)
             consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys,
-                          NORM=norm, NBUF=s2.GLUON_OUTER_STAGES, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
-                          SCAN=scan, GATED=scan, DU_MULT=scan and not keys and s2.DU_MULT,
-                          PREFETCH_SF=scan and s2.GLUON_OUTER_PREFETCH, DRAIN_STEP=s2.GLUON_OUTER_DRAIN,
-                          Z_SUMS=s2.GLUON_OUTER_Z or not scan, FACTOR_BANKS=s2.GLUON_OUTER_FACTOR_BANKS,
-                          COALESCED=s2.GLUON_OUTER_COALESCED)
+                          NORM=norm, NBUF=cfg.outer_stages, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
+                          SCAN=scan, GATED=scan, DU_MULT=scan and not keys and cfg.du_mult,
+                          PREFETCH_SF=scan, DRAIN_STEP=cfg.outer_drain, Z_SUMS=not scan, FACTOR_BANKS=True,
+                          COALESCED=True)
             k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "GROWS": "*i32",
                                        "OUT": "*bf16", "SF": "*bf16"}, ints, consts, 4, 1, arch,
-                         maxnreg=(s2.GLUON_OUTER_SCAN_REGS or None) if scan else None, source=GluonASTSource)
+                         maxnreg=(cfg.outer_scan_regs or None) if scan else None, source=GluonASTSource)
             name = f"gluon_outer{'_keys' if keys else ''}{'_scan' if scan else ''}"
             out.append((name, k.metadata.shared, *_usage(k)))
             PTX_OF[name] = k.asm["ptx"]
             SASS_OF[name] = _cuobjdump(k, "-sass")
-        bt, warps = s2.TRANSPOSE_BLOCK
+        bt, warps = cfg.transpose_block
         k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16", "W": "*bf16"}, ints,
                      dict(H=hk if keys else hq, D=d, BT=bt, HK=hk, C=chunk, SCALE=1 if keys else 2, GATED=True,
                           NORM=norm), warps, 1, arch)
         out.append((f"_transpose_heads_scale{1 if keys else 2}", k.metadata.shared, *_usage(k)))
-        if not s2.GLUON_OUTER_Z:     # the normalizer apart (triton_sym2.launch_norm_scan)
-            k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
-                         dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=s2.NORM_SUMS_BK, WEIGHTED=not keys,
-                              CPP=s2.norm_sums_chunks(chunk, 65536 // chunk)),
-                         s2.NORM_SUMS_WARPS if d <= 64 else 8, s2.NORM_SUMS_STAGES, arch)
-            out.append((f"_norm_chunk_sums{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
-            bi = min(s2.NORM_SCAN_BI, d)
-            k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
-                         ints, dict(HK=hk, D=d, C=chunk, NT=d // s2.TILE2, TW=s2.TILE2, BI=bi, KEYS=keys, GATED=True,
-                                    DU_MULT=not keys and s2.DU_MULT, SUMS=True, AHEAD=s2.NORM_SCAN_AHEAD), 4, 3,
-                         arch)
-            out.append((f"_norm_scan{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
+        # the normalizer apart (kernels.launch_norm_scan)
+        k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
+                     dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=cfg.norm_sums_bk, WEIGHTED=not keys,
+                          CPP=s2.norm_sums_chunks(chunk, 65536 // chunk)),
+                     p2cfg.NORM_SUMS_WARPS if d <= 64 else 8, p2cfg.NORM_SUMS_STAGES, arch)
+        out.append((f"_norm_chunk_sums{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
+        bi = min(p2cfg.NORM_SCAN_BI, d)
+        k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
+                     ints, dict(HK=hk, D=d, C=chunk, NT=d // s2.TILE2, TW=s2.TILE2, BI=bi, KEYS=keys, GATED=True,
+                                DU_MULT=not keys and cfg.du_mult, SUMS=True, AHEAD=cfg.norm_scan_ahead), 4, 3,
+                     arch)
+        out.append((f"_norm_scan{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
     return out
 
 
@@ -363,7 +358,7 @@ def main(argv):
         PTX_TAG = case.replace(",", "-")
         if case.startswith("sym2"):
             d = int(case.split(",")[1])
-            print(f"sym2 d={d} {s2.BLOCKS_WIDE if d >= 128 else s2.BLOCKS}", flush=True)
+            print(f"sym2 d={d} {p2cfg.BLOCKS_WIDE if d >= 128 else p2cfg.BLOCKS}", flush=True)
             for name, shared, regs, stack in compile_sym2(d):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
                 if loops:

@@ -1,4 +1,4 @@
-"""The p=2 outer products (`triton_sym2._sym2_outer`) in Gluon: phi^T built in the tensor cores' register layout.
+"""The p=2 outer products (`kernels._sym2_outer`) in Gluon: phi^T built in the tensor cores' register layout.
 
 Why: Triton builds `_sym2_outer`'s phi^T [features, rows] = x_i x_j as a broadcast product reshaped to 2-D, a layout
 it then converts to the wgmma operand layout through shared memory (8 stores, a barrier and 8 loads a step, sm_90
@@ -13,7 +13,7 @@ expansion writes other registers and overlaps it.
 Same program grid, arguments and results as `_sym2_outer` with XT_IN (the factors from the (b, h, d, t) copy): KEYS,
 the update states U_n = sum_j w phi(k_j) e^(gt_n - g_j) v_j^T and their normalizer sums; else the query-side state
 gradients. Gluon does not run under TRITON_INTERPRET: the GPU tests compare it with `_sym2_outer`
-(`triton_sym2.OUTER_GLUON`).
+(`kernels.OUTER_GLUON`).
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def _group_mults(ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constex
 def _group_zrows(grows, ti, tj, tjb, FG: gl.constexpr, TJ: gl.constexpr, TW: gl.constexpr, KEYS: gl.constexpr,
                  LAYOUT: gl.constexpr):
     """Per accumulator row (LAYOUT 1-D) its layout row, whether it exists (the group's row of
-    triton_sym2.gluon_groups' table grows: the row or -1; loaded, not computed: the pairs of last blocks map their
+    kernels.gluon_groups' table grows: the row or -1; loaded, not computed: the pairs of last blocks map their
     rows transposed, and the formulas' registers spilled at the cap) and the keys' multiplicity (_group_mults)."""
     e = gl.load(grows + gl.arange(0, FG, layout=LAYOUT))
     return gl.maximum(e, 0), e >= 0, _group_mults(ti, tj, tjb, FG, TJ, TW, KEYS, LAYOUT)
@@ -133,16 +133,16 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
                 DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True, FACTOR_BANKS: gl.constexpr = True,
                 COALESCED: gl.constexpr = True):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
-    features, as `_sym2_outer` with XT_IN; GRP / GROWS: triton_sym2.gluon_groups' tables (its tiles, the layout rows
+    features, as `_sym2_outer` with XT_IN; GRP / GROWS: kernels.gluon_groups' tables (its tiles, the layout rows
     of its accumulator rows). X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
-    by the square root of its row factor (`triton_sym2._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
+    by the square root of its row factor (`kernels._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
     no per-row work here. L3: operand_layout_3d. The products are formed in bf16 (one rounding, as the fp32 product
     rounded for the matmul). The normalizer sums run on the tensor cores, phi^T times a [rows, 8] tile of row
     weights, with phi = hi + lo (lo = x_i x_j - hi, exact in bf16, one fma): for keys a constant tile (column 0 ones),
     for the query side W (b, T, HX, 8) bf16 rows [hi, lo, 0, ...] of -Delta_i (written by the transposed copy).
 
     SCAN (grid (groups, 1, b*hk)): the chunks' sums and the gated cumulative sum over chunks in one pass (what
-    `triton_chunked._discumsum` does after the per-chunk kernel), the group's running state kept in the fp32
+    `chunk._discumsum` does after the per-chunk kernel), the group's running state kept in the fp32
     accumulators, decay_n = e^(G at chunk n's last row):
       keys: slot 0 holds S_0; chunk by chunk, S_{n+1} = decay_n S_n + U_n is written to slot n + 1;
       query side (reverse): slot NC holds dL/dS_NC; for n = NC-1..0, R_n = Q_n + decay_n R_{n+1} is written to
@@ -151,10 +151,10 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
       key side's multiplicities (1 in tile ti, 2 after it; exact), so the key kernels need not apply them; slot 0
       (the initial state's gradient) stays plain.
 
-    Z_SUMS False (the scans with triton_sym2.GLUON_OUTER_Z off): no normalizer at all, OUTZ and dgt's z part are left
-    to triton_sym2.launch_norm_scan (the normalizer's 8 small matmuls and 32 fma a step made the loop 1.5x longer).
+    Z_SUMS False (the scans with kernels.GLUON_OUTER_Z off): no normalizer at all, OUTZ and dgt's z part are left
+    to kernels.launch_norm_scan (the normalizer's 8 small matmuls and 32 fma a step made the loop 1.5x longer).
 
-    DRAIN_STEP (triton_sym2.GLUON_OUTER_DRAIN): every step waits for the previous step's matmuls before it writes its
+    DRAIN_STEP (kernels.GLUON_OUTER_DRAIN): every step waits for the previous step's matmuls before it writes its
     operand registers. Without it the previous step's matmuls may still be in flight there: the `deps` of the wait keep
     phi / lo alive for LLVM only (a comment in the wait's inline asm), and ptxas gives the next step's factors and
     products the same registers (Triton 3.6 SASS: the loop's LDSM / HMUL2 write the registers the last normalizer
@@ -199,7 +199,7 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
         nchunk = 1
     i_b = (pid_bh // HK).to(gl.int64)
     i_hk = pid_bh % HK
-    ti = gl.load(GRP + 3 * g)     # the group (triton_sym2.gluon_groups): its row tile and two column tiles
+    ti = gl.load(GRP + 3 * g)     # the group (kernels.gluon_groups): its row tile and two column tiles
     tj = gl.load(GRP + 3 * g + 1)
     tjb = gl.load(GRP + 3 * g + 2)
     grows = GROWS + g * FG        # and the layout rows of its features
