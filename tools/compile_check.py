@@ -210,7 +210,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which
         # also sums the GQA group's query-side gate gradients)
         k = _compile(gates._segment_cumsum, {"X": "*fp32", "X2": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
-                     dict(H=hk, BT=gates.COLUMN_TILE, REVERSE=reverse, REP=hq // hk if reverse else 0), 4, 3, arch)
+                     dict(H=hk, BT=power_config.gates.current().column_tile, REVERSE=reverse, REP=hq // hk if reverse else 0), 4, 3, arch)
         out.append((k.name + ("_rev" if reverse else ""), k.metadata.shared, *_usage(k)))
     return out
 

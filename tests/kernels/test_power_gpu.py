@@ -10,7 +10,7 @@ import torch
 
 from longctx.kernels import power_attention, power_attention_step
 from longctx.kernels.power.reference import PowerState, power_attention_reference
-from longctx.kernels.power.triton_chunked import chunked_form
+from longctx.kernels.power.autograd import chunked_form
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -387,7 +387,7 @@ def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, st
     """The attention form's C++ node (native.py) launches the kernels the Python node compiled: the same outputs
     and gradients, bit for bit, on the current stream (also a side stream), with and without gradients."""
     from longctx.kernels.power import native
-    from longctx.kernels.power.triton_attention import attention_form
+    from longctx.kernels.power.autograd import attention_form
     assert native.wait(), native.status()
     q, k, v, lg = make(2, t, hq, hk, d, dtype, gated, seed=t)
     leaves = [x.requires_grad_() for x in (q, k, v, lg) if x is not None]

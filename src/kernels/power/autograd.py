@@ -241,7 +241,7 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=No
         # dynamo cannot trace the launches: one opaque op per pass
         y = chunked_form_op(q, k, v, lg, float(scale), int(p), bool(norm), C)
         return y[:, :t] if pad else y
-    gl = None if lg is None else gate_cumsum(lg, C)                                  # chunk-local G
+    gl = None if lg is None else gates.gate_cumsum(lg, C)                                # chunk-local G
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)

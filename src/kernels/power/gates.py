@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import config
+
 
 @triton.jit
 def _segment_cumsum(X, X2, Y, T, SEG, H: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr, REP: tl.constexpr = 0):
@@ -52,7 +54,6 @@ def _segment_cumsum(X, X2, Y, T, SEG, H: tl.constexpr, BT: tl.constexpr, REVERSE
         tl.store(Y + off, y.to(tl.float32), mask=m)
 
 
-COLUMN_TILE = 1024      # steps per tile of a column program (float64: 8 per thread at 4 warps)
 
 
 def segment_scan(x: torch.Tensor, seg: int, reverse: bool = False, extra: torch.Tensor | None = None,
@@ -65,7 +66,7 @@ def segment_scan(x: torch.Tensor, seg: int, reverse: bool = False, extra: torch.
     rep = 0 if extra is None else extra.shape[-1] // h
     x2 = x if extra is None else extra.contiguous()
     y = torch.empty(b, t, h, device=x.device, dtype=torch.float32)
-    kernel = _segment_cumsum[(-(-t // seg), b * h)](x, x2, y, t, seg, H=h, BT=COLUMN_TILE, REVERSE=reverse, REP=rep,
+    kernel = _segment_cumsum[(-(-t // seg), b * h)](x, x2, y, t, seg, H=h, BT=config.gates.current().column_tile, REVERSE=reverse, REP=rep,
                                                     num_warps=4)
     if record is not None:
         record["bwd_scan" if reverse else "fwd_scan"] = (kernel, 0, h)

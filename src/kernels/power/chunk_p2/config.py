@@ -10,7 +10,7 @@ d=64, bf16, t=64k, fwd+bwd unless it says otherwise.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._config import ConfigSlot
 
@@ -51,6 +51,8 @@ class P2Config:
     """Switches of the p=2 state kernels. Booleans choose between two implementations that both stay correct (the
     GPU tests compare them); tuples are (rows per program, warps, cp.async ring slots) of a Gluon row kernel."""
     enabled: bool = True              # False: p = 2 runs the generic expand-MMA kernels (chunk.py)
+    block_override: dict = field(default_factory=dict)   # {kernel: entry} over BLOCKS* ("outer": also the Gluon
+    #                                                      outer products' (JG, rows)): sweeps (tools/tune_sym2.py)
     force: bool = False               # run these kernels for every dtype (the interpreter tests run them in fp32)
     rows_qbwd: bool = True            # the query backward row-scaled below GROUPED_QBWD_MIN_D (False: grouped)
     atomic_rmw: bool = True           # dq / dk of the grouped backward by relaxed atomics (key bwd 27.8 -> 24.9 ms);
@@ -92,7 +94,6 @@ class P2Config:
     norm_scan_ahead: int = 1          # _norm_scan loads the next chunk's inputs before adding this one's
 
 
-_slot = ConfigSlot(P2Config())
-current = _slot.current
-override = _slot.override
-DEFAULT = _slot.default
+slot = ConfigSlot(P2Config())
+current = slot.current
+override = slot.override

@@ -761,6 +761,9 @@ def gluon_groups(d: int, jg: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 def block_entry(kernel: str, d: int) -> tuple:
     """One kernel's table entry for head dim d: (JG, rows, warps, stages[, maxnreg])."""
+    override = config.current().block_override
+    if kernel in override:
+        return override[kernel]
     if d <= 32 and kernel in BLOCKS_NARROW:
         return BLOCKS_NARROW[kernel]
     return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
@@ -836,7 +839,8 @@ def gluon_scan_applies(X, d: int, C: int) -> bool:
 def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
     """(JG, rows per step) of the Gluon outer product for head dim d and chunk C (GLUON_OUTER_BLOCK, else BLOCKS'
     "outer")."""
-    jg, bk = GLUON_OUTER_BLOCK.get(d, blocks("outer", d)[:2])
+    table = {} if "outer" in config.current().block_override else GLUON_OUTER_BLOCK
+    jg, bk = table.get(d, blocks("outer", d)[:2])
     while bk > 16 and (C % bk or C // bk < 4):    # 64 rows a step at chunk 128 fails ConvertTritonGPUToLLVM (3.6)
         bk //= 2
     return jg, bk

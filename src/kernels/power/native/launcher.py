@@ -129,7 +129,8 @@ def _switches():
     sorted items, so the key hashes) and the gate scan's tile."""
     cfg = config.attention.current()
     return (cfg.fast_forward, cfg.fast_backward, cfg.gate_scores, cfg.rowsum_mma,
-            tuple(sorted(cfg.block_override.items())), cfg.short_fwd_t, cfg.short_fwd_block, gates.COLUMN_TILE)
+            tuple(sorted(cfg.block_override.items())), cfg.short_fwd_t, cfg.short_fwd_block,
+            config.gates.current().column_tile)
 
 
 def plan_key(q, k, log_g, p: int, norm: bool):

@@ -2,32 +2,30 @@
 d=64 or --d, bf16, gated, p=2) under each variant, the variants interleaved over several rounds so that clock and
 thermal drift hit them alike (the median of the rounds' medians is reported).
 
-A variant is '+'-joined items: NAME=VALUE sets a switch of triton_sym2 / triton_attention / dispatch / gates
-(tune_sym2.py --set), attn:KERNEL=BM,BN,warps,stages[,maxnreg] an intra-chunk attention tile
-(triton_attention.BLOCK_OVERRIDE), and "default" nothing.
+A variant is '+'-joined items: FIELD=VALUE overrides a field of a kernel config (tools/switches.py: chunk_p2's,
+attention, chunk, gates, dispatch), attn:KERNEL=BM,BN,warps,stages[,maxnreg] an attention tile (the attention
+config's block_override), and "default" nothing. Each variant runs inside its own overrides: nothing leaks into
+the next.
 
 Speed is not all: in the first round each variant's output and gradients (one fwd+bwd, upstream gradient of ones)
-are compared with the first variant's, and a relative error above --tol is flagged DISAGREES (session 20 timed a
-cp.async ring too short to be correct as 2% faster).
+are compared with the first variant's, and a relative error above --tol is flagged DISAGREES (a cp.async ring too
+short to be correct once timed 2% faster).
 
-    python scripts/gpu/ab_switch.py --variants CONCURRENT_BWD=0 CONCURRENT_BWD=1 --ctxs 65536,8192
-    python scripts/gpu/ab_switch.py --variants GATE_SCORES=0 GATE_SCORES=1 --ctxs 1024,4096,16384
-    python scripts/gpu/ab_switch.py --d 128 --variants GLUON_OUTER_DIMS=32,64 GLUON_OUTER_DIMS=32,64,128
+    python -m tools.ab_switch --variants concurrent_bwd=0 concurrent_bwd=1 --ctxs 65536,8192
+    python -m tools.ab_switch --variants gate_scores=0 gate_scores=1 --ctxs 1024,4096,16384
+    python -m tools.ab_switch --variants default outer_stages=3 dispatch.chunk_p2=1024
 """
 import argparse
 import json
 import os
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs, make_ours, run_once  # noqa: E402
-from tune_sym2 import SWITCH_MODULES, apply_switches  # noqa: E402
-from longctx.kernels.power import triton_attention  # noqa: E402
+from scripts.bench_attention import inputs, make_ours, run_once
+from longctx.kernels.power import parallel
+from tools import switches
 
 OURS = make_ours(2)
 NAMES = ("y", "dq", "dk", "dv", "dlog_g")
@@ -52,32 +50,48 @@ def disagreement(outs, ref) -> dict:
 
 def parse_variant(spec: str):
     """'A=1+attn:fwd=64,32,4,3' -> (switch items, {kernel: tile})."""
-    switches, tiles = [], {}
+    items, tiles = [], {}
     for item in filter(None, spec.split("+")):
         if item == "default":
             continue
         if item.startswith("attn:"):
             kernel, cfg = item[5:].split("=")
-            if kernel not in (*triton_attention.KERNELS, "bwd"):
-                raise SystemExit(f"--variants: attention kernel {kernel!r} is not one of {triton_attention.KERNELS}")
+            if kernel not in (*parallel.KERNELS, "bwd"):
+                raise SystemExit(f"--variants: attention kernel {kernel!r} is not one of {parallel.KERNELS}")
             tiles[kernel] = tuple(int(x) for x in cfg.split(","))
         elif "=" in item:
-            switches.append(item)
+            items.append(item)
         else:
-            raise SystemExit(f"--variants: item {item!r} is neither NAME=VALUE, attn:KERNEL=TILE nor 'default'")
-    return switches, tiles
+            raise SystemExit(f"--variants: item {item!r} is neither FIELD=VALUE, attn:KERNEL=TILE nor 'default'")
+    switches.parse(items)          # a bad field or value fails here, before any GPU time
+    return items, tiles
 
 
-def snapshot():
-    """The switches (upper-case names) of every module apply_switches may set, to restore between variants."""
-    return {m: {k: v for k, v in vars(m).items() if k.isupper()} for m in SWITCH_MODULES}
 
-
-def restore(snap):
-    for m, values in snap.items():
-        for k, v in values.items():
-            setattr(m, k, v)
-    triton_attention.BLOCK_OVERRIDE.clear()
+def measure(spec, first_round, xs, lg, modes, times, peak, errs, failed, ref, t):
+    """One round of one variant (its switches applied by the caller): in the first round its outputs against the
+    reference's (the first variant's, returned), then the time of each mode. A variant that fails (a tile that does
+    not fit shared memory or registers) is dropped, not the run."""
+    if first_round:
+        try:
+            outs = outputs(*xs, lg)
+        except Exception as e:  # noqa: BLE001
+            failed[spec] = f"{type(e).__name__}: {str(e)[:200]}"
+            print(f"t={t} {spec}: failed: {failed[spec]}", flush=True)
+            torch.cuda.empty_cache()
+            return ref
+        ref = ref if ref is not None else [x.cpu() for x in outs]
+        errs[spec] = disagreement(outs, ref)
+        del outs
+    for m, bwd in modes:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        run_once(OURS, *xs, lg, bwd)                     # compile (first round) / warm
+        torch.cuda.synchronize()
+        peak[(spec, m)] = torch.cuda.max_memory_allocated() / 1e9
+        times[(spec, m)].append(do_bench(lambda: run_once(OURS, *xs, lg, bwd), warmup=25, rep=500,
+                                         return_mode="median"))
+    return ref
 
 
 def main():
@@ -91,7 +105,6 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-2, help="largest relative error against the first variant")
     args = ap.parse_args()
     variants = {spec: parse_variant(spec) for spec in args.variants}
-    base = snapshot()
     res = {"device": torch.cuda.get_device_name(), "d": args.d, "variants": args.variants, "rows": []}
     for t in (int(c) for c in args.ctxs.split(",")):
         xs, lg = inputs(8, t, 12, args.d, True)
@@ -99,32 +112,10 @@ def main():
         times = {(spec, m): [] for spec in variants for m, _ in modes}
         peak, errs, ref, failed = {}, {}, None, {}
         for r in range(args.rounds):
-            for spec, (switches, tiles) in variants.items():
-                if spec in failed:
-                    continue
-                restore(base)
-                apply_switches(switches)
-                triton_attention.BLOCK_OVERRIDE.update(tiles)
-                if r == 0:
-                    try:     # a tile that does not fit (shared memory, registers) drops its variant, not the run
-                        outs = outputs(*xs, lg)
-                    except Exception as e:  # noqa: BLE001
-                        failed[spec] = f"{type(e).__name__}: {str(e)[:200]}"
-                        print(f"t={t} {spec}: failed: {failed[spec]}", flush=True)
-                        torch.cuda.empty_cache()
-                        continue
-                    ref = ref if ref is not None else [x.cpu() for x in outs]
-                    errs[spec] = disagreement(outs, ref)
-                    del outs
-                for m, bwd in modes:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                    run_once(OURS, *xs, lg, bwd)                     # compile (first round) / warm
-                    torch.cuda.synchronize()
-                    peak[(spec, m)] = torch.cuda.max_memory_allocated() / 1e9
-                    times[(spec, m)].append(do_bench(lambda: run_once(OURS, *xs, lg, bwd), warmup=25, rep=500,
-                                                     return_mode="median"))
-        restore(base)
+            for spec, (items, tiles) in variants.items():
+                if spec not in failed:
+                    with switches.applied(items, tiles):
+                        ref = measure(spec, r == 0, xs, lg, modes, times, peak, errs, failed, ref, t)
         res["rows"] += [dict(t=t, variant=spec, error=err) for spec, err in failed.items()]
         for m, _ in modes:
             first = statistics.median(times[(args.variants[0], m)])

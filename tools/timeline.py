@@ -14,15 +14,12 @@ import argparse
 import collections
 import json
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs, make_ours, run_once  # noqa: E402
+from scripts.bench_attention import inputs, make_ours, run_once
 
 
 def kernel_events(trace_path: str) -> list[dict]:

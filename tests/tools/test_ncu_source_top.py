@@ -1,4 +1,4 @@
-"""scripts/gpu/ncu_source_top.py: the per-instruction stall summary of an ncu source-page CSV, on a small CSV in ncu's
+"""tools/ncu_source_top.py: the per-instruction stall summary of an ncu source-page CSV, on a small CSV in ncu's
 shape (banner lines, quoted numbers with thousands separators, predicated SASS)."""
 
 import pytest
@@ -14,8 +14,9 @@ CSV = '''==PROF== Connected to process 1234
 
 
 @pytest.fixture(scope="module")
-def top(import_script):
-    return import_script("gpu/ncu_source_top")
+def top():
+    from tools import ncu_source_top
+    return ncu_source_top
 
 
 def test_rows_shares_and_opcodes(top, tmp_path):

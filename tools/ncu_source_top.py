@@ -1,16 +1,15 @@
 """Where a kernel's warps wait, per SASS instruction: reads the CSV of `ncu --import REPORT --page source --csv
 --print-source sass` (warp-state sampling of the SourceCounters section) and prints the instructions with the most
-stall samples, and the samples summed per opcode. The view that per-kernel stall ratios (ncu_state.sh) lack:
-session 19's ncu blamed the row kernels' per-slice barrier, and session 20 removed it (GLUON_WS) without a gain.
+stall samples, and the samples summed per opcode: the view that per-kernel stall ratios (ncu_state.sh) lack.
 
-    python3 scripts/gpu/ncu_source_top.py runs/ncu_source/gluon_query_fwd_rows.csv --top 30
+    python -m tools.ncu_source_top runs/ncu_source/gluon_query_fwd_rows.csv --top 30
 """
 import argparse
 import collections
 import csv
 import sys
 
-from longctx.kernels.power.compile_check import sass_opcode
+from tools.compile_check import sass_opcode
 
 
 def _column(header, *needles):

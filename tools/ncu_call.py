@@ -4,15 +4,12 @@ d=64, bf16, gated, chunk 1024, the benchmark's inputs (bench_attention.inputs).
     ncu ... python3 scripts/gpu/ncu_call.py --t 16384 [--one-stream]
 """
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs  # noqa: E402
-from longctx.kernels.power import triton_sym2  # noqa: E402
-from longctx.kernels.power.triton_chunked import chunked_form  # noqa: E402
+from scripts.bench_attention import inputs
+from longctx.kernels.power import triton_sym2
+from longctx.kernels.power.triton_chunked import chunked_form
 
 
 def main():

@@ -8,16 +8,13 @@ the wall time per call, for the public API (b=8, h=12, d=64, bf16, gated, p=2) a
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs, make_ours, make_sdpa, run_once  # noqa: E402
+from scripts.bench_attention import inputs, make_ours, make_sdpa, run_once
 
 
 def host_ms(fn, n=50):

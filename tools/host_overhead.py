@@ -10,21 +10,18 @@ Host times of one piece swing by 30% run to run on the lent machines (session 22
 """
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 import triton
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import inputs, make_ours, make_sdpa, profile, run_once  # noqa: E402
-from host_overhead_cpu import EmptyNode  # noqa: E402
-from longctx.kernels import power_attention  # noqa: E402
-from longctx.kernels.power import triton_attention as ta  # noqa: E402
-from longctx.kernels.power import gates  # noqa: E402
-from longctx.kernels.power.gates import gate_cumsum  # noqa: E402
+from scripts.bench_attention import inputs, make_ours, make_sdpa, profile, run_once
+from tools.host_overhead_cpu import EmptyNode
+from longctx.kernels import power_attention
+from longctx.kernels.power import triton_attention as ta
+from longctx.kernels.power import gates
+from longctx.kernels.power.gates import gate_cumsum
 
 
 def host_us(fn, n=200):

@@ -7,15 +7,12 @@ from such runs.
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 
 import torch
 from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_attention import inputs, make_ours, run_once  # noqa: E402  (the benchmark's inputs and harness)
+from scripts.bench_attention import inputs, make_ours, run_once  #  (the benchmark's inputs and harness)
 
 
 def main():

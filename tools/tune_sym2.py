@@ -1,17 +1,17 @@
-"""Check and tune the p=2 chunked-form kernels (src/kernels/power/triton_sym2.py) on a GPU, one process.
+"""Check and tune the p=2 chunked-form kernels (src/kernels/power/chunk_p2/) on a GPU, one process.
 
-    python scripts/tune_sym2.py --out runs/tune            # correctness, per-kernel times per block config
-    python scripts/tune_sym2.py --configs 2,64,8,2 1,64,4,2 --chunks 512,1024,2048 --t 65536
+    python -m tools.tune_sym2 --out runs/tune            # correctness, per-kernel times per block config
+    python -m tools.tune_sym2 --configs 2,64,8,2 1,64,4,2 --chunks 512,1024,2048 --t 65536
 
 1. correctness: bf16 and fp32 (forced) against the float64 reference (output and every gradient, state in/out);
-2. for each variant (--rows: which kernels run row-scaled) and block config (JG, rows, warps, stages), applied
+2. for each variant (--rows: the query backward row-scaled or grouped) and block config (JG, rows, warps, stages), applied
    to the kernels named by --sweep: one fwd+bwd at the benchmark shape (b=8, h=12, d=64, bf16, gated, chunk 1024)
    under torch.profiler -> CUDA ms per kernel and TFLOP/s of its matmul work (the backward on one stream:
    --profile-streams for two, whose kernels overlap); the best config per kernel is then combined and timed
    (do_bench, fwd and fwd+bwd), and chunk sizes are compared. Writes tune_sym2.json and profile.png (ms per
    kernel) into --out.
 
-    python scripts/tune_sym2.py --replot docs/results/s15/tune_final_h200.json   # the plot again, no GPU
+    python -m tools.tune_sym2 --replot runs/tune/tune_sym2.json   # the plot again, no GPU
 """
 import argparse
 import json
@@ -22,26 +22,21 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from bench_attention import inputs  # the benchmark's inputs (same shape, scaling and gates)
-from longctx.kernels.power import dispatch, gates, triton_attention, triton_sym2
+from longctx.kernels.power.autograd import chunked_form
+from longctx.kernels.power.chunk_p2 import config as p2_config
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
-from longctx.kernels.power.triton_chunked import chunked_form
+from scripts.bench_attention import inputs  # the benchmark's inputs (same shape, scaling and gates)
+from tools import switches
 
-KERNELS = {"outer": ["_sym2_outer", "gluon_outer"], "qfwd": ["_sym2_query_fwd"], "qbwd": ["_sym2_query_bwd"],
+KERNELS = {"outer": ["_sym2_outer", "gluon_outer"], "qbwd": ["_sym2_query_bwd"],
            "kbwd": ["_sym2_key_bwd", "gluon_key_dk_rows"],
            "qfwd_rows": ["_sym2_query_fwd_rows", "gluon_query_fwd_rows"],
            "kdv_rows": ["_sym2_key_dv_rows", "gluon_key_dv_rows"],
-           "qbwd_rows": ["_sym2_query_bwd_rows", "gluon_query_bwd_rows"],
-           "kdk_rows": ["_sym2_key_dk_rows"]}
-WORK = {"_sym2_outer": 2, "gluon_outer": 2, "_sym2_query_fwd": 1, "_sym2_query_bwd": 1, "_sym2_key_bwd": 2,
+           "qbwd_rows": ["_sym2_query_bwd_rows", "gluon_query_bwd_rows"]}
+WORK = {"_sym2_outer": 2, "gluon_outer": 2, "_sym2_query_bwd": 1, "_sym2_key_bwd": 1,
         "_sym2_query_fwd_rows": 1, "gluon_query_fwd_rows": 1, "_sym2_key_dv_rows": 1, "gluon_key_dv_rows": 1,
-        "_sym2_query_bwd_rows": 1, "gluon_query_bwd_rows": 1, "_sym2_key_dk_rows": 1, "gluon_key_dk_rows": 1}
-# (state products per kernel, for TF/s)
-
-
-def work(kernel):
-    """State products of one kernel as launched now: the key backward does one (dk) when the row-scaled dv is on."""
-    return 1 if kernel == "_sym2_key_bwd" and triton_sym2.ROWS["kdv"] else WORK[kernel]
+        "_sym2_query_bwd_rows": 1, "gluon_query_bwd_rows": 1, "gluon_key_dk_rows": 1}
+# (state products per kernel, for TF/s; the key backward does dk only, dv is row-scaled)
 
 
 def rel(a, b):
@@ -50,7 +45,11 @@ def rel(a, b):
 
 def check(dtype, force, t=1500, chunk=256, d=64, hq=4, hk=2, seed=0):
     torch.manual_seed(seed)
-    triton_sym2.FORCE = force
+    with p2_config.override(force=force):
+        return _check(dtype, t, chunk, d, hq, hk)
+
+
+def _check(dtype, t, chunk, d, hq, hk):
     q, k, v = (torch.randn(2, t, h, d, device="cuda", dtype=dtype).requires_grad_() for h in (hq, hk, hk))
     lg = F.logsigmoid(torch.randn(2, t, hk, device="cuda") + 4).requires_grad_()
     D = state_dim(2, d)
@@ -69,7 +68,6 @@ def check(dtype, force, t=1500, chunk=256, d=64, hq=4, hk=2, seed=0):
     rgrads = torch.autograd.grad(routs, ref, [s.double() for s in seeds])
     names = ["y", "s", "z", "dq", "dk", "dv", "dlog_g", "ds0", "dz0"]
     errs = [rel(a, b) for a, b in zip(outs + list(grads), routs + list(rgrads))]
-    triton_sym2.FORCE = False
     return dict(zip(names, errs))
 
 
@@ -79,21 +77,17 @@ def fwd_bwd(xs, lg, chunk):
 
 
 def profile_kernels(xs, lg, chunk, streams=False):
-    """CUDA ms per kernel name of one fwd+bwd. On one stream (triton_sym2.CONCURRENT_BWD off for the profile, unless
-    streams: --profile-streams): with the backward's two streams the kernels overlap and each one's time stretches with its
-    neighbours' (session 20: a kernel profiled 0.26 ms faster while fwd+bwd got slower), so per-kernel numbers from two
-    settings would not compare. Wall time (the TIME lines, scripts/gpu/ab_switch.py) keeps the default."""
+    """CUDA ms per kernel name of one fwd+bwd. On one stream (config concurrent_bwd off for the profile, unless
+    streams: --profile-streams): with the backward's two streams the kernels overlap and each one's time stretches
+    with its neighbours' (a kernel once profiled 0.26 ms faster while fwd+bwd got slower), so per-kernel numbers from
+    two settings would not compare. Wall time (the TIME lines, tools/ab_switch.py) keeps the default."""
     from torch.profiler import ProfilerActivity, profile
-    default = triton_sym2.CONCURRENT_BWD
-    triton_sym2.CONCURRENT_BWD = default and streams
-    try:
+    with p2_config.override(concurrent_bwd=p2_config.current().concurrent_bwd and streams):
         fwd_bwd(xs, lg, chunk)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fwd_bwd(xs, lg, chunk)
             torch.cuda.synchronize()
-    finally:
-        triton_sym2.CONCURRENT_BWD = default
     times = {}
     for ev in prof.key_averages():
         times[ev.key] = times.get(ev.key, 0.0) + ev.device_time_total / 1e3
@@ -103,13 +97,12 @@ def profile_kernels(xs, lg, chunk, streams=False):
 # kernel name -> (label, family) for the profile plot; names not listed keep theirs and count as "other"
 LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "_sym2_outer": ("outer products", "state"),
           "_sym2_key_bwd": ("key dk", "state"), "gluon_key_dk_rows": ("key dk", "state"),
-          "_sym2_key_dk_rows": ("key dk", "state"), "gluon_query_bwd_rows": ("query backward", "state"),
+          "gluon_query_bwd_rows": ("query backward", "state"),
           "_sym2_query_bwd_rows": ("query backward", "state"), "_sym2_query_fwd_rows": ("query forward", "state"),
           "gluon_query_fwd_rows": ("query forward", "state"), "_sym2_key_dv_rows": ("key dv", "state"),
           "gluon_key_dv_rows": ("key dv", "state"), "_attn_bwd_dkdv": ("intra-chunk dk, dv", "attention"),
           "_attn_bwd_dq": ("intra-chunk dq", "attention"), "_attn_fwd": ("intra-chunk forward", "attention"),
-          "_discumsum": ("state cumsums (fwd + bwd)", "other"), "_transpose_heads": ("transposed copies", "other"),
-          "_row_dot": ("Delta = dy . y (before session 15)", "other")}
+          "_discumsum": ("state cumsums (fwd + bwd)", "other"), "_transpose_heads": ("transposed copies", "other")}
 
 
 def torch_label(name: str) -> str:
@@ -170,23 +163,6 @@ def replot(paths):
         print("wrote", out)
 
 
-SWITCH_MODULES = (triton_sym2, triton_attention, dispatch, gates)  # whose upper-case globals --set / ab_switch.py set
-
-
-def apply_switches(items):
-    """--set NAME=VALUE: a switch of triton_sym2, triton_attention, dispatch or gates (e.g. CHUNKED_DEFAULT_C) for this
-    process (a comma list sets a tuple)."""
-    for item in items:
-        name, value = item.split("=")
-        module = next((m for m in SWITCH_MODULES if hasattr(m, name)), None)
-        if module is None:
-            names = ", ".join(m.__name__.rsplit(".", 1)[-1] for m in SWITCH_MODULES)
-            raise SystemExit(f"--set: none of {names} has a switch {name!r}")
-        current = getattr(module, name)
-        setattr(module, name, tuple(int(x) for x in value.split(",")) if isinstance(current, tuple)
-                else type(current)(int(value)))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/tune"))
@@ -199,20 +175,19 @@ def main():
     ap.add_argument("--configs", nargs="*", default=["2,64,8,2", "2,64,4,2", "1,64,4,2", "1,128,8,2", "2,128,8,2",
                                                      "2,32,4,2", "4,64,8,2", "2,64,8,3", "1,64,8,3"])
     ap.add_argument("--sweep", default=",".join(KERNELS),
-                    help="comma list of kernels the configs apply to (the others keep triton_sym2.BLOCKS); a config "
-                         "is JG,rows,warps,stages[,maxnreg]")
+                    help="comma list of kernels the configs apply to (the others keep chunk_p2.config's tables); a "
+                         "config is JG,rows,warps,stages[,maxnreg]")
     ap.add_argument("--rows", nargs="*", default=["default"],
-                    help="variants to A/B: '+'-joined kernels (qfwd, kdv, qbwd, kdk) that run row-scaled, '-' for "
-                         "none, 'default' for triton_sym2.ROWS")
+                    help="variants to A/B: 'default', 'grouped' (the query backward grouped) or 'rows' (row-scaled)")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--no-atomic", action="store_true", help="triton_sym2.ATOMIC_RMW = False (dq / dk by barrier + "
+    ap.add_argument("--no-atomic", action="store_true", help="config atomic_rmw off (dq / dk by barrier + "
                     "read-modify-write, the deterministic path)")
     ap.add_argument("--attn-blocks", nargs="*", default=[], help="intra-chunk attention tiles, e.g. "
-                    "fwd=128,32,4,3,168 dq=64,64,4,2,128 (triton_attention.BLOCK_OVERRIDE: "
+                    "fwd=128,32,4,3,168 dq=64,64,4,2,128 (the attention config's block_override: "
                     "BM,BN,warps,stages[,maxnreg])")
-    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
-                    help="triton_sym2 (or triton_attention) switches for this run, e.g. OUTER_XT=0 QBWD_PIPE=2 "
-                         "GLUON_QBWD_BLOCK=128,8,4 OUTER_SCAN=0 (a comma list sets a tuple)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="kernel config fields for this run (tools/switches.py), e.g. qbwd_pipe=2 "
+                         "qbwd_block=128,8,4 outer_scan=0 (a comma list sets a tuple)")
     ap.add_argument("--profile-streams", action="store_true",
                     help="profile with the backward's two streams (kernel times overlap; default: one stream)")
     ap.add_argument("--replot", nargs="*", default=None, metavar="JSON",
@@ -220,22 +195,26 @@ def main():
     args = ap.parse_args()
     if args.replot is not None:
         return replot(args.replot)
-    triton_sym2.ATOMIC_RMW = not args.no_atomic
-    apply_switches(args.set)
-    for item in args.attn_blocks:
-        kernel, cfg = item.split("=")
-        triton_attention.BLOCK_OVERRIDE[kernel] = tuple(int(x) for x in cfg.split(","))
+    tiles = {kernel: tuple(int(x) for x in cfg.split(",")) for kernel, cfg in
+             (item.split("=") for item in args.attn_blocks)}
+    items = args.set + (["atomic_rmw=0"] if args.no_atomic else [])
+    with switches.applied(items, tiles):
+        res = tune(args)
+    with open(os.path.join(args.out, "tune_sym2.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
+ROWS_VARIANTS = {"default": {}, "grouped": dict(rows_qbwd=False), "rows": dict(rows_qbwd=True)}
+
+
+def tune(args) -> dict:
+    """Checks, the block sweep and the timing of the best blocks, under the caller's switches."""
     os.makedirs(args.out, exist_ok=True)
     res = {"device": torch.cuda.get_device_name(), "shape": vars(args), "check": {}, "configs": {}}
     if not args.no_check:
-        default_rows = dict(triton_sym2.ROWS)
-        for name, dtype, force, rows in (("bf16", torch.bfloat16, False, default_rows),
-                                         ("fp32_forced", torch.float32, True, default_rows),
-                                         ("bf16_all_rows", torch.bfloat16, False, dict.fromkeys(default_rows, True))):
+        for name, dtype, force in (("bf16", torch.bfloat16, False), ("fp32_forced", torch.float32, True)):
             t0 = time.time()
-            triton_sym2.ROWS = rows
             errs = check(dtype, force)
-            triton_sym2.ROWS = default_rows
             res["check"][name] = errs
             print(f"CHECK {name}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items())
                   + f"  ({time.time() - t0:.1f}s)", flush=True)
@@ -243,29 +222,25 @@ def main():
     xs, lg = inputs(b, t, h, d, True)
     state_flops = 2 * b * t * h * state_dim(2, d) * d          # one [tokens x D] x [D x d] product
     sweep = args.sweep.split(",")
-    table = "BLOCKS_WIDE" if d >= 128 else "BLOCKS"       # the table triton_sym2.blocks() reads for this d
-    base_blocks = dict(getattr(triton_sym2, table))
     best = {}
-    default_rows = dict(triton_sym2.ROWS)
-    if "outer" in sweep:     # the swept entry, not the Gluon outer products' own block, applies
-        triton_sym2.GLUON_OUTER_BLOCK = {}
     for variant in args.rows:
-        on = default_rows if variant == "default" else {k: k in variant.split("+") for k in default_rows}
-        triton_sym2.ROWS = dict(on)
+        if variant not in ROWS_VARIANTS:
+            raise SystemExit(f"--rows: {variant!r} is not one of {list(ROWS_VARIANTS)}")
         for cfg in args.configs:
             entry = tuple(int(x) for x in cfg.split(","))        # (JG, rows, warps, stages[, maxnreg])
-            setattr(triton_sym2, table, dict(base_blocks, **{k: entry for k in sweep}))
             tag = f"{cfg} rows={variant}"
             try:
                 t0 = time.time()
-                times = profile_kernels(xs, lg, args.chunk, args.profile_streams)
+                # the swept entry also replaces the Gluon outer products' own block ("outer" in block_override)
+                with p2_config.override(block_override={k: entry for k in sweep}, **ROWS_VARIANTS[variant]):
+                    times = profile_kernels(xs, lg, args.chunk, args.profile_streams)
             except Exception as e:                              # noqa: BLE001 (out of resources etc.)
                 print(f"CFG {tag}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
             row = {k: times[k] for k in WORK if k in times}
             res["configs"][tag] = {"ms": row, "total_ms": sum(times.values()), "wall_s": time.time() - t0}
             print(f"CFG {tag}: total {sum(times.values()):8.2f} ms | " + " ".join(
-                f"{k[6:]} {v:7.2f} ms ({work(k) * state_flops / v / 1e9:5.0f} TF/s)" for k, v in row.items()),
+                f"{k[6:]} {v:7.2f} ms ({WORK[k] * state_flops / v / 1e9:5.0f} TF/s)" for k, v in row.items()),
                 flush=True)
             for key, names in KERNELS.items():
                 present = [n for n in names if n in row]        # the outer product: Triton's or Gluon's
@@ -274,31 +249,29 @@ def main():
                 v = sum(row[n] for n in present)
                 if key not in best or v < best[key][1]:
                     best[key] = (cfg, v)
-    triton_sym2.ROWS = default_rows
     if not best:
-        return
+        return res
     best_blocks = {k: tuple(int(x) for x in v[0].split(",")) for k, v in best.items()}
-    setattr(triton_sym2, table, dict(base_blocks, **best_blocks))
-    res["best"] = {k: list(v) for k, v in getattr(triton_sym2, table).items()}
-    print("BEST", res["best"], "rows:", triton_sym2.ROWS, flush=True)
-    times = profile_kernels(xs, lg, args.chunk, args.profile_streams)
-    top = sorted(times.items(), key=lambda kv: -kv[1])[:12]
-    print("PROFILE best: " + " | ".join(f"{k[:40]} {v:.2f}" for k, v in top), flush=True)
-    res["profile_best"] = dict(top)
-    plot_run(res, os.path.join(args.out, "profile.png"))
-    res["timing"] = {}
-    for chunk in [args.chunk] + [int(c) for c in args.chunks.split(",") if c]:
-        xs2 = [x.detach() for x in xs]
-        f = lambda: chunked_form(*xs2, lg.detach(), p=2, scale=d ** -0.5, chunk_size=chunk, norm=True)  # noqa
-        ms_f = do_bench(f, warmup=3, rep=20, return_mode="median")
-        ms_fb = do_bench(lambda: fwd_bwd(xs, lg, chunk), warmup=3, rep=20, return_mode="median")
-        torch.cuda.reset_peak_memory_stats()
-        fwd_bwd(xs, lg, chunk)
-        peak = torch.cuda.max_memory_allocated() / 1e9
-        res["timing"][chunk] = {"fwd_ms": ms_f, "fwdbwd_ms": ms_fb, "peak_gb": peak}
-        print(f"TIME chunk {chunk}: fwd {ms_f:.2f} ms, fwd+bwd {ms_fb:.2f} ms, peak {peak:.2f} GB", flush=True)
-    with open(os.path.join(args.out, "tune_sym2.json"), "w") as fh:
-        json.dump(res, fh, indent=1)
+    res["best"] = {k: list(v) for k, v in best_blocks.items()}
+    print("BEST", res["best"], flush=True)
+    with p2_config.override(block_override=best_blocks):
+        times = profile_kernels(xs, lg, args.chunk, args.profile_streams)
+        top = sorted(times.items(), key=lambda kv: -kv[1])[:12]
+        print("PROFILE best: " + " | ".join(f"{k[:40]} {v:.2f}" for k, v in top), flush=True)
+        res["profile_best"] = dict(top)
+        plot_run(res, os.path.join(args.out, "profile.png"))
+        res["timing"] = {}
+        for chunk in [args.chunk] + [int(c) for c in args.chunks.split(",") if c]:
+            xs2 = [x.detach() for x in xs]
+            f = lambda: chunked_form(*xs2, lg.detach(), p=2, scale=d ** -0.5, chunk_size=chunk, norm=True)  # noqa
+            ms_f = do_bench(f, warmup=3, rep=20, return_mode="median")
+            ms_fb = do_bench(lambda: fwd_bwd(xs, lg, chunk), warmup=3, rep=20, return_mode="median")
+            torch.cuda.reset_peak_memory_stats()
+            fwd_bwd(xs, lg, chunk)
+            peak = torch.cuda.max_memory_allocated() / 1e9
+            res["timing"][chunk] = {"fwd_ms": ms_f, "fwdbwd_ms": ms_fb, "peak_gb": peak}
+            print(f"TIME chunk {chunk}: fwd {ms_f:.2f} ms, fwd+bwd {ms_fb:.2f} ms, peak {peak:.2f} GB", flush=True)
+    return res
 
 
 if __name__ == "__main__":

@@ -1,22 +1,19 @@
-"""scripts/gpu/timeline.py without a GPU: the chrome trace's kernels, the union of their intervals and the overlap
+"""tools/timeline.py without a GPU: the chrome trace's kernels, the union of their intervals and the overlap
 and idle-gap summary, against hand-computed values."""
 import json
 
 import pytest
 
-
-@pytest.fixture(scope="module")
-def timeline(import_script):
-    return import_script("gpu/timeline")
+from tools import timeline
 
 
-def test_union_length_merges_overlaps(timeline):
+def test_union_length_merges_overlaps():
     assert timeline.union_length([]) == 0.0
     assert timeline.union_length([(0, 10), (5, 20), (30, 40)]) == 30.0      # [0, 20] and [30, 40]
     assert timeline.union_length([(0, 10), (2, 3), (10, 12)]) == 12.0       # nested and touching
 
 
-def test_summary_of_two_streams(timeline):
+def test_summary_of_two_streams():
     events = [{"name": "a", "stream": 7, "start": 0.0, "end": 10.0},
               {"name": "b", "stream": 9, "start": 5.0, "end": 20.0},
               {"name": "a", "stream": 7, "start": 30.0, "end": 40.0}]
@@ -29,7 +26,7 @@ def test_summary_of_two_streams(timeline):
     assert s["kernels"]["b"]["beside_us"] == 5.0
 
 
-def test_kernel_events_reads_only_kernels(timeline, tmp_path):
+def test_kernel_events_reads_only_kernels(tmp_path):
     trace = {"traceEvents": [
         {"cat": "kernel", "name": "k2", "ts": 20, "dur": 5, "args": {"stream": 7}},
         {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},
