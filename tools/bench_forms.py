@@ -2,8 +2,8 @@
 LONGCTX_POWER_IMPL forcing the form (b=8, h=12, bf16, gated). Sessions 4 / 7 / 14 set dispatch.py's thresholds
 from such runs.
 
-    python3 scripts/gpu/bench_forms.py --cases 64,2 32,2 128,2 64,1 --ctxs 16384,65536
-    python3 scripts/gpu/bench_forms.py --cases 64,2 --ctxs 4096,6144,8192 --rounds 3
+    python -m tools.bench_forms --cases 64,2 32,2 128,2 64,1 --ctxs 16384,65536
+    python -m tools.bench_forms --cases 64,2 --ctxs 4096,6144,8192 --rounds 3
 """
 import argparse
 import json

@@ -5,8 +5,8 @@ sweep of the attention form at --sweep-t (fwd, fwd+bwd medians). The pieces sepa
 backward inside a node: the engine runs it on its device thread) and from cuDNN's fwd+bwd in the same process.
 Host times of one piece swing by 30% run to run on the lent machines (session 22): compare pieces of one run.
 
-    python3 scripts/gpu/host_overhead.py --t 1024 --sweep-t 1024
-    python3 scripts/gpu/host_overhead.py --t 1024 --kernels --cpu-ops     # + per-kernel GPU time, CPU op tables
+    python -m tools.host_overhead --t 1024 --sweep-t 1024
+    python -m tools.host_overhead --t 1024 --kernels --cpu-ops     # + per-kernel GPU time, CPU op tables
 """
 import argparse
 import json
@@ -19,7 +19,8 @@ from triton.testing import do_bench
 from scripts.bench_attention import inputs, make_ours, make_sdpa, profile, run_once
 from tools.host_overhead_cpu import EmptyNode
 from longctx.kernels import power_attention
-from longctx.kernels.power import triton_attention as ta
+from longctx.kernels.power import autograd, config
+from longctx.kernels.power import parallel as ta
 from longctx.kernels.power import gates
 from longctx.kernels.power.gates import gate_cumsum
 
@@ -85,12 +86,12 @@ def main():
         ta.attention_backward(do_, qd, kd, vd, G_, o_, lse_, scale, 2, True, True)
 
     def form_apply():            # the autograd node's forward (graph recorded, no backward)
-        ta.AttentionForm.apply(q, k, v, lg, scale, 2, True)
+        autograd.AttentionForm.apply(q, k, v, lg, scale, 2, True)
 
     extra_ = lgd.clone()
 
     def form_fwd_bwd():          # the autograd node directly (no checks, no dispatch)
-        y = ta.AttentionForm.apply(q, k, v, lg, scale, 2, True)
+        y = autograd.AttentionForm.apply(q, k, v, lg, scale, 2, True)
         y.backward(torch.ones_like(y))
 
     def empty_fwd_bwd():          # the floor of a Python autograd node over the same four leaves
@@ -173,15 +174,12 @@ def main():
         cfgs += [("bwd", c) for c in [(64, 64, 4, 3), (32, 32, 4, 3), (64, 32, 4, 3), (32, 32, 4, 2), (128, 64, 8, 2)]]
         for rnd in range(3):                # rounds interleave the configs: short-t timings swing run to run
             for which, cfg in cfgs:
-                ta.BLOCK_OVERRIDE.clear()
-                ta.BLOCK_OVERRIDE[which] = cfg
-
-                def fb():
-                    run_once(ours, q, k, v, lg, True)
-                fb()
-                ms = do_bench(fb, warmup=10, rep=100, return_mode="median")
+                with config.attention.override(block_override={which: cfg}):
+                    def fb():
+                        run_once(ours, q, k, v, lg, True)
+                    fb()
+                    ms = do_bench(fb, warmup=10, rep=100, return_mode="median")
                 print(json.dumps(dict(t=st, round=rnd, sweep=which, cfg=cfg, fwd_bwd=round(ms, 4))), flush=True)
-        ta.BLOCK_OVERRIDE.clear()
 
 
 if __name__ == "__main__":

@@ -1,24 +1,24 @@
 """Host cost of the attention form's Python path without the GPU: the Triton launches replaced by no-ops and tiny CPU
 tensors (b=1, t=16, h=2, d=64), so what is timed is our own Python (checks, configs, buffers) and torch's autograd
 machinery, beside an empty Python autograd node and a C++ node (x * 1.0) over the same leaves. Complements
-scripts/gpu/host_overhead.py, whose pieces on the lent GPU machines swing ~30% run to run (docs/kernels.md,
-Session 22 item 3, Session 23 item 5). The autograd engine runs CPU backward passes on the calling thread, so the
+tools/host_overhead.py, whose pieces on shared GPU machines swing ~30% run to run. The autograd engine runs CPU backward passes on the calling thread, so the
 CUDA engine's hand-off to its device thread is not in these numbers.
 
-    python scripts/host_overhead_cpu.py
+    python -m tools.host_overhead_cpu
 """
 import time
 
 import torch
 
 from longctx.kernels.power import gates
-from longctx.kernels.power import triton_attention as ta
+from longctx.kernels.power import autograd
+from longctx.kernels.power import parallel as ta
 from longctx.kernels.power.interface import _check
 
 
 class EmptyNode(torch.autograd.Function):
     """The floor of a Python autograd node over the attention's four leaves (q, k, v, log_g): no work, gradients of
-    the leaves' shapes and dtypes (also used by scripts/gpu/host_overhead.py)."""
+    the leaves' shapes and dtypes (also used by tools/host_overhead.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, lg):
@@ -59,7 +59,7 @@ def main():
     do = torch.ones_like(o)
 
     def form_fwd_bwd():
-        ta.AttentionForm.apply(q, k, v, lg, scale, 2, True).backward(do)
+        autograd.AttentionForm.apply(q, k, v, lg, scale, 2, True).backward(do)
 
     def empty_fwd_bwd():
         EmptyNode.apply(q, k, v, lg).backward(do)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run at the end of a device command: packs the Triton autotune winners of this machine (small JSON files, one
 # folder per cache key) into $OUT/autotune_cache.tar.gz (one file: the device returns a limited number of files).
-# Put it in the repo root as .autotune_cache.tar.gz (git-ignored) and carry it: scripts/gpu/setup_device.sh seeds
+# Put it in the repo root as .autotune_cache.tar.gz (git-ignored) and carry it: tools/setup_device.sh seeds
 # the next machine's Triton cache with it.
-#   bash scripts/gpu/keep_autotune.sh
+#   bash tools/keep_autotune.sh
 tc="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
 : "${OUT:?set OUT}"
 if [ -d "$tc" ]; then

@@ -4,7 +4,7 @@
 # LSU wavefronts, issue slots, L2 and DRAM throughput, each as % of its peak (ncu raw metrics), as CSV under $OUT and
 # one summary line per kernel. The question it answers: is a state kernel's ~45% of the matmul rate a shared-memory
 # roof (every wgmma reads its B operand from shared memory, 1/32 byte per MAC at any N) or latency.
-#   source scripts/gpu/setup_device.sh; bash scripts/gpu/ncu_pipes.sh 16384
+#   source tools/setup_device.sh; bash tools/ncu_pipes.sh 16384
 T=${1:-16384}
 OUT=${OUT:-runs/ncu_pipes}
 mkdir -p "$OUT"
@@ -23,7 +23,7 @@ METRICS+="|dram__throughput\.avg\.pct_of_peak_sustained_elapsed"
 METRICS+="|sm__warps_active\.avg\.pct_of_peak_sustained_active"
 METRICS+="|gpu__time_duration\.sum)$"
 "$NCU" --clock-control none --kernel-name regex:"gluon_|_attn_" --metrics "$METRICS" --csv \
-  python3 scripts/gpu/ncu_call.py --t "$T" --one-stream > "$OUT/ncu_pipes_${T}.csv" 2> "$OUT/ncu_pipes_${T}.err"
+  python -m tools.ncu_call --t "$T" --one-stream > "$OUT/ncu_pipes_${T}.csv" 2> "$OUT/ncu_pipes_${T}.err"
 echo "ncu rc=$? rows=$(wc -l < "$OUT/ncu_pipes_${T}.csv")"
 python3 - "$OUT/ncu_pipes_${T}.csv" <<'PY'
 import collections

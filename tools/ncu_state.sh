@@ -2,7 +2,7 @@
 # ncu over one p=2 chunked fwd+bwd (b=8, h=12, d=64, bf16, gated, chunk 1024; t = $1, default 16384): speed of light,
 # occupancy, warp state and launch stats of the state and intra-chunk kernels, then (a second pass) each kernel's
 # stall reasons per issued instruction, as CSV under $OUT.
-#   source scripts/gpu/setup_device.sh; bash scripts/gpu/ncu_state.sh 16384
+#   source tools/setup_device.sh; bash tools/ncu_state.sh 16384
 T=${1:-16384}
 OUT=${OUT:-runs/ncu}
 mkdir -p "$OUT"
@@ -10,7 +10,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
 "$NCU" --kernel-name regex:"gluon_|_attn_|_transpose" --section SpeedOfLight --section Occupancy \
   --section WarpStateStats --section LaunchStats --section ComputeWorkloadAnalysis --csv \
-  python3 scripts/gpu/ncu_call.py --t "$T" > "$OUT/ncu_${T}.csv" 2> "$OUT/ncu_${T}.err"
+  python -m tools.ncu_call --t "$T" > "$OUT/ncu_${T}.csv" 2> "$OUT/ncu_${T}.err"
 echo "ncu rc=$? rows=$(wc -l < "$OUT/ncu_${T}.csv")"
 python3 - "$OUT/ncu_${T}.csv" <<'PY'
 import csv, sys, collections
@@ -35,7 +35,7 @@ PY
 # "Warp Cycles Per Issued Instruction"), in a second pass
 "$NCU" --kernel-name regex:"gluon_|_attn_" \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv \
-  python3 scripts/gpu/ncu_call.py --t "$T" > "$OUT/ncu_${T}_stalls.csv" 2> "$OUT/ncu_${T}_stalls.err"
+  python -m tools.ncu_call --t "$T" > "$OUT/ncu_${T}_stalls.csv" 2> "$OUT/ncu_${T}_stalls.err"
 echo "ncu stalls rc=$? rows=$(wc -l < "$OUT/ncu_${T}_stalls.csv")"
 python3 - "$OUT/ncu_${T}_stalls.csv" <<'PY'
 import csv, sys, collections

@@ -1,8 +1,8 @@
 """Where the time of a power_attention call goes (GPU): per-kernel CUDA times and counts from torch.profiler beside
 the wall time per call, for the public API (b=8, h=12, d=64, bf16, gated, p=2) at the given lengths, cuDNN beside.
 
-    python3 scripts/gpu/profile_attn.py --ctxs 1024,4096
-    python3 scripts/gpu/profile_attn.py --ctxs 65536 --impls ours --modes fwd+bwd --top 0 --out DIR
+    python -m tools.profile_attn --ctxs 1024,4096
+    python -m tools.profile_attn --ctxs 65536 --impls ours --modes fwd+bwd --top 0 --out DIR
         (every kernel of one 64k fwd+bwd: the small ones and the gaps between kernels; profile_attn.json in DIR)
 """
 import argparse

@@ -2,8 +2,8 @@
 # Device run (2-GPU machine): DDP strong scaling of GPT-2 small, power p=2, ctx 65536 on 1 and 2 GPUs at the
 # same global batch (issue 6), then 50-step 64k training runs of GPT-2 and RWKV7 (issue 4), each stage
 # bounded in time. Logs and metrics land in $OUT.
-#   bash scripts/gpu/scaling.sh [tests] [scaling] [train]
-source scripts/gpu/setup_device.sh
+#   bash tools/scaling.sh [tests] [scaling] [train]
+source tools/setup_device.sh
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 COMMON=(attention=power p=2 ctx=65536 model=small data.n_heldout=2 data.eval_docs=2 trainer.micro_docs=1
         trainer.activation_checkpointing=true logger.wandb.mode=disabled cache_dir=/tmp/lcache)

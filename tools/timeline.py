@@ -4,7 +4,7 @@ says about overlap. The per-kernel profiles (tune_sym2.py) run the backward on o
 this answers the other question: do the streams overlap kernels, where does the GPU idle, which kernels run beside
 which.
 
-    python3 scripts/gpu/timeline.py --t 65536 --out DIR     (timeline.json and timeline.png in DIR)
+    python -m tools.timeline --t 65536 --out DIR     (timeline.json and timeline.png in DIR)
 
 Prints: the span (first kernel start to last kernel end), the union of kernel intervals (GPU busy), the sum of kernel
 durations (> union where kernels overlap), each stream's busy time, the idle gaps, and per kernel its time and how

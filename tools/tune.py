@@ -1,6 +1,6 @@
 """Developer tool: time the attention-form kernels over block configurations on a GPU.
 
-    python -m longctx.kernels.power.tune --t 4096,16384 --d 64 [--which fwd,dkdv,dq]
+    python -m tools.tune --t 4096,16384 --d 64 [--which fwd,dkdv,dq]
 Prints median ms of the forward, or of the backward, for each (BM, BN, warps, stages) of the kernel named by
 --which ("fwd", "dkdv" or "dq" alone, the others keeping their defaults; "bwd" sets both backward kernels).
 """
@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from . import triton_attention as ta
+from longctx.kernels.power import config
+from longctx.kernels.power.autograd import attention_form
 
 
 def main():
@@ -33,28 +34,27 @@ def main():
         for which in args.which.split(","):
             res = []
             for cfg in (fwd_cfgs if which == "fwd" else bwd_cfgs):
-                ta.BLOCK_OVERRIDE.clear()
-                ta.BLOCK_OVERRIDE[which] = cfg
-                try:
-                    if which == "fwd":
-                        with torch.no_grad():
-                            fn = lambda: ta.attention_form(q, k, v, lg, p=args.p, scale=d ** -0.5, norm=args.p % 2 == 0)
+                with config.attention.override(block_override={which: cfg}):
+                    try:
+                        if which == "fwd":
+                            with torch.no_grad():
+                                fn = lambda: attention_form(q, k, v, lg, p=args.p, scale=d ** -0.5,  # noqa: E731
+                                                            norm=args.p % 2 == 0)
+                                fn()
+                                ms = do_bench(fn, warmup=3, rep=30, return_mode="median")
+                        else:
+                            y = attention_form(q, k, v, lg, p=args.p, scale=d ** -0.5, norm=args.p % 2 == 0)
+                            do = torch.randn_like(y)
+                            fn = lambda: torch.autograd.grad(y, [q, k, v], do, retain_graph=True)
                             fn()
                             ms = do_bench(fn, warmup=3, rep=30, return_mode="median")
-                    else:
-                        y = ta.attention_form(q, k, v, lg, p=args.p, scale=d ** -0.5, norm=args.p % 2 == 0)
-                        do = torch.randn_like(y)
-                        fn = lambda: torch.autograd.grad(y, [q, k, v], do, retain_graph=True)
-                        fn()
-                        ms = do_bench(fn, warmup=3, rep=30, return_mode="median")
-                except Exception as e:  # noqa: BLE001
-                    ms = float("nan")
+                    except Exception:  # noqa: BLE001 (a tile that does not fit)
+                        ms = float("nan")
                 tf = flops * (1 if which == "fwd" else 2.5) / ms / 1e9
                 res.append((ms, cfg))
                 print(json.dumps(dict(t=t, d=d, which=which, cfg=cfg, ms=round(ms, 3), tflops=round(tf, 1))), flush=True)
             res = sorted(r for r in res if r[0] == r[0])
             print("BEST", t, d, which, res[:3], flush=True)
-    ta.BLOCK_OVERRIDE.clear()
 
 
 if __name__ == "__main__":

@@ -699,16 +699,16 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                 JG=jg, BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=False, CAST=cast,
                 **sym2.launch_options("kbwd", d))
         if sym2.gluon_rows_applies("kdv", k, d):
-            from .chunk_p2.gluon_rows import gluon_key_fast
+            from .chunk_p2.gluon_rows import gluon_key_dv_rows
             bk, warps_, nbuf = p2.kdv_block
-            gluon_key_fast[(triton.cdiv(C, bk), NC, b * hk)](
+            gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "kdv"), BK=bk,
                 GATED=gated, NBUF=nbuf, DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_rows_regs("kdv"))
         else:
-            _, bk, _, _ = sym2.blocks("kfast", d)
-            sym2._sym2_key_fast[(triton.cdiv(C, bk), NC, b * hk)](
+            _, bk, _, _ = sym2.blocks("kdv_rows", d)
+            sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
                 k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                DOT_DT=sdt, PREC=sprec, PIPE=p2.kdv_pipe, ACC=True, **sym2.launch_options("kfast", d))
+                DOT_DT=sdt, PREC=sprec, PIPE=p2.kdv_pipe, ACC=True, **sym2.launch_options("kdv_rows", d))
 
     if side is None:
         dgt, du_mult = state_grads()

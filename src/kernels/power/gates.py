@@ -3,7 +3,7 @@
 Both forms need G (the attention form over the whole sequence, the chunked form chunk-locally). torch's
 `log_g.double().cumsum(1).float()` on the (b, t, h) layout is a scan over an outer dimension with h = 12 columns:
 on the H200 it took 0.75 ms at t=4k (b=8) and again in the backward, more than the attention forward kernel
-itself (scripts/gpu/profile_attn.py). Here a program scans one column (batch, head) of one segment, BT steps at a
+itself (tools/profile_attn.py). Here a program scans one column (batch, head) of one segment, BT steps at a
 time; the running sum is float64 (G's own rounding stays ~1e-7 |G|), the output is float32. The backward is the
 reverse scan of dG within each segment.
 """
