@@ -1,5 +1,5 @@
 """Chunked vs attention form, fwd+bwd ms (median of interleaved rounds), through the public API with
-LONGCTX_POWER_IMPL forcing the form (b=8, h=12, bf16, gated). Sessions 4 / 7 / 14 set dispatch.py's thresholds
+LONGCTX_POWER_IMPL forcing the form (b=8, h=12, bf16, gated). The thresholds of config.dispatch come
 from such runs.
 
     python -m tools.bench_forms --cases 64,2 32,2 128,2 64,1 --ctxs 16384,65536

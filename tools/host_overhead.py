@@ -3,7 +3,7 @@ with one sync at the end, for pieces small enough that the host, not the GPU, se
 sweep of the attention form at --sweep-t (fwd, fwd+bwd medians). The pieces separate the kernels' own launches
 (raw passes, main thread) from the autograd node around them (an empty node over the same four leaves, the raw
 backward inside a node: the engine runs it on its device thread) and from cuDNN's fwd+bwd in the same process.
-Host times of one piece swing by 30% run to run on the lent machines (session 22): compare pieces of one run.
+Host times of one piece swing by 30% run to run on a shared GPU host: compare pieces of one run.
 
     python -m tools.host_overhead --t 1024 --sweep-t 1024
     python -m tools.host_overhead --t 1024 --kernels --cpu-ops     # + per-kernel GPU time, CPU op tables

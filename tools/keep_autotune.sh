@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run at the end of a device command: packs the Triton autotune winners of this machine (small JSON files, one
-# folder per cache key) into $OUT/autotune_cache.tar.gz (one file: the device returns a limited number of files).
+# folder per cache key) into $OUT/autotune_cache.tar.gz (one file, easy to carry to the next machine).
 # Put it in the repo root as .autotune_cache.tar.gz (git-ignored) and carry it: tools/setup_device.sh seeds
 # the next machine's Triton cache with it.
 #   bash tools/keep_autotune.sh

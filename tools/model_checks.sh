@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run for the model zoo (issue 4): GPU tests, then 50-step training at 64k for GPT-2 and RWKV7 small
+# GPU run for the model zoo: GPU tests, then 50-step training at 64k for GPT-2 and RWKV7 small
 # with power p=2, then the training benchmark. Logs land in $OUT (or ./gpu_out).
 #   bash tools/model_checks.sh [tests] [train] [bench]
 source tools/setup_device.sh

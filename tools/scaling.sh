@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device run (2-GPU machine): DDP strong scaling of GPT-2 small, power p=2, ctx 65536 on 1 and 2 GPUs at the
-# same global batch (issue 6), then 50-step 64k training runs of GPT-2 and RWKV7 (issue 4), each stage
+# GPU run (2-GPU machine): DDP strong scaling of GPT-2 small, power p=2, ctx 65536 on 1 and 2 GPUs at the
+# same global batch, then 50-step 64k training runs of GPT-2 and RWKV7, each stage
 # bounded in time. Logs and metrics land in $OUT.
 #   bash tools/scaling.sh [tests] [scaling] [train]
 source tools/setup_device.sh

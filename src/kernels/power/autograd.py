@@ -156,7 +156,7 @@ class AttentionForm(torch.autograd.Function):
     G and, in the backward, its reverse scan (which also sums the query heads' gate gradients per GQA group) run
     inside this one autograd node: at short t every node and torch op is host time (docs/kernels.md). Under
     torch.compile the same passes run as custom ops instead (the custom ops above). record: native.lookup's recorder (the
-    compiled kernels become a plan for the C++ node, native.py)."""
+    compiled kernels become a plan for the C++ node, native/launcher.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, log_g, scale, p, norm, record=None):
@@ -180,7 +180,7 @@ class AttentionForm(torch.autograd.Function):
 
 def attention_form(q, k, v, log_g, *, p, scale, norm):
     """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None. On CUDA the C++ node
-    (native.py) runs it once the extension is built and this specialization's kernels are known."""
+    (native/launcher.py) runs it once the extension is built and this specialization's kernels are known."""
     if torch.compiler.is_compiling():      # dynamo cannot trace the launches: one opaque op per pass (the custom ops above)
         return attention_form_op(q, k, v, log_g, float(scale), int(p), bool(norm))
     scale, p, norm = float(scale), int(p), bool(norm)

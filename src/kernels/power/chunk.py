@@ -417,9 +417,8 @@ def _state_operands(dtype):
 
 
 def _chunk_blocks(F, d, dot_dt):
-    """(rows per step BK/BM, value columns per state program BD, warps, stages). Not timed yet (no GPU in the
-    session that wrote them); chosen so that sm_90 compiles (Triton 3.9 + ptxas, CPU) fit in shared memory and
-    spill little: 8 warps, [B, F] expanded tiles of 4k elements (2k for fp32 operands with F = 256)."""
+    """(rows per step BK/BM, value columns per state program BD, warps, stages). Not timed on a GPU; chosen so that
+    sm_90 compiles (tools/compile_check.py) fit in shared memory and spill little: 8 warps, [B, F] expanded tiles of 4k elements (2k for fp32 operands with F = 256)."""
     if F <= 64:
         return (32 if dot_dt == tl.float32 and d == 128 else 64), min(d, 64), 8, 2
     if dot_dt == tl.float32:

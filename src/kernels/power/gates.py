@@ -22,7 +22,7 @@ def _segment_cumsum(X, X2, Y, T, SEG, H: tl.constexpr, BT: tl.constexpr, REVERSE
     REP > 0: X2 (b, T, H * REP) joins X first, its REP consecutive columns summed into column h (the query heads
     of a GQA group: the attention backward's query-side gate gradients).
     One program per (segment, batch, column): BT steps of the column are one strided load and one float64 scan, so a
-    segment of <= BT steps takes one step. (Session 25: the earlier program per (segment, batch) walked [1024 / h, h]
+    segment of <= BT steps takes one step. (A program per (segment, batch) walked [1024 / h, h]
     tiles in series, 16 dependent steps on 8 programs at t = 1k, h = 12; this one took the H100's 1k fwd+bwd from
     0.388 to 0.350 ms, 4k from 3.04 to 2.93, and 64k's chunk-local scans are as fast. The h programs of a batch share
     the 32-byte sectors of their strided loads through L2.)"""
@@ -60,7 +60,7 @@ def segment_scan(x: torch.Tensor, seg: int, reverse: bool = False, extra: torch.
                  record: dict | None = None) -> torch.Tensor:
     """The Triton scan, no autograd: float32 (b, t, h) cumsum (reverse: suffix sums) of x (b, t, h) within segments
     of seg steps; `extra` (b, t, h * rep) is added first with its rep consecutive columns summed per column of x.
-    record: the compiled kernel goes in as "fwd_scan" / "bwd_scan" (native.py's plans; one segment per column)."""
+    record: the compiled kernel goes in as "fwd_scan" / "bwd_scan" (native/launcher.py's plans; one segment per column)."""
     x = x.contiguous()
     b, t, h = x.shape
     rep = 0 if extra is None else extra.shape[-1] // h

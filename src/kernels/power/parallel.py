@@ -69,7 +69,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
     (b, hk, D, T_FULL) copy the Gluon outer products read (kernels._transpose_heads with SCALE 1), so that
     copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL). ROWSUM_MMA (fast paths): the
     normalizer's row sums of the rounded weights by one more small matmul, a [BN, 16] operand of ones in its first
-    column, instead of widening each weight back to fp32 and adding it (the kernel is issue-bound: ncu, session 27,
+    column, instead of widening each weight back to fp32 and adding it (the kernel is issue-bound: ncu,
     70% of issue slots busy, the tensor pipe 25%)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
@@ -442,11 +442,11 @@ def _blocks(d, kernel, dot_dt, chunked=False, t=None):
         return cfg.short_fwd_block
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
     if chunked and kernel == "fwd" and d <= 64 and dot_dt == tl.bfloat16:
-        # 64k, chunk 1024 (H100, session 19, one tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
+        # 64k, chunk 1024 (H100, one tools/tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
         # 3.66 here (96 registers, 8 bytes of stack as before: 5 programs per SM instead of 3); 3.73 at 128
         return (64, 32, 4, 3, 96)
     if d <= 64 and dot_dt == tl.bfloat16:
-        # register caps (5th entry, maxnreg) that let more programs share an SM (H100, session 10: the chunked
+        # register caps (5th entry, maxnreg) that let more programs share an SM (H100: the chunked
         # form's intra-chunk attention at 64k fwd 4.04 -> 3.46 ms, dq 4.43 -> 3.96; the attention form at 4k
         # 3.135 -> 3.075 ms fwd+bwd, at 8k the same within noise; docs/kernels.md)
         return {"fwd": (128, 32, 4, 3, 168), "dkdv": (64, 64, 4, 3), "dq": (64, 64, 4, 1, 128)}[kernel]
@@ -468,7 +468,7 @@ def _launch_cfg(d, kernel, dot_dt, prec, chunked=False, t=None):
 def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool, record: dict | None = None):
     """The attention form's forward launches: (o, lse, G) with G the gate cumsum (fp32 (b,t,hk); a 1-element dummy
     when ungated) and lse the log row normalizer (fp32 (b,t,hq); a dummy when not norm). q, k, v contiguous.
-    record: each compiled kernel goes in with its grid's rows and heads (native.py's plans)."""
+    record: each compiled kernel goes in with its grid's rows and heads (native/launcher.py's plans)."""
     b, t, hq, d = q.shape
     hk = k.shape[2]
     gated = log_g is not None

@@ -3,7 +3,7 @@
 Why: Triton builds `_sym2_outer`'s phi^T [features, rows] = x_i x_j as a broadcast product reshaped to 2-D, a layout
 it then converts to the wgmma operand layout through shared memory (8 stores, a barrier and 8 loads a step, sm_90
 SASS), and the next step's expansion waits for the previous step's matmul because both use the same registers
-(session 10). Here the factor tiles come in through a shared-memory ring (cp.async, prefetched NBUF - 1 steps ahead),
+(sm_90 SASS). Here the factor tiles come in through a shared-memory ring (cp.async, prefetched NBUF - 1 steps ahead),
 each thread reads exactly the factors of its own operand fragment (the slices of `operand_layout_3d`, the operand
 layout of phi^T seen as [first index, second index, rows]), and the product is the wgmma's register operand with no
 data movement (`convert_layout(..., assert_trivial=True)` checks that at compile time). The matmuls are issued
@@ -13,7 +13,7 @@ expansion writes other registers and overlaps it.
 Same program grid, arguments and results as `_sym2_outer` with XT_IN (the factors from the (b, h, d, t) copy): KEYS,
 the update states U_n = sum_j w phi(k_j) e^(gt_n - g_j) v_j^T and their normalizer sums; else the query-side state
 gradients. Gluon does not run under TRITON_INTERPRET: the GPU tests compare it with `_sym2_outer`
-(`kernels.OUTER_GLUON`).
+(chunk_p2 config outer_gluon).
 """
 from __future__ import annotations
 
@@ -50,9 +50,8 @@ def operand_layout_3d(tw: int, tj: int, bk: int) -> gl.DistributedLinearLayout:
 def factor_swizzle(BK, FACTOR_BANKS):
     """The factor tiles' shared layout ([rows, BK] bf16, 16-byte chunks swizzled): an ldmatrix reads 8 consecutive
     rows x 16 bytes, which hit all 32 banks once when the chunks' phase changes with every 128-byte line: per row at
-    BK = 64 (rows of 128 bytes), per row pair at 32, per 4 rows at 16. FACTOR_BANKS False: session 13's phases by row
-    pairs at any BK, right for its BK = 32 and 2-way bank conflicts on every ldmatrix of x_j at BK = 64 (session 21's
-    rows per step)."""
+    BK = 64 (rows of 128 bytes), per row pair at 32, per 4 rows at 16. FACTOR_BANKS False: phases by row pairs at any
+    BK, right for BK = 32 and 2-way bank conflicts on every ldmatrix of x_j at BK = 64."""
     if FACTOR_BANKS:
         return gl.SwizzledSharedLayout(8, max(1, 64 // BK), min(8, BK // 8), [1, 0])
     return gl.SwizzledSharedLayout(8, 2, min(4, BK // 8), [1, 0])
@@ -159,7 +158,7 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
     phi / lo alive for LLVM only (a comment in the wait's inline asm), and ptxas gives the next step's factors and
     products the same registers (Triton 3.6 SASS: the loop's LDSM / HMUL2 write the registers the last normalizer
     HGMMA reads, after only `WARPGROUP.DEPBAR.LE gsb0, 0x3`). That was the normalizer race at one block per group:
-    with it d=128's normalizer rows match Triton's (docs/kernels.md, session 20)."""
+    with it d=128's normalizer rows match Triton's (docs/kernels.md)."""
     TJ: gl.constexpr = TW * JG
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK

@@ -1,7 +1,7 @@
 """The p=2 row-scaled state kernels in Gluon, default for bf16 d=32/64: the query backward (`kernels.
-_sym2_query_bwd_rows`; session 15: H100 64k 10.44 -> 9.56 ms), the query forward (`_sym2_query_fwd_rows`; session 16:
-7.10 -> 6.42 ms), the key backward's dv (`_sym2_key_dv_rows`; 6.44 -> 5.58 ms) and its dk (the grouped
-`_sym2_key_bwd`; 10.48 -> 9.88 ms). Switches: kernels.QBWD_GLUON / QFWD_GLUON / KDV_GLUON / KDK_GLUON.
+_sym2_query_bwd_rows`; H100 64k 10.44 -> 9.56 ms), the query forward (`_sym2_query_fwd_rows`; 7.10 -> 6.42 ms), the
+key backward's dv (`_sym2_key_dv_rows`; 6.44 -> 5.58 ms) and its dk (the grouped `_sym2_key_bwd`; 10.48 -> 9.88 ms).
+Switches: chunk_p2 config gluon_qbwd / gluon_qfwd / gluon_kdv / gluon_kdk.
 
 The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
 products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8
@@ -10,7 +10,7 @@ with the key side's multiplicities (gluon_key_dv_rows), and the key backward's d
 (gluon_key_dk_rows).
 
 The backward. What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64),
-from session 13's ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums
+from ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums
 sit in a [rows, 8] tile in the matmul's layout (32 selects a slice) read-modify-written per tile, and each slice's
 column q_i is a global load. Here:
 - the slices M_i [KW, D] come through a cp.async ring (NBUF slots, prefetched NBUF - 1 slices ahead), one scalar
@@ -112,7 +112,7 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     gl.static_assert(TW % STEP == 0, "steps must tile the first tiles")
     # slice i + 1's copy must be issued a step before its matmul, into a slot slice i does not hold: with 2 slots it
-    # would land in the slot being read (session 20 timed such a build "faster" before reading this)
+    # would land in the slot being read (such a build once timed "faster", and wrong)
     gl.static_assert(NBUF >= 2 * STEP + 1, "a slot in use, the step's slices landing, its slots being refilled")
     NT: gl.constexpr = D // TW
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)

@@ -164,7 +164,7 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
     (X=q, Y=dy; r_i = s^p e^(g_i) / Den_i, dl_i = -Delta_i / Den_i folded as r_i * (-Delta_i)).
     XT_IN: X is the transposed copy (b, HX, D, T) (_transpose_heads), so the factors load as [8, BK] and [8 JG, BK]
     rows of 128 contiguous bytes: read from the (b, T, HX, D) layout they were 16-byte rows whose shared-memory copy
-    the expansion read with 8-way bank conflicts (ncu, session 11)."""
+    the expansion read with 8-way bank conflicts (ncu)."""
     g = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -481,7 +481,7 @@ def _rows_fwd_pass(num, q_row, qw, S, s_base, mask, t_lo, t_hi, J0: tl.constexpr
                    KEYS: tl.constexpr, PIPE: tl.constexpr = 0, ACC: tl.constexpr = False):
     """num += sum over first tiles ti in [t_lo, t_hi) and a < TW of q_i (qw S_i), window [J0, J0 + KW).
     KEYS: qw (DOT_DT) takes the key side's multiplicities per ti (_key_weights).
-    PIPE > 0: the slices S_i load with PIPE stages (cp.async) while the previous one multiplies (ncu, session 11: the
+    PIPE > 0: the slices S_i load with PIPE stages (cp.async) while the previous one multiplies (ncu: the
     unpipelined loops waited on their global loads 59% of the time); one flat loop over i = TW ti + a, or with KEYS,
     whose operand changes per tile, a pipelined loop within each tile."""
     j = J0 + tl.arange(0, KW)
@@ -567,7 +567,7 @@ def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.const
 # dL/dphi over the features (i, j) (a = dn or v). Then
 #     dx[:, j] += x[:, i] * X_i[:, j]          (an FMA in the matmul's own layout), and
 #     dx[:, i] += sum_j X_i[:, j] x[:, j]      (a row sum),
-# with no phi operand and no shared-memory reshape of the product (the grouped kernels' top stalls, ncu session 11).
+# with no phi operand and no shared-memory reshape of the product (the grouped kernels' top stalls, ncu).
 # The first-index sums of a tile collect in a [rows, 8] tile written once per tile. The normalizer part of X
 # (dl z, or dUz for keys) needs no per-i work: its gradient is dl x (Zm + Zm^T) with Zm as in _zmat.
 @triton.jit

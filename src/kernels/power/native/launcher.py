@@ -1,10 +1,10 @@
 """The attention form's autograd node and launches in C++ (`native_launch.cpp`), for the short sequences where the
 host, not the GPU, sets the pace.
 
-At t = 1k a fwd+bwd of the attention form is ~400 us of GPU time but 600-800 us of host time on the lent machines:
-a Python autograd node and five launches through Triton's Python launcher (~25-38 us each; docs/kernels.md,
-Session 22 item 3). The C++ node allocates the same buffers and launches the same compiled kernels with
-`cuLaunchKernel`, so its results are the Python path's bit for bit.
+At t = 1k a fwd+bwd of the attention form is ~400 us of GPU time but 600-800 us of host time on an H100 host: a
+Python autograd node and five launches through Triton's Python launcher (~25-38 us each; docs/kernels.md). The C++
+node allocates the same buffers and launches the same compiled kernels with `cuLaunchKernel`, so its results are the
+Python path's bit for bit.
 
 How a call gets there:
 1. The extension is built once per machine (torch's cpp_extension, in a background thread at the first CUDA call:

@@ -1,9 +1,9 @@
-// The attention form's autograd node in C++ (native.py builds and loads this file; docs/kernels.md, session 25).
+// The attention form's autograd node in C++ (launcher.py builds and loads this file; docs/kernels.md).
 //
 // At short t the attention form is host-bound: a Python autograd node plus five Triton launches through Triton's
-// Python launcher cost ~600-800 us of host time a fwd+bwd on the lent machines, against ~400 us of GPU time. Here
+// Python launcher cost ~600-800 us of host time a fwd+bwd on an H100 host, against ~400 us of GPU time. Here
 // the node, its buffers and the launches are C++: the launches go straight to cuLaunchKernel with the CUfunction
-// handles Triton compiled (a "plan", registered once per specialization by native.py from the compiled kernels'
+// handles Triton compiled (a "plan", registered once per specialization by launcher.py from the compiled kernels'
 // signatures), so the kernels, their tiles and their arguments are exactly the Python path's.
 //
 // No CUDA headers: the few driver entry points are looked up in libcuda at first use. A dry-run mode records the
@@ -90,13 +90,13 @@ void ensure_context(int device_index) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// plans: what native.py registers per specialization
+// plans: what launcher.py registers per specialization
 // ---------------------------------------------------------------------------------------------------------------
-// Tensor slots and scalar slots a kernel parameter can name (native.py's SLOTS mirrors these numbers).
+// Tensor slots and scalar slots a kernel parameter can name (launcher.py's SLOTS mirrors these numbers).
 enum TensorSlot : int64_t { S_Q, S_K, S_V, S_LG, S_G, S_O, S_LSE, S_DO, S_DELTA, S_DQ, S_DK, S_DV, S_DGQ, S_DGK, S_DLG,
                             NUM_TENSOR_SLOTS };
 enum ScalarSlot : int64_t { T_INT, SCALE, SCALE_P, NUM_SCALAR_SLOTS };
-// Parameter kinds (native.py's KIND_*): a tensor's data pointer, an int32 or fp32 scalar slot, an int32 or fp32
+// Parameter kinds (launcher.py's KIND_*): a tensor's data pointer, an int32 or fp32 scalar slot, an int32 or fp32
 // constant (fp32 constants as their bits).
 enum ParamKind : int64_t { P_TENSOR, P_INT, P_FLOAT, P_CONST_INT, P_CONST_FLOAT };
 // Kernels of a plan, in launch order; grids: (cdiv(t, rows), b * heads).
@@ -156,7 +156,7 @@ int64_t register_plan(at::IntArrayRef spec) {
     }
   }
   TORCH_CHECK(i == spec.size(), "longctx native launcher: plan spec has ", spec.size() - i, " values too many");
-  // A forward-only plan (native.py registers one from a call without gradients) has no backward kernels.
+  // A forward-only plan (launcher.py registers one from a call without gradients) has no backward kernels.
   const bool backward = plan->kernels[K_DQ].present;
   TORCH_CHECK(plan->kernels[K_FWD].present && plan->kernels[K_DKDV].present == backward,
               "longctx native launcher: a plan needs the forward kernel, and dq with dk/dv or neither");
@@ -221,7 +221,7 @@ void launch(const Plan& plan, KernelIndex which, const Args& a, int64_t b, int64
     params[n] = &cells[n];
     ++n;
   }
-  // Triton's two trailing scratch pointers (native.py registers only kernels that use neither): null.
+  // Triton's two trailing scratch pointers (launcher.py registers only kernels that use neither): null.
   for (int s = 0; s < 2; ++s) {
     cells[n] = 0;
     params[n] = &cells[n];
@@ -297,7 +297,7 @@ struct AttentionFormNative : public torch::autograd::Function<AttentionFormNativ
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const Plan& plan = get_plan(ctx->saved_data["plan"].toInt());
     TORCH_CHECK(plan.kernels[K_DQ].present, "longctx native launcher: plan ", ctx->saved_data["plan"].toInt(),
-                " is forward-only (native.py uses it only without gradients)");
+                " is forward-only (launcher.py uses it only without gradients)");
     auto saved = ctx->get_saved_variables();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &G = saved[3], &o = saved[4], &lse = saved[5];
     const c10::DeviceGuard guard(q.device());
