@@ -210,7 +210,8 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which
         # also sums the GQA group's query-side gate gradients)
         k = _compile(gates._segment_cumsum, {"X": "*fp32", "X2": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
-                     dict(H=hk, BT=power_config.gates.current().column_tile, REVERSE=reverse, REP=hq // hk if reverse else 0), 4, 3, arch)
+                     dict(H=hk, BT=power_config.gates.current().column_tile, REVERSE=reverse,
+                          REP=hq // hk if reverse else 0), 4, 3, arch)
         out.append((k.name + ("_rev" if reverse else ""), k.metadata.shared, *_usage(k)))
     return out
 
@@ -266,7 +267,8 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from longctx.kernels.power.chunk_p2.gluon_rows import gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows, gluon_query_fwd_rows
+    from longctx.kernels.power.chunk_p2.gluon_rows import (gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows,
+                                                           gluon_query_fwd_rows)
     query_ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
     key_ints = {n: "i32" for n in ("T", "NC", "DS", "NU")}
     shape = dict(D=d, C=chunk, TW=s2.TILE2, GATED=True)

@@ -1,8 +1,8 @@
 """Host cost of the attention form's Python path without the GPU: the Triton launches replaced by no-ops and tiny CPU
 tensors (b=1, t=16, h=2, d=64), so what is timed is our own Python (checks, configs, buffers) and torch's autograd
 machinery, beside an empty Python autograd node and a C++ node (x * 1.0) over the same leaves. Complements
-tools/host_overhead.py, whose pieces on shared GPU machines swing ~30% run to run. The autograd engine runs CPU backward passes on the calling thread, so the
-CUDA engine's hand-off to its device thread is not in these numbers.
+tools/host_overhead.py, whose pieces on shared GPU machines swing ~30% run to run. The autograd engine runs CPU
+backward passes on the calling thread, so the CUDA engine's hand-off to its device thread is not in these numbers.
 
     python -m tools.host_overhead_cpu
 """

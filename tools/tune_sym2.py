@@ -4,8 +4,8 @@
     python -m tools.tune_sym2 --configs 2,64,8,2 1,64,4,2 --chunks 512,1024,2048 --t 65536
 
 1. correctness: bf16 and fp32 (forced) against the float64 reference (output and every gradient, state in/out);
-2. for each variant (--rows: the query backward row-scaled or grouped) and block config (JG, rows, warps, stages), applied
-   to the kernels named by --sweep: one fwd+bwd at the benchmark shape (b=8, h=12, d=64, bf16, gated, chunk 1024)
+2. for each variant (--rows: the query backward row-scaled or grouped) and block config (JG, rows, warps, stages),
+   applied to the kernels named by --sweep: one fwd+bwd at the benchmark shape (b=8, h=12, d=64, bf16, gated, chunk 1024)
    under torch.profiler -> CUDA ms per kernel and TFLOP/s of its matmul work (the backward on one stream:
    --profile-streams for two, whose kernels overlap); the best config per kernel is then combined and timed
    (do_bench, fwd and fwd+bwd), and chunk sizes are compared. Writes tune_sym2.json and profile.png (ms per

@@ -98,9 +98,9 @@ def _run(case, fast, rows, atomic, plain):
 
 
 def scaled_transpose(keys):
-    """chunk_p2.kernels._transpose_heads with SCALE (the Gluon outer products' input, which the CPU never launches) against
-    the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2) and their normalizer
-    weights [hi, lo, 0...] of -Delta_i (hi + lo = -Delta_i to bf16's 2^-16)."""
+    """chunk_p2.kernels._transpose_heads with SCALE (the Gluon outer products' input, which the CPU never launches)
+    against the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2) and their
+    normalizer weights [hi, lo, 0...] of -Delta_i (hi + lo = -Delta_i to bf16's 2^-16)."""
     b, t, hk, rep, d, chunk = 2, 48, 2, 2, 16, 16
     h = hk if keys else hk * rep
     x = torch.randn(b, t, h, d, dtype=torch.bfloat16)

@@ -1,5 +1,6 @@
 """Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1. The Triton forms as custom ops
-(autograd.py's custom ops, the torch.compile path) against the autograd Functions (the eager path) on the same kernels: eager op
+(autograd.py's custom ops, the torch.compile path) against the autograd Functions (the eager path) on the same
+kernels: eager op
 calls and torch.compile(fullgraph=True) of the public form functions (no graph break allowed) give the same output
 and gradients; torch.library.opcheck checks the ops' schemas, fake (shape) functions and autograd registration.
 Prints one line per case and exits non-zero on a failure."""

@@ -1,4 +1,4 @@
-"""The attention form's C++ node (native/launcher.py, native_launch.cpp) on CPU: the Triton kernels replaced by fakes that
+"""The attention form's C++ node (native/) on CPU: the Triton kernels replaced by fakes that
 record each launch (grid, parameters, the tensors behind them) and hand back a compiled-kernel stand-in whose
 signature follows Triton's rules (constexprs and None arguments compile away; tensors are pointers, ints i32, floats
 fp32). The Python node runs with those fakes and records a plan; the C++ node then runs the same call in its

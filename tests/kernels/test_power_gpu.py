@@ -344,7 +344,7 @@ NATIVE_CASES = [  # p, norm, d, dtype, gated, hq, hk, t
                               f"-h{c[5]}x{c[6]}-t{c[7]}" for c in NATIVE_CASES])
 @pytest.mark.parametrize("stream", ["default", "side"])
 def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, stream, monkeypatch):
-    """The attention form's C++ node (native/launcher.py) launches the kernels the Python node compiled: the same outputs
+    """The attention form's C++ node (native/) launches the kernels the Python node compiled: the same outputs
     and gradients, bit for bit, on the current stream (also a side stream), with and without gradients."""
     from longctx.kernels.power.autograd import attention_form
     from longctx.kernels.power.native import launcher as native

@@ -138,8 +138,8 @@ def test_gluon_rows_window_levels():
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_gluon_key_dk_two_slices_per_barrier():
-    """config bwd_step: key dk (the default, 8 ring slots) waits for its copies and meets at the CTA barrier once per two
-    slices: its slice loops hold fewer barriers than with one slice a step, and the same matmuls (8 slices x 64 / 16
+    """config bwd_step: key dk (the default, 8 ring slots) waits for its copies and meets at the CTA barrier once per
+    two slices: its slice loops hold fewer barriers than with one slice a step, and the same matmuls (8 slices x 64 / 16
     HGMMA per first tile). A ring too short for the step (4 slots: the step's two slices landing, two being refilled,
     one in use) is refused at build time."""
     pytest.importorskip("triton.backends.nvidia.compiler")

@@ -155,8 +155,8 @@ class AttentionForm(torch.autograd.Function):
     """y = power attention (attention form). q (b,t,hq,d), k/v (b,t,hk,d), log_g (b,t,hk) or None. The gate cumsum
     G and, in the backward, its reverse scan (which also sums the query heads' gate gradients per GQA group) run
     inside this one autograd node: at short t every node and torch op is host time (docs/kernels.md). Under
-    torch.compile the same passes run as custom ops instead (the custom ops above). record: native.lookup's recorder (the
-    compiled kernels become a plan for the C++ node, native/launcher.py)."""
+    torch.compile the same passes run as the custom ops above. record: native.lookup's recorder (the compiled
+    kernels become a plan for the C++ node, native/launcher.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, log_g, scale, p, norm, record=None):
@@ -181,7 +181,7 @@ class AttentionForm(torch.autograd.Function):
 def attention_form(q, k, v, log_g, *, p, scale, norm):
     """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None. On CUDA the C++ node
     (native/launcher.py) runs it once the extension is built and this specialization's kernels are known."""
-    if torch.compiler.is_compiling():      # dynamo cannot trace the launches: one opaque op per pass (the custom ops above)
+    if torch.compiler.is_compiling():      # dynamo cannot trace the launches: one opaque op per pass
         return attention_form_op(q, k, v, log_g, float(scale), int(p), bool(norm))
     scale, p, norm = float(scale), int(p), bool(norm)
     plan, record = native.lookup(q, k, v, log_g, p, norm)
@@ -200,7 +200,7 @@ def states_in_place() -> bool:
 class ChunkedForm(torch.autograd.Function):
     """(y, s_final, z_final) of power attention, chunked form. q (b,T,hq,d), k/v (b,T,hk,d) with T % C == 0
     (the caller pads with zeros), gl (b,T,hk) fp32 chunk-local cumulative log-gates or None, s0 (b,hk,D_s,d)
-    / z0 (b,hk,D_s) fp32 or None. Under torch.compile a stateless call runs as custom ops instead (the custom ops above)."""
+    / z0 (b,hk,D_s) fp32 or None. Under torch.compile a stateless call runs as the custom ops above instead."""
 
     @staticmethod
     def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C, want_state=True):

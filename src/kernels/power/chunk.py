@@ -418,7 +418,8 @@ def _state_operands(dtype):
 
 def _chunk_blocks(F, d, dot_dt):
     """(rows per step BK/BM, value columns per state program BD, warps, stages). Not timed on a GPU; chosen so that
-    sm_90 compiles (tools/compile_check.py) fit in shared memory and spill little: 8 warps, [B, F] expanded tiles of 4k elements (2k for fp32 operands with F = 256)."""
+    sm_90 compiles (tools/compile_check.py) fit in shared memory and spill little: 8 warps, [B, F] expanded tiles
+    of 4k elements (2k for fp32 operands with F = 256)."""
     if F <= 64:
         return (32 if dot_dt == tl.float32 and d == 128 else 64), min(d, 64), 8, 2
     if dot_dt == tl.float32:
@@ -564,7 +565,7 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
     copy_q = (sym2.scaled_copy_buffers(q, T, hq, d, norm, False)
               if _copy_in_attention(fast, q, d, C, False) else None)
     cw = _chunk_view(copy_q[1], nb, C, norm) if copy_q else None
-    # the query side's reverse scan and then the key kernels may run on a side stream (chunk_p2 config concurrent_bwd): the
+    # the query side's reverse scan and then the key kernels may run on a side stream (config concurrent_bwd): the
     # scan needs only the intra-chunk dq's copies and Delta, the key kernels the intra-chunk dk / dv, and the
     # intra-chunk dk / dv and the query backward need neither. Every buffer either chain writes is allocated on the
     # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
@@ -584,7 +585,8 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                          T_FULL=T, XT_MODE=2) if copy_q else {}
         _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
             cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
-            GATE_SCORES=config.attention.current().gate_scores, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg, **side_args)
+            GATE_SCORES=config.attention.current().gate_scores, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg,
+            **side_args)
     del cdq                                 # a view that would keep an fp32 dq alive after its conversion
 
     def intra_dkdv():

@@ -60,14 +60,15 @@ def segment_scan(x: torch.Tensor, seg: int, reverse: bool = False, extra: torch.
                  record: dict | None = None) -> torch.Tensor:
     """The Triton scan, no autograd: float32 (b, t, h) cumsum (reverse: suffix sums) of x (b, t, h) within segments
     of seg steps; `extra` (b, t, h * rep) is added first with its rep consecutive columns summed per column of x.
-    record: the compiled kernel goes in as "fwd_scan" / "bwd_scan" (native/launcher.py's plans; one segment per column)."""
+    record: the compiled kernel goes in as "fwd_scan" / "bwd_scan" (native/launcher.py's plans; one segment per
+    column)."""
     x = x.contiguous()
     b, t, h = x.shape
     rep = 0 if extra is None else extra.shape[-1] // h
     x2 = x if extra is None else extra.contiguous()
     y = torch.empty(b, t, h, device=x.device, dtype=torch.float32)
-    kernel = _segment_cumsum[(-(-t // seg), b * h)](x, x2, y, t, seg, H=h, BT=config.gates.current().column_tile, REVERSE=reverse, REP=rep,
-                                                    num_warps=4)
+    kernel = _segment_cumsum[(-(-t // seg), b * h)](x, x2, y, t, seg, H=h, BT=config.gates.current().column_tile,
+                                                    REVERSE=reverse, REP=rep, num_warps=4)
     if record is not None:
         record["bwd_scan" if reverse else "fwd_scan"] = (kernel, 0, h)
     return y

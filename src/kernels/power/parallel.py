@@ -428,9 +428,9 @@ KERNELS = ("fwd", "dkdv", "dq")
 def _blocks(d, kernel, dot_dt, chunked=False, t=None):
     """(BM, BN, num_warps, num_stages) of one attention-form kernel ("fwd", "dkdv" or "dq") per head dim; fixed
     (no benchmarking autotuner), measured in docs/kernels.md. The two backward kernels can take different tiles
-    (config.attention's block_override), though today's defaults are the same. chunked: the tiles of the chunked form's intra-chunk
-    attention (every chunk a short sequence of its own), where they differ. t: the attention form's sequence length,
-    for its short-sequence forward tile (config.attention's short_fwd_t)."""
+    (config.attention's block_override), though today's defaults are the same. chunked: the tiles of the chunked
+    form's intra-chunk attention (every chunk a short sequence of its own), where they differ. t: the attention
+    form's sequence length, for its short-sequence forward tile (config.attention's short_fwd_t)."""
     cfg = config.attention.current()
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
@@ -511,7 +511,8 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     sp = scale ** p
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                      GATE_SCORES=config.attention.current().gate_scores, O=o, DELTA_OUT=norm, **common, **q_cfg)
+                                                      GATE_SCORES=config.attention.current().gate_scores, O=o,
+                                                      DELTA_OUT=norm, **common, **q_cfg)
     kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
                                                           **common, **kv_cfg)
     if record is not None:

@@ -70,7 +70,7 @@ class P2Config:
     outer_drain: bool = True          # each step waits for the previous step's matmuls before reusing their
     #                                   registers: without it d=128 normalizer rows came out wrong, run to run
     outer_pairs: bool = True          # the rows' half-empty last groups paired (d=64: 20 -> 18 groups)
-    du_mult: bool = True              # the query side's scan writes dU with the key multiplicities (key dk 9.91 -> 9.51)
+    du_mult: bool = True              # the query scan writes dU with the key multiplicities (key dk 9.91 -> 9.51)
     gluon_qfwd: bool = True           # the row-scaled kernels in Gluon (gluon_rows) at d = 32 / 64: query forward
     gluon_qbwd: bool = True           # 7.10 -> 6.42 ms, query backward 10.44 -> 9.56, key dv 6.44 -> 5.58, key dk
     gluon_kdv: bool = True            # (from the grouped Triton kernel) 10.48 -> 9.88

@@ -899,7 +899,8 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
     zc = XT     # unread without sums (SUMS False)
     if sums:
         zc = torch.empty(b * hk, NC, d, d, device=XT.device, dtype=torch.float32)
-        bk = next(r for r in (config.current().norm_sums_bk, 32, 16) if C % r == 0)     # gluon_outer runs only for C % 16 == 0
+        # (gluon_outer runs only for C % 16 == 0)
+        bk = next(r for r in (config.current().norm_sums_bk, 32, 16) if C % r == 0)
         cpp = norm_sums_chunks(C, NC)
         _norm_chunk_sums[(NC // cpp, b * hk)](XT, W, zc, T, NC, HX=hx, HK=hk, D=d, C=C, BK=bk, WEIGHTED=not keys,
                                               CPP=cpp, num_warps=NORM_SUMS_WARPS if d <= 64 else 8,
