@@ -190,34 +190,17 @@ def _split_dot(x, bh, bl, MMA: gl.constexpr, BS: gl.constexpr, BM: gl.constexpr,
 
 @gluon.jit
 def _normalizer_dot(x, Z, z_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr, MMA: gl.constexpr,
-                    BM: gl.constexpr, SYM: gl.constexpr, KEYS: gl.constexpr, DENSE: gl.constexpr):
-    """x Zm (x Zsym with SYM: _zsym) [BM, D] for x [BM, D] (bf16, operand layout) and the normalizer state at z_base
-    of Z: gathered from the packed z (_zm), or with DENSE read as the [2, D, D] bf16 hi / lo parts formed once per slot
-    (kernels.dense_normalizer, with the same SYM / KEYS)."""
+                    BM: gl.constexpr, SYM: gl.constexpr, KEYS: gl.constexpr):
+    """x Zm (x Zsym with SYM: _zsym) [BM, D] for x [BM, D] (bf16, operand layout) and the packed normalizer state at
+    z_base of Z, gathered per program (_zm) and split into bf16 hi / lo parts for the tensor cores."""
     BS: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16)
-    if DENSE:
-        jj = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, L)), 1)
-        ii = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, L)), 0)
-        bh = gl.load(Z + z_base + jj * D + ii)
-        bl = gl.load(Z + z_base + D * D + jj * D + ii)
+    if SYM:
+        b = _zsym(Z, z_base, D, TW, L, KEYS)
     else:
-        if SYM:
-            b = _zsym(Z, z_base, D, TW, L, KEYS)
-        else:
-            b = _zm(Z, z_base, D, TW, L)
-        bh = b.to(gl.bfloat16)
-        bl = (b - bh.to(gl.float32)).to(gl.bfloat16)
+        b = _zm(Z, z_base, D, TW, L)
+    bh = b.to(gl.bfloat16)
+    bl = (b - bh.to(gl.float32)).to(gl.bfloat16)
     return _split_dot(x, bh, bl, MMA, BS, BM, D)
-
-
-@gluon.jit
-def _z_base(s_base, DS, D: gl.constexpr, DENSE: gl.constexpr):
-    """Where the normalizer of the state slot at s_base (packed: slot * DS) starts: s_base, or slot * 2 D^2 in the
-    dense hi / lo form."""
-    if DENSE:
-        return (s_base // DS) * (2 * D * D)
-    else:
-        return s_base
 
 
 @gluon.jit
@@ -304,15 +287,14 @@ def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexp
 
 
 @gluon.jit
-def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
+def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
                    TW: gl.constexpr, MINW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
-                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, DENSE_Z: gl.constexpr,
-                   STEP: gl.constexpr):
+                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr):
     """The row-scaled backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index
     `row`, mask, offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM),
     DX (fp32, holding the intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and
     DG = rg X . phi(x) (Euler's identity: the gate gradient) with GATED. KEYS: the key side's multiplicities. The
-    normalizer state starts at z_base of Z (DENSE_Z: as hi / lo matrices of Zm + Zm^T, _normalizer_dot). The
+    normalizer state of the slot starts at s_base of Z (packed, as S's slot). The
     slices' windows halve down to MINW columns (_level_tiles); MINW = D / 2 is _sym2_query_bwd_rows' two windows.
     STEP: slices per ring wait and barrier (_grad_pass)."""
     NW: gl.constexpr = gl.num_warps()
@@ -337,7 +319,7 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, 
     acc = gl.zeros([BM, D], gl.float32, MMA)
     dg = gl.zeros([BM], gl.float32, ROW)
     if NORM:      # dl x (Zm + Zm^T): the normalizer's part of X, no per-slice work
-        xz = _normalizer_dot(gl.convert_layout(x, A_L), Z, z_base, D, TW, BLK, MMA, BM, True, KEYS, DENSE_Z) * on
+        xz = _normalizer_dot(gl.convert_layout(x, A_L), Z, s_base, D, TW, BLK, MMA, BM, True, KEYS) * on
         dg = 0.5 * dl_m * gl.sum(xf * xz, axis=1)
         acc = xz * gl.expand_dims(dl_m, 1)
     a_op = gl.convert_layout(a, A_L)
@@ -368,8 +350,7 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, z_base, row, mask, off, m2, x, 
 def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                          MINW: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
-                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr,
-                         DENSE_Z: gl.constexpr = False, STEP: gl.constexpr = 1):
+                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr = 1):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
     or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve
@@ -385,8 +366,8 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
         inv = gl.exp(-gl.load(LSE + row, mask=mask, other=0.0))
         dn = dn * gl.expand_dims(inv, 1)
         dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
-    _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, _z_base(s_base, DS, D, DENSE_Z), row, mask, off, m2, q,
-                   dn.to(gl.bfloat16), dl, r, r, on, D, TW, MINW, BM, NBUF, False, NORM, GATED, CAST, DENSE_Z, STEP)
+    _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, row, mask, off, m2, q, dn.to(gl.bfloat16), dl, r, r, on, D, TW,
+                   MINW, BM, NBUF, False, NORM, GATED, CAST, STEP)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -467,13 +448,12 @@ def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexp
 def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                          MINW: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
-                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, DENSE_Z: gl.constexpr = False):
+                         HAS_S0: gl.constexpr, NBUF: gl.constexpr):
     """Program (query block of a chunk, chunk n, b*hq), as `_sym2_query_fwd_rows`: the state term num = phi(q) S_n
     (row-scaled: sum_i (q_i q_win) S_i, over the window levels of _rows_forward) and
     den = phi(q) . z_n = q Zm q^T join the intra-chunk output OI (normalized, LSEI = log of its normalizer):
     y = (OI e^LSEI + r num) / (e^LSEI + r den), stabilized by the larger log (NORM), else OI + r num; r = s^p e^(g_i).
-    Writes Y (the inputs' dtype) and LSE = log of the total normalizer. DENSE_Z: Z holds each slot's Zm as bf16 hi / lo
-    matrices (kernels.dense_normalizer), not the packed z."""
+    Writes Y (the inputs' dtype) and LSE = log of the total normalizer."""
     NW: gl.constexpr = gl.num_warps()
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -482,8 +462,7 @@ def gluon_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
     row, mask, off, m2, q, r, on, s_base = _query_block(Q, G, scale_p, T, NC + 1, DS, HQ, HK, D, C, BM, HAS_S0,
                                                         GATED, BLK)
     if NORM:     # den = q Zm q^T (two bf16 split matmuls, ~2^-16), formed before the passes: fewer live registers
-        xz = _normalizer_dot(gl.convert_layout(q, A_L), Z, _z_base(s_base, DS, D, DENSE_Z), D, TW, BLK, MMA, BM,
-                             False, False, DENSE_Z)
+        xz = _normalizer_dot(gl.convert_layout(q, A_L), Z, s_base, D, TW, BLK, MMA, BM, False, False)
         den = gl.convert_layout(gl.sum(gl.convert_layout(q, MMA).to(gl.float32) * xz, axis=1), BROW) * r
     # the passes under a branch with constant loop bounds, not bounds scaled by `on`: no per-slice predicates or
     # address arithmetic in the slice loops (SASS 536 -> 377 instructions per first tile, Triton 3.6)
@@ -537,16 +516,15 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
                       C: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
                       NBUF: gl.constexpr, CAST: gl.constexpr, DU_MULT: gl.constexpr = False,
-                      DENSE_Z: gl.constexpr = False, STEP: gl.constexpr = 1):
-    """Program (key block of a chunk, chunk n, b*hk), as `_sym2_key_dk_rows`: X = v dU_n^T + dUz_n = dL/dph for
-    ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) += c dph/dk^T X (written to DKO in its dtype
-    with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU slots per (b, hk)). The query backward's
-    passes with the key side's multiplicities (KEYS; DU_MULT: dU / dUz already carry them) and dl = 1. STEP: slices
-    per ring wait and barrier (_grad_pass)."""
+                      STEP: gl.constexpr = 1):
+    """Program (key block of a chunk, chunk n, b*hk), the grouped `_sym2_key_bwd`'s dk row-scaled:
+    X = v dU_n^T + dUz_n = dL/dph for ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) +=
+    c dph/dk^T X (written to DKO in its dtype with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU
+    slots per (b, hk)). The query backward's passes with the key side's multiplicities (KEYS; DU_MULT: dU / dUz
+    already carry them) and dl = 1. STEP: slices per ring wait and barrier (_grad_pass)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
-    _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, _z_base(u_base, DS, D, DENSE_Z), row, mask, off, m2, k, v,
-                   gl.where(mask, 1.0, 0.0), c, -c, on, D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, DENSE_Z,
-                   STEP)
+    _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, row, mask, off, m2, k, v, gl.where(mask, 1.0, 0.0), c, -c, on,
+                   D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, STEP)

@@ -512,7 +512,7 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                          KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
                          HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, PIPE: tl.constexpr = 0):
-    """_sym2_query_fwd, row-scaled (see above): tiles ti < T1 use the full window, the rest [d - KW2, d)."""
+    """The query forward, row-scaled (see above): tiles ti < T1 use the full window, the rest [d - KW2, d)."""
     row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     NT: tl.constexpr = D // TW
     T1: tl.constexpr = (D - KW2) // TW
