@@ -91,8 +91,8 @@ def _chunked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Optio
                  p: int, norm: bool, C: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                      torch.Tensor]:
     gl = None if log_g is None else gates.segment_scan(log_g, C)                    # chunk-local G
-    y, S, Z, lse, G = chunked_forward(q.contiguous(), k.contiguous(), v.contiguous(), gl, None,
-                                                        None, scale, p, norm, C)
+    y, S, Z, lse, G = chunked_forward(q.contiguous(), k.contiguous(), v.contiguous(), gl, None, None, scale, p, norm,
+                                      C)
     return y, S, Z, lse, G.clone() if G is lse else G      # ungated and not norm: one dummy; op outputs may not alias
 
 
@@ -114,9 +114,8 @@ def _chunked_bwd(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
                  S: torch.Tensor, Z: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, scale: float, p: int,
                  norm: bool, gated: bool, C: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # the final state is not an output here: its gradients are None (zeros in the kernels' slot)
-    dq, dk, dv, dgl, _, _ = chunked_backward(dy, None, None, q.contiguous(), k.contiguous(),
-                                                            v.contiguous(), G, S, Z, y, lse, scale, p, norm, gated,
-                                                            C, False)
+    dq, dk, dv, dgl, _, _ = chunked_backward(dy, None, None, q.contiguous(), k.contiguous(), v.contiguous(), G, S, Z,
+                                             y, lse, scale, p, norm, gated, C, False)
     dlog_g = gates.segment_scan(dgl, C, reverse=True) if gated else q.new_empty(0, dtype=_F32)
     return dq, dk, dv, dlog_g
 
@@ -241,7 +240,7 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=No
         # dynamo cannot trace the launches: one opaque op per pass
         y = chunked_form_op(q, k, v, lg, float(scale), int(p), bool(norm), C)
         return y[:, :t] if pad else y
-    gl = None if lg is None else gates.gate_cumsum(lg, C)                                # chunk-local G
+    gl = None if lg is None else gates.gate_cumsum(lg, C)                            # chunk-local G
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)
