@@ -23,7 +23,7 @@ METRICS+="|dram__throughput\.avg\.pct_of_peak_sustained_elapsed"
 METRICS+="|sm__warps_active\.avg\.pct_of_peak_sustained_active"
 METRICS+="|gpu__time_duration\.sum)$"
 "$NCU" --clock-control none --kernel-name regex:"gluon_|_attn_" --metrics "$METRICS" --csv \
-  python -m tools.ncu_call --t "$T" --one-stream > "$OUT/ncu_pipes_${T}.csv" 2> "$OUT/ncu_pipes_${T}.err"
+  python3 -m tools.ncu_call --t "$T" --one-stream > "$OUT/ncu_pipes_${T}.csv" 2> "$OUT/ncu_pipes_${T}.err"
 echo "ncu rc=$? rows=$(wc -l < "$OUT/ncu_pipes_${T}.csv")"
 python3 - "$OUT/ncu_pipes_${T}.csv" <<'PY'
 import collections

@@ -13,8 +13,8 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 for k in gluon_query_fwd_rows gluon_key_dv_rows gluon_query_bwd_rows gluon_key_dk_rows gluon_outer; do
   timeout 150 "$NCU" --clock-control none --kernel-name "regex:^${k}\$" --launch-count 1 --section SourceCounters \
     --section WarpStateStats \
-    -f -o "$OUT/$k" python -m tools.ncu_call --t "$T" --one-stream > "$OUT/$k.log" 2>&1
+    -f -o "$OUT/$k" python3 -m tools.ncu_call --t "$T" --one-stream > "$OUT/$k.log" 2>&1
   echo "$k: ncu rc=$?"
   "$NCU" --import "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/$k.csv" 2> "$OUT/$k.err" \
-    && python -m tools.ncu_source_top "$OUT/$k.csv" --top 25 || tail -3 "$OUT/$k.err"
+    && python3 -m tools.ncu_source_top "$OUT/$k.csv" --top 25 || tail -3 "$OUT/$k.err"
 done

@@ -10,7 +10,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
 "$NCU" --kernel-name regex:"gluon_|_attn_|_transpose" --section SpeedOfLight --section Occupancy \
   --section WarpStateStats --section LaunchStats --section ComputeWorkloadAnalysis --csv \
-  python -m tools.ncu_call --t "$T" > "$OUT/ncu_${T}.csv" 2> "$OUT/ncu_${T}.err"
+  python3 -m tools.ncu_call --t "$T" > "$OUT/ncu_${T}.csv" 2> "$OUT/ncu_${T}.err"
 echo "ncu rc=$? rows=$(wc -l < "$OUT/ncu_${T}.csv")"
 python3 - "$OUT/ncu_${T}.csv" <<'PY'
 import csv, sys, collections
@@ -35,7 +35,7 @@ PY
 # "Warp Cycles Per Issued Instruction"), in a second pass
 "$NCU" --kernel-name regex:"gluon_|_attn_" \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv \
-  python -m tools.ncu_call --t "$T" > "$OUT/ncu_${T}_stalls.csv" 2> "$OUT/ncu_${T}_stalls.err"
+  python3 -m tools.ncu_call --t "$T" > "$OUT/ncu_${T}_stalls.csv" 2> "$OUT/ncu_${T}_stalls.err"
 echo "ncu stalls rc=$? rows=$(wc -l < "$OUT/ncu_${T}_stalls.csv")"
 python3 - "$OUT/ncu_${T}_stalls.csv" <<'PY'
 import csv, sys, collections
