@@ -12,7 +12,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 import torch  # noqa: E402
 
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim  # noqa: E402
-from longctx.kernels.power import chunk, config  # noqa: E402
+from longctx.kernels.power import chunk as chunk_module  # noqa: E402
+from longctx.kernels.power import config  # noqa: E402
 from longctx.kernels.power.autograd import chunked_form  # noqa: E402
 from longctx.kernels.power.chunk_p2 import config as p2_config  # noqa: E402
 from longctx.kernels.power.chunk_p2 import kernels as p2_kernels  # noqa: E402
@@ -152,8 +153,8 @@ def attention_copies(norm, gated):
                             gated_, *rest, **kw)
 
     p2_kernels.launch_outer = spy
-    copy_in_attention = chunk._copy_in_attention
-    chunk._copy_in_attention = lambda fast, x, d, C, keys: fast         # as on a GPU with gluon_outer
+    copy_in_attention = chunk_module._copy_in_attention
+    chunk_module._copy_in_attention = lambda fast, x, d, C, keys: fast         # as on a GPU with gluon_outer
     try:
         stack = contextlib.ExitStack()
         stack.enter_context(p2_config.override(force=True))
@@ -165,7 +166,7 @@ def attention_copies(norm, gated):
         stack.close()
     finally:
         p2_kernels.launch_outer = launch_outer
-        chunk._copy_in_attention = copy_in_attention
+        chunk_module._copy_in_attention = copy_in_attention
     ok = set(errs) == ({"k", "q", "w"} if norm else {"k", "q"}) and all(e < 1e-6 for e in errs.values())
     print(f"{'ok  ' if ok else 'FAIL'} copies in attention norm={norm} gated={gated} "
           + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
