@@ -1,10 +1,9 @@
 """Benchmark longctx power attention beside SDPA (cuDNN, flash) and power-attention 1.4.4, one process.
 
-Usage (GPU machine; power-attention wheels installed as in ../shared/bench/anchor_bench.py):
-    python scripts/bench_attention.py --out runs/bench            # the issue's table: d=64, p=2
+Usage (GPU machine; power-attention 1.4.4 and its wheels installed by tools/setup_device.sh):
+    python scripts/bench_attention.py --out runs/bench            # the headline table: d=64, p=2
     python scripts/bench_attention.py --sweep                     # also d=32/128 and p=1/4
     python scripts/bench_attention.py --chunked 512,1024          # also the chunked form at these chunk sizes
-    python scripts/bench_attention.py --chunked 1024 --chunked-serial   # + the old serial state kernels (A/B)
     python scripts/bench_attention.py --chunked 1024 --profile-chunked  # + per-kernel CUDA times (torch.profiler)
 Shape: b=8, h=12, bf16, causal, (b, t, h, d) layout; gated power attention (log_g ~ logsigmoid(N(6.9,1))).
 Reports median ms (triton.testing.do_bench), tokens/s, TFLOP/s (causal attention FLOPs, FA convention:
@@ -80,9 +79,9 @@ def make_public(deg):
 
 def make_ours(p, impl="auto"):
     """The public API; impl sets LONGCTX_POWER_IMPL for the call (auto: the default routing of dispatch.py, called
-    as a user would). Waits for the short-sequence C++ launcher's one-time build (native.py) first."""
+    as a user would). Waits for the short-sequence C++ launcher's one-time build (native/launcher.py) first."""
     from longctx.kernels import power_attention
-    from longctx.kernels.power import native
+    from longctx.kernels.power.native import launcher as native
 
     if torch.cuda.is_available():
         native.wait()
@@ -98,14 +97,11 @@ def make_ours(p, impl="auto"):
     return call
 
 
-def make_ours_chunked(p, chunk, parallel=True):
-    """The Triton chunked-form kernels directly, at a given chunk size.
-    parallel=False: the serial state kernels (triton_chunked.PARALLEL_STATE = False), for A/B timing."""
-    from longctx.kernels.power import triton_chunked
-    from longctx.kernels.power.triton_chunked import chunked_form
+def make_ours_chunked(p, chunk):
+    """The Triton chunked-form kernels directly, at a given chunk size."""
+    from longctx.kernels.power.autograd import chunked_form
 
     def call(q, k, v, lg):
-        triton_chunked.PARALLEL_STATE = parallel       # read at forward time; the backward follows the forward
         return chunked_form(q, k, v, lg, p=p, scale=q.shape[-1] ** -0.5, chunk_size=chunk, norm=p % 2 == 0)
     return call
 
@@ -199,12 +195,10 @@ def main():
     ap.add_argument("--skip", default="", help="comma-separated impl names to skip")
     ap.add_argument("--chunked", default="", help="comma-separated chunk sizes: also time the Triton chunked "
                     "form (longctx_p2_chunked<C>; with --sweep also d=32/128 and p=1)")
-    ap.add_argument("--chunked-serial", action="store_true", help="with --chunked: also time the serial state "
-                    "kernels (longctx_p2_chunked<C>_serial)")
     ap.add_argument("--profile-chunked", action="store_true", help="with --chunked: print per-kernel CUDA time "
                     "of one fwd+bwd of each chunked impl at each context (torch.profiler)")
     ap.add_argument("--keep-autotune", action="store_true", help="keep Triton's autotune winners on disk "
-                    "(power-attention 1.4.4's ~460 s at 64k), for scripts/gpu/keep_autotune.sh; the first-call "
+                    "(power-attention 1.4.4's ~460 s at 64k), for tools/keep_autotune.sh; the first-call "
                     "seconds stay cold only on a machine whose cache was not seeded")
     ap.add_argument("--replot", nargs="*", default=None, metavar="JSON[:IMPL,...]",
                     help="no GPU: draw bench.png into --out from earlier bench.json files (the rows of the named impls "
@@ -228,8 +222,6 @@ def main():
              "longctx_p2_attention": make_ours(2, "attention")}
     chunks = [int(c) for c in args.chunked.split(",") if c]
     impls.update({f"longctx_p2_chunked{c}": make_ours_chunked(2, c) for c in chunks})
-    if args.chunked_serial:
-        impls.update({f"longctx_p2_chunked{c}_serial": make_ours_chunked(2, c, False) for c in chunks})
     impls = without_skipped(impls, args.skip)
     jobs = [(name, call, t, 64) for t in map(int, args.ctxs.split(",")) for name, call in impls.items()]
     if args.sweep:

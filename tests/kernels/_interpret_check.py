@@ -11,8 +11,8 @@ import torch  # noqa: E402
 from longctx.kernels.power.reference import power_attention_reference  # noqa: E402
 from _gate_ref import segment_cumsum_f64  # noqa: E402
 from longctx.kernels.power.gates import gate_cumsum  # noqa: E402
-from longctx.kernels.power import gates, triton_attention  # noqa: E402
-from longctx.kernels.power.triton_attention import attention_form  # noqa: E402
+from longctx.kernels.power import config  # noqa: E402
+from longctx.kernels.power.autograd import attention_form  # noqa: E402
 
 # bf16 is not checked here: the interpreter's numpy backend mis-handles bf16 tiles (GPU tests cover it).
 CASES = [  # (dtype, p, norm, gated, hq, hk, t, tol)
@@ -25,7 +25,7 @@ CASES = [  # (dtype, p, norm, gated, hq, hk, t, tol)
     (torch.float16, 4, False, True, 2, 1, 90, 3e-3),
 ]
 
-# the two backward kernels with tiles of their own (triton_attention.BLOCK_OVERRIDE): (case index, overrides);
+# the two backward kernels with tiles of their own (config.attention's block_override): (case index, overrides);
 # dk/dv with BN > BM: its diagonal spans BN / BM query blocks
 SPLIT_TILES = [(0, {"dkdv": (32, 16, 4, 1), "dq": (64, 32, 4, 1)}),
                (3, {"dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)}),
@@ -40,14 +40,11 @@ def main():
     torch.manual_seed(0)
     failed = sum(not check(case) for case in CASES)
     for i, tiles in SPLIT_TILES:
-        triton_attention.BLOCK_OVERRIDE.update(tiles)
-        failed += not check(CASES[i], f" tiles={tiles}")
-        triton_attention.BLOCK_OVERRIDE.clear()
-    # the forward's normalizer row sums as fp32 adds of the widened weights (ROWSUM_MMA off; on is the default)
-    default_rowsum = triton_attention.ROWSUM_MMA
-    triton_attention.ROWSUM_MMA = False
-    failed += sum(not check(CASES[i], " ROWSUM_MMA=0") for i in (0, 1, 4))
-    triton_attention.ROWSUM_MMA = default_rowsum
+        with config.attention.override(block_override=tiles):
+            failed += not check(CASES[i], f" tiles={tiles}")
+    # the forward's normalizer row sums as fp32 adds of the widened weights (rowsum_mma off; on is the default)
+    with config.attention.override(rowsum_mma=False):
+        failed += sum(not check(CASES[i], " rowsum_mma=0") for i in (0, 1, 4))
     failed += check_gate_cumsum()
     sys.exit(1 if failed else 0)
 
@@ -78,24 +75,23 @@ def check_gate_cumsum():
     """The segment scan of the gates (gates._segment_cumsum) and its reverse (backward) vs float64 torch, for
     whole-sequence and chunk-local segments, a segment longer than one tile and a ragged last segment."""
     failed = 0
-    default_tile = gates.COLUMN_TILE
+    default_tile = config.gates.current().column_tile
     # (t, h, seg, column tile): a 64-step tile makes the column programs carry across tiles
     for t, h, seg, tile in ((70, 3, None, default_tile), (600, 12, 256, default_tile), (37, 5, 16, default_tile),
                             (300, 2, None, 64), (300, 1, 64, 64)):
-        gates.COLUMN_TILE = tile
         x = (-torch.rand(2, t, h, dtype=torch.float64) * 2).requires_grad_()
         dy = torch.randn(2, t, h, dtype=torch.float64)
-        y = gate_cumsum(x.float(), seg)
+        with config.gates.override(column_tile=tile):
+            y = gate_cumsum(x.float(), seg)
+            xf = x.detach().float().requires_grad_()
+            dx = torch.autograd.grad(gate_cumsum(xf, seg), xf, dy.float())[0]
         y_ref = segment_cumsum_f64(x, seg)
         dx_ref = torch.autograd.grad(y_ref, x, dy)[0]
-        xf = x.detach().float().requires_grad_()
-        dx = torch.autograd.grad(gate_cumsum(xf, seg), xf, dy.float())[0]
         errs = [rel(y, y_ref), rel(dx, dx_ref)]
         ok = y.dtype == torch.float32 and all(e < 1e-6 for e in errs)
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} gate_cumsum t={t} h={h} seg={seg} tile={tile} "
               f"errs(G,dlog_g)={['%.1e' % e for e in errs]}", flush=True)
-    gates.COLUMN_TILE = default_tile
     return failed
 
 

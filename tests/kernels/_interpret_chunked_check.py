@@ -1,9 +1,10 @@
 """Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1: the Triton chunked-form
-kernels (triton_chunked.py), forward and every gradient (q, k, v, log_g, initial state), plus the returned
+kernels (chunk.py, chunk_p2/kernels.py), forward and every gradient (q, k, v, log_g, initial state), plus the returned
 state, against the float64 reference at tiny sizes. Prints one line per case; exits non-zero on a failure.
 Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...] [sym2] [groups|rows]
-The cases run the default (parallel) state path (_update_state_fwd / _query_grad_state + _discumsum); SERIAL
-cases rerun some with triton_chunked.PARALLEL_STATE = False (the serial _chunk_state_fwd / _chunk_state_bwd)."""
+The cases run the generic state kernels (_update_state_fwd / _query_grad_state + _discumsum); the p=2 cases rerun
+some through the p=2 kernels (chunk_p2 config force), grouped and row-scaled, with atomics and barriers."""
+import contextlib
 import os
 import sys
 
@@ -11,8 +12,11 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 import torch  # noqa: E402
 
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim  # noqa: E402
-from longctx.kernels.power import triton_chunked, triton_sym2  # noqa: E402
-from longctx.kernels.power.triton_chunked import chunked_form  # noqa: E402
+from longctx.kernels.power import chunk as chunk_module  # noqa: E402
+from longctx.kernels.power import config  # noqa: E402
+from longctx.kernels.power.autograd import chunked_form  # noqa: E402
+from longctx.kernels.power.chunk_p2 import config as p2_config  # noqa: E402
+from longctx.kernels.power.chunk_p2 import kernels as p2_kernels  # noqa: E402
 
 CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol)
     (torch.float32, 2, True, True, 2, 1, 16, 45, 16, True, True, 1e-4),     # padding, state in and out
@@ -26,7 +30,6 @@ CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, t
     (torch.float32, 2, True, True, 2, 1, 16, 200, 16, True, True, 1e-4),    # 13 chunks: longer discumsum
     (torch.float32, 2, True, True, 4, 2, 32, 50, 16, True, True, 1e-4),     # d=32: split windows (sym2 rows)
 ]
-SERIAL = [0, 2]    # cases also run on the serial state path
 SYM2 = [0, 1, 5, 6, 7, 8, 9]   # p=2 cases also run through the p=2 kernels (forced for fp32; fp16: CAST) ...
 SYM2_GROUPS = [0, 9]        # ... with the grouped kernels everywhere, and (default run) with the row-scaled ones,
 #                             and with the backward's dq / dk updates by barrier + read-modify-write (not atomics)
@@ -36,22 +39,18 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-SESSION11 = ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE")   # switches whose off settings (the session-10 kernels) stay tested
-DEFAULTS = {name: getattr(triton_sym2, name) for name in SESSION11}
-
-
-def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
-    triton_chunked.PARALLEL_STATE = parallel
-    triton_sym2.FORCE = fast
-    triton_sym2.ATOMIC_RMW = atomic
-    for name in SESSION11:    # plain: outer products from the (b, t, h, d) rows, row-scaled loops without prefetch
-        setattr(triton_sym2, name, type(DEFAULTS[name])(0) if plain else DEFAULTS[name])
-    if rows is not None:     # None: triton_sym2's defaults
-        triton_sym2.ROWS = dict.fromkeys(triton_sym2.ROWS, rows)
-        triton_sym2.GROUPED_WIDE = set()
-    dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
+def run(case, fast=False, rows=None, atomic=True, plain=False):
+    """rows: the query backward row-scaled (True) or grouped (False; None: the default for d). plain: the row-scaled
+    loops without slice prefetch."""
     # the GQA case also splits the intra-chunk launches (as CUDA's grid-dim limit forces at 64k, small chunks)
-    triton_chunked.MAX_GRID_Y = 5 if hq == 4 else 65535
+    switches = dict(force=fast, atomic_rmw=atomic) | (dict(qfwd_pipe=0, kdv_pipe=0) if plain else {}) \
+        | ({} if rows is None else dict(rows_qbwd=rows))
+    with p2_config.override(**switches), config.chunk.override(max_grid_y=5 if case[4] == 4 else 65535):
+        return _run(case, fast, rows, atomic, plain)
+
+
+def _run(case, fast, rows, atomic, plain):
+    dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol = case
     q = torch.randn(1, t, hq, d, dtype=dtype, requires_grad=True)
     k = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
     v = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
@@ -89,8 +88,7 @@ def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
         + (["ds0", "dz0"] if state_in else [])
     finite = all(torch.isfinite(x).all() for x in outs + list(grads))
     ok = finite and all(e < tol for e in errs)
-    path = (("sym2" + {None: " dflt", True: " rows", False: " grp "}[rows]) if fast else "parallel ") if parallel \
-        else "serial   "
+    path = ("sym2" + {None: " dflt", True: " rows", False: " grp "}[rows]) if fast else "generic  "
     path += "" if atomic or not fast else " rmw"
     path += " plain" if plain else ""
     print(f"{'ok  ' if ok else 'FAIL'} {path} {dtype} p={p} norm={norm} "
@@ -101,9 +99,9 @@ def run(case, parallel=True, fast=False, rows=None, atomic=True, plain=False):
 
 
 def scaled_transpose(keys):
-    """triton_sym2._transpose_heads with SCALE (the Gluon outer products' input, which the CPU never launches) against
-    the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2) and their normalizer
-    weights [hi, lo, 0...] of -Delta_i (hi + lo = -Delta_i to bf16's 2^-16)."""
+    """chunk_p2.kernels._transpose_heads with SCALE (the Gluon outer products' input, which the CPU never launches)
+    against the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2) and their
+    normalizer weights [hi, lo, 0...] of -Delta_i (hi + lo = -Delta_i to bf16's 2^-16)."""
     b, t, hk, rep, d, chunk = 2, 48, 2, 2, 16, 16
     h = hk if keys else hk * rep
     x = torch.randn(b, t, h, d, dtype=torch.bfloat16)
@@ -112,9 +110,9 @@ def scaled_transpose(keys):
     delta = torch.randn(b, t, h)
     xt = torch.empty(b, h, d, t, dtype=torch.bfloat16)
     w = torch.full((b, t, h, 8), 7.0, dtype=torch.bfloat16)
-    triton_sym2._transpose_heads[(t // 16, b * h)](x, xt, t, H=h, D=d, BT=16, G=G, LSE=lse, sqrt_scale_p=0.7, HK=hk,
-                                                   C=chunk, SCALE=1 if keys else 2, GATED=True, NORM=True,
-                                                   DELTA=delta, W=w)
+    p2_kernels._transpose_heads[(t // 16, b * h)](x, xt, t, H=h, D=d, BT=16, G=G, LSE=lse, sqrt_scale_p=0.7, HK=hk,
+                                                  C=chunk, SCALE=1 if keys else 2, GATED=True, NORM=True,
+                                                  DELTA=delta, W=w)
     Gh = G.repeat_interleave(h // hk, dim=2)                                        # (b, t, h): each head's gates
     if keys:
         g_end = Gh.view(b, t // chunk, chunk, h)[:, :, -1:].expand(-1, -1, chunk, -1).reshape(b, t, h)
@@ -133,19 +131,18 @@ def scaled_transpose(keys):
 
 
 def attention_copies(norm, gated):
-    """The chunked form's attention kernels writing the Gluon outer products' scaled copies (XT_IN_ATTENTION: keys
+    """The chunked form's attention kernels writing the Gluon outer products' scaled copies (xt_in_attention: keys
     from the forward, queries and their normalizer weights from dq). The CPU never runs gluon_outer, so the copies
     are checked where launch_outer receives them, against _transpose_heads on that call's own inputs; GQA, bf16,
-    the chunk-batch split over several launches (MAX_GRID_Y)."""
+    the chunk-batch split over several launches (max_grid_y)."""
     b, t, hq, hk, d, chunk = 2, 64, 4, 2, 16, 16
-    triton_sym2.FORCE, triton_chunked.PARALLEL_STATE, triton_chunked.MAX_GRID_Y = True, True, 3 * hq
     errs = {}
-    launch_outer = triton_sym2.launch_outer
+    launch_outer = p2_kernels.launch_outer
 
     def spy(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk_, d_, C, keys, norm_, gated_, *rest,
             copy=None, **kw):
-        xt, w = triton_sym2.scaled_copy_buffers(X, T, hx, d_, norm_, keys)
-        triton_sym2._transpose_heads[(T // 16, X.shape[0] * hx)](
+        xt, w = p2_kernels.scaled_copy_buffers(X, T, hx, d_, norm_, keys)
+        p2_kernels._transpose_heads[(T // 16, X.shape[0] * hx)](
             X, xt, T, H=hx, D=d_, BT=16, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk_, C=C,
             SCALE=1 if keys else 2, GATED=gated_, NORM=norm_, DELTA=DELTA, W=w)
         name = "k" if keys else "q"
@@ -155,54 +152,34 @@ def attention_copies(norm, gated):
         return launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk_, d_, C, keys, norm_,
                             gated_, *rest, **kw)
 
-    triton_sym2.launch_outer = spy
-    copy_in_attention = triton_chunked._copy_in_attention
-    triton_chunked._copy_in_attention = lambda fast, x, d, C, keys: fast         # as on a GPU with gluon_outer
+    p2_kernels.launch_outer = spy
+    copy_in_attention = chunk_module._copy_in_attention
+    chunk_module._copy_in_attention = lambda fast, x, d, C, keys: fast         # as on a GPU with gluon_outer
     try:
+        stack = contextlib.ExitStack()
+        stack.enter_context(p2_config.override(force=True))
+        stack.enter_context(config.chunk.override(max_grid_y=3 * hq))
         q, k, v = (torch.randn(b, t, h, d, dtype=torch.bfloat16, requires_grad=True) for h in (hq, hk, hk))
         lg = (-0.3 * torch.rand(b, t, hk)).requires_grad_() if gated else None
         y = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=norm)
         y.backward(torch.randn_like(y))
+        stack.close()
     finally:
-        triton_sym2.launch_outer = launch_outer
-        triton_chunked._copy_in_attention = copy_in_attention
-        triton_sym2.FORCE, triton_chunked.MAX_GRID_Y = False, 65535
+        p2_kernels.launch_outer = launch_outer
+        chunk_module._copy_in_attention = copy_in_attention
     ok = set(errs) == ({"k", "q", "w"} if norm else {"k", "q"}) and all(e < 1e-6 for e in errs.values())
     print(f"{'ok  ' if ok else 'FAIL'} copies in attention norm={norm} gated={gated} "
           + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
     return ok
 
 
-def dense_normalizer(sym, keys):
-    """triton_sym2.dense_normalizer (the Gluon row kernels' DENSE_Z operand, which the CPU never launches) against the
-    tiled symmetric power's definition in float64: per slot, x Zm x^T = z . phi(x) (phi with the key side's
-    multiplicities for keys) and, with sym, x (Zm + Zm^T) = its gradient; hi + lo to bf16's 2^-16."""
-    from longctx.kernels.power.reference import expand
-    d, slots = 32, 5
-    z = torch.randn(slots, state_dim(2, d))
-    zd = triton_sym2.dense_normalizer(z.view(1, slots, -1), d, sym=sym, keys=keys)[0]
-    m = zd[:, 0].double() + zd[:, 1].double()                                     # (slots, d (j), d (i))
-    x = torch.randn(slots, d, dtype=torch.float64, requires_grad=True)
-    val = (z.double() * expand(x, 2, weighted=keys)).sum(-1)
-    if sym:
-        want = torch.autograd.grad(val.sum(), x)[0]
-        got = torch.einsum("sj,sji->si", x.detach(), m)
-    else:
-        want = val.detach()
-        got = torch.einsum("sj,sji,si->s", x.detach(), m, x.detach())
-    err = rel(got, want)
-    ok = err < 1e-4 and zd.dtype == torch.bfloat16
-    print(f"{'ok  ' if ok else 'FAIL'} dense normalizer sym={sym} keys={keys} err={err:.1e}")
-    return ok
-
-
 def norm_scan(keys, gated, du_mult, rows=None, ahead=None):
-    """triton_sym2.launch_norm_scan (the normalizer half of the Gluon outer products' scan, which the CPU never
+    """chunk_p2.kernels.launch_norm_scan (the normalizer half of the Gluon outer products' scan, which the CPU never
     launches) against float64 sums of the tiled symmetric power: keys z_{n+1} = decay_n z_n + sum_r phi_w(x'_r)
     (phi with the key multiplicities), query side R_n = decay_n R_{n+1} + sum_r w_r phi(x'_r) in reverse, its gate
-    gradient decay_n <z_n, R_{n+1}> and dU's multiplicities (du_mult). rows / ahead: NORM_SUMS_ROWS (64: a program
-    a chunk; the default, all 3 chunks in one) and NORM_SCAN_AHEAD (0: none loaded ahead, 1: the next chunk) if
-    given."""
+    gradient decay_n <z_n, R_{n+1}> and dU's multiplicities (du_mult). rows / ahead: config norm_sums_rows (64: a
+    program a chunk; the default, all 3 chunks in one) and norm_scan_ahead (0: none loaded ahead, 1: the next chunk)
+    if given."""
     from longctx.kernels.power.reference import expand
     b, hk, d, C, NC = 1, 2, 32, 64, 3
     hx, T, DS = (hk if keys else 2 * hk), C * NC, state_dim(2, d)
@@ -213,16 +190,12 @@ def norm_scan(keys, gated, du_mult, rows=None, ahead=None):
     outz[:, :, 0 if keys else NC] = torch.randn(b, hk, DS)
     entering = outz.clone()
     zf = torch.randn(b, hk, NC + 1, DS)
-    saved = {n: getattr(triton_sym2, n) for n in ("NORM_SUMS_BK", "NORM_SUMS_ROWS", "NORM_SCAN_AHEAD")}
-    triton_sym2.NORM_SUMS_BK = 32          # two steps a chunk
-    triton_sym2.NORM_SUMS_ROWS = saved["NORM_SUMS_ROWS"] if rows is None else rows
-    triton_sym2.NORM_SCAN_AHEAD = saved["NORM_SCAN_AHEAD"] if ahead is None else ahead
-    try:
-        dgt = triton_sym2.launch_norm_scan(xt, w, g, outz, None if keys else zf, T, NC, DS, 1 if keys else 0, hx, hk,
-                                           d, C, keys, True, gated, du_mult)
-    finally:
-        for n, v in saved.items():
-            setattr(triton_sym2, n, v)
+    switches = dict(norm_sums_bk=32)          # two steps a chunk
+    switches |= {} if rows is None else dict(norm_sums_rows=rows)
+    switches |= {} if ahead is None else dict(norm_scan_ahead=ahead)
+    with p2_config.override(**switches):
+        dgt = p2_kernels.launch_norm_scan(xt, w, g, outz, None if keys else zf, T, NC, DS, 1 if keys else 0, hx, hk,
+                                          d, C, keys, True, gated, du_mult)
     x = xt.double().transpose(2, 3).reshape(b, hk, hx // hk, NC, C, d)           # (b, hk, rep, chunk, row, d)
     phi = expand(x, 2, weighted=keys)
     if not keys:
@@ -261,7 +234,6 @@ def main():
     rows = False if "groups" in sys.argv else (True if "rows" in sys.argv else None)
     failed = sum(not run(CASES[i], fast="sym2" in sys.argv, rows=rows) for i in which)
     if not sys.argv[1:]:
-        failed += sum(not run(CASES[i], parallel=False) for i in SERIAL)
         failed += sum(not run(CASES[i], fast=True) for i in SYM2)
         failed += sum(not run(CASES[i], fast=True, rows=r) for i in SYM2_GROUPS for r in (False, True))
         failed += sum(not run(CASES[i], fast=True, atomic=False) for i in SYM2_GROUPS)   # barrier + RMW updates
@@ -269,7 +241,6 @@ def main():
         failed += sum(not run(CASES[i], fast=True, rows=True, atomic=False) for i in SYM2_GROUPS)
         failed += sum(not scaled_transpose(keys) for keys in (True, False))
         failed += sum(not attention_copies(norm, gated) for norm in (True, False) for gated in (True, False))
-        failed += sum(not dense_normalizer(sym, keys) for sym, keys in ((False, False), (True, False), (True, True)))
         failed += sum(not norm_scan(keys, gated, du_mult) for keys, gated, du_mult in
                       ((True, True, False), (True, False, False), (False, True, False), (False, False, False),
                        (False, True, True)))

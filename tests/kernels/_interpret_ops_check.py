@@ -1,5 +1,6 @@
 """Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1. The Triton forms as custom ops
-(ops.py, the torch.compile path) against the autograd Functions (the eager path) on the same kernels: eager op
+(autograd.py's custom ops, the torch.compile path) against the autograd Functions (the eager path) on the same
+kernels: eager op
 calls and torch.compile(fullgraph=True) of the public form functions (no graph break allowed) give the same output
 and gradients; torch.library.opcheck checks the ops' schemas, fake (shape) functions and autograd registration.
 Prints one line per case and exits non-zero on a failure."""
@@ -8,11 +9,12 @@ import os
 assert os.environ.get("TRITON_INTERPRET") == "1"
 import torch  # noqa: E402
 
-from longctx.kernels.power import ops, triton_sym2  # noqa: E402
+from longctx.kernels.power import autograd as ops  # noqa: E402
+from longctx.kernels.power.chunk_p2 import config as p2_config  # noqa: E402
 from longctx.kernels.power.dispatch import IMPL_ENV, power_attention_cuda  # noqa: E402
 from longctx.kernels.power.interface import _check, default_chunk_size  # noqa: E402
-from longctx.kernels.power.triton_attention import attention_form  # noqa: E402
-from longctx.kernels.power.triton_chunked import chunked_form  # noqa: E402
+from longctx.kernels.power.autograd import attention_form  # noqa: E402
+from longctx.kernels.power.autograd import chunked_form  # noqa: E402
 
 CASES = [  # (form, p, norm, gated, hq, hk, d, t, chunk)
     ("attention", 2, True, True, 2, 1, 16, 150, None),
@@ -54,40 +56,39 @@ def main():
     torch.manual_seed(0)
     failed = 0
     for i, (form, p, norm, gated, hq, hk, d, t, chunk) in enumerate(CASES):
-        triton_sym2.FORCE = form == "chunked_sym2"
-        os.environ[IMPL_ENV] = "chunked" if form == "public_chunked" else "auto"
-        q = torch.randn(1, t, hq, d, requires_grad=True)
-        k = torch.randn(1, t, hk, d, requires_grad=True)
-        v = torch.randn(1, t, hk, d, requires_grad=True)
-        lg = (-0.3 * torch.rand(1, t, hk)).requires_grad_() if gated else None
-        leaves = [q, k, v, lg]
-        f = call(form, p, norm, chunk)
-        ref = outputs(f, leaves, i)
-        op = None               # the op called eagerly (the public and padded cases are only compiled)
-        if form == "attention":
-            op = lambda q, k, v, lg: ops.attention_form_op(q, k, v, lg, 0.25, p, norm)  # noqa: E731
-        elif form.startswith("chunked") and t % chunk == 0:
-            op = lambda q, k, v, lg: ops.chunked_form_op(q, k, v, lg, 0.25, p, norm, chunk)  # noqa: E731
-        errs = {}
-        if op is not None:
-            errs["op"] = max(rel(a, b) for a, b in zip(outputs(op, leaves, i), ref))
-        torch._dynamo.reset()
-        compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-        errs["compiled"] = max(rel(a, b) for a, b in zip(outputs(compiled, leaves, i), ref))
-        torch._dynamo.reset()
-        ex = torch._dynamo.explain(f)(*leaves)        # one graph, holding the form's op (not traced launches)
-        op_name = "power_attention_form_fwd" if form in ("attention", "public") else "power_chunked_form_fwd"
-        if ex.graph_break_count or not any(op_name in g.code for g in ex.graphs):
-            errs["graph"] = float("inf")
-        if form == "attention":
-            torch.library.opcheck(ops._attention_fwd, (q, k, v, lg, 0.25, p, norm))
-        elif chunk is not None and t % chunk == 0:
-            torch.library.opcheck(ops._chunked_fwd, (q, k, v, lg, 0.25, p, norm, chunk))
+        with p2_config.override(force=form == "chunked_sym2"):
+            os.environ[IMPL_ENV] = "chunked" if form == "public_chunked" else "auto"
+            q = torch.randn(1, t, hq, d, requires_grad=True)
+            k = torch.randn(1, t, hk, d, requires_grad=True)
+            v = torch.randn(1, t, hk, d, requires_grad=True)
+            lg = (-0.3 * torch.rand(1, t, hk)).requires_grad_() if gated else None
+            leaves = [q, k, v, lg]
+            f = call(form, p, norm, chunk)
+            ref = outputs(f, leaves, i)
+            op = None               # the op called eagerly (the public and padded cases are only compiled)
+            if form == "attention":
+                op = lambda q, k, v, lg: ops.attention_form_op(q, k, v, lg, 0.25, p, norm)  # noqa: E731
+            elif form.startswith("chunked") and t % chunk == 0:
+                op = lambda q, k, v, lg: ops.chunked_form_op(q, k, v, lg, 0.25, p, norm, chunk)  # noqa: E731
+            errs = {}
+            if op is not None:
+                errs["op"] = max(rel(a, b) for a, b in zip(outputs(op, leaves, i), ref))
+            torch._dynamo.reset()
+            compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+            errs["compiled"] = max(rel(a, b) for a, b in zip(outputs(compiled, leaves, i), ref))
+            torch._dynamo.reset()
+            ex = torch._dynamo.explain(f)(*leaves)        # one graph, holding the form's op (not traced launches)
+            op_name = "power_attention_form_fwd" if form in ("attention", "public") else "power_chunked_form_fwd"
+            if ex.graph_break_count or not any(op_name in g.code for g in ex.graphs):
+                errs["graph"] = float("inf")
+            if form == "attention":
+                torch.library.opcheck(ops._attention_fwd, (q, k, v, lg, 0.25, p, norm))
+            elif chunk is not None and t % chunk == 0:
+                torch.library.opcheck(ops._chunked_fwd, (q, k, v, lg, 0.25, p, norm, chunk))
         ok = max(errs.values()) <= 1e-6
         failed += not ok
         print(f"{form:12s} p={p} norm={norm} gated={gated} hq={hq} hk={hk} t={t} chunk={chunk} "
               + " ".join(f"{k_}={e:.1e}" for k_, e in errs.items()) + ("" if ok else "  FAIL"), flush=True)
-    triton_sym2.FORCE = False
     raise SystemExit(failed)
 
 

@@ -1,20 +1,21 @@
-"""triton_sym2.gluon_groups, the Gluon outer products' group tables, against the reference's tiled symmetric power
+"""chunk_p2.kernels.gluon_groups, the Gluon outer products' group tables, against the reference's tiled symmetric power
 (no GPU): every accumulator row of every group holds the product its table row says, each feature of the layout is
 written by exactly one group, and the keys' multiplicities the kernel forms from the column tiles are the reference's
 weights."""
 import pytest
 import torch
 
-from longctx.kernels.power import triton_sym2
+from longctx.kernels.power.chunk_p2 import config as p2_config
+from longctx.kernels.power.chunk_p2 import kernels as p2_kernels
 from longctx.kernels.power.reference import expand, state_dim
 
 
 @pytest.mark.parametrize("pairs", [True, False])
 @pytest.mark.parametrize("d,jg", [(32, 2), (64, 2), (64, 1), (128, 1), (128, 2)])
-def test_gluon_groups_cover_the_layout_once_with_the_right_products(d, jg, pairs, monkeypatch):
-    monkeypatch.setattr(triton_sym2, "GLUON_OUTER_PAIRS", pairs)
-    tw, nt = triton_sym2.TILE2, d // triton_sym2.TILE2
-    grp, grows = triton_sym2.gluon_groups(d, jg, "cpu")
+def test_gluon_groups_cover_the_layout_once_with_the_right_products(d, jg, pairs):
+    tw, nt = p2_kernels.TILE2, d // p2_kernels.TILE2
+    with p2_config.override(outer_pairs=pairs):
+        grp, grows = p2_kernels.gluon_groups(d, jg, "cpu")
     assert grp.dtype == grows.dtype == torch.int32 and grows.shape == (grp.shape[0], tw * tw * jg)
     x = torch.randn(d, dtype=torch.float64)
     phi = expand(x, 2)                                                       # (DS,): x_i x_j at each layout row
@@ -28,10 +29,10 @@ def test_gluon_groups_cover_the_layout_once_with_the_right_products(d, jg, pairs
                 assert jt >= nt, (ti, tj, tjb, f)
                 continue
             assert phi[row] == x[tw * ti + a] * x[tw * jt + c], (ti, tj, tjb, f, row)
-            assert weight[row] == (1.0 if jt == ti else 2.0), (ti, tj, tjb, f, row)   # gluon_sym2._group_zrows
+            assert weight[row] == (1.0 if jt == ti else 2.0), (ti, tj, tjb, f, row)   # gluon_outer._group_zrows
             seen[row] += 1
     assert bool((seen == 1).all()), seen
     half_empty = sum(r.count(-1) == tw * tw for r in grows.tolist())
     assert half_empty == (0 if jg == 1 else (nt // 2) % 2 if pairs else nt // 2)
     if pairs and (d, jg) == (64, 2):
-        assert grp.shape[0] == 18 and triton_sym2.groups(d, jg, "cpu").shape[0] == 20
+        assert grp.shape[0] == 18 and p2_kernels.groups(d, jg, "cpu").shape[0] == 20

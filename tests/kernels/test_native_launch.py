@@ -1,4 +1,4 @@
-"""The attention form's C++ node (native.py, native_launch.cpp) on CPU: the Triton kernels replaced by fakes that
+"""The attention form's C++ node (native/) on CPU: the Triton kernels replaced by fakes that
 record each launch (grid, parameters, the tensors behind them) and hand back a compiled-kernel stand-in whose
 signature follows Triton's rules (constexprs and None arguments compile away; tensors are pointers, ints i32, floats
 fp32). The Python node runs with those fakes and records a plan; the C++ node then runs the same call in its
@@ -15,8 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from longctx.kernels.power import gates, native
-from longctx.kernels.power import triton_attention as ta
+from longctx.kernels.power import autograd, gates
+from longctx.kernels.power import parallel as ta
+from longctx.kernels.power.native import launcher as native
 
 _TL_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
@@ -146,7 +147,7 @@ def test_dry_run_launches_match_the_python_path(built, fake_kernels, gated, norm
 
     # the Python node with a recorder: its launches (fakes) become a plan
     record = {"key": ("test", gated, norm, hq, hk, t), "grad": True}
-    ta.AttentionForm.apply(q, k, v, lg, scale, p, norm, record).backward(dy)
+    autograd.AttentionForm.apply(q, k, v, lg, scale, p, norm, record).backward(dy)
     plan = native._plans[record["key"]]
     assert plan >= 0
     python = list(fake_kernels)

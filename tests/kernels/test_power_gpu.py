@@ -10,7 +10,7 @@ import torch
 
 from longctx.kernels import power_attention, power_attention_step
 from longctx.kernels.power.reference import PowerState, power_attention_reference
-from longctx.kernels.power.triton_chunked import chunked_form
+from longctx.kernels.power.autograd import chunked_form
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -70,14 +70,15 @@ def test_kernel_matches_float64_reference(p, norm, d, dtype, gated):
                                    {"dkdv": (64, 128, 8, 2), "dq": (128, 32, 4, 2)}],
                          ids=["dkdv32x64-dq128x64", "dkdv64x128-dq128x32"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_attention_form_split_backward_tiles(tiles, d, monkeypatch):
+def test_attention_form_split_backward_tiles(tiles, d):
     """The dk/dv and dq kernels with tiles of their own (the sweep's candidates; BN > BM takes dk/dv's fast path
     across BN / BM diagonal query blocks) against the float64 reference, bf16, gated, GQA."""
-    from longctx.kernels.power import triton_attention
-    monkeypatch.setattr(triton_attention, "BLOCK_OVERRIDE", dict(tiles))
+    from longctx.kernels.power import config
+    from longctx.kernels.power.autograd import attention_form
     q, k, v, lg = make(2, 777, 4, 2, d, torch.bfloat16, True)
     leaves = [x.requires_grad_() for x in (q, k, v, lg)]
-    y = triton_attention.attention_form(q, k, v, lg, p=2, scale=d ** -0.5, norm=True)
+    with config.attention.override(block_override=dict(tiles)):
+        y = attention_form(q, k, v, lg, p=2, scale=d ** -0.5, norm=True)
     assert_matches_float64_reference(y, leaves, p=2, norm=True, gated=True, dtype=torch.bfloat16)
 
 
@@ -143,7 +144,7 @@ def test_pieces_with_state_equal_one_call_gpu(p, norm):
 
 
 # ----------------------------------------------------------------------------------------------
-# chunked-form kernels (triton_chunked.py; p=2 bf16 runs the grouped kernels of triton_sym2.py)
+# chunked-form kernels (chunk.py; p=2 bf16 runs the state kernels of chunk_p2/)
 # ----------------------------------------------------------------------------------------------
 
 # p=4 d=128 has D = 13.4M state features (7 GB per state): not a chunked-form shape
@@ -225,9 +226,9 @@ def test_chunked_pieces_equal_one_call(p, norm, dtype):
 
 
 def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monkeypatch):
-    """t >= CHUNKED_MIN_T, bf16, p=2: chunk_size=None takes the chunked form; it agrees with the attention form."""
-    from longctx.kernels.power import dispatch
-    t = dispatch.CHUNKED_MIN_T
+    """t >= chunked_min_t, bf16, p=2: chunk_size=None takes the chunked form; it agrees with the attention form."""
+    from longctx.kernels.power import config, dispatch
+    t = config.dispatch.current().chunked_min_t
     assert dispatch.cuda_chunk_size(t, 2, 64, torch.bfloat16) == dispatch.default_chunk(2, 64, torch.bfloat16)
     q, k, v, lg = make(1, t, 2, 2, 64, torch.bfloat16, True)
     y = power_attention(q, k, v, lg, p=2)
@@ -236,101 +237,60 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
     assert rel_err(y, y_attn) < 1e-2
 
 
-# off by default until timed on a GPU (turned on for `other`)
-# off by default: `other` sets them to these values
-EXPERIMENTAL_SWITCHES: dict = {"GLUON_DENSE_Z": True, "GLUON_OUTER_Z": True, "GLUON_WINDOW_MIN": (16, 16)}
+# mode family -> (config fields of the first run, of the second): the two paths a mode compares (chunk_p2 config)
+STATE_PATHS = {
+    "sym2": None,                                               # the generic kernels against the p=2 ones
+    "rows": (dict(rows_qbwd=False), dict(rows_qbwd=True)),      # grouped query backward against row-scaled
+    "atomic": (dict(atomic_rmw=False), {}),                     # dq / dk by barrier + read-modify-write
+    "plain": (dict(qfwd_pipe=0, kdv_pipe=0, outer_gluon=False), {}),   # no slice prefetch, Triton outer products
+    "gluon": (dict(outer_gluon=False), {}),                     # the outer products in Triton against Gluon
+    "gluonq": (dict(gluon_qbwd=False), {}), "gluonf": (dict(gluon_qfwd=False), {}),   # row kernels in Triton
+    "gluonv": (dict(gluon_kdv=False), {}), "gluonk": (dict(gluon_kdk=False), {}),     # against Gluon
+    "scan": (dict(outer_scan=False), {}),                       # per-chunk sums + _discumsum against the scan
+    "dumult": (dict(du_mult=False), {}),                        # key kernels apply the multiplicities
+    "xtattn": (dict(xt_in_attention=0), {}),                    # the scaled copies by _transpose_heads
+    "streams": (dict(concurrent_bwd=False, states_in_place=False), dict(states_in_place=False)),   # 1 vs 2 streams
+    "drain": (dict(outer_drain=False), {}),                     # (d=64, two blocks a group: the race never seen)
+    "normstream": (dict(norm_concurrent=False), {}),            # the normalizer scan on the caller's stream
+    "normahead": (dict(norm_sums_rows=1, norm_scan_ahead=0), {}),   # a program a chunk, no loads ahead
+    "pairs": (dict(outer_pairs=False), {}),                     # one half-empty group per row
+    "levels": (dict(window_min=(0, 0)), dict(window_min=(16, 16))),   # two windows against halving to 16
+    "inplace": (dict(states_in_place=False), {}),               # the state gradients in a buffer of their own
+}
 
 
-@pytest.mark.parametrize("mode", ["serial-fp32", "sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
-                                  "rows-bf16-d128", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
-                                  "atomic-bf16-d128", "plain-bf16", "plain-bf16-d128", "gluon-bf16", "gluon-bf16-d32",
-                                  "gluonq-bf16", "gluonq-bf16-d32", "gluonf-bf16", "gluonf-bf16-d32",
-                                  "gluonv-bf16", "gluonv-bf16-d32", "gluonk-bf16", "gluonk-bf16-d32",
-                                  "scan-bf16", "scan-bf16-d32", "dumult-bf16", "dumult-bf16-d32", "xtattn-bf16",
-                                  "xtattn-bf16-d32", "ahead-bf16", "ahead-bf16-d32", "lowgrad-bf16",
-                                  "lowgrad-bf16-d32", "densez-bf16", "densez-bf16-d32", "streams-bf16",
-                                  "streams-bf16-d32", "gluon-bf16-d128",
-                                  "scan-bf16-d128", "drain-bf16", "rows64-bf16", "outerz-bf16", "outerz-bf16-d32",
-                                  "outerz-bf16-d128", "normstream-bf16", "normahead-bf16", "pairs-bf16",
-                                  "pairs-bf16-d32", "levels-bf16", "inplace-bf16", "inplace-bf16-d32"])
-def test_chunked_state_paths_agree(mode, monkeypatch):
-    """The generic parallel state path (per-chunk expand-MMA kernels + discumsum) against the serial one (one
-    program walks all chunks) and against the p=2 kernels (triton_sym2; forced for fp32, default for bf16 with
-    bf16 state buffers); rows-*: triton_sym2's grouped query forward, query backward and phi-building key backward
-    (dv too) against the row-scaled ones (triton_sym2.ROWS); atomic-*: the p=2 backward's dq / dk updates by barrier
-    + read-modify-write against relaxed atomics; plain-*: session 10's kernels (no transposed factors, no slice
-    prefetch, Triton's outer products) against the defaults; gluon-*: the Triton outer products against the Gluon
-    ones (gluon_sym2.py); gluonq-* / gluonf-* / gluonv-* / gluonk-*: the query backward / query forward / key dv /
-    key dk in Triton against Gluon's row-scaled kernels (gluon_rows.py, QBWD_GLUON / QFWD_GLUON / KDV_GLUON /
-    KDK_GLUON; an experimental switch, off by default, is turned on for `other`); scan-*: the Gluon outer products
-    with the cumulative sum over chunks in the same pass (OUTER_SCAN) against them per chunk + _discumsum; dumult-*:
-    dU written with the key side's multiplicities by the scan (DU_MULT) against the key kernels applying them;
-    xtattn-*: the Gluon outer products' scaled copies written by the attention kernels (XT_IN_ATTENTION) against
-    _transpose_heads; ahead-*: the scans' forward states and decays loaded a chunk ahead (GLUON_OUTER_PREFETCH)
-    against loaded at each chunk boundary; lowgrad-*: the intra-chunk dq / dk stored in bf16 and finished in place by
-    the Gluon query backward / key dk (INTRA_GRADS_LOW) against fp32; densez-*: the Gluon row kernels' normalizer
-    matrices formed once per slot (GLUON_DENSE_Z) against gathered per program; streams-*: the backward's
-    two chains on two CUDA streams (CONCURRENT_BWD) against one; ws-*: the Gluon query forward and key dv
-    warp-specialized, their slices by TMA (GLUON_WS) against cp.async; drain-*: the Gluon outer products' steps
-    waiting for the previous step's matmuls (GLUON_OUTER_DRAIN) against not (d=64 at two blocks per group, where the
-    race was never seen; d=128 without it is wrong: scripts/gpu/check_outer.py --no-drain); rows64-*: one block of 64
-    feature rows per group (GLUON_OUTER_ROWS64, chunk 256: it applies from there) against two of 32; outerz-*: the
-    scans' normalizer apart, in matrix form (GLUON_OUTER_Z off, the default: _norm_chunk_sums / _norm_scan) against
-    summed by the Gluon outer products; normstream-*: that normalizer on its own stream beside the outer products
-    (NORM_SCAN_CONCURRENT) against on theirs; normahead-*: the sums over several chunks a program
-    (NORM_SUMS_ROWS) and the scan loading chunks ahead (NORM_SCAN_AHEAD) against a program a chunk, no loads ahead;
-    pairs-*: the Gluon outer products' half-empty last groups paired, their blocks stored transposed
-    (GLUON_OUTER_PAIRS) against one half-empty group per row; levels-*: the Gluon row kernels' slice windows halving
-    down to 16 columns (GLUON_WINDOW_MIN, all four kernels) against two windows; inplace-*: the state gradients
-    written over the forward's saved states (BWD_STATES_IN_PLACE) against a buffer of their own. Many chunks, state
-    in and out, output, state and all gradients."""
-    from longctx.kernels.power import triton_chunked, triton_sym2
+@pytest.mark.parametrize("mode", ["sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
+                                  "atomic-fp32", "atomic-bf16", "atomic-bf16-d32", "atomic-bf16-d128", "plain-bf16",
+                                  "plain-bf16-d128", "gluon-bf16", "gluon-bf16-d32", "gluonq-bf16", "gluonq-bf16-d32",
+                                  "gluonf-bf16", "gluonf-bf16-d32", "gluonv-bf16", "gluonv-bf16-d32", "gluonk-bf16",
+                                  "gluonk-bf16-d32", "scan-bf16", "scan-bf16-d32", "dumult-bf16", "dumult-bf16-d32",
+                                  "xtattn-bf16", "xtattn-bf16-d32", "streams-bf16", "streams-bf16-d32",
+                                  "gluon-bf16-d128", "scan-bf16-d128", "drain-bf16", "normstream-bf16",
+                                  "normahead-bf16", "pairs-bf16", "pairs-bf16-d32", "levels-bf16", "inplace-bf16",
+                                  "inplace-bf16-d32"])
+def test_chunked_state_paths_agree(mode):
+    """Two implementations of the chunked form's state term agree (STATE_PATHS: the chunk_p2 config of each run; the
+    p=2 kernels forced for fp32): the generic expand-MMA kernels against the p=2 ones (sym2-*), and each switch of
+    the p=2 kernels against its alternative. Many chunks, state in and out, output, state and all gradients."""
+    from longctx.kernels.power.chunk_p2 import config as p2_config
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
-    rows_mode = mode.startswith("rows")
-    atomic_mode = mode.startswith("atomic")
-    variants = {"plain": ("OUTER_XT", "QFWD_PIPE", "KDV_PIPE", "OUTER_GLUON"), "gluon": ("OUTER_GLUON",),
-                "gluonq": ("QBWD_GLUON",), "gluonf": ("QFWD_GLUON",), "gluonv": ("KDV_GLUON",),
-                "gluonk": ("KDK_GLUON",), "scan": ("OUTER_SCAN",), "dumult": ("DU_MULT",),
-                "xtattn": ("XT_IN_ATTENTION",), "ahead": ("GLUON_OUTER_PREFETCH",),
-                "lowgrad": ("INTRA_GRADS_LOW",), "densez": ("GLUON_DENSE_Z",),
-                "streams": ("CONCURRENT_BWD",), "drain": ("GLUON_OUTER_DRAIN",),
-                "rows64": ("GLUON_OUTER_ROWS64",), "outerz": ("GLUON_OUTER_Z",),
-                "normstream": ("NORM_SCAN_CONCURRENT",),
-                "normahead": ("NORM_SUMS_ROWS", "NORM_SCAN_AHEAD"), "pairs": ("GLUON_OUTER_PAIRS",),
-                "levels": ("GLUON_WINDOW_MIN",),
-                "inplace": ("BWD_STATES_IN_PLACE",)}
-    variant = variants.get(mode.split("-")[0], ())
-    defaults = {name: getattr(triton_sym2, name) for name in variant}
-    rows_mode = rows_mode or bool(variant)         # the same switches as rows-* (p=2 kernels, forced for fp32)
-    if mode.startswith("streams"):     # in place, the backward runs on one stream
-        monkeypatch.setattr(triton_sym2, "BWD_STATES_IN_PLACE", False)
+    family = mode.split("-")[0]
+    force = dict(force=dtype == torch.float32)
+    runs = [dict(enabled=False), force] if family == "sym2" else [force | c for c in STATE_PATHS[family]]
     q, k, v, lg = make(2, 4000, 4, 2, d, dtype, True, seed=3)
     _, st = power_attention_reference(*make(2, 300, 4, 2, d, torch.float32, True, seed=4), p=2, norm=True,
                                       chunk_size=128, return_state=True)
     leaves = [x.requires_grad_() for x in (q, k, v, lg, st.s.clone(), st.z.clone())]
     res = []
-    for other in (False, True):
-        monkeypatch.setattr(triton_chunked, "PARALLEL_STATE", not (other and mode == "serial-fp32"))
-        monkeypatch.setattr(triton_sym2, "ENABLED", rows_mode or atomic_mode or (other and mode.startswith("sym2")))
-        monkeypatch.setattr(triton_sym2, "FORCE", dtype == torch.float32 and (rows_mode or atomic_mode or other)
-                            and mode != "serial-fp32")
-        monkeypatch.setattr(triton_sym2, "ATOMIC_RMW", other or not atomic_mode)
-        if variant:
-            for name in variant:     # the defaults for `other` (experimental switches: on), else off
-                on = EXPERIMENTAL_SWITCHES.get(name, defaults[name])
-                off = (0,) * len(on) if isinstance(on, tuple) else 0
-                monkeypatch.setattr(triton_sym2, name, on if other else type(defaults[name])(off))
-        elif rows_mode:
-            monkeypatch.setattr(triton_sym2, "ROWS", dict.fromkeys(triton_sym2.ROWS, other))
-            monkeypatch.setattr(triton_sym2, "GROUPED_WIDE", set())
-        chunk = 256 if mode.startswith("rows64") else 128
-        y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=chunk, norm=True,
-                                 initial_state=leaves[4:], return_state=True)
-        outs = [y, st_out.s, st_out.z]
-        torch.manual_seed(0)
-        seeds = [torch.randn_like(x) for x in outs]
-        res.append([x.detach() for x in outs] + list(torch.autograd.grad(outs, leaves, seeds)))
+    for changes in runs:
+        with p2_config.override(**changes):
+            y, st_out = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True,
+                                     initial_state=leaves[4:], return_state=True)
+            outs = [y, st_out.s, st_out.z]
+            torch.manual_seed(0)
+            seeds = [torch.randn_like(x) for x in outs]
+            res.append([x.detach() for x in outs] + list(torch.autograd.grad(outs, leaves, seeds)))
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
     for name, a, b in zip("y s z dq dk dv dlog_g ds0 dz0".split(), *res):
         assert torch.isfinite(a).all(), name
@@ -341,8 +301,8 @@ def test_chunked_backward_twice_with_retain_graph():
     """retain_graph=True keeps the forward's states intact (the backward writes its state gradients over them only
     when the graph is freed after it): a second backward over the same graph gives the same gradients, and a third
     without retain_graph (in place) too."""
-    from longctx.kernels.power import triton_sym2
-    assert triton_sym2.BWD_STATES_IN_PLACE
+    from longctx.kernels.power.chunk_p2 import config as p2_config
+    assert p2_config.current().states_in_place
     q, k, v, lg = (x.requires_grad_() for x in make(1, 4096, 4, 2, 64, torch.bfloat16, True, seed=6))
     y = chunked_form(q, k, v, lg, p=2, scale=0.125, chunk_size=512, norm=True)
     do = torch.randn_like(y)
@@ -357,12 +317,12 @@ def test_chunked_backward_twice_with_retain_graph():
 def test_chunked_backward_bitwise_reproducible_in_deterministic_mode():
     """Under torch.use_deterministic_algorithms the p=2 backward adds dq / dk by barrier + read-modify-write (not
     atomics): two backward passes give bitwise equal gradients."""
-    from longctx.kernels.power import triton_sym2
+    from longctx.kernels.power.chunk_p2 import kernels as p2_kernels
     q, k, v, lg = (x.requires_grad_() for x in make(2, 4000, 4, 2, 64, torch.bfloat16, True, seed=5))
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        assert not triton_sym2.atomic_updates()
+        assert not p2_kernels.atomic_updates()
         grads = []
         for _ in range(2):
             y = chunked_form(q, k, v, lg, p=2, scale=0.125, chunk_size=1024, norm=True)
@@ -384,10 +344,10 @@ NATIVE_CASES = [  # p, norm, d, dtype, gated, hq, hk, t
                               f"-h{c[5]}x{c[6]}-t{c[7]}" for c in NATIVE_CASES])
 @pytest.mark.parametrize("stream", ["default", "side"])
 def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, stream, monkeypatch):
-    """The attention form's C++ node (native.py) launches the kernels the Python node compiled: the same outputs
+    """The attention form's C++ node (native/) launches the kernels the Python node compiled: the same outputs
     and gradients, bit for bit, on the current stream (also a side stream), with and without gradients."""
-    from longctx.kernels.power import native
-    from longctx.kernels.power.triton_attention import attention_form
+    from longctx.kernels.power.autograd import attention_form
+    from longctx.kernels.power.native import launcher as native
     assert native.wait(), native.status()
     q, k, v, lg = make(2, t, hq, hk, d, dtype, gated, seed=t)
     leaves = [x.requires_grad_() for x in (q, k, v, lg) if x is not None]

@@ -144,23 +144,26 @@ def test_bad_inputs_raise_value_error(case, name):
 
 def test_cuda_routing_and_impl_env(monkeypatch):
     """Which form a stateless CUDA call with chunk_size=None takes (dispatch.py), and the override variable."""
-    from longctx.kernels.power import dispatch
-    long, short = dispatch.CHUNKED_MIN_T, dispatch.CHUNKED_MIN_T - 1
+    from longctx.kernels.power import config, dispatch
+    cfg = config.dispatch.current()
+    long, short = cfg.chunked_min_t, cfg.chunked_min_t - 1
     monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
-    assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) == dispatch.CHUNKED_C_P2        # p=2 bf16: chunked
+    assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) == cfg.chunk_p2        # p=2 bf16: chunked
     assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) is None                       # short: attention
     assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) is None                         # no fast kernels
     assert dispatch.cuda_chunk_size(long, 4, 64, torch.bfloat16) is None
-    assert dispatch.cuda_chunk_size(long, 1, 64, torch.float32) == dispatch.CHUNKED_DEFAULT_C    # p=1: any dtype
-    linear = dispatch.CHUNKED_MIN_T_LINEAR                                                      # p=1: earlier
-    assert linear < short and dispatch.cuda_chunk_size(linear, 1, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(long, 1, 64, torch.float32) == cfg.default_chunk    # p=1: any dtype
+    linear = cfg.chunked_min_t_linear                                                      # p=1: earlier
+    assert linear < short and dispatch.cuda_chunk_size(linear, 1, 64, torch.bfloat16) == cfg.default_chunk
     assert dispatch.cuda_chunk_size(linear - 1, 1, 64, torch.bfloat16) is None
     assert dispatch.cuda_chunk_size(long, 2, 128, torch.bfloat16) is None                       # d=128: later
-    assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T_WIDE, 2, 128, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
-    assert dispatch.default_chunk(2, 32, torch.bfloat16) == dispatch.CHUNKED_C_P2 < dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(cfg.chunked_min_t_wide, 2, 128, torch.bfloat16) == cfg.default_chunk
+    assert dispatch.default_chunk(2, 32, torch.bfloat16) == cfg.chunk_p2 < cfg.default_chunk
+    with config.dispatch.override(chunked_min_t=long + 1):                                 # the threshold is read
+        assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) is None                    # at each call
     monkeypatch.setenv(dispatch.IMPL_ENV, "chunked")
-    assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) == dispatch.CHUNKED_DEFAULT_C
-    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) == dispatch.CHUNKED_C_P2       # any t
+    assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) == cfg.default_chunk
+    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) == cfg.chunk_p2       # any t
     assert dispatch.cuda_chunk_size(long, 3, 64, torch.bfloat16) is None                        # p >= 3
     for impl in ("attention", "reference"):
         monkeypatch.setenv(dispatch.IMPL_ENV, impl)
@@ -170,37 +173,43 @@ def test_cuda_routing_and_impl_env(monkeypatch):
         dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16)
 
 
-def test_attention_form_tiles_per_kernel(monkeypatch):
+def test_attention_form_tiles_per_kernel():
     """Each attention-form kernel takes its own tiles: an override of one backward kernel leaves the other and the
     forward alone, "bwd" sets both, and a bad kernel name is an error naming it."""
     import triton.language as tl
-    from longctx.kernels.power import triton_attention as ta
-    monkeypatch.setattr(ta, "BLOCK_OVERRIDE", {})
+    from longctx.kernels.power import config
+    from longctx.kernels.power import parallel as ta
     default = {kernel: ta._blocks(64, kernel, tl.bfloat16) for kernel in ta.KERNELS}
-    ta.BLOCK_OVERRIDE["dq"] = (128, 32, 8, 2)
-    assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)
-    assert ta._blocks(64, "dkdv", tl.bfloat16) == default["dkdv"]
-    assert ta._blocks(64, "fwd", tl.bfloat16) == default["fwd"]
-    ta.BLOCK_OVERRIDE["bwd"] = (32, 32, 4, 2)
-    assert ta._blocks(64, "dkdv", tl.bfloat16) == (32, 32, 4, 2)
-    assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)           # its own override wins
-    cfg = ta._launch_cfg(64, "dq", tl.bfloat16, "tf32")
-    assert (cfg["BM"], cfg["BN"], cfg["num_warps"], cfg["num_stages"], cfg["FAST"]) == (128, 32, 8, 2, True)
-    assert "maxnreg" not in cfg                                           # 4 entries: no register cap
-    ta.BLOCK_OVERRIDE["fwd"] = (64, 64, 4, 2, 128)                         # a 5th entry caps the registers
-    assert ta._launch_cfg(64, "fwd", tl.bfloat16, "tf32")["maxnreg"] == 128
+    with config.attention.override(block_override={"dq": (128, 32, 8, 2)}):
+        assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)
+        assert ta._blocks(64, "dkdv", tl.bfloat16) == default["dkdv"]
+        assert ta._blocks(64, "fwd", tl.bfloat16) == default["fwd"]
+    with config.attention.override(block_override={"dq": (128, 32, 8, 2), "bwd": (32, 32, 4, 2),
+                                                   "fwd": (64, 64, 4, 2, 128)}):
+        assert ta._blocks(64, "dkdv", tl.bfloat16) == (32, 32, 4, 2)
+        assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)           # its own override wins
+        cfg = ta._launch_cfg(64, "dq", tl.bfloat16, "tf32")
+        assert (cfg["BM"], cfg["BN"], cfg["num_warps"], cfg["num_stages"], cfg["FAST"]) == (128, 32, 8, 2, True)
+        assert "maxnreg" not in cfg                                           # 4 entries: no register cap
+        assert ta._launch_cfg(64, "fwd", tl.bfloat16, "tf32")["maxnreg"] == 128   # a 5th entry caps the registers
+    assert {kernel: ta._blocks(64, kernel, tl.bfloat16) for kernel in ta.KERNELS} == default   # restored
+    with pytest.raises(TypeError, match="'block_overide'"):
+        with config.attention.override(block_overide={}):
+            pass
     with pytest.raises(ValueError, match="kernel='bwd'"):
         ta._blocks(64, "bwd", tl.bfloat16)
 
 
 def test_attention_form_short_forward_tile():
-    """The attention form's forward takes SHORT_FWD_BLOCK up to SHORT_FWD_T tokens (d=64, bf16), its default tile
+    """The attention form's forward takes short_fwd_block up to short_fwd_t tokens (d=64, bf16), its default tile
     above; the chunked form's intra-chunk forward, the backward kernels and other head dims never take it."""
     import triton.language as tl
-    from longctx.kernels.power import triton_attention as ta
-    short, long_ = ta.SHORT_FWD_T, ta.SHORT_FWD_T + 1
+    from longctx.kernels.power import config
+    from longctx.kernels.power import parallel as ta
+    cfg = config.attention.current()
+    short, long_ = cfg.short_fwd_t, cfg.short_fwd_t + 1
     default = ta._blocks(64, "fwd", tl.bfloat16)
-    assert ta._blocks(64, "fwd", tl.bfloat16, t=short) == ta.SHORT_FWD_BLOCK != default
+    assert ta._blocks(64, "fwd", tl.bfloat16, t=short) == cfg.short_fwd_block != default
     assert ta._blocks(64, "fwd", tl.bfloat16, t=long_) == default
     assert ta._blocks(64, "fwd", tl.bfloat16, chunked=True, t=short) == ta._blocks(64, "fwd", tl.bfloat16, chunked=True)
     assert ta._blocks(64, "dq", tl.bfloat16, t=short) == ta._blocks(64, "dq", tl.bfloat16)

@@ -25,7 +25,7 @@ def test_chunked_kernels_compile_for_sm90():
     """The interpreter accepts code the compiler rejects: compile the chunked and attention-form kernels for sm_90
     on this CPU machine (Triton's nvidia backend + bundled ptxas) and check they fit the H100/H200 shared memory."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power.compile_check import (H100_SHARED, SASS_OF, compile_attention, compile_chunked,
+    from tools.compile_check import (H100_SHARED, SASS_OF, compile_attention, compile_chunked,
                                                      sass_loop_counts)
     built = compile_chunked(2, 64, "bf16") + compile_attention(2, 64, "bf16")
     for name, shared, _, _ in built:
@@ -43,11 +43,11 @@ def test_chunked_kernels_compile_for_sm90():
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_sym2_kernels_compile_for_sm90():
-    """The p=2 kernels (triton_sym2, the CUDA default for bf16 p=2 from 16k) at d=64 with their H200-tuned blocks:
+    """The p=2 kernels (chunk_p2, the CUDA default for bf16 p=2 from 16k) at d=64 with their H200-tuned blocks:
     compile for sm_90, fit shared memory, and the row-scaled query forward keeps its accumulators in registers
     (a few rows may go to the stack under its register cap; its accumulators must not)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power.compile_check import H100_SHARED, PTX_OF, compile_sym2, loop_op_counts
+    from tools.compile_check import H100_SHARED, PTX_OF, compile_sym2, loop_op_counts
     built = compile_sym2(64)
     out = {name: (shared, stack) for name, shared, _, stack in built}
     assert {"_sym2_outer_keys", "_sym2_outer", "_sym2_query_fwd_rows", "_sym2_query_bwd", "_sym2_key_bwd",
@@ -61,21 +61,21 @@ def test_sym2_kernels_compile_for_sm90():
     stack = out["_sym2_query_fwd_rows"][1]
     assert stack is None or stack <= 256, f"_sym2_query_fwd_rows spills {stack} bytes"
     # the state outer products reduce their normalizer sums after the loop, not per step: a row sum per step cost
-    # ~80 lane shuffles per step and half their speed on the H200 (docs/kernels.md, "Session 6")
+    # ~80 lane shuffles per step and half their speed on the H200 (docs/kernels.md)
     for name in ("_sym2_outer_keys", "_sym2_outer"):
         loops = loop_op_counts(PTX_OF[name])
         assert loops and all(loop["shfl.sync"] == 0 for loop in loops), (name, loops)
-    # the Gluon outer products (the CUDA default, gluon_sym2.py) build here too, with Triton's Gluon API of this
+    # the Gluon outer products (the CUDA default, gluon_outer.py) build here too, with Triton's Gluon API of this
     # machine, and keep everything in registers
-    from longctx.kernels.power.triton_sym2 import gluon_available
+    from longctx.kernels.power.chunk_p2.kernels import gluon_available
     assert gluon_available()        # what a CUDA launch on this Triton checks before taking the Gluon kernel
     for name in ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan"):
         assert out[name][1] in (None, 0), f"{name} spills {out[name][1]} bytes"
-    # the row kernels run under register caps (GLUON_*_REGS: more programs per SM pay despite a few spilled rows,
-    # session 16; session 24's blocks: Triton 3.6 spills 32 / 160 / 0 bytes in the query forward / query backward /
-    # key dv, 3.9 0 / 360 / 0): the caps reach the build, and what they push to the stack stays a few rows, not the
-    # accumulators
-    from longctx.kernels.power import triton_sym2 as s2
+    # the row kernels run under register caps (config *_regs: more programs per SM pay despite a few spilled rows;
+    # Triton 3.6 spills 32 / 160 / 0 bytes in the query forward / query backward / key dv, 3.9 0 / 360 / 0): the caps
+    # reach the build, and what they push to the stack stays a few rows, not the accumulators
+    from longctx.kernels.power.chunk_p2 import config as p2_config
+    from longctx.kernels.power.chunk_p2 import kernels as s2
     regs = {name: r for name, _, r, _ in built}
     for name, kind in (("gluon_query_fwd_rows", "qfwd"), ("gluon_query_bwd_rows", "qbwd"),
                        ("gluon_key_dv_rows", "kdv")):
@@ -83,18 +83,17 @@ def test_sym2_kernels_compile_for_sm90():
         assert regs[name] is None or regs[name] <= cap, (name, regs[name], cap)
         assert out[name][1] in (None, 0) or out[name][1] <= 512, f"{name} spills {out[name][1]} bytes"
     # the Gluon query forward and key dv keep one accumulating matmul in flight and drain the pipe once per first
-    # tile: a loop-carried in-flight accumulator made ptxas serialize every matmul (C7515, session 15: a full wait
-    # per HGMMA)
-    from longctx.kernels.power.compile_check import SASS_OF, wgmma_waits
+    # tile: a loop-carried in-flight accumulator made ptxas serialize every matmul (C7515: a full wait per HGMMA)
+    from tools.compile_check import SASS_OF, wgmma_waits
     for name in ("gluon_query_fwd_rows", "gluon_key_dv_rows"):
         if SASS_OF.get(name):
             waits = wgmma_waits(SASS_OF[name])
             assert waits["full_waits"] * 4 < waits["hgmma"], (name, waits)
     # the slice loops as sass_loop_counts sees them: one loop per window level, whose matmuls are the closed form
     # TW slices x (contraction / 16) HGMMA: at d=64 the full window's 8 x 64/16 = 32 in every kernel, a window of w
-    # columns 8 x w/16 where it contracts the window (forward-type: GLUON_WINDOW_MIN[0] = 16, windows 64 / 32 / 16)
+    # columns 8 x w/16 where it contracts the window (forward-type: window_min[0] = 16, windows 64 / 32 / 16)
     # and 32 where it contracts d (backward-type, two windows)
-    from longctx.kernels.power.compile_check import sass_loop_counts
+    from tools.compile_check import sass_loop_counts
     fwd = [8 * (64 >> lv) // 16 for lv in range(3 if s2.gluon_window_min(64, "qfwd") == 16 else 2)]
     bwd = [32] * (3 if s2.gluon_window_min(64, "qbwd") == 16 else 2)
     expect = {"gluon_query_fwd_rows": fwd, "gluon_key_dv_rows": fwd, "gluon_query_bwd_rows": bwd,
@@ -107,43 +106,15 @@ def test_sym2_kernels_compile_for_sm90():
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_row_kernels_compile_with_dense_normalizer(monkeypatch):
-    """GLUON_DENSE_Z (experimental, off by default): the Gluon row kernels that read the normalizer (query forward,
-    query backward, key dk) build with it for sm_90, their slice loops keep their matmuls, and reading the dense bf16
-    hi / lo matrices takes fewer instructions outside the loops than gathering Zm from the packed z (at 64 rows on 4
-    warps, as measured in session 18: on 8 warps each thread gathers half as much and the query forward saves none)."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_instructions, sass_loop_counts
-    if not s2.gluon_available():
-        pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(s2, "GLUON_QFWD_BLOCK", (64, 4, 4))
-    outside = {}
-    for dense in (False, True):
-        monkeypatch.setattr(s2, "GLUON_DENSE_Z", dense)
-        built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
-        for name in ("gluon_query_fwd_rows", "gluon_query_bwd_rows", "gluon_key_dk_rows"):
-            assert built[name] in (None, 0) or built[name] <= 512, (name, dense, built[name])
-            sass = SASS_OF.get(name)
-            if not sass:
-                pytest.skip("no cuobjdump for the SASS")
-            loops = sass_loop_counts(sass)
-            assert loops and all(loop["ops"].get("HGMMA", 0) >= 8 for loop in loops), (name, dense)
-            total = len(sass_instructions(sass))
-            outside[name, dense] = total - sum(loop["instructions"] for loop in loops)
-    for name in ("gluon_query_fwd_rows", "gluon_query_bwd_rows", "gluon_key_dk_rows"):
-        assert outside[name, True] < outside[name, False], (name, outside)
-
-
-@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_rows_window_levels(monkeypatch):
-    """GLUON_WINDOW_MIN = 16 at d=64: the slices' windows halve 64 -> 32 -> 16 columns, each level serving the first
+def test_gluon_rows_window_levels():
+    """config window_min = 16 at d=64: the slices' windows halve 64 -> 32 -> 16 columns, each level serving the first
     tiles whose features (i, j >= tile(i)) it covers (0-3, 4-5, 6-7 of 8): one slice loop per level, whose HGMMA count
     is the closed form 8 slices x contraction / 16 (the forward contracts the window: 32, 16, 8; the backward d: 32
     each). An invalid minimum falls back to the two windows."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import gluon_rows, triton_sym2 as s2
-    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    from longctx.kernels.power.chunk_p2 import config as p2_config, gluon_rows
+    from longctx.kernels.power.chunk_p2 import kernels as s2
+    from tools.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
     levels, tiles = (getattr(f, "fn", f) for f in (gluon_rows._levels, gluon_rows._level_tiles))
@@ -151,11 +122,11 @@ def test_gluon_rows_window_levels(monkeypatch):
     assert levels(32, 64) == 2 and [tiles(lv, 32, 64, 8) for lv in range(2)] == [(0, 4), (4, 8)]
     assert levels(16, 32) == 2 and [tiles(lv, 16, 32, 8) for lv in range(2)] == [(0, 2), (2, 4)]
     for w, d, expect in ((16, 64, 16), (0, 64, 32), (24, 64, 32), (64, 64, 32), (16, 32, 16)):
-        monkeypatch.setattr(s2, "GLUON_WINDOW_MIN", (w, 0))
-        assert s2.gluon_window_min(d, "qfwd") == s2.gluon_window_min(d, "kdv") == expect, (w, d)
-        assert s2.gluon_window_min(d, "qbwd") == s2.gluon_window_min(d, "kdk") == d // 2, (w, d)
-    monkeypatch.setattr(s2, "GLUON_WINDOW_MIN", (16, 16))
-    built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
+        with p2_config.override(window_min=(w, 0)):
+            assert s2.gluon_window_min(d, "qfwd") == s2.gluon_window_min(d, "kdv") == expect, (w, d)
+            assert s2.gluon_window_min(d, "qbwd") == s2.gluon_window_min(d, "kdk") == d // 2, (w, d)
+    with p2_config.override(window_min=(16, 16)):
+        built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
     expect = {"gluon_query_fwd_rows": [32, 16, 8], "gluon_key_dv_rows": [32, 16, 8],
               "gluon_query_bwd_rows": [32, 32, 32], "gluon_key_dk_rows": [32, 32, 32]}
     for name, hgmma in expect.items():
@@ -166,21 +137,22 @@ def test_gluon_rows_window_levels(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_key_dk_two_slices_per_barrier(monkeypatch):
-    """GLUON_BWD_STEP: key dk (the default, 8 ring slots) waits for its copies and meets at the CTA barrier once per two
-    slices: its slice loops hold fewer barriers than with one slice a step, and the same matmuls (8 slices x 64 / 16
+def test_gluon_key_dk_two_slices_per_barrier():
+    """config bwd_step: key dk (the default, 8 ring slots) waits for its copies and meets at the CTA barrier once per
+    two slices: its slice loops hold fewer barriers than with one slice a step, and the same matmuls (8 slices x 64 / 16
     HGMMA per first tile). A ring too short for the step (4 slots: the step's two slices landing, two being refilled,
     one in use) is refused at build time."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    from longctx.kernels.power.chunk_p2 import config as p2_config
+    from longctx.kernels.power.chunk_p2 import kernels as s2
+    from tools.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
-    assert s2.GLUON_BWD_STEP[1] == 2 and s2.GLUON_KDK_BLOCK[2] == 8
+    assert p2_config.current().bwd_step[1] == 2 and p2_config.current().kdk_block[2] == 8
     bars = {}
     for step in (1, 2):
-        monkeypatch.setattr(s2, "GLUON_BWD_STEP", (1, step))
-        built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
+        with p2_config.override(bwd_step=(1, step)):
+            built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
         assert built["gluon_key_dk_rows"] in (None, 0) or built["gluon_key_dk_rows"] <= 512
         sass = SASS_OF.get("gluon_key_dk_rows")
         if not sass:
@@ -189,8 +161,7 @@ def test_gluon_key_dk_two_slices_per_barrier(monkeypatch):
         assert [loop["ops"].get("HGMMA", 0) for loop in loops] == [32, 32], loops
         bars[step] = sum(loop["ops"].get("BAR", 0) for loop in loops)
     assert bars[2] < bars[1], bars
-    monkeypatch.setattr(s2, "GLUON_KDK_BLOCK", (64, 4, 4))
-    with pytest.raises(Exception) as err:
+    with pytest.raises(Exception) as err, p2_config.override(kdk_block=(64, 4, 4)):
         compile_gluon_rows(32)
     chain, e = [], err.value
     while e is not None:
@@ -200,17 +171,17 @@ def test_gluon_key_dk_two_slices_per_barrier(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-@pytest.mark.parametrize("block", ["GLUON_QBWD_BLOCK", "GLUON_QFWD_BLOCK"])
-def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
+@pytest.mark.parametrize("block", ["qbwd_block", "qfwd_block"])
+def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block):
     """A 2-slot cp.async ring would issue a slice's copy into the slot its matmul reads next, with no wait between
-    (session 20 timed such a build 2% faster): the row kernels' passes refuse to build with fewer than 3 slots."""
+    (such a build once timed 2% faster): the row kernels' passes refuse to build with fewer than 3 slots."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import compile_gluon_rows
+    from longctx.kernels.power.chunk_p2 import config as p2_config
+    from longctx.kernels.power.chunk_p2 import kernels as s2
+    from tools.compile_check import compile_gluon_rows
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(s2, block, (64, 4, 2))
-    with pytest.raises(Exception) as err:
+    with pytest.raises(Exception) as err, p2_config.override(**{block: (64, 4, 2)}):
         compile_gluon_rows(32)
     chain, e = [], err.value
     while e is not None:                    # the assertion's message sits in the compiler error's chain
@@ -220,20 +191,21 @@ def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_outer_drain_reaches_the_step_loop(monkeypatch):
-    """GLUON_OUTER_DRAIN (on since session 20: it closed the normalizer race of one block per group): with it every
+def test_gluon_outer_drain_reaches_the_step_loop():
+    """config outer_drain (on: it closed the normalizer race of one block per group): with it every
     Gluon outer-product kernel's step loop waits for all its matmuls (WARPGROUP.DEPBAR.LE gsb0, 0x0) before the loads
     that write the next step's operand registers, and the builds keep everything in registers."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power import triton_sym2 as s2
-    from longctx.kernels.power.compile_check import SASS_OF, compile_gluon_outer, sass_instructions
+    from longctx.kernels.power.chunk_p2 import config as p2_config
+    from longctx.kernels.power.chunk_p2 import kernels as s2
+    from tools.compile_check import SASS_OF, compile_gluon_outer, sass_instructions
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
     names = ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan")
     full_waits = {}
     for drain in (False, True):
-        monkeypatch.setattr(s2, "GLUON_OUTER_DRAIN", drain)
-        built = {name: stack for name, _, _, stack in compile_gluon_outer(64)}
+        with p2_config.override(outer_drain=drain):
+            built = {name: stack for name, _, _, stack in compile_gluon_outer(64)}
         for name in names:
             assert built[name] in (None, 0), (name, drain, built[name])
             if not SASS_OF.get(name):

@@ -1,9 +1,10 @@
 """CPU: when the chunked backward may write its state gradients over the forward's saved states
-(triton_chunked.states_in_place): only in a backward that frees the graph after it, never under retain_graph=True
+(autograd.states_in_place): only in a backward that frees the graph after it, never under retain_graph=True
 (a second backward would read the overwritten states), and never with the switch off."""
 import torch
 
-from longctx.kernels.power import triton_chunked, triton_sym2
+from longctx.kernels.power import autograd
+from longctx.kernels.power.chunk_p2 import config as p2_config
 
 
 class _Probe(torch.autograd.Function):
@@ -16,7 +17,7 @@ class _Probe(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        _Probe.seen.append(triton_chunked.states_in_place())
+        _Probe.seen.append(autograd.states_in_place())
         return g
 
 
@@ -29,11 +30,12 @@ def _backward_sees(**kw) -> bool:
 
 
 def test_in_place_only_when_the_graph_is_freed():
-    assert triton_sym2.BWD_STATES_IN_PLACE          # the default
+    assert p2_config.current().states_in_place          # the default
     assert _backward_sees() is True
     assert _backward_sees(retain_graph=True) is False
 
 
-def test_in_place_off_by_switch(monkeypatch):
-    monkeypatch.setattr(triton_sym2, "BWD_STATES_IN_PLACE", False)
-    assert _backward_sees() is False
+def test_in_place_off_by_switch():
+    with p2_config.override(states_in_place=False):
+        assert _backward_sees() is False
+    assert _backward_sees() is True             # restored after the block

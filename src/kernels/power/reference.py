@@ -1,6 +1,6 @@
 """Pure-PyTorch power attention: the truth the Triton kernels are tested against, and the CPU path.
 
-Math (docs/kernels.md, ../shared/DESIGN.md): with G = cumsum(log_g) per head and s the scale,
+Math (docs/kernels.md): with G = cumsum(log_g) per head and s the scale,
 
     A_ij = (s q_i . k_j)^p * exp(G_i - G_j)   for j <= i
     y_i  = sum_j A_ij v_j / sum_j A_ij        (norm=True, even p)

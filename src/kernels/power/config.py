@@ -1,0 +1,57 @@
+"""Switches of the attention form (parallel.py), the generic chunked form (chunk.py), the gate scan (gates.py) and
+the routing (dispatch.py), each a frozen config read at launch time; `override` replaces one for the calls inside a
+`with` block (A/B runs, tests):
+
+    from longctx.kernels.power import config
+    with config.attention.override(gate_scores=False):
+        ...
+
+The p=2 state kernels have their own (chunk_p2/config.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._config import ConfigSlot
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The attention form's kernels (also the chunked form's intra-chunk attention)."""
+    fast_forward: bool = True     # off-diagonal key blocks without mask or per-element exp (_attn_fwd)
+    fast_backward: bool = True    # ... in the backward kernels
+    rowsum_mma: bool = True       # the forward's normalizer row sums by a matmul with ones (4k fwd 0.758 -> 0.629 ms)
+    gate_scores: bool = True      # the key gate factor multiplies the scores (False: folded into k; equal speed)
+    block_override: dict = field(default_factory=dict)   # {"fwd"|"dkdv"|"dq"|"bwd": (BM, BN, warps, stages[, regs])}
+    short_fwd_t: int = 2048       # the forward at t <= short_fwd_t (d=64, bf16) takes short_fwd_block:
+    short_fwd_block: tuple = (64, 64, 4, 3)   # 1k 0.093 -> 0.082 ms, 2k 0.240 -> 0.234; 4k stays (0.753 vs 0.809)
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """The generic chunked form (expand-MMA state kernels, every p)."""
+    discumsum_block: int = 1024   # elements of the flattened state per _discumsum program
+    max_grid_y: int = 65535       # CUDA's limit on grid dims 1 and 2: intra-chunk launches split the chunk-batch to fit
+
+
+@dataclass(frozen=True)
+class GatesConfig:
+    """The gate scan both forms run first (gates.py)."""
+    column_tile: int = 1024       # steps per tile of a column program (float64: 8 per thread at 4 warps)
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """Which form a stateless call with chunk_size=None runs (dispatch.py), and the chunk it gets. Crossings measured
+    fwd+bwd, b=8, h=12, bf16, H100 (tools/bench_forms.py), chunked / attention form ms."""
+    chunked_min_t: int = 6144          # p=2, d=64: 4k 3.84 / 3.05, 6k 5.32 / 6.18, 8k 6.99 / 10.41
+    chunked_min_t_wide: int = 16384    # p=2, d=128: 8k 57.4 / 32.3, 16k 116.5 / 128.4
+    chunked_min_t_linear: int = 4096   # p=1: 2k 3.47 / 0.89, 4k 1.88 / 2.70, 8k 3.52 / 9.15
+    default_chunk: int = 1024          # chunk when the caller gives none (512 and 2048 within 3%)
+    chunk_p2: int = 512                # ... for p=2 on the bf16 state kernels at d <= 64 (64k 52.69 -> 50.46 ms)
+
+
+attention = ConfigSlot(AttentionConfig())
+dispatch = ConfigSlot(DispatchConfig())
+gates = ConfigSlot(GatesConfig())
+chunk = ConfigSlot(ChunkConfig())

@@ -1,0 +1,521 @@
+"""Attention form of power attention in Triton: flash-like forward, two-kernel backward.
+
+Forward, per (query block, batch*q-head): loop over causal key blocks,
+    a_ij = (s q_i.k_j)^p * exp(G_i - G_j)        (fp32; powers by multiplication)
+acc += a @ v, l += rowsum(a); y = acc / l, lse_i = log l_i (the log-normalizer, for the backward).
+Even p makes a >= 0 and bf16/fp32 operands have fp32's range, so no running max and no log-space power are
+needed. Key blocks strictly before the query block take a fast path with no mask and no exp per element:
+exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) (r = last key before the block, both factors <= 1), the key
+factor multiplying the scores (GATE_SCORES; or folded into k as its p-th root), the query factor and s^p applied
+once after the loop. fp16 operands
+(range 65504) instead keep a running row max in the linear domain (acc *= m_old/m_new, a/m <= 1) on every block.
+
+Backward (D_i = normalizer, Delta_i = dy_i . y_i):
+    dA_ij = (dy_i . v_j - Delta_i) / D_i            (norm=False: dA_ij = dy_i . v_j)
+    dS_ij = dA_ij * p (s q_i.k_j)^(p-1) exp(G_i - G_j) * s
+    dq = dS k, dk = dS^T q, dv = (a / D)^T dy,
+    dG_i += sum_j dA_ij a_ij = q_i . dq_i / p,   dG_j -= sum_i dA_ij a_ij = -k_j . dk_j / p
+The gate gradients use Euler's identity (a_ij is homogeneous of degree p in q_i and in k_j): one row dot product
+in each kernel's epilogue instead of a row or column reduction of a [BM, BN] tile per block (the column sums of
+the key kernel crossed warps through shared memory on every block).
+One kernel per key block (dk, dv, dG_k; loops over the query heads of its GQA group, so no atomics) and
+one per query block (dq, dG_q).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+from . import config, gates
+from ._common import _kv_heads, _query_heads, _store_norm_weights, _store_transposed, launch_options
+
+
+@triton.jit
+def _pow(s, P: tl.constexpr):
+    """s**P for P in 0..4 by multiplication."""
+    if P == 0:
+        r = tl.full(s.shape, 1.0, tl.float32)
+    elif P == 1:
+        r = s
+    elif P == 2:
+        r = s * s
+    elif P == 3:
+        r = s * s * s
+    else:
+        s2 = s * s
+        r = s2 * s2
+    return r
+
+
+@triton.jit
+def _xt_rows(XT, i_cb, i_h, CB0, NCH, T_FULL, C, H: tl.constexpr, D: tl.constexpr):
+    """XT_ROWS of _store_transposed for a chunked-form attention program on chunk-batch entry i_cb of a launch
+    starting at entry CB0 (NCH chunks of C rows per sequence of T_FULL): head i_h's plane of the (b, H, D, T_FULL)
+    copy, at the chunk's first row."""
+    i_cg = CB0 + i_cb
+    return XT + ((i_cg // NCH) * H + i_h) * D * T_FULL + (i_cg % NCH) * C
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
+              HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+              NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
+              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0, ROWSUM_MMA: tl.constexpr = False):
+    """XT_MODE 1 (the chunked form, each chunk a batch entry of T = C rows): the first query head of each GQA group
+    also writes its block's keys, times e^((gt - g_j) / 2) (gt: G at the chunk's last row), into XT, the
+    (b, hk, D, T_FULL) copy the Gluon outer products read (kernels._transpose_heads with SCALE 1), so that
+    copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL). ROWSUM_MMA (fast paths): the
+    normalizer's row sums of the rounded weights by one more small matmul, a [BN, 16] operand of ones in its first
+    column, instead of widening each weight back to fp32 and adding it (the kernel is issue-bound: ncu,
+    70% of issue slots busy, the tensor pipe 25%)."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
+    i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
+    offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
+    offs_d = tl.arange(0, D)                                             # [D]
+    mask_m = offs_m < T
+    q = tl.load(Q + i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :],
+                mask=mask_m[:, None], other=0.0).to(DOT_DT)              # [BM, D]
+    k_base = K + i_b * T * HK * D + i_hk * D
+    v_base = V + i_b * T * HK * D + i_hk * D
+    g_base = G + i_b * T * HK + i_hk
+    if GATED:
+        g_q = tl.load(g_base + offs_m * HK, mask=mask_m, other=0.0)     # [BM]
+    if XT_MODE == 1:    # before the key loop, as dq's copy
+        if i_hq % (HQ // HK) == 0:
+            kx = tl.load(k_base + offs_m[:, None] * (HK * D) + offs_d[None, :], mask=mask_m[:, None], other=0.0)
+            f = tl.full([BM], 1.0, tl.float32)
+            if GATED:
+                f = tl.exp(0.5 * (tl.load(g_base + (T - 1) * HK) - g_q))
+            _store_transposed(kx, f, _xt_rows(XT, i_b, i_hk, CB0, NCH, T_FULL, T, HK, D), T_FULL, offs_m, mask_m, D)
+    m_i = tl.full([BM], 1e-30, tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    RS: tl.constexpr = ROWSUM_MMA and FAST and NORM
+    if RS:
+        ones = ((tl.arange(0, BN)[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DOT_DT)   # [BN, 16]
+        l_mma = tl.zeros([BM, 16], tl.float32)                           # row sums in column 0, zeros beside
+    hi = tl.minimum((pid_m + 1) * BM, T)
+    lo = 0
+    if FAST:
+        # Off-diagonal key blocks (all keys before this query block), no mask, no exp per element:
+        # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) with r = the last key before the block, both
+        # factors <= 1; the key factor multiplies the scores (GATE_SCORES) or is folded into k (as its p-th
+        # root), the query factor and s^p are applied once after the loop. bf16/fp32 operands only:
+        # a = (q.k)^p needs no running max (fp32's range); fp16 takes the running-max loop below for all blocks.
+        lo = pid_m * BM
+        if GATED:
+            g_r = tl.load(g_base + tl.maximum(lo - 1, 0) * HK)
+        for start_n in range(0, lo, BN):
+            offs_n = start_n + tl.arange(0, BN)
+            k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            if GATED:
+                g_k = tl.load(g_base + offs_n * HK)
+                if not GATE_SCORES:   # (A/B) the key factor folded into k as its p-th root (k via registers)
+                    k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
+            a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P)    # [BM, BN]
+            if GATED and GATE_SCORES:  # the key factor on the scores: k stays a plain loaded operand
+                a = a * tl.exp(g_r - g_k)[None, :]
+            a = a.to(DOT_DT)
+            if RS:
+                l_mma = tl.dot(a, ones, l_mma, input_precision=PREC)
+            elif NORM:
+                l_i += tl.sum(a.to(tl.float32), axis=1)                  # the rounded weights: see below
+            acc += tl.dot(a, v, input_precision=PREC)
+        if RS:
+            l_i = tl.sum(l_mma, axis=1)
+            l_mma = tl.zeros([BM, 16], tl.float32)
+        row_f = tl.full([BM], 1.0, tl.float32) * scale_p
+        if GATED:
+            row_f = row_f * tl.exp(g_q - g_r)
+        row_f = tl.where(mask_m, row_f, 0.0)                             # padded rows: exp(-g_r) may be inf
+        acc = acc * row_f[:, None]
+        l_i = l_i * row_f
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)                              # [BN]
+        mask_n = offs_n < T
+        k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)                                # [BN, D]
+        v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)                                # [BN, D]
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale         # [BM, BN] fp32
+        causal = (offs_m[:, None] >= offs_n[None, :]) & mask_n[None, :]
+        if GATED:
+            g_k = tl.load(g_base + offs_n * HK, mask=mask_n, other=0.0)
+            a = _pow(s, P) * tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
+        else:
+            a = tl.where(causal, _pow(s, P), 0.0)
+        if NORM and not FAST:
+            m_new = tl.maximum(m_i, tl.max(a, axis=1))
+            alpha = m_i / m_new
+            a = a * (1.0 / m_new)[:, None]
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        # the normalizer sums the weights as rounded for the matmul: y is then an exact convex combination of
+        # the v rows, so Delta = dy . y matches the backward's weights. With fp32 sums of unrounded weights, a
+        # row with one key and a tiny score (y_0 = v_0 exactly) got a spurious dq ~ 2^-9 |dy||v| / s
+        # (bf16 d=32 dq/dk errors of 2e-2 for some draws on the H200)
+        a = a.to(DOT_DT)
+        if RS:
+            l_mma = tl.dot(a, ones, l_mma, input_precision=PREC)
+        elif NORM:
+            l_i += tl.sum(a.to(tl.float32), axis=1)
+        acc += tl.dot(a, v, input_precision=PREC)
+    if RS:
+        l_i += tl.sum(l_mma, axis=1)
+    o_ptrs = O + i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+    if NORM and FAST:
+        l_i = tl.maximum(l_i, 1e-30)                                     # all-zero row -> y = 0
+        acc = acc / l_i[:, None]
+        tl.store(LSE + i_b * T * HQ + offs_m * HQ + i_hq, tl.log(l_i), mask=mask_m)
+    if NORM and not FAST:
+        acc = acc / (l_i + 1e-6)[:, None]
+        tl.store(LSE + i_b * T * HQ + offs_m * HQ + i_hq, tl.log(m_i) + tl.log(l_i + 1e-6), mask=mask_m)
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=mask_m[:, None])
+
+
+@triton.jit
+def _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ: tl.constexpr, HK: tl.constexpr,
+                D: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr,
+                O=None, DELTA_OUT: tl.constexpr = False):
+    """Query rows offs_m of head i_hq for a backward kernel: q and dy (operand dtype), lse, Delta and G_q (zeros when
+    unused), the rows' mask and their [BM, D] offsets. DELTA_OUT: Delta = dy . y is formed here from dy and the
+    output O (fp32 products and sum) and stored to DELTA for the kernels after this one (no separate pass)."""
+    offs_d = tl.arange(0, D)
+    mask_m = offs_m < T
+    q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+    q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+    do_in = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0)
+    do = do_in.to(DOT_DT)
+    row = i_b * T * HQ + offs_m * HQ + i_hq
+    lse = tl.zeros([BM], tl.float32)
+    delta = tl.zeros([BM], tl.float32)
+    if NORM:
+        lse = tl.load(LSE + row, mask=mask_m, other=0.0)
+        if DELTA_OUT:
+            y = tl.load(O + q_off, mask=mask_m[:, None], other=0.0).to(tl.float32)
+            delta = tl.sum(do_in.to(tl.float32) * y, axis=1)
+            tl.store(DELTA + row, delta, mask=mask_m)
+        else:
+            delta = tl.load(DELTA + row, mask=mask_m, other=0.0)
+    g_q = tl.zeros([BM], tl.float32)
+    if GATED:
+        g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+    return q, do, lse, delta, g_q, mask_m, q_off
+
+
+@triton.jit
+def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
+                     P: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
+    """Shared tile math of both backward kernels: returns (pn, ds), both [BM, BN] fp32."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+    if GATED:
+        e = tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
+    else:
+        e = tl.where(causal, 1.0, 0.0)
+    pm1 = _pow(s, P - 1) * e
+    a = pm1 * s                                                          # unnormalized A
+    dpn = tl.dot(do, tl.trans(v), input_precision=PREC)                  # dy_i . v_j
+    if NORM:
+        inv = tl.exp(-lse)
+        pn = a * inv[:, None]
+        da = (dpn - delta[:, None]) * inv[:, None]
+    else:
+        pn = a
+        da = dpn
+    ds = da * pm1 * (P * scale)
+    return pn, ds
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
+                   HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+                   NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
+    pid_n = tl.program_id(0)
+    i_b, i_hk = _kv_heads(tl.program_id(1), HK)
+    REP: tl.constexpr = HQ // HK
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    mask_n = offs_n < T
+    kv_off = i_b * T * HK * D + offs_n[:, None] * (HK * D) + i_hk * D + offs_d[None, :]
+    v = tl.load(V + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)
+    g_k = tl.zeros([BN], tl.float32)
+    if GATED:
+        g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    lo = (pid_n * BN // BM) * BM
+    hi_diag = T
+    if FAST:
+        # the query blocks that meet this key block's diagonal: one when BM % BN == 0, BN / BM when BN % BM == 0
+        DIAG: tl.constexpr = BM if BM >= BN else BN
+        hi_diag = tl.minimum(lo + DIAG, T)
+        # Phase 1, off-diagonal query blocks (all queries after every key here) of every head of the GQA group:
+        # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j), r = the block's last key; the key factor goes into k
+        # (p-th root, once per program), so dv is exact and dk is dk_f times that root. Plain k is
+        # reloaded for phase 2: only one of k / k_f and one dk accumulator is ever live (fewer spills).
+        k_f = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        g_r = tl.zeros([1], tl.float32)
+        if GATED:
+            g_r = tl.load(G + i_b * T * HK + tl.minimum(pid_n * BN + BN - 1, T - 1) * HK + i_hk)
+            c_k = tl.exp((g_r - g_k) * (1.0 / P))                        # [BN] <= 1
+            k_f = k_f * c_k[:, None]
+        k_f = k_f.to(DOT_DT)
+        for r in range(REP):
+            i_hq = i_hk * REP + r
+            for start_m in range(lo + DIAG, T, BM):
+                offs_m = start_m + tl.arange(0, BM)
+                mask_m = offs_m < T
+                q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
+                q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+                do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+                row = i_b * T * HQ + offs_m * HQ + i_hq
+                r_q = tl.full([BM], 1.0, tl.float32) * scale_p            # R_i = s^p rowf_i / D_i
+                if NORM:
+                    r_q = r_q * tl.exp(-tl.load(LSE + row, mask=mask_m, other=0.0))
+                if GATED:
+                    g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
+                    r_q = r_q * tl.exp(g_q - g_r)
+                r_q = tl.where(mask_m, r_q, 0.0)                             # padded rows: exp(-g_r) may be inf
+                x = tl.dot(q, tl.trans(k_f), input_precision=PREC)           # [BM, BN]
+                xp1 = _pow(x, P - 1)
+                pn = xp1 * x * r_q[:, None]
+                dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
+                da = tl.dot(do, tl.trans(v), input_precision=PREC)
+                if NORM:
+                    da = da - tl.load(DELTA + row, mask=mask_m, other=0.0)[:, None]
+                dk += tl.dot(tl.trans((da * xp1 * (P * r_q)[:, None]).to(DOT_DT)), q, input_precision=PREC)
+        if GATED:
+            dk = dk * c_k[:, None]
+    # Phase 2, the diagonal query block(s) (every query block when not FAST)
+    k = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)  # [BN, D]
+    for r in range(REP):
+        i_hq = i_hk * REP + r
+        for start_m in range(lo, hi_diag, BM):
+            offs_m = start_m + tl.arange(0, BM)
+            q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T,
+                                                                HQ, HK, D, BM, NORM, GATED, DOT_DT)
+            causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
+            pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC)
+            dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
+            dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
+    tl.store(DK + kv_off, dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
+    tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
+    if GATED:
+        dg = -tl.sum(k.to(tl.float32) * dk, axis=1) * (1.0 / P)           # Euler (module docstring)
+        tl.store(DGK + i_b * T * HK + offs_n * HK + i_hk, dg, mask=mask_n)
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
+                 HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+                 NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
+                 O=None, DELTA_OUT: tl.constexpr = False, XT=None, W=None, sqrt_scale_p=1.0, CB0=0, NCH=1, T_FULL=0,
+                 XT_MODE: tl.constexpr = 0):
+    """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
+    (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
+    copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
+    (b, T_FULL, hq, 8)): what kernels._transpose_heads with SCALE 2 would write, without its pass."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
+    i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ, HK, D,
+                                                        BM, NORM, GATED, DOT_DT, O, DELTA_OUT)
+    if XT_MODE == 2:    # before the key loop: nothing it needs stays live through the loop for this
+        half = tl.zeros([BM], tl.float32)
+        if GATED:
+            half += g_q
+        if NORM:
+            half -= lse
+            _store_norm_weights(W + (i_b * T * HQ + offs_m * HQ + i_hq) * 8, -delta, mask_m)
+        _store_transposed(q, tl.exp(0.5 * half) * sqrt_scale_p, _xt_rows(XT, i_b, i_hq, CB0, NCH, T_FULL, T, HQ, D),
+                          T_FULL, offs_m, mask_m, D)
+    k_base = K + i_b * T * HK * D + i_hk * D
+    v_base = V + i_b * T * HK * D + i_hk * D
+    dq = tl.zeros([BM, D], tl.float32)
+    hi = tl.minimum((pid_m + 1) * BM, T)
+    lo = 0
+    if FAST:
+        # off-diagonal key blocks, as in the forward: key factor folded into k, row factor after
+        lo = pid_m * BM
+        g_r = tl.zeros([1], tl.float32)
+        if GATED:
+            g_r = tl.load(G + i_b * T * HK + tl.maximum(lo - 1, 0) * HK + i_hk)
+        for start_n in range(0, lo, BN):
+            offs_n = start_n + tl.arange(0, BN)
+            k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
+            c = tl.full([BN], 1.0, tl.float32)
+            if GATED:
+                g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk)
+                if GATE_SCORES:
+                    c = tl.exp(g_r - g_k)
+                else:
+                    k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
+            x = tl.dot(q, tl.trans(k), input_precision=PREC)
+            xp1 = _pow(x, P - 1)
+            da = tl.dot(do, tl.trans(v), input_precision=PREC)
+            if NORM:
+                da = da - delta[:, None]
+            dxp = da * xp1
+            if GATED and GATE_SCORES:
+                dxp = dxp * c[None, :]
+            dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
+        r_q = tl.full([BM], 1.0, tl.float32) * scale_p
+        if NORM:
+            r_q = r_q * tl.exp(-lse)
+        if GATED:
+            r_q = r_q * tl.exp(g_q - g_r)
+        r_q = tl.where(mask_m, r_q, 0.0)
+        dq = dq * (P * r_q)[:, None]
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        mask_n = offs_n < T
+        k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)
+        v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
+                    other=0.0).to(DOT_DT)
+        g_k = tl.zeros([BN], tl.float32)
+        if GATED:
+            g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
+        causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
+        pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC)
+        dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
+    tl.store(DQ + q_off, dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
+    if GATED:
+        dg = tl.sum(q.to(tl.float32) * dq, axis=1) * (1.0 / P)            # Euler (module docstring)
+        tl.store(DGQ + i_b * T * HQ + offs_m * HQ + i_hq, dg, mask=mask_m)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side
+# ----------------------------------------------------------------------------------------------
+_TL_DT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def _dot_dtype(dtype, norm, backward):
+    """Operand dtype of the tensor-core matmuls and their precision. bf16 keeps fp32's exponent range;
+    fp16 is used only where the operands are <= 1 (normalized forward); else fp32 (tf32x3)."""
+    if dtype == torch.bfloat16:
+        return tl.bfloat16, "tf32"
+    if dtype == torch.float16 and norm and not backward:
+        return tl.float16, "tf32"
+    return tl.float32, "tf32x3"
+
+
+def _fast_paths(kernel, dot_dt, BM, BN):
+    """Whether a launch of kernel ("fwd", "dkdv", "dq") takes the off-diagonal fast paths. The query-block kernels
+    need whole key blocks per query block (BM % BN == 0); dk/dv also runs with whole query blocks per key block
+    (BN % BM == 0). The forward's also needs operands with fp32's range (not fp16). config.attention's fast_forward /
+    fast_backward switch them off."""
+    cfg = config.attention.current()
+    tiles = BM % BN == 0 or (kernel == "dkdv" and BN % BM == 0)
+    if kernel != "fwd":
+        return tiles and cfg.fast_backward
+    return tiles and dot_dt != tl.float16 and cfg.fast_forward
+
+
+KERNELS = ("fwd", "dkdv", "dq")
+
+
+def _blocks(d, kernel, dot_dt, chunked=False, t=None):
+    """(BM, BN, num_warps, num_stages) of one attention-form kernel ("fwd", "dkdv" or "dq") per head dim; fixed
+    (no benchmarking autotuner), measured in docs/kernels.md. The two backward kernels can take different tiles
+    (config.attention's block_override), though today's defaults are the same. chunked: the tiles of the chunked
+    form's intra-chunk attention (every chunk a short sequence of its own), where they differ. t: the attention
+    form's sequence length, for its short-sequence forward tile (config.attention's short_fwd_t)."""
+    cfg = config.attention.current()
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
+    for key in (kernel, "bwd" if kernel != "fwd" else None):
+        if key in cfg.block_override:
+            return cfg.block_override[key]
+    if (kernel == "fwd" and not chunked and t is not None and t <= cfg.short_fwd_t and d == 64
+            and dot_dt == tl.bfloat16):
+        return cfg.short_fwd_block
+    wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
+    if chunked and kernel == "fwd" and d <= 64 and dot_dt == tl.bfloat16:
+        # 64k, chunk 1024 (H100, one tools/tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
+        # 3.66 here (96 registers, 8 bytes of stack as before: 5 programs per SM instead of 3); 3.73 at 128
+        return (64, 32, 4, 3, 96)
+    if d <= 64 and dot_dt == tl.bfloat16:
+        # register caps (5th entry, maxnreg) that let more programs share an SM (H100: the chunked
+        # form's intra-chunk attention at 64k fwd 4.04 -> 3.46 ms, dq 4.43 -> 3.96; the attention form at 4k
+        # 3.135 -> 3.075 ms fwd+bwd, at 8k the same within noise; docs/kernels.md)
+        return {"fwd": (128, 32, 4, 3, 168), "dkdv": (64, 64, 4, 3), "dq": (64, 64, 4, 1, 128)}[kernel]
+    if kernel != "fwd":
+        return (32, 32, 4, 1) if wide else (64, 64, 4, 3) if d <= 64 else (64, 64, 8, 2)
+    return (64, 32, 4, 1) if wide else (128, 64, 4, 4) if d <= 64 else (128, 64, 8, 2)
+
+
+
+def _launch_cfg(d, kernel, dot_dt, prec, chunked=False, t=None):
+    """The tile constexprs and launch options (launch_options) of one attention-form kernel (chunked: as the chunked
+    form's intra-chunk attention; t: as _blocks)."""
+    entry = _blocks(d, kernel, dot_dt, chunked, t)
+    BM, BN = entry[:2]
+    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
+                **launch_options(entry))
+
+
+def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool, record: dict | None = None):
+    """The attention form's forward launches: (o, lse, G) with G the gate cumsum (fp32 (b,t,hk); a 1-element dummy
+    when ungated) and lse the log row normalizer (fp32 (b,t,hq); a dummy when not norm). q, k, v contiguous.
+    record: each compiled kernel goes in with its grid's rows and heads (native/launcher.py's plans)."""
+    b, t, hq, d = q.shape
+    hk = k.shape[2]
+    gated = log_g is not None
+    Gc = (gates.segment_scan(log_g, t, record=record) if gated
+          else q.new_empty(1, dtype=torch.float32))                             # unread when ungated
+    o = torch.empty_like(q)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
+    cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False), t=t)
+    kernel = launch_fwd(q, k, v, Gc, o, lse, scale, scale ** p, t, b * hq, hq, hk, d, p, norm, gated, cfg)
+    if record is not None:
+        record["fwd"] = (kernel, cfg["BM"], hq)
+    return o, lse, Gc
+
+
+def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, gated, cfg, **side):
+    """_attn_fwd with cfg (_launch_cfg) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
+    chunked form's chunks as batch entries). side: _attn_fwd's XT_MODE arguments (the chunked form's copy of k).
+    Returns the compiled kernel."""
+    switches = config.attention.current()
+    return _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p,
+                                                NORM=norm, GATED=gated, GATE_SCORES=switches.gate_scores,
+                                                ROWSUM_MMA=switches.rowsum_mma, **cfg, **side)
+
+
+def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
+                       record: dict | None = None):
+    """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's.
+    record: as attention_forward's."""
+    b, t, hq, d = q.shape
+    hk = k.shape[2]
+    # Delta = dy . y (b,t,hq): formed and stored by the dq kernel, which runs first (one launch less than a separate
+    # pass: at short t every launch is host time)
+    delta = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if norm else lse
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
+    dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
+    dot_dt, prec = _dot_dtype(q.dtype, norm, True)
+    kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
+    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
+    sp = scale ** p
+    kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                                      GATE_SCORES=config.attention.current().gate_scores, O=o,
+                                                      DELTA_OUT=norm, **common, **q_cfg)
+    kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
+                                                          **common, **kv_cfg)
+    if record is not None:
+        record["dq"], record["dkdv"] = (kq, q_cfg["BM"], hq), (kkv, kv_cfg["BN"], hk)
+    dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq, record=record) if gated else None
+    return dq, dk, dv, dlog_g
