@@ -145,6 +145,9 @@ def check_values(cfg: DictConfig) -> None:
         _positive_int(cfg, key, allow_none=True)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < 2**32:
         _fail("seed", cfg.seed, "must be an integer in [0, 2**32)")
+    budget = cfg.trainer.flops_budget
+    if budget is not None and (isinstance(budget, (bool, str)) or not budget > 0):
+        _fail("trainer.flops_budget", budget, "must be a positive number of FLOPs, or null")
     if cfg.ctx < 2:
         _fail("ctx", cfg.ctx, "must be at least 2")
     if cfg.model.d_model % cfg.model.n_heads:
