@@ -1,10 +1,10 @@
 """From the `data` config group to readers: the bundled ICL Markov data or any LongCrawl64-layout folder."""
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import logging
 
 from omegaconf import DictConfig
 
@@ -31,7 +31,7 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
         root = ensure_icl_markov(
             data_cfg.cache_dir, vocab=data_cfg.vocab, alpha=data_cfg.alpha, doc_len=doc_len,
             n_train=max(1, data_cfg.train_tokens // doc_len), n_heldout=data_cfg.n_heldout,
-            seed=data_cfg.gen_seed,
+            seed=data_cfg.gen_seed, progress=sys.stderr.isatty(),  # a bar's redraws would flood a log file
         )
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     else:

@@ -148,8 +148,8 @@ class Trainer:
         if self.dist.is_main and not self.complete:
             self._write_config()
             log_to_file(self.run_dir)
-            if candidates:
-                self.jsonl.truncate_after(self.step)
+            if candidates or self.restart:
+                self.jsonl.truncate_after(self.step)  # evaluations after the checkpoint are redone
             if cfg.logger.wandb.mode != "disabled":
                 self.wandb_id = wandb_id_for(self.run_dir, self.wandb_id)
                 self.wandb = WandbLogger(cfg.logger, self.run_dir, OmegaConf.to_container(cfg, resolve=True),
@@ -171,9 +171,9 @@ class Trainer:
                 f"{self.run_dir} already holds a run (checkpoint: {latest[1].name if latest else 'none'}); "
                 f"pass trainer.resume=true (or auto) to continue it, or run_name=<new name> to start another. "
                 f"Nothing was overwritten.")
-        if latest is None and used and self.dist.is_main:  # resume=auto, killed before its first checkpoint
+        self.restart = latest is None and used  # resume=auto, killed before its first checkpoint
+        if self.restart and self.dist.is_main:
             log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet; starting it from step 0")
-            JsonlLogger(self.run_dir).truncate_after(0)
         return [path for _, path in reversed(found)]
 
     def _out_of_budget(self) -> bool:
