@@ -64,6 +64,8 @@ def schema(conf_dir: Path = CONF_DIR, choices: dict | None = None) -> dict[str, 
         if choices is not None and folder.name in choices:
             option = choices[folder.name]
             files = [folder / f"{option}.yaml"] if option is not None else []
+            if not all(path.exists() for path in files):  # an option from elsewhere (hydra.searchpath)
+                files = sorted(folder.glob("*.yaml"))
         else:
             files = sorted(folder.glob("*.yaml"))
         for path in files:
@@ -93,6 +95,11 @@ def check_keys(cfg: DictConfig, known: dict[str, set]) -> None:
             close = difflib.get_close_matches(key, [k for k in known if k.startswith(group)], n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             _fail(key, value, f"unknown key (no config file defines it{hint})")
+
+
+def check_set(cfg: DictConfig) -> None:
+    """Mandatory values (`???`) must be set before a run; tools that only read the model's shape skip this."""
+    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=False)):
         if value == MISSING:
             hint = " (the folder holding train.zarr and heldout.zarr)" if key == "data.path" else ""
             raise ValueError(f"config: {key} is mandatory and not set: add {key}=<value>{hint}")
@@ -127,11 +134,14 @@ def _positive_int(cfg: DictConfig, key: str, allow_none: bool = False) -> None:
         _fail(key, value, "must be a positive integer")
 
 
-def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF_DIR) -> None:
+def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF_DIR, for_run: bool = False) -> None:
     """Check the keys, types and values a typo or a bad sweep can produce (unknown group options are
-    Hydra's own `Could not find` error). `choices`: Hydra's group -> chosen option, when known."""
+    Hydra's own `Could not find` error). `choices`: Hydra's group -> chosen option, when known. `for_run`:
+    also require every mandatory value (data.path of data=longcrawl64)."""
     known = schema(conf_dir, choices)
     check_keys(cfg, known)
+    if for_run:
+        check_set(cfg)
     check_types(cfg, known)
     check_values(cfg)
 

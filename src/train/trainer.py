@@ -87,7 +87,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, choices: dict | None = None):
         """Check everything (config, data, checkpoint) before the run directory is written to.
         `choices`: Hydra's group -> chosen option, so config keys are checked against the chosen files."""
-        validate(cfg, choices)
+        validate(cfg, choices, for_run=True)
         self.cfg = cfg
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
