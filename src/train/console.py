@@ -87,9 +87,11 @@ def log_to_file(run_dir: str | Path) -> Path:
 
 
 def close_logging() -> None:
+    """Back to logging's defaults (a later run, or a tool in the same process, starts clean)."""
     for handler in list(log.handlers):
         log.removeHandler(handler)
         handler.close()
+    log.propagate = True
 
 
 def is_terminal() -> bool:

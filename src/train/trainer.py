@@ -87,6 +87,13 @@ class Trainer:
     def __init__(self, cfg: DictConfig, choices: dict | None = None):
         """Check everything (config, data, checkpoint) before the run directory is written to.
         `choices`: Hydra's group -> chosen option, so config keys are checked against the chosen files."""
+        try:
+            self._build(cfg, choices)
+        except BaseException:
+            close_logging()  # a run that fails its checks leaves the process's logging as it found it
+            raise
+
+    def _build(self, cfg: DictConfig, choices: dict | None) -> None:
         validate(cfg, choices, for_run=True)
         self.cfg = cfg
         if cfg.trainer.num_threads:
