@@ -8,26 +8,47 @@ Every key of conf/ can be overridden on the command line; `python train.py --hel
 """
 import os
 import sys
+import warnings
 
 # Triton keeps autotuning winners on disk (FLA benchmarks its kernels' configs on first use, ~90 s per shape on
 # an H100), so a second run on the same machine and shapes starts at once; TRITON_CACHE_AUTOTUNING=0 turns it off
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+# FLA says so at import on every machine without a GPU; CPU runs are expected to use the PyTorch reference
+warnings.filterwarnings("ignore", message="Triton is not supported on current platform", module=r"fla\.")
 
 import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from longctx.train.config import resolve_resume  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if "/" not in group}
+    cfg.trainer.resume = resolve_resume(cfg.trainer.resume, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
     try:
-        trainer = Trainer(cfg)  # every check of the config and the data happens here, before any training
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        trainer = Trainer(cfg, choices)  # every check of the config, data and checkpoint happens here
+    except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        sys.exit(f"error: {err}")  # bad input: one clear line naming the field, no traceback
+        remove_if_empty(hydra_cfg.runtime.output_dir)
+        print(f"error: {err}", file=sys.stderr)  # bad input: one clear line naming the field, no traceback
+        sys.exit(2)
     trainer.fit()
+
+
+def remove_if_empty(run_dir: str) -> None:
+    """Hydra creates the run directory before the checks run; a launch that fails them leaves nothing."""
+    try:
+        os.rmdir(run_dir)  # only ever removes an empty folder
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from longctx.data.prepare import PrepareConfig, prepare_dataset
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="prepare_dataset: warning: %(message)s", stream=sys.stderr,
+                        force=True)
     cfg = PrepareConfig(source=a.input, out=a.out, doc_len=a.doc_len, heldout_frac=a.heldout_frac,
                         heldout_docs=a.heldout_docs, tokenizer=a.tokenizer, rolled=a.rolled, seed=a.seed,
                         chunk_docs=a.chunk_docs, chunk_len=a.chunk_len, zarr_format=a.zarr_format,

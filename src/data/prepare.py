@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 
 TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
                  ".parquet": "parquet", ".csv": "csv"}
+log = logging.getLogger("longctx.data.prepare")
 
 
 # ----- tokenizers ------------------------------------------------------------------------------------
@@ -72,11 +74,16 @@ def get_tokenizer(name: str = "auto"):
     try:
         return TiktokenGPT2()
     except Exception as e:
+        cause = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if name == "gpt2":
             raise RuntimeError(
                 "tokenizer=gpt2: tiktoken could not load the GPT-2 vocabulary (offline?). Run once with network "
                 "access, or copy a tiktoken cache and set TIKTOKEN_CACHE_DIR to it; or use --tokenizer bytes. "
-                f"Cause: {type(e).__name__}: {e}") from None
+                f"Cause: {cause}") from None
+        # Said at once, not only in the summary: a byte-level dataset (vocab 257) is a different experiment
+        log.warning(f"tokenizer auto: the GPT-2 vocabulary (tiktoken) could not be loaded ({cause}); using the "
+                    f"byte-level tokenizer (vocab 257). Pass --tokenizer gpt2 to stop instead, or --tokenizer "
+                    f"bytes to choose it")
         return ByteTokenizer()
 
 
@@ -100,10 +107,14 @@ def open_source(source: str, *, text_field: str = "text", split: str = "train", 
         if p.suffix.lower() not in TEXT_SUFFIXES:
             raise ValueError(f"input: {str(p)!r} has suffix {p.suffix!r}; expected one of {sorted(TEXT_SUFFIXES)}")
         files, builder = [str(p)], TEXT_SUFFIXES[p.suffix.lower()]
-    elif source.startswith((".", "/", "~")) or os.sep in source and not _looks_like_hub_name(source):
-        raise FileNotFoundError(f"input: {source!r} does not exist")
+    elif _looks_local(source):
+        raise FileNotFoundError(f"input: {source!r} does not exist (a local path: no such file or folder)")
     else:  # a Hub dataset name
-        ds = datasets.load_dataset(source, hf_config, split=split, streaming=True)
+        try:
+            ds = datasets.load_dataset(source, hf_config, split=split, streaming=True)
+        except Exception as e:  # offline, no such dataset, gated: one line, not the Hub client's traceback
+            raise RuntimeError(f"input: {source!r} is not a local file or folder, and the Hub dataset of that "
+                               f"name could not be opened ({type(e).__name__}: {str(e).splitlines()[0]})") from None
         return _texts(ds, text_field, source), f"hub:{source}" + (f"/{hf_config}" if hf_config else "")
     kwargs = {"sample_by": sample_by} if builder == "text" else {}
     ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **kwargs)
@@ -111,8 +122,15 @@ def open_source(source: str, *, text_field: str = "text", split: str = "train", 
     return _texts(ds, field, source), f"{builder}:{len(files)} file(s) under {source}"
 
 
-def _looks_like_hub_name(s: str) -> bool:
-    return s.count("/") == 1 and not s.startswith((".", "/", "~"))
+def _looks_local(source: str) -> bool:
+    """A path, not a Hub name ('owner/name' or a bare canonical name, neither with a file extension): starts
+    with . / ~, has more than one separator or a backslash, or ends in a file extension (corpus.jsnol)."""
+    if source.startswith((".", "/", "~")) or "\\" in source or source.count("/") > 1 or (os.sep != "/" and os.sep in source):
+        return True
+    name = source.rsplit("/", 1)[-1]
+    suffix = Path(name).suffix.lower()
+    return suffix in TEXT_SUFFIXES or suffix in (".gz", ".zst", ".bz2", ".xz") or (
+        "/" not in source and suffix[1:].isalpha() and 1 <= len(suffix) - 1 <= 7)
 
 
 def _texts(ds, field: str, source: str):
@@ -157,9 +175,9 @@ def prepare_dataset(cfg: PrepareConfig) -> dict:
         raise FileExistsError(f"out: {str(out)!r} already exists; pass --overwrite to replace it")
     if not 0 <= cfg.heldout_frac < 1:
         raise ValueError(f"heldout_frac: must be in [0, 1), got {cfg.heldout_frac}")
-    tok = get_tokenizer(cfg.tokenizer)
     texts, described = open_source(cfg.source, text_field=cfg.text_field, split=cfg.split,
-                                   hf_config=cfg.hf_config, sample_by=cfg.sample_by)
+                                   hf_config=cfg.hf_config, sample_by=cfg.sample_by)  # a mistyped path fails first
+    tok = get_tokenizer(cfg.tokenizer)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:

@@ -1,18 +1,131 @@
-"""Validation of the composed Hydra config: every bad value fails here, before any work, naming its key."""
+"""Validation of the composed Hydra config: every bad value fails here, before any work, naming its key.
+
+Three passes, each raising `ValueError("config: <key>=<value>: <why>")` (train.py prints it as one line):
+1. keys: every key must be one the config files define (conf/config.yaml and the chosen option of each
+   group) -- Hydra refuses `trainer.max_stepz=3`, but `+trainer.max_stepz=3` adds it; this catches both;
+   mandatory values (`???`, e.g. data.path of data=longcrawl64) must be set;
+2. types: a key whose defaults are numbers, booleans or lists takes only those (optim.lr=abc is refused);
+3. values: ranges and choices, below.
+"""
 from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
-RESUME = (False, True, "auto")
+RESUME = (None, False, True, "auto")
 WANDB_MODES = ("offline", "online", "disabled")
+MISSING = "???"
+# Keys whose own check below is richer than the type pass (trainer.resume takes false/true/auto/null).
+SELF_CHECKED = {"trainer.resume"}
+NULLABLE = {"optim.grad_clip"}  # null is a documented value although the default is a number
 
 
 def _fail(key: str, value, why: str):
     raise ValueError(f"config: {key}={value!r}: {why}")
 
 
+# ----- 1. keys --------------------------------------------------------------------------------------------
+def _leaves(node, prefix: str = ""):
+    """(dotted key, raw value) of every leaf of a plain container; empty dicts count as leaves."""
+    for key, value in node.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, full + ".")
+        else:
+            yield full, value
+
+
+def _file_leaves(path: Path, group: str | None):
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    raw.pop("defaults", None)
+    raw.pop("hydra", None)
+    is_global = group is None or "@package _global_" in path.read_text()
+    return _leaves(raw, "" if is_global else f"{group}.")
+
+
+def schema(conf_dir: Path = CONF_DIR, choices: dict | None = None) -> dict[str, set]:
+    """Every key the config files define -> the set of its defaults' kinds ('any', 'number', 'int', 'bool',
+    'list', 'str'). `choices` (Hydra's group -> chosen option) limits each group to its chosen file; without
+    it, every option of every group counts."""
+    found: dict[str, set] = {}
+
+    def add(leaves):
+        for key, value in leaves:
+            found.setdefault(key, set()).add(_kind(value))
+
+    add(_file_leaves(conf_dir / "config.yaml", None))
+    for folder in sorted(p for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"):
+        if choices is not None and folder.name in choices:
+            option = choices[folder.name]
+            files = [folder / f"{option}.yaml"] if option is not None else []
+            if not all(path.exists() for path in files):  # an option from elsewhere (hydra.searchpath)
+                files = sorted(folder.glob("*.yaml"))
+        else:
+            files = sorted(folder.glob("*.yaml"))
+        for path in files:
+            if path.exists():
+                add(_file_leaves(path, folder.name))
+    return found
+
+
+def _kind(value) -> str:
+    if value is None or value == MISSING or (isinstance(value, str) and "${" in value):
+        return "any"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, list):
+        return "list"
+    return "str"
+
+
+def check_keys(cfg: DictConfig, known: dict[str, set]) -> None:
+    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        if key not in known:
+            group = key.split(".")[0]
+            close = difflib.get_close_matches(key, [k for k in known if k.startswith(group)], n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            _fail(key, value, f"unknown key (no config file defines it{hint})")
+
+
+def check_set(cfg: DictConfig) -> None:
+    """Mandatory values (`???`) must be set before a run; tools that only read the model's shape skip this."""
+    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        if value == MISSING:
+            hint = " (the folder holding train.zarr and heldout.zarr)" if key == "data.path" else ""
+            raise ValueError(f"config: {key} is mandatory and not set: add {key}=<value>{hint}")
+
+
+# ----- 2. types -------------------------------------------------------------------------------------------
+def check_types(cfg: DictConfig, known: dict[str, set]) -> None:
+    for key, _ in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        kinds = known.get(key, {"any"})
+        if "any" in kinds or key in SELF_CHECKED:
+            continue
+        value = OmegaConf.select(cfg, key)
+        if value is None and key in NULLABLE:
+            continue
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kinds <= {"int"} and not (numeric and isinstance(value, int)):
+            _fail(key, value, "must be an integer")
+        if kinds <= {"int", "number"} and not numeric:
+            _fail(key, value, "must be a number")
+        if kinds == {"bool"} and not isinstance(value, bool):
+            _fail(key, value, "must be true or false")
+        if kinds == {"list"} and not OmegaConf.is_list(OmegaConf.select(cfg, key)):
+            _fail(key, value, "must be a list, e.g. [a,b]")
+
+
+# ----- 3. values ------------------------------------------------------------------------------------------
 def _positive_int(cfg: DictConfig, key: str, allow_none: bool = False) -> None:
     value = OmegaConf.select(cfg, key)
     if value is None and allow_none:
@@ -21,15 +134,30 @@ def _positive_int(cfg: DictConfig, key: str, allow_none: bool = False) -> None:
         _fail(key, value, "must be a positive integer")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check the values a typo or a bad sweep can produce. Unknown keys are already refused by Hydra
-    (struct mode: `Could not override 'key'`), unknown group options by Hydra's `Could not find`."""
+def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF_DIR, for_run: bool = False) -> None:
+    """Check the keys, types and values a typo or a bad sweep can produce (unknown group options are
+    Hydra's own `Could not find` error). `choices`: Hydra's group -> chosen option, when known. `for_run`:
+    also require every mandatory value (data.path of data=longcrawl64)."""
+    known = schema(conf_dir, choices)
+    check_keys(cfg, known)
+    if for_run:
+        check_set(cfg)
+    check_types(cfg, known)
+    check_values(cfg)
+
+
+def check_values(cfg: DictConfig) -> None:
     for key in ("ctx", "model.d_model", "model.n_layers", "model.n_heads", "model.mlp_ratio",
                 "trainer.max_steps", "trainer.eval_every", "trainer.keep_checkpoints", "trainer.icl_bins",
                 "data.docs_per_batch", "data.eval_docs"):
         _positive_int(cfg, key)
     for key in ("trainer.micro_docs", "trainer.num_threads", "data.reshape_block"):
         _positive_int(cfg, key, allow_none=True)
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < 2**32:
+        _fail("seed", cfg.seed, "must be an integer in [0, 2**32)")
+    budget = cfg.trainer.flops_budget
+    if budget is not None and (isinstance(budget, (bool, str)) or not budget > 0):
+        _fail("trainer.flops_budget", budget, "must be a positive number of FLOPs, or null")
     if cfg.ctx < 2:
         _fail("ctx", cfg.ctx, "must be at least 2")
     if cfg.model.d_model % cfg.model.n_heads:
@@ -45,7 +173,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.trainer.precision not in PRECISIONS:
         _fail("trainer.precision", cfg.trainer.precision, f"expected one of {PRECISIONS}")
     if cfg.trainer.resume not in RESUME:
-        _fail("trainer.resume", cfg.trainer.resume, "expected false, true or auto")
+        _fail("trainer.resume", cfg.trainer.resume, "expected false, true, auto or null")
     if cfg.trainer.on_nonfinite not in ("stop", "skip"):
         _fail("trainer.on_nonfinite", cfg.trainer.on_nonfinite, "expected stop or skip")
     if cfg.logger.wandb.mode not in WANDB_MODES:
@@ -61,3 +189,12 @@ def validate(cfg: DictConfig) -> None:
         _fail("optim.grad_clip", optim.grad_clip, "must be > 0 or null")
     if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
         _fail("optim.betas", list(optim.betas), "expected two values in [0, 1)")
+
+
+def resolve_resume(resume, multirun: bool, environ=os.environ):
+    """trainer.resume=null means auto for a multirun job or a Slurm job, whose launcher relaunches it into
+    the same folder after a preemption or time limit (hydra-submitit, `scontrol requeue`), and false for a
+    plain run, which never continues an earlier run unless asked."""
+    if resume is not None:
+        return resume
+    return "auto" if multirun or "SLURM_JOB_ID" in environ else False

@@ -1,12 +1,16 @@
 """From the `data` config group to readers: the bundled ICL Markov data or any LongCrawl64-layout folder."""
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
+
+log = logging.getLogger("longctx")
 
 
 @dataclass
@@ -27,7 +31,7 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
         root = ensure_icl_markov(
             data_cfg.cache_dir, vocab=data_cfg.vocab, alpha=data_cfg.alpha, doc_len=doc_len,
             n_train=max(1, data_cfg.train_tokens // doc_len), n_heldout=data_cfg.n_heldout,
-            seed=data_cfg.gen_seed,
+            seed=data_cfg.gen_seed, progress=sys.stderr.isatty(),  # a bar's redraws would flood a log file
         )
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     else:
@@ -45,11 +49,29 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
 
 def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank: int, world_size: int,
                        vocab_size: int) -> LongCrawl64:
+    if data_cfg.docs_per_batch > splits.info["num_docs"]:
+        raise ValueError(f"data.docs_per_batch={data_cfg.docs_per_batch} is more than the "
+                         f"{splits.info['num_docs']} documents of {splits.train_path}")
     reader = LongCrawl64(str(splits.train_path), ctx, data_cfg.docs_per_batch, rank=rank, world_size=world_size,
                          reshape_block=data_cfg.reshape_block)
     check_vocab(reader, vocab_size)
     return reader
 
 
-def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int) -> dict:
-    return heldout_batch(str(splits.heldout_path), ctx, data_cfg.eval_docs)
+def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int, vocab_size: int) -> dict:
+    """The fixed evaluation documents, checked against the model's vocabulary now rather than at the first
+    evaluation. A heldout split smaller than data.eval_docs (a small prepared dataset) is used whole, with a
+    warning: it is all the heldout data there is, and stopping would only make the user look up its size."""
+    available = dataset_info(splits.heldout_path)["num_docs"]
+    n = data_cfg.eval_docs
+    if n > available:
+        log.warning(f"data.eval_docs={n} but {splits.heldout_path} holds {available} documents: evaluating on all "
+                    f"{available} (set data.eval_docs={available} to silence this)")
+        n = available
+    heldout = heldout_batch(str(splits.heldout_path), ctx, n)
+    top = int(heldout["targets"].max())
+    if top >= vocab_size:
+        raise ValueError(f"data: heldout token id {top} in {splits.heldout_path} (the data.eval_docs={n} "
+                         f"documents evaluated) >= model vocab_size={vocab_size}, which comes from "
+                         f"{splits.train_path}'s vocab_size={splits.info['vocab_size']}")
+    return heldout

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import string
 from pathlib import Path
 
 import numpy as np
@@ -37,19 +39,46 @@ class JsonlLogger:
         os.replace(tmp, self.path)
 
 
-class WandbLogger:
-    """wandb run in <run_dir>/wandb; mode offline (sync later with `wandb sync`), online or disabled."""
+def wandb_id_for(run_dir: str | Path, from_checkpoint: str | None = None) -> str:
+    """The run's one wandb id, kept in <run_dir>/wandb_id from its first launch on: every relaunch (resume,
+    requeue, even one killed before its first checkpoint) continues the same wandb run."""
+    path = Path(run_dir) / "wandb_id"
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    if from_checkpoint is None:  # wandb's own id format: 8 characters of [a-z0-9]
+        from_checkpoint = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(from_checkpoint + "\n")
+    os.replace(tmp, path)
+    return from_checkpoint
 
-    def __init__(self, cfg_logger, run_dir: str | Path, config: dict, run_name: str, resume_id: str | None):
+
+class WandbLogger:
+    """wandb run in <run_dir>/wandb; mode offline (sync later with `wandb sync`), online or disabled.
+
+    Each launch of a run (first, resumed, requeued) continues the same wandb run id. Offline, wandb writes
+    one folder per launch, `<run_dir>/wandb/offline-run-<time>-<id>` (it never reuses a folder): each holds
+    the steps and images that launch logged; `wandb sync <run_dir>/wandb/offline-run-*` uploads them all,
+    oldest first, into the one run. Quiet: no banners on the console (`describe()` gives one line).
+    """
+
+    def __init__(self, cfg_logger, run_dir: str | Path, config: dict, run_name: str, run_id: str):
         import wandb
 
         self._wandb = wandb
         self.run = wandb.init(
             project=cfg_logger.wandb.project, entity=cfg_logger.wandb.entity, group=cfg_logger.wandb.group,
             tags=list(cfg_logger.wandb.tags), name=run_name, config=config, dir=str(run_dir),
-            mode=cfg_logger.wandb.mode, id=resume_id, resume="allow" if resume_id else None,
+            mode=cfg_logger.wandb.mode, id=run_id, resume="allow", settings=wandb.Settings(silent=True),
         )
-        self.id = self.run.id if self.run is not None else None
+        self.id = self.run.id
+        self.mode = cfg_logger.wandb.mode
+
+    def describe(self) -> str:
+        where = self.run.settings.sync_dir
+        if self.mode == "offline":
+            return f"wandb: offline run {self.id} in {where}; upload with `wandb sync {Path(where).parent}/offline-run-*`"
+        return f"wandb: run {self.id}: {self.run.url}"
 
     def log_train(self, step: int, scalars: dict) -> None:
         self.run.log(scalars, step=step)

@@ -7,22 +7,21 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from longctx.models import ModelSpec, build_model
 from longctx.train import checkpoint as ckpt
 from longctx.train.config import validate
+from longctx.train.console import close_logging, is_terminal, log, log_to_file, progress_bar, setup_logging
 from longctx.train.data import build_heldout, build_train_reader, resolve_splits
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
-from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves
+from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, wandb_id_for
 from longctx.train.metrics import icl_summary
 from longctx.train.optim import build_optimizer, build_scheduler
 
@@ -75,9 +74,27 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# ModelSpec fields that change how the model runs, not what it is: a resumed run may change them.
+RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
+# The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
+SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size (from the data)",
+             "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
+             "mlp_ratio": "model.mlp_ratio", "ctx": "ctx", "p": "attention.p", "window": "attention.window",
+             "gating": "attention.gating", "rope_base": "arch.rope_base"}
+
+
 class Trainer:
-    def __init__(self, cfg: DictConfig):
-        validate(cfg)
+    def __init__(self, cfg: DictConfig, choices: dict | None = None):
+        """Check everything (config, data, checkpoint) before the run directory is written to.
+        `choices`: Hydra's group -> chosen option, so config keys are checked against the chosen files."""
+        try:
+            self._build(cfg, choices)
+        except BaseException:
+            close_logging()  # a run that fails its checks leaves the process's logging as it found it
+            raise
+
+    def _build(self, cfg: DictConfig, choices: dict | None) -> None:
+        validate(cfg, choices, for_run=True)
         self.cfg = cfg
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
@@ -87,13 +104,14 @@ class Trainer:
             # slow denormal path (measured: the default 3-layer run went from 84 to 690-790 ms per step).
             torch.set_flush_denormal(True)
         self.dist: DistInfo = init_distributed(self.device.type)
+        setup_logging(self.dist.is_main)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
         self.run_dir = Path(cfg.run_dir)
         if cfg.data.docs_per_batch % self.dist.world_size:
             raise ValueError(f"data.docs_per_batch={cfg.data.docs_per_batch} is not divisible by the "
                              f"world size {self.dist.world_size}")
-        resume_from = self._check_run_dir()
+        candidates = self._check_run_dir()
         seed_everything(cfg.seed)
 
         # Data description first: the model's vocabulary comes from it. Rank 0 generates the default
@@ -119,32 +137,38 @@ class Trainer:
 
         self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.dist.rank, self.dist.world_size,
                                          self.spec.vocab_size)
-        self.heldout = build_heldout(self.splits, cfg.data, cfg.ctx)
+        self.heldout = build_heldout(self.splits, cfg.data, cfg.ctx, self.spec.vocab_size)
         self.bayes_curve = (self.heldout["bayes_nll"].double().mean(0).numpy()
                             if self.heldout.get("bayes_nll") is not None else None)
 
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.skipped_steps, self.consecutive_skips = 0, 0
         self.wandb_id = None
-        if resume_from is not None:
-            self._load(resume_from)
+        if candidates:
+            self._load(candidates)
+        # A relaunched finished run (a requeued sweep job, a resubmitted script) has nothing to do
+        self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget()
 
+        # Every check passed: from here on the run directory is written to
         self.jsonl = JsonlLogger(self.run_dir) if self.dist.is_main else None
         self.wandb = None
-        if self.dist.is_main:
+        if self.dist.is_main and not self.complete:
             self._write_config()
-            if resume_from is not None:
-                self.jsonl.truncate_after(self.step)
+            log_to_file(self.run_dir)
+            if candidates or self.restart:
+                self.jsonl.truncate_after(self.step)  # evaluations after the checkpoint are redone
             if cfg.logger.wandb.mode != "disabled":
+                self.wandb_id = wandb_id_for(self.run_dir, self.wandb_id)
                 self.wandb = WandbLogger(cfg.logger, self.run_dir, OmegaConf.to_container(cfg, resolve=True),
                                          cfg.run_name, self.wandb_id)
-                self.wandb_id = self.wandb.id
 
     # ----- run directory, config, checkpoints -------------------------------------------------------------
-    def _check_run_dir(self) -> Path | None:
-        """Never overwrite an earlier run: continue it only when asked (trainer.resume)."""
-        resume = self.cfg.trainer.resume
-        latest = ckpt.latest_checkpoint(self.run_dir)
+    def _check_run_dir(self) -> list[Path]:
+        """Never overwrite an earlier run: continue it only when asked (trainer.resume). Returns the run
+        directory's checkpoints, newest first (empty: start from step 0)."""
+        resume = self.cfg.trainer.resume or False  # null outside a multirun/Slurm job (train.py resolves it)
+        found = ckpt.list_checkpoints(self.run_dir)
+        latest = found[-1] if found else None
         used = latest is not None or (self.run_dir / "metrics.jsonl").exists()
         if resume is True and latest is None:
             raise FileNotFoundError(f"trainer.resume=true but {self.run_dir} holds no checkpoint "
@@ -154,12 +178,14 @@ class Trainer:
                 f"{self.run_dir} already holds a run (checkpoint: {latest[1].name if latest else 'none'}); "
                 f"pass trainer.resume=true (or auto) to continue it, or run_name=<new name> to start another. "
                 f"Nothing was overwritten.")
-        if latest is not None and self.dist.is_main:
-            print(f"resuming from {latest[1]} (step {latest[0]})", flush=True)
-        elif used and self.dist.is_main:  # resume=auto, killed before its first checkpoint: start over
-            print(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet; starting it from step 0", flush=True)
-            JsonlLogger(self.run_dir).truncate_after(0)
-        return latest[1] if latest is not None else None
+        self.restart = latest is None and used  # resume=auto, killed before its first checkpoint
+        if self.restart and self.dist.is_main:
+            log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet; starting it from step 0")
+        return [path for _, path in reversed(found)]
+
+    def _out_of_budget(self) -> bool:
+        budget = self.cfg.trainer.flops_budget
+        return budget is not None and self.tokens * self.flops["train_flops_per_token"] >= budget
 
     def _write_config(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -178,8 +204,24 @@ class Trainer:
             "spec": self.spec.__dict__,
         }
 
-    def _load(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(path)
+    def _load(self, candidates: list[Path]) -> None:
+        """Continue from the newest readable checkpoint: one cut short (a full disk, a copy interrupted)
+        is skipped with a warning for the older one kept beside it (trainer.keep_checkpoints)."""
+        for i, path in enumerate(candidates):
+            try:
+                state = ckpt.load_checkpoint(path)
+                break
+            except Exception as err:  # torch.load raises RuntimeError, EOFError, UnpicklingError, ...
+                nxt = f"falling back to {candidates[i + 1].name}" if i + 1 < len(candidates) else "no older one"
+                if self.dist.is_main:
+                    log.warning(f"checkpoint {path} is unreadable ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else ''}); {nxt}")
+        else:
+            raise ValueError(f"trainer.resume: none of the {len(candidates)} checkpoint(s) in "
+                             f"{ckpt.checkpoint_dir(self.run_dir)} is readable; move them away to start over")
+        self._check_same_model(state, path)
+        if self.dist.is_main:
+            log.info(f"resuming from {path} (step {state['step']})")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -190,9 +232,25 @@ class Trainer:
         rng = state["rng"]
         ranks = rng.get("per_rank", [rng])
         if len(ranks) != self.dist.world_size and self.dist.is_main:
-            print(f"note: checkpoint holds RNG states of {len(ranks)} ranks, this run has "
-                  f"{self.dist.world_size}; ranks beyond them reuse rank 0's", flush=True)
+            log.info(f"note: checkpoint holds RNG states of {len(ranks)} ranks, this run has "
+                     f"{self.dist.world_size}; ranks beyond them reuse rank 0's")
         set_rng_state(ranks[self.dist.rank] if self.dist.rank < len(ranks) else ranks[0])
+
+    def _check_same_model(self, state: dict, path: Path) -> None:
+        """A checkpoint only continues the model that wrote it: name what changed, in config terms."""
+        saved, now = state.get("spec") or {}, self.spec.__dict__
+        changed = [f"{SPEC_KEYS.get(k, k)}: {saved[k]!r} -> {now[k]!r}" for k in now
+                   if k in saved and k not in RUNTIME_SPEC_FIELDS and saved[k] != now[k]]
+        if not changed:  # the spec agrees (or predates it): the weights' names and shapes must too
+            ours = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+            theirs = {k: tuple(v.shape) for k, v in state["model"].items()}
+            changed = ([f"{k}: {theirs[k]} -> {ours[k]}" for k in ours if k in theirs and ours[k] != theirs[k]]
+                       + [f"{k}: missing from the checkpoint" for k in ours if k not in theirs]
+                       + [f"{k}: not in this model" for k in theirs if k not in ours])
+        if changed:
+            shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
+            raise ValueError(f"trainer.resume: {path} was written by a different model ({shown}); resume with "
+                             f"the run's own config ({self.run_dir / 'config.yaml'}) or start a new run_name")
 
     def _all_rng_states(self) -> dict:
         """Every rank's RNG state (gathered to rank 0), so a resumed run draws what it would have drawn."""
@@ -256,7 +314,7 @@ class Trainer:
             raise FloatingPointError(f"{what}; {self.consecutive_skips} steps in a row, more than "
                                      f"trainer.max_skipped_steps={self.cfg.trainer.max_skipped_steps}; stopping")
         if self.dist.is_main:
-            print(f"warning: {what}; update skipped (trainer.on_nonfinite=skip)", flush=True)
+            log.warning(f"{what}; update skipped (trainer.on_nonfinite=skip)")
 
     @torch.no_grad()
     def per_position_loss(self) -> np.ndarray:
@@ -267,11 +325,13 @@ class Trainer:
         share = range(self.dist.rank * n // self.dist.world_size, (self.dist.rank + 1) * n // self.dist.world_size)
         micro = self.cfg.trainer.micro_docs or self.cfg.data.docs_per_batch
         total = torch.zeros(inputs.shape[1], device=self.device, dtype=torch.float64)
-        for s in range(share.start, share.stop, micro):
-            e = min(s + micro, share.stop)
-            with self.autocast():
-                nll = self.model(inputs[s:e].to(self.device), targets[s:e].to(self.device))
-            total += nll.double().sum(0)
+        with progress_bar(self.dist.is_main, total=n, desc=f"eval step {self.step}", unit="doc", leave=False) as bar:
+            for s in range(share.start, share.stop, micro):
+                e = min(s + micro, share.stop)
+                with self.autocast():
+                    nll = self.model(inputs[s:e].to(self.device), targets[s:e].to(self.device))
+                total += nll.double().sum(0)
+                bar.update((e - s) * self.dist.world_size)
         total = all_reduce_sum(total, self.dist) / n
         self.model.train()
         return total.cpu().numpy()
@@ -303,19 +363,43 @@ class Trainer:
 
     # ----- loop -------------------------------------------------------------------------------------------
     def fit(self) -> dict:
+        if self.complete:
+            return self._report_complete()
+        try:
+            return self._fit()
+        finally:
+            if self.wandb is not None:
+                self.wandb.finish()
+            close_logging()
+
+    def _report_complete(self) -> dict:
+        records = self.jsonl.records() if self.jsonl else []
+        if self.dist.is_main:
+            log.info(f"{self.run_dir} is complete (step {self.step} of trainer.max_steps={self.cfg.trainer.max_steps}"
+                     f"); nothing to do. Raise trainer.max_steps to train it further.")
+            if records:
+                log.info(self._final_summary(records[-1]))
+        shutdown(self.dist)
+        close_logging()
+        return records[-1] if records else {"step": self.step, "tokens": self.tokens}
+
+    def _fit(self) -> dict:
         cfg = self.cfg
-        max_steps, eval_every = cfg.trainer.max_steps, cfg.trainer.eval_every
+        max_steps, eval_every, console_every = cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.logger.console_every
         batches = iter(self.reader)
         budget = cfg.trainer.flops_budget
         if self.dist.is_main:
             params = sum(p.numel() for p in self.model.parameters())
-            print(f"{cfg.run_name}: {params / 1e6:.2f}M parameters on {self.device_name} x{self.dist.world_size}; "
-                  f"forward FLOPs/token weight {self.flops['weight_flops_per_token']:.3g}, state "
-                  f"{self.flops['state_flops_per_token']:.3g} (WSFR {format_ratio(self.flops['wsfr'])})", flush=True)
-        # In a log file (Slurm, CI) a redraw every 0.1 s floods it: refresh every 30 s there instead.
-        bar = tqdm(total=max_steps, initial=self.step, desc=cfg.run_name, disable=not self.dist.is_main,
-                   dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
+            log.info(f"{cfg.run_name}: {params / 1e6:.2f}M parameters on {self.device_name} x{self.dist.world_size}; "
+                     f"forward FLOPs/token weight {self.flops['weight_flops_per_token']:.3g}, state "
+                     f"{self.flops['state_flops_per_token']:.3g} (WSFR {format_ratio(self.flops['wsfr'])})")
+            if not is_terminal():
+                log.info(f"progress: a line every logger.console_every={console_every} steps and at each evaluation "
+                         f"(trainer.eval_every={eval_every}); metrics in {self.run_dir / 'metrics.jsonl'}")
+        # A bar on a terminal only; in a log file (Slurm, CI) progress is the console_every lines.
+        bar = progress_bar(self.dist.is_main, total=max_steps, initial=self.step, desc=cfg.run_name, unit="step")
         window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
+        line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
         record = None
         while self.step < max_steps:
             batch = next(batches)
@@ -324,33 +408,38 @@ class Trainer:
             self.step += 1
             step_tokens = batch["targets"].numel() * self.dist.world_size
             self.tokens += step_tokens
-            self.elapsed += time.time() - t0
+            step_time = time.time() - t0
+            self.elapsed += step_time
             window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + step_tokens
+            line_loss, line_steps, line_tokens = line_loss + loss, line_steps + 1, line_tokens + step_tokens
+            line_time += step_time
+            lr = self.scheduler.get_last_lr()[0]
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
             if self.wandb is not None:
-                self.wandb.log_train(self.step, {"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0],
-                                                 "train/tokens": self.tokens})
-            out_of_budget = budget is not None and self.tokens * self.flops["train_flops_per_token"] >= budget
+                self.wandb.log_train(self.step, {"train/loss": loss, "train/lr": lr, "train/tokens": self.tokens})
+            if self.step % console_every == 0 and self.dist.is_main:
+                rate = line_tokens / max(1e-9, line_time)  # training steps only, evaluations excluded
+                log.info(f"step {self.step:>6d}/{max_steps} | train {line_loss / line_steps:.4f} | lr {lr:.2e} | "
+                         f"{rate:,.0f} tok/s")
+                line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
+            out_of_budget = self._out_of_budget()
             if self.step % eval_every == 0 or self.step == max_steps or out_of_budget:
                 tokens_per_s = window_tokens / max(1e-9, time.time() - window_start)
                 record = self.evaluate(window_loss / window_steps, tokens_per_s)
                 self.save()
                 if self.dist.is_main:
-                    bar.write(self._describe(record))
+                    log.info(self._describe(record))
                 window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
             if out_of_budget:
                 if self.dist.is_main:
-                    bar.write(f"stopping at step {self.step}: trainer.flops_budget={budget:.3g} reached")
+                    log.info(f"stopping at step {self.step}: trainer.flops_budget={budget:.3g} reached")
                 break
         bar.close()
-        if record is None:  # resumed a finished run: report its last evaluation
-            records = self.jsonl.records() if self.jsonl else []
-            record = records[-1] if records else self.evaluate(float("nan"), 0.0)
         if self.dist.is_main:
-            print(self._final_summary(record), flush=True)
-        if self.wandb is not None:
-            self.wandb.finish()
+            log.info(self._final_summary(record))
+            if self.wandb is not None:
+                log.info(self.wandb.describe())
         shutdown(self.dist)
         return record
 

@@ -119,3 +119,63 @@ def test_bad_inputs(tmp_path, corpus):
         prepare_dataset(PrepareConfig(source=str(d), out=str(tmp_path / "o"), tokenizer="sentencepiece",
                                       progress=False))
     assert not (tmp_path / "o").exists()
+
+
+def load_cli():
+    spec = importlib.util.spec_from_file_location("prepare_dataset_cli", SCRIPT)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
+@pytest.mark.parametrize("name", ["corpus.jsnol", "data/corpus.jsonl", "./corpus", "a/b/c"])
+def test_mistyped_local_path_fails_at_once_naming_it(tmp_path, monkeypatch, capsys, name):
+    """A local-looking name that does not exist is never looked up on the Hub (a lookup takes ~30 s offline)."""
+    import datasets
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("looked up on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    monkeypatch.chdir(tmp_path)
+    assert load_cli().main(["--input", name, "--out", str(tmp_path / "o"), "--tokenizer", "bytes"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"prepare_dataset: error: input: {name!r} does not exist (a local path: no such file or folder)"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_unreachable_hub_name_is_one_line(tmp_path, monkeypatch, capsys):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'owner/corpus' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    assert load_cli().main(["--input", "owner/corpus", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["prepare_dataset: error: input: 'owner/corpus' is not a local file or folder, and the Hub dataset "
+                   "of that name could not be opened (ConnectionError: Couldn't reach 'owner/corpus' on the Hub "
+                   "(LocalEntryNotFoundError))"]
+
+
+def test_offline_auto_tokenizer_warns_at_the_start(corpus, tmp_path, monkeypatch, capsys):
+    """Offline, --tokenizer auto falls back to bytes and says so on stderr before any work, not only in the
+    summary; --tokenizer gpt2 stops instead."""
+    from longctx.data import prepare
+
+    def offline(self):
+        raise ConnectionError("Failed to resolve 'openaipublic.blob.core.windows.net'")
+
+    monkeypatch.setattr(prepare.TiktokenGPT2, "__init__", offline)
+    d, _ = corpus
+    cli = load_cli()
+    assert cli.main(["--input", str(d), "--out", str(tmp_path / "o"), "--doc-len", str(L), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "prepare_dataset: warning: tokenizer auto: the GPT-2 vocabulary (tiktoken) could not be loaded "
+        "(ConnectionError: Failed to resolve 'openaipublic.blob.core.windows.net'); using the byte-level tokenizer "
+        "(vocab 257). Pass --tokenizer gpt2 to stop instead, or --tokenizer bytes to choose it"]
+    assert json.loads(captured.out)["tokenizer"] == "bytes"
+    assert cli.main(["--input", str(d), "--out", str(tmp_path / "o2"), "--tokenizer", "gpt2", "--quiet"]) == 2
+    assert "tokenizer=gpt2: tiktoken could not load" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()

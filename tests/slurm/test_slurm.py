@@ -97,10 +97,8 @@ def _final_record(run_dir: Path) -> dict:
     return json.loads(lines[-1])
 
 
-@pytest.fixture(scope="module")
-def multirun(slurm, tmp_path_factory) -> dict:
-    """`python train.py -m hydra/launcher=submitit_slurm ... seed=0,1`, run once for this module."""
-    sweep = tmp_path_factory.mktemp("submitit") / "sweep"
+def _submit_multirun(slurm: dict, sweep: Path) -> dict:
+    """`python train.py -m hydra/launcher=submitit_slurm ... seed=0,1` into `sweep`; waits for the jobs."""
     name = f"longctx-test-{uuid.uuid4().hex[:8]}"
     cmd = [sys.executable, "train.py", "-m", "hydra/launcher=submitit_slurm",
            f"hydra.launcher.partition={slurm['partition']}", "hydra.launcher.timeout_min=5",
@@ -115,7 +113,13 @@ def multirun(slurm, tmp_path_factory) -> dict:
     logs = sorted((sweep / ".submitit").glob("*/*_log.*"))
     report = (f"exit {proc.returncode} after {time.monotonic() - t0:.0f}s\n--- launcher stderr\n"
               f"{proc.stderr[-4000:]}\n" + "".join(f"--- {p}\n{_tail(p)}\n" for p in logs))
-    return {"sweep": sweep, "returncode": proc.returncode, "report": report}
+    return {"sweep": sweep, "returncode": proc.returncode, "report": report, "logs": logs}
+
+
+@pytest.fixture(scope="module")
+def multirun(slurm, tmp_path_factory) -> dict:
+    """The seed=0,1 submitit multirun, run once for this module."""
+    return _submit_multirun(slurm, tmp_path_factory.mktemp("submitit") / "sweep")
 
 
 def test_submitit_multirun_two_jobs(multirun):
@@ -182,3 +186,19 @@ def test_sbatch_torchrun_ddp(slurm, multirun, tmp_path):
     reference = _final_record(single.parent)
     assert record["train_loss"] == pytest.approx(reference["train_loss"], abs=1e-4), (record, reference)
     assert record["best_context_loss"] == pytest.approx(reference["best_context_loss"], abs=1e-4)
+
+
+def test_submitit_multirun_relaunched_into_its_folder_is_complete(slurm, multirun):
+    """What hydra-submitit does after a preemption or time limit: the same jobs again, into the same sweep
+    folder. Multirun jobs default to trainer.resume=auto, so finished jobs exit 0 saying they are complete
+    (and unfinished ones would continue from their checkpoints) instead of refusing an existing run."""
+    assert multirun["returncode"] == 0, multirun["report"]
+    sweep = multirun["sweep"]
+    run_dirs = sorted(p for p in sweep.iterdir() if (p / "metrics.jsonl").exists())
+    before = {p: (p / "metrics.jsonl").read_bytes() for p in run_dirs}
+    again = _submit_multirun(slurm, sweep)
+    assert again["returncode"] == 0, again["report"]
+    for p in run_dirs:
+        assert (p / "metrics.jsonl").read_bytes() == before[p], p
+    logs = "".join(path.read_text(errors="replace") for path in sweep.glob(".submitit/*/*_log.out"))
+    assert logs.count("is complete (step 3 of trainer.max_steps=3); nothing to do") >= 2, again["report"]

@@ -1,0 +1,149 @@
+"""Bad input is caught before any work, in one line naming the key or file, and nothing is written:
+unknown keys (even added with +), wrong types, out-of-range and missing values, heldout ids outside the
+vocabulary, a changed model on resume. And what is recoverable is recovered: a truncated newest checkpoint
+falls back to the older one kept, a small prepared dataset evaluates on the heldout documents it has."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from longctx.data.prepare import PrepareConfig, prepare_dataset
+from longctx.train.config import resolve_resume, validate
+from longctx.train.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[2]
+ICL_ONLY = ("data.train_tokens", "data.n_heldout")
+
+
+def generic(overrides):
+    return [o for o in overrides if not o.startswith(ICL_ONLY)]
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under folder -> (size, mtime_ns): equal snapshots mean nothing was written."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("override,message", [
+    ("+trainer.max_stepz=3", "config: trainer.max_stepz=3: unknown key (no config file defines it; did you mean "
+                             "trainer.max_steps?)"),
+    ("optim.lr=abc", "config: optim.lr='abc': must be a number"),
+    ("seed=-1", "config: seed=-1: must be an integer in [0, 2**32)"),
+    ("data=longcrawl64", "config: data.path is mandatory and not set: add data.path=<value> (the folder holding "
+                         "train.zarr and heldout.zarr)"),
+])
+def test_cli_bad_input_is_one_line_exit_2_nothing_written(train_env, tmp_path, override, message):
+    run = tmp_path / "runs" / "run"
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), override, f"hydra.run.dir={run}"],
+                         env=train_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [f"error: {message}"]
+    assert not run.exists()  # not even the empty folder (nor a train.log in it)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("+trainer.max_stepz=3", "trainer.max_stepz"), ("+data.colour=red", "data.colour"),
+    ("optim.lr=abc", "optim.lr"), ("optim.betas=0.9", "optim.betas"), ("trainer.max_steps=abc", "trainer.max_steps"),
+    ("trainer.compile=maybe", "trainer.compile"), ("seed=-1", "seed"), ("seed=1.5", "seed"),
+    ("trainer.flops_budget=lots", "trainer.flops_budget"), ("optim.grad_clip=abc", "optim.grad_clip"),
+])
+def test_validate_names_the_key(compose, override, key):
+    with pytest.raises(ValueError, match=f"config: {key.replace('.', '[.]')}"):
+        validate(compose(override))
+
+
+def test_chosen_option_limits_the_keys(compose):
+    """data.path belongs to data=longcrawl64: added to the ICL data it is unknown, not silently ignored."""
+    cfg = compose("+data.path=/somewhere")
+    validate(cfg)  # without Hydra's choices, any option's keys are known
+    with pytest.raises(ValueError, match=r"config: data\.path='/somewhere': unknown key"):
+        validate(cfg, choices={"data": "icl_markov"})
+    validate(compose("optim.grad_clip=null", "trainer.resume=auto", "optim.lr=1"))  # valid values pass
+
+
+def test_resume_defaults_to_auto_in_multirun_and_slurm():
+    assert resolve_resume(None, multirun=True, environ={}) == "auto"
+    assert resolve_resume(None, multirun=False, environ={"SLURM_JOB_ID": "7"}) == "auto"
+    assert resolve_resume(None, multirun=False, environ={}) is False
+    assert resolve_resume(False, multirun=True, environ={"SLURM_JOB_ID": "7"}) is False  # an explicit value wins
+
+
+def lc64_dataset(root: Path, train_max: int, heldout_max: int, vocab: int, n_train=16, n_heldout=8, L=128):
+    rng = np.random.default_rng(0)
+    for split, n, top in (("train", n_train, train_max), ("heldout", n_heldout, heldout_max)):
+        data = rng.integers(0, top, size=(n, L), dtype=np.uint16)
+        data[-1, 0] = top  # the largest id, in the last document
+        arr = zarr.create_array(str(root / f"{split}.zarr"), shape=data.shape, chunks=(8, 64), dtype="uint16",
+                                attributes={"vocab_size": vocab, "bos_id": vocab - 1})
+        arr[:] = data
+    return root
+
+
+def test_heldout_ids_beyond_the_vocabulary_fail_up_front(compose, tiny, tmp_path):
+    root = lc64_dataset(tmp_path / "ds", train_max=98, heldout_max=150, vocab=100)
+    run = tmp_path / "run"
+    cfg = compose(*generic(tiny), "data=longcrawl64", f"data.path={root}", "data.eval_docs=8", f"run_dir={run}")
+    with pytest.raises(ValueError, match=r"data: heldout token id 150 in .*heldout\.zarr .*data\.eval_docs=8.* "
+                                         r">= model vocab_size=100"):
+        Trainer(cfg)
+    assert not run.exists()
+
+
+def test_small_prepared_dataset_trains_with_default_eval_docs(compose, tiny, tmp_path, capsys):
+    """A dataset prepared from a small corpus has fewer heldout documents than data.eval_docs (64): the run
+    evaluates on all of them, saying so once, instead of stopping."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        (corpus / f"{i}.txt").write_text(" ".join(rng.choice(["long", "context", "power", "attention"], 80)))
+    out = tmp_path / "ds"
+    prepare_dataset(PrepareConfig(source=str(corpus), out=str(out), doc_len=128, heldout_docs=2,
+                                  tokenizer="bytes", progress=False))
+    cfg = compose(*[o for o in generic(tiny) if not o.startswith("data.eval_docs")], "data=longcrawl64",
+                  f"data.path={out}", "trainer.max_steps=2", "trainer.eval_every=2", f"run_dir={tmp_path / 'run'}")
+    assert cfg.data.eval_docs == 64  # the default
+    rec = Trainer(cfg).fit()
+    assert rec["step"] == 2 and np.isfinite(rec["best_context_loss"])
+    err = capsys.readouterr().err
+    assert "warning: data.eval_docs=64 but" in err and "holds 2 documents: evaluating on all 2" in err
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_older_one(compose, tiny, tmp_path, capsys):
+    full = tmp_path / "full"
+    Trainer(compose(*tiny, f"run_dir={full}")).fit()  # checkpoints at steps 3 and 6 (keep_checkpoints=2)
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    newest = cut / "checkpoints" / "step_00000006.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # a copy or a disk cut short
+    capsys.readouterr()
+    rec = Trainer(compose(*tiny, "trainer.resume=true", f"run_dir={cut}")).fit()
+    err = capsys.readouterr().err
+    assert f"warning: checkpoint {newest} is unreadable" in err and "falling back to step_00000003.pt" in err
+    assert len(err.strip().splitlines()) == 1
+    a = json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])
+    assert rec["step"] == 6
+    for key in ("train_loss", "best_context_loss", "icl_curve", "per_position_loss", "tokens"):
+        assert rec[key] == a[key], key  # steps 4-6 redone exactly
+    assert "WARNING checkpoint" in (cut / "train.log").read_text()
+
+
+def test_resume_with_a_changed_model_names_the_keys(compose, tiny, tmp_path):
+    run = tmp_path / "run"
+    Trainer(compose(*tiny, f"run_dir={run}")).fit()
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=r"trainer\.resume: .*step_00000006\.pt was written by a different model "
+                                         r"\(model\.n_layers: 3 -> 2\)"):
+        Trainer(compose(*tiny, "model.n_layers=2", "trainer.resume=true", f"run_dir={run}"))
+    with pytest.raises(ValueError, match=r"model\.d_model: 64 -> 32; model\.n_heads: 2 -> 1"):
+        Trainer(compose(*tiny, "model.d_model=32", "model.n_heads=1", "trainer.resume=true", f"run_dir={run}"))
+    assert snapshot(run) == before
