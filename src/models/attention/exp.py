@@ -41,8 +41,10 @@ class ExpAttention(nn.Module):
         return y.transpose(1, 2)  # (b, t, h, d)
 
     def decode(self, q, k, v, x, cache: KVCache | None):
-        if cache is None:
+        if cache is None:  # the prompt: the training form (flash / cuDNN), then its keys and values cached
             cache = KVCache()
+            cache.append(k, v)
+            return self.forward(q, k, v, x), cache
         keys, values = cache.append(k, v)
         return attend_last(q, keys, values), cache
 

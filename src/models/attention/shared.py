@@ -44,9 +44,10 @@ def attend_last(q, k, v, window: int | None = None):
 
 
 class KVCache:
-    """Keys and values of the past positions, (b, T, h, d), in buffers that double when full (so appending a
-    token copies nothing, amortized). With `keep` (the sliding window's rolling cache) only the newest `keep`
-    positions are carried into a new buffer, so memory stays below 2 * keep + the longest append."""
+    """Keys and values of the past positions, (b, T, h, d), in buffers that grow by a quarter (at least 256
+    positions) when full, so appending a token copies nothing, amortized. With `keep` (the sliding window's rolling
+    cache) only the newest `keep` positions are carried into a new buffer, so memory stays below
+    2 * keep + the longest append."""
 
     def __init__(self, keep: int | None = None):
         self.keep, self.length = keep, 0
@@ -65,7 +66,8 @@ class KVCache:
 
     def _reallocate(self, like, n):
         kept = self.length if self.keep is None else min(self.length, self.keep)
-        capacity = max(2 * (kept + n), 16) if self.keep is None else max(2 * self.keep, self.keep + n)
+        need = kept + n
+        capacity = need + max(need // 4, 256) if self.keep is None else max(2 * self.keep, self.keep + n)
         old = (self._k, self._v)
         self._k, self._v = (like.new_empty(like.shape[0], capacity, *like.shape[2:]) for _ in range(2))
         if kept:
