@@ -134,7 +134,7 @@ def test_loss_head_on_gpu_matches_float64(dtype, tol):
 def test_compiled_power_model_matches_eager(arch, chunk_size):
     """torch.compile runs the power kernels as custom ops (kernels/power/ops.py): same per-token losses and
     gradients as eager, and no graph break inside the attention (FLA's fused loss head and token shift carry
-    `torch.compiler.disable` and break the graph; removing those breaks measured no faster, session 8)."""
+    `torch.compiler.disable` and break the graph; removing those breaks measured no faster)."""
     torch.manual_seed(0)
     spec = gpu_spec(arch=arch, attention="power", p=2, chunk_size=chunk_size)
     eager = perturb_(build_model(spec), 0.02).cuda()
