@@ -33,7 +33,8 @@ def _check_attention(cfg: DictConfig) -> None:
     except AttentionParamError as err:
         key = f"attention.{err.key}"
         if err.key in cfg.attention and OmegaConf.is_interpolation(cfg.attention, err.key):
-            shortcut = re.fullmatch(r"\$\{(\w+)\}", str(cfg.attention._get_node(err.key)._value()))
+            raw = OmegaConf.to_container(cfg.attention, resolve=False)[err.key]   # e.g. "${p}"
+            shortcut = re.fullmatch(r"\$\{(\w+)\}", str(raw))
             key = shortcut.group(1) if shortcut else key
         _fail(key, err.value, err.why)
 
