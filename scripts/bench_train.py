@@ -63,9 +63,9 @@ def model_size(name):
 
 
 def bench_one(arch, attention, ctx, args):
-    spec = ModelSpec(arch=arch, attention="exp" if attention == "none" else attention, vocab_size=args.vocab,
-                     ctx=ctx, p=args.p, window=args.window, checkpoint_activations=args.checkpoint,
-                     **model_size(args.size))
+    spec = ModelSpec.from_dict(dict(  # p and window go to the attention that takes them
+        arch=arch, attention="exp" if attention == "none" else attention, vocab_size=args.vocab, ctx=ctx,
+        p=args.p, window=args.window, checkpoint_activations=args.checkpoint, **model_size(args.size)))
     batch = max(1, args.tokens // ctx)
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"

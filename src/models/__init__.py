@@ -1,12 +1,13 @@
 """Architectures (GPT-2, RWKV7) with a swappable attention core: `build_model(ModelSpec(...))`."""
-from .attention import ATTENTIONS
+from .attention import ATTENTIONS, build_attention
 from .spec import ModelSpec
 
-__all__ = ["ATTENTIONS", "ModelSpec", "build_model"]
+__all__ = ["ATTENTIONS", "ModelSpec", "build_attention", "build_model"]
 
 
 def build_model(spec: ModelSpec):
-    """ModelSpec -> nn.Module with forward(input_ids, targets=None), flops_per_token(ctx), state_size(ctx)."""
+    """ModelSpec -> nn.Module with forward(input_ids, targets=None, cache=None), generate(...),
+    flops_per_token(ctx), state_size(ctx)."""
     if spec.arch == "gpt2":
         from .gpt2 import GPT2
         return GPT2(spec)

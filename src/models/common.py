@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import HeadGate
+from .decoding import LayerCache, generate
 
 try:  # FLA's fused cross-entropy (Triton, CUDA): fp32 math on the bf16 logits, per-row losses
     from fla.modules.fused_cross_entropy import cross_entropy_loss as _fla_cross_entropy
@@ -17,11 +18,12 @@ except ImportError:  # pragma: no cover - FLA is a dependency; a broken install 
 # ----------------------------------------------------------------------------------------------------------
 # rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half convention as in GPT-NeoX / Llama
 
-def rotary(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotate (b, t, h, d) queries or keys by their position; d must be even."""
+def rotary(x: torch.Tensor, base: float, offset: int = 0) -> torch.Tensor:
+    """Rotate (b, t, h, d) queries or keys by their positions offset..offset+t-1; d must be even."""
     t, d = x.shape[1], x.shape[-1]
     inv_freq = base ** -(torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
-    angles = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), inv_freq)  # (t, d/2)
+    positions = torch.arange(offset, offset + t, device=x.device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)                                              # (t, d/2)
     cos = angles.cos()[None, :, None, :].to(x.dtype)                                      # (1, t, 1, d/2)
     sin = angles.sin()[None, :, None, :].to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
@@ -81,7 +83,18 @@ def state_cores(model: nn.Module):
 
 
 class LanguageModelMixin:
-    """flops_per_token / state_size for any architecture built from Linear layers and state cores."""
+    """flops_per_token / state_size / generate for any architecture built from Linear layers and state cores
+    whose forward takes `cache` (a list of per-layer `LayerCache`, from `new_cache()`)."""
+
+    def new_cache(self) -> list:
+        """Empty decoding caches, one per layer, for `forward(input_ids, cache=...)`."""
+        return [LayerCache() for _ in range(self.spec.n_layers)]
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue idx (b, t) by max_new_tokens sampled tokens -> (b, t + max_new_tokens). See decoding.generate."""
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+                        generator=generator)
 
     def flops_per_token(self, ctx: int) -> dict:
         return {"weight": weight_flops_per_token(self),

@@ -3,8 +3,9 @@
 Radford et al. 2019 ("Language Models are Unsupervised Multitask Learners"), nanoGPT-style: pre-LayerNorm
 blocks, MLP ratio 4 with GELU, tied input/output embeddings, init N(0, 0.02) with residual projections
 scaled by 1/sqrt(2 * n_layers). Changed from GPT-2: no learned position embedding; rotary embeddings
-(RoFormer) on queries and keys instead. The attention core comes from `attention.ATTENTIONS[spec.attention]`
-and is the only thing that differs between exp / power / linear / window models.
+(RoFormer) on queries and keys instead. The attention core comes from `build_attention(spec)` and is the only
+thing that differs between exp / power / linear / window models. With `cache` (a list of per-layer
+`LayerCache`, see decoding.py) the input continues the cached tokens: generation feeds one position at a time.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .attention import ATTENTIONS
+from .attention import build_attention
 from .common import LanguageModelMixin, per_token_nll, rotary
 from .spec import ModelSpec
 
@@ -26,15 +27,20 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim, self.rope_base = spec.n_heads, spec.head_dim, spec.rope_base
         self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
-        self.core = ATTENTIONS[spec.attention](spec)
+        self.core = build_attention(spec)
         self.proj = nn.Linear(spec.d_model, spec.d_model)
         self.proj.residual = True  # init scaled by 1/sqrt(2 * n_layers)
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # 3 x (b, t, h, d)
-        q, k = rotary(q, self.rope_base), rotary(k, self.rope_base)
-        y = self.core(q, k, v, x)                                                   # (b, t, h, d)
+        start = 0 if cache is None else cache.pos                                   # position of x's first token
+        q, k = rotary(q, self.rope_base, start), rotary(k, self.rope_base, start)
+        if cache is None:
+            y = self.core(q, k, v, x)                                               # (b, t, h, d)
+        else:
+            y, cache.state = self.core.decode(q, k, v, x, cache.state)
+            cache.pos += t
         return self.proj(y.reshape(b, t, -1))                                       # (b, t, d_model)
 
 
@@ -59,8 +65,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(spec.d_model)
         self.mlp = MLP(spec)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -87,11 +93,14 @@ class GPT2(LanguageModelMixin, nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, input_ids, targets=None):
-        """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32."""
+    def forward(self, input_ids, targets=None, cache=None):
+        """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32.
+        cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens."""
         x = self.wte(input_ids)  # (b, t, d_model)
-        for block in self.blocks:
-            if self.spec.checkpoint_activations and torch.is_grad_enabled():
+        for i, block in enumerate(self.blocks):
+            if cache is not None:
+                x = block(x, cache[i])
+            elif self.spec.checkpoint_activations and torch.is_grad_enabled():
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)

@@ -13,11 +13,13 @@ The core is the only thing `attention=` changes:
               S_t = diag(exp(w_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,   o_t = S_t^T r_t
           with a = -kk, b = kk * a_rate (kk = normalized k * k_k); plus RWKV's current-token bonus (r.k.r_k) v.
           GPU: FLA `chunk_rwkv7`; CPU: a chunked PyTorch form (fp32), checked against the plain recurrence.
-  exp / window / power   the named attention from `attention.ATTENTIONS` over the block's own r (as
+  exp / window / power   the named attention (`build_attention(spec)`) over the block's own r (as
           queries), k, v, with rotary embeddings on r and k (as FLA's hybrid attention layers); the
           delta-rule-only parts (w, a, k_k, k_a, r_k) are not built.
 On GPU the elementwise pieces use FLA's fused Triton ops (token shift, addcmul, k update, output
 correction); on CPU their PyTorch references. Same function either way.
+Decoding (`cache`, see decoding.py): each layer keeps the last token's inputs of its two token shifts and its
+core's state (the native rule's S per head, or the attention's own decoding state).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .attention import ATTENTIONS
+from .attention import build_attention
 from .common import LanguageModelMixin, per_token_nll, rotary
 from .spec import ModelSpec
 
@@ -41,8 +43,10 @@ DECAY_RANK, GATE_RANK, A_RANK, V_RANK = 64, 128, 64, 16
 # ----------------------------------------------------------------------------------------------------------
 # elementwise pieces (FLA Triton ops on CUDA, PyTorch on CPU)
 
-def token_shift(x):
-    """(b, t, c) -> x_{t-1} - x_t, with x_{-1} = 0."""
+def token_shift(x, prev=None):
+    """(b, t, c) -> x_{t-1} - x_t, with x_{-1} = prev (b, c): the previous call's last token when decoding, else 0."""
+    if prev is not None:
+        return torch.cat([prev[:, None].to(x.dtype), x[:, :-1]], dim=1) - x
     if x.is_cuda:
         from fla.modules.token_shift import token_shift as fla_token_shift
         return fla_token_shift(x)
@@ -73,9 +77,10 @@ def rwkv7_recurrent(r, w, k, v, a, b):
     return torch.stack(out, dim=1).to(dtype)
 
 
-def rwkv7_chunked(r, w, k, v, a, b, chunk: int = 32):
+def rwkv7_chunked(r, w, k, v, a, b, chunk: int = 32, initial_state=None, return_state: bool = False):
     """The same rule in chunks of `chunk` tokens (WY form, as FLA's `dplr_chunkwise`), fp32: states only at chunk
-    boundaries, matmuls inside. Within a chunk, with G the inclusive cumulative log decay and u_t = a_t^T S_{t-1}:
+    boundaries, matmuls inside. initial_state (b, h, d, dv): S before the first token (default 0); return_state:
+    also return S after the last token (fp32). Within a chunk, with G the inclusive cumulative log decay and u_t = a_t^T S_{t-1}:
         u = (I - A_ab)^-1 (A_ak V + (a * e^{G - w}) S_0),   A_xy[t, s] = sum_i x_t e^{G_t - w_t} / e^{G_s} y_s (s < t)
         o = (r * e^G) S_0 + A_qb u + A_qk V                 (A_q.: s <= t, r_t e^{G_t} / e^{G_s})
         S_c = e^{G_c} S_0 + (b e^{G_c - G})^T u + (k e^{G_c - G})^T V
@@ -105,7 +110,7 @@ def rwkv7_chunked(r, w, k, v, a, b, chunk: int = 32):
         o_v = A_qk @ v                                                          # (B, H, N, C, DV)
         G_end = G[:, :, :, -1:]                                                 # (B, H, N, 1, D)
         k_e, b_e = k * (G_end - G).exp(), b * (G_end - G).exp()
-        S = r.new_zeros(B, H, D, v.shape[-1])                                   # (B, H, D, DV)
+        S = r.new_zeros(B, H, D, v.shape[-1]) if initial_state is None else initial_state.float().clone()
         out = []
         for n in range(N):
             u = u_v[:, :, n] + u_s[:, :, n] @ S                                 # (B, H, C, DV)
@@ -113,7 +118,8 @@ def rwkv7_chunked(r, w, k, v, a, b, chunk: int = 32):
             S = G_end[:, :, n].exp().transpose(-1, -2) * S \
                 + b_e[:, :, n].transpose(-1, -2) @ u + k_e[:, :, n].transpose(-1, -2) @ v[:, :, n]
         o = torch.stack(out, dim=2).reshape(B, H, N * C, -1)[:, :, :T]
-    return o.transpose(1, 2).to(dtype)                                          # (B, T, H, DV)
+    o = o.transpose(1, 2).to(dtype)                                             # (B, T, H, DV)
+    return (o, S) if return_state else o   # padded tokens (no decay, zero k and b) leave S as the last real one
 
 
 class LoRA(nn.Module):
@@ -150,6 +156,14 @@ class RWKV7Rule(nn.Module):
                                lower_bound=LOG_DECAY_MIN, chunk_size=64)
             return o
         return rwkv7_chunked(r, w, k, v, a, b)
+
+    def decode(self, r, w, k, v, a, b, state):
+        """The next tokens after the state S (b, h, d, d) fp32 (None: zeros) -> (o, new S)."""
+        if r.is_cuda:
+            from fla.ops.rwkv7 import chunk_rwkv7
+            return chunk_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=state, output_final_state=True,
+                               safe_gate=True, lower_bound=LOG_DECAY_MIN, chunk_size=64)
+        return rwkv7_chunked(r, w, k, v, a, b, initial_state=state, return_state=True)
 
     def state_size(self, ctx):  # S: d x d per head
         return self.n_heads * self.head_dim ** 2
@@ -192,7 +206,7 @@ class TimeMix(nn.Module):
             self.a_lora = LoRA(d, d, A_RANK)
             self.core = RWKV7Rule(spec)
         else:
-            self.core = ATTENTIONS[spec.attention](spec)
+            self.core = build_attention(spec)
         self._init_rwkv(d, L)
 
     @torch.no_grad()
@@ -230,12 +244,13 @@ class TimeMix(nn.Module):
         else:
             nn.init.orthogonal_(self.k_proj.weight)             # attention cores: keys like queries
 
-    def forward(self, x, v_first):
-        """x (b, t, d) normalized block input; v_first (b, t, d) layer 0's values -> (out (b, t, d), v_first)."""
+    def forward(self, x, v_first, cache=None):
+        """x (b, t, d) normalized block input; v_first (b, t, d) layer 0's values -> (out (b, t, d), v_first).
+        cache: this layer's LayerCache when decoding (x continues its tokens), updated in place."""
         b, t, d = x.shape
         h, hd = self.n_heads, self.head_dim
         heads = lambda z: z.view(b, t, h, hd)  # noqa: E731
-        delta = token_shift(x)                                                     # (b, t, d)
+        delta = token_shift(x, None if cache is None else cache.shift.get("attn"))  # (b, t, d)
         if self.native:
             xr, xw, xk, xv, xa, xg = mix(x, delta, self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g)
         else:
@@ -254,13 +269,22 @@ class TimeMix(nn.Module):
             k = self._k_update(k, a)
             r, w, k, a, v = map(heads, (r, w, k, a, v))
             r, w, k, v, kk, kka = (z.to(r.dtype) for z in (r, w, k, v, kk, kk * a))  # one dtype under autocast
-            o = self.core(r, w, k, v, -kk, kka)                                    # (b, t, h, hd)
+            if cache is None:
+                o = self.core(r, w, k, v, -kk, kka)                                # (b, t, h, hd)
+            else:
+                o, cache.state = self.core.decode(r, w, k, v, -kk, kka, cache.state)
             o = self.g_norm(o.reshape(b * t, d)).view(b, t, d).to(r.dtype)
             o = self._bonus_and_gate(o, r, k, v, g)
         else:
-            q, k = rotary(heads(r), self.rope_base), rotary(heads(k), self.rope_base)
-            o = self.core(q, k, heads(v).to(q.dtype), x)                          # (b, t, h, hd)
+            start = 0 if cache is None else cache.pos                              # position of x's first token
+            q, k = rotary(heads(r), self.rope_base, start), rotary(heads(k), self.rope_base, start)
+            if cache is None:
+                o = self.core(q, k, heads(v).to(q.dtype), x)                      # (b, t, h, hd)
+            else:
+                o, cache.state = self.core.decode(q, k, heads(v).to(q.dtype), x, cache.state)
             o = self.g_norm(o.reshape(b * t, d)).view(b, t, d).to(q.dtype) * g
+        if cache is not None:
+            cache.shift["attn"], cache.pos = x[:, -1].clone(), cache.pos + t
         return self.o_proj(o), v_first
 
     def _k_update(self, k, a):  # k * (1 + (a - 1) * k_a)
@@ -291,8 +315,10 @@ class ChannelMix(nn.Module):
         nn.init.orthogonal_(self.key.weight)
         nn.init.zeros_(self.value.weight)
 
-    def forward(self, x):
-        k = self.key(x.addcmul(token_shift(x), self.x_k))
+    def forward(self, x, cache=None):
+        k = self.key(x.addcmul(token_shift(x, None if cache is None else cache.shift.get("ffn")), self.x_k))
+        if cache is not None:
+            cache.shift["ffn"] = x[:, -1].clone()
         return self.value(F.relu(k) ** 2)
 
 
@@ -308,12 +334,12 @@ class Block(nn.Module):
         self.ffn_norm = nn.LayerNorm(d, eps=1e-5)
         self.ffn = ChannelMix(spec, layer_idx)
 
-    def forward(self, x, v_first):
+    def forward(self, x, v_first, cache=None):
         if hasattr(self, "pre_norm"):
             x = self.pre_norm(x)
-        o, v_first = self.attn(self.attn_norm(x), v_first)
+        o, v_first = self.attn(self.attn_norm(x), v_first, cache)
         x = x + o
-        x = x + self.ffn(self.ffn_norm(x))
+        x = x + self.ffn(self.ffn_norm(x), cache)
         return x, v_first
 
 
@@ -330,12 +356,15 @@ class RWKV7(LanguageModelMixin, nn.Module):
         gain = 0.5 * math.sqrt(spec.vocab_size / spec.d_model) if spec.vocab_size > spec.d_model else 0.5
         nn.init.orthogonal_(self.lm_head.weight, gain=gain)
 
-    def forward(self, input_ids, targets=None):
-        """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32."""
+    def forward(self, input_ids, targets=None, cache=None):
+        """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32.
+        cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens."""
         x = self.embeddings(input_ids)  # (b, t, d)
         v_first = torch.zeros_like(x)
-        for block in self.layers:
-            if self.spec.checkpoint_activations and torch.is_grad_enabled():
+        for i, block in enumerate(self.layers):
+            if cache is not None:
+                x, v_first = block(x, v_first, cache[i])
+            elif self.spec.checkpoint_activations and torch.is_grad_enabled():
                 x, v_first = checkpoint(block, x, v_first, use_reentrant=False)
             else:
                 x, v_first = block(x, v_first)

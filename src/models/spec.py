@@ -1,29 +1,32 @@
 """ModelSpec: every number that decides a model's shape, checked once at construction.
 
 Fields follow docs/architecture.md. `build_model(spec)` (see `__init__.py`) turns a spec into an `nn.Module`.
+The attention's own parameters (p, window, ...) live in `attention_params`, declared and validated by the
+attention core itself (models/attention/): a spec knows no attention by name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import dataclasses
+from dataclasses import dataclass, field
+
+from .attention import attention_class, parse_params
 
 ARCHS = ("gpt2", "rwkv7")
-ATTENTION_NAMES = ("exp", "power", "linear", "window")  # kept in sync with attention.ATTENTIONS (tested)
+# Flat fields of specs saved before `attention_params` existed (old checkpoints), mapped by `from_dict`.
+LEGACY_ATTENTION_FIELDS = ("p", "window", "chunk_size", "gating")
+
 
 @dataclass
 class ModelSpec:
     arch: str = "gpt2"                 # "gpt2" | "rwkv7"
-    attention: str = "exp"             # "exp" | "power" | "linear" | "window"
+    attention: str = "exp"             # a registered attention core (models/attention/, conf/attention/<name>.yaml)
+    attention_params: dict = field(default_factory=dict)  # that core's parameters; missing ones take its defaults
     vocab_size: int = 50304
     d_model: int = 768
     n_layers: int = 12
     n_heads: int = 12
     mlp_ratio: int = 4
-    ctx: int = 1024                    # longest sequence the model will see (sizes the rotary table)
-    p: int = 2                         # power attention degree
-    window: int = 1024                 # sliding-window attention: keys per query, itself included
-    chunk_size: Optional[int] = None   # power/linear chunk size; None = the kernel's choice
-    gating: bool = True                # per-head learned gate for power/linear attention
+    ctx: int = 1024                    # longest sequence the model will see in training
     rope_base: float = 10000.0
     checkpoint_activations: bool = False
 
@@ -33,9 +36,9 @@ class ModelSpec:
 
         if self.arch not in ARCHS:
             bad("arch", f"unknown architecture; known: {', '.join(ARCHS)}")
-        if self.attention not in ATTENTION_NAMES:
-            bad("attention", f"unknown attention; known: {', '.join(ATTENTION_NAMES)}")
-        for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "ctx", "window"):
+        # complete and validated: errors name the parameter (attention.window=0: must be a positive integer)
+        self.attention_params = dataclasses.asdict(parse_params(self.attention, self.attention_params))
+        for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "ctx"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad(field, "must be a positive integer")
@@ -43,18 +46,28 @@ class ModelSpec:
             bad("d_model", f"must be divisible by n_heads={self.n_heads}")
         if (self.d_model // self.n_heads) % 2:
             bad("n_heads", f"head_dim = d_model/n_heads = {self.d_model // self.n_heads} must be even (rotary pairs)")
-        if isinstance(self.p, bool) or not isinstance(self.p, int) or not 1 <= self.p <= 4:
-            bad("p", "power degree must be an integer in 1..4")
-        if self.chunk_size is not None and (
-            isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
-        ):
-            bad("chunk_size", "must be None (kernel's choice) or a positive integer")
         if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
             bad("rope_base", "must be a number > 1")
-        for field in ("gating", "checkpoint_activations"):
-            if not isinstance(getattr(self, field), bool):
-                bad(field, "must be true or false")
+        if not isinstance(self.checkpoint_activations, bool):
+            bad("checkpoint_activations", "must be true or false")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "ModelSpec":
+        """A spec from a plain dict (a checkpoint's `spec`), in today's layout or the older flat one, whose
+        attention parameters were fields of their own (p, window, chunk_size, gating): each of those is kept
+        where the attention declares it and dropped where it does not (exp never read p)."""
+        fields = dict(fields)
+        legacy = {k: fields.pop(k) for k in LEGACY_ATTENTION_FIELDS if k in fields}
+        if legacy and "attention_params" not in fields:
+            declared = {f.name for f in dataclasses.fields(attention_class(fields.get("attention", "exp")).Params)}
+            fields["attention_params"] = {k: v for k, v in legacy.items() if k in declared}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"ModelSpec.{unknown[0]}={fields[unknown[0]]!r}: not a field of ModelSpec "
+                             f"(fields: {', '.join(sorted(known))})")
+        return cls(**fields)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from longctx.models.attention import AttentionParamError, params_from_conf, parse_params
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -134,6 +137,20 @@ def _positive_int(cfg: DictConfig, key: str, allow_none: bool = False) -> None:
         _fail(key, value, "must be a positive integer")
 
 
+def _check_attention(cfg: DictConfig) -> None:
+    """The attention's parameters, checked by its own core (models/attention/). The key named is the one the user
+    typed: `p` for a top-level shortcut that conf/attention/<name>.yaml interpolates (p: ${p}), else attention.<key>."""
+    try:
+        parse_params(cfg.attention.name, params_from_conf(cfg.attention))
+    except AttentionParamError as err:
+        key = f"attention.{err.key}"
+        if err.key in cfg.attention and OmegaConf.is_interpolation(cfg.attention, err.key):
+            raw = OmegaConf.to_container(cfg.attention, resolve=False)[err.key]   # e.g. "${p}"
+            shortcut = re.fullmatch(r"\$\{(\w+)\}", str(raw))
+            key = shortcut.group(1) if shortcut else key
+        _fail(key, err.value, err.why)
+
+
 def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF_DIR, for_run: bool = False) -> None:
     """Check the keys, types and values a typo or a bad sweep can produce (unknown group options are
     Hydra's own `Could not find` error). `choices`: Hydra's group -> chosen option, when known. `for_run`:
@@ -162,12 +179,7 @@ def check_values(cfg: DictConfig) -> None:
         _fail("ctx", cfg.ctx, "must be at least 2")
     if cfg.model.d_model % cfg.model.n_heads:
         _fail("model.d_model", cfg.model.d_model, f"must be divisible by model.n_heads={cfg.model.n_heads}")
-    if cfg.attention.name == "power":
-        p = cfg.attention.p
-        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 4:
-            _fail("p", p, "power attention supports integer degrees 1..4")
-    if cfg.attention.name == "window":
-        _positive_int(cfg, "attention.window")
+    _check_attention(cfg)
     if cfg.device not in DEVICES:
         _fail("device", cfg.device, f"expected one of {DEVICES}")
     if cfg.trainer.precision not in PRECISIONS:

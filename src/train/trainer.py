@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.models import ModelSpec, build_model
+from longctx.models.attention import params_from_conf
 from longctx.train import checkpoint as ckpt
 from longctx.train.config import validate
 from longctx.train.console import close_logging, is_terminal, log, log_to_file, progress_bar, setup_logging
@@ -43,12 +44,11 @@ def model_vocab_size(data_vocab: int) -> int:
 
 
 def model_spec(cfg: DictConfig, vocab_size: int) -> ModelSpec:
-    att = cfg.attention
+    """The model of a config: conf/attention/<name>.yaml's keys (but name and tag) go to the attention core."""
     return ModelSpec(
-        arch=cfg.arch.name, attention=att.name, vocab_size=vocab_size, d_model=cfg.model.d_model,
-        n_layers=cfg.model.n_layers, n_heads=cfg.model.n_heads, mlp_ratio=cfg.model.mlp_ratio, ctx=cfg.ctx,
-        p=att.get("p", cfg.p), window=att.get("window", cfg.window), chunk_size=att.get("chunk_size"),
-        gating=att.get("gating", True), rope_base=cfg.arch.rope_base,
+        arch=cfg.arch.name, attention=cfg.attention.name, attention_params=params_from_conf(cfg.attention),
+        vocab_size=vocab_size, d_model=cfg.model.d_model, n_layers=cfg.model.n_layers, n_heads=cfg.model.n_heads,
+        mlp_ratio=cfg.model.mlp_ratio, ctx=cfg.ctx, rope_base=cfg.arch.rope_base,
         checkpoint_activations=cfg.trainer.activation_checkpointing,
     )
 

@@ -1,15 +1,25 @@
 """Checks shared by the architecture tests."""
+import dataclasses
+
 import torch
 
-from longctx.models import ModelSpec
+from longctx.models import ATTENTIONS, ModelSpec
 
 VOCAB = 37
 
 
 def tiny_spec(default_arch: str, **kw) -> ModelSpec:
-    """A two-layer, 32-wide model (CPU-sized) of `default_arch`, with any field (arch too) overridden by `kw`."""
-    base = dict(arch=default_arch, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, ctx=64, window=5, chunk_size=8)
-    return ModelSpec(**(base | kw))
+    """A two-layer, 32-wide model (CPU-sized) of `default_arch`, with any field (arch too) overridden by `kw`.
+    Keywords that are not ModelSpec fields (p=3, window=8, output_norm=True) are the attention's parameters;
+    window 5 and chunk size 8 by default, where the attention has them, so the windowed and chunked paths run."""
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    spec = dict(arch=default_arch, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, ctx=64)
+    spec.update((k, v) for k, v in kw.items() if k in fields)
+    cls = ATTENTIONS.get(spec.get("attention", "exp"))
+    declared = {f.name for f in dataclasses.fields(cls.Params)} if cls else set()
+    params = {k: v for k, v in dict(window=5, chunk_size=8).items() if k in declared}
+    params.update((k, v) for k, v in kw.items() if k not in fields)
+    return ModelSpec(**spec, attention_params=params)
 
 
 def assert_causal(model, vocab: int, min_change: float, t: int = 23, at: int = 13) -> None:

@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 from longctx.kernels import state_dim
 from longctx.models import ATTENTIONS, ModelSpec, build_model
-from longctx.models.attention import _blocked_window, _mean_keys_per_query
+from longctx.models.attention import build_attention
+from longctx.models.attention.shared import mean_keys_per_query
+from longctx.models.attention.window import blocked_window
 from longctx.models.common import per_token_nll
-from longctx.models.spec import ATTENTION_NAMES
 from _checks import VOCAB, assert_causal, tiny_spec
 
 
@@ -19,32 +20,67 @@ def tiny(**kw):
 
 
 def attention_params():
-    return [pytest.param(name, id=name) for name in ATTENTION_NAMES]
+    return [pytest.param(name, id=name) for name in sorted(ATTENTIONS)]
+
+
+def core(name, spec, **params):
+    """The core `name` with `params`, sized by `spec`."""
+    return build_attention(ModelSpec(**(spec.__dict__ | dict(attention=name, attention_params=params))))
 
 
 # -- spec ---------------------------------------------------------------------------------------------------
 
-def test_registry_matches_spec_names():
-    assert set(ATTENTIONS) == set(ATTENTION_NAMES)
-
-
 @pytest.mark.parametrize("kw, field, words", [
-    (dict(attention="flash"), "attention", ["exp", "power", "linear", "window"]),
-    (dict(arch="llama"), "arch", ["gpt2", "rwkv7"]),
-    (dict(d_model=30, n_heads=4), "d_model", ["n_heads"]),
-    (dict(p=5), "p", ["1..4"]),
-    (dict(p=0), "p", []),
-    (dict(n_layers=0), "n_layers", []),
-    (dict(window=0), "window", []),
-    (dict(chunk_size=0), "chunk_size", []),
-    (dict(gating="yes"), "gating", []),
+    (dict(arch="llama"), "ModelSpec.arch", ["gpt2", "rwkv7"]),
+    (dict(d_model=30, n_heads=4), "ModelSpec.d_model", ["n_heads"]),
+    (dict(n_layers=0), "ModelSpec.n_layers", []),
+    (dict(attention="flash"), "attention.name", ["exp", "power", "linear", "window"]),
+    (dict(attention="power", p=5), "attention.p", ["1..4"]),
+    (dict(attention="power", p=0), "attention.p", []),
+    (dict(attention="window", window=0), "attention.window", ["positive integer"]),
+    (dict(attention="power", chunk_size=0), "attention.chunk_size", []),
+    (dict(attention="linear", gating="yes"), "attention.gating", ["true or false"]),
+    (dict(attention="power", output_norm=1), "attention.output_norm", []),
 ])
 def test_bad_spec_names_the_field(kw, field, words):
     with pytest.raises(ValueError) as err:
         tiny(**kw)
-    assert f"ModelSpec.{field}=" in str(err.value)
+    assert str(err.value).startswith(f"{field}=")
     for w in words:
         assert w in str(err.value)
+
+
+def test_attention_params_are_declared_by_the_core():
+    spec = ModelSpec(attention="power", attention_params={"p": 4})
+    assert spec.attention_params == {"p": 4, "chunk_size": None, "gating": True, "output_norm": False}
+    with pytest.raises(ValueError, match=r"^attention.window=8: not a parameter of attention=exp \(its parameters: none\)"):
+        ModelSpec(attention="exp", attention_params={"window": 8})
+    with pytest.raises(ValueError, match=r"attention.chunk=8: .*p, chunk_size, gating, output_norm"):
+        ModelSpec(attention="power", attention_params={"chunk": 8})
+
+
+def test_old_flat_spec_maps_to_attention_params():
+    """Checkpoints saved before attention_params held p/window/chunk_size/gating as fields of the spec."""
+    old = dict(arch="gpt2", attention="power", vocab_size=50304, d_model=64, n_layers=2, n_heads=2, mlp_ratio=4,
+               ctx=128, p=2, window=1024, chunk_size=None, gating=True, rope_base=10000.0,
+               checkpoint_activations=False)
+    spec = ModelSpec.from_dict(old)
+    assert spec.attention_params == {"p": 2, "chunk_size": None, "gating": True, "output_norm": False}
+    assert ModelSpec.from_dict(old | dict(attention="window")).attention_params == {"window": 1024}
+    assert ModelSpec.from_dict(old | dict(attention="exp")).attention_params == {}
+    assert ModelSpec.from_dict(spec.__dict__) == spec  # today's layout round-trips
+    with pytest.raises(ValueError, match="ModelSpec.colour='red': not a field"):
+        ModelSpec.from_dict(old | dict(colour="red"))
+
+
+def test_every_attention_module_registers_itself():
+    """One module per attention in models/attention/, each registered under its conf file's name."""
+    from pathlib import Path
+    import longctx.models.attention as package
+    conf = Path(__file__).resolve().parents[2] / "conf" / "attention"
+    assert set(ATTENTIONS) == {p.stem for p in conf.glob("*.yaml")} == {"exp", "linear", "power", "window"}
+    for name, cls in ATTENTIONS.items():
+        assert Path(package.__file__).with_name(f"{name}.py").exists() and cls.name == name
 
 
 # -- forward / backward -----------------------------------------------------------------------------------
@@ -142,7 +178,7 @@ def test_blocked_window_matches_dense_band(t, w):
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     band = (j <= i) & (i - j < w)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=band)
-    torch.testing.assert_close(_blocked_window(q, k, v, w), ref)
+    torch.testing.assert_close(blocked_window(q, k, v, w), ref)
 
 
 def test_window_equals_exp_when_window_covers_context():
@@ -152,7 +188,7 @@ def test_window_equals_exp_when_window_covers_context():
     with torch.no_grad():
         a = model(x)
         for block in model.blocks:
-            block.attn.core = ATTENTIONS["exp"](model.spec)
+            block.attn.core = core("exp", model.spec)
         b = model(x)
     torch.testing.assert_close(a, b)
 
@@ -171,18 +207,18 @@ def test_gpt2_small_accounting():
 
 
 def test_window_and_power_accounting():
-    assert _mean_keys_per_query(10, 100) == 5.5
-    assert _mean_keys_per_query(4, 2) == (1 + 2 + 2 + 2) / 4
-    win = ATTENTIONS["window"](tiny(window=5, d_model=32))
+    assert mean_keys_per_query(10, 100) == 5.5
+    assert mean_keys_per_query(4, 2) == (1 + 2 + 2 + 2) / 4
+    win = core("window", tiny(), window=5)
     assert win.state_size(100) == 2 * 5 * 32 and win.state_size(3) == 2 * 3 * 32
     # D is the kernel's tiled symmetric power: C(d/tile + p - 1, p) * tile^p (DESIGN.md), >= C(d + p - 1, p)
     for p in (1, 2, 3, 4):
-        core = ATTENTIONS["power"](tiny(p=p))  # head_dim 16
+        power = core("power", tiny(), p=p)  # head_dim 16
         D = state_dim(p, 16)
-        assert core.expanded_dim == D >= math.comb(16 + p - 1, p)
-        assert core.state_size(10 ** 6) == 2 * D * (16 + (p % 2 == 0))
-        assert core.state_flops(10 ** 6) == 4 * core.state_size(10 ** 6)
-    assert ATTENTIONS["power"](ModelSpec(d_model=768, n_heads=12, p=2)).expanded_dim == state_dim(2, 64)
+        assert power.expanded_dim == D >= math.comb(16 + p - 1, p)
+        assert power.state_size(10 ** 6) == 2 * D * (16 + (p % 2 == 0))
+        assert power.state_flops(10 ** 6) == 4 * power.state_size(10 ** 6)
+    assert core("power", ModelSpec(d_model=768, n_heads=12), p=2).expanded_dim == state_dim(2, 64)
 
 
 # -- power: every degree runs, the gate starts near 1, the core is the formula of DESIGN.md -----------------
@@ -200,31 +236,34 @@ def test_power_every_degree_trains(p):
 
 
 def test_gate_starts_near_one():
-    core = ATTENTIONS["power"](tiny(attention="power"))
-    log_g = core.gate(torch.nn.functional.layer_norm(torch.randn(2, 9, 32), (32,)))
+    power = core("power", tiny())
+    log_g = power.gate(torch.nn.functional.layer_norm(torch.randn(2, 9, 32), (32,)))
     assert log_g.dtype == torch.float32 and log_g.shape == (2, 9, 2)
     assert (log_g < 0).all() and (log_g > -1e-2).all()
 
 
-@pytest.mark.parametrize("p", [1, 2, 3, 4])
-def test_power_core_is_the_gated_formula(p):
+@pytest.mark.parametrize("p, output_norm", [(1, False), (2, False), (3, False), (4, False), (2, True), (4, True)])
+def test_power_core_is_the_gated_formula(p, output_norm):
     torch.manual_seed(0)
-    spec = tiny(attention="power", p=p, d_model=32, n_heads=2)
-    core = ATTENTIONS["power"](spec).double()
+    spec = tiny(attention="power", p=p, d_model=32, n_heads=2, output_norm=output_norm)
+    power = build_attention(spec).double()
+    assert (power.out_norm is not None) == (output_norm or p % 2 == 1)  # odd p always normalize their output
     with torch.no_grad():
-        core.gate.bias.fill_(1.0)  # strong forgetting, so the gate matters
+        power.gate.bias.fill_(1.0)  # strong forgetting, so the gate matters
+        if power.out_norm is not None:
+            power.out_norm.weight.uniform_(0.5, 1.5)
     b, t, h, d = 2, 13, 2, 16
     q, k, v = (torch.randn(b, t, h, d, dtype=torch.float64) for _ in range(3))
     x = torch.randn(b, t, 32, dtype=torch.float64)
     with torch.no_grad():
-        y = core(q, k, v, x)
-        G = core.gate(x).double().cumsum(1)                                          # (b, t, h)
+        y = power(q, k, v, x)
+        G = power.gate(x).double().cumsum(1)                                          # (b, t, h)
         A = (torch.einsum("bihd,bjhd->bhij", q, k) / d ** 0.5) ** p
         A = A * torch.exp(G.transpose(1, 2)[..., :, None] - G.transpose(1, 2)[..., None, :])
         A = A.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), 0)
         if p % 2 == 0:
             A = A / A.sum(-1, keepdim=True)
         ref = torch.einsum("bhij,bjhd->bihd", A, v)
-        if p % 2:
-            ref = core.out_norm(ref)
+        if power.out_norm is not None:  # RMSNorm over each head's d outputs, learnable scale
+            ref = ref * torch.rsqrt(ref.pow(2).mean(-1, keepdim=True) + 1e-6) * power.out_norm.weight
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)

@@ -7,7 +7,8 @@ import torch
 
 from longctx.models import build_model
 from longctx.models.rwkv7 import LOG_DECAY_MIN, rwkv7_chunked, rwkv7_recurrent, to_fla
-from longctx.models.spec import ARCHS, ATTENTION_NAMES
+from longctx.models import ATTENTIONS
+from longctx.models.spec import ARCHS
 from _checks import VOCAB, assert_causal, perturb_, tiny_spec
 
 
@@ -49,7 +50,7 @@ def test_chunked_rule_matches_recurrence(t, chunk):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4, msg=f"d{name}")
 
 
-@pytest.mark.parametrize("attention", ATTENTION_NAMES)
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
 def test_rwkv7_forward_backward_finite(attention):
     torch.manual_seed(0)
     model = build_model(tiny(attention=attention))
@@ -62,7 +63,7 @@ def test_rwkv7_forward_backward_finite(attention):
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
-@pytest.mark.parametrize("attention", ATTENTION_NAMES)
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
 def test_rwkv7_causal(attention):
     torch.manual_seed(0)
     model = perturb_(build_model(tiny(attention=attention)), 0.05).eval()
@@ -91,11 +92,12 @@ def test_weights_load_into_fla_rwkv7():
         to_fla(build_model(tiny(attention="exp")))
 
 
-@pytest.mark.parametrize("attention", ATTENTION_NAMES)
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_pair_trains(arch, attention):
     torch.manual_seed(0)
-    spec = tiny_spec(arch, attention=attention, ctx=32, window=8, checkpoint_activations=(attention == "power"))
+    window = dict(window=8) if attention == "window" else {}
+    spec = tiny_spec(arch, attention=attention, ctx=32, checkpoint_activations=(attention == "power"), **window)
     model = build_model(spec)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     x = torch.randint(0, VOCAB, (4, 32))

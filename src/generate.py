@@ -1,0 +1,135 @@
+"""Sample a continuation from a trained run.
+
+    python -m longctx.generate RUN_DIR --max-new-tokens 200 --prompt "The history of"
+    python -m longctx.generate RUN_DIR --max-new-tokens 50 --prompt-ids 4,0,1,2 --temperature 0
+
+Prints the continuation (decoded text where the run's data has a tokenizer: tiktoken GPT-2 for LongCrawl64,
+bytes for datasets prepared with the byte tokenizer; the ids otherwise, e.g. the ICL Markov states) and the
+decoding speed. Decoding uses the per-layer caches (`--no-cache` recomputes the whole prefix every token).
+Bad input gives one line `error: ...` and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from longctx.data import dataset_info
+from longctx.runs import load_run
+
+
+def tokenizer_name(cfg) -> str | None:
+    """The tokenizer of the run's data: the arrays' `tokenizer` attribute; LongCrawl64's own arrays carry none
+    and are GPT-2 ids; the ICL Markov data has no text at all (None)."""
+    data = cfg.data
+    if data.name == "icl_markov":
+        return None
+    name = None
+    path = data.get("path")
+    if path:
+        try:
+            name = dataset_info(Path(path).expanduser() / data.get("heldout_split", "heldout.zarr")).get("tokenizer")
+        except (FileNotFoundError, ValueError, OSError):  # data not on this machine: fall back on the data's name
+            name = None
+    if name is None and data.name == "longcrawl64":
+        name = "tiktoken-gpt2"
+    return name
+
+
+def codec(name: str | None):
+    """(encode: str -> list[int], decode: list[int] -> str) of a tokenizer name, or None for ids without text."""
+    if name == "tiktoken-gpt2":
+        import tiktoken
+        enc = tiktoken.get_encoding("gpt2")
+        return enc.encode_ordinary, enc.decode
+    if name == "bytes":
+        return (lambda text: list(text.encode("utf-8")),
+                lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))
+    return None
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise ValueError(f"--prompt-ids={text!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    if not ids:
+        raise ValueError(f"--prompt-ids={text!r}: no ids")
+    return ids
+
+
+def generate_from_run(run_dir, max_new_tokens: int, prompt: str | None = None, prompt_ids: str | None = None,
+                      temperature: float = 1.0, top_k: int | None = None, use_cache: bool = True,
+                      step: int | None = None, device: str = "auto", seed: int = 0) -> dict:
+    """The continuation of a prompt (text or ids) by the run's model, with its decoding speed."""
+    if (prompt is None) == (prompt_ids is None):
+        raise ValueError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens={max_new_tokens}: must be a positive integer")
+    model, cfg = load_run(run_dir, step=step, device=device)
+    vocab = model.spec.vocab_size
+    text = codec(tokenizer_name(cfg))
+    if prompt is not None:
+        if text is None:
+            raise ValueError(f"--prompt: the run's data ({cfg.data.name}) has no tokenizer; give --prompt-ids")
+        ids = text[0](prompt)
+        if not ids:
+            raise ValueError("--prompt: the text encodes to no tokens")
+    else:
+        ids = parse_ids(prompt_ids)
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"--prompt-ids: id {bad[0]} is outside the model's vocabulary 0..{vocab - 1}")
+    dev = next(model.parameters()).device
+    idx = torch.tensor([ids], device=dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with amp:
+        out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+                             generator=gen)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    new = out[0, len(ids):].tolist()
+    return {"prompt_ids": ids, "ids": new, "text": text[1](new) if text else None, "seconds": seconds,
+            "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache}
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m longctx.generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="the run's directory (checkpoints/, config.yaml)")
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--prompt", help="prompt text (runs whose data has a tokenizer)")
+    parser.add_argument("--prompt-ids", help="prompt token ids, comma-separated")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens only")
+    parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        res = generate_from_run(args.run_dir, args.max_new_tokens, args.prompt, args.prompt_ids, args.temperature,
+                                args.top_k, not args.no_cache, args.step, args.device, args.seed)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)  # bad input: one line naming what is wrong, no traceback
+        return 2
+    print(res["text"] if res["text"] is not None else " ".join(str(i) for i in res["ids"]))
+    mode = "cached decoding" if res["use_cache"] else "recomputing the prefix"
+    print(f"{len(res['ids'])} tokens in {res['seconds']:.3f} s: {res['tokens_per_s']:.1f} tokens/s "
+          f"({mode}, prompt of {len(res['prompt_ids'])} tokens, step {res['step']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""linear: gated linear attention, y_i = sum_j (s q_i.k_j) exp(G_i - G_j) v_j, RMS-normalized per head."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from longctx.kernels import power_attention
+
+from .power import PowerAttention
+from .registry import boolean, positive_int, register
+
+
+@register("linear")
+class LinearAttention(PowerAttention):
+    """Gated, normalized linear attention: power attention with p=1 (scalar per-head gate), output RMS-normed
+    per head. GPU: FLA's `chunk_simple_gla` where its backward runs, else the p=1 power kernel (same math).
+    Decoding: the p=1 recurrent state (D = d) of the power kernels' step API."""
+
+    @dataclass(frozen=True)
+    class Params:
+        chunk_size: Optional[int] = None    # None = the kernel's choice
+        gating: bool = True                 # per-head learned forget gate
+
+        def __post_init__(self):
+            positive_int(self, "chunk_size", allow_none=True)
+            boolean(self, "gating")
+
+    def __init__(self, spec, params: Params):
+        super().__init__(spec, PowerAttention.Params(p=1, chunk_size=params.chunk_size, gating=params.gating))
+
+    def core(self, q, k, v, log_g):
+        if q.is_cuda and _fla_simple_gla_ok(q.device):
+            from fla.ops.simple_gla import chunk_simple_gla
+            y, _ = chunk_simple_gla(q, k, v, g=log_g, scale=self.head_dim ** -0.5)
+            return y
+        return power_attention(q, k, v, log_g, p=1, chunk_size=self.chunk_size, norm=False)
+
+
+def _fla_simple_gla_ok(device) -> bool:
+    """FLA's gated chunk backward refuses Hopper with Triton < 3.7.1 (FLA issue #640)."""
+    try:
+        import fla.ops.simple_gla  # noqa: F401
+        import triton
+    except ImportError:
+        return False
+    hopper = torch.cuda.get_device_capability(device)[0] == 9
+    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3])
+    return not (hopper and version < (3, 7, 1))

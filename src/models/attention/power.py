@@ -1,0 +1,75 @@
+"""power: gated power attention, A_ij = (s q_i.k_j)^p exp(G_i - G_j) (DESIGN.md; kernels in longctx.kernels)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.nn as nn
+
+from longctx.kernels import PowerState, power_attention, power_attention_step, state_dim  # CUDA -> Triton, CPU -> reference
+
+from .registry import boolean, int_in, positive_int, register
+from .shared import HeadGate
+
+
+@register("power")
+class PowerAttention(nn.Module):
+    """Gated power attention of degree p with per-head gating.
+
+    Even p: normalized by the sum of attention weights (the paper's choice; (q.k)^p >= 0).
+    Odd p (1, 3): (q.k)^p has no sign, so the sum can vanish; we use the unnormalized form (norm=False) and
+    RMS-normalize each head's output instead (as FLA's GLA/RetNet do with their group norm).
+    `output_norm=true` adds that per-head RMSNorm after even p too (the power-attention authors' training code
+    normalizes each head's output).
+    Decoding keeps the constant-size recurrent state (`PowerState`, D x d per head) of the kernels' step API.
+    """
+
+    @dataclass(frozen=True)
+    class Params:
+        p: int = 2                          # degree
+        chunk_size: Optional[int] = None    # None = the kernel's choice (attention form short, chunked long)
+        gating: bool = True                 # per-head learned forget gate
+        output_norm: bool = False           # RMSNorm over each head's output (odd p always have it)
+
+        def __post_init__(self):
+            int_in(self, "p", 1, 4, "power attention supports integer degrees 1..4")
+            positive_int(self, "chunk_size", allow_none=True)
+            boolean(self, "gating")
+            boolean(self, "output_norm")
+
+    def __init__(self, spec, params: Params):
+        super().__init__()
+        self.p, self.chunk_size = params.p, params.chunk_size
+        self.n_heads, self.head_dim = spec.n_heads, spec.head_dim
+        self.norm = self.p % 2 == 0
+        self.gate = HeadGate(spec.d_model, spec.n_heads) if params.gating else None
+        self.out_norm = nn.RMSNorm(spec.head_dim, eps=1e-6) if params.output_norm or not self.norm else None
+
+    def forward(self, q, k, v, x):
+        log_g = self.gate(x) if self.gate is not None else None  # (b, t, h) fp32 <= 0
+        y = self._checked(self.core, q, k, v, log_g)                # (b, t, h, d)
+        return y if self.out_norm is None else self.out_norm(y)
+
+    def core(self, q, k, v, log_g):
+        return power_attention(q, k, v, log_g, p=self.p, chunk_size=self.chunk_size, norm=self.norm)
+
+    def decode(self, q, k, v, x, state: PowerState | None):
+        log_g = self.gate(x) if self.gate is not None else None
+        y, state = self._checked(power_attention_step, q, k, v, state, log_g, p=self.p, norm=self.norm)
+        return (y if self.out_norm is None else self.out_norm(y)), state
+
+    def _checked(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as err:  # e.g. a head_dim the CUDA kernels do not take: say which attention asked
+            raise ValueError(f"{type(self).__name__} (p={self.p}, head_dim={self.head_dim}): {err}") from err
+
+    @property
+    def expanded_dim(self) -> int:  # D = C(d + p - 1, p), the symmetric power's dimension
+        return state_dim(self.p, self.head_dim)
+
+    def state_size(self, ctx):  # per head: the D x d state, plus the D normalizer when normalized
+        return self.n_heads * self.expanded_dim * (self.head_dim + int(self.norm))
+
+    def state_flops(self, ctx):  # per token: read the state (query) and write it (key-value update)
+        return 2 * 2 * self.state_size(ctx)

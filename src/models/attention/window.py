@@ -1,0 +1,101 @@
+"""window: sliding-window softmax attention (each query sees itself and the window-1 keys before it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .registry import positive_int, register
+from .shared import KVCache, attend_last, mean_keys_per_query
+
+try:  # optional extra: pip install longctx[flash]
+    from flash_attn import flash_attn_func
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_func = None
+
+_flex_compiled = None
+_block_masks = {}
+
+
+def _flex_window(q, k, v, window):
+    """FlexAttention with a sliding-window block mask (compiled; GPU). q, k, v: (b, h, t, d)."""
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    t = q.shape[2]
+    key = (t, window, q.device)
+    if key not in _block_masks:
+        def sliding_window(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+        _block_masks[key] = create_block_mask(sliding_window, None, None, t, t, device=q.device)
+    return _flex_compiled(q, k, v, block_mask=_block_masks[key])
+
+
+def blocked_window(q, k, v, window):
+    """Exact sliding-window attention in plain PyTorch, O(t * window) memory: queries in blocks of `window`
+    attend to their own block and the one before. q, k, v: (b, h, t, d). (FlexAttention has no CPU backward.)"""
+    b, h, t, d = q.shape
+    w = window
+    n = -(-t // w)
+    pad = n * w - t
+    q, k, v = (F.pad(z, (0, 0, 0, pad)) for z in (q, k, v))
+    qb = q.view(b, h, n, w, d)                                                 # (b, h, n, w, d)
+    kb, vb = (F.pad(z, (0, 0, w, 0)).view(b, h, n + 1, w, d) for z in (k, v))  # block 0 of these is padding
+    kb = torch.cat([kb[:, :, :-1], kb[:, :, 1:]], dim=3)                       # (b, h, n, 2w, d): prev | own
+    vb = torch.cat([vb[:, :, :-1], vb[:, :, 1:]], dim=3)
+    i = torch.arange(w, device=q.device)[:, None]          # query offset in its block
+    j = torch.arange(2 * w, device=q.device)[None, :]      # key offset from the previous block's start
+    allowed = (j > i) & (j <= i + w)                       # 0 <= (w + i) - j < w
+    first = allowed & (j >= w)                             # block 0 has no previous block
+    mask = torch.stack([first] + [allowed] * (n - 1))      # (n, w, 2w)
+    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+    return y.reshape(b, h, n * w, d)[:, :, :t]
+
+
+@register("window")
+class WindowAttention(nn.Module):
+    """Sliding-window causal softmax attention. GPU: flash-attn's window when installed, else FlexAttention;
+    CPU: an exact blocked form (FlexAttention has no CPU backward). Decoding keeps a rolling cache of the
+    newest `window` keys and values."""
+
+    @dataclass(frozen=True)
+    class Params:
+        window: int = 1024  # keys per query, itself included
+
+        def __post_init__(self):
+            positive_int(self, "window")
+
+    def __init__(self, spec, params: Params):
+        super().__init__()
+        self.window, self.d_model = params.window, spec.d_model
+
+    def forward(self, q, k, v, x=None):
+        t = q.shape[1]
+        if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):
+            return flash_attn_func(q, k, v, causal=True, window_size=(self.window - 1, 0))
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, h, t, d)
+        if t <= self.window:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif q.is_cuda:
+            y = _flex_window(q, k, v, self.window)
+        else:
+            y = blocked_window(q, k, v, self.window)
+        return y.transpose(1, 2)  # (b, t, h, d)
+
+    def decode(self, q, k, v, x, cache: KVCache | None):
+        if cache is None:
+            cache = KVCache(keep=self.window)
+        if cache.length == 0 and q.shape[1] > self.window:  # a long prompt: the training form, then keep the tail
+            cache.append(k[:, -self.window:], v[:, -self.window:])
+            return self.forward(q, k, v, x), cache
+        keys, values = cache.append(k, v)
+        return attend_last(q, keys, values, self.window), cache
+
+    def state_size(self, ctx):
+        return 2 * min(ctx, self.window) * self.d_model
+
+    def state_flops(self, ctx):
+        return 2 * 2 * self.d_model * mean_keys_per_query(ctx, self.window)
