@@ -94,7 +94,7 @@ def test_context_points_keep_tokens_per_update(compose, name):
 
 @pytest.mark.parametrize("name", SMALL)
 def test_small_experiment_trains_on_cpu(compose, tmp_path, name):
-    point = sweep_points(compose, name)[-1]
+    point = [o.replace("reshape_block=512", "reshape_block=32") for o in sweep_points(compose, name)[-1]]
     cfg = compose(f"experiment={name}", f"run_dir={tmp_path / 'run'}", *point, *TINY)
     record = Trainer(cfg).fit()
     assert record["step"] == 2 and record["best_context_loss"] > 0
@@ -115,3 +115,14 @@ def test_one_command_sweep_runs_every_point(train_env, tmp_path):
     assert len(runs) == 3
     ctxs = {OmegaConf.load(r / "config.yaml").attention.name: OmegaConf.load(r / "config.yaml").ctx for r in runs}
     assert ctxs == {"exp": 1024, "window": 4096, "power": 4096}
+
+
+def test_sweep_launcher_prints_the_command(tmp_path):
+    script = REPO / "scripts" / "slurm" / "sweep_experiment.sh"
+    out = subprocess.run([str(script), "context_scaling", "--launcher", "slurm", "--dry-run", "seed=1"], cwd=REPO,
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PARTITION": "gpu"})
+    assert out.returncode == 0, out.stderr
+    assert "train.py -m experiment=context_scaling hydra/launcher=submitit_slurm" in out.stdout
+    assert "hydra.launcher.partition=gpu" in out.stdout and out.stdout.strip().endswith("seed=1")
+    bad = subprocess.run([str(script), "no_such_experiment"], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "no conf/experiment/no_such_experiment.yaml" in bad.stderr
