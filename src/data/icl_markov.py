@@ -11,6 +11,18 @@ Dirichlet, the Bayes-optimal next-token predictor is the posterior predictive
 with n_ij the number of i->j transitions in x_<t (and n_i = sum_j n_ij); the first token is uniform, so
 its optimal loss is ln k. `bayes_nll` returns -ln of that probability for every position.
 
+Mixture of sizes (`state_counts`, the long-context variant). With one k, the optimum saturates once every row
+has been seen a few times; a small k lets the in-context circuit form early but flattens early, a large k keeps
+the optimum falling but gives no early signal. With `state_counts = (k_1, ..., k_m)` every document first draws
+its size k_d uniformly from the list and then lives on the states 0..k_d-1 (vocab = max k). Its Bayes-optimal
+predictor mixes the fixed-size predictors with the posterior over the size:
+
+    p(x_t | x_<t) = sum_m w_m(x_<t) p_{k_m}(x_t | x_<t),   w_m ∝ prod_{s<t} p_{k_m}(x_s | x_<s)
+
+(each p_{k_m} is the posterior predictive above with k = k_m, zero for a state >= k_m), computed exactly by
+`bayes_nll_mixture`. Small documents teach the circuit early; large ones keep the optimum falling at long
+positions.
+
 Layout written by `ensure_icl_markov` (folder name derived from a hash of the parameters):
 
     root/params.json
@@ -50,8 +62,10 @@ def sample_transition_matrices(rng: np.random.Generator, n: int, vocab: int, alp
     return rng.dirichlet(np.full(vocab, float(alpha)), size=(n, vocab))
 
 
-def sample_chains(rng: np.random.Generator, P: np.ndarray, doc_len: int) -> np.ndarray:
-    """Sample one chain per matrix. P (n, k, k) -> tokens (n, doc_len) int64; first state uniform.
+def sample_chains(rng: np.random.Generator, P: np.ndarray, doc_len: int,
+                  first: np.ndarray | None = None) -> np.ndarray:
+    """Sample one chain per matrix. P (n, k, k) -> tokens (n, doc_len) int64; first state `first` (n,) or
+    uniform over the k states.
 
     Vectorized over documents; the Python loop runs over positions only.
     """
@@ -61,7 +75,7 @@ def sample_chains(rng: np.random.Generator, P: np.ndarray, doc_len: int) -> np.n
     cum = cum.reshape(n * k, k)
     u = rng.random((doc_len, n))
     x = np.empty((doc_len, n), dtype=np.int64)
-    x[0] = rng.integers(0, k, size=n)
+    x[0] = rng.integers(0, k, size=n) if first is None else first
     row_base = np.arange(n) * k
     for t in range(1, doc_len):
         rows = cum[row_base + x[t - 1]]                          # (n, k) cumulative probs of the current rows
@@ -92,8 +106,77 @@ def bayes_nll(tokens: np.ndarray, vocab: int, alpha: float) -> np.ndarray:
     return out
 
 
+def sample_mixture_matrices(rng: np.random.Generator, n: int, state_counts, alpha: float) -> np.ndarray:
+    """(n, K, K) matrices, K = max(state_counts): document d draws k_d uniformly from `state_counts`, its rows
+    0..k_d-1 ~ Dirichlet(alpha) over states 0..k_d-1; rows >= k_d (never visited) are uniform over 0..k_d-1."""
+    counts = np.asarray(state_counts, dtype=np.int64)
+    K = int(counts.max())
+    sizes = counts[rng.integers(0, len(counts), size=n)]
+    P = np.zeros((n, K, K))
+    for k in np.unique(sizes):
+        docs = np.flatnonzero(sizes == k)
+        P[docs, :k, :k] = rng.dirichlet(np.full(int(k), float(alpha)), size=(len(docs), int(k)))
+        P[docs, k:, :k] = 1.0 / k
+    return P
+
+
+def sample_mixture_chains(rng: np.random.Generator, P: np.ndarray, doc_len: int) -> np.ndarray:
+    """Chains of `sample_mixture_matrices`' matrices: first state uniform over the document's own k states."""
+    sizes = (P[:, 0] > 0).sum(-1)  # row 0 is always one of the document's own rows
+    first = np.floor(rng.random(len(P)) * sizes).astype(np.int64)
+    return sample_chains(rng, P, doc_len, first=first)
+
+
+def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float) -> np.ndarray:
+    """Exact Bayes-optimal per-token NLL (nats) under the mixture of sizes (module docstring).
+
+    tokens (n, L) ints in [0, max(state_counts)) -> (n, L) float64.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    sizes = np.asarray(state_counts, dtype=np.float64)
+    n, L = tokens.shape
+    K = int(sizes.max())
+    out = np.empty((n, L), dtype=np.float64)
+    log_w = np.full((n, len(sizes)), -np.log(len(sizes)))          # log prior of each size, then posterior
+    fits = tokens[:, :1] < sizes[None, :]                          # (n, m): state allowed under size m
+    log_p = np.where(fits, -np.log(sizes)[None, :], -np.inf)       # first state uniform over k states
+    out[:, 0] = -_logsumexp(log_w + log_p)
+    log_w = log_w + log_p
+    counts = np.zeros(n * K * K, dtype=np.int64)
+    totals = np.zeros(n * K, dtype=np.int64)
+    doc = np.arange(n)
+    for t in range(1, L):
+        i, j = tokens[:, t - 1], tokens[:, t]
+        ij = (doc * K + i) * K + j
+        di = doc * K + i
+        fits = (j[:, None] < sizes[None, :]) & (i[:, None] < sizes[None, :])
+        with np.errstate(divide="ignore"):
+            log_p = np.where(fits, np.log(counts[ij] + alpha)[:, None]
+                             - np.log(totals[di][:, None] + sizes[None, :] * alpha), -np.inf)
+        out[:, t] = _logsumexp(log_w) - _logsumexp(log_w + log_p)
+        log_w = log_w + log_p
+        log_w -= log_w.max(axis=1, keepdims=True)  # keep the weights in range; only their ratios matter
+        counts[ij] += 1
+        totals[di] += 1
+    return out
+
+
+def _logsumexp(a: np.ndarray) -> np.ndarray:
+    """log(sum(exp(a), axis=1)) with -inf entries allowed (each row has at least one finite entry)."""
+    top = a.max(axis=1)
+    return top + np.log(np.exp(a - top[:, None]).sum(axis=1))
+
+
 def generator_params(*, vocab: int, alpha: float, doc_len: int, n_train: int, n_heldout: int,
-                     seed: int) -> dict:
+                     seed: int, state_counts=None) -> dict:
+    if state_counts is not None:
+        counts = list(state_counts)
+        if not counts or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 2
+                                 for k in counts):
+            raise ValueError(f"data.state_counts: must be a non-empty list of integers >= 2, got {state_counts!r}")
+        if max(counts) != vocab:
+            raise ValueError(f"data.state_counts: its largest size must equal data.vocab={vocab!r} (the "
+                             f"model's vocabulary covers every document), got {state_counts!r}")
     if not (isinstance(vocab, (int, np.integer)) and 2 <= vocab <= 65535):
         raise ValueError(f"data.vocab: must be an integer in [2, 65535], got {vocab!r}")
     if not (float(alpha) > 0 and np.isfinite(float(alpha))):
@@ -103,17 +186,21 @@ def generator_params(*, vocab: int, alpha: float, doc_len: int, n_train: int, n_
             raise ValueError(f"data.{name}: must be a positive integer, got {v!r}")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"data.seed: must be a non-negative integer, got {seed!r}")
-    return {"name": GENERATOR, "version": VERSION, "vocab": int(vocab), "alpha": float(alpha),
-            "doc_len": int(doc_len), "n_train": int(n_train), "n_heldout": int(n_heldout), "seed": int(seed)}
+    params = {"name": GENERATOR, "version": VERSION, "vocab": int(vocab), "alpha": float(alpha),
+              "doc_len": int(doc_len), "n_train": int(n_train), "n_heldout": int(n_heldout), "seed": int(seed)}
+    if state_counts is not None:  # absent for one size, so the single-size datasets keep their folders
+        params["state_counts"] = sorted(int(k) for k in state_counts)
+    return params
 
 
 def dataset_dirname(params: dict) -> str:
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    return f"icl_markov-k{params['vocab']}-a{params['alpha']:g}-L{params['doc_len']}-{digest}"
+    sizes = "mix" if "state_counts" in params else ""
+    return f"icl_markov-k{sizes}{params['vocab']}-a{params['alpha']:g}-L{params['doc_len']}-{digest}"
 
 
 def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len: int = 1024,
-                      n_train: int = 16384, n_heldout: int = 512, seed: int = 0,
+                      n_train: int = 16384, n_heldout: int = 512, seed: int = 0, state_counts=None,
                       progress: bool = True) -> Path:
     """Return the root folder of the in-context Markov dataset, generating it on first use.
 
@@ -124,6 +211,8 @@ def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len:
         doc_len: tokens per document. Default 1024.
         n_train, n_heldout: documents in each split. Defaults 16384 and 512.
         seed: base random seed. Default 0.
+        state_counts: None (every document has `vocab` states) or a list of sizes, the largest equal to
+            `vocab`: each document draws its size uniformly from it (the long-context mixture, module docstring).
         progress: show a tqdm bar while generating.
     Returns:
         `root` with `root/train.zarr`, `root/heldout.zarr`, `root/heldout_bayes_nll.zarr`, `root/params.json`.
@@ -137,7 +226,7 @@ def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len:
         >>> LongCrawl64(root / "train.zarr", context_length=256, docs_per_batch=32)
     """
     params = generator_params(vocab=vocab, alpha=alpha, doc_len=doc_len, n_train=n_train,
-                              n_heldout=n_heldout, seed=seed)
+                              n_heldout=n_heldout, seed=seed, state_counts=state_counts)
     cache = Path(os.path.expanduser(str(cache_dir)))
     root = cache / dataset_dirname(params)
     if (root / "params.json").exists():
@@ -167,9 +256,11 @@ def _umask() -> int:
 
 def _generate(out: Path, params: dict, *, progress: bool) -> None:
     k, alpha, L = params["vocab"], params["alpha"], params["doc_len"]
+    mixture = params.get("state_counts")
     sizes = {"train": params["n_train"], "heldout": params["n_heldout"]}
     col_chunk = min(L, 2048)
-    block = _block_docs(L)
+    # the mixture's matrices are (block, k, k) float64: bound them to ~256 MB
+    block = _block_docs(L) if mixture is None else max(16, min(_block_docs(L), (1 << 25) // (k * k)))
     doc_chunk = max(1, min(512, (1 << 21) // col_chunk))  # ~4 MB uncompressed chunks
     attrs = {"bos_id": k, "vocab_size": k + 1, "max_token_id": k - 1, "rolled": False, "generator": params}
     bar = tqdm(total=sum(sizes.values()) * L, unit="tok", unit_scale=True, disable=not progress,
@@ -190,9 +281,12 @@ def _generate(out: Path, params: dict, *, progress: bool) -> None:
             for b, lo in enumerate(range(0, n, block)):
                 hi = min(n, lo + block)
                 rng = np.random.default_rng([params["seed"], split_id, b])
-                P = sample_transition_matrices(rng, hi - lo, k, alpha)
-                x = sample_chains(rng, P, L)
+                if mixture is None:
+                    x = sample_chains(rng, sample_transition_matrices(rng, hi - lo, k, alpha), L)
+                else:
+                    x = sample_mixture_chains(rng, sample_mixture_matrices(rng, hi - lo, mixture, alpha), L)
                 tok[lo:hi] = x.astype(np.uint16)
                 if nll is not None:
-                    nll[lo:hi] = bayes_nll(x, k, alpha).astype(np.float32)
+                    best = bayes_nll(x, k, alpha) if mixture is None else bayes_nll_mixture(x, mixture, alpha)
+                    nll[lo:hi] = best.astype(np.float32)
                 bar.update((hi - lo) * L)

@@ -31,7 +31,8 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
         root = ensure_icl_markov(
             data_cfg.cache_dir, vocab=data_cfg.vocab, alpha=data_cfg.alpha, doc_len=doc_len,
             n_train=max(1, data_cfg.train_tokens // doc_len), n_heldout=data_cfg.n_heldout,
-            seed=data_cfg.gen_seed, progress=sys.stderr.isatty(),  # a bar's redraws would flood a log file
+            seed=data_cfg.gen_seed, state_counts=data_cfg.get("state_counts"),
+            progress=sys.stderr.isatty(),  # a bar's redraws would flood a log file
         )
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     else:

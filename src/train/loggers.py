@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from longctx.train import dashboards
+
 
 class JsonlLogger:
     """One JSON object per evaluation, appended to <run_dir>/metrics.jsonl."""
@@ -73,6 +75,8 @@ class WandbLogger:
         )
         self.id = self.run.id
         self.mode = cfg_logger.wandb.mode
+        self._config, self._last_eval = config, None
+        dashboards.define_metrics(self.run)
 
     def describe(self) -> str:
         where = self.run.settings.sync_dir
@@ -100,8 +104,20 @@ class WandbLogger:
         if png is not None and png.exists():
             scalars["eval/icl_curves_png"] = wandb.Image(str(png))
         self.run.log(scalars, step=step)
+        self._last_eval = record
 
     def finish(self) -> None:
+        cfg = self._config
+        if self._last_eval is not None:  # the final per-bin ICL curve, for the group's overlay panel
+            dashboards.log_final_icl_table(self.run, self._last_eval, cfg["run_name"], cfg["attention"]["tag"],
+                                           cfg["ctx"])
+        group = cfg["logger"]["wandb"]["group"]
+        if cfg["logger"]["wandb"]["mode"] == "online" and group:
+            try:
+                url = dashboards.save_workspace(self.run.entity, self.run.project, group)
+                print(f"wandb workspace of group {group}: {url}", flush=True)
+            except Exception as err:  # the run's data is logged; only the dashboard failed: say so, keep going
+                print(f"warning: could not save the wandb workspace of group {group}: {err}", flush=True)
         self.run.finish()
 
 

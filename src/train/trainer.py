@@ -124,7 +124,8 @@ class Trainer:
         self.spec = model_spec(cfg, model_vocab_size(self.splits.info["vocab_size"]))
 
         self.model = build_model(self.spec).to(self.device)
-        self.flops = flops_report(self.model, cfg.ctx)
+        bf16 = cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and self.device.type == "cuda")
+        self.flops = flops_report(self.model, cfg.ctx, self.device.type, torch.bfloat16 if bf16 else torch.float32)
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.trainer.max_steps)
@@ -341,7 +342,8 @@ class Trainer:
         record = {"step": self.step, "tokens": self.tokens, "elapsed_s": round(self.elapsed, 2),
                   "train_loss": train_loss, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s,
                   "skipped_steps": self.skipped_steps}
-        record.update({k: self.flops[k] for k in ("weight_flops_per_token", "state_flops_per_token", "wsfr")})
+        record.update({k: self.flops[k] for k in ("weight_flops_per_token", "state_flops_per_token",
+                                                      "executed_state_flops_per_token", "wsfr", "state_size")})
         record["flops"] = self.tokens * self.flops["train_flops_per_token"]
         record["mfu"] = mfu(tokens_per_s, self.flops["train_flops_per_token"], self.device_name, self.dist.world_size)
         record.update(icl_summary(curve, self.cfg.trainer.icl_bins, self.bayes_curve))

@@ -1,12 +1,14 @@
 """The in-context Markov dataset: chain statistics and the exact Bayes-optimal loss."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
-from longctx.data.icl_markov import bayes_nll, sample_chains, sample_transition_matrices
+from longctx.data.icl_markov import (bayes_nll, bayes_nll_mixture, sample_chains, sample_mixture_chains,
+                                     sample_mixture_matrices, sample_transition_matrices)
 
 
 def mc_posterior_nll(tokens, vocab, alpha, t, rng, samples=200_000):
@@ -132,3 +134,74 @@ def test_bad_params(tmp_path, bad, match):
     kw = dict(vocab=4, alpha=1.0, doc_len=16, n_train=8, n_heldout=4, seed=0)
     with pytest.raises(ValueError, match=match):
         ensure_icl_markov(tmp_path, progress=False, **{**kw, **bad})
+
+
+# ----- the mixture of sizes (data=icl_markov_long) ----------------------------------------------------------
+
+def test_mixture_with_one_size_is_the_single_size_optimum():
+    rng = np.random.default_rng(3)
+    x = sample_chains(rng, sample_transition_matrices(rng, 4, 6, 0.3), 200)
+    np.testing.assert_allclose(bayes_nll_mixture(x, [6], 0.3), bayes_nll(x, 6, 0.3), rtol=1e-12, atol=1e-12)
+
+
+def test_mixture_optimum_matches_prior_importance_sampling():
+    """Independent of the closed form: draw (size, matrix) from the prior, weight by the prefix's likelihood
+    (first state uniform over the document's states), and average the probability of the next state."""
+    rng = np.random.default_rng(4)
+    sizes, alpha = [2, 3, 5], 0.4
+    P = sample_mixture_matrices(rng, 1, sizes, alpha)
+    x = sample_mixture_chains(rng, P, 7)[0]
+    exact = bayes_nll_mixture(x[None], sizes, alpha)[0]
+    n = 300_000
+    Ps = sample_mixture_matrices(rng, n, sizes, alpha)
+    k = (Ps[:, 0] > 0).sum(-1)
+    w = np.where(x[0] < k, 1.0 / k, 0.0)
+    assert abs(-np.log(w.mean()) - exact[0]) < 0.01
+    for t in range(1, 7):
+        pred = (w * Ps[:, x[t - 1], x[t]]).sum() / w.sum()
+        assert abs(-np.log(pred) - exact[t]) < 0.03, (t, -np.log(pred), exact[t])
+        w = w * Ps[:, x[t - 1], x[t]]
+
+
+def test_mixture_documents_stay_on_their_own_states():
+    rng = np.random.default_rng(5)
+    P = sample_mixture_matrices(rng, 300, [4, 16], 0.1)
+    np.testing.assert_allclose(P.sum(-1), 1.0)
+    x = sample_mixture_chains(rng, P, 400)
+    k = (P[:, 0] > 0).sum(-1)
+    assert set(np.unique(k)) == {4, 16}
+    assert (x.max(axis=1) < k).all()
+    assert 0.35 < (k == 4).mean() < 0.65  # sizes drawn uniformly
+
+
+def test_long_task_optimum_still_falls_at_its_context():
+    """The calibration target of conf/data/icl_markov_long.yaml, from the exact optimum: the last bin of the
+    Bayes curve at least 0.1 nats below the bin holding ctx/8 (so attention that reaches far keeps gaining)."""
+    from omegaconf import OmegaConf
+
+    from longctx.train.metrics import bin_curve, exponential_bins
+    cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "data" / "icl_markov_long.yaml")
+    rng = np.random.default_rng(6)
+    ctx = cfg.doc_len
+    x = sample_mixture_chains(rng, sample_mixture_matrices(rng, 48, list(cfg.state_counts), cfg.alpha), ctx)
+    curve = bayes_nll_mixture(x, list(cfg.state_counts), cfg.alpha).mean(0)
+    bins = exponential_bins(ctx, 16)
+    binned = bin_curve(curve, bins)
+    at_eighth = next(i for i, (a, b) in enumerate(bins) if a <= ctx // 8 < b)
+    assert binned[at_eighth] - binned[-1] >= 0.1, binned
+
+
+def test_mixture_dataset_roundtrip(tmp_path):
+    root = ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, n_train=40, n_heldout=20, seed=0,
+                             state_counts=[4, 8], progress=False)
+    params = json.loads((root / "params.json").read_text())
+    assert params["state_counts"] == [4, 8]
+    heldout = zarr.open_array(str(root / "heldout.zarr"), mode="r")[:]
+    nll = zarr.open_array(str(root / "heldout_bayes_nll.zarr"), mode="r")[:]
+    np.testing.assert_allclose(nll, bayes_nll_mixture(heldout.astype(np.int64), [4, 8], 0.1), rtol=1e-5)
+    # the single-size folder is not reused for the mixture
+    single = ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, n_train=40, n_heldout=20, seed=0,
+                               progress=False)
+    assert single != root
+    with pytest.raises(ValueError, match="data.state_counts"):
+        ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, state_counts=[4, 16], progress=False)

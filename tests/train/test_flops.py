@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from longctx.train.flops import mfu, peak_bf16_flops
 
@@ -80,3 +81,88 @@ def test_plot_runs_against_flops(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_runs.py"), str(tmp_path / "a"),
                           "--y", "nonsense", "-o", str(tmp_path / "x.png")], capture_output=True, text=True)
     assert bad.returncode != 0 and "--y='nonsense'" in bad.stderr
+
+
+# ----- training FLOPs charged with the form that runs (the kernels' dispatch) -------------------------------
+
+def _core(attention: str, p: int = 2, d_model: int = 256, n_heads: int = 4, chunk_size=None):
+    from longctx.models import ModelSpec
+    from longctx.models.attention import ATTENTIONS
+    spec = ModelSpec(attention=attention, d_model=d_model, n_heads=n_heads, n_layers=1, p=p, chunk_size=chunk_size)
+    return ATTENTIONS[attention](spec)
+
+
+def _quadratic(h: int, d: int, t: int) -> float:
+    """Causal softmax-like attention: q.k and A.v, d multiply-adds each, (t + 1) / 2 keys per query on average."""
+    return h * 2 * 2 * d * (t + 1) / 2
+
+
+def _recurrent(h: int, d: int, D: int, normalized: bool) -> float:
+    """State query phi(q).S and update phi(k)^T v: D x (d + normalizer) multiply-adds each per token."""
+    return h * 2 * 2 * D * (d + int(normalized))
+
+
+def test_dispatch_thresholds_pinned():
+    """The accounting asks the dispatch itself; pin the routing it relies on so a changed threshold shows here."""
+    from longctx.kernels.power import dispatch
+    assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T - 1, 2, 64, torch.bfloat16) is None
+    assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T, 2, 64, torch.bfloat16) == dispatch.CHUNKED_C_P2
+    assert dispatch.cuda_chunk_size(65536, 4, 64, torch.bfloat16) is None  # p=4: always the attention form
+    assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T_LINEAR, 1, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(65536, 2, 64, torch.float32) is None  # p=2 outside bf16: attention form
+
+
+@pytest.mark.parametrize("ctx", [1024, 4096, 6143])
+def test_power_below_threshold_is_charged_quadratic(ctx):
+    from longctx.train.flops import executed_state_flops
+    core = _core("power", p=2)
+    assert executed_state_flops(core, ctx) == pytest.approx(_quadratic(4, 64, ctx))
+    exp = _core("exp")
+    assert executed_state_flops(core, ctx) == pytest.approx(exp.state_flops(ctx))  # same work as softmax
+
+
+@pytest.mark.parametrize("ctx", [6144, 8192, 65536])
+def test_power_above_threshold_is_charged_chunked(ctx):
+    from longctx.kernels.power.dispatch import CHUNKED_C_P2
+    from longctx.train.flops import executed_state_flops
+    core = _core("power", p=2)
+    D = math.comb(9, 2) * 8 ** 2  # tiled symmetric power, d=64, tile 8
+    want = _quadratic(4, 64, CHUNKED_C_P2) + _recurrent(4, 64, D, True)
+    assert executed_state_flops(core, ctx) == pytest.approx(want)
+    assert executed_state_flops(core, ctx) > core.state_flops(ctx)  # the intra-chunk attention is real work
+
+
+def test_power_p4_is_quadratic_at_64k_and_cpu_runs_the_attention_form():
+    from longctx.train.flops import executed_state_flops
+    assert executed_state_flops(_core("power", p=4), 65536) == pytest.approx(_quadratic(4, 64, 65536))
+    assert executed_state_flops(_core("power", p=2), 65536, device_type="cpu") == pytest.approx(
+        _quadratic(4, 64, 65536))
+    # an explicit chunk size is what runs, on any device
+    core = _core("power", p=2, chunk_size=256)
+    D = math.comb(9, 2) * 8 ** 2
+    assert executed_state_flops(core, 4096, device_type="cpu") == pytest.approx(
+        _quadratic(4, 64, 256) + _recurrent(4, 64, D, True))
+
+
+def test_linear_and_softmax_forms():
+    from longctx.kernels.power.dispatch import CHUNKED_DEFAULT_C
+    from longctx.train.flops import executed_state_flops
+    lin = _core("linear")
+    assert executed_state_flops(lin, 2048) == pytest.approx(_quadratic(4, 64, 2048))
+    assert executed_state_flops(lin, 8192) == pytest.approx(_quadratic(4, 64, CHUNKED_DEFAULT_C)
+                                                            + _recurrent(4, 64, 64, False))
+    win = _core("window")
+    assert executed_state_flops(win, 8192) == win.state_flops(8192)
+
+
+def test_training_flops_use_the_executed_form_wsfr_the_architecture_count():
+    from longctx.models import ModelSpec, build_model
+    from longctx.train.flops import flops_report
+    with torch.device("meta"):
+        model = build_model(ModelSpec(attention="power", p=2, d_model=256, n_heads=4, n_layers=2, vocab_size=65,
+                                      ctx=4096))
+    r = flops_report(model, 4096)
+    assert r["executed_state_flops_per_token"] == pytest.approx(2 * _quadratic(4, 64, 4096))
+    assert r["train_flops_per_token"] == pytest.approx(3 * (r["weight_flops_per_token"]
+                                                            + r["executed_state_flops_per_token"]))
+    assert r["wsfr"] == pytest.approx(r["weight_flops_per_token"] / r["state_flops_per_token"])

@@ -69,3 +69,32 @@ def test_last_fraction_rounds_up_to_one_position():
 def test_bad_bins_argument_names_the_key():
     with pytest.raises(ValueError, match="trainer.icl_bins"):
         exponential_bins(128, 0)
+
+
+def test_best_context_skips_bins_too_small_to_trust():
+    """A curve whose single-position bin at position 1 is spuriously low (a lucky position): the best context is
+    the lowest bin with at least MIN_BEST_BIN_POSITIONS positions, reported with its end position."""
+    from longctx.train.metrics import MIN_BEST_BIN_POSITIONS
+    ctx = 1024
+    curve = 2.0 + 1.0 / np.sqrt(np.arange(ctx) + 1.0)
+    curve[1] = 0.5
+    bins = exponential_bins(ctx, 16)
+    assert bins[1] == (1, 2)
+    s = icl_summary(curve, 16)
+    a, b = s["best_context_bin"]
+    assert b - a >= MIN_BEST_BIN_POSITIONS and (a, b) == bins[-1]
+    assert s["best_context_position"] == ctx
+    assert s["best_context_loss"] == pytest.approx(curve[a:b].mean(), rel=1e-12)
+    # every bin allowed: the lucky position wins, as a plain minimum would have it
+    s1 = icl_summary(curve, 16, min_bin_positions=1)
+    assert s1["best_context_loss"] == 0.5 and s1["best_context_position"] == 2
+
+
+def test_best_context_falls_back_to_widest_bins_for_short_contexts():
+    curve = np.array([3.0, 1.0, 2.0, 2.5, 2.6, 2.7])  # 6 positions: every bin narrower than the threshold
+    s = icl_summary(curve, 3)
+    widths = [b - a for a, b, _ in s["icl_curve"]]
+    a, b = s["best_context_bin"]
+    assert b - a == max(widths)
+    with pytest.raises(ValueError, match="min_positions"):
+        icl_summary(curve, 3, min_bin_positions=0)
