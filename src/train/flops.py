@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from longctx.kernels.power.dispatch import cuda_chunk_size
-from longctx.models.attention import PowerAttention
+from longctx.models.attention.power import PowerAttention
 from longctx.models.common import state_cores
 
 # Dense bf16 tensor-core peaks (vendor datasheets, without sparsity), TFLOP/s. Matched by substring of the

@@ -132,7 +132,7 @@ def test_loss_head_on_gpu_matches_float64(dtype, tol):
 @pytest.mark.parametrize("chunk_size", [None, 64], ids=["attention_form", "chunked_form"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_power_model_matches_eager(arch, chunk_size):
-    """torch.compile runs the power kernels as custom ops (kernels/power/ops.py): same per-token losses and
+    """torch.compile runs the power kernels as custom ops (kernels/power/autograd.py): same per-token losses and
     gradients as eager, and no graph break inside the attention (FLA's fused loss head and token shift carry
     `torch.compiler.disable` and break the graph; removing those breaks measured no faster)."""
     torch.manual_seed(0)

@@ -87,9 +87,10 @@ def test_plot_runs_against_flops(tmp_path):
 
 def _core(attention: str, p: int = 2, d_model: int = 256, n_heads: int = 4, chunk_size=None):
     from longctx.models import ModelSpec
-    from longctx.models.attention import ATTENTIONS
-    spec = ModelSpec(attention=attention, d_model=d_model, n_heads=n_heads, n_layers=1, p=p, chunk_size=chunk_size)
-    return ATTENTIONS[attention](spec)
+    from longctx.models.attention import build_attention
+    params = {"p": p, "chunk_size": chunk_size} if attention == "power" else {}
+    spec = ModelSpec(attention=attention, attention_params=params, d_model=d_model, n_heads=n_heads, n_layers=1)
+    return build_attention(spec)
 
 
 def _quadratic(h: int, d: int, t: int) -> float:
@@ -104,11 +105,12 @@ def _recurrent(h: int, d: int, D: int, normalized: bool) -> float:
 
 def test_dispatch_thresholds_pinned():
     """The accounting asks the dispatch itself; pin the routing it relies on so a changed threshold shows here."""
-    from longctx.kernels.power import dispatch
-    assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T - 1, 2, 64, torch.bfloat16) is None
-    assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T, 2, 64, torch.bfloat16) == dispatch.CHUNKED_C_P2
+    from longctx.kernels.power import config, dispatch
+    cfg = config.dispatch.current()
+    assert dispatch.cuda_chunk_size(cfg.chunked_min_t - 1, 2, 64, torch.bfloat16) is None
+    assert dispatch.cuda_chunk_size(cfg.chunked_min_t, 2, 64, torch.bfloat16) == cfg.chunk_p2
     assert dispatch.cuda_chunk_size(65536, 4, 64, torch.bfloat16) is None  # p=4: always the attention form
-    assert dispatch.cuda_chunk_size(dispatch.CHUNKED_MIN_T_LINEAR, 1, 64, torch.bfloat16) == dispatch.CHUNKED_DEFAULT_C
+    assert dispatch.cuda_chunk_size(cfg.chunked_min_t_linear, 1, 64, torch.bfloat16) == cfg.default_chunk
     assert dispatch.cuda_chunk_size(65536, 2, 64, torch.float32) is None  # p=2 outside bf16: attention form
 
 
@@ -123,7 +125,8 @@ def test_power_below_threshold_is_charged_quadratic(ctx):
 
 @pytest.mark.parametrize("ctx", [6144, 8192, 65536])
 def test_power_above_threshold_is_charged_chunked(ctx):
-    from longctx.kernels.power.dispatch import CHUNKED_C_P2
+    from longctx.kernels.power import config
+    CHUNKED_C_P2 = config.dispatch.current().chunk_p2
     from longctx.train.flops import executed_state_flops
     core = _core("power", p=2)
     D = math.comb(9, 2) * 8 ** 2  # tiled symmetric power, d=64, tile 8
@@ -145,7 +148,8 @@ def test_power_p4_is_quadratic_at_64k_and_cpu_runs_the_attention_form():
 
 
 def test_linear_and_softmax_forms():
-    from longctx.kernels.power.dispatch import CHUNKED_DEFAULT_C
+    from longctx.kernels.power import config
+    CHUNKED_DEFAULT_C = config.dispatch.current().default_chunk
     from longctx.train.flops import executed_state_flops
     lin = _core("linear")
     assert executed_state_flops(lin, 2048) == pytest.approx(_quadratic(4, 64, 2048))
@@ -159,7 +163,7 @@ def test_training_flops_use_the_executed_form_wsfr_the_architecture_count():
     from longctx.models import ModelSpec, build_model
     from longctx.train.flops import flops_report
     with torch.device("meta"):
-        model = build_model(ModelSpec(attention="power", p=2, d_model=256, n_heads=4, n_layers=2, vocab_size=65,
+        model = build_model(ModelSpec(attention="power", attention_params={"p": 2}, d_model=256, n_heads=4, n_layers=2, vocab_size=65,
                                       ctx=4096))
     r = flops_report(model, 4096)
     assert r["executed_state_flops_per_token"] == pytest.approx(2 * _quadratic(4, 64, 4096))

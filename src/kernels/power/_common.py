@@ -90,7 +90,7 @@ def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constex
 @triton.jit
 def _store_transposed(x, f, XT_ROWS, T, rows, mask, D: tl.constexpr):
     """Stores (x [BT, D] times the row factors f [BT]).T at XT_ROWS + c * T + rows (c < D): rows of a (b, h, D, T)
-    copy, the layout the outer products read their factors from (triton_sym2._transpose_heads, and the chunked
+    copy, the layout the outer products read their factors from (chunk_p2.kernels._transpose_heads, and the chunked
     form's attention kernels with XT_MODE, which hold these rows anyway)."""
     x = (x.to(tl.float32) * f[:, None]).to(XT_ROWS.dtype.element_ty)
     tl.store(XT_ROWS + tl.arange(0, D).to(tl.int64)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
