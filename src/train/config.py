@@ -62,10 +62,19 @@ def schema(conf_dir: Path = CONF_DIR, choices: dict | None = None) -> dict[str, 
         for key, value in leaves:
             found.setdefault(key, set()).add(_kind(value))
 
+    def add_file(path: Path, group: str) -> None:
+        """A group option's keys, and those of the options of its own group it extends (its defaults list)."""
+        add(_file_leaves(path, group.replace("/", ".")))
+        for entry in (OmegaConf.load(path).get("defaults") or []):
+            if isinstance(entry, str) and entry != "_self_" and (path.parent / f"{entry}.yaml").exists():
+                add_file(path.parent / f"{entry}.yaml", group)
+
     add(_file_leaves(conf_dir / "config.yaml", None))
-    for folder in sorted(p for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"):
-        if choices is not None and folder.name in choices:
-            option = choices[folder.name]
+    folders = sorted(p for p in conf_dir.rglob("*") if p.is_dir() and p.name != "hydra")
+    for folder in folders:
+        group = folder.relative_to(conf_dir).as_posix()       # nested groups too, e.g. experiment/arm
+        if choices is not None and group in choices:
+            option = choices[group]
             files = [folder / f"{option}.yaml"] if option is not None else []
             if not all(path.exists() for path in files):  # an option from elsewhere (hydra.searchpath)
                 files = sorted(folder.glob("*.yaml"))
@@ -73,7 +82,7 @@ def schema(conf_dir: Path = CONF_DIR, choices: dict | None = None) -> dict[str, 
             files = sorted(folder.glob("*.yaml"))
         for path in files:
             if path.exists():
-                add(_file_leaves(path, folder.name))
+                add_file(path, group)
     return found
 
 
