@@ -128,8 +128,19 @@ def plot_default_cpu_run(record: dict, path: Path) -> Path:
                            "heldout loss by position")
 
 
+def plot_bench_decode(record: dict, path: Path) -> Path:
+    """The decoding benchmark's own figure (scripts/bench_decode.py draws it; one drawing for both)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).with_name("bench_decode.py"))
+    bench_decode = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_decode)
+    bench_decode.plot(record, path)
+    return path
+
+
 PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "training_throughput": plot_training_throughput,
-         "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run}
+         "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run,
+         "bench_decode": plot_bench_decode}
 
 
 def main(argv=None) -> list[Path]:
