@@ -8,13 +8,10 @@ Every key of conf/ can be overridden on the command line; `python train.py --hel
 """
 import os
 import sys
-import warnings
 
 # Triton keeps autotuning winners on disk (FLA benchmarks its kernels' configs on first use, ~90 s per shape on
 # an H100), so a second run on the same machine and shapes starts at once; TRITON_CACHE_AUTOTUNING=0 turns it off
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-# FLA says so at import on every machine without a GPU; CPU runs are expected to use the PyTorch reference
-warnings.filterwarnings("ignore", message="Triton is not supported on current platform", module=r"fla\.")
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402

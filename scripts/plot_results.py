@@ -56,25 +56,33 @@ def plot_kernel_benchmark(record: dict, path: Path) -> Path:
     return _finish(fig, path)
 
 
-def plot_training_throughput(record: dict, path: Path) -> Path:
-    """Tokens/s per attention, grouped by model and context, as bars."""
+ROW_NAMES = {"exp": "exp (softmax)", "power": "power p=2", "none": "no attention (ceiling)"}
+
+
+def plot_bench_train(record: dict, path: Path) -> Path:
+    """scripts/bench_train.py: tokens/s of each row (attention@ctx) per arch, one bar per variant."""
     rows = [r for r in record["rows"] if not r.get("error")]
-    labels = list(dict.fromkeys(r["label"] for r in rows))
-    groups = list(dict.fromkeys((r["arch"], r["ctx"]) for r in rows))
-    rate = {(r["arch"], r["ctx"], r["label"]): r["tokens_per_s"] / 1e3 for r in rows}
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    width = 0.8 / len(labels)
-    for i, label in enumerate(labels):
-        xs = [g + (i - (len(labels) - 1) / 2) * width for g in range(len(groups))]
-        ys = [rate.get((arch, ctx, label), 0.0) for arch, ctx in groups]
-        name = {"no mixing": "no attention (ceiling)", "power p=2": "power p=2", "exp": "exp (softmax)"}.get(label, label)
-        ax.bar(xs, ys, width, label=name)
-    ax.set_xticks(range(len(groups)), [f"{arch.upper().replace('GPT2', 'GPT-2')} small\nctx {_ctx_label(ctx)}"
-                                       for arch, ctx in groups])
-    ax.set_ylabel("training throughput (k tokens/s)")
-    ax.set_title(f"Training steps, 65,536 tokens per update, bf16 ({record['env']['gpu']})", fontsize=10)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    archs = list(dict.fromkeys(r["arch"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    fig, axes = plt.subplots(1, len(archs), figsize=(6 * len(archs), 4.4), squeeze=False)
+    for ax, arch in zip(axes[0], archs):
+        groups = list(dict.fromkeys((r["attention"], r["ctx"]) for r in rows if r["arch"] == arch))
+        rate = {(r["attention"], r["ctx"], r["variant"]): r["tokens_per_s"] / 1e3 for r in rows if r["arch"] == arch}
+        width = 0.8 / len(variants)
+        for i, variant in enumerate(variants):
+            xs = [g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))]
+            first = next(r for r in rows if r["variant"] == variant)
+            label = (f"{variant}: compile {first['compile'].lower()}, checkpointing "
+                     f"{'on' if first['checkpointing'] else 'off'}")
+            bars = ax.bar(xs, [rate.get((a, c, variant), 0.0) for a, c in groups], width, label=label)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_xticks(range(len(groups)), [f"{ROW_NAMES.get(a, a)}\nctx {_ctx_label(c)}" for a, c in groups],
+                      fontsize=8)
+        ax.set_ylabel("training throughput (k tokens/s)")
+        ax.set_title(f"{arch.upper().replace('GPT2', 'GPT-2')} small, train.py experiment=paper", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Training speed through the trainer ({record['device']}, bf16)", fontsize=11)
     return _finish(fig, path)
 
 
@@ -138,7 +146,7 @@ def plot_bench_decode(record: dict, path: Path) -> Path:
     return path
 
 
-PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "training_throughput": plot_training_throughput,
+PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "bench_train": plot_bench_train,
          "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run,
          "bench_decode": plot_bench_decode}
 

@@ -1,4 +1,9 @@
 """longctx: long-context language-model research framework (power attention, ICL metrics)."""
+import warnings
+
+# FLA says so at import on every machine without a GPU; CPU runs are expected to use the PyTorch reference.
+# Set here so that every entry point (train.py, evaluate, generate, report) stays quiet.
+warnings.filterwarnings("ignore", message="Triton is not supported on current platform", module=r"fla\.")
 
 
 def load_run(run_dir, step=None, device="auto"):

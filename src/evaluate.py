@@ -90,8 +90,7 @@ def evaluate(run_dir: str | Path, ctx: int, out: str | Path, data_overrides: lis
     if splits.info["vocab_size"] > vocab:
         raise ValueError(f"data vocabulary {splits.info['vocab_size']} ({splits.heldout_path}) does not fit the "
                          f"model's vocabulary {vocab}: the run was trained on other data")
-    check_vocab(splits.heldout_path, vocab)
-    heldout = build_heldout(splits, cfg.data, ctx)
+    heldout = build_heldout(splits, cfg.data, ctx, vocab)
     start = time.time()
     curve = per_position_loss(model, heldout["inputs"], heldout["targets"],
                               micro_docs or cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision)

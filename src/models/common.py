@@ -1,6 +1,8 @@
 """Pieces every architecture shares: rotary embeddings, the per-token loss head, FLOP/state accounting."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -9,23 +11,36 @@ from torch.utils.checkpoint import checkpoint
 from .attention import HeadGate
 from .decoding import LayerCache, generate
 
-try:  # FLA's fused cross-entropy (Triton, CUDA): fp32 math on the bf16 logits, per-row losses
-    from fla.modules.fused_cross_entropy import cross_entropy_loss as _fla_cross_entropy
-except ImportError:  # pragma: no cover - FLA is a dependency; a broken install falls back to torch
-    _fla_cross_entropy = None
+
+@functools.cache
+def _fla_cross_entropy():
+    """FLA's fused cross-entropy (Triton, CUDA): fp32 math on the bf16 logits, per-row losses. Imported on first
+    CUDA use: importing FLA takes seconds, which every CPU command (a config error, evaluate, generate) would pay."""
+    try:
+        from fla.modules.fused_cross_entropy import cross_entropy_loss
+    except ImportError:  # pragma: no cover - FLA is a dependency; a broken install falls back to torch
+        return None
+    return cross_entropy_loss
 
 
 # ----------------------------------------------------------------------------------------------------------
 # rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half convention as in GPT-NeoX / Llama
 
-def rotary(x: torch.Tensor, base: float, offset: int = 0) -> torch.Tensor:
-    """Rotate (b, t, h, d) queries or keys by their positions offset..offset+t-1; d must be even."""
-    t, d = x.shape[1], x.shape[-1]
-    inv_freq = base ** -(torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
-    positions = torch.arange(offset, offset + t, device=x.device, dtype=torch.float32)
-    angles = torch.outer(positions, inv_freq)                                              # (t, d/2)
-    cos = angles.cos()[None, :, None, :].to(x.dtype)                                      # (1, t, 1, d/2)
-    sin = angles.sin()[None, :, None, :].to(x.dtype)
+def rotary_tables(t: int, d: int, base: float, offset: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (t, d/2) fp32 of positions offset..offset+t-1. A model computes them once per forward and hands
+    them to every layer: computed inside a compiled block instead, they are fused into the rotation and cost a
+    cos and a sin per query and key element (measured: 18% of a GPT-2 small step at 64k)."""
+    inv_freq = base ** -(torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)  # (d/2,)
+    positions = torch.arange(offset, offset + t, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)                                           # (t, d/2)
+    return angles.cos(), angles.sin()
+
+
+def rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate (b, t, h, d) queries or keys by the positions of `tables` (rotary_tables(t, d, ...)); d even."""
+    d = x.shape[-1]
+    cos = tables[0][None, :, None, :].to(x.dtype)                                         # (1, t, 1, d/2)
+    sin = tables[1][None, :, None, :].to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -35,10 +50,11 @@ def rotary(x: torch.Tensor, base: float, offset: int = 0) -> torch.Tensor:
 
 def _nll(h, weight, targets):
     logits = F.linear(h, weight)  # (n, vocab), bf16 under autocast
-    if logits.is_cuda and _fla_cross_entropy is not None and logits.dtype != torch.float64:
+    fused = _fla_cross_entropy() if logits.is_cuda and logits.dtype != torch.float64 else None
+    if fused is not None:
         # one pass over the logits in fp32 registers, the gradient written over them: torch's fp32 copy,
         # log-softmax and its backward cost ~20% of a GPT-2 small step (bench_train --profile, docs/models.md)
-        return _fla_cross_entropy(logits, targets, inplace_backward=True)[0]
+        return fused(logits, targets, inplace_backward=True)[0]
     return F.cross_entropy(logits.float(), targets, reduction="none")
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, per_token_nll, rotary
+from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables
 from .spec import ModelSpec
 
 
@@ -25,17 +25,17 @@ class SelfAttention(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.n_heads, self.head_dim, self.rope_base = spec.n_heads, spec.head_dim, spec.rope_base
+        self.n_heads, self.head_dim = spec.n_heads, spec.head_dim
         self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
         self.core = build_attention(spec)
         self.proj = nn.Linear(spec.d_model, spec.d_model)
         self.proj.residual = True  # init scaled by 1/sqrt(2 * n_layers)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, rope, cache=None):
+        """rope: the rotary tables of x's positions (the model's, shared by every layer)."""
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # 3 x (b, t, h, d)
-        start = 0 if cache is None else cache.pos                                   # position of x's first token
-        q, k = rotary(q, self.rope_base, start), rotary(k, self.rope_base, start)
+        q, k = rotary(q, rope), rotary(k, rope)
         if cache is None:
             y = self.core(q, k, v, x)                                               # (b, t, h, d)
         else:
@@ -65,8 +65,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(spec.d_model)
         self.mlp = MLP(spec)
 
-    def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(self, x, rope, cache=None):
+        x = x + self.attn(self.ln_1(x), rope, cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -93,17 +93,23 @@ class GPT2(LanguageModelMixin, nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    @property
+    def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
+        return self.blocks
+
     def forward(self, input_ids, targets=None, cache=None):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32.
         cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens."""
         x = self.wte(input_ids)  # (b, t, d_model)
+        start = 0 if cache is None else cache[0].pos  # position of the first input token
+        rope = rotary_tables(input_ids.shape[1], self.spec.head_dim, self.spec.rope_base, start, x.device)
         for i, block in enumerate(self.blocks):
             if cache is not None:
-                x = block(x, cache[i])
+                x = block(x, rope, cache[i])
             elif self.spec.checkpoint_activations and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, rope, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, rope)
         x = self.ln_f(x)
         if targets is None:
             return self.lm_head(x)  # (b, t, vocab)

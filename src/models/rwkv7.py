@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, per_token_nll, rotary
+from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables
 from .spec import ModelSpec
 
 NATIVE = "linear"                          # attention name that means RWKV-7's own time mixing
@@ -180,7 +180,8 @@ class TimeMix(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
         d, L = spec.d_model, spec.n_layers
-        self.layer_idx, self.rope_base = layer_idx, spec.rope_base
+        self.layer_idx = layer_idx
+        self.first = layer_idx == 0  # a bool for the forward: torch.compile specializes on ints (one graph a layer)
         self.n_heads, self.head_dim = spec.n_heads, spec.head_dim
         self.native = spec.attention == NATIVE
 
@@ -244,8 +245,9 @@ class TimeMix(nn.Module):
         else:
             nn.init.orthogonal_(self.k_proj.weight)             # attention cores: keys like queries
 
-    def forward(self, x, v_first, cache=None):
+    def forward(self, x, v_first, rope, cache=None):
         """x (b, t, d) normalized block input; v_first (b, t, d) layer 0's values -> (out (b, t, d), v_first).
+        rope: the model's rotary tables of x's positions (attention cores only; None for the native rule).
         cache: this layer's LayerCache when decoding (x continues its tokens), updated in place."""
         b, t, d = x.shape
         h, hd = self.n_heads, self.head_dim
@@ -256,7 +258,7 @@ class TimeMix(nn.Module):
         else:
             xr, xk, xv, xg = mix(x, delta, self.x_r, self.x_k, self.x_v, self.x_g)
         r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)              # (b, t, d)
-        if self.layer_idx == 0:
+        if self.first:
             v_first = v
         else:
             v = torch.lerp(v, v_first, self.v_lora(xv).sigmoid())
@@ -276,8 +278,7 @@ class TimeMix(nn.Module):
             o = self.g_norm(o.reshape(b * t, d)).view(b, t, d).to(r.dtype)
             o = self._bonus_and_gate(o, r, k, v, g)
         else:
-            start = 0 if cache is None else cache.pos                              # position of x's first token
-            q, k = rotary(heads(r), self.rope_base, start), rotary(heads(k), self.rope_base, start)
+            q, k = rotary(heads(r), rope), rotary(heads(k), rope)
             if cache is None:
                 o = self.core(q, k, heads(v).to(q.dtype), x)                      # (b, t, h, hd)
             else:
@@ -334,10 +335,10 @@ class Block(nn.Module):
         self.ffn_norm = nn.LayerNorm(d, eps=1e-5)
         self.ffn = ChannelMix(spec, layer_idx)
 
-    def forward(self, x, v_first, cache=None):
+    def forward(self, x, v_first, rope=None, cache=None):
         if hasattr(self, "pre_norm"):
             x = self.pre_norm(x)
-        o, v_first = self.attn(self.attn_norm(x), v_first, cache)
+        o, v_first = self.attn(self.attn_norm(x), v_first, rope, cache)
         x = x + o
         x = x + self.ffn(self.ffn_norm(x), cache)
         return x, v_first
@@ -356,18 +357,26 @@ class RWKV7(LanguageModelMixin, nn.Module):
         gain = 0.5 * math.sqrt(spec.vocab_size / spec.d_model) if spec.vocab_size > spec.d_model else 0.5
         nn.init.orthogonal_(self.lm_head.weight, gain=gain)
 
+    @property
+    def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
+        return self.layers
+
     def forward(self, input_ids, targets=None, cache=None):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32.
         cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens."""
         x = self.embeddings(input_ids)  # (b, t, d)
         v_first = torch.zeros_like(x)
+        rope = None
+        if self.spec.attention != NATIVE:  # the attention cores rotate r and k; positions continue a cache's
+            start = 0 if cache is None else cache[0].pos
+            rope = rotary_tables(input_ids.shape[1], self.spec.head_dim, self.spec.rope_base, start, x.device)
         for i, block in enumerate(self.layers):
             if cache is not None:
-                x, v_first = block(x, v_first, cache[i])
+                x, v_first = block(x, v_first, rope, cache[i])
             elif self.spec.checkpoint_activations and torch.is_grad_enabled():
-                x, v_first = checkpoint(block, x, v_first, use_reentrant=False)
+                x, v_first = checkpoint(block, x, v_first, rope, use_reentrant=False)
             else:
-                x, v_first = block(x, v_first)
+                x, v_first = block(x, v_first, rope)
         x = self.norm(x)
         if targets is None:
             return self.lm_head(x)  # (b, t, vocab)

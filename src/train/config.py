@@ -24,8 +24,10 @@ DEVICES = ("auto", "cpu", "cuda")
 RESUME = (None, False, True, "auto")
 WANDB_MODES = ("offline", "online", "disabled")
 MISSING = "???"
-# Keys whose own check below is richer than the type pass (trainer.resume takes false/true/auto/null).
-SELF_CHECKED = {"trainer.resume"}
+# Keys whose own check below is richer than the type pass (trainer.resume takes false/true/auto/null, ...).
+SELF_CHECKED = {"trainer.resume", "trainer.compile", "trainer.activation_checkpointing"}
+COMPILE = (False, True, "blocks", "model")
+CHECKPOINTING = (False, True, "auto")
 NULLABLE = {"optim.grad_clip"}  # null is a documented value although the default is a number
 
 
@@ -195,6 +197,10 @@ def check_values(cfg: DictConfig) -> None:
         _fail("trainer.precision", cfg.trainer.precision, f"expected one of {PRECISIONS}")
     if cfg.trainer.resume not in RESUME:
         _fail("trainer.resume", cfg.trainer.resume, "expected false, true, auto or null")
+    if cfg.trainer.compile not in COMPILE:
+        _fail("trainer.compile", cfg.trainer.compile, "expected false, blocks (or true) or model")
+    if cfg.trainer.activation_checkpointing not in CHECKPOINTING:
+        _fail("trainer.activation_checkpointing", cfg.trainer.activation_checkpointing, "expected false, true or auto")
     if cfg.trainer.on_nonfinite not in ("stop", "skip"):
         _fail("trainer.on_nonfinite", cfg.trainer.on_nonfinite, "expected stop or skip")
     if cfg.logger.wandb.mode not in WANDB_MODES:

@@ -49,8 +49,19 @@ def model_spec(cfg: DictConfig, vocab_size: int) -> ModelSpec:
         arch=cfg.arch.name, attention=cfg.attention.name, attention_params=params_from_conf(cfg.attention),
         vocab_size=vocab_size, d_model=cfg.model.d_model, n_layers=cfg.model.n_layers, n_heads=cfg.model.n_heads,
         mlp_ratio=cfg.model.mlp_ratio, ctx=cfg.ctx, rope_base=cfg.arch.rope_base,
-        checkpoint_activations=cfg.trainer.activation_checkpointing,
+        checkpoint_activations=cfg.trainer.activation_checkpointing is True,  # auto: decided at the first step
     )
+
+
+def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
+    """trainer.compile: false (eager), blocks or true (each residual block compiled in place: one graph, traced once and
+    reused by every layer, in seconds; the weights keep their names), or model (torch.compile of the whole model,
+    returned as a wrapper). The power kernels run as custom ops either way, so the attention does not split a graph."""
+    if how is True or how == "blocks":
+        for block in model.residual_blocks:
+            block.compile()
+        return model
+    return torch.compile(model) if how == "model" else model
 
 
 def seed_everything(seed: int) -> None:
@@ -129,9 +140,7 @@ class Trainer:
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.trainer.max_steps)
-        self.train_model = self.model
-        if cfg.trainer.compile:
-            self.train_model = torch.compile(self.model)
+        self.train_model = compile_model(self.model, cfg.trainer.compile)
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
@@ -303,6 +312,38 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_value
 
+    def _choose_checkpointing(self, batch: dict) -> None:
+        """trainer.activation_checkpointing=auto: recompute the blocks' activations in the backward only when a
+        micro-batch's activations do not fit. On CUDA one micro-batch runs forward and backward without it (its
+        gradients are discarded; no optimizer step, no randomness drawn) and checkpointing is turned on if that ran
+        out of memory or left under ~10% of the card beside the optimizer's state. Every rank must agree. On CPU
+        it stays off (host memory)."""
+        if self.device.type != "cuda":
+            return
+        micro = self.cfg.trainer.micro_docs or batch["inputs"].shape[0]
+        inputs, targets = batch["inputs"][:micro].to(self.device), batch["targets"][:micro].to(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        no_sync = self.train_model.no_sync() if self.dist.enabled else contextlib.nullcontext()
+        try:
+            with no_sync:
+                with self.autocast():
+                    nll = self.train_model(inputs, targets)
+                nll.sum().backward()
+            del nll
+            peak = torch.cuda.max_memory_allocated(self.device)
+            adam_state = 2 * 4 * sum(p.numel() for p in self.model.parameters())
+            fits = peak + adam_state < 0.9 * torch.cuda.get_device_properties(self.device).total_memory
+        except torch.cuda.OutOfMemoryError:
+            fits, peak = False, None
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        too_big = all_reduce_sum(torch.tensor(float(not fits), device=self.device), self.dist).item() > 0
+        self.model.spec.checkpoint_activations = too_big
+        if self.dist.is_main:
+            seen = f"peak {peak / 2 ** 30:.1f} GiB" if peak is not None else "out of memory"
+            log.info(f"trainer.activation_checkpointing=auto: {'on' if too_big else 'off'} (one micro-batch of "
+                     f"{micro} x {inputs.shape[1]} tokens without it: {seen})")
+
     def _non_finite(self, names: list[str], loss: float, grad_norm: float) -> None:
         """Never a silent NaN run: stop naming the step and metric, or (trainer.on_nonfinite=skip) skip
         the update, up to trainer.max_skipped_steps in a row."""
@@ -394,7 +435,8 @@ class Trainer:
             params = sum(p.numel() for p in self.model.parameters())
             log.info(f"{cfg.run_name}: {params / 1e6:.2f}M parameters on {self.device_name} x{self.dist.world_size}; "
                      f"forward FLOPs/token weight {self.flops['weight_flops_per_token']:.3g}, state "
-                     f"{self.flops['state_flops_per_token']:.3g} (WSFR {format_ratio(self.flops['wsfr'])})")
+                     f"{self.flops['state_flops_per_token']:.3g} (WSFR {format_ratio(self.flops['wsfr'])}); MFU counts 3x "
+                     f"the forward FLOPs of the form that runs, not checkpointing's recomputation")
             if not is_terminal():
                 log.info(f"progress: a line every logger.console_every={console_every} steps and at each evaluation "
                          f"(trainer.eval_every={eval_every}); metrics in {self.run_dir / 'metrics.jsonl'}")
@@ -403,8 +445,13 @@ class Trainer:
         window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
         line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
         record = None
+        probed = None  # the batch the checkpointing probe ran on: trained on next, as any other
+        if self.step < max_steps and self.cfg.trainer.activation_checkpointing == "auto":
+            probed = next(batches)
+            self._choose_checkpointing(probed)
         while self.step < max_steps:
-            batch = next(batches)
+            batch = probed if probed is not None else next(batches)
+            probed = None
             t0 = time.time()
             loss = self.train_step(batch)
             self.step += 1

@@ -55,6 +55,8 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(train_env, tmp_path, o
     ("optim.lr=abc", "optim.lr"), ("optim.betas=0.9", "optim.betas"), ("trainer.max_steps=abc", "trainer.max_steps"),
     ("trainer.compile=maybe", "trainer.compile"), ("seed=-1", "seed"), ("seed=1.5", "seed"),
     ("trainer.flops_budget=lots", "trainer.flops_budget"), ("optim.grad_clip=abc", "optim.grad_clip"),
+    ("trainer.compile=3", "trainer.compile"), ("trainer.activation_checkpointing=sometimes",
+                                               "trainer.activation_checkpointing"),
 ])
 def test_validate_names_the_key(compose, override, key):
     with pytest.raises(ValueError, match=f"config: {key.replace('.', '[.]')}"):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from longctx.train import console
 from longctx.train.data import resolve_splits
 
@@ -28,6 +30,7 @@ def pngs_by_folder(run: Path) -> dict[str, list[int]]:
     return found
 
 
+@pytest.mark.slow
 def test_console_log_file_and_wandb_across_a_resume(train_env, tiny, compose, tmp_path):
     cfg = compose(*tiny)
     resolve_splits(cfg.data, cfg.ctx)  # the dataset exists: its generation bar is not this run's output

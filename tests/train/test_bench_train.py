@@ -1,0 +1,60 @@
+"""scripts/bench_train.py runs the trainer's own path (config, model, optimizer, data reader) for each row and
+variant; scripts/compare_train_paths.py trains the fast and the eager path on the same batches."""
+import json
+
+import pytest
+import torch
+
+from longctx.models.common import rotary, rotary_tables
+
+CPU = "model=tiny device=cpu trainer.compile=false trainer.precision=fp32"
+
+
+def test_bench_rows_run_the_trainer_and_record_what_ran(import_script, tmp_path):
+    bench = import_script("bench_train")
+    record = bench.main(["--archs", "gpt2", "--rows", "exp@64", "none@64", "--tokens", "128", "--docs", "1",
+                         "--steps", "1", "--warmup", "1", "--out", str(tmp_path),
+                         "--variant", f"eager={CPU} trainer.activation_checkpointing=false",
+                         "--variant", f"ckpt={CPU} trainer.activation_checkpointing=true"])
+    rows = {(r["attention"], r["variant"]): r for r in record["rows"]}
+    assert len(rows) == 4 and all(r["error"] is None and r["tokens_per_s"] > 0 for r in rows.values())
+    assert rows["exp", "ckpt"]["checkpointing"] and not rows["exp", "eager"]["checkpointing"]
+    assert rows["exp", "eager"]["micro_docs"] == 2 and rows["exp", "eager"]["docs_per_step"] == 2  # 128 // 64
+    # the ceiling row charges no attention: 3 x the weight FLOPs only; exp adds its causal state FLOPs
+    assert rows["none", "eager"]["train_flops_per_token"] < rows["exp", "eager"]["train_flops_per_token"]
+    saved = json.loads((tmp_path / "bench_train.json").read_text())
+    assert saved["rows"] == record["rows"] and (tmp_path / "bench_train.md").read_text().count("| gpt2 |") == 4
+
+
+def test_bench_names_a_bad_row(import_script, tmp_path):
+    bench = import_script("bench_train")
+    with pytest.raises(SystemExit, match="--rows 'power-65536'"):
+        bench.main(["--rows", "power-65536", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_fast_path_trains_like_the_eager_path(import_script, tmp_path):
+    """Compiled blocks without checkpointing vs eager with checkpointing: the same losses step for step (CPU,
+    bf16 autocast as the recipe), while another seed differs."""
+    compare = import_script("compare_train_paths")
+    compare.main(["--steps", "4", "--ctx", "128", "--docs", "2", "--out", str(tmp_path),
+                  "--overrides", "arch=gpt2 attention=power p=2 model=tiny device=cpu"])
+    rec = json.loads((tmp_path / "train_paths_loss.json").read_text())
+    fast, eager, seed1 = rec["losses"].values()
+    assert max(abs(a - b) for a, b in zip(fast, eager)) < 2e-3
+    assert max(abs(a - b) for a, b in zip(seed1, eager)) > 1e-2
+    assert (tmp_path / "train_paths_loss.png").stat().st_size > 10_000
+
+
+def test_rotary_tables_rotate_pairs_by_position_times_frequency():
+    """Closed form: channel pair (i, i + d/2) at position m turns by the angle m * base^(-2i/d); a table that
+    starts at an offset continues the positions of a longer one."""
+    d, base, t = 8, 10000.0, 5
+    x = torch.randn(1, t, 2, d, dtype=torch.float64)
+    got = rotary(x, tuple(z.double() for z in rotary_tables(t, d, base, offset=3)))
+    m = torch.arange(3, 3 + t, dtype=torch.float64)[:, None]
+    theta = m * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)                 # (t, d/2)
+    z = torch.complex(x[..., : d // 2], x[..., d // 2:]) * torch.exp(1j * theta)[None, :, None, :]
+    torch.testing.assert_close(got, torch.cat([z.real, z.imag], -1))
+    longer = rotary_tables(t + 3, d, base)
+    assert torch.equal(longer[0][3:], rotary_tables(t, d, base, offset=3)[0])
