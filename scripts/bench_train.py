@@ -99,7 +99,7 @@ def bench_row(arch, attention, ctx, variant, extra, args, data, scratch) -> dict
             trainer.flops = flops_report(trainer.model, ctx)
         batches = iter(trainer.reader)
         if cfg.trainer.activation_checkpointing == "auto":
-            trainer._choose_checkpointing(next(batches))
+            trainer.choose_checkpointing(next(batches))
         for _ in range(args.warmup):
             loss = trainer.train_step(next(batches))
         sync()

@@ -44,7 +44,7 @@ def train_losses(overrides: list[str], steps: int) -> list[float]:
     try:
         batches = [batch for _, batch in zip(range(steps), trainer.reader)]
         if cfg.trainer.activation_checkpointing == "auto":  # as the trainer: probe on the first batch, then train on it
-            trainer._choose_checkpointing(batches[0])
+            trainer.choose_checkpointing(batches[0])
         return [trainer.train_step(batch) for batch in batches]
     finally:
         trainer.reader.close()

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# GPU run for the model zoo: GPU tests, then 50-step training at 64k for GPT-2 and RWKV7 small
-# with power p=2, then the training benchmark. Logs land in $OUT (or ./gpu_out).
-#   bash tools/model_checks.sh [tests] [train] [bench]
+# GPU run for the model zoo, one stage per call where time is short (each fits 10 minutes on one H100/H200):
+#   tests  the model GPU tests (4 processes; FLA autotunes on first use: carry an autotune cache, docs/gpu.md)
+#   train  50 steps at 64k of GPT-2 and RWKV7 small with power p=2 through train.py
+#   paths  scripts/compare_train_paths.py: 200 steps of the recipe's path vs the eager path vs another seed
+#   bench  scripts/bench_train.py: every arch x row in one process, the recipe and the eager path
+# Logs and results land in $OUT (or ./gpu_out); the autotune winners are kept for the next machine.
+#   bash tools/model_checks.sh [tests] [train] [paths] [bench]
 source tools/setup_device.sh
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-stages=${*:-tests train bench}
+stages=${*:-tests train paths bench}
 for stage in $stages; do
   case $stage in
-    tests) python3 -m pytest tests/models tests/kernels -m gpu -q -x 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    tests) python3 -m pytest -n 4 -q -o addopts="" tests/models -m gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     train)
       for arch in gpt2 rwkv7; do
-        timeout 400 python3 train.py arch=$arch attention=power p=2 ctx=65536 model=small trainer.max_steps=50 \
-          trainer.eval_every=25 data.docs_per_batch=8 trainer.micro_docs=1 data.n_heldout=8 data.eval_docs=8 \
-          trainer.activation_checkpointing=true logger.wandb.mode=disabled cache_dir=/tmp/lcache \
-          hydra.run.dir=/tmp/runs/$arch 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee "$OUT/train_$arch.log" | tail -8
+        timeout 400 python3 train.py experiment=paper arch=$arch attention=power p=2 data=icl_markov \
+          data.doc_len=65536 data.train_tokens=33554432 trainer.max_steps=50 trainer.eval_every=25 \
+          data.docs_per_batch=8 data.n_heldout=8 data.eval_docs=8 logger.wandb.mode=disabled \
+          cache_dir=/tmp/lcache hydra.run.dir=/tmp/runs/$arch 2>&1 | tee "$OUT/train_$arch.log" | tail -8
         cp /tmp/runs/$arch/metrics.jsonl "$OUT/metrics_$arch.jsonl" 2>/dev/null
       done ;;
-    bench) timeout 500 python3 scripts/bench_train.py --out "$OUT" 2>&1 | tee "$OUT/bench_train.log" | tail -40 ;;
+    paths) timeout 580 python3 scripts/compare_train_paths.py --out "$OUT" 2>&1 | tee "$OUT/paths.log" | tail -12 ;;
+    bench) timeout 580 python3 scripts/bench_train.py --out "$OUT" --variant recipe= \
+             --variant before="trainer.compile=false trainer.activation_checkpointing=true" 2>&1 \
+             | tee "$OUT/bench_train.log" | tail -40 ;;
   esac
 done
+bash tools/keep_autotune.sh

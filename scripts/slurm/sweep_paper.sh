@@ -84,7 +84,7 @@ if [[ $GRID != smoke ]]; then
     else echo "sweep_paper.sh: set DATA_PATH to the LongCrawl64 folder (holding train.zarr, heldout.zarr)" >&2; exit 2; fi
   fi
   # The paper's recipe (conf/experiment/paper.yaml: LongCrawl64, lr 3e-4, warmup 2000, cosine to 1e-5,
-  # bf16, activation checkpointing); the grid's own ctx/model/attention overrides still win.
+  # bf16, compiled blocks); the grid's own ctx/model/attention overrides still win.
   FIXED+=(experiment=paper "data.path=$DATA_PATH")
 fi
 FIXED+=("logger.wandb.group=$GROUP")

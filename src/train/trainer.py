@@ -312,7 +312,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_value
 
-    def _choose_checkpointing(self, batch: dict) -> None:
+    def choose_checkpointing(self, batch: dict) -> None:
         """trainer.activation_checkpointing=auto: recompute the blocks' activations in the backward only when a
         micro-batch's activations do not fit. On CUDA one micro-batch runs forward and backward without it (its
         gradients are discarded; no optimizer step, no randomness drawn) and checkpointing is turned on if that ran
@@ -448,7 +448,7 @@ class Trainer:
         probed = None  # the batch the checkpointing probe ran on: trained on next, as any other
         if self.step < max_steps and self.cfg.trainer.activation_checkpointing == "auto":
             probed = next(batches)
-            self._choose_checkpointing(probed)
+            self.choose_checkpointing(probed)
         while self.step < max_steps:
             batch = probed if probed is not None else next(batches)
             probed = None

@@ -16,7 +16,8 @@ import torch
 from longctx.train.data import resolve_splits
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_KILLS = 8          # kills at random moments; then the run is let finish
+MAX_KILLS = 6          # kills at random moments; then the run is let finish
+MAX_STEPS = 48
 DETERMINISTIC = ("step", "tokens", "train_loss", "lr", "best_context_loss", "icl_curve", "per_position_loss",
                  "last10_loss", "bayes_curve", "flops")
 
@@ -27,11 +28,15 @@ def last_record(run_dir: Path) -> dict:
     return records
 
 
+def newest_step(run_dir: Path) -> int:
+    return max((int(p.name[5:13]) for p in (run_dir / "checkpoints").glob("step_*.pt")), default=0)
+
+
 @pytest.mark.slow
 def test_sigkill_anywhere_then_resume_equals_uninterrupted(train_env, tiny, compose, tmp_path):
     cfg = compose(*tiny)
     resolve_splits(cfg.data, cfg.ctx)  # generate the dataset first: the timing below is the run's alone
-    args = [*tiny, "trainer.max_steps=48", "trainer.eval_every=3", "trainer.num_threads=1", "trainer.resume=auto"]
+    args = [*tiny, f"trainer.max_steps={MAX_STEPS}", "trainer.eval_every=3", "trainer.num_threads=1", "trainer.resume=auto"]
     cmd = [sys.executable, str(REPO / "train.py"), *args]
     start = time.time()
     clean = subprocess.run([*cmd, f"hydra.run.dir={tmp_path / 'clean'}"], env=train_env, capture_output=True,
@@ -45,13 +50,15 @@ def test_sigkill_anywhere_then_resume_equals_uninterrupted(train_env, tiny, comp
     for attempt in range(MAX_KILLS + 1):
         proc = subprocess.Popen([*cmd, f"hydra.run.dir={run}"], env=train_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        # after MAX_KILLS kills the run may finish: with the kill moments relative to one clean run's time, a
-        # slower machine (or start-up taking most of a window) could otherwise kill every attempt before its
-        # next checkpoint (a CI run once failed so: "the run never finished")
+        # after MAX_KILLS kills the run may finish: a slower machine (or start-up taking most of a window) could
+        # otherwise kill every attempt before its next checkpoint. Each kill lands within the time this attempt
+        # needs at the least (the clean run's, scaled by the steps left after the newest checkpoint), so a resumed
+        # attempt cannot finish before its kill and every attempt but the last is interrupted
         last = attempt == MAX_KILLS
+        left = max(1 - newest_step(run) / MAX_STEPS, 0.05)
         try:
             # communicate, not wait: it drains the pipes, so a chatty run cannot block on a full one
-            out, err = proc.communicate(timeout=600 if last else rng.uniform(0.2, 0.7) * duration)
+            out, err = proc.communicate(timeout=600 if last else rng.uniform(0.2, 0.7) * duration * left)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.communicate()
@@ -65,7 +72,7 @@ def test_sigkill_anywhere_then_resume_equals_uninterrupted(train_env, tiny, comp
         assert proc.returncode == 0, err[-3000:]
         resumed += "resuming from" in out
         break
-    assert kills >= 2, "the kill schedule never interrupted the run; lengthen the run"
+    assert kills == MAX_KILLS, "an attempt finished before its kill; the schedule must interrupt every one"
     a, b = last_record(tmp_path / "clean"), last_record(run)
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for ra, rb in zip(a, b):
