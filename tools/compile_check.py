@@ -198,6 +198,8 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
         if kernel == "fwd":
             cfg["ROWSUM_MMA"] = power_config.attention.current().rowsum_mma
+        else:
+            cfg["OFFDIAG_FP32"] = power_config.attention.current().offdiag_fp32_grads and gated and dtype == "bf16"
         scalars = ints
         if xt and kernel != "dkdv":
             cfg["XT_MODE"] = 1 if kernel == "fwd" else 2

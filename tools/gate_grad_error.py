@@ -11,10 +11,12 @@ cancellation of large terms is where relative errors grow.
 
     python tools/gate_grad_error.py --out results.json            # CUDA; the cases of the bf16 accuracy study
     python tools/gate_grad_error.py --device cpu --tiny           # CPU: the reference path, small sizes
+    python -m tools.gate_grad_error --switches attention.offdiag_fp32_grads=1   # kernel switches (tools/switches.py)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import torch
@@ -75,8 +77,22 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="small cases (CPU tests)")
     ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--switches", nargs="*", default=[], help="FIELD=VALUE kernel switches (tools/switches.py)")
     args = ap.parse_args(argv)
     rows = []
+    with contextlib.ExitStack() as stack:
+        if args.switches:
+            from tools import switches
+            stack.enter_context(switches.applied(args.switches))
+        _run_cases(args, rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                       "switches": args.switches, "rows": rows}, f, indent=1)
+    return rows
+
+
+def _run_cases(args, rows):
     for case in TINY_CASES if args.tiny else CASES:
         row = measure(case, args.device)
         rows.append(row)
@@ -85,11 +101,6 @@ def main(argv=None):
             f"{c} " + " ".join(f"{n}={row[c][n] * 100:.2f}%" for n in NAMES) for c in cols), flush=True)
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "rows": rows},
-                      f, indent=1)
-    return rows
 
 
 if __name__ == "__main__":

@@ -235,7 +235,9 @@ def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
 def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                    NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr):
+                   DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False):
+    """OFFDIAG_FP32: phase 1's gate-scaled keys and dS tiles stay fp32 (tf32x3 matmuls), as in _attn_bwd_dq
+    (config.attention's offdiag_fp32_grads)."""
     pid_n = tl.program_id(0)
     i_b, i_hk = _kv_heads(tl.program_id(1), HK)
     REP: tl.constexpr = HQ // HK
@@ -265,14 +267,15 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
             g_r = tl.load(G + i_b * T * HK + tl.minimum(pid_n * BN + BN - 1, T - 1) * HK + i_hk)
             c_k = tl.exp((g_r - g_k) * (1.0 / P))                        # [BN] <= 1
             k_f = k_f * c_k[:, None]
-        k_f = k_f.to(DOT_DT)
+        if not OFFDIAG_FP32:
+            k_f = k_f.to(DOT_DT)
         for r in range(REP):
             i_hq = i_hk * REP + r
             for start_m in range(lo + DIAG, T, BM):
                 offs_m = start_m + tl.arange(0, BM)
                 mask_m = offs_m < T
                 q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
-                q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
+                q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(tl.float32 if OFFDIAG_FP32 else DOT_DT)
                 do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
                 row = i_b * T * HQ + offs_m * HQ + i_hq
                 r_q = tl.full([BM], 1.0, tl.float32) * scale_p            # R_i = s^p rowf_i / D_i
@@ -282,14 +285,18 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                     g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
                     r_q = r_q * tl.exp(g_q - g_r)
                 r_q = tl.where(mask_m, r_q, 0.0)                             # padded rows: exp(-g_r) may be inf
-                x = tl.dot(q, tl.trans(k_f), input_precision=PREC)           # [BM, BN]
+                x = tl.dot(q, tl.trans(k_f), input_precision="tf32x3" if OFFDIAG_FP32 else PREC)   # [BM, BN]
                 xp1 = _pow(x, P - 1)
                 pn = xp1 * x * r_q[:, None]
                 dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
                 da = tl.dot(do, tl.trans(v), input_precision=PREC)
                 if NORM:
                     da = da - tl.load(DELTA + row, mask=mask_m, other=0.0)[:, None]
-                dk += tl.dot(tl.trans((da * xp1 * (P * r_q)[:, None]).to(DOT_DT)), q, input_precision=PREC)
+                ds = da * xp1 * (P * r_q)[:, None]
+                if OFFDIAG_FP32:
+                    dk += tl.dot(tl.trans(ds), q, input_precision="tf32x3")
+                else:
+                    dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
         if GATED:
             dk = dk * c_k[:, None]
     # Phase 2, the diagonal query block(s) (every query block when not FAST)
@@ -317,11 +324,16 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
                  O=None, DELTA_OUT: tl.constexpr = False, XT=None, W=None, sqrt_scale_p=1.0, CB0=0, NCH=1, T_FULL=0,
-                 XT_MODE: tl.constexpr = 0):
+                 XT_MODE: tl.constexpr = 0, OFFDIAG_FP32: tl.constexpr = False):
     """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
     (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
     copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
-    (b, T_FULL, hq, 8)): what kernels._transpose_heads with SCALE 2 would write, without its pass."""
+    (b, T_FULL, hq, 8)): what kernels._transpose_heads with SCALE 2 would write, without its pass.
+    OFFDIAG_FP32 (config.attention's offdiag_fp32_grads): the off-diagonal blocks' dS tiles stay fp32 for their
+    matmul with k (tf32x3), as do the key kernel's. d(log g) sums, from the end of the sequence, the query side's
+    and the key side's gate terms, which cancel: on the diagonal both kernels round the same dS tile to bf16, so
+    those roundings cancel too, but the off-diagonal paths round differently scaled tiles (and the key kernel the
+    gate-scaled keys), which do not (docs/kernels.md, Numerics). With GATE_SCORES off the folded keys stay rounded."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -367,7 +379,10 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             dxp = da * xp1
             if GATED and GATE_SCORES:
                 dxp = dxp * c[None, :]
-            dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
+            if OFFDIAG_FP32:
+                dq += tl.dot(dxp, k.to(tl.float32), input_precision="tf32x3")
+            else:
+                dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
         r_q = tl.full([BM], 1.0, tl.float32) * scale_p
         if NORM:
             r_q = r_q * tl.exp(-lse)
@@ -440,6 +455,8 @@ def _blocks(d, kernel, dot_dt, chunked=False, t=None):
     if (kernel == "fwd" and not chunked and t is not None and t <= cfg.short_fwd_t and d == 64
             and dot_dt == tl.bfloat16):
         return cfg.short_fwd_block
+    if kernel == "dkdv" and cfg.offdiag_fp32_grads and dot_dt == tl.bfloat16 and d > 64:
+        return (64, 64, 8, 1)     # its fp32 off-diagonal tiles: two stages need 247 KB of shared memory at d=128
     wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
     if chunked and kernel == "fwd" and d <= 64 and dot_dt == tl.bfloat16:
         # 64k, chunk 1024 (H100, one tools/tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
@@ -508,10 +525,12 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
     kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
-    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
+    switches = config.attention.current()
+    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
+                  OFFDIAG_FP32=switches.offdiag_fp32_grads and gated and dot_dt != tl.float32)
     sp = scale ** p
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                      GATE_SCORES=config.attention.current().gate_scores, O=o,
+                                                      GATE_SCORES=switches.gate_scores, O=o,
                                                       DELTA_OUT=norm, **common, **q_cfg)
     kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
                                                           **common, **kv_cfg)
