@@ -141,7 +141,8 @@ def main(argv=None) -> int:
             f"best-context loss {rec['best_context_loss']:.4f} (bin {rec['best_context_bin']}), "
             f"last-10% loss {rec['last10_loss']:.4f}")
     if "bayes_curve" in rec:
-        line += f"; Bayes-optimal best-context {rec['bayes_best_context_loss']:.4f}, gap {rec['best_context_gap']:+.4f}"
+        line += (f"; Bayes-optimal best-context {rec['bayes_best_context_loss']:.4f}, gap {rec['best_context_gap']:+.4f}"
+                 f", largest gap over the curve {rec['max_bin_gap']:+.4f}")
     print(line)
     print(f"wrote {args.out} and {rec['plot']}")
     return 0

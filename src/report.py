@@ -243,6 +243,7 @@ def table_rows(runs: list[Run]) -> list[dict]:
             "flops": rec["flops"], "best_context_loss": rec["best_context_loss"],
             "best_context_position": rec.get("best_context_position", rec["best_context_bin"][1]),
             "last10_loss": rec["last10_loss"], "best_context_gap": rec.get("best_context_gap"),
+            "max_bin_gap": rec.get("max_bin_gap"),
             "state_size": rec.get("state_size"), "wsfr": rec.get("wsfr"), "tokens_per_s": rec.get("tokens_per_s"),
         })
     return rows
@@ -250,15 +251,16 @@ def table_rows(runs: list[Run]) -> list[dict]:
 
 def markdown_table(rows: list[dict]) -> str:
     head = ("| run | attention | ctx | steps | training FLOPs | best-context loss | best-context position | "
-            "last-10% loss | gap to optimum | state size | WSFR | tokens/s |")
+            "last-10% loss | gap to optimum | largest gap over the curve | state size | WSFR | tokens/s |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
         gap = "-" if r["best_context_gap"] is None else f"{r['best_context_gap']:+.3f}"
+        largest = "-" if r["max_bin_gap"] is None else f"{r['max_bin_gap']:+.3f}"
         state = "-" if r["state_size"] is None else f"{r['state_size']:,}"
         speed = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         lines.append(f"| {r['run']} | {r['attention']} | {r['ctx']} | {r['step']} | {r['flops']:.3g} | "
                      f"{r['best_context_loss']:.3f} | {r['best_context_position']} | {r['last10_loss']:.3f} | {gap} | "
-                     f"{state} | {_fmt_ratio(r['wsfr'])} | {speed} |")
+                     f"{largest} | {state} | {_fmt_ratio(r['wsfr'])} | {speed} |")
     return "\n".join(lines)
 
 

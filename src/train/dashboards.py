@@ -57,9 +57,11 @@ def build_workspace(entity: str, project: str, group: str):
     sections = [
         ws.Section(name="Best-context loss", is_open=True, panels=[
             line(["eval/best_context_loss"], "eval/flops", True, "best-context loss vs training FLOPs"),
-            line(["eval/best_context_gap"], "eval/flops", True, "gap to the Bayes optimum vs training FLOPs"),
+            line(["eval/best_context_gap", "eval/max_bin_gap"], "eval/flops", True,
+                 "gap to the Bayes optimum (best context, largest over the curve) vs training FLOPs"),
             line(["eval/best_context_loss"], "Step", False, "best-context loss vs step"),
-            line(["eval/best_context_gap"], "Step", False, "gap to the Bayes optimum vs step"),
+            line(["eval/best_context_gap", "eval/max_bin_gap"], "Step", False,
+                 "gap to the Bayes optimum (best context, largest over the curve) vs step"),
             line(["eval/last10_loss"], "eval/flops", True, "last-10% loss vs training FLOPs"),
         ]),
         ws.Section(name="Training", is_open=True, panels=[

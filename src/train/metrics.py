@@ -81,4 +81,8 @@ def icl_summary(per_position: np.ndarray, num_bins: int, bayes_per_position: np.
         out["bayes_last10_loss"] = last_fraction_mean(bayes_per_position)
         out["last_bin_gap"] = float(binned[-1] - bayes_binned[-1])
         out["best_context_gap"] = out["best_context_loss"] - out["bayes_best_context_loss"]
+        # the whole curve near the optimum (the task's calibration target): the largest gap over the bins
+        gaps = np.asarray(binned) - np.asarray(bayes_binned)
+        out["max_bin_gap"] = float(gaps.max())
+        out["max_bin_gap_position"] = int(bins[int(gaps.argmax())][1])
     return out

@@ -497,7 +497,8 @@ class Trainer:
         text = (f"step {rec['step']:>6d} | train {rec['train_loss']:.4f} | best-context {rec['best_context_loss']:.4f}"
                 f" | last10% {rec['last10_loss']:.4f}")
         if "last_bin_gap" in rec:
-            text += f" | gap to Bayes: last bin {rec['last_bin_gap']:+.4f}, best {rec['best_context_gap']:+.4f}"
+            text += (f" | gap to Bayes: last bin {rec['last_bin_gap']:+.4f}, best {rec['best_context_gap']:+.4f}"
+                     f", largest {rec['max_bin_gap']:+.4f}")
         return text
 
     def _final_summary(self, rec: dict) -> str:
@@ -506,7 +507,8 @@ class Trainer:
                  f", last-10% loss {rec['last10_loss']:.4f}"]
         if "bayes_curve" in rec:
             lines.append(f"  Bayes-optimal best-context loss {rec['bayes_best_context_loss']:.4f}: gap "
-                         f"{rec['best_context_gap']:+.4f} nats; last-bin gap {rec['last_bin_gap']:+.4f} nats")
+                         f"{rec['best_context_gap']:+.4f} nats; last-bin gap {rec['last_bin_gap']:+.4f} nats; "
+                         f"largest gap {rec['max_bin_gap']:+.4f} nats (bin ending at {rec['max_bin_gap_position']})")
         lines.append(f"  metrics: {self.run_dir / 'metrics.jsonl'}  plot: {self.run_dir / 'icl_curves.png'}")
         return "\n".join(lines)
 

@@ -24,8 +24,8 @@ def test_workspace_of_a_group_is_built_offline():
     assert names == ["Best-context loss", "Training", "ICL curves", "Runs"]
     lines = [p for s in ws.sections for p in s.panels if isinstance(p, wr.LinePlot)]
     pairs = {(p.x, tuple(p.y)) for p in lines}
-    for y in ("eval/best_context_loss", "eval/best_context_gap"):
-        assert ("eval/flops", (y,)) in pairs and ("Step", (y,)) in pairs
+    for y in (("eval/best_context_loss",), ("eval/best_context_gap", "eval/max_bin_gap")):
+        assert ("eval/flops", y) in pairs and ("Step", y) in pairs
     assert ("train/tokens", ("train/loss",)) in pairs and ("Step", ("train/lr",)) in pairs
     assert all(p.log_x for p in lines if p.x == "eval/flops")
     icl = ws.sections[2].panels

@@ -59,6 +59,20 @@ def test_summary_with_bayes_curve_reports_gaps():
     assert [r[:2] for r in s["bayes_curve"]] == [r[:2] for r in s["icl_curve"]]
     assert math.isclose(s["last_bin_gap"], 0.02, abs_tol=1e-12)
     assert math.isclose(s["best_context_gap"], 0.02, abs_tol=1e-12)
+    assert math.isclose(s["max_bin_gap"], 0.02, abs_tol=1e-12)
+
+
+def test_largest_gap_over_the_curve_names_its_bin():
+    ctx = 256
+    bayes = 1.0 + 1.0 / np.sqrt(np.arange(ctx) + 1.0)
+    model = bayes + 0.01
+    model[20:30] += 0.3                 # a model that lags the optimum in one stretch only
+    s = icl_summary(model, 8, bayes)
+    a, b = next((a, b) for a, b, _ in s["icl_curve"] if a <= 20 < b)
+    assert b >= 30, s["icl_curve"]      # the stretch lies in one bin
+    assert math.isclose(s["max_bin_gap"], 0.01 + 0.3 * 10 / (b - a), rel_tol=1e-9)
+    assert s["max_bin_gap_position"] == b
+    assert math.isclose(s["last_bin_gap"], 0.01, abs_tol=1e-12)
 
 
 def test_last_fraction_rounds_up_to_one_position():

@@ -59,9 +59,10 @@ def test_report_table_equals_the_runs_metrics(tmp_path):
         assert row[6] == str(final["best_context_position"])
         assert row[7] == f"{final['last10_loss']:.3f}"
         assert row[8] == f"{final['best_context_gap']:+.3f}"
-        assert row[9] == f"{final['state_size']:,}"
-        assert row[10] == "1:4"
-        assert row[11] == f"{final['tokens_per_s']:,.0f}"
+        assert row[9] == f"{final['max_bin_gap']:+.3f}"
+        assert row[10] == f"{final['state_size']:,}"
+        assert row[11] == "1:4"
+        assert row[12] == f"{final['tokens_per_s']:,.0f}"
     for png in ("icl_curves.png", "best_context_vs_flops.png", "best_context_vs_context.png",
                 "icl_over_training.png"):
         assert (tmp_path / "out" / png).stat().st_size > 10_000
