@@ -156,6 +156,8 @@ class Trainer:
         self.wandb_id = None
         if candidates:
             self._load(candidates)
+        elif cfg.trainer.get("init_from"):
+            self._init_weights(cfg.trainer.init_from)
         # A relaunched finished run (a requeued sweep job, a resubmitted script) has nothing to do
         self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget()
 
@@ -246,11 +248,29 @@ class Trainer:
                      f"{self.dist.world_size}; ranks beyond them reuse rank 0's")
         set_rng_state(ranks[self.dist.rank] if self.dist.rank < len(ranks) else ranks[0])
 
-    def _check_same_model(self, state: dict, path: Path) -> None:
+    def _init_weights(self, source: str) -> None:
+        """A new run from another run's weights (trainer.init_from): the model only; optimizer, schedule,
+        data order and step count start fresh. The model must be the same (ctx and data may differ)."""
+        path = Path(str(source)).expanduser()
+        if path.is_dir():
+            latest = ckpt.latest_checkpoint(path)
+            if latest is None:
+                raise FileNotFoundError(f"trainer.init_from={str(source)!r}: holds no checkpoint "
+                                        f"(looked in {ckpt.checkpoint_dir(path)})")
+            path = latest[1]
+        elif not path.is_file():
+            raise FileNotFoundError(f"trainer.init_from={str(source)!r}: no such run directory or checkpoint file")
+        state = ckpt.load_checkpoint(path)
+        self._check_same_model(state, path, key="trainer.init_from", may_differ=("ctx",))
+        self.model.load_state_dict(state["model"])
+        if self.dist.is_main:
+            log.info(f"weights from {path} (step {state['step']}); optimizer, schedule and step count start fresh")
+
+    def _check_same_model(self, state: dict, path: Path, key: str = "trainer.resume", may_differ=()) -> None:
         """A checkpoint only continues the model that wrote it: name what changed, in config terms."""
         saved, now = state.get("spec") or {}, self.spec.__dict__
         changed = [f"{SPEC_KEYS.get(k, k)}: {saved[k]!r} -> {now[k]!r}" for k in now
-                   if k in saved and k not in RUNTIME_SPEC_FIELDS and saved[k] != now[k]]
+                   if k in saved and k not in RUNTIME_SPEC_FIELDS + tuple(may_differ) and saved[k] != now[k]]
         if not changed:  # the spec agrees (or predates it): the weights' names and shapes must too
             ours = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
             theirs = {k: tuple(v.shape) for k, v in state["model"].items()}
@@ -259,8 +279,9 @@ class Trainer:
                        + [f"{k}: not in this model" for k in theirs if k not in ours])
         if changed:
             shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
-            raise ValueError(f"trainer.resume: {path} was written by a different model ({shown}); resume with "
-                             f"the run's own config ({self.run_dir / 'config.yaml'}) or start a new run_name")
+            hint = ("resume with the run's own config (" + str(self.run_dir / "config.yaml") + ") or start a new "
+                    "run_name") if key == "trainer.resume" else "build the same model (arch, attention, model.*)"
+            raise ValueError(f"{key}: {path} was written by a different model ({shown}); {hint}")
 
     def _all_rng_states(self) -> dict:
         """Every rank's RNG state (gathered to rank 0), so a resumed run draws what it would have drawn."""

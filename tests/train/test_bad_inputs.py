@@ -149,3 +149,36 @@ def test_resume_with_a_changed_model_names_the_keys(compose, tiny, tmp_path):
     with pytest.raises(ValueError, match=r"model\.d_model: 64 -> 32; model\.n_heads: 2 -> 1"):
         Trainer(compose(*tiny, "model.d_model=32", "model.n_heads=1", "trainer.resume=true", f"run_dir={run}"))
     assert snapshot(run) == before
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights(compose, tiny, tmp_path):
+    """trainer.init_from: the new run's model equals the source's newest checkpoint at step 0 (also at another
+    ctx), while its step count, optimizer and schedule start fresh; a changed model or a missing source fails
+    with one line naming the key, before anything is written."""
+    import torch
+
+    from longctx.train import checkpoint as ckpt
+
+    source = tmp_path / "short"
+    Trainer(compose(*tiny, f"run_dir={source}")).fit()
+    step, path = ckpt.latest_checkpoint(source)
+    weights = ckpt.load_checkpoint(path)["model"]
+    longer = Trainer(compose(*tiny, "ctx=256", f"trainer.init_from={source}", f"run_dir={tmp_path / 'long'}"))
+    assert longer.step == 0 and longer.scheduler.last_epoch == 0 and not longer.optimizer.state
+    for name, value in longer.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    by_file = Trainer(compose(*tiny, f"trainer.init_from={path}", f"run_dir={tmp_path / 'file'}"))
+    assert all(torch.equal(v, weights[k]) for k, v in by_file.model.state_dict().items())
+
+    before = snapshot(source)
+    with pytest.raises(ValueError, match=r"trainer\.init_from: .*was written by a different model "
+                                         r"\(model\.n_layers: 3 -> 2\)"):
+        Trainer(compose(*tiny, "model.n_layers=2", f"trainer.init_from={source}", f"run_dir={tmp_path / 'a'}"))
+    with pytest.raises(FileNotFoundError, match=r"trainer\.init_from='.*nowhere': no such run directory"):
+        Trainer(compose(*tiny, f"trainer.init_from={tmp_path / 'nowhere'}", f"run_dir={tmp_path / 'b'}"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"trainer\.init_from='.*empty': holds no checkpoint"):
+        Trainer(compose(*tiny, f"trainer.init_from={empty}", f"run_dir={tmp_path / 'c'}"))
+    assert snapshot(source) == before
+    assert not any((tmp_path / name).exists() for name in ("a", "b", "c"))
