@@ -94,7 +94,9 @@ def label_runs(runs: list[Run]) -> None:
             "docs": lambda c: f"{c['data']['docs_per_batch']} docs/update",
             "reshape": lambda c: ("no reshape" if c["data"].get("reshape_block") is None
                                   else f"reshaped to {c['data']['reshape_block']}"),
-            "arch": lambda c: c["arch"]["name"], "seed": lambda c: f"seed {c['seed']}"}
+            "arch": lambda c: c["arch"]["name"], "seed": lambda c: f"seed {c['seed']}",
+            "init": lambda c: (f"from {Path(str(c['trainer']['init_from'])).name}"
+                               if c.get("trainer", {}).get("init_from") else "from scratch")}
     varying = [k for k, f in keys.items() if len({f(r.config) for r in runs}) > 1]
     for run in runs:
         parts = [run.tag] + [keys[k](run.config) for k in varying]

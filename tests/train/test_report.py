@@ -18,14 +18,16 @@ from longctx.train.metrics import icl_summary
 REPO = Path(__file__).resolve().parents[2]
 
 
-def fake_run(folder: Path, attention: str, ctx: int, offset: float, steps=(10, 20), npy: bool = False) -> Path:
+def fake_run(folder: Path, attention: str, ctx: int, offset: float, steps=(10, 20), npy: bool = False,
+             init_from: str | None = None) -> Path:
     """A run directory as the trainer writes it: config.yaml + one metrics.jsonl record per evaluation, each
     summarised by the real icl_summary from a known per-position curve."""
     folder.mkdir(parents=True)
     tag = {"power": "power_p2"}.get(attention, attention)
     OmegaConf.save(OmegaConf.create({
         "ctx": ctx, "seed": 0, "arch": {"name": "gpt2"}, "attention": {"name": attention, "tag": tag},
-        "model": {"name": "d256l4"}, "data": {"docs_per_batch": 32, "reshape_block": None}}), folder / "config.yaml")
+        "model": {"name": "d256l4"}, "data": {"docs_per_batch": 32, "reshape_block": None},
+        "trainer": {"init_from": init_from}}), folder / "config.yaml")
     bayes = 1.0 + 2.0 / np.sqrt(np.arange(ctx) + 1.0)
     with open(folder / "metrics.jsonl", "w") as f:
         for i, step in enumerate(steps):
@@ -79,6 +81,14 @@ def test_equal_flop_overlay_and_sweep_discovery(tmp_path):
     assert load_run(tmp_path / "b").at_flops(3e13)["step"] == 30
     main([str(tmp_path), "--out", str(tmp_path / "out"), "--at-flops", "3e13"])
     assert (tmp_path / "out" / "icl_curves.png").exists()
+
+
+def test_labels_tell_a_run_started_from_another_runs_weights(tmp_path):
+    from longctx.report import label_runs, load_run
+    runs = [load_run(fake_run(tmp_path / "scratch", "exp", 512, 0.1)),
+            load_run(fake_run(tmp_path / "warm", "exp", 512, 0.1, init_from=str(tmp_path / "short_run")))]
+    label_runs(runs)
+    assert [r.label for r in runs] == ["exp, from scratch", "exp, from short_run"]
 
 
 def test_bad_input_is_one_line_naming_the_path(tmp_path):
