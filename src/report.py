@@ -34,6 +34,7 @@ class Run:
     records: list[dict]
     label: str = ""
     group_key: tuple = field(default_factory=tuple)
+    name: str = ""  # the run in tables: its folder, with as many parent folders as tell it from the others
 
     @property
     def attention(self) -> str:
@@ -88,8 +89,23 @@ def load_run(path: Path) -> Run:
     return Run(path=path, config=config, records=records)
 
 
+def name_runs(runs: list[Run]) -> None:
+    """Each run's name: the shortest trailing part of its path that no other run shares (runs/exp/stage2 and
+    runs/power/stage2 become exp/stage2 and power/stage2; distinct folder names stay as they are)."""
+    def suffix(run: Run, depth: int) -> str:
+        return "/".join(run.path.parts[-depth:])
+
+    for run in runs:
+        others = [r for r in runs if r is not run]
+        depth = 1
+        while depth < len(run.path.parts) and any(suffix(run, depth) == suffix(r, depth) for r in others):
+            depth += 1
+        run.name = suffix(run, depth)
+
+
 def label_runs(runs: list[Run]) -> None:
     """Label each run by its attention plus whatever else differs between the runs (context, size, batch...)."""
+    name_runs(runs)
     keys = {"ctx": lambda c: f"ctx {c['ctx']}", "model": lambda c: c["model"]["name"],
             "docs": lambda c: f"{c['data']['docs_per_batch']} docs/update",
             "reshape": lambda c: ("no reshape" if c["data"].get("reshape_block") is None
@@ -241,7 +257,7 @@ def table_rows(runs: list[Run]) -> list[dict]:
     for run in runs:
         rec = run.final
         rows.append({
-            "run": run.path.name, "attention": run.tag, "ctx": run.ctx, "step": rec["step"], "tokens": rec["tokens"],
+            "run": run.name or run.path.name, "attention": run.tag, "ctx": run.ctx, "step": rec["step"], "tokens": rec["tokens"],
             "flops": rec["flops"], "best_context_loss": rec["best_context_loss"],
             "best_context_position": rec.get("best_context_position", rec["best_context_bin"][1]),
             "last10_loss": rec["last10_loss"], "best_context_gap": rec.get("best_context_gap"),
@@ -278,7 +294,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         ("Best-context loss vs context", plot_best_vs_context(runs, out / "best_context_vs_context.png", title)),
         ("ICL curves through training", plot_icl_over_training(runs, out / "icl_over_training.png", title)),
     ]
-    text = [f"# {title}", "", f"{len(runs)} runs: " + ", ".join(f"`{r.path.name}`" for r in runs), "",
+    text = [f"# {title}", "", f"{len(runs)} runs: " + ", ".join(f"`{r.name}`" for r in runs), "",
             "Final evaluation of each run (heldout; losses in nats/token; best context = the lowest bin of the "
             "binned ICL curve among bins of at least 16 positions, its position the bin's end).", "",
             markdown_table(table_rows(runs)), ""]

@@ -6,8 +6,15 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# `LONGCTX_TEST_GPUS=4 pytest -n 8 -m gpu`: pytest-xdist worker i uses GPU i % 4 of those visible (set before CUDA
+# starts).
+if os.environ.get("LONGCTX_TEST_GPUS") and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    _n = int(os.environ["LONGCTX_TEST_GPUS"])
+    _visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(_n)))).split(",")
+    os.environ["CUDA_VISIBLE_DEVICES"] = _visible[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % min(_n, len(_visible))]
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU run for the model zoo, one stage per call where time is short (each fits 10 minutes on one H100/H200):
-#   tests  the model GPU tests (4 processes; FLA autotunes on first use: carry an autotune cache, docs/gpu.md)
+#   tests  the model GPU tests (xdist over every GPU; FLA autotunes on first use: carry an autotune cache, docs/gpu.md)
 #   train  50 steps at 64k of GPT-2 and RWKV7 small with power p=2 through train.py
 #   paths  scripts/compare_train_paths.py: 200 steps of the recipe's path vs the eager path vs another seed
 #   bench  scripts/bench_train.py: every arch x row in one process, the recipe and the eager path
@@ -11,7 +11,10 @@ OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 stages=${*:-tests train paths bench}
 for stage in $stages; do
   case $stage in
-    tests) python3 -m pytest -n 4 -q -o addopts="" tests/models -m gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    tests) # two xdist workers per GPU, spread over every visible GPU (tests/conftest.py); ~5.5 min on 3 H200s
+      n=$(nvidia-smi -L | wc -l)
+      LONGCTX_TEST_GPUS=$n python3 -m pytest -n $((n > 1 ? 2 * n : 4)) -q -o addopts="" tests/models -m gpu \
+        --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     train)
       for arch in gpt2 rwkv7; do
         timeout 400 python3 train.py experiment=paper arch=$arch attention=power p=2 data=icl_markov \

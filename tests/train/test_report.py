@@ -91,6 +91,16 @@ def test_labels_tell_a_run_started_from_another_runs_weights(tmp_path):
     assert [r.label for r in runs] == ["exp, from scratch", "exp, from short_run"]
 
 
+def test_runs_sharing_a_folder_name_are_told_apart_by_their_parents(tmp_path):
+    from longctx.report import main
+    fake_run(tmp_path / "exp" / "stage2", "exp", 512, 0.1)
+    fake_run(tmp_path / "power" / "stage2", "power", 512, 0.1)
+    fake_run(tmp_path / "solo", "linear", 512, 0.1)
+    report = main([str(tmp_path), "--out", str(tmp_path / "out")]).read_text()
+    rows = [line.split(" | ")[0].lstrip("| ") for line in report.splitlines() if line.startswith("| ")][1:]
+    assert sorted(rows) == ["exp/stage2", "power/stage2", "solo"]
+
+
 def test_bad_input_is_one_line_naming_the_path(tmp_path):
     out = subprocess.run([sys.executable, "-m", "longctx.report", str(tmp_path / "missing"), "--out",
                           str(tmp_path / "o")], capture_output=True, text=True)

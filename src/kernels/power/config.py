@@ -26,7 +26,7 @@ class AttentionConfig:
     short_fwd_t: int = 2048       # the forward at t <= short_fwd_t (d=64, bf16) takes short_fwd_block:
     short_fwd_block: tuple = (64, 64, 4, 3)   # 1k 0.093 -> 0.082 ms, 2k 0.240 -> 0.234; 4k stays (0.753 vs 0.809)
     # the backward's off-diagonal dS tiles and gate-scaled keys in fp32 (tf32x3 matmuls), bf16 gated calls: d(log g)
-    # at the input floor (interpreter, p=2 d=128 t=1024: 0.69% -> 0.35%, floor 0.37%; docs/kernels.md); speed unmeasured
+    # at the input floor (H200, p=2 d=128 t=4096: 2.71% -> 0.35%, floor 0.41%; docs/kernels.md); speed unmeasured
     offdiag_fp32_grads: bool = False
 
 

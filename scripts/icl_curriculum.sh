@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The calibrated long-context ICL recipe (docs/experiments.md, "The long-context task"): a short-context stage
+# forms the in-context circuit (512 documents of 1024 tokens per update), then the same weights train at the full
+# context (128 documents of 4096 tokens per update; trainer.init_from: new optimizer and schedule). Both stages
+# see 524,288 tokens per update on the GPT-2 d256l4 recipe (experiment=icl_small) and a 16,384-document train set.
+#
+#   scripts/icl_curriculum.sh OUT_DIR [hydra overrides for both stages ...]
+#
+# The stages land in OUT_DIR/stage1_ctx1024 and OUT_DIR/stage2_ctx4096; a relaunch continues whichever stage
+# was interrupted (trainer.resume=auto) and skips a finished one. Stage lengths: STAGE1_STEPS (400) and
+# STAGE2_STEPS (1500) in the environment; PYTHON (python).
+#
+# Examples:
+#   scripts/icl_curriculum.sh runs/icl_exp attention=exp
+#   scripts/icl_curriculum.sh runs/icl_power attention=power p=2 logger.wandb.mode=online
+#   python -m longctx.report runs/icl_exp/stage2_ctx4096 runs/icl_power/stage2_ctx4096 --out reports/icl
+set -euo pipefail
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+OUT_DIR=${1:-}
+[[ -z $OUT_DIR || $OUT_DIR == -h || $OUT_DIR == --help ]] && usage 0
+shift
+PYTHON=${PYTHON:-python}
+common=(experiment=icl_small data.train_tokens=67108864 trainer.eval_every=100 trainer.resume=auto)
+"$PYTHON" train.py "${common[@]}" ctx=1024 data.docs_per_batch=512 trainer.max_steps="${STAGE1_STEPS:-400}" \
+  "$@" hydra.run.dir="$OUT_DIR/stage1_ctx1024"
+"$PYTHON" train.py "${common[@]}" ctx=4096 data.docs_per_batch=128 trainer.max_steps="${STAGE2_STEPS:-1500}" \
+  trainer.init_from="$OUT_DIR/stage1_ctx1024" "$@" hydra.run.dir="$OUT_DIR/stage2_ctx4096"
