@@ -62,7 +62,7 @@ def bench_one(model, prefix: int, new_tokens: int, device: torch.device) -> dict
     sync()
     t0 = time.perf_counter()
     with amp:
-        logits = model(prompt, cache=cache)[:, -1]
+        logits = model(prompt, cache=cache, last_only=True)[:, -1]
     sync()
     prefill_s = time.perf_counter() - t0
     if cuda:

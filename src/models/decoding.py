@@ -74,11 +74,11 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
         return idx
     if not use_cache:
         for _ in range(max_new_tokens):
-            logits = model(idx)[:, -1]                                   # the whole prefix, every token
+            logits = model(idx, last_only=True)[:, -1]                   # the whole prefix, every token
             idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
         return idx
     cache = model.new_cache()
-    logits = model(idx, cache=cache)[:, -1]                              # the prompt, once
+    logits = model(idx, cache=cache, last_only=True)[:, -1]             # the prompt, once
     out = [idx]
     for i in range(max_new_tokens):
         nxt = sample_next(logits, temperature, top_k, generator)        # (b, 1)

@@ -361,9 +361,10 @@ class RWKV7(LanguageModelMixin, nn.Module):
     def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
         return self.layers
 
-    def forward(self, input_ids, targets=None, cache=None):
+    def forward(self, input_ids, targets=None, cache=None, last_only=False):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32.
-        cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens."""
+        cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens.
+        last_only: logits of the last position only, (b, 1, vocab) (a 64k prompt's full logits are GBs)."""
         x = self.embeddings(input_ids)  # (b, t, d)
         v_first = torch.zeros_like(x)
         rope = None
@@ -379,7 +380,7 @@ class RWKV7(LanguageModelMixin, nn.Module):
                 x, v_first = block(x, v_first, rope)
         x = self.norm(x)
         if targets is None:
-            return self.lm_head(x)  # (b, t, vocab)
+            return self.lm_head(x[:, -1:] if last_only else x)  # (b, t or 1, vocab)
         return per_token_nll(x, self.lm_head.weight, targets)  # (b, t) fp32
 
 

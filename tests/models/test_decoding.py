@@ -41,6 +41,10 @@ def test_cached_logits_equal_full_forward(arch, case):
         parts = [model(x[:, :9], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(9, 21)]
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-4)
     assert all(c.pos == 21 for c in cache)
+    with torch.no_grad():  # the prompt's last position alone (what generate keeps of a long prompt)
+        last = model(x[:, :9], cache=model.new_cache(), last_only=True)
+    assert last.shape == (2, 1, full.shape[-1])
+    torch.testing.assert_close(last, full[:, 8:9], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", CASES)
