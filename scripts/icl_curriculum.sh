@@ -15,9 +15,11 @@
 #   scripts/icl_curriculum.sh runs/icl_power attention=power p=2 logger.wandb.mode=online
 #   python -m longctx.report runs/icl_exp/stage2_ctx4096 runs/icl_power/stage2_ctx4096 --out reports/icl
 set -euo pipefail
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 OUT_DIR=${1:-}
-[[ -z $OUT_DIR || $OUT_DIR == -h || $OUT_DIR == --help ]] && usage 0
+[[ $OUT_DIR == -h || $OUT_DIR == --help ]] && usage 0
+[[ -z $OUT_DIR || $OUT_DIR == *=* ]] && { echo "icl_curriculum.sh: the first argument is the output folder" \
+  "(got '${OUT_DIR}'); overrides follow it" >&2; usage 2 >&2; }
 shift
 PYTHON=${PYTHON:-python}
 common=(experiment=icl_small data.train_tokens=67108864 trainer.eval_every=100 trainer.resume=auto)

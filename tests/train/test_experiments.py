@@ -148,3 +148,11 @@ def test_curriculum_script_trains_both_stages_and_a_relaunch_does_nothing(train_
     assert again.returncode == 0, again.stderr[-3000:]
     assert (again.stdout + again.stderr).count("is complete") == 2
     assert len((stage2 / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_curriculum_script_without_an_output_folder_says_so(tmp_path):
+    script = str(REPO / "scripts" / "icl_curriculum.sh")
+    bad = subprocess.run([script, "attention=exp"], cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 2 and "the first argument is the output folder (got 'attention=exp')" in bad.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert subprocess.run([script, "--help"], capture_output=True, text=True).stdout.startswith("The calibrated")
