@@ -199,7 +199,11 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         if kernel == "fwd":
             cfg["ROWSUM_MMA"] = power_config.attention.current().rowsum_mma
         else:
-            cfg["OFFDIAG_FP32"] = power_config.attention.current().offdiag_fp32_grads and gated and dtype == "bf16"
+            sw = power_config.attention.current()
+            cfg["OFFDIAG_FP32"] = sw.offdiag_fp32_grads and gated and dtype == "bf16"
+            # as attention_backward launches them (the chunked form's intra-chunk attention keeps separate roundings)
+            cfg["SHARED_ROUND"] = (sw.shared_offdiag_rounding and gated and sw.gate_scores and not cfg["OFFDIAG_FP32"]
+                                   and not xt)
         scalars = ints
         if xt and kernel != "dkdv":
             cfg["XT_MODE"] = 1 if kernel == "fwd" else 2

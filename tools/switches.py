@@ -6,7 +6,7 @@ as overrides for the calls inside a `with` block (nothing stays changed after it
 
 FIELD is a field of one family's config (p2: chunk_p2.config.P2Config; attention, chunk, gates, dispatch:
 longctx.kernels.power.config), optionally prefixed by the family where two share a name. VALUE: 0 / 1 for a
-boolean, an integer, or a comma list of integers for a tuple.
+boolean, an integer, a comma list of integers for a tuple, or a word for a string.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def _value(current, text: str, item: str):
             return tuple(int(x) for x in text.split(","))
         if isinstance(current, int):
             return int(text)
+        if isinstance(current, str):
+            return text
     except ValueError:
         raise SystemExit(f"switch {item!r}: value {text!r} is not a {type(current).__name__}") from None
     raise SystemExit(f"switch {item!r}: a {type(current).__name__} field is not set from the command line")

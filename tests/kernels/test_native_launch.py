@@ -134,6 +134,24 @@ def test_cpu_tensors_never_take_the_native_path():
     assert native.lookup(q, q, q, None, 2, True) == (None, None)
 
 
+def test_plan_key_changes_with_every_attention_switch():
+    """A plan is compiled kernels for one set of switches: flipping any field of the attention config (one added
+    later included) or the gate scan's tile must give a new key, or a stale plan would run."""
+    import dataclasses
+
+    from longctx.kernels.power import config
+    q = torch.randn(1, 16, 2, 32)
+    base = native.plan_key(q, q, None, 2, True)
+    flips = {"block_override": {"fwd": (64, 64, 4, 3)}, "short_fwd_t": 1, "short_fwd_block": (32, 32, 4, 1),
+             "offdiag_precision": "tf32"}
+    for f in dataclasses.fields(config.AttentionConfig):
+        value = flips.get(f.name, not getattr(config.attention.current(), f.name))
+        with config.attention.override(**{f.name: value}):
+            assert native.plan_key(q, q, None, 2, True) != base, f.name
+    with config.gates.override(column_tile=512):
+        assert native.plan_key(q, q, None, 2, True) != base
+
+
 @pytest.mark.parametrize("gated,norm,hq,hk,t", [(True, True, 4, 2, 48), (False, True, 2, 2, 37),
                                                 (True, False, 2, 1, 20), (False, False, 3, 3, 16)])
 def test_dry_run_launches_match_the_python_path(built, fake_kernels, gated, norm, hq, hk, t):

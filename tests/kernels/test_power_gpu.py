@@ -349,6 +349,10 @@ def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, st
     from longctx.kernels.power.autograd import attention_form
     from longctx.kernels.power.native import launcher as native
     assert native.wait(), native.status()
+    # a registry of this test's own: a plan another test recorded for the same specialization in this process
+    # (pytest -n puts tests in workers in varying order) would otherwise serve the first no-grad call
+    monkeypatch.setattr(native, "_plans", {})
+    monkeypatch.setattr(native, "_forward_plans", {})
     q, k, v, lg = make(2, t, hq, hk, d, dtype, gated, seed=t)
     leaves = [x.requires_grad_() for x in (q, k, v, lg) if x is not None]
     do = torch.randn(2, t, hq, d, device="cuda").to(dtype)
@@ -380,3 +384,27 @@ def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, st
         for name, a, b in zip(names, python, native_run):
             assert a.dtype == b.dtype and a.shape == b.shape, (label, name)
             assert torch.equal(a, b), f"{label}, {name}: max |diff| {(a.float() - b.float()).abs().max().item()}"
+
+
+def test_a_full_plan_serves_calls_without_gradients(monkeypatch):
+    """A specialization first called with gradients gets a full plan and no forward-only one; a later call without
+    gradients runs on that full plan (no new recording) and gives the Python node's output bit for bit."""
+    from longctx.kernels.power.autograd import attention_form
+    from longctx.kernels.power.native import launcher as native
+    assert native.wait(), native.status()
+    monkeypatch.setattr(native, "_plans", {})
+    monkeypatch.setattr(native, "_forward_plans", {})
+    q, k, v, _ = make(2, 1008, 4, 2, 64, torch.bfloat16, False, seed=11)
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    monkeypatch.setenv(native.ENV, "1")
+    y = attention_form(q, k, v, None, p=2, scale=0.125, norm=True)
+    torch.autograd.grad(y, leaves, torch.ones_like(y))      # records the full plan
+    key = native.plan_key(q, k, None, 2, True)
+    assert native._plans.get(key, -1) >= 0
+    with torch.no_grad():
+        cpp = attention_form(q, k, v, None, p=2, scale=0.125, norm=True)
+    assert key not in native._forward_plans
+    monkeypatch.setenv(native.ENV, "0")
+    with torch.no_grad():
+        python = attention_form(q, k, v, None, p=2, scale=0.125, norm=True)
+    assert torch.equal(cpp, python), f"max |diff| {(cpp.float() - python.float()).abs().max().item()}"

@@ -25,8 +25,10 @@ def test_bad_items_name_themselves(spec, named):
 
 
 def test_switches_parse_by_field_type():
-    assert switches.parse(["outer_stages=3", "gate_scores=0", "p2.qbwd_block=128,8,4", "dispatch.chunk_p2=1024"]) == {
-        "p2": {"outer_stages": 3, "qbwd_block": (128, 8, 4)}, "attention": {"gate_scores": False},
+    assert switches.parse(["outer_stages=3", "gate_scores=0", "p2.qbwd_block=128,8,4", "dispatch.chunk_p2=1024",
+                           "offdiag_precision=tf32"]) == {
+        "p2": {"outer_stages": 3, "qbwd_block": (128, 8, 4)},
+        "attention": {"gate_scores": False, "offdiag_precision": "tf32"},
         "dispatch": {"chunk_p2": 1024}}
 
 

@@ -129,25 +129,26 @@ def test_sweep_launcher_prints_the_command(tmp_path):
 
 
 def test_curriculum_script_trains_both_stages_and_a_relaunch_does_nothing(train_env, tmp_path):
-    """scripts/icl_curriculum.sh (tiny sizes): stage 1 at ctx 1024, stage 2 at ctx 4096 from stage 1's weights; run
-    again, both stages say they are complete and nothing is retrained."""
+    """scripts/icl_curriculum.sh (tiny sizes): with STAGE0_STEPS, stage 0 at ctx 256, stage 1 at ctx 1024 from its
+    weights, stage 2 at ctx 4096 from stage 1's; run again, every stage says it is complete and nothing is
+    retrained."""
     sizes = [o for o in TINY if not o.startswith(("ctx=", "data.doc_len=", "data.train_tokens=", "trainer.max_steps",
                                                   "trainer.eval_every"))]
-    env = dict(train_env, PYTHON=sys.executable, STAGE1_STEPS="2", STAGE2_STEPS="2")
+    env = dict(train_env, PYTHON=sys.executable, STAGE0_STEPS="1", STAGE1_STEPS="2", STAGE2_STEPS="2")
     cmd = [str(REPO / "scripts" / "icl_curriculum.sh"), str(tmp_path / "exp"), "attention=exp",
            "data.train_tokens=16384", *sizes]
     out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    stage1, stage2 = tmp_path / "exp" / "stage1_ctx1024", tmp_path / "exp" / "stage2_ctx4096"
-    cfg1, cfg2 = OmegaConf.load(stage1 / "config.yaml"), OmegaConf.load(stage2 / "config.yaml")
-    assert (cfg1.ctx, cfg2.ctx) == (1024, 4096)
-    assert cfg2.trainer.init_from == str(stage1)
-    finals = [json.loads((s / "metrics.jsonl").read_text().splitlines()[-1]) for s in (stage1, stage2)]
-    assert [f["step"] for f in finals] == [2, 2] and finals[1]["tokens"] == 2 * 4 * 4096
+    stages = [tmp_path / "exp" / name for name in ("stage0_ctx256", "stage1_ctx1024", "stage2_ctx4096")]
+    cfgs = [OmegaConf.load(s / "config.yaml") for s in stages]
+    assert [c.ctx for c in cfgs] == [256, 1024, 4096]
+    assert [c.trainer.init_from for c in cfgs] == [None, str(stages[0]), str(stages[1])]
+    finals = [json.loads((s / "metrics.jsonl").read_text().splitlines()[-1]) for s in stages]
+    assert [f["step"] for f in finals] == [1, 2, 2] and finals[2]["tokens"] == 2 * 4 * 4096
     again = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert (again.stdout + again.stderr).count("is complete") == 2
-    assert len((stage2 / "metrics.jsonl").read_text().splitlines()) == 1
+    assert (again.stdout + again.stderr).count("is complete") == 3
+    assert len((stages[2] / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 def test_curriculum_script_without_an_output_folder_says_so(tmp_path):

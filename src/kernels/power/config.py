@@ -25,9 +25,14 @@ class AttentionConfig:
     block_override: dict = field(default_factory=dict)   # {"fwd"|"dkdv"|"dq"|"bwd": (BM, BN, warps, stages[, regs])}
     short_fwd_t: int = 2048       # the forward at t <= short_fwd_t (d=64, bf16) takes short_fwd_block:
     short_fwd_block: tuple = (64, 64, 4, 3)   # 1k 0.093 -> 0.082 ms, 2k 0.240 -> 0.234; 4k stays (0.753 vs 0.809)
-    # the backward's off-diagonal dS tiles and gate-scaled keys in fp32 (tf32x3 matmuls), bf16 gated calls: d(log g)
-    # at the input floor (H200, p=2 d=128 t=4096: 2.71% -> 0.35%, floor 0.41%; docs/kernels.md); speed unmeasured
+    # gated backward: both kernels round the same off-diagonal dS tiles (one reference key per key block, the row
+    # factor inside the tile), so the gate terms' roundings cancel in d(log g): H200, bf16, p=2 d=128 t=4096
+    # 2.71% -> 0.36% (floor 0.41%) for 2-7% of the attention form's fwd+bwd at 1k-4k (docs/kernels.md, Numerics)
+    shared_offdiag_rounding: bool = True
+    # the backward's off-diagonal dS tiles and gate-scaled keys in fp32 instead, bf16 gated calls: d(log g) at the
+    # input floor too (0.35%), but the attention form's fwd+bwd 3-5x slower at 1k-8k (tf32x3), ~2x (tf32)
     offdiag_fp32_grads: bool = False
+    offdiag_precision: str = "tf32x3"   # those fp32 tiles' matmuls: "tf32x3" (fp32-exact) or "tf32" (one pass)
 
 
 @dataclass(frozen=True)

@@ -235,9 +235,12 @@ def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
 def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                    NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False):
-    """OFFDIAG_FP32: phase 1's gate-scaled keys and dS tiles stay fp32 (tf32x3 matmuls), as in _attn_bwd_dq
-    (config.attention's offdiag_fp32_grads)."""
+                   DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False,
+                   OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False):
+    """OFFDIAG_FP32: phase 1's gate-scaled keys and dS tiles stay fp32 (matmuls at OFFDIAG_PREC), as in _attn_bwd_dq
+    (config.attention's offdiag_fp32_grads and offdiag_precision). SHARED_ROUND (gated; config.attention's
+    shared_offdiag_rounding): phase 1 keeps k as loaded and puts the whole key factor e^(G_r - G_j) into the P and dS
+    tiles, so its dS tile is, bit for bit, the one _attn_bwd_dq rounds (same reference key r, same product order)."""
     pid_n = tl.program_id(0)
     i_b, i_hk = _kv_heads(tl.program_id(1), HK)
     REP: tl.constexpr = HQ // HK
@@ -265,8 +268,11 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
         g_r = tl.zeros([1], tl.float32)
         if GATED:
             g_r = tl.load(G + i_b * T * HK + tl.minimum(pid_n * BN + BN - 1, T - 1) * HK + i_hk)
-            c_k = tl.exp((g_r - g_k) * (1.0 / P))                        # [BN] <= 1
-            k_f = k_f * c_k[:, None]
+            if SHARED_ROUND:
+                c_k = tl.exp(g_r - g_k)                                  # [BN] <= 1, into the P and dS tiles
+            else:
+                c_k = tl.exp((g_r - g_k) * (1.0 / P))                    # [BN] <= 1
+                k_f = k_f * c_k[:, None]
         if not OFFDIAG_FP32:
             k_f = k_f.to(DOT_DT)
         for r in range(REP):
@@ -285,19 +291,24 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                     g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
                     r_q = r_q * tl.exp(g_q - g_r)
                 r_q = tl.where(mask_m, r_q, 0.0)                             # padded rows: exp(-g_r) may be inf
-                x = tl.dot(q, tl.trans(k_f), input_precision="tf32x3" if OFFDIAG_FP32 else PREC)   # [BM, BN]
+                x = tl.dot(q, tl.trans(k_f), input_precision=OFFDIAG_PREC if OFFDIAG_FP32 else PREC)   # [BM, BN]
                 xp1 = _pow(x, P - 1)
                 pn = xp1 * x * r_q[:, None]
+                if SHARED_ROUND:
+                    pn = pn * c_k[None, :]
                 dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
                 da = tl.dot(do, tl.trans(v), input_precision=PREC)
                 if NORM:
                     da = da - tl.load(DELTA + row, mask=mask_m, other=0.0)[:, None]
-                ds = da * xp1 * (P * r_q)[:, None]
+                if SHARED_ROUND:    # the product order of _attn_bwd_dq's
+                    ds = da * xp1 * c_k[None, :] * (P * r_q)[:, None]
+                else:
+                    ds = da * xp1 * (P * r_q)[:, None]
                 if OFFDIAG_FP32:
-                    dk += tl.dot(tl.trans(ds), q, input_precision="tf32x3")
+                    dk += tl.dot(tl.trans(ds), q, input_precision=OFFDIAG_PREC)
                 else:
                     dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
-        if GATED:
+        if GATED and not SHARED_ROUND:
             dk = dk * c_k[:, None]
     # Phase 2, the diagonal query block(s) (every query block when not FAST)
     k = tl.load(K + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)  # [BN, D]
@@ -324,7 +335,8 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
                  O=None, DELTA_OUT: tl.constexpr = False, XT=None, W=None, sqrt_scale_p=1.0, CB0=0, NCH=1, T_FULL=0,
-                 XT_MODE: tl.constexpr = 0, OFFDIAG_FP32: tl.constexpr = False):
+                 XT_MODE: tl.constexpr = 0, OFFDIAG_FP32: tl.constexpr = False,
+                 OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False):
     """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
     (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
     copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
@@ -333,7 +345,11 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
     matmul with k (tf32x3), as do the key kernel's. d(log g) sums, from the end of the sequence, the query side's
     and the key side's gate terms, which cancel: on the diagonal both kernels round the same dS tile to bf16, so
     those roundings cancel too, but the off-diagonal paths round differently scaled tiles (and the key kernel the
-    gate-scaled keys), which do not (docs/kernels.md, Numerics). With GATE_SCORES off the folded keys stay rounded."""
+    gate-scaled keys), which do not (docs/kernels.md, Numerics). With GATE_SCORES off the folded keys stay rounded.
+    SHARED_ROUND (gated, GATE_SCORES): each off-diagonal key block takes the key kernel's reference (its last key r)
+    and the row factor goes into the tile before it is rounded, dS_ij = dA x^(p-1) e^(G_r - G_j) p R_i with
+    R_i = s^p e^(G_i - G_r) / D_i: both kernels round the same fp32 tile, so those roundings cancel in d(log g) as
+    the diagonal's do (BM and BN alike in both kernels). Costs BM exps and one multiply per tile."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)                   # causal: longest rows launch first
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -376,20 +392,34 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             da = tl.dot(do, tl.trans(v), input_precision=PREC)
             if NORM:
                 da = da - delta[:, None]
-            dxp = da * xp1
-            if GATED and GATE_SCORES:
-                dxp = dxp * c[None, :]
-            if OFFDIAG_FP32:
-                dq += tl.dot(dxp, k.to(tl.float32), input_precision="tf32x3")
+            if SHARED_ROUND:
+                g_rb = tl.load(G + i_b * T * HK + (start_n + BN - 1) * HK + i_hk)
+                c = tl.exp(g_rb - g_k)
+                r_b = tl.full([BM], 1.0, tl.float32) * scale_p          # as the key kernel's r_q
+                if NORM:
+                    r_b = r_b * tl.exp(-lse)
+                r_b = r_b * tl.exp(g_q - g_rb)
+                r_b = tl.where(mask_m, r_b, 0.0)
+                ds = da * xp1 * c[None, :] * (P * r_b)[:, None]
+                dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
+            elif OFFDIAG_FP32:
+                dxp = da * xp1
+                if GATED and GATE_SCORES:
+                    dxp = dxp * c[None, :]
+                dq += tl.dot(dxp, k.to(tl.float32), input_precision=OFFDIAG_PREC)
             else:
+                dxp = da * xp1
+                if GATED and GATE_SCORES:
+                    dxp = dxp * c[None, :]
                 dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
-        r_q = tl.full([BM], 1.0, tl.float32) * scale_p
-        if NORM:
-            r_q = r_q * tl.exp(-lse)
-        if GATED:
-            r_q = r_q * tl.exp(g_q - g_r)
-        r_q = tl.where(mask_m, r_q, 0.0)
-        dq = dq * (P * r_q)[:, None]
+        if not SHARED_ROUND:    # the row factor after the loop (SHARED_ROUND: already in each tile)
+            r_q = tl.full([BM], 1.0, tl.float32) * scale_p
+            if NORM:
+                r_q = r_q * tl.exp(-lse)
+            if GATED:
+                r_q = r_q * tl.exp(g_q - g_r)
+            r_q = tl.where(mask_m, r_q, 0.0)
+            dq = dq * (P * r_q)[:, None]
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         mask_n = offs_n < T
@@ -527,7 +557,10 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     switches = config.attention.current()
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
-                  OFFDIAG_FP32=switches.offdiag_fp32_grads and gated and dot_dt != tl.float32)
+                  OFFDIAG_FP32=switches.offdiag_fp32_grads and gated and dot_dt != tl.float32,
+                  OFFDIAG_PREC=switches.offdiag_precision)
+    common["SHARED_ROUND"] = (switches.shared_offdiag_rounding and gated and switches.gate_scores
+                              and not common["OFFDIAG_FP32"])
     sp = scale ** p
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
                                                       GATE_SCORES=switches.gate_scores, O=o,

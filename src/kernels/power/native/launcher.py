@@ -19,6 +19,7 @@ specialization Python-only: correctness never depends on this module. `LONGCTX_N
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import threading
@@ -125,12 +126,13 @@ def status() -> str:
 
 
 def _switches():
-    """The switches the compiled kernels (and their grids) depend on: the attention config (its block override as
-    sorted items, so the key hashes) and the gate scan's tile."""
+    """The switches the compiled kernels (and their grids) depend on: every field of the attention config (dicts as
+    sorted items, so the key hashes; a switch added later is in the key without a change here) and the gate scan's
+    tile."""
     cfg = config.attention.current()
-    return (cfg.fast_forward, cfg.fast_backward, cfg.gate_scores, cfg.rowsum_mma,
-            tuple(sorted(cfg.block_override.items())), cfg.short_fwd_t, cfg.short_fwd_block,
-            config.gates.current().column_tile)
+    fields = tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v
+                   for v in (getattr(cfg, f.name) for f in dataclasses.fields(cfg)))
+    return fields + (config.gates.current().column_tile,)
 
 
 def plan_key(q, k, log_g, p: int, norm: bool):
