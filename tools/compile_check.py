@@ -199,11 +199,9 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         if kernel == "fwd":
             cfg["ROWSUM_MMA"] = power_config.attention.current().rowsum_mma
         else:
-            sw = power_config.attention.current()
-            cfg["OFFDIAG_FP32"] = sw.offdiag_fp32_grads and gated and dtype == "bf16"
-            # as attention_backward launches them (the chunked form's intra-chunk attention keeps separate roundings)
-            cfg["SHARED_ROUND"] = (sw.shared_offdiag_rounding and gated and sw.gate_scores and not cfg["OFFDIAG_FP32"]
-                                   and not xt)
+            cfg.update(ta.backward_rounding(gated, cfg["DOT_DT"]))   # as attention_backward launches them
+            if xt:      # the chunked form's intra-chunk attention keeps separate roundings
+                cfg["SHARED_ROUND"] = False
         scalars = ints
         if xt and kernel != "dkdv":
             cfg["XT_MODE"] = 1 if kernel == "fwd" else 2

@@ -6,6 +6,7 @@ dry-run mode, and every launch it would make must match the Python path's: kerne
 the input and output tensors, and which parameters share a buffer."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import shutil
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from longctx.kernels.power import autograd, gates
+from longctx.kernels.power import autograd, config, gates
 from longctx.kernels.power import parallel as ta
 from longctx.kernels.power.native import launcher as native
 
@@ -137,9 +138,6 @@ def test_cpu_tensors_never_take_the_native_path():
 def test_plan_key_changes_with_every_attention_switch():
     """A plan is compiled kernels for one set of switches: flipping any field of the attention config (one added
     later included) or the gate scan's tile must give a new key, or a stale plan would run."""
-    import dataclasses
-
-    from longctx.kernels.power import config
     q = torch.randn(1, 16, 2, 32)
     base = native.plan_key(q, q, None, 2, True)
     flips = {"block_override": {"fwd": (64, 64, 4, 3)}, "short_fwd_t": 1, "short_fwd_block": (32, 32, 4, 1),

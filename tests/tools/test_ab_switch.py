@@ -32,6 +32,11 @@ def test_switches_parse_by_field_type():
         "dispatch": {"chunk_p2": 1024}}
 
 
+def test_an_unknown_matmul_precision_names_the_field():
+    with pytest.raises(ValueError, match="offdiag_precision='tf33'"), switches.applied(["offdiag_precision=tf33"]):
+        pass
+
+
 def test_overrides_hold_inside_the_block_only():
     """A variant's switches, dispatch's included, must not leak into the next variant (one once timed later rounds of
     'default' at the previous variant's chunk)."""

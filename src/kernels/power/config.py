@@ -34,6 +34,10 @@ class AttentionConfig:
     offdiag_fp32_grads: bool = False
     offdiag_precision: str = "tf32x3"   # those fp32 tiles' matmuls: "tf32x3" (fp32-exact) or "tf32" (one pass)
 
+    def __post_init__(self):
+        if self.offdiag_precision not in ("tf32x3", "tf32", "ieee"):
+            raise ValueError(f"offdiag_precision={self.offdiag_precision!r}: expected 'tf32x3', 'tf32' or 'ieee'")
+
 
 @dataclass(frozen=True)
 class ChunkConfig:

@@ -541,6 +541,16 @@ def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, g
                                                 ROWSUM_MMA=switches.rowsum_mma, **cfg, **side)
 
 
+def backward_rounding(gated: bool, dot_dt) -> dict:
+    """The attention form's backward kernels' rounding constexprs from config.attention: fp32 off-diagonal tiles
+    (gated, bf16/fp16 operands) and their matmul precision, else one rounding shared by both kernels (gated, gate
+    scores on). The chunked form's intra-chunk attention takes neither."""
+    sw = config.attention.current()
+    fp32 = sw.offdiag_fp32_grads and gated and dot_dt != tl.float32
+    return dict(OFFDIAG_FP32=fp32, OFFDIAG_PREC=sw.offdiag_precision,
+                SHARED_ROUND=sw.shared_offdiag_rounding and gated and sw.gate_scores and not fp32)
+
+
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
                        record: dict | None = None):
     """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's.
@@ -556,11 +566,7 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
     kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     switches = config.attention.current()
-    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated,
-                  OFFDIAG_FP32=switches.offdiag_fp32_grads and gated and dot_dt != tl.float32,
-                  OFFDIAG_PREC=switches.offdiag_precision)
-    common["SHARED_ROUND"] = (switches.shared_offdiag_rounding and gated and switches.gate_scores
-                              and not common["OFFDIAG_FP32"])
+    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **backward_rounding(gated, dot_dt))
     sp = scale ** p
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
                                                       GATE_SCORES=switches.gate_scores, O=o,
