@@ -9,7 +9,8 @@
 # The stages land in OUT_DIR/stage1_ctx1024 and OUT_DIR/stage2_ctx4096; a relaunch continues whichever stage
 # was interrupted (trainer.resume=auto) and skips a finished one. Stage lengths: STAGE1_STEPS (400) and
 # STAGE2_STEPS (1500) in the environment; STAGE0_STEPS > 0 (default 0) adds a first stage at ctx 256 (2048
-# documents per update, OUT_DIR/stage0_ctx256) that stage 1 starts from; PYTHON (python).
+# documents per update, OUT_DIR/stage0_ctx256) that stage 1 starts from; WHOLE_DOCS=1 (default 0) trains the short
+# stages on documents as long as their context instead of windows of the 4096-token ones; PYTHON (python).
 #
 # Examples:
 #   scripts/icl_curriculum.sh runs/icl_exp attention=exp
@@ -24,13 +25,17 @@ OUT_DIR=${1:-}
 shift
 PYTHON=${PYTHON:-python}
 common=(experiment=icl_small data.train_tokens=67108864 trainer.eval_every=100 trainer.resume=auto)
+# WHOLE_DOCS=1: every training window of the short stages starts a document, as every evaluation window does;
+# 0: windows of the 4096-token documents, 3 in 4 of stage 1's starting mid-document (better for long positions)
+whole0=(); whole1=()
+(( ${WHOLE_DOCS:-0} )) && { whole0=(data.doc_len=256); whole1=(data.doc_len=1024); }
 stage1_init=()
 if (( ${STAGE0_STEPS:-0} > 0 )); then
-  "$PYTHON" train.py "${common[@]}" ctx=256 data.docs_per_batch=2048 trainer.max_steps="$STAGE0_STEPS" \
+  "$PYTHON" train.py "${common[@]}" ctx=256 "${whole0[@]}" data.docs_per_batch=2048 trainer.max_steps="$STAGE0_STEPS" \
     "$@" hydra.run.dir="$OUT_DIR/stage0_ctx256"
   stage1_init=(trainer.init_from="$OUT_DIR/stage0_ctx256")
 fi
-"$PYTHON" train.py "${common[@]}" ctx=1024 data.docs_per_batch=512 trainer.max_steps="${STAGE1_STEPS:-400}" \
+"$PYTHON" train.py "${common[@]}" ctx=1024 "${whole1[@]}" data.docs_per_batch=512 trainer.max_steps="${STAGE1_STEPS:-400}" \
   "${stage1_init[@]}" "$@" hydra.run.dir="$OUT_DIR/stage1_ctx1024"
 "$PYTHON" train.py "${common[@]}" ctx=4096 data.docs_per_batch=128 trainer.max_steps="${STAGE2_STEPS:-1500}" \
   trainer.init_from="$OUT_DIR/stage1_ctx1024" "$@" hydra.run.dir="$OUT_DIR/stage2_ctx4096"

@@ -8,6 +8,8 @@ folder is searched for run directories below it (a multirun sweep). DIR receives
     report.md                  the table (each run's final evaluation, numbers as in its metrics.jsonl) + figures
     icl_curves.png             final ICL curves overlaid, colour = attention, the Bayes optimum dashed when known
                                (with --at-flops: each run's last evaluation within that FLOP budget instead)
+    gap_to_optimum.png         the same curves minus the Bayes optimum, bin by bin, against the 0.05-nat line
+                               (runs whose data has a known optimum; omitted when none has)
     best_context_vs_flops.png  best-context loss through training against training FLOPs
     best_context_vs_context.png  final best-context loss against the training context, one line per attention
     icl_over_training.png      every run's ICL curve at each evaluation (ICL vs updates), one panel per run
@@ -110,6 +112,8 @@ def label_runs(runs: list[Run]) -> None:
             "docs": lambda c: f"{c['data']['docs_per_batch']} docs/update",
             "reshape": lambda c: ("no reshape" if c["data"].get("reshape_block") is None
                                   else f"reshaped to {c['data']['reshape_block']}"),
+            "data": lambda c: str(c["data"].get("tag", c["data"].get("name", "data"))),
+            "doc_len": lambda c: f"{c['data'].get('doc_len')}-token documents",
             "arch": lambda c: c["arch"]["name"], "seed": lambda c: f"seed {c['seed']}",
             "init": lambda c: (f"from {Path(str(c['trainer']['init_from'])).name}"
                                if c.get("trainer", {}).get("init_from") else "from scratch")}
@@ -151,9 +155,19 @@ def _style(run: Run, runs: list[Run]) -> dict:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     _plt().close(fig)
     return path
+
+
+def _position_axes(ax, ylabel: str, title: str, budget: float | None) -> None:
+    """Log position axis, labels and a title naming which evaluation of each run is drawn."""
+    ax.set_xscale("log")
+    ax.set_xlabel("position in context (tokens, log scale; bin centres)")
+    ax.set_ylabel(ylabel)
+    when = "final evaluation" if budget is None else f"last evaluation within {budget:.3g} training FLOPs"
+    ax.set_title(f"{title} ({when})", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
 
 
 def plot_icl_overlay(runs: list[Run], path: Path, title: str, budget: float | None) -> Path:
@@ -171,13 +185,31 @@ def plot_icl_overlay(runs: list[Run], path: Path, title: str, budget: float | No
     for i, (ctx, curve) in enumerate(sorted(optima.items())):
         ax.plot(_centers(curve), [v for *_, v in curve], color="black", linestyle="--", lw=1.2,
                 label="Bayes-optimal" + (f" (ctx {ctx})" if len(optima) > 1 else ""))
-    ax.set_xscale("log")
-    ax.set_xlabel("position in context (tokens, log scale; bin centres)")
-    ax.set_ylabel("heldout loss (nats/token)")
-    when = "final evaluation" if budget is None else f"last evaluation within {budget:.3g} training FLOPs"
-    ax.set_title(f"{title}: ICL curves ({when})", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    _position_axes(ax, "heldout loss (nats/token)", f"{title}: ICL curves", budget)
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def gap_curve(record: dict) -> list[tuple[int, int, float]]:
+    """[(bin_start, bin_end, loss - Bayes-optimal loss), ...] of one evaluation; [] without a known optimum."""
+    return [(a, b, loss - best) for (a, b, loss), (*_, best) in zip(record["icl_curve"],
+                                                                       record.get("bayes_curve", []))]
+
+
+def plot_gap_to_optimum(runs: list[Run], path: Path, title: str, budget: float | None,
+                        target: float = 0.05) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for run in runs:
+        rec = run.at_flops(budget)
+        gaps = gap_curve(rec) if rec is not None else []
+        if gaps:
+            ax.plot(_centers(gaps), [g for *_, g in gaps], marker=".", lw=1.5,
+                    label=f"{run.label} (step {rec['step']})", **_style(run, runs))
+    ax.axhline(target, color="black", linestyle="--", lw=1, label=f"{target} nats above the optimum")
+    ax.axhline(0.0, color="black", lw=0.8)
+    _position_axes(ax, "heldout loss minus Bayes-optimal loss (nats/token)", f"{title}: gap to the optimum", budget)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.13))  # below: gaps fill the whole frame
     return _save(fig, path)
 
 
@@ -290,6 +322,11 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     title = title or ", ".join(dict.fromkeys(Path(p).name for p in paths))
     figures = [
         ("ICL curves", plot_icl_overlay(runs, out / "icl_curves.png", title, at_flops)),
+    ]
+    if any("bayes_curve" in run.final for run in runs):
+        figures.append(("Gap to the Bayes optimum",
+                        plot_gap_to_optimum(runs, out / "gap_to_optimum.png", title, at_flops)))
+    figures += [
         ("Best-context loss vs training FLOPs", plot_best_vs_flops(runs, out / "best_context_vs_flops.png", title)),
         ("Best-context loss vs context", plot_best_vs_context(runs, out / "best_context_vs_context.png", title)),
         ("ICL curves through training", plot_icl_over_training(runs, out / "icl_over_training.png", title)),

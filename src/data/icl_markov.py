@@ -23,6 +23,14 @@ predictor mixes the fixed-size predictors with the posterior over the size:
 `bayes_nll_mixture`. Small documents teach the circuit early; large ones keep the optimum falling at long
 positions.
 
+Disjoint sizes (`disjoint_sizes`, vocab = sum of the sizes). With shared labels, a document's size has to be
+inferred from its prefix (the largest state seen, how many first visits came without a larger one), and over
+the first ~20 positions the optimum hinges on that inference. With disjoint labels every size lives on its own
+range of states (size k_m on offset_m .. offset_m + k_m - 1, offsets the running sum of the sizes), so any one
+token names its document's size: after the first token the optimum is the fixed-size posterior predictive, and
+what is left to learn is counting transitions in context. The same `bayes_nll_mixture` covers both (a state
+fits size m when it lies in m's range).
+
 Layout written by `ensure_icl_markov` (folder name derived from a hash of the parameters):
 
     root/params.json
@@ -48,7 +56,9 @@ import zarr
 from tqdm.auto import tqdm
 
 GENERATOR = "icl_markov"
-VERSION = 1  # bump when the sampling procedure changes: a new folder is generated, nothing overwritten
+VERSION = 2  # bump when the sampling procedure changes: a new folder is generated, nothing overwritten
+# 2: a mixture document's first state is uniform over its k states (1 used the nonzero entries of row 0, which
+#    Dirichlet(0.05) rows can underflow to exactly zero)
 
 
 def _block_docs(doc_len: int) -> int:
@@ -106,9 +116,12 @@ def bayes_nll(tokens: np.ndarray, vocab: int, alpha: float) -> np.ndarray:
     return out
 
 
-def sample_mixture_matrices(rng: np.random.Generator, n: int, state_counts, alpha: float) -> np.ndarray:
-    """(n, K, K) matrices, K = max(state_counts): document d draws k_d uniformly from `state_counts`, its rows
-    0..k_d-1 ~ Dirichlet(alpha) over states 0..k_d-1; rows >= k_d (never visited) are uniform over 0..k_d-1."""
+def sample_mixture_matrices(rng: np.random.Generator, n: int, state_counts,
+                            alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """-> (sizes (n,) int64, P (n, K, K)), K = max(state_counts): document d draws k_d uniformly from
+    `state_counts`, its rows 0..k_d-1 ~ Dirichlet(alpha) over states 0..k_d-1; rows >= k_d (never visited) are
+    uniform over 0..k_d-1. The sizes are returned, not read back from P: a Dirichlet(0.05) row can hold exact
+    zeros."""
     counts = np.asarray(state_counts, dtype=np.int64)
     K = int(counts.max())
     sizes = counts[rng.integers(0, len(counts), size=n)]
@@ -117,29 +130,40 @@ def sample_mixture_matrices(rng: np.random.Generator, n: int, state_counts, alph
         docs = np.flatnonzero(sizes == k)
         P[docs, :k, :k] = rng.dirichlet(np.full(int(k), float(alpha)), size=(len(docs), int(k)))
         P[docs, k:, :k] = 1.0 / k
-    return P
+    return sizes, P
 
 
-def sample_mixture_chains(rng: np.random.Generator, P: np.ndarray, doc_len: int) -> np.ndarray:
-    """Chains of `sample_mixture_matrices`' matrices: first state uniform over the document's own k states."""
-    sizes = (P[:, 0] > 0).sum(-1)  # row 0 is always one of the document's own rows
+def sample_mixture_chains(rng: np.random.Generator, P: np.ndarray, doc_len: int, sizes: np.ndarray) -> np.ndarray:
+    """Chains of `sample_mixture_matrices`' matrices on states 0..k_d-1: first state uniform over them."""
     first = np.floor(rng.random(len(P)) * sizes).astype(np.int64)
     return sample_chains(rng, P, doc_len, first=first)
 
 
-def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float) -> np.ndarray:
+def size_offsets(state_counts, disjoint: bool) -> np.ndarray:
+    """First state id of each size: all 0 (shared labels) or the running sum of the sizes (disjoint ranges)."""
+    counts = np.asarray(state_counts, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]) if disjoint else np.zeros_like(counts)
+
+
+def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float, disjoint: bool = False) -> np.ndarray:
     """Exact Bayes-optimal per-token NLL (nats) under the mixture of sizes (module docstring).
 
-    tokens (n, L) ints in [0, max(state_counts)) -> (n, L) float64.
+    tokens (n, L) ints, each document on the states of one size: 0..k-1, or with `disjoint` its size's own
+    range (`size_offsets`) -> (n, L) float64.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     sizes = np.asarray(state_counts, dtype=np.float64)
+    lo = size_offsets(state_counts, disjoint).astype(np.float64)
+    hi = lo + sizes
     n, L = tokens.shape
-    K = int(sizes.max())
+    K = int(hi.max())
+
+    def fits(states):  # (n,) -> (n, m): the state lies in size m's range
+        return (states[:, None] >= lo[None, :]) & (states[:, None] < hi[None, :])
+
     out = np.empty((n, L), dtype=np.float64)
     log_w = np.full((n, len(sizes)), -np.log(len(sizes)))          # log prior of each size, then posterior
-    fits = tokens[:, :1] < sizes[None, :]                          # (n, m): state allowed under size m
-    log_p = np.where(fits, -np.log(sizes)[None, :], -np.inf)       # first state uniform over k states
+    log_p = np.where(fits(tokens[:, 0]), -np.log(sizes)[None, :], -np.inf)  # first state uniform over k states
     out[:, 0] = -_logsumexp(log_w + log_p)
     log_w = log_w + log_p
     counts = np.zeros(n * K * K, dtype=np.int64)
@@ -149,9 +173,8 @@ def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float) -> np.ndar
         i, j = tokens[:, t - 1], tokens[:, t]
         ij = (doc * K + i) * K + j
         di = doc * K + i
-        fits = (j[:, None] < sizes[None, :]) & (i[:, None] < sizes[None, :])
         with np.errstate(divide="ignore"):
-            log_p = np.where(fits, np.log(counts[ij] + alpha)[:, None]
+            log_p = np.where(fits(i) & fits(j), np.log(counts[ij] + alpha)[:, None]
                              - np.log(totals[di][:, None] + sizes[None, :] * alpha), -np.inf)
         out[:, t] = _logsumexp(log_w) - _logsumexp(log_w + log_p)
         log_w = log_w + log_p
@@ -168,13 +191,20 @@ def _logsumexp(a: np.ndarray) -> np.ndarray:
 
 
 def generator_params(*, vocab: int, alpha: float, doc_len: int, n_train: int, n_heldout: int,
-                     seed: int, state_counts=None) -> dict:
+                     seed: int, state_counts=None, disjoint_sizes: bool = False) -> dict:
+    if not isinstance(disjoint_sizes, (bool, np.bool_)):
+        raise ValueError(f"data.disjoint_sizes: must be true or false, got {disjoint_sizes!r}")
+    if disjoint_sizes and state_counts is None:
+        raise ValueError("data.disjoint_sizes: true needs data.state_counts (a mixture of sizes)")
     if state_counts is not None:
         counts = list(state_counts)
         if not counts or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 2
                                  for k in counts):
             raise ValueError(f"data.state_counts: must be a non-empty list of integers >= 2, got {state_counts!r}")
-        if max(counts) != vocab:
+        if disjoint_sizes and sum(counts) != vocab:
+            raise ValueError(f"data.vocab: with data.disjoint_sizes every size has its own states, so vocab must "
+                             f"be the sum of data.state_counts={state_counts!r} ({sum(counts)}), got {vocab!r}")
+        if not disjoint_sizes and max(counts) != vocab:
             raise ValueError(f"data.state_counts: its largest size must equal data.vocab={vocab!r} (the "
                              f"model's vocabulary covers every document), got {state_counts!r}")
     if not (isinstance(vocab, (int, np.integer)) and 2 <= vocab <= 65535):
@@ -190,18 +220,20 @@ def generator_params(*, vocab: int, alpha: float, doc_len: int, n_train: int, n_
               "doc_len": int(doc_len), "n_train": int(n_train), "n_heldout": int(n_heldout), "seed": int(seed)}
     if state_counts is not None:  # absent for one size, so the single-size datasets keep their folders
         params["state_counts"] = sorted(int(k) for k in state_counts)
+    if disjoint_sizes:  # absent when false, so the shared-label mixtures keep their folders
+        params["disjoint_sizes"] = True
     return params
 
 
 def dataset_dirname(params: dict) -> str:
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    sizes = "mix" if "state_counts" in params else ""
+    sizes = ("dmix" if params.get("disjoint_sizes") else "mix") if "state_counts" in params else ""
     return f"icl_markov-k{sizes}{params['vocab']}-a{params['alpha']:g}-L{params['doc_len']}-{digest}"
 
 
 def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len: int = 1024,
                       n_train: int = 16384, n_heldout: int = 512, seed: int = 0, state_counts=None,
-                      progress: bool = True) -> Path:
+                      disjoint_sizes: bool = False, progress: bool = True) -> Path:
     """Return the root folder of the in-context Markov dataset, generating it on first use.
 
     Args:
@@ -213,6 +245,8 @@ def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len:
         seed: base random seed. Default 0.
         state_counts: None (every document has `vocab` states) or a list of sizes, the largest equal to
             `vocab`: each document draws its size uniformly from it (the long-context mixture, module docstring).
+        disjoint_sizes: give every size its own range of states (vocab = the sum of the sizes), so that any
+            token names its document's size. Default False (every size on states 0..k-1).
         progress: show a tqdm bar while generating.
     Returns:
         `root` with `root/train.zarr`, `root/heldout.zarr`, `root/heldout_bayes_nll.zarr`, `root/params.json`.
@@ -226,7 +260,8 @@ def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len:
         >>> LongCrawl64(root / "train.zarr", context_length=256, docs_per_batch=32)
     """
     params = generator_params(vocab=vocab, alpha=alpha, doc_len=doc_len, n_train=n_train,
-                              n_heldout=n_heldout, seed=seed, state_counts=state_counts)
+                              n_heldout=n_heldout, seed=seed, state_counts=state_counts,
+                              disjoint_sizes=disjoint_sizes)
     cache = Path(os.path.expanduser(str(cache_dir)))
     root = cache / dataset_dirname(params)
     if (root / "params.json").exists():
@@ -257,10 +292,12 @@ def _umask() -> int:
 def _generate(out: Path, params: dict, *, progress: bool) -> None:
     k, alpha, L = params["vocab"], params["alpha"], params["doc_len"]
     mixture = params.get("state_counts")
+    disjoint = bool(params.get("disjoint_sizes"))
     sizes = {"train": params["n_train"], "heldout": params["n_heldout"]}
     col_chunk = min(L, 2048)
     # the mixture's matrices are (block, k, k) float64: bound them to ~256 MB
-    block = _block_docs(L) if mixture is None else max(16, min(_block_docs(L), (1 << 25) // (k * k)))
+    K = k if mixture is None else max(mixture)
+    block = _block_docs(L) if mixture is None else max(16, min(_block_docs(L), (1 << 25) // (K * K)))
     doc_chunk = max(1, min(512, (1 << 21) // col_chunk))  # ~4 MB uncompressed chunks
     attrs = {"bos_id": k, "vocab_size": k + 1, "max_token_id": k - 1, "rolled": False, "generator": params}
     bar = tqdm(total=sum(sizes.values()) * L, unit="tok", unit_scale=True, disable=not progress,
@@ -284,9 +321,12 @@ def _generate(out: Path, params: dict, *, progress: bool) -> None:
                 if mixture is None:
                     x = sample_chains(rng, sample_transition_matrices(rng, hi - lo, k, alpha), L)
                 else:
-                    x = sample_mixture_chains(rng, sample_mixture_matrices(rng, hi - lo, mixture, alpha), L)
+                    doc_sizes, P = sample_mixture_matrices(rng, hi - lo, mixture, alpha)
+                    x = sample_mixture_chains(rng, P, L, doc_sizes)
+                    if disjoint:  # move each document onto its size's own range of states
+                        x += size_offsets(mixture, True)[np.searchsorted(mixture, doc_sizes)][:, None]
                 tok[lo:hi] = x.astype(np.uint16)
                 if nll is not None:
-                    best = bayes_nll(x, k, alpha) if mixture is None else bayes_nll_mixture(x, mixture, alpha)
+                    best = bayes_nll(x, k, alpha) if mixture is None else bayes_nll_mixture(x, mixture, alpha, disjoint)
                     nll[lo:hi] = best.astype(np.float32)
                 bar.update((hi - lo) * L)

@@ -32,6 +32,7 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
             data_cfg.cache_dir, vocab=data_cfg.vocab, alpha=data_cfg.alpha, doc_len=doc_len,
             n_train=max(1, data_cfg.train_tokens // doc_len), n_heldout=data_cfg.n_heldout,
             seed=data_cfg.gen_seed, state_counts=data_cfg.get("state_counts"),
+            disjoint_sizes=data_cfg.get("disjoint_sizes", False),
             progress=sys.stderr.isatty(),  # a bar's redraws would flood a log file
         )
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"

@@ -8,7 +8,7 @@ import zarr
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
 from longctx.data.icl_markov import (bayes_nll, bayes_nll_mixture, sample_chains, sample_mixture_chains,
-                                     sample_mixture_matrices, sample_transition_matrices)
+                                     sample_mixture_matrices, sample_transition_matrices, size_offsets)
 
 
 def mc_posterior_nll(tokens, vocab, alpha, t, rng, samples=200_000):
@@ -149,12 +149,11 @@ def test_mixture_optimum_matches_prior_importance_sampling():
     (first state uniform over the document's states), and average the probability of the next state."""
     rng = np.random.default_rng(4)
     sizes, alpha = [2, 3, 5], 0.4
-    P = sample_mixture_matrices(rng, 1, sizes, alpha)
-    x = sample_mixture_chains(rng, P, 7)[0]
+    k1, P = sample_mixture_matrices(rng, 1, sizes, alpha)
+    x = sample_mixture_chains(rng, P, 7, k1)[0]
     exact = bayes_nll_mixture(x[None], sizes, alpha)[0]
     n = 300_000
-    Ps = sample_mixture_matrices(rng, n, sizes, alpha)
-    k = (Ps[:, 0] > 0).sum(-1)
+    k, Ps = sample_mixture_matrices(rng, n, sizes, alpha)
     w = np.where(x[0] < k, 1.0 / k, 0.0)
     assert abs(-np.log(w.mean()) - exact[0]) < 0.01
     for t in range(1, 7):
@@ -165,30 +164,61 @@ def test_mixture_optimum_matches_prior_importance_sampling():
 
 def test_mixture_documents_stay_on_their_own_states():
     rng = np.random.default_rng(5)
-    P = sample_mixture_matrices(rng, 300, [4, 16], 0.1)
+    k, P = sample_mixture_matrices(rng, 300, [4, 16], 0.1)
     np.testing.assert_allclose(P.sum(-1), 1.0)
-    x = sample_mixture_chains(rng, P, 400)
-    k = (P[:, 0] > 0).sum(-1)
+    x = sample_mixture_chains(rng, P, 400, k)
     assert set(np.unique(k)) == {4, 16}
+    assert ((P[:, :, :4] > 0).sum(-1) <= k[:, None]).all() and (P[k == 4][:, :, 4:] == 0).all()
     assert (x.max(axis=1) < k).all()
     assert 0.35 < (k == 4).mean() < 0.65  # sizes drawn uniformly
 
 
-def test_long_task_optimum_still_falls_at_its_context():
-    """The calibration target of conf/data/icl_markov_long.yaml, from the exact optimum: the last bin of the
+@pytest.mark.parametrize("config", ["icl_markov_long", "icl_markov_long_disjoint"])
+def test_long_task_optimum_still_falls_at_its_context(config):
+    """The calibration target of the long-context task configs, from the exact optimum: the last bin of the
     Bayes curve at least 0.1 nats below the bin holding ctx/8 (so attention that reaches far keeps gaining)."""
     from omegaconf import OmegaConf
 
     from longctx.train.metrics import bin_curve, exponential_bins
-    cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "data" / "icl_markov_long.yaml")
+    conf = Path(__file__).resolve().parents[2] / "conf" / "data"
+    cfg = OmegaConf.merge(OmegaConf.load(conf / "icl_markov_long.yaml"), OmegaConf.load(conf / f"{config}.yaml"))
+    counts, disjoint = sorted(cfg.state_counts), bool(cfg.get("disjoint_sizes", False))
+    assert (sum(counts) if disjoint else max(counts)) == cfg.vocab
     rng = np.random.default_rng(6)
     ctx = cfg.doc_len
-    x = sample_mixture_chains(rng, sample_mixture_matrices(rng, 48, list(cfg.state_counts), cfg.alpha), ctx)
-    curve = bayes_nll_mixture(x, list(cfg.state_counts), cfg.alpha).mean(0)
+    sizes, P = sample_mixture_matrices(rng, 48, counts, cfg.alpha)
+    x = sample_mixture_chains(rng, P, ctx, sizes) + size_offsets(counts, disjoint)[np.searchsorted(counts, sizes)][:, None]
+    curve = bayes_nll_mixture(x, counts, cfg.alpha, disjoint).mean(0)
     bins = exponential_bins(ctx, 16)
     binned = bin_curve(curve, bins)
     at_eighth = next(i for i, (a, b) in enumerate(bins) if a <= ctx // 8 < b)
     assert binned[at_eighth] - binned[-1] >= 0.1, binned
+
+
+def test_first_state_is_uniform_over_the_documents_own_states():
+    """Dirichlet(0.01) rows hold exact zeros; the first state must still be uniform over all k states."""
+    rng = np.random.default_rng(7)
+    sizes, P = sample_mixture_matrices(rng, 16000, [8], 0.01)
+    assert ((P[:, 0] > 0).sum(-1) < 8).mean() > 0.5  # the case that matters does occur
+    first = sample_mixture_chains(rng, P, 1, sizes)[:, 0]
+    np.testing.assert_allclose(np.bincount(first, minlength=8) / len(first), 1 / 8, atol=0.015)
+
+
+def test_disjoint_sizes_optimum_is_the_known_size_optimum():
+    """With disjoint ranges the first token names the size: the mixture optimum must equal the fixed-size
+    closed form on the document's own states, plus ln(number of sizes) at position 0."""
+    rng = np.random.default_rng(8)
+    counts, alpha = [3, 5, 8], 0.2
+    sizes, P = sample_mixture_matrices(rng, 60, counts, alpha)
+    local = sample_mixture_chains(rng, P, 50, sizes)
+    offsets = size_offsets(counts, True)
+    np.testing.assert_array_equal(offsets, [0, 3, 8])
+    x = local + offsets[np.searchsorted(counts, sizes)][:, None]
+    got = bayes_nll_mixture(x, counts, alpha, disjoint=True)
+    for d in range(len(x)):
+        want = bayes_nll(local[d:d + 1], int(sizes[d]), alpha)[0]
+        want[0] += np.log(len(counts))
+        np.testing.assert_allclose(got[d], want, rtol=1e-12, atol=1e-12)
 
 
 def test_mixture_dataset_roundtrip(tmp_path):
@@ -205,3 +235,21 @@ def test_mixture_dataset_roundtrip(tmp_path):
     assert single != root
     with pytest.raises(ValueError, match="data.state_counts"):
         ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, state_counts=[4, 16], progress=False)
+
+
+def test_disjoint_sizes_dataset(tmp_path):
+    root = ensure_icl_markov(tmp_path, vocab=12, alpha=0.1, doc_len=64, n_train=40, n_heldout=30, seed=0,
+                             state_counts=[4, 8], disjoint_sizes=True, progress=False)
+    assert json.loads((root / "params.json").read_text())["disjoint_sizes"] is True
+    heldout = zarr.open_array(str(root / "heldout.zarr"), mode="r")[:].astype(np.int64)
+    nll = zarr.open_array(str(root / "heldout_bayes_nll.zarr"), mode="r")[:]
+    small = heldout.max(axis=1) < 4
+    assert small.any() and (~small).any()
+    assert (heldout[~small].min(axis=1) >= 4).all() and heldout.max() < 12  # each document on one range
+    np.testing.assert_allclose(nll, bayes_nll_mixture(heldout, [4, 8], 0.1, disjoint=True), rtol=1e-5)
+    assert dataset_info(root / "train.zarr")["vocab_size"] == 13
+    with pytest.raises(ValueError, match="data.vocab"):
+        ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, state_counts=[4, 8], disjoint_sizes=True,
+                          progress=False)
+    with pytest.raises(ValueError, match="data.disjoint_sizes"):
+        ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, disjoint_sizes=True, progress=False)

@@ -3,6 +3,7 @@ experiments run end to end on CPU (tiny sizes, a few steps), one of them through
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import subprocess
 import sys
@@ -157,3 +158,18 @@ def test_curriculum_script_without_an_output_folder_says_so(tmp_path):
     assert bad.returncode == 2 and "the first argument is the output folder (got 'attention=exp')" in bad.stderr
     assert not any(tmp_path.iterdir())  # nothing written
     assert subprocess.run([script, "--help"], capture_output=True, text=True).stdout.startswith("The calibrated")
+
+
+@pytest.mark.parametrize("whole", ["0", "1"])
+def test_curriculum_whole_docs_sets_each_short_stage_document_length(tmp_path, whole):
+    """WHOLE_DOCS=1: stage 0 reads 256-token and stage 1 1024-token documents, stage 2 the task's own; without it,
+    no stage overrides the document length (PYTHON=echo prints the three train.py commands)."""
+    env = dict(os.environ, PYTHON="echo", STAGE0_STEPS="1", WHOLE_DOCS=whole)
+    out = subprocess.run([str(REPO / "scripts" / "icl_curriculum.sh"), str(tmp_path / "x"), "attention=exp"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 3
+    doc_lens = [[w for w in line.split() if w.startswith("data.doc_len=")] for line in lines]
+    want = [["data.doc_len=256"], ["data.doc_len=1024"], []] if whole == "1" else [[], [], []]
+    assert doc_lens == want

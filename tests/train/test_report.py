@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from longctx.report import find_runs, main
+from longctx.report import find_runs, gap_curve, load_run, main
 from longctx.train.metrics import icl_summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,10 +65,21 @@ def test_report_table_equals_the_runs_metrics(tmp_path):
         assert row[10] == f"{final['state_size']:,}"
         assert row[11] == "1:4"
         assert row[12] == f"{final['tokens_per_s']:,.0f}"
-    for png in ("icl_curves.png", "best_context_vs_flops.png", "best_context_vs_context.png",
+    for png in ("icl_curves.png", "gap_to_optimum.png", "best_context_vs_flops.png", "best_context_vs_context.png",
                 "icl_over_training.png"):
         assert (tmp_path / "out" / png).stat().st_size > 10_000
         assert f"]({png})" in text
+
+
+def test_gap_curve_is_the_binned_loss_minus_the_optimum(tmp_path):
+    """fake_run's curve is the optimum + 0.1 + 0.5 / (evaluation + 1): the gap is that constant in every bin,
+    and the largest bin gap the trainer logged is the largest of them."""
+    run = load_run(fake_run(tmp_path / "r", "exp", 512, 0.1))
+    gaps = gap_curve(run.final)
+    assert [(a, b) for a, b, _ in gaps] == [(a, b) for a, b, _ in run.final["icl_curve"]]
+    np.testing.assert_allclose([g for *_, g in gaps], 0.1 + 0.5 / 2, atol=1e-9)
+    assert max(g for *_, g in gaps) == pytest.approx(run.final["max_bin_gap"])
+    assert gap_curve({"icl_curve": run.final["icl_curve"]}) == []   # no known optimum: no gap
 
 
 def test_equal_flop_overlay_and_sweep_discovery(tmp_path):
