@@ -253,3 +253,19 @@ def test_disjoint_sizes_dataset(tmp_path):
                           progress=False)
     with pytest.raises(ValueError, match="data.disjoint_sizes"):
         ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, disjoint_sizes=True, progress=False)
+
+
+def test_trainer_runs_the_disjoint_task_against_its_closed_form_optimum(compose, tiny, tmp_path):
+    """data=icl_markov_long_disjoint through the trainer: the data's 121 ids fit the model, and the logged optimum
+    of position 0 is the closed form ln(number of sizes) + ln(k of the document's range), averaged over the
+    evaluation documents."""
+    from longctx.train.trainer import Trainer
+    cfg = compose(*tiny, "data=icl_markov_long_disjoint", "data.doc_len=64", "trainer.max_steps=2",
+                  "trainer.eval_every=2", f"run_dir={tmp_path / 'run'}")
+    trainer = Trainer(cfg)
+    assert trainer.splits.info["vocab_size"] == 121 and trainer.spec.vocab_size >= 121
+    rec = trainer.fit()
+    first = trainer.heldout["targets"][:, 0].numpy()
+    k = np.array([8, 16, 32, 64])[np.searchsorted([8, 24, 56, 120], first, side="right")]
+    assert rec["bayes_curve"][0][:2] == [0, 1]
+    assert rec["bayes_curve"][0][2] == pytest.approx(np.mean(np.log(4) + np.log(k)), rel=1e-5)
