@@ -25,7 +25,7 @@ positions.
 
 Disjoint sizes (`disjoint_sizes`, vocab = sum of the sizes). With shared labels, a document's size has to be
 inferred from its prefix (the largest state seen, how many first visits came without a larger one), and over
-the first ~20 positions the optimum hinges on that inference. With disjoint labels every size lives on its own
+the first ~10 positions the optimum hinges on that inference. With disjoint labels every size lives on its own
 range of states (size k_m on offset_m .. offset_m + k_m - 1, offsets the running sum of the sizes), so any one
 token names its document's size: after the first token the optimum is the fixed-size posterior predictive, and
 what is left to learn is counting transitions in context. The same `bayes_nll_mixture` covers both (a state
