@@ -160,14 +160,19 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _position_axes(ax, ylabel: str, title: str, budget: float | None) -> None:
-    """Log position axis, labels and a title naming which evaluation of each run is drawn."""
-    ax.set_xscale("log")
-    ax.set_xlabel("position in context (tokens, log scale; bin centres)")
+def _log_x_axes(ax, xlabel: str, ylabel: str, title: str, base: int = 10) -> None:
+    """The figures' common frame: log x axis, labelled axes, a small title, a light grid."""
+    ax.set_xscale("log", base=base)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    when = "final evaluation" if budget is None else f"last evaluation within {budget:.3g} training FLOPs"
-    ax.set_title(f"{title} ({when})", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
+
+
+def _position_axes(ax, ylabel: str, title: str, budget: float | None) -> None:
+    """Log position axis and a title naming which evaluation of each run is drawn."""
+    when = "final evaluation" if budget is None else f"last evaluation within {budget:.3g} training FLOPs"
+    _log_x_axes(ax, "position in context (tokens, log scale; bin centres)", ylabel, f"{title} ({when})")
 
 
 def plot_icl_overlay(runs: list[Run], path: Path, title: str, budget: float | None) -> Path:
@@ -219,11 +224,8 @@ def plot_best_vs_flops(runs: list[Run], path: Path, title: str) -> Path:
     for run in runs:
         ax.plot([r["flops"] for r in run.records], [r["best_context_loss"] for r in run.records], marker="o",
                 ms=3, lw=1.5, label=run.label, **_style(run, runs))
-    ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs (3x forward, charged with the form that runs; log scale)")
-    ax.set_ylabel("heldout best-context loss (nats/token)")
-    ax.set_title(f"{title}: best-context loss per FLOP", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    _log_x_axes(ax, "training FLOPs (3x forward, charged with the form that runs; log scale)",
+                "heldout best-context loss (nats/token)", f"{title}: best-context loss per FLOP")
     ax.legend(fontsize=7)
     return _save(fig, path)
 
@@ -238,11 +240,8 @@ def plot_best_vs_context(runs: list[Run], path: Path, title: str) -> Path:
         members = sorted(members, key=lambda r: r.ctx)
         ax.plot([r.ctx for r in members], [r.final["best_context_loss"] for r in members], marker="o", lw=1.5,
                 label=", ".join((tag,) + key), **_style(members[0], runs))
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("training context (tokens, log scale)")
-    ax.set_ylabel("final heldout best-context loss (nats/token)")
-    ax.set_title(f"{title}: best-context loss vs context", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    _log_x_axes(ax, "training context (tokens, log scale)", "final heldout best-context loss (nats/token)",
+                f"{title}: best-context loss vs context", base=2)
     ax.legend(fontsize=7)
     return _save(fig, path)
 
