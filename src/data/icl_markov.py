@@ -145,6 +145,12 @@ def size_offsets(state_counts, disjoint: bool) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]) if disjoint else np.zeros_like(counts)
 
 
+def on_size_ranges(x: np.ndarray, sizes: np.ndarray, state_counts, disjoint: bool) -> np.ndarray:
+    """Chains on states 0..k_d-1 (n, L) -> the same chains on their sizes' ranges (`size_offsets`)."""
+    counts = sorted(int(k) for k in state_counts)
+    return x + size_offsets(counts, disjoint)[np.searchsorted(counts, sizes)][:, None]
+
+
 def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float, disjoint: bool = False) -> np.ndarray:
     """Exact Bayes-optimal per-token NLL (nats) under the mixture of sizes (module docstring).
 
@@ -322,9 +328,7 @@ def _generate(out: Path, params: dict, *, progress: bool) -> None:
                     x = sample_chains(rng, sample_transition_matrices(rng, hi - lo, k, alpha), L)
                 else:
                     doc_sizes, P = sample_mixture_matrices(rng, hi - lo, mixture, alpha)
-                    x = sample_mixture_chains(rng, P, L, doc_sizes)
-                    if disjoint:  # move each document onto its size's own range of states
-                        x += size_offsets(mixture, True)[np.searchsorted(mixture, doc_sizes)][:, None]
+                    x = on_size_ranges(sample_mixture_chains(rng, P, L, doc_sizes), doc_sizes, mixture, disjoint)
                 tok[lo:hi] = x.astype(np.uint16)
                 if nll is not None:
                     best = bayes_nll(x, k, alpha) if mixture is None else bayes_nll_mixture(x, mixture, alpha, disjoint)

@@ -8,7 +8,8 @@ import zarr
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
 from longctx.data.icl_markov import (bayes_nll, bayes_nll_mixture, sample_chains, sample_mixture_chains,
-                                     sample_mixture_matrices, sample_transition_matrices, size_offsets)
+                                     sample_mixture_matrices, sample_transition_matrices, on_size_ranges,
+                                     size_offsets)
 
 
 def mc_posterior_nll(tokens, vocab, alpha, t, rng, samples=200_000):
@@ -187,7 +188,7 @@ def test_long_task_optimum_still_falls_at_its_context(config):
     rng = np.random.default_rng(6)
     ctx = cfg.doc_len
     sizes, P = sample_mixture_matrices(rng, 48, counts, cfg.alpha)
-    x = sample_mixture_chains(rng, P, ctx, sizes) + size_offsets(counts, disjoint)[np.searchsorted(counts, sizes)][:, None]
+    x = on_size_ranges(sample_mixture_chains(rng, P, ctx, sizes), sizes, counts, disjoint)
     curve = bayes_nll_mixture(x, counts, cfg.alpha, disjoint).mean(0)
     bins = exponential_bins(ctx, 16)
     binned = bin_curve(curve, bins)
@@ -211,9 +212,9 @@ def test_disjoint_sizes_optimum_is_the_known_size_optimum():
     counts, alpha = [3, 5, 8], 0.2
     sizes, P = sample_mixture_matrices(rng, 60, counts, alpha)
     local = sample_mixture_chains(rng, P, 50, sizes)
-    offsets = size_offsets(counts, True)
-    np.testing.assert_array_equal(offsets, [0, 3, 8])
-    x = local + offsets[np.searchsorted(counts, sizes)][:, None]
+    np.testing.assert_array_equal(size_offsets(counts, True), [0, 3, 8])
+    x = on_size_ranges(local, sizes, counts, True)
+    assert ((x - local) == np.array([0, 3, 8])[np.searchsorted(counts, sizes)][:, None]).all()
     got = bayes_nll_mixture(x, counts, alpha, disjoint=True)
     for d in range(len(x)):
         want = bayes_nll(local[d:d + 1], int(sizes[d]), alpha)[0]
