@@ -254,6 +254,9 @@ def test_disjoint_sizes_dataset(tmp_path):
                           progress=False)
     with pytest.raises(ValueError, match="data.disjoint_sizes"):
         ensure_icl_markov(tmp_path, vocab=8, alpha=0.1, doc_len=64, disjoint_sizes=True, progress=False)
+    with pytest.raises(ValueError, match="data.disjoint_sizes: must be true or false, got 'yes'"):
+        ensure_icl_markov(tmp_path, vocab=12, alpha=0.1, doc_len=64, state_counts=[4, 8], disjoint_sizes="yes",
+                          progress=False)
 
 
 def test_trainer_runs_the_disjoint_task_against_its_closed_form_optimum(compose, tiny, tmp_path):
