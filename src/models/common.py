@@ -37,12 +37,13 @@ def rotary_tables(t: int, d: int, base: float, offset: int = 0, device=None) -> 
 
 
 def rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate (b, t, h, d) queries or keys by the positions of `tables` (rotary_tables(t, d, ...)); d even."""
-    d = x.shape[-1]
-    cos = tables[0][None, :, None, :].to(x.dtype)                                         # (1, t, 1, d/2)
+    """Rotate (b, t, h, d) queries or keys by the positions of `tables` (rotary_tables(t, r, ...), r even, r <= d):
+    the first r dims are rotated, the rest pass unchanged (partial rotary, as in GPT-NeoX)."""
+    r = 2 * tables[0].shape[-1]
+    cos = tables[0][None, :, None, :].to(x.dtype)                                         # (1, t, 1, r/2)
     sin = tables[1][None, :, None, :].to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2, rest = x[..., : r // 2], x[..., r // 2: r], x[..., r:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
 
 # ----------------------------------------------------------------------------------------------------------

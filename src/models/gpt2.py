@@ -103,7 +103,7 @@ class GPT2(LanguageModelMixin, nn.Module):
         last_only: logits of the last position only, (b, 1, vocab) (a 64k prompt's full logits are GBs)."""
         x = self.wte(input_ids)  # (b, t, d_model)
         start = 0 if cache is None else cache[0].pos  # position of the first input token
-        rope = rotary_tables(input_ids.shape[1], self.spec.head_dim, self.spec.rope_base, start, x.device)
+        rope = rotary_tables(input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start, x.device)
         for i, block in enumerate(self.blocks):
             if cache is not None:
                 x = block(x, rope, cache[i])

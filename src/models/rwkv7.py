@@ -370,7 +370,7 @@ class RWKV7(LanguageModelMixin, nn.Module):
         rope = None
         if self.spec.attention != NATIVE:  # the attention cores rotate r and k; positions continue a cache's
             start = 0 if cache is None else cache[0].pos
-            rope = rotary_tables(input_ids.shape[1], self.spec.head_dim, self.spec.rope_base, start, x.device)
+            rope = rotary_tables(input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start, x.device)
         for i, block in enumerate(self.layers):
             if cache is not None:
                 x, v_first = block(x, v_first, rope, cache[i])

@@ -28,6 +28,7 @@ class ModelSpec:
     mlp_ratio: int = 4
     ctx: int = 1024                    # longest sequence the model will see in training
     rope_base: float = 10000.0
+    rope_dims: int | None = None       # head dims rotated by the rotary embedding (the first ones); None = all
     checkpoint_activations: bool = False
 
     def __post_init__(self):
@@ -48,12 +49,19 @@ class ModelSpec:
             bad("n_heads", f"head_dim = d_model/n_heads = {self.d_model // self.n_heads} must be even (rotary pairs)")
         if not isinstance(self.rope_base, (int, float)) or isinstance(self.rope_base, bool) or self.rope_base <= 1:
             bad("rope_base", "must be a number > 1")
+        if self.rope_dims is not None and (isinstance(self.rope_dims, bool) or not isinstance(self.rope_dims, int)
+                                           or self.rope_dims % 2 or not 2 <= self.rope_dims <= self.head_dim):
+            bad("rope_dims", f"must be null (every head dim) or an even integer in [2, head_dim={self.head_dim}]")
         if not isinstance(self.checkpoint_activations, bool):
             bad("checkpoint_activations", "must be true or false")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        return self.head_dim if self.rope_dims is None else self.rope_dims
 
     @classmethod
     def from_dict(cls, fields: dict) -> "ModelSpec":

@@ -30,5 +30,8 @@ def test_conf_keys_reach_the_core(compose):
     assert (core.p, core.chunk_size, core.out_norm is not None) == (4, 64, True)
     assert cfg.run_name.startswith("gpt2_power_p4_")
     assert model_spec(compose("attention=window", "window=16"), 5).attention_params == {"window": 16}
-    assert model_spec(compose("attention=exp"), 5).attention_params == {}
+    assert model_spec(compose("attention=exp"), 5).attention_params == {"sink": False}
+    sink = model_spec(compose("attention=exp", "attention.sink=true", "arch.rope_dims=4"), 5)
+    assert (sink.attention_params, sink.rope_dims) == ({"sink": True}, 4)
+    assert build_model(sink).blocks[0].attn.core.sink_logit.shape == (sink.n_heads,)
     assert model_spec(compose("attention=power"), 5).attention_params["output_norm"] is False  # the default

@@ -11,6 +11,8 @@ from longctx.models.spec import ARCHS
 from _checks import VOCAB, perturb_, tiny_spec
 
 CASES = [pytest.param(dict(attention="exp"), id="exp"),
+         pytest.param(dict(attention="exp", sink=True), id="exp-sink"),
+         pytest.param(dict(attention="exp", rope_dims=8), id="exp-rope8of16"),
          pytest.param(dict(attention="window", window=5), id="window5"),
          pytest.param(dict(attention="linear"), id="linear"),
          pytest.param(dict(attention="power", p=2, gating=False), id="power2-ungated"),
@@ -51,7 +53,7 @@ def test_cached_logits_equal_full_forward(arch, case):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_generation_cached_equals_recomputed(arch, case):
     model = model_for(arch, case, seed=1, scale=0.2)  # weights far enough from init for varied continuations
-    prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(8))
     cached = model.generate(prompt, 14, temperature=0, use_cache=True)
     naive = model.generate(prompt, 14, temperature=0, use_cache=False)
     assert cached.shape == (2, 20) and torch.equal(cached[:, :6], prompt)

@@ -53,7 +53,7 @@ def test_bad_spec_names_the_field(kw, field, words):
 def test_attention_params_are_declared_by_the_core():
     spec = ModelSpec(attention="power", attention_params={"p": 4})
     assert spec.attention_params == {"p": 4, "chunk_size": None, "gating": True, "output_norm": False}
-    with pytest.raises(ValueError, match=r"^attention.window=8: not a parameter of attention=exp \(its parameters: none\)"):
+    with pytest.raises(ValueError, match=r"^attention.window=8: not a parameter of attention=exp \(its parameters: sink\)"):
         ModelSpec(attention="exp", attention_params={"window": 8})
     with pytest.raises(ValueError, match=r"attention.chunk=8: .*p, chunk_size, gating, output_norm"):
         ModelSpec(attention="power", attention_params={"chunk": 8})
@@ -67,7 +67,7 @@ def test_old_flat_spec_maps_to_attention_params():
     spec = ModelSpec.from_dict(old)
     assert spec.attention_params == {"p": 2, "chunk_size": None, "gating": True, "output_norm": False}
     assert ModelSpec.from_dict(old | dict(attention="window")).attention_params == {"window": 1024}
-    assert ModelSpec.from_dict(old | dict(attention="exp")).attention_params == {}
+    assert ModelSpec.from_dict(old | dict(attention="exp")).attention_params == {"sink": False}
     assert ModelSpec.from_dict(spec.__dict__) == spec  # today's layout round-trips
     with pytest.raises(ValueError, match="ModelSpec.colour='red': not a field"):
         ModelSpec.from_dict(old | dict(colour="red"))

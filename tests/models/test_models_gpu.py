@@ -77,6 +77,29 @@ def test_gpt2_exp_matches_plain_softmax_on_gpu():
             assert rel(model(x).float(), ref_model(x).float()) < 2e-2
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_softmax_sink_and_partial_rotary_on_gpu_match_float64(dtype, tol):
+    """The fused path (SDPA with the sink in padded head dims; flash-attn when installed), forward and input
+    gradients, against the float64 definition on the CPU."""
+    from test_softmax_options import sink_core, softmax_with_sink_reference
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 300, 4, 64, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    logit = torch.tensor([-2.0, 0.0, 1.0, 3.0], dtype=torch.float64)
+    ref = softmax_with_sink_reference(q, k, v, logit)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    core = sink_core(h=4, d=64, logit=logit).float().cuda()
+    qc, kc, vc = (z.detach().to("cuda", dtype).requires_grad_() for z in (q, k, v))
+    y = core(qc, kc, vc)
+    grads = torch.autograd.grad(y.float().square().sum(), (qc, kc, vc))
+    assert rel(y.cpu(), ref) < tol
+    for g, r in zip(grads, ref_grads):
+        assert rel(g.cpu(), r) < 4 * tol
+    model = build_model(gpu_spec(arch="gpt2", attention="exp", rope_dims=16))
+    x = torch.randint(0, VOCAB, (2, 200))
+    with torch.no_grad():
+        assert rel(model.cuda()(x.cuda()).cpu(), model.cpu()(x)) < 1e-4
+
+
 @pytest.mark.parametrize("attention", sorted(ATTENTIONS))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cpu_path_equals_gpu_path(arch, attention):

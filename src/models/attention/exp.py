@@ -1,4 +1,9 @@
-"""exp: causal softmax attention."""
+"""exp: causal softmax attention, optionally with a learned sink.
+
+The sink (`attention.sink=true`) is one learned logit per head added to every query's softmax denominator, a key
+that every query sees and whose value is zero (as in gpt-oss): a head that finds nothing worth reading can put its
+weight there instead of on some token, without depending on where the BOS token sits.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .registry import register
+from .registry import boolean, register
 from .shared import KVCache, attend_last, mean_keys_per_query
 
 try:  # optional extra: pip install longctx[flash]
@@ -22,22 +27,32 @@ class ExpAttention(nn.Module):
     Decoding keeps a KV cache of every past position."""
 
     @dataclass(frozen=True)
-    class Params:  # softmax attention has no parameters of its own
-        pass
+    class Params:
+        sink: bool = False  # a learned per-head logit in every softmax denominator (module docstring)
+
+        def __post_init__(self):
+            boolean(self, "sink")
 
     def __init__(self, spec, params: Params):
         super().__init__()
         self.d_model, self.head_dim = spec.d_model, spec.head_dim
+        self.sink_logit = nn.Parameter(torch.zeros(spec.n_heads)) if params.sink else None
 
     def forward(self, q, k, v, x=None):
+        if self.sink_logit is not None:
+            q, k, v = with_sink(q, k, v, self.sink_logit)
+            return self._causal(q, k, v)[:, 1:, :, : self.head_dim]
+        return self._causal(q, k, v)
+
+    def _causal(self, q, k, v):
         if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):
-            return flash_attn_func(q, k, v, causal=True)  # (b, t, h, d) layout natively
+            return flash_attn_func(q, k, v, causal=True, softmax_scale=self.head_dim ** -0.5)  # (b, t, h, d) natively
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, h, t, d)
         if q.is_cuda:
             with sdpa_fastest():
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5)
         return y.transpose(1, 2)  # (b, t, h, d)
 
     def decode(self, q, k, v, x, cache: KVCache | None):
@@ -46,13 +61,38 @@ class ExpAttention(nn.Module):
             cache.append(k, v)
             return self.forward(q, k, v, x), cache
         keys, values = cache.append(k, v)
-        return attend_last(q, keys, values), cache
+        if self.sink_logit is None:
+            return attend_last(q, keys, values), cache
+        q, keys, values = with_sink(q, keys, values, self.sink_logit)
+        return attend_last(q[:, 1:], keys, values, scale=self.head_dim ** -0.5)[..., : self.head_dim], cache
 
     def state_size(self, ctx):  # the KV cache: keys and values of every head at every position
         return 2 * ctx * self.d_model
 
     def state_flops(self, ctx):  # q.K and A.V, each d multiply-adds per key, per head
         return 2 * 2 * self.d_model * mean_keys_per_query(ctx, ctx)
+
+
+SINK_PAD = 8  # extra head dims that carry the sink: fused kernels want head dims in multiples of 8
+
+
+def with_sink(q, k, v, logit):
+    """q (b, n, h, d), k, v (b, t, h, d) and a (h,) logit -> the same attention with a sink in front, as plain causal
+    attention:
+    position 0 is the sink (key scoring `logit` against every query, value zero), head dims padded by SINK_PAD.
+    Attend with scale d ** -0.5 (d the unpadded head dim), then drop position 0 and the padded dims."""
+    b, h, d = q.shape[0], q.shape[2], q.shape[3]
+    pad = {z.shape[1]: z.new_zeros(b, z.shape[1], h, SINK_PAD) for z in (q, k)}  # decoding: fewer queries than keys
+    q = torch.cat([q, torch.ones_like(pad[q.shape[1]][..., :1]), pad[q.shape[1]][..., 1:]], -1)
+    k, v = torch.cat([k, pad[k.shape[1]]], -1), torch.cat([v, pad[k.shape[1]]], -1)
+    # the sink's key is zero but for the query's constant 1 dim: score logit * sqrt(d) * d ** -0.5 = logit
+    sink_k = torch.zeros(h, d + SINK_PAD, dtype=k.dtype, device=k.device)
+    sink_k = sink_k.index_put((torch.arange(h, device=k.device), torch.full((h,), d, device=k.device)),
+                              (logit * d ** 0.5).to(k.dtype))
+    q = torch.cat([torch.zeros_like(q[:, :1]), q], 1)
+    k = torch.cat([sink_k.expand(b, 1, h, -1), k], 1)
+    v = torch.cat([torch.zeros_like(v[:, :1]), v], 1)
+    return q, k, v
 
 
 def sdpa_fastest():

@@ -30,9 +30,10 @@ def mean_keys_per_query(ctx: int, window: int) -> float:
     return (w * (w + 1) / 2 + (ctx - w) * w) / ctx
 
 
-def attend_last(q, k, v, window: int | None = None):
+def attend_last(q, k, v, window: int | None = None, scale: float | None = None):
     """Softmax attention of the last n positions over all T cached ones: q (b, n, h, d), k, v (b, T, h, d), T >= n.
-    Query i sits at position T - n + i and sees keys j <= T - n + i (and T - n + i - j < window)."""
+    Query i sits at position T - n + i and sees keys j <= T - n + i (and T - n + i - j < window). scale: None =
+    d ** -0.5."""
     n, T = q.shape[1], k.shape[1]
     q, k, v = (z.transpose(1, 2) for z in (q, k, v))                          # (b, h, ., d)
     mask = None
@@ -40,7 +41,7 @@ def attend_last(q, k, v, window: int | None = None):
         i = torch.arange(T - n, T, device=q.device)[:, None]
         j = torch.arange(T, device=q.device)[None, :]
         mask = j <= i if window is None else (j <= i) & (i - j < window)      # (n, T)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)  # (b, n, h, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)  # (b, n, h, d)
 
 
 class KVCache:
