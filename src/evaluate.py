@@ -61,16 +61,22 @@ def autocast(device: torch.device, precision: str):
 
 
 @torch.no_grad()
-def per_position_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
-                      precision: str = "auto") -> np.ndarray:
-    """Mean next-token NLL at each position over the documents (rows) of inputs/targets (n, T) -> (T,) float64."""
+def per_token_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
+                   precision: str = "auto") -> np.ndarray:
+    """Next-token NLL of every token of inputs/targets (n, T) -> (n, T) float64, `micro_docs` documents a forward."""
     device = next(model.parameters()).device
-    total = torch.zeros(inputs.shape[1], dtype=torch.float64)
+    rows = []
     for s in range(0, inputs.shape[0], micro_docs):
         with autocast(device, precision):
             nll = model(inputs[s:s + micro_docs].to(device), targets[s:s + micro_docs].to(device))
-        total += nll.double().sum(0).cpu()
-    return (total / inputs.shape[0]).numpy()
+        rows.append(nll.double().cpu())
+    return torch.cat(rows).numpy()
+
+
+def per_position_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
+                      precision: str = "auto") -> np.ndarray:
+    """Mean next-token NLL at each position over the documents (rows) of inputs/targets (n, T) -> (T,) float64."""
+    return per_token_loss(model, inputs, targets, micro_docs, precision).mean(0)
 
 
 def evaluate(run_dir: str | Path, ctx: int, out: str | Path, data_overrides: list[str] = (), docs: int | None = None,

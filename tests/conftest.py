@@ -62,16 +62,30 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("longctx_cache")
 
 
+def compose_config(data_cache, *overrides: str):
+    """The real conf/ config, as train.py would see it, with the test run's dataset cache."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=[f"cache_dir={data_cache}", *overrides])
+
+
 @pytest.fixture
 def compose(data_cache):
     """compose(*overrides) -> the real conf/ config, as train.py would see it (run_dir set by the caller)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    return lambda *overrides: compose_config(data_cache, *overrides)
 
-    def _compose(*overrides: str):
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            return hydra_compose("config", overrides=[f"cache_dir={data_cache}", *overrides])
 
-    return _compose
+@pytest.fixture(scope="session")
+def train_run(data_cache):
+    """train_run(run_dir, overrides) -> run_dir, after the real Trainer trained there (for module fixtures)."""
+    from longctx.train.trainer import Trainer
+
+    def _train(run_dir: Path, overrides) -> Path:
+        Trainer(compose_config(data_cache, *overrides, f"run_dir={run_dir}")).fit()
+        return run_dir
+
+    return _train
 
 
 @pytest.fixture

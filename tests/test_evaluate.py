@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 
 from longctx import load_run
 from longctx.data import heldout_batch
@@ -19,7 +18,6 @@ from longctx.evaluate import main as evaluate_main
 from longctx.generate import main as generate_main
 from longctx.train import checkpoint as ckpt
 from longctx.train.metrics import MIN_BEST_BIN_POSITIONS, exponential_bins
-from longctx.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = ["trainer.max_steps=4", "trainer.eval_every=4", "logger.wandb.mode=disabled", "data.train_tokens=65536",
@@ -28,12 +26,8 @@ TRAIN = ["trainer.max_steps=4", "trainer.eval_every=4", "logger.wandb.mode=disab
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, data_cache):
-    run_dir = tmp_path_factory.mktemp("runs") / "power"
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"cache_dir={data_cache}", *TRAIN, f"run_dir={run_dir}"])
-    Trainer(cfg).fit()
-    return run_dir
+def run(tmp_path_factory, train_run):
+    return train_run(tmp_path_factory.mktemp("runs") / "power", TRAIN)
 
 
 def cli(module, *args):

@@ -44,6 +44,7 @@ and, on heldout, `bayes_nll` (the relative path of its optimum).
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -151,12 +152,18 @@ def on_size_ranges(x: np.ndarray, sizes: np.ndarray, state_counts, disjoint: boo
     return x + size_offsets(counts, disjoint)[np.searchsorted(counts, sizes)][:, None]
 
 
-def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float, disjoint: bool = False) -> np.ndarray:
+def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float, disjoint: bool = False,
+                      blind: int = 0) -> np.ndarray:
     """Exact Bayes-optimal per-token NLL (nats) under the mixture of sizes (module docstring).
 
     tokens (n, L) ints, each document on the states of one size: 0..k-1, or with `disjoint` its size's own
     range (`size_offsets`) -> (n, L) float64.
+    blind: 0 (the optimum) or m > 0: the same predictor made blind to the newest m transitions, the NLL of
+    predicting x_t from the counts of the transitions that ended at positions <= t - m - 1 only (a model that cannot
+    read its last m tokens' transitions; docs/experiments.md measures softmax attention against it).
     """
+    if isinstance(blind, bool) or not isinstance(blind, (int, np.integer)) or blind < 0:
+        raise ValueError(f"blind: must be a non-negative integer, got {blind!r}")
     tokens = np.asarray(tokens, dtype=np.int64)
     sizes = np.asarray(state_counts, dtype=np.float64)
     lo = size_offsets(state_counts, disjoint).astype(np.float64)
@@ -175,6 +182,7 @@ def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float, disjoint: 
     counts = np.zeros(n * K * K, dtype=np.int64)
     totals = np.zeros(n * K, dtype=np.int64)
     doc = np.arange(n)
+    pending = collections.deque()  # transitions not yet counted (only `blind` > 0 holds any back)
     for t in range(1, L):
         i, j = tokens[:, t - 1], tokens[:, t]
         ij = (doc * K + i) * K + j
@@ -185,9 +193,41 @@ def bayes_nll_mixture(tokens: np.ndarray, state_counts, alpha: float, disjoint: 
         out[:, t] = _logsumexp(log_w) - _logsumexp(log_w + log_p)
         log_w = log_w + log_p
         log_w -= log_w.max(axis=1, keepdims=True)  # keep the weights in range; only their ratios matter
-        counts[ij] += 1
-        totals[di] += 1
+        pending.append((ij, di))
+        if len(pending) > blind:  # the transition that ended `blind` positions ago becomes visible
+            ij, di = pending.popleft()
+            counts[ij] += 1
+            totals[di] += 1
     return out
+
+
+def recency_classes(tokens: np.ndarray, max_dist: int = 6) -> np.ndarray:
+    """What the prefix tells about each position's row, (n, L) ints -> (n, L) int64 class codes:
+    0 at position 0 and wherever the current state x_{t-1} has no earlier transition out of it; otherwise
+    c * (max_dist) + min(d, max_dist) with c = 0 for exactly one earlier transition and 1 for two or more, and d >= 1
+    how many positions ago the newest of them ended (d = 1: x_{t-2} = x_{t-1}, a self-loop just taken).
+    `recency_names(max_dist)` names the codes."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    n, L = tokens.shape
+    out = np.zeros((n, L), dtype=np.int64)
+    K = int(tokens.max()) + 1 if tokens.size else 1
+    seen = np.zeros((n, K), dtype=np.int64)      # transitions out of each state so far
+    newest = np.zeros((n, K), dtype=np.int64)    # position where the newest of them ended
+    doc = np.arange(n)
+    for t in range(1, L):
+        i = tokens[:, t - 1]
+        k, d = seen[doc, i], t - newest[doc, i]
+        out[:, t] = np.where(k == 0, 0, (k >= 2) * max_dist + np.minimum(d, max_dist))
+        seen[doc, i] += 1
+        newest[doc, i] = t
+    return out
+
+
+def recency_names(max_dist: int = 6) -> list[str]:
+    """Labels of `recency_classes`' codes, by code."""
+    last = lambda d: f"{d}+" if d == max_dist else str(d)  # noqa: E731
+    return (["no earlier transition"] + [f"one, ended {last(d)} back" for d in range(1, max_dist + 1)]
+            + [f"two or more, newest {last(d)} back" for d in range(1, max_dist + 1)])
 
 
 def _logsumexp(a: np.ndarray) -> np.ndarray:

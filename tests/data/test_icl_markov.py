@@ -7,9 +7,9 @@ import pytest
 import zarr
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
-from longctx.data.icl_markov import (bayes_nll, bayes_nll_mixture, sample_chains, sample_mixture_chains,
-                                     sample_mixture_matrices, sample_transition_matrices, on_size_ranges,
-                                     size_offsets)
+from longctx.data.icl_markov import (bayes_nll, bayes_nll_mixture, recency_classes, recency_names, sample_chains,
+                                     sample_mixture_chains, sample_mixture_matrices, sample_transition_matrices,
+                                     on_size_ranges, size_offsets)
 
 
 def mc_posterior_nll(tokens, vocab, alpha, t, rng, samples=200_000):
@@ -273,3 +273,56 @@ def test_trainer_runs_the_disjoint_task_against_its_closed_form_optimum(compose,
     k = np.array([8, 16, 32, 64])[np.searchsorted([8, 24, 56, 120], first, side="right")]
     assert rec["bayes_curve"][0][:2] == [0, 1]
     assert rec["bayes_curve"][0][2] == pytest.approx(np.mean(np.log(4) + np.log(k)), rel=1e-5)
+
+
+# ----- what the prefix tells, and the optimum blind to the newest transitions -------------------------------
+
+def test_blind_optimum_ends_at_the_no_transition_predictor_and_starts_at_the_optimum():
+    rng = np.random.default_rng(11)
+    x = sample_chains(rng, sample_transition_matrices(rng, 5, 6, 0.2), 40)
+    np.testing.assert_array_equal(bayes_nll_mixture(x, [6], 0.2, blind=0), bayes_nll_mixture(x, [6], 0.2))
+    # blind to every transition: each state is uniform over the k = 6 states, ln 6 everywhere (closed form)
+    np.testing.assert_allclose(bayes_nll_mixture(x, [6], 0.2, blind=40), np.log(6), rtol=1e-12)
+
+
+def test_blind_optimum_equals_the_single_size_optimum_with_its_counts_held_back():
+    """Independent of the mixture code: the single-size posterior predictive (n_ij + alpha) / (n_i + k alpha) from
+    the transitions that ended at positions <= t - m - 1, counted by hand."""
+    rng = np.random.default_rng(12)
+    k, alpha, m = 4, 0.3, 3
+    x = sample_chains(rng, sample_transition_matrices(rng, 3, k, alpha), 30)
+    got = bayes_nll_mixture(x, [k], alpha, blind=m)
+    for d in range(3):
+        for t in range(1, 30):
+            seen = [(x[d, r - 1], x[d, r]) for r in range(1, t - m)]
+            i, j = x[d, t - 1], x[d, t]
+            n_ij = sum(a == i and b == j for a, b in seen)
+            n_i = sum(a == i for a, _ in seen)
+            assert abs(got[d, t] + np.log((n_ij + alpha) / (n_i + k * alpha))) < 1e-12, (d, t)
+
+
+def test_a_blind_predictor_loses_most_where_the_newest_transitions_are_all_it_has():
+    rng = np.random.default_rng(13)
+    sizes, P = sample_mixture_matrices(rng, 256, [8, 16, 32, 64], 0.05)
+    x = sample_mixture_chains(rng, P, 64, sizes)
+    loss = bayes_nll_mixture(x, [8, 16, 32, 64], 0.05, blind=3) - bayes_nll_mixture(x, [8, 16, 32, 64], 0.05)
+    assert loss.mean() > 0  # blindness costs on average (not at every token: a held-back count can mislead)
+    cls = recency_classes(x)
+    one_recent = np.isin(cls, [1, 2, 3])     # the only transition out of the current state ended 1-3 back
+    one_older = np.isin(cls, [4, 5, 6])
+    assert loss[one_recent].mean() > 0.3 and abs(loss[one_older].mean()) < 0.05
+    with pytest.raises(ValueError, match=r"blind: must be a non-negative integer, got -1"):
+        bayes_nll_mixture(x, [8, 16, 32, 64], 0.05, blind=-1)
+
+
+def test_recency_classes_on_a_hand_written_chain():
+    #        t: 0  1  2  3  4  5  6  7  8  9
+    x = np.array([[0, 0, 1, 0, 2, 1, 0, 3, 3, 0]])
+    # t=1: state 0, none before -> 0;  t=2: state 0, one (0->0 ended at 1), 1 back -> 1
+    # t=3: state 1, none -> 0;  t=4: state 0, two (ended 1, 2), newest 2 back -> 6 + 2
+    # t=5: state 2, none -> 0;  t=6: state 1, one (1->0 ended 3), 3 back -> 3
+    # t=7: state 0, three, newest ended 4 -> 6 + 3;  t=8: state 3, none -> 0;  t=9: state 3, one, 1 back -> 1
+    np.testing.assert_array_equal(recency_classes(x, max_dist=6), [[0, 0, 1, 0, 8, 0, 3, 9, 0, 1]])
+    np.testing.assert_array_equal(recency_classes(x, max_dist=2), [[0, 0, 1, 0, 4, 0, 2, 4, 0, 1]])
+    names = recency_names(2)
+    assert names[0] == "no earlier transition" and names[2] == "one, ended 2+ back" and len(names) == 5
