@@ -115,6 +115,9 @@ def label_runs(runs: list[Run]) -> None:
             "data": lambda c: str(c["data"].get("tag", c["data"].get("name", "data"))),
             "doc_len": lambda c: f"{c['data'].get('doc_len')}-token documents",
             "arch": lambda c: c["arch"]["name"], "seed": lambda c: f"seed {c['seed']}",
+            "rotary": lambda c: ("rotary on every head dim" if c["arch"].get("rope_dims") is None
+                                 else f"rotary on {c['arch']['rope_dims']} head dims"),
+            "sink": lambda c: "learned sink" if c["attention"].get("sink") else "no sink",
             "init": lambda c: (f"from {Path(str(c['trainer']['init_from'])).name}"
                                if c.get("trainer", {}).get("init_from") else "from scratch")}
     varying = [k for k, f in keys.items() if len({f(r.config) for r in runs}) > 1]
@@ -146,9 +149,12 @@ def _centers(curve: list) -> list[float]:
 
 
 def _style(run: Run, runs: list[Run]) -> dict:
-    """Colour = attention; line style = the run's other differences (size, batch, reshape) within that attention."""
+    """Colour = attention; line style = the run's other differences (size, batch, reshape) within that attention.
+    Runs of one attention only (variants of it): a colour per variant instead."""
     same = [r.group_key for r in runs if r.attention == run.attention]
     order = list(dict.fromkeys(same))
+    if len({r.attention for r in runs}) == 1 and len(order) > 1:
+        return {"color": f"C{order.index(run.group_key) % 10}", "linestyle": "-"}
     return {"color": ATTENTION_COLORS.get(run.attention, "tab:gray"),
             "linestyle": LINESTYLES[order.index(run.group_key) % len(LINESTYLES)]}
 

@@ -102,6 +102,23 @@ def test_labels_tell_a_run_started_from_another_runs_weights(tmp_path):
     assert [r.label for r in runs] == ["exp, from scratch", "exp, from short_run"]
 
 
+def test_variants_of_one_attention_are_labelled_and_coloured_apart(tmp_path):
+    from longctx.report import _style, label_runs, load_run
+    variants = {"plain": {}, "sink": {"attention": {"sink": True}}, "rope16": {"arch": {"rope_dims": 16}}}
+    runs = []
+    for name, change in variants.items():
+        folder = fake_run(tmp_path / name, "exp", 512, 0.1)
+        OmegaConf.save(OmegaConf.merge(OmegaConf.load(folder / "config.yaml"), change), folder / "config.yaml")
+        runs.append(load_run(folder))
+    label_runs(runs)
+    assert [r.label for r in runs] == ["exp, rotary on every head dim, no sink",
+                                       "exp, rotary on every head dim, learned sink",
+                                       "exp, rotary on 16 head dims, no sink"]
+    assert len({_style(r, runs)["color"] for r in runs}) == 3
+    power = load_run(fake_run(tmp_path / "power", "power", 512, 0.1))  # two attentions: colour = attention again
+    assert _style(runs[0], runs + [power])["color"] == _style(runs[1], runs + [power])["color"]
+
+
 def test_runs_sharing_a_folder_name_are_told_apart_by_their_parents(tmp_path):
     from longctx.report import main
     fake_run(tmp_path / "exp" / "stage2", "exp", 512, 0.1)
