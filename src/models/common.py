@@ -42,8 +42,9 @@ def rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.
     r = 2 * tables[0].shape[-1]
     cos = tables[0][None, :, None, :].to(x.dtype)                                         # (1, t, 1, r/2)
     sin = tables[1][None, :, None, :].to(x.dtype)
-    x1, x2, rest = x[..., : r // 2], x[..., r // 2: r], x[..., r:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+    x1, x2 = x[..., : r // 2], x[..., r // 2: r]
+    turned = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    return torch.cat(turned if r == x.shape[-1] else turned + [x[..., r:]], dim=-1)
 
 
 # ----------------------------------------------------------------------------------------------------------
