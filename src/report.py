@@ -17,6 +17,7 @@ folder is searched for run directories below it (a multirun sweep). DIR receives
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
+
+from longctx.models.attention import CONF_ONLY_KEYS, attention_class
 
 ATTENTION_COLORS = {"exp": "tab:blue", "linear": "tab:red", "window": "tab:green", "power": "tab:purple"}
 LINESTYLES = ["-", "--", "-.", ":"]
@@ -117,14 +120,33 @@ def label_runs(runs: list[Run]) -> None:
             "arch": lambda c: c["arch"]["name"], "seed": lambda c: f"seed {c['seed']}",
             "rotary": lambda c: ("rotary on every head dim" if c["arch"].get("rope_dims") is None
                                  else f"rotary on {c['arch']['rope_dims']} head dims"),
-            "sink": lambda c: "learned sink" if c["attention"].get("sink") else "no sink",
             "init": lambda c: (f"from {Path(str(c['trainer']['init_from'])).name}"
                                if c.get("trainer", {}).get("init_from") else "from scratch")}
     varying = [k for k, f in keys.items() if len({f(r.config) for r in runs}) > 1]
+    params = {id(r): attention_params(r.config["attention"]) for r in runs}
     for run in runs:
-        parts = [run.tag] + [keys[k](run.config) for k in varying]
+        own = params[id(run)]
+        # the attention's own parameters that differ between runs of that attention (sink=true, output_norm=false)
+        differ = [f"{k}={_yaml(v)}" for k, v in own.items()
+                  if len({_yaml(params[id(r)].get(k)) for r in runs if r.attention == run.attention}) > 1]
+        parts = [run.tag] + [keys[k](run.config) for k in varying] + differ
         run.label = ", ".join(parts)
-        run.group_key = tuple(keys[k](run.config) for k in varying if k != "ctx")
+        run.group_key = tuple(keys[k](run.config) for k in varying if k != "ctx") + tuple(differ)
+
+
+def attention_params(attention_cfg: dict) -> dict:
+    """A run's attention parameters with the core's defaults filled in (a config written before a parameter
+    existed ran with its default); an attention no longer registered keeps what its config says."""
+    given = {k: v for k, v in attention_cfg.items() if k not in CONF_ONLY_KEYS}
+    try:
+        defaults = {f.name: f.default for f in dataclasses.fields(attention_class(attention_cfg["name"]).Params)}
+    except ValueError:
+        return given
+    return {**defaults, **given}
+
+
+def _yaml(value) -> str:
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
 
 
 def per_position_curve(run: Run, record: dict) -> np.ndarray | None:

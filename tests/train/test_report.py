@@ -111,12 +111,18 @@ def test_variants_of_one_attention_are_labelled_and_coloured_apart(tmp_path):
         OmegaConf.save(OmegaConf.merge(OmegaConf.load(folder / "config.yaml"), change), folder / "config.yaml")
         runs.append(load_run(folder))
     label_runs(runs)
-    assert [r.label for r in runs] == ["exp, rotary on every head dim, no sink",
-                                       "exp, rotary on every head dim, learned sink",
-                                       "exp, rotary on 16 head dims, no sink"]
+    assert [r.label for r in runs] == ["exp, rotary on every head dim, sink=false",  # no sink key: the default
+                                       "exp, rotary on every head dim, sink=true",
+                                       "exp, rotary on 16 head dims, sink=false"]
     assert len({_style(r, runs)["color"] for r in runs}) == 3
     power = load_run(fake_run(tmp_path / "power", "power", 512, 0.1))  # two attentions: colour = attention again
     assert _style(runs[0], runs + [power])["color"] == _style(runs[1], runs + [power])["color"]
+    normed = fake_run(tmp_path / "normed", "power", 512, 0.1)
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(normed / "config.yaml"), {"attention": {"output_norm": True}}),
+                   normed / "config.yaml")
+    both = [power, load_run(normed), runs[0]]
+    label_runs(both)  # a power parameter that differs labels the power runs only
+    assert [r.label for r in both] == ["power_p2, output_norm=false", "power_p2, output_norm=true", "exp"]
 
 
 def test_runs_sharing_a_folder_name_are_told_apart_by_their_parents(tmp_path):
