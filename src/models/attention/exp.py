@@ -78,9 +78,9 @@ SINK_PAD = 8  # extra head dims that carry the sink: fused kernels want head dim
 
 def with_sink(q, k, v, logit):
     """q (b, n, h, d), k, v (b, t, h, d) and a (h,) logit -> the same attention with a sink in front, as plain causal
-    attention:
-    position 0 is the sink (key scoring `logit` against every query, value zero), head dims padded by SINK_PAD.
-    Attend with scale d ** -0.5 (d the unpadded head dim), then drop position 0 and the padded dims."""
+    attention: position 0 is the sink (its key scores `logit` against every query, its value is zero), head dims
+    padded by SINK_PAD. Attend with scale d ** -0.5 (d the unpadded head dim), then drop position 0 and the padded
+    dims."""
     b, h, d = q.shape[0], q.shape[2], q.shape[3]
     pad = {z.shape[1]: z.new_zeros(b, z.shape[1], h, SINK_PAD) for z in (q, k)}  # decoding: fewer queries than keys
     q = torch.cat([q, torch.ones_like(pad[q.shape[1]][..., :1]), pad[q.shape[1]][..., 1:]], -1)
