@@ -33,13 +33,17 @@ def sink_core(h=3, d=8, logit=None):
 
 def test_sink_equals_its_definition_and_learns():
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 7, 3, 8, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(2, 7, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     logit = torch.tensor([-1.0, 0.5, 3.0], dtype=torch.float64)
     core = sink_core(logit=logit)
     y = core(q, k, v)
     torch.testing.assert_close(y, softmax_with_sink_reference(q, k, v, logit), rtol=0, atol=1e-12)
-    y.square().sum().backward()
-    assert core.sink_logit.grad.abs().min() > 0  # every head's logit gets a gradient
+    grads = torch.autograd.grad(y.square().sum(), (q, k, v, core.sink_logit))
+    assert grads[-1].abs().min() > 0  # every head's logit gets a gradient
+    free = logit.clone().requires_grad_()
+    ref = torch.autograd.grad(softmax_with_sink_reference(q, k, v, free).square().sum(), (q, k, v, free))
+    for got, want in zip(grads, ref):  # the padded, in-place built inputs pass every gradient through
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
 def test_a_very_negative_sink_is_plain_softmax_and_a_large_one_silences_the_head():

@@ -36,6 +36,7 @@ class ExpAttention(nn.Module):
     def __init__(self, spec, params: Params):
         super().__init__()
         self.d_model, self.head_dim = spec.d_model, spec.head_dim
+        self.scale = spec.head_dim ** -0.5  # given explicitly: the sink pads head dims, which would change the default
         self.sink_logit = nn.Parameter(torch.zeros(spec.n_heads)) if params.sink else None
 
     def forward(self, q, k, v, x=None):
@@ -46,13 +47,13 @@ class ExpAttention(nn.Module):
 
     def _causal(self, q, k, v):
         if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):
-            return flash_attn_func(q, k, v, causal=True, softmax_scale=self.head_dim ** -0.5)  # (b, t, h, d) natively
+            return flash_attn_func(q, k, v, causal=True, softmax_scale=self.scale)  # (b, t, h, d) natively
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, h, t, d)
         if q.is_cuda:
             with sdpa_fastest():
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim ** -0.5)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return y.transpose(1, 2)  # (b, t, h, d)
 
     def decode(self, q, k, v, x, cache: KVCache | None):
@@ -64,7 +65,7 @@ class ExpAttention(nn.Module):
         if self.sink_logit is None:
             return attend_last(q, keys, values), cache
         q, keys, values = with_sink(q, keys, values, self.sink_logit)
-        return attend_last(q[:, 1:], keys, values, scale=self.head_dim ** -0.5)[..., : self.head_dim], cache
+        return attend_last(q[:, 1:], keys, values, scale=self.scale)[..., : self.head_dim], cache
 
     def state_size(self, ctx):  # the KV cache: keys and values of every head at every position
         return 2 * ctx * self.d_model
@@ -81,17 +82,11 @@ def with_sink(q, k, v, logit):
     attention: position 0 is the sink (its key scores `logit` against every query, its value is zero), head dims
     padded by SINK_PAD. Attend with scale d ** -0.5 (d the unpadded head dim), then drop position 0 and the padded
     dims."""
-    b, h, d = q.shape[0], q.shape[2], q.shape[3]
-    pad = {z.shape[1]: z.new_zeros(b, z.shape[1], h, SINK_PAD) for z in (q, k)}  # decoding: fewer queries than keys
-    q = torch.cat([q, torch.ones_like(pad[q.shape[1]][..., :1]), pad[q.shape[1]][..., 1:]], -1)
-    k, v = torch.cat([k, pad[k.shape[1]]], -1), torch.cat([v, pad[k.shape[1]]], -1)
-    # the sink's key is zero but for the query's constant 1 dim: score logit * sqrt(d) * d ** -0.5 = logit
-    sink_k = torch.zeros(h, d + SINK_PAD, dtype=k.dtype, device=k.device)
-    sink_k = sink_k.index_put((torch.arange(h, device=k.device), torch.full((h,), d, device=k.device)),
-                              (logit * d ** 0.5).to(k.dtype))
-    q = torch.cat([torch.zeros_like(q[:, :1]), q], 1)
-    k = torch.cat([sink_k.expand(b, 1, h, -1), k], 1)
-    v = torch.cat([torch.zeros_like(v[:, :1]), v], 1)
+    d = q.shape[-1]
+    q, k, v = (F.pad(z, (0, SINK_PAD, 0, 0, 1, 0)) for z in (q, k, v))  # zero position 0, zero head dims d..
+    q[..., d] = 1.0
+    # the sink's key is zero but for the queries' constant 1 dim: score logit * sqrt(d) * d ** -0.5 = logit
+    k[:, 0, :, d] = logit * d ** 0.5
     return q, k, v
 
 
