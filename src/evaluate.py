@@ -61,22 +61,27 @@ def autocast(device: torch.device, precision: str):
 
 
 @torch.no_grad()
-def per_token_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
-                   precision: str = "auto") -> np.ndarray:
-    """Next-token NLL of every token of inputs/targets (n, T) -> (n, T) float64, `micro_docs` documents a forward."""
+def _nll_batches(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int, precision: str):
+    """The next-token NLL of `micro_docs` documents of inputs/targets (n, T) at a time: (m, T) float64 on the CPU."""
     device = next(model.parameters()).device
-    rows = []
     for s in range(0, inputs.shape[0], micro_docs):
         with autocast(device, precision):
             nll = model(inputs[s:s + micro_docs].to(device), targets[s:s + micro_docs].to(device))
-        rows.append(nll.double().cpu())
-    return torch.cat(rows).numpy()
+        yield nll.double().cpu()
+
+
+def per_token_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
+                   precision: str = "auto") -> np.ndarray:
+    """Next-token NLL of every token of inputs/targets (n, T) -> (n, T) float64, `micro_docs` documents a forward."""
+    return torch.cat(list(_nll_batches(model, inputs, targets, micro_docs, precision))).numpy()
 
 
 def per_position_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
                       precision: str = "auto") -> np.ndarray:
-    """Mean next-token NLL at each position over the documents (rows) of inputs/targets (n, T) -> (T,) float64."""
-    return per_token_loss(model, inputs, targets, micro_docs, precision).mean(0)
+    """Mean next-token NLL at each position over the documents (rows) of inputs/targets (n, T) -> (T,) float64.
+    Summed batch by batch: a long context never holds every token's loss."""
+    total = sum(nll.sum(0) for nll in _nll_batches(model, inputs, targets, micro_docs, precision))
+    return (total / inputs.shape[0]).numpy()
 
 
 def evaluate(run_dir: str | Path, ctx: int, out: str | Path, data_overrides: list[str] = (), docs: int | None = None,
