@@ -18,6 +18,7 @@ Writes OUT/recency.json (per run: every class's mean excess in nats and its toke
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -71,16 +72,16 @@ def describe(spec) -> str:
     return f"{spec.attention}{' (' + params + ')' if params else ''}, {spec.n_layers} layers{rope}"
 
 
-def blind_row(held: dict, cfg, m: int, positions: int) -> dict:
-    """The optimum blind to the newest m transitions, on the same documents, as a row of the table."""
+def blind_rows(held: dict, cfg, blinds: list[int], positions: int) -> list[dict]:
+    """The optimum blind to the newest m transitions for each m, on the same documents, as rows of the table."""
     data = cfg.data
-    counts = data.get("state_counts") or [data.vocab]
     x = held["targets"].numpy()
-    excess = (bayes_nll_mixture(x, list(counts), data.alpha, bool(data.get("disjoint_sizes", False)), blind=m)
-              - bayes_nll_mixture(x, list(counts), data.alpha, bool(data.get("disjoint_sizes", False))))
-    return {"run": None, "step": None, "attention": "bayes_blind", "blind": m,
-            "label": f"optimum blind to its newest {m} transition{'s' * (m > 1)}",
-            "classes": recency_table(x, excess, positions)}
+    optimum = functools.partial(bayes_nll_mixture, x, list(data.get("state_counts") or [data.vocab]), data.alpha,
+                                bool(data.get("disjoint_sizes", False)))
+    exact = optimum()  # float64, not the stored float32 optimum: blind=0 is exactly 0
+    return [{"run": None, "step": None, "attention": "bayes_blind", "blind": m,
+             "label": f"optimum blind to its newest {m} transition{'s' * (m > 1)}",
+             "classes": recency_table(x, optimum(blind=m) - exact, positions)} for m in blinds]
 
 
 def plot(rows: list[dict], path: Path, positions: int) -> Path:
@@ -152,7 +153,7 @@ def main(argv=None) -> Path:
         rows.append(row)
         held, cfg = held or held_run, cfg or cfg_run
         print(f"{run}: " + ", ".join(f"{k} {v['excess']:+.3f}" for k, v in row["classes"].items()), file=sys.stderr)
-    rows += [blind_row(held, cfg, m, args.positions) for m in args.blind]
+    rows += blind_rows(held, cfg, args.blind, args.positions)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"positions": args.positions, "docs": int(held["targets"].shape[0]), "rows": rows}
     (args.out / "recency.json").write_text(json.dumps(record, indent=1) + "\n")
