@@ -222,6 +222,8 @@ def main(argv=None):
         scratch / "data", max_ctx, n_train=args.docs * (args.warmup + args.steps + 2) * max(1, args.tokens // 1024),
         n_heldout=2)
     rows = []
+    record = {"device": device, "torch": torch.__version__, "command": "python " + " ".join(map(shlex.quote, sys.argv)),
+              "rows": rows}
     for arch in args.archs:
         for attention, ctx in rows_wanted:
             for variant, extra in variants:
@@ -235,9 +237,8 @@ def main(argv=None):
                 msg = row["error"] or (f"{row['tokens_per_s']:,} tok/s  MFU {pct(row['mfu'])}  "
                                        f"{num(row['peak_gb'])} GB  checkpointing {row['checkpointing']}")
                 print(f"{arch:6s} {attention:6s} ctx {ctx:6d} [{variant}]: {msg}", flush=True)
-    record = {"device": device, "torch": torch.__version__, "command": "python " + " ".join(map(shlex.quote, sys.argv)),
-              "rows": rows}
-    Path(args.out, "bench_train.json").write_text(json.dumps(record, indent=1) + "\n")
+                # rewritten after every row: a sweep stopped part way keeps the rows it measured
+                Path(args.out, "bench_train.json").write_text(json.dumps(record, indent=1) + "\n")
     print(write_table(rows, Path(args.out, "bench_train.md"), device))
     return record
 

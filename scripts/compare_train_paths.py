@@ -56,6 +56,18 @@ def train_losses(overrides: list[str], steps: int) -> list[float]:
             torch.cuda.empty_cache()
 
 
+def finished_runs(path: Path, record: dict, steps: int) -> dict[str, list[float]]:
+    """The complete runs of an earlier comparison, provided it had the same device and train.py overrides (the
+    scratch data folder aside) and the same steps: losses from another setting would not compare."""
+    earlier = json.loads(path.read_text())
+    same = lambda o: [x for x in o if not x.startswith("data.cache_dir=")]  # noqa: E731
+    for field in ("device", "overrides"):
+        mine, theirs = record[field], earlier.get(field)
+        if (same(mine) != same(theirs or [])) if field == "overrides" else mine != theirs:
+            raise SystemExit(f"--continue-from {path}: its {field} {theirs!r} differs from this run's {mine!r}")
+    return {k: v for k, v in earlier.get("losses", {}).items() if k in RUNS and len(v) == steps}
+
+
 def summarize(losses: dict[str, list[float]], tail: int) -> dict:
     """Mean loss of the last `tail` steps of each run; the fast path's distance to the eager run against the
     distance between the two eager seeds (the noise)."""
@@ -97,6 +109,9 @@ def main(argv=None):
     ap.add_argument("--docs", type=int, default=8, help="documents per step (one per micro-batch)")
     ap.add_argument("--overrides", default="arch=gpt2 attention=power p=2", help="train.py overrides for all runs")
     ap.add_argument("--out", default=os.environ.get("OUT", "compare_out"))
+    ap.add_argument("--continue-from", type=Path, metavar="JSON",
+                    help="a train_paths_loss.json of a stopped comparison with the same settings: its finished runs "
+                         "are kept, the others trained")
     args = ap.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="train_paths_"))
     base = ["experiment=paper", "data=icl_markov_long", f"ctx={args.ctx}", f"data.doc_len={args.ctx}",
@@ -108,7 +123,12 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     record = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "command": "python " + " ".join(map(shlex.quote, sys.argv)), "overrides": base}
+    if args.continue_from:
+        losses = finished_runs(args.continue_from, record, args.steps)
     for i, (name, (extra, seed)) in enumerate(RUNS.items()):
+        if name in losses:
+            print(f"{name}: kept from {args.continue_from}", flush=True)
+            continue
         losses[name] = train_losses(base + shlex.split(extra) + [f"seed={seed}", f"run_dir={scratch / str(i)}"],
                                     args.steps)
         print(f"{name}: first {losses[name][0]:.4f}, last {losses[name][-1]:.4f}", flush=True)

@@ -2,6 +2,7 @@
 
     python scripts/plot_results.py                     # every <table>.json in docs/results -> <table>.png
     python scripts/plot_results.py --dir out kernel_benchmark
+    python scripts/plot_results.py --dir docs/results/experiments   # the experiment records drawn from themselves
 
 Each JSON carries the command that measured it; README.md's "Results" quotes the same records.
 """
@@ -138,17 +139,49 @@ def plot_default_cpu_run(record: dict, path: Path) -> Path:
 
 def plot_bench_decode(record: dict, path: Path) -> Path:
     """The decoding benchmark's own figure (scripts/bench_decode.py draws it; one drawing for both)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).with_name("bench_decode.py"))
-    bench_decode = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_decode)
-    bench_decode.plot(record, path)
+    _script("bench_decode").plot(record, path)
     return path
+
+
+def _script(name: str):
+    """Another script of scripts/ as a module (they are files, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plot_icl_variant_gaps(record: dict, path: Path) -> Path:
+    """Experiment records of the form {"variants": {key: label}, key: {"stage2_ctx4096": final record}}: each
+    variant's gap to the optimum per ICL bin (loss minus the optimum's, same bins), log position axis."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.6))
+    for key, label in record["variants"].items():
+        final = record[key]["stage2_ctx4096"]
+        ends = [hi for _, hi, _ in final["icl_curve"]]
+        gaps = [got - best for (_, _, got), (_, _, best) in zip(final["icl_curve"], final["bayes_curve"])]
+        ax.plot(ends, gaps, marker="o", ms=3.5, label=f"{label} (update {final['step']})")
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.axhspan(-0.05, 0.05, color="grey", alpha=0.12, lw=0, label="within 0.05 nats of the optimum")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the document (bin end, tokens; log scale)")
+    ax.set_ylabel("loss above the Bayes optimum (nats/token)")
+    ax.set_title(record.get("title", "Gap to the optimum per position bin"), fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7.5)
+    return _finish(fig, path)
+
+
+def plot_train_paths_loss(record: dict, path: Path) -> Path:
+    """scripts/compare_train_paths.py's own figure (it draws it too; one drawing for both)."""
+    return _script("compare_train_paths").plot_train_paths_loss(record, path)
 
 
 PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "bench_train": plot_bench_train,
          "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run,
-         "bench_decode": plot_bench_decode}
+         "bench_decode": plot_bench_decode, "train_paths_loss": plot_train_paths_loss}
+# docs/results/experiments/ records drawn from the record itself (the others there are longctx.report's figures)
+EXPERIMENT_PLOTS = {"icl_softmax_blind_spot": plot_icl_variant_gaps}
 
 
 def main(argv=None) -> list[Path]:
@@ -156,13 +189,14 @@ def main(argv=None) -> list[Path]:
     parser.add_argument("tables", nargs="*", help=f"which tables (default: all of {', '.join(PLOTS)})")
     parser.add_argument("--dir", type=Path, default=RESULTS, help="folder holding <table>.json; PNGs go beside them")
     args = parser.parse_args(argv)
-    unknown = [t for t in args.tables if t not in PLOTS]
+    known = {**PLOTS, **EXPERIMENT_PLOTS}
+    unknown = [t for t in args.tables if t not in known]
     if unknown:
-        parser.error(f"unknown table {unknown[0]!r}; tables: {', '.join(PLOTS)}")
+        parser.error(f"unknown table {unknown[0]!r}; tables: {', '.join(known)}")
     written = []
-    for table in args.tables or PLOTS:
+    for table in args.tables or [t for t in known if (args.dir / f"{t}.json").exists()]:
         record = json.loads((args.dir / f"{table}.json").read_text())
-        written.append(PLOTS[table](record, args.dir / f"{table}.png"))
+        written.append(known[table](record, args.dir / f"{table}.png"))
         print(written[-1])
     return written
 

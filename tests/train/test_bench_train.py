@@ -58,3 +58,33 @@ def test_rotary_tables_rotate_pairs_by_position_times_frequency():
     torch.testing.assert_close(got, torch.cat([z.real, z.imag], -1))
     longer = rotary_tables(t + 3, d, base)
     assert torch.equal(longer[0][3:], rotary_tables(t, d, base, offset=3)[0])
+
+
+def test_stopped_comparison_continues_with_only_its_missing_runs(import_script, tmp_path, monkeypatch):
+    """--continue-from keeps the finished runs of an earlier record and trains the rest; a record made with other
+    settings is refused, naming the field that differs."""
+    compare = import_script("compare_train_paths")
+    trained = []
+
+    def fake_losses(overrides, steps):  # which run trains, and losses that say which it was
+        trained.append(overrides)
+        return [float(len(trained))] * steps
+
+    monkeypatch.setattr(compare, "train_losses", fake_losses)
+    args = ["--steps", "3", "--ctx", "64", "--overrides", "model=tiny device=cpu"]
+    compare.main([*args, "--out", str(tmp_path / "a")])
+    first = json.loads((tmp_path / "a" / "train_paths_loss.json").read_text())
+    names = list(compare.RUNS)
+    stopped = {**first, "losses": {k: first["losses"][k] for k in names[:2]}}
+    stopped.pop("summary")
+    (tmp_path / "stopped.json").write_text(json.dumps(stopped))
+    trained.clear()
+    compare.main([*args, "--out", str(tmp_path / "b"), "--continue-from", str(tmp_path / "stopped.json")])
+    assert len(trained) == 1 and "seed=1" in trained[0]          # only the missing run trained
+    rec = json.loads((tmp_path / "b" / "train_paths_loss.json").read_text())
+    assert [rec["losses"][k] for k in names[:2]] == [first["losses"][k] for k in names[:2]]
+    assert rec["losses"][names[2]] == [1.0] * 3
+    assert rec["summary"]["fast_vs_eager"] == 1.0 and rec["summary"]["seed_vs_seed"] == 1.0
+    with pytest.raises(SystemExit, match="its overrides"):
+        compare.main(["--steps", "3", "--ctx", "128", "--overrides", "model=tiny device=cpu",
+                      "--out", str(tmp_path / "c"), "--continue-from", str(tmp_path / "stopped.json")])
