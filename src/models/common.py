@@ -23,6 +23,17 @@ def _fla_cross_entropy():
     return cross_entropy_loss
 
 
+def token_shift(x, prev=None):
+    """(b, t, c) -> x_{t-1} - x_t, with x_{-1} = prev (b, c): the previous call's last token when decoding, else 0.
+    RWKV's token shift (Peng et al. 2023); FLA's Triton op on CUDA."""
+    if prev is not None:
+        return torch.cat([prev[:, None].to(x.dtype), x[:, :-1]], dim=1) - x
+    if x.is_cuda:
+        from fla.modules.token_shift import token_shift as fla_token_shift
+        return fla_token_shift(x)
+    return F.pad(x, (0, 0, 1, -1)) - x
+
+
 # ----------------------------------------------------------------------------------------------------------
 # rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half convention as in GPT-NeoX / Llama
 

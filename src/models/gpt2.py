@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables
+from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables, token_shift
 from .spec import ModelSpec
 
 
@@ -27,6 +27,9 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim = spec.n_heads, spec.head_dim
         self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
+        # token shift (spec.token_shift): q, k and v each read x_t + mu * (x_{t-1} - x_t), mu learned per channel
+        # and per projection, from 0 (the plain block); a key then carries its predecessor without a head for it
+        self.shift_mix = nn.Parameter(torch.zeros(3 * spec.d_model)) if spec.token_shift else None
         self.core = build_attention(spec)
         self.proj = nn.Linear(spec.d_model, spec.d_model)
         self.proj.residual = True  # init scaled by 1/sqrt(2 * n_layers)
@@ -34,7 +37,7 @@ class SelfAttention(nn.Module):
     def forward(self, x, rope, cache=None):
         """rope: the rotary tables of x's positions (the model's, shared by every layer)."""
         b, t, _ = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # 3 x (b, t, h, d)
+        q, k, v = self.project(x, cache).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # 3 x (b, t, h, d)
         q, k = rotary(q, rope), rotary(k, rope)
         if cache is None:
             y = self.core(q, k, v, x)                                               # (b, t, h, d)
@@ -42,6 +45,18 @@ class SelfAttention(nn.Module):
             y, cache.state = self.core.decode(q, k, v, x, cache.state)
             cache.pos += t
         return self.proj(y.reshape(b, t, -1))                                       # (b, t, d_model)
+
+    def project(self, x, cache=None):
+        """q, k, v side by side (b, t, 3 d_model); with the token shift each from its own mix of x_t and x_{t-1}
+        (the cache keeps the last token for the next call)."""
+        if self.shift_mix is None:
+            return self.qkv(x)
+        delta = token_shift(x, None if cache is None else cache.shift.get("attn"))   # (b, t, d)
+        if cache is not None:
+            cache.shift["attn"] = x[:, -1].clone()
+        mixed = x.unsqueeze(2) + delta.unsqueeze(2) * self.shift_mix.view(3, -1)     # (b, t, 3, d)
+        w, bias = self.qkv.weight.view(3, -1, x.shape[-1]), self.qkv.bias.view(3, -1)
+        return (torch.einsum("btjc,joc->btjo", mixed, w) + bias).flatten(2)
 
 
 class MLP(nn.Module):

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables
+from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables, token_shift
 from .spec import ModelSpec
 
 NATIVE = "linear"                          # attention name that means RWKV-7's own time mixing
@@ -42,16 +42,6 @@ DECAY_RANK, GATE_RANK, A_RANK, V_RANK = 64, 128, 64, 16
 
 # ----------------------------------------------------------------------------------------------------------
 # elementwise pieces (FLA Triton ops on CUDA, PyTorch on CPU)
-
-def token_shift(x, prev=None):
-    """(b, t, c) -> x_{t-1} - x_t, with x_{-1} = prev (b, c): the previous call's last token when decoding, else 0."""
-    if prev is not None:
-        return torch.cat([prev[:, None].to(x.dtype), x[:, :-1]], dim=1) - x
-    if x.is_cuda:
-        from fla.modules.token_shift import token_shift as fla_token_shift
-        return fla_token_shift(x)
-    return F.pad(x, (0, 0, 1, -1)) - x
-
 
 def mix(x, delta, *mus):
     """x + delta * mu for each mu: the six token-shift interpolations of the time mixing."""

@@ -29,6 +29,7 @@ class ModelSpec:
     ctx: int = 1024                    # longest sequence the model will see in training
     rope_base: float = 10000.0
     rope_dims: int | None = None       # head dims rotated by the rotary embedding (the first ones); None = all
+    token_shift: bool = False          # GPT-2: q/k/v read a learned mix of each position and its predecessor
     checkpoint_activations: bool = False
 
     def __post_init__(self):
@@ -52,6 +53,10 @@ class ModelSpec:
         if self.rope_dims is not None and (isinstance(self.rope_dims, bool) or not isinstance(self.rope_dims, int)
                                            or self.rope_dims % 2 or not 2 <= self.rope_dims <= self.head_dim):
             bad("rope_dims", f"must be null (every head dim) or an even integer in [2, head_dim={self.head_dim}]")
+        if not isinstance(self.token_shift, bool):
+            bad("token_shift", "must be true or false")
+        if self.token_shift and self.arch != "gpt2":
+            bad("token_shift", f"is GPT-2's option; the {self.arch} block shifts tokens in its own way")
         if not isinstance(self.checkpoint_activations, bool):
             bad("checkpoint_activations", "must be true or false")
 

@@ -50,6 +50,7 @@ def model_spec(cfg: DictConfig, vocab_size: int) -> ModelSpec:
         vocab_size=vocab_size, d_model=cfg.model.d_model, n_layers=cfg.model.n_layers, n_heads=cfg.model.n_heads,
         mlp_ratio=cfg.model.mlp_ratio, ctx=cfg.ctx, rope_base=cfg.arch.rope_base,
         rope_dims=cfg.arch.get("rope_dims"),  # absent from configs older than the option
+        token_shift=cfg.arch.get("token_shift", False),
         checkpoint_activations=cfg.trainer.activation_checkpointing is True,  # auto: decided at the first step
     )
 
@@ -92,7 +93,8 @@ RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size (from the data)",
              "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
              "mlp_ratio": "model.mlp_ratio", "ctx": "ctx", "p": "attention.p", "window": "attention.window",
-             "gating": "attention.gating", "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims"}
+             "gating": "attention.gating", "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims",
+             "token_shift": "arch.token_shift"}
 
 
 class Trainer:

@@ -35,3 +35,6 @@ def test_conf_keys_reach_the_core(compose):
     assert (sink.attention_params, sink.rope_dims) == ({"sink": True}, 4)
     assert build_model(sink).blocks[0].attn.core.sink_logit.shape == (sink.n_heads,)
     assert model_spec(compose("attention=power"), 5).attention_params["output_norm"] is False  # the default
+    shifted = model_spec(compose("arch.token_shift=true"), 5)
+    assert shifted.token_shift and build_model(shifted).blocks[0].attn.shift_mix.shape == (3 * shifted.d_model,)
+    assert model_spec(compose(), 5).token_shift is False  # the default

@@ -121,6 +121,21 @@ def test_cpu_path_equals_gpu_path(arch, attention):
             assert rel(pg.grad.cpu(), pc.grad) < 20 * tol, (name, rel(pg.grad.cpu(), pc.grad))
 
 
+def test_gpt2_token_shift_on_gpu_matches_cpu():
+    """The token shift through FLA's Triton op on the GPU: NLL and every gradient (the mix included) as on the CPU."""
+    torch.manual_seed(0)
+    cpu = perturb_(build_model(gpu_spec(arch="gpt2", attention="exp", token_shift=True)), 0.1)
+    gpu = copy.deepcopy(cpu).cuda()
+    x = torch.randint(0, VOCAB, (2, 160))
+    y = torch.roll(x, -1, 1)
+    nll_c, nll_g = cpu(x, y), gpu(x.cuda(), y.cuda())
+    nll_c.mean().backward()
+    nll_g.mean().backward()
+    assert rel(nll_g.cpu(), nll_c) < 1e-4
+    for (name, pc), pg in zip(cpu.named_parameters(), gpu.parameters()):
+        assert rel(pg.grad.cpu(), pc.grad) < 2e-3, name
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_power_p2_bf16_long_context_finite(arch):
     torch.manual_seed(0)
