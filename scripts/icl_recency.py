@@ -69,8 +69,8 @@ def describe(spec) -> str:
     """The attention and what sets it apart: parameters, the block it sits in, layers, rotary dims."""
     params = ", ".join(f"{k}={v}" for k, v in spec.attention_params.items() if v not in (None, False))
     rope = "" if spec.rope_dims is None else f", rotary {spec.rope_dims}/{spec.head_dim} dims"
-    block = {"gpt2": "GPT-2", "rwkv7": "RWKV7"}[spec.arch]
-    return f"{spec.attention}{' (' + params + ')' if params else ''}, {block} block, {spec.n_layers} layers{rope}"
+    block = {"gpt2": "GPT-2", "rwkv7": "RWKV7"}[spec.arch] + " block" + (" + token shift" if spec.token_shift else "")
+    return f"{spec.attention}{' (' + params + ')' if params else ''}, {block}, {spec.n_layers} layers{rope}"
 
 
 def blind_rows(held: dict, cfg, blinds: list[int], positions: int) -> list[dict]:

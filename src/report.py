@@ -120,6 +120,7 @@ def label_runs(runs: list[Run]) -> None:
             "arch": lambda c: c["arch"]["name"], "seed": lambda c: f"seed {c['seed']}",
             "rotary": lambda c: ("rotary on every head dim" if c["arch"].get("rope_dims") is None
                                  else f"rotary on {c['arch']['rope_dims']} head dims"),
+            "token_shift": lambda c: "token shift" if c["arch"].get("token_shift") else "no token shift",
             "init": lambda c: (f"from {Path(str(c['trainer']['init_from'])).name}"
                                if c.get("trainer", {}).get("init_from") else "from scratch")}
     varying = [k for k, f in keys.items() if len({f(r.config) for r in runs}) > 1]

@@ -14,7 +14,7 @@ POSITIONS = 24
 TRAIN = ["trainer.max_steps=3", "trainer.eval_every=3", "logger.wandb.mode=disabled", "data=icl_markov_long_cpu",
          "data.doc_len=64", "data.train_tokens=16384", "data.n_heldout=16", "data.eval_docs=16",
          "data.docs_per_batch=4", "ctx=64", "trainer.num_threads=2", "attention=exp", "attention.sink=true",
-         "arch.rope_dims=16"]
+         "arch.rope_dims=16", "arch.token_shift=true"]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_recency_table_of_a_run(run, tmp_path, import_script):
     assert png == tmp_path / "recency.png" and png.stat().st_size > 10_000
     record = json.loads((tmp_path / "recency.json").read_text())
     model_row, blind0, blind3 = record["rows"]
-    assert model_row["label"] == "exp (sink=True), GPT-2 block, 3 layers, rotary 16/32 dims"
+    assert model_row["label"] == "exp (sink=True), GPT-2 block + token shift, 3 layers, rotary 16/32 dims"
     for row in record["rows"]:  # every evaluated token (positions 1..23 of 16 documents) in exactly one class
         assert sum(c["tokens"] for c in row["classes"].values()) == 16 * (POSITIONS - 1)
     assert all(c["excess"] == 0 for c in blind0["classes"].values())

@@ -104,17 +104,20 @@ def test_labels_tell_a_run_started_from_another_runs_weights(tmp_path):
 
 def test_variants_of_one_attention_are_labelled_and_coloured_apart(tmp_path):
     from longctx.report import _style, label_runs, load_run
-    variants = {"plain": {}, "sink": {"attention": {"sink": True}}, "rope16": {"arch": {"rope_dims": 16}}}
+    variants = {"plain": {}, "sink": {"attention": {"sink": True}}, "rope16": {"arch": {"rope_dims": 16}},
+                "shift": {"arch": {"token_shift": True}}}
     runs = []
     for name, change in variants.items():
         folder = fake_run(tmp_path / name, "exp", 512, 0.1)
         OmegaConf.save(OmegaConf.merge(OmegaConf.load(folder / "config.yaml"), change), folder / "config.yaml")
         runs.append(load_run(folder))
     label_runs(runs)
-    assert [r.label for r in runs] == ["exp, rotary on every head dim, sink=false",  # no sink key: the default
-                                       "exp, rotary on every head dim, sink=true",
-                                       "exp, rotary on 16 head dims, sink=false"]
-    assert len({_style(r, runs)["color"] for r in runs}) == 3
+    assert [r.label for r in runs] == [  # no sink or token_shift key: the default
+        "exp, rotary on every head dim, no token shift, sink=false",
+        "exp, rotary on every head dim, no token shift, sink=true",
+        "exp, rotary on 16 head dims, no token shift, sink=false",
+        "exp, rotary on every head dim, token shift, sink=false"]
+    assert len({_style(r, runs)["color"] for r in runs}) == 4
     power = load_run(fake_run(tmp_path / "power", "power", 512, 0.1))  # two attentions: colour = attention again
     assert _style(runs[0], runs + [power])["color"] == _style(runs[1], runs + [power])["color"]
     normed = fake_run(tmp_path / "normed", "power", 512, 0.1)
