@@ -41,3 +41,16 @@ def perturb_(model, scale: float, seed: int = 1):
         for p in model.parameters():
             p.add_((torch.randn(p.shape, generator=g) * scale).to(p.device, p.dtype))
     return model
+
+
+def assert_cached_equals_full(model, x, prompt: int, atol: float):
+    """A `prompt`-token prefix, then one token at a time through the model's caches: the logits of every position
+    equal one forward over the whole of x (positions, states and token shifts continue across calls). Returns the
+    full forward's logits and the caches."""
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache()
+        parts = [model(x[:, :prompt], cache=cache)] + [model(x[:, i:i + 1], cache=cache)
+                                                       for i in range(prompt, x.shape[1])]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=atol)
+    return full, cache

@@ -8,7 +8,7 @@ from longctx.models import ATTENTIONS, build_model
 from longctx.models.attention.shared import KVCache
 from longctx.models.decoding import sample_next
 from longctx.models.spec import ARCHS
-from _checks import VOCAB, perturb_, tiny_spec
+from _checks import VOCAB, assert_cached_equals_full, perturb_, tiny_spec
 
 CASES = [pytest.param(dict(attention="exp"), id="exp"),
          pytest.param(dict(attention="exp", sink=True), id="exp-sink"),
@@ -37,11 +37,7 @@ def test_cached_logits_equal_full_forward(arch, case):
     those of one forward over the whole sequence (rotary positions, gates, states, token shifts all continue)."""
     model = model_for(arch, case)
     x = torch.randint(0, VOCAB, (2, 21))
-    with torch.no_grad():
-        full = model(x)
-        cache = model.new_cache()
-        parts = [model(x[:, :9], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(9, 21)]
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-4)
+    full, cache = assert_cached_equals_full(model, x, prompt=9, atol=1e-4)
     assert all(c.pos == 21 for c in cache)
     with torch.no_grad():  # the prompt's last position alone (what generate keeps of a long prompt)
         last = model(x[:, :9], cache=model.new_cache(), last_only=True)

@@ -5,7 +5,7 @@ import torch
 
 from longctx.models import build_model
 from longctx.models.gpt2 import SelfAttention
-from _checks import VOCAB, perturb_, tiny_spec
+from _checks import VOCAB, assert_cached_equals_full, perturb_, tiny_spec
 
 
 def shifted_projection_reference(x, weight, bias, mu):
@@ -46,12 +46,7 @@ def test_cached_decoding_continues_the_shift():
     torch.manual_seed(2)
     model = perturb_(build_model(tiny_spec("gpt2", token_shift=True)), 0.3, seed=2).eval()
     assert model.blocks[0].attn.shift_mix.abs().min() > 0
-    x = torch.randint(0, VOCAB, (2, 12))
-    with torch.no_grad():
-        full = model(x)
-        cache = model.new_cache()
-        parts = [model(x[:, :5], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(5, 12)]
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-5)
+    assert_cached_equals_full(model, torch.randint(0, VOCAB, (2, 12)), prompt=5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch, value, words", [("gpt2", "yes", "must be true or false"),
