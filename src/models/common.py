@@ -34,6 +34,16 @@ def token_shift(x, prev=None):
     return F.pad(x, (0, 0, 1, -1)) - x
 
 
+def cached_token_shift(x, cache, key: str):
+    """token_shift of x; when decoding (`cache`: the layer's LayerCache) it continues from the token the cache kept
+    under `key`, and keeps x's last token there for the next call."""
+    if cache is None:
+        return token_shift(x)
+    delta = token_shift(x, cache.shift.get(key))
+    cache.shift[key] = x[:, -1].clone()
+    return delta
+
+
 # ----------------------------------------------------------------------------------------------------------
 # rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half convention as in GPT-NeoX / Llama
 

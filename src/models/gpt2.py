@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables, token_shift
+from .common import LanguageModelMixin, cached_token_shift, per_token_nll, rotary, rotary_tables
 from .spec import ModelSpec
 
 
@@ -51,9 +51,7 @@ class SelfAttention(nn.Module):
         (the cache keeps the last token for the next call)."""
         if self.shift_mix is None:
             return self.qkv(x)
-        delta = token_shift(x, None if cache is None else cache.shift.get("attn"))   # (b, t, d)
-        if cache is not None:
-            cache.shift["attn"] = x[:, -1].clone()
+        delta = cached_token_shift(x, cache, "attn")                                 # (b, t, d)
         mixed = x.unsqueeze(2) + delta.unsqueeze(2) * self.shift_mix.view(3, -1)     # (b, t, 3, d)
         w, bias = self.qkv.weight.view(3, -1, x.shape[-1]), self.qkv.bias.view(3, -1)
         return (torch.einsum("btjc,joc->btjo", mixed, w) + bias).flatten(2)

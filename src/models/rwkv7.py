@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, per_token_nll, rotary, rotary_tables, token_shift
+from .common import LanguageModelMixin, cached_token_shift, per_token_nll, rotary, rotary_tables
 from .spec import ModelSpec
 
 NATIVE = "linear"                          # attention name that means RWKV-7's own time mixing
@@ -242,7 +242,7 @@ class TimeMix(nn.Module):
         b, t, d = x.shape
         h, hd = self.n_heads, self.head_dim
         heads = lambda z: z.view(b, t, h, hd)  # noqa: E731
-        delta = token_shift(x, None if cache is None else cache.shift.get("attn"))  # (b, t, d)
+        delta = cached_token_shift(x, cache, "attn")                              # (b, t, d)
         if self.native:
             xr, xw, xk, xv, xa, xg = mix(x, delta, self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g)
         else:
@@ -275,7 +275,7 @@ class TimeMix(nn.Module):
                 o, cache.state = self.core.decode(q, k, heads(v).to(q.dtype), x, cache.state)
             o = self.g_norm(o.reshape(b * t, d)).view(b, t, d).to(q.dtype) * g
         if cache is not None:
-            cache.shift["attn"], cache.pos = x[:, -1].clone(), cache.pos + t
+            cache.pos += t
         return self.o_proj(o), v_first
 
     def _k_update(self, k, a):  # k * (1 + (a - 1) * k_a)
@@ -307,9 +307,7 @@ class ChannelMix(nn.Module):
         nn.init.zeros_(self.value.weight)
 
     def forward(self, x, cache=None):
-        k = self.key(x.addcmul(token_shift(x, None if cache is None else cache.shift.get("ffn")), self.x_k))
-        if cache is not None:
-            cache.shift["ffn"] = x[:, -1].clone()
+        k = self.key(x.addcmul(cached_token_shift(x, cache, "ffn"), self.x_k))
         return self.value(F.relu(k) ** 2)
 
 
