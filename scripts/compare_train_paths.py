@@ -60,11 +60,13 @@ def finished_runs(path: Path, record: dict, steps: int) -> dict[str, list[float]
     """The complete runs of an earlier comparison, provided it had the same device and train.py overrides (the
     scratch data folder aside) and the same steps: losses from another setting would not compare."""
     earlier = json.loads(path.read_text())
-    same = lambda o: [x for x in o if not x.startswith("data.cache_dir=")]  # noqa: E731
-    for field in ("device", "overrides"):
-        mine, theirs = record[field], earlier.get(field)
-        if (same(mine) != same(theirs or [])) if field == "overrides" else mine != theirs:
-            raise SystemExit(f"--continue-from {path}: its {field} {theirs!r} differs from this run's {mine!r}")
+    settings = lambda rec: {"device": rec.get("device"),  # noqa: E731
+                            "overrides": [o for o in rec.get("overrides") or [] if not o.startswith("data.cache_dir=")]}
+    mine, theirs = settings(record), settings(earlier)
+    for field in mine:
+        if mine[field] != theirs[field]:
+            raise SystemExit(f"--continue-from {path}: its {field} {theirs[field]!r} differs from this run's "
+                             f"{mine[field]!r}")
     return {k: v for k, v in earlier.get("losses", {}).items() if k in RUNS and len(v) == steps}
 
 
