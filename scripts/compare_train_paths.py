@@ -59,6 +59,8 @@ def train_losses(overrides: list[str], steps: int) -> list[float]:
 def finished_runs(path: Path, record: dict, steps: int) -> dict[str, list[float]]:
     """The complete runs of an earlier comparison, provided it had the same device and train.py overrides (the
     scratch data folder aside) and the same steps: losses from another setting would not compare."""
+    if not path.is_file():
+        raise SystemExit(f"--continue-from {path}: no such file")
     earlier = json.loads(path.read_text())
     settings = lambda rec: {"device": rec.get("device"),  # noqa: E731
                             "overrides": [o for o in rec.get("overrides") or [] if not o.startswith("data.cache_dir=")]}

@@ -85,6 +85,8 @@ def test_stopped_comparison_continues_with_only_its_missing_runs(import_script, 
     assert [rec["losses"][k] for k in names[:2]] == [first["losses"][k] for k in names[:2]]
     assert rec["losses"][names[2]] == [1.0] * 3
     assert rec["summary"]["fast_vs_eager"] == 1.0 and rec["summary"]["seed_vs_seed"] == 1.0
+    with pytest.raises(SystemExit, match="missing.json: no such file"):
+        compare.main([*args, "--out", str(tmp_path / "c"), "--continue-from", str(tmp_path / "missing.json")])
     with pytest.raises(SystemExit, match="its overrides"):
         compare.main(["--steps", "3", "--ctx", "128", "--overrides", "model=tiny device=cpu",
                       "--out", str(tmp_path / "c"), "--continue-from", str(tmp_path / "stopped.json")])
