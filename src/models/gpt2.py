@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, cached_token_shift, per_token_nll, rotary, rotary_tables
+from .common import LanguageModelMixin, cached_token_shift, loss_head, rotary, rotary_tables
 from .spec import ModelSpec
 
 
@@ -110,8 +110,9 @@ class GPT2(LanguageModelMixin, nn.Module):
     def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
         return self.blocks
 
-    def forward(self, input_ids, targets=None, cache=None, last_only=False):
-        """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32.
+    def forward(self, input_ids, targets=None, cache=None, last_only=False, reduction="none"):
+        """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32, or with
+        reduction="sum" its sum (the trainer's loss: a backward without recomputation, common.nll_sum).
         cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens.
         last_only: logits of the last position only, (b, 1, vocab) (a 64k prompt's full logits are GBs)."""
         x = self.wte(input_ids)  # (b, t, d_model)
@@ -127,4 +128,4 @@ class GPT2(LanguageModelMixin, nn.Module):
         x = self.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, -1:] if last_only else x)  # (b, t or 1, vocab)
-        return per_token_nll(x, self.lm_head.weight, targets)  # (b, t) fp32
+        return loss_head(x, self.lm_head.weight, targets, reduction)  # (b, t) or () fp32

@@ -28,6 +28,7 @@ from longctx.train.optim import build_optimizer, build_scheduler
 
 
 INLINE_CURVE_MAX = 8192  # longer per-position curves go to <run_dir>/per_position_loss/step_*.npy
+DATA_WAIT_WARN = 0.1     # waiting for the reader this share of the training time is said on the console
 
 
 def pick_device(name: str) -> torch.device:
@@ -156,6 +157,7 @@ class Trainer:
 
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.skipped_steps, self.consecutive_skips = 0, 0
+        self.warned_data_wait = False
         self.wandb_id = None
         if candidates:
             self._load(candidates)
@@ -319,8 +321,8 @@ class Trainer:
             sync = i == len(starts) - 1
             no_sync = (self.train_model.no_sync() if self.dist.enabled and not sync else contextlib.nullcontext())
             with no_sync, self.autocast():
-                nll = self.train_model(inputs[s:s + micro], targets[s:s + micro])  # (docs, t) fp32
-                loss = nll.sum() / targets.numel()
+                # summed NLL (fp32): its backward scales gradients the forward formed (models.common.nll_sum)
+                loss = self.train_model(inputs[s:s + micro], targets[s:s + micro], reduction="sum") / targets.numel()
             loss.backward()
             loss_sum += loss.detach().double()
         loss_value = float(all_reduce_sum(loss_sum, self.dist).item()) / self.dist.world_size
@@ -351,9 +353,9 @@ class Trainer:
         try:
             with no_sync:
                 with self.autocast():
-                    nll = self.train_model(inputs, targets)
-                nll.sum().backward()
-            del nll
+                    loss = self.train_model(inputs, targets, reduction="sum")
+                loss.backward()
+            del loss
             peak = torch.cuda.max_memory_allocated(self.device)
             adam_state = 2 * 4 * sum(p.numel() for p in self.model.parameters())
             fits = peak + adam_state < 0.9 * torch.cuda.get_device_properties(self.device).total_memory
@@ -402,11 +404,12 @@ class Trainer:
         self.model.train()
         return total.cpu().numpy()
 
-    def evaluate(self, train_loss: float, tokens_per_s: float) -> dict:
+    def evaluate(self, train_loss: float, tokens_per_s: float, data_wait: float = 0.0) -> dict:
+        """data_wait: the fraction of the training time since the last evaluation spent waiting for the reader."""
         curve = self.per_position_loss()
         record = {"step": self.step, "tokens": self.tokens, "elapsed_s": round(self.elapsed, 2),
                   "train_loss": train_loss, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s,
-                  "skipped_steps": self.skipped_steps}
+                  "data_wait": round(data_wait, 4), "skipped_steps": self.skipped_steps}
         record.update({k: self.flops[k] for k in ("weight_flops_per_token", "state_flops_per_token",
                                                       "executed_state_flops_per_token", "wsfr", "state_size")})
         record["flops"] = self.tokens * self.flops["train_flops_per_token"]
@@ -468,15 +471,18 @@ class Trainer:
         bar = progress_bar(self.dist.is_main, total=max_steps, initial=self.step, desc=cfg.run_name, unit="step")
         window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
         line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
+        window_wait = window_time = line_wait = 0.0  # seconds waiting for the reader / training, this window
         record = None
         probed = None  # the batch the checkpointing probe ran on: trained on next, as any other
         if self.step < max_steps and self.cfg.trainer.activation_checkpointing == "auto":
             probed = next(batches)
             self.choose_checkpointing(probed)
         while self.step < max_steps:
+            t_wait = time.time()
             batch = probed if probed is not None else next(batches)
             probed = None
             t0 = time.time()
+            wait = t0 - t_wait  # > 0 only when the read-ahead falls behind the steps
             loss = self.train_step(batch)
             self.step += 1
             step_tokens = batch["targets"].numel() * self.dist.world_size
@@ -486,24 +492,30 @@ class Trainer:
             window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + step_tokens
             line_loss, line_steps, line_tokens = line_loss + loss, line_steps + 1, line_tokens + step_tokens
             line_time += step_time
+            line_wait, window_wait, window_time = line_wait + wait, window_wait + wait, window_time + wait + step_time
             lr = self.scheduler.get_last_lr()[0]
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
             if self.wandb is not None:
                 self.wandb.log_train(self.step, {"train/loss": loss, "train/lr": lr, "train/tokens": self.tokens})
             if self.step % console_every == 0 and self.dist.is_main:
-                rate = line_tokens / max(1e-9, line_time)  # training steps only, evaluations excluded
+                rate = line_tokens / max(1e-9, line_time + line_wait)  # training steps only, evaluations excluded
+                waited = line_wait / max(1e-9, line_time + line_wait)
                 log.info(f"step {self.step:>6d}/{max_steps} | train {line_loss / line_steps:.4f} | lr {lr:.2e} | "
-                         f"{rate:,.0f} tok/s")
-                line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
+                         f"{rate:,.0f} tok/s" + (f" | waiting for data {waited:.0%}" if waited >= DATA_WAIT_WARN else ""))
+                line_loss, line_steps, line_tokens, line_time, line_wait = 0.0, 0, 0, 0.0, 0.0
             out_of_budget = self._out_of_budget()
             if self.step % eval_every == 0 or self.step == max_steps or out_of_budget:
                 tokens_per_s = window_tokens / max(1e-9, time.time() - window_start)
-                record = self.evaluate(window_loss / window_steps, tokens_per_s)
+                record = self.evaluate(window_loss / window_steps, tokens_per_s, window_wait / max(1e-9, window_time))
                 self.save()
                 if self.dist.is_main:
                     log.info(self._describe(record))
+                    if record["data_wait"] >= DATA_WAIT_WARN and not self.warned_data_wait:
+                        log.warning(self._data_wait_advice(record["data_wait"], window_steps))
+                        self.warned_data_wait = True
                 window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
+                window_wait = window_time = 0.0
             if out_of_budget:
                 if self.dist.is_main:
                     log.info(f"stopping at step {self.step}: trainer.flops_budget={budget:.3g} reached")
@@ -515,6 +527,19 @@ class Trainer:
                 log.info(self.wandb.describe())
         shutdown(self.dist)
         return record
+
+    def _data_wait_advice(self, share: float, steps: int) -> str:
+        """Why the reader may fall behind, from what it reads: chunks much longer than the context are decoded whole
+        for every window (a short context on document-long chunks decodes doc_len / ctx times what it uses)."""
+        chunk_len = int(self.reader.array.chunks[1])
+        text = (f"training waited for the data reader {share:.0%} of the time over the last {steps} steps "
+                f"({self.reader.path}: chunks {tuple(int(c) for c in self.reader.array.chunks)}, ctx={self.cfg.ctx})")
+        if chunk_len >= 4 * self.cfg.ctx:
+            text += (f"; each {self.cfg.ctx}-token window decodes {chunk_len}-token chunks: write the array in chunks "
+                     f"of at most a few contexts along the documents (LongCrawl64's are 2048 x 2048)")
+        else:
+            text += "; a faster disk or a local copy of the data may help"
+        return text
 
     @staticmethod
     def _describe(rec: dict) -> str:

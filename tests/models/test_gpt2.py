@@ -11,7 +11,7 @@ from longctx.models import ATTENTIONS, ModelSpec, build_model
 from longctx.models.attention import build_attention
 from longctx.models.attention.shared import mean_keys_per_query
 from longctx.models.attention.window import blocked_window
-from longctx.models.common import per_token_nll
+from longctx.models.common import nll_sum, per_token_nll
 from _checks import VOCAB, assert_causal, tiny_spec
 
 
@@ -133,6 +133,42 @@ def test_chunked_loss_head_matches_plain():
     torch.testing.assert_close(out, ref.float())
     torch.testing.assert_close(dh2, dh, rtol=1e-5, atol=1e-5)  # the CE itself runs in fp32
     torch.testing.assert_close(dw2, dw, rtol=1e-5, atol=1e-5)
+
+
+def test_summed_loss_head_matches_float64_sum_and_gradients():
+    """nll_sum forms the gradients in its forward and scales them by the incoming gradient: the sum of the float64
+    cross-entropies and its gradients times that scale (chunks of 7 over 100 tokens: a remainder chunk too)."""
+    torch.manual_seed(0)
+    h = torch.randn(2, 50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(VOCAB, 16, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, VOCAB, (2, 50))
+    ref = F.cross_entropy(h.reshape(-1, 16) @ w.T, t.reshape(-1), reduction="sum")
+    dh, dw = torch.autograd.grad(0.37 * ref, (h, w))
+    out = nll_sum(h, w, t, chunk_tokens=7)
+    dh2, dw2 = torch.autograd.grad(0.37 * out, (h, w))
+    assert out.dtype == torch.float32 and out.shape == ()
+    torch.testing.assert_close(out, ref.float())
+    torch.testing.assert_close(dh2, dh, rtol=1e-5, atol=1e-6)  # the CE itself runs in fp32
+    torch.testing.assert_close(dw2, dw, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # no gradients wanted: the plain chunked sum
+        torch.testing.assert_close(nll_sum(h, w, t, chunk_tokens=7), ref.float())
+
+
+def test_model_summed_loss_trains_like_the_per_token_loss():
+    """reduction="sum" (the trainer's) gives the per-token losses' sum and the same parameter gradients; a bad value
+    is named."""
+    torch.manual_seed(0)
+    model = build_model(tiny(attention="power"))
+    x, t = torch.randint(0, VOCAB, (2, 33)), torch.randint(0, VOCAB, (2, 33))
+    per_token = model(x, t)
+    ref = torch.autograd.grad(per_token.sum(), list(model.parameters()))
+    total = model(x, t, reduction="sum")
+    got = torch.autograd.grad(total, list(model.parameters()))
+    torch.testing.assert_close(total, per_token.sum())
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="reduction='mean'"):
+        model(x, t, reduction="mean")
 
 
 def test_activation_checkpointing_same_gradients():

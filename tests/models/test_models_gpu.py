@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from _checks import perturb_
 from longctx.models import ModelSpec, build_model
-from longctx.models.common import per_token_nll
+from longctx.models.common import nll_sum, per_token_nll
 from longctx.models.rwkv7 import to_fla
 from longctx.models import ATTENTIONS
 from longctx.models.spec import ARCHS
@@ -150,8 +150,9 @@ def test_power_p2_bf16_long_context_finite(arch):
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"])
 def test_loss_head_on_gpu_matches_float64(dtype, tol):
-    """The CUDA loss head (FLA's fused cross-entropy, chunked with recomputation) against float64 torch: per-token
-    losses and both gradients, at GPT-2's vocabulary size."""
+    """The CUDA loss head (FLA's fused cross-entropy, chunked) against float64 torch at GPT-2's vocabulary size:
+    per-token losses and both gradients (recomputed in the backward), and the summed loss the trainer uses and its
+    gradients (formed in the forward)."""
     torch.manual_seed(0)
     vocab, n, d = 50304, 3000, 64
     h = (torch.randn(1, n, d, device="cuda") * 2).to(dtype).requires_grad_()
@@ -160,12 +161,18 @@ def test_loss_head_on_gpu_matches_float64(dtype, tol):
     g = torch.randn(1, n, device="cuda")
     hd, wd = (x.detach().double().requires_grad_() for x in (h, w))
     ref = F.cross_entropy((hd[0] @ wd.T), t[0], reduction="none")[None]
-    dh_ref, dw_ref = torch.autograd.grad((ref * g).sum(), (hd, wd))
+    dh_ref, dw_ref = torch.autograd.grad((ref * g).sum(), (hd, wd), retain_graph=True)
     out = per_token_nll(h, w, t, chunk_tokens=1024)
     dh, dw = torch.autograd.grad((out * g).sum(), (h, w))
     assert out.dtype == torch.float32
     assert rel(out, ref) < tol and rel(dh, dh_ref) < tol and rel(dw, dw_ref) < tol, \
         (rel(out, ref), rel(dh, dh_ref), rel(dw, dw_ref))
+    # the trainer's summed loss: gradients formed in the forward, scaled in the backward
+    dh_ref, dw_ref = torch.autograd.grad(0.37 * ref.sum(), (hd, wd))
+    total = nll_sum(h, w, t, chunk_tokens=1024)
+    dh, dw = torch.autograd.grad(0.37 * total, (h, w))
+    assert rel(total, ref.sum()) < tol and rel(dh, dh_ref) < tol and rel(dw, dw_ref) < tol, \
+        (rel(total, ref.sum()), rel(dh, dh_ref), rel(dw, dw_ref))
 
 
 @pytest.mark.parametrize("chunk_size", [None, 64], ids=["attention_form", "chunked_form"])

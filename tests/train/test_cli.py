@@ -178,8 +178,8 @@ def test_non_finite_loss_is_never_silent(compose, tiny, tmp_path, policy, capsys
                               f"run_dir={tmp_path / policy}"))
     forward = trainer.model.forward
 
-    def poisoned(input_ids, targets=None):  # steps 2 and 3 produce NaN losses
-        out = forward(input_ids, targets)
+    def poisoned(input_ids, targets=None, **kwargs):  # steps 2 and 3 produce NaN losses
+        out = forward(input_ids, targets, **kwargs)
         return out * float("nan") if trainer.step in (1, 2) else out
 
     trainer.model.forward = poisoned
@@ -198,7 +198,7 @@ def test_too_many_non_finite_steps_in_a_row_stop(compose, tiny, tmp_path):
     trainer = Trainer(compose(*tiny, "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=1",
                               f"run_dir={tmp_path / 'run'}"))
     forward = trainer.model.forward
-    trainer.model.forward = lambda input_ids, targets=None: forward(input_ids, targets) * float("inf")
+    trainer.model.forward = lambda input_ids, targets=None, **kw: forward(input_ids, targets, **kw) * float("inf")
     with pytest.raises(FloatingPointError, match="max_skipped_steps=1"):
         trainer.fit()
 
