@@ -12,8 +12,9 @@ any attention can reach in that model. Each `--variant NAME="overrides"` reruns 
 overrides on top of the recipe (default: one variant, the recipe as configured).
 
 Data: random GPT-2-vocabulary tokens written once in the LongCrawl64 layout (speed does not depend on the values).
-Timing: `--warmup` steps (compilation, autotuning, the checkpointing probe), then `--steps` steps, each the
-trainer's own `train_step` on the reader's next batch, synchronized. MFU counts 3x the model's forward FLOPs per
+Timing: `--warmup` steps (compilation, autotuning, the checkpointing probe), then at least `--steps` steps and
+`--min-seconds` of them, each the trainer's own `train_step` on the reader's next batch, synchronized; the time spent
+waiting for the reader is reported per step (`data_wait_s`, 0 when the read-ahead keeps up). MFU counts 3x the model's forward FLOPs per
 token in the form that runs (longctx.train.flops); recomputation by activation checkpointing is not counted.
 `--variant cpu="model=tiny device=cpu" --rows exp@128 --tokens 512` is a CPU smoke test.
 Writes <out>/bench_train.json ({"device", "rows": [...]}) and <out>/bench_train.md; a failed row (e.g. out of
@@ -60,11 +61,14 @@ class NoMixing(torch.nn.Module):
 
 
 def write_random_dataset(root: Path, doc_len: int, n_train: int, n_heldout: int, vocab: int = 50257) -> Path:
-    """A LongCrawl64-layout folder (train.zarr, heldout.zarr) of uniform random token ids."""
+    """A LongCrawl64-layout folder (train.zarr, heldout.zarr) of uniform random token ids, in LongCrawl64's chunks
+    of 2048 documents x 2048 positions (a chunk as long as a document would make a 1k-token batch decode 64 times
+    the tokens it uses: the reader, not the model, would set the 1k rows' speed)."""
     import zarr
     rng = np.random.default_rng(0)
     for split, n in (("train", n_train), ("heldout", n_heldout)):
-        arr = zarr.create_array(str(root / f"{split}.zarr"), shape=(n, doc_len), chunks=(1, doc_len),
+        arr = zarr.create_array(str(root / f"{split}.zarr"), shape=(n, doc_len),
+                                chunks=(min(2048, n), min(2048, doc_len)),
                                 dtype="uint16", attributes={"vocab_size": vocab, "bos_id": vocab - 1,
                                                             "max_token_id": vocab - 1})
         arr[:] = rng.integers(0, vocab, size=(n, doc_len), dtype=np.uint16)
@@ -106,11 +110,15 @@ def bench_row(arch, attention, ctx, variant, extra, args, data, scratch) -> dict
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        tokens = 0
-        for _ in range(args.steps):
+        tokens = steps = 0
+        data_wait = 0.0
+        while steps < args.steps or time.perf_counter() - t0 < args.min_seconds:
+            t_data = time.perf_counter()
             batch = next(batches)
+            data_wait += time.perf_counter() - t_data  # the reader's share: > 0 only when it falls behind
             loss = trainer.train_step(batch)
             tokens += batch["targets"].numel()
+            steps += 1  # train_step returns the loss as a float: each step ends synchronized
         sync()
         dt = time.perf_counter() - t0
         tokens_per_s = tokens / dt
@@ -118,7 +126,8 @@ def bench_row(arch, attention, ctx, variant, extra, args, data, scratch) -> dict
             print_profile(lambda: trainer.train_step(next(batches)), f"{arch} {attention}@{ctx} [{variant}]")
         util = mfu(tokens_per_s, trainer.flops["train_flops_per_token"], trainer.device_name)
         return dict(arch=arch, attention=attention, ctx=ctx, variant=variant, overrides=" ".join(extra),
-                    tokens_per_s=round(tokens_per_s), step_s=round(dt / args.steps, 4),
+                    tokens_per_s=round(tokens_per_s), step_s=round(dt / steps, 4), steps_timed=steps,
+                    data_wait_s=round(data_wait / steps, 4),
                     mfu=None if util is None else round(util, 4),
                     peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
                     checkpointing=trainer.model.spec.checkpoint_activations, compile=str(cfg.trainer.compile),
@@ -134,7 +143,7 @@ def bench_row(arch, attention, ctx, variant, extra, args, data, scratch) -> dict
         torch._dynamo.reset()
 
 
-def print_profile(step, title, rows=30):
+def print_profile(step, title, rows=40):
     """CUDA time per kernel of one more step (torch.profiler), the largest first: where a step's time goes."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -199,7 +208,9 @@ def main(argv=None):
     ap.add_argument("--variant", action="append", default=[], help='NAME="train.py overrides" (repeatable)')
     ap.add_argument("--docs", type=int, default=2, help="micro-batches per step (gradient accumulation)")
     ap.add_argument("--tokens", type=int, default=65536, help="tokens per micro-batch (documents = tokens // ctx)")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=4, help="timed steps, at least")
+    ap.add_argument("--min-seconds", type=float, default=5.0,
+                    help="time more steps until this long has passed (short steps: noise averages out)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--profile", nargs="*", default=[], metavar="ATTENTION@CTX",
                     help="print the CUDA time per kernel of one extra step of these rows")

@@ -1,5 +1,6 @@
 """Where the time of a power_attention call goes (GPU): per-kernel CUDA times and counts from torch.profiler beside
 the wall time per call, for the public API (b=8, h=12, d=64, bf16, gated, p=2) at the given lengths, cuDNN beside.
+`--batch 1,8` repeats each length at those batch sizes (a training micro-batch of one 64k document is b=1).
 
     python -m tools.profile_attn --ctxs 1024,4096
     python -m tools.profile_attn --ctxs 65536 --impls ours --modes fwd+bwd --top 0 --out DIR
@@ -33,6 +34,7 @@ def main():
     ap.add_argument("--ctxs", default="1024,4096")
     ap.add_argument("--impls", default="ours,cudnn", help="comma list of ours, cudnn")
     ap.add_argument("--modes", default="fwd,fwd+bwd", help="comma list of fwd, fwd+bwd")
+    ap.add_argument("--batch", default="8", help="comma list of batch sizes")
     ap.add_argument("--top", type=int, default=14, help="profiler rows printed per call (0: all)")
     ap.add_argument("--out", default="", help="directory for profile_attn.json (every kernel of every call)")
     args = ap.parse_args()
@@ -42,8 +44,8 @@ def main():
         raise SystemExit(f"--impls: {unknown} not among {sorted(makers)}")
     impls = {n: makers[n]() for n in args.impls.split(",")}
     runs = []
-    for t in map(int, args.ctxs.split(",")):
-        xs, lg = inputs(8, t, 12, 64, True)
+    for t, b in [(t, b) for t in map(int, args.ctxs.split(",")) for b in map(int, args.batch.split(","))]:
+        xs, lg = inputs(b, t, 12, 64, True)
         for name, call in impls.items():
             for mode in args.modes.split(","):
                 def fn():
@@ -60,10 +62,10 @@ def main():
                 cuda = {e.key for e in prof.key_averages() if e.device_type == DeviceType.CUDA}
                 kernels = [r for r in rows if r[0] in cuda]
                 gpu = sum(r[1] for r in kernels)
-                print(f"== t={t} {name} {mode}: wall {wall:.3f} ms/call, kernels {gpu:.3f} ms", flush=True)
+                print(f"== t={t} b={b} {name} {mode}: wall {wall:.3f} ms/call, kernels {gpu:.3f} ms", flush=True)
                 for key, ms, cnt in rows[:args.top or None]:
                     print(f"   {ms:8.4f} ms  x{cnt}  {key[:90]}", flush=True)
-                runs.append({"t": t, "impl": name, "mode": mode, "wall_ms": wall, "kernel_ms": gpu,
+                runs.append({"t": t, "b": b, "impl": name, "mode": mode, "wall_ms": wall, "kernel_ms": gpu,
                              "kernels": [{"name": k, "ms": ms, "count": c} for k, ms, c in kernels]})
     if args.out:
         os.makedirs(args.out, exist_ok=True)

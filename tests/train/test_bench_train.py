@@ -13,17 +13,31 @@ CPU = "model=tiny device=cpu trainer.compile=false trainer.precision=fp32"
 def test_bench_rows_run_the_trainer_and_record_what_ran(import_script, tmp_path):
     bench = import_script("bench_train")
     record = bench.main(["--archs", "gpt2", "--rows", "exp@64", "none@64", "--tokens", "128", "--docs", "1",
-                         "--steps", "1", "--warmup", "1", "--out", str(tmp_path),
+                         "--steps", "1", "--min-seconds", "0.3", "--warmup", "1", "--out", str(tmp_path),
                          "--variant", f"eager={CPU} trainer.activation_checkpointing=false",
                          "--variant", f"ckpt={CPU} trainer.activation_checkpointing=true"])
     rows = {(r["attention"], r["variant"]): r for r in record["rows"]}
     assert len(rows) == 4 and all(r["error"] is None and r["tokens_per_s"] > 0 for r in rows.values())
+    # timed for at least --steps steps and --min-seconds; the reader's share is measured, not assumed
+    assert all(r["steps_timed"] >= 1 and r["steps_timed"] * r["step_s"] >= 0.29 for r in rows.values())
+    assert all(0 <= r["data_wait_s"] <= r["step_s"] for r in rows.values())
     assert rows["exp", "ckpt"]["checkpointing"] and not rows["exp", "eager"]["checkpointing"]
     assert rows["exp", "eager"]["micro_docs"] == 2 and rows["exp", "eager"]["docs_per_step"] == 2  # 128 // 64
     # the ceiling row charges no attention: 3 x the weight FLOPs only; exp adds its causal state FLOPs
     assert rows["none", "eager"]["train_flops_per_token"] < rows["exp", "eager"]["train_flops_per_token"]
     saved = json.loads((tmp_path / "bench_train.json").read_text())
     assert saved["rows"] == record["rows"] and (tmp_path / "bench_train.md").read_text().count("| gpt2 |") == 4
+
+
+def test_bench_data_has_longcrawl64_chunks(import_script, tmp_path):
+    """LongCrawl64's chunks are 2048 documents x 2048 positions (fewer where the array is smaller): a 1k-token batch
+    then decodes at most twice the tokens it uses, as on the real data."""
+    import zarr
+    bench = import_script("bench_train")
+    root = bench.write_random_dataset(tmp_path, doc_len=8192, n_train=300, n_heldout=2, vocab=100)
+    train, heldout = (zarr.open_array(str(root / f"{s}.zarr"), mode="r") for s in ("train", "heldout"))
+    assert train.shape == (300, 8192) and train.chunks == (300, 2048) and heldout.chunks == (2, 2048)
+    assert int(train[:].max()) < 100 and train.attrs["bos_id"] == 99
 
 
 def test_bench_names_a_bad_row(import_script, tmp_path):
