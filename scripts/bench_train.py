@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from longctx.data.prepare import PrepareConfig  # noqa: E402
 from longctx.train.console import close_logging  # noqa: E402
 from longctx.train.flops import flops_report, mfu  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
@@ -61,14 +62,14 @@ class NoMixing(torch.nn.Module):
 
 
 def write_random_dataset(root: Path, doc_len: int, n_train: int, n_heldout: int, vocab: int = 50257) -> Path:
-    """A LongCrawl64-layout folder (train.zarr, heldout.zarr) of uniform random token ids, in LongCrawl64's chunks
-    of 2048 documents x 2048 positions (a chunk as long as a document would make a 1k-token batch decode 64 times
+    """A LongCrawl64-layout folder (train.zarr, heldout.zarr) of uniform random token ids, in the chunks
+    scripts/prepare_dataset.py writes, LongCrawl64's 2048 documents x 2048 positions (a chunk as long as a document would make a 1k-token batch decode 64 times
     the tokens it uses: the reader, not the model, would set the 1k rows' speed)."""
     import zarr
     rng = np.random.default_rng(0)
     for split, n in (("train", n_train), ("heldout", n_heldout)):
         arr = zarr.create_array(str(root / f"{split}.zarr"), shape=(n, doc_len),
-                                chunks=(min(2048, n), min(2048, doc_len)),
+                                chunks=(min(PrepareConfig.chunk_docs, n), min(PrepareConfig.chunk_len, doc_len)),
                                 dtype="uint16", attributes={"vocab_size": vocab, "bos_id": vocab - 1,
                                                             "max_token_id": vocab - 1})
         arr[:] = rng.integers(0, vocab, size=(n, doc_len), dtype=np.uint16)

@@ -404,7 +404,7 @@ class Trainer:
         self.model.train()
         return total.cpu().numpy()
 
-    def evaluate(self, train_loss: float, tokens_per_s: float, data_wait: float = 0.0) -> dict:
+    def evaluate(self, train_loss: float, tokens_per_s: float, data_wait: float) -> dict:
         """data_wait: the fraction of the training time since the last evaluation spent waiting for the reader."""
         curve = self.per_position_loss()
         record = {"step": self.step, "tokens": self.tokens, "elapsed_s": round(self.elapsed, 2),
