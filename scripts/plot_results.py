@@ -181,7 +181,7 @@ PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "bench_train": plot_bench_tr
          "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run,
          "bench_decode": plot_bench_decode, "train_paths_loss": plot_train_paths_loss}
 # docs/results/experiments/ records drawn from the record itself (the others there are longctx.report's figures)
-EXPERIMENT_PLOTS = {"icl_softmax_blind_spot": plot_icl_variant_gaps}
+EXPERIMENT_PLOTS = {"icl_softmax_blind_spot": plot_icl_variant_gaps, "icl_token_shift_attention": plot_icl_variant_gaps}
 
 
 def main(argv=None) -> list[Path]:

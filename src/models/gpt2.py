@@ -54,7 +54,10 @@ class SelfAttention(nn.Module):
         delta = cached_token_shift(x, cache, "attn")                                 # (b, t, d)
         mixed = x.unsqueeze(2) + delta.unsqueeze(2) * self.shift_mix.view(3, -1)     # (b, t, 3, d)
         w, bias = self.qkv.weight.view(3, -1, x.shape[-1]), self.qkv.bias.view(3, -1)
-        return (torch.einsum("btjc,joc->btjo", mixed, w) + bias).flatten(2)
+        out = torch.einsum("btjc,joc->btjo", mixed, w)          # bf16 under autocast, as self.qkv(x) would be
+        # the bias in the matmul's dtype: an fp32 bias would promote q, k, v to fp32 under autocast, and attention
+        # cores that take their inputs' dtype (power, linear, window) would run in fp32 (power p=2: 5x slower)
+        return (out + bias.to(out.dtype)).flatten(2)
 
 
 class MLP(nn.Module):

@@ -29,6 +29,24 @@ def test_shifted_projection_equals_its_definition_and_learns_from_zero():
     torch.testing.assert_close(attn.project(x), want, rtol=0, atol=1e-12)
 
 
+def test_shifted_projection_keeps_the_autocast_dtype():
+    """Under bf16 autocast q, k and v come out in bf16 as the plain block's (an fp32 bias once promoted them to
+    fp32, and power attention then ran its fp32 kernels: 5x slower), and equal the fp32 definition to bf16's
+    rounding."""
+    torch.manual_seed(3)
+    attn = SelfAttention(tiny_spec("gpt2", token_shift=True))
+    with torch.no_grad():
+        attn.shift_mix.copy_(torch.randn(96))
+    x = torch.randn(2, 6, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain, shifted = attn.qkv(x), attn.project(x)
+    assert plain.dtype == shifted.dtype == torch.bfloat16
+    want = shifted_projection_reference(x.double(), attn.qkv.weight.double(), attn.qkv.bias.double(),
+                                        attn.shift_mix.double().view(3, 32))
+    err = (shifted.double() - want).norm() / want.norm()
+    assert err < 1e-2
+
+
 def test_zero_mix_is_the_plain_model():
     torch.manual_seed(1)
     shifted = build_model(tiny_spec("gpt2", token_shift=True)).eval()
