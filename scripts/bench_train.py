@@ -9,7 +9,9 @@ Rows per arch: exp@1024 (64 docs of 1k per micro-batch), exp@65536, power p=2@65
 ceiling: every attention core replaced by a pass-through (each position keeps its value), so the step runs
 everything else (projections, MLP or channel mix, gates, loss head, optimizer, data) and its tokens/s bounds what
 any attention can reach in that model. Each `--variant NAME="overrides"` reruns every row with those train.py
-overrides on top of the recipe (default: one variant, the recipe as configured).
+overrides on top of the recipe (default: one variant, the recipe as configured); an item `kernel:FIELD=VALUE` sets a
+power-kernel switch (tools/switches.py: `kernel:concurrent_bwd=0`, `kernel:dispatch.chunk_p2=256`) for that
+variant's rows, so a switch is A/B'd in whole training steps in one process.
 
 Data: random GPT-2-vocabulary tokens written once in the LongCrawl64 layout (speed does not depend on the values).
 Timing: `--warmup` steps (compilation, autotuning, the checkpointing probe), then at least `--steps` steps and
@@ -44,7 +46,12 @@ from longctx.train.console import close_logging  # noqa: E402
 from longctx.train.flops import flops_report, mfu  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))          # the developer tools (not installed): the kernel switches
+from tools import switches  # noqa: E402
+
+CONF = ROOT / "conf"
+KERNEL = "kernel:"
 ROWS = [("exp", 1024), ("exp", 65536), ("power", 65536), ("none", 65536)]
 
 
@@ -90,9 +97,21 @@ def compose_cfg(arch: str, attention: str, ctx: int, docs: int, tokens: int, dat
     return cfg
 
 
+def split_kernel_switches(extra: list[str]) -> tuple[list[str], list[str]]:
+    """A variant's items -> (train.py overrides, kernel switches FIELD=VALUE without the `kernel:` prefix)."""
+    return ([x for x in extra if not x.startswith(KERNEL)],
+            [x[len(KERNEL):] for x in extra if x.startswith(KERNEL)])
+
+
 def bench_row(arch, attention, ctx, variant, extra, args, data, scratch) -> dict:
+    overrides, kernel = split_kernel_switches(extra)
+    with switches.applied(kernel):         # process-wide while the row runs, restored after it
+        return _bench_row(arch, attention, ctx, variant, extra, overrides, args, data, scratch)
+
+
+def _bench_row(arch, attention, ctx, variant, extra, overrides, args, data, scratch) -> dict:
     run_dir = scratch / f"{arch}_{attention}_{ctx}_{variant}"
-    cfg = compose_cfg(arch, attention, ctx, args.docs, args.tokens, data, run_dir, extra)
+    cfg = compose_cfg(arch, attention, ctx, args.docs, args.tokens, data, run_dir, overrides)
     trainer = Trainer(cfg)
     cuda = trainer.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -220,6 +239,11 @@ def main(argv=None):
                                                  "(default: random tokens written to a temporary folder)")
     args = ap.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant] or [("recipe", [])]
+    for name, extra in variants:           # a misspelt kernel switch stops here, naming it, before any row runs
+        try:
+            switches.parse(split_kernel_switches(extra)[1])
+        except SystemExit as err:
+            raise SystemExit(f"--variant {name}: kernel {err}") from None
     rows_wanted = []
     for spec in args.rows:
         attention, _, ctx = spec.partition("@")

@@ -104,3 +104,28 @@ def test_stopped_comparison_continues_with_only_its_missing_runs(import_script, 
     with pytest.raises(SystemExit, match="its overrides"):
         compare.main(["--steps", "3", "--ctx", "128", "--overrides", "model=tiny device=cpu",
                       "--out", str(tmp_path / "c"), "--continue-from", str(tmp_path / "stopped.json")])
+
+
+def test_bench_kernel_switches_hold_during_their_variant_only(import_script, tmp_path, monkeypatch):
+    """`kernel:FIELD=VALUE` items of a variant set that power-kernel switch while its rows train (seen from inside
+    the trainer's steps), not during the other variant's, and not after; a misspelt one stops the run first."""
+    from longctx.kernels.power.chunk_p2 import config as p2_config
+    from longctx.train.trainer import Trainer
+    bench = import_script("bench_train")
+    seen = []
+    step = Trainer.train_step
+
+    def spy(self, batch):
+        seen.append(p2_config.current().concurrent_bwd)
+        return step(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", spy)
+    common = ["--archs", "gpt2", "--rows", "exp@64", "--tokens", "64", "--docs", "1", "--steps", "1",
+              "--min-seconds", "0", "--warmup", "1", "--out", str(tmp_path)]
+    record = bench.main(common + ["--variant", f"plain={CPU}", "--variant", f"serial={CPU} kernel:concurrent_bwd=0"])
+    plain, serial = record["rows"]
+    assert plain["error"] is None and serial["error"] is None and "kernel:concurrent_bwd=0" in serial["overrides"]
+    assert seen == [True] * (len(seen) // 2) + [False] * (len(seen) // 2) and len(seen) >= 4
+    assert p2_config.current().concurrent_bwd is True
+    with pytest.raises(SystemExit, match="--variant typo: kernel switch 'concurent_bwd=0'"):
+        bench.main(common + ["--variant", f"typo={CPU} kernel:concurent_bwd=0"])
