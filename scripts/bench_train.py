@@ -16,8 +16,9 @@ variant's rows, so a switch is A/B'd in whole training steps in one process.
 Data: random GPT-2-vocabulary tokens written once in the LongCrawl64 layout (speed does not depend on the values).
 Timing: `--warmup` steps (compilation, autotuning, the checkpointing probe), then at least `--steps` steps and
 `--min-seconds` of them, each the trainer's own `train_step` on the reader's next batch, synchronized; the time spent
-waiting for the reader is reported per step (`data_wait_s`, 0 when the read-ahead keeps up). MFU counts 3x the model's forward FLOPs per
-token in the form that runs (longctx.train.flops); recomputation by activation checkpointing is not counted.
+waiting for the reader is reported per step (`data_wait_s`, 0 when the read-ahead keeps up). MFU counts 3x the
+model's forward FLOPs per token in the form that runs (longctx.train.flops); recomputation by activation
+checkpointing is not counted.
 `--variant cpu="model=tiny device=cpu" --rows exp@128 --tokens 512` is a CPU smoke test.
 Writes <out>/bench_train.json ({"device", "rows": [...]}) and <out>/bench_train.md; a failed row (e.g. out of
 memory) is recorded with its error and the sweep goes on.
@@ -70,8 +71,9 @@ class NoMixing(torch.nn.Module):
 
 def write_random_dataset(root: Path, doc_len: int, n_train: int, n_heldout: int, vocab: int = 50257) -> Path:
     """A LongCrawl64-layout folder (train.zarr, heldout.zarr) of uniform random token ids, in the chunks
-    scripts/prepare_dataset.py writes, LongCrawl64's 2048 documents x 2048 positions (a chunk as long as a document would make a 1k-token batch decode 64 times
-    the tokens it uses: the reader, not the model, would set the 1k rows' speed)."""
+    scripts/prepare_dataset.py writes, LongCrawl64's 2048 documents x 2048 positions (a chunk as long as a document
+    would make a 1k-token batch decode 64 times the tokens it uses: the reader, not the model, would set the 1k
+    rows' speed)."""
     import zarr
     rng = np.random.default_rng(0)
     for split, n in (("train", n_train), ("heldout", n_heldout)):

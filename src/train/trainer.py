@@ -499,10 +499,11 @@ class Trainer:
             if self.wandb is not None:
                 self.wandb.log_train(self.step, {"train/loss": loss, "train/lr": lr, "train/tokens": self.tokens})
             if self.step % console_every == 0 and self.dist.is_main:
-                rate = line_tokens / max(1e-9, line_time + line_wait)  # training steps only, evaluations excluded
-                waited = line_wait / max(1e-9, line_time + line_wait)
+                line_total = max(1e-9, line_time + line_wait)  # training steps only, evaluations excluded
+                rate, waited = line_tokens / line_total, line_wait / line_total
+                waiting = f" | waiting for data {waited:.0%}" if waited >= DATA_WAIT_WARN else ""
                 log.info(f"step {self.step:>6d}/{max_steps} | train {line_loss / line_steps:.4f} | lr {lr:.2e} | "
-                         f"{rate:,.0f} tok/s" + (f" | waiting for data {waited:.0%}" if waited >= DATA_WAIT_WARN else ""))
+                         f"{rate:,.0f} tok/s{waiting}")
                 line_loss, line_steps, line_tokens, line_time, line_wait = 0.0, 0, 0, 0.0, 0.0
             out_of_budget = self._out_of_budget()
             if self.step % eval_every == 0 or self.step == max_steps or out_of_budget:
