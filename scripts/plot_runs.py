@@ -2,11 +2,15 @@
 tokens or steps.
 
     python scripts/plot_runs.py runs/gpt2_exp_* runs/gpt2_power_p2_* --x flops --y best_context_loss -o cmp.png
+
+A cut last line of a metrics.jsonl (a run still writing) is skipped with a warning naming the file and line.
+For intervals, seeds and labels from the runs' configs, use `python -m longctx.report`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -21,24 +25,35 @@ def load(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            print(f"warning: {path}:{number}: incomplete line skipped (a run still writing?)", file=sys.stderr)
+    return records
 
 
 def plot(run_dirs: list[Path], x: str, y: str, out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run_dir in run_dirs:
-        records = load(run_dir)
+    loaded = [(run_dir, load(run_dir)) for run_dir in run_dirs]   # every run read before anything is drawn
+    for run_dir, records in loaded:
         if records and y not in records[0]:
             raise ValueError(f"--y={y!r}: not a key of {run_dir}/metrics.jsonl (keys: {', '.join(records[0])})")
-        ax.plot([r[x] for r in records], [r[y] for r in records], marker=".", label=run_dir.name)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for run_dir, records in loaded:
+        points = [(r[x], r[y]) for r in records if x in r and y in r]
+        if points:
+            ax.plot(*zip(*points), marker=".", label=run_dir.name)
     if x == "flops":
         ax.set_xscale("log")
     ax.set_xlabel({"flops": "training FLOPs (3x forward, model count)"}.get(x, x))
     ax.set_ylabel(y)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    if ax.get_legend_handles_labels()[0]:   # right of the axes: never over a curve or the axis label
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return out
 
@@ -50,7 +65,12 @@ def main(argv=None) -> Path:
     parser.add_argument("--y", default="best_context_loss")
     parser.add_argument("-o", "--out", type=Path, default=Path("runs_comparison.png"))
     args = parser.parse_args(argv)
-    path = plot(args.runs, args.x, args.y, args.out)
+    if args.out.is_dir() or not args.out.parent.is_dir():
+        parser.exit(2, f"error: -o {args.out}: give a PNG file path in an existing folder\n")
+    try:
+        path = plot(args.runs, args.x, args.y, args.out)
+    except (FileNotFoundError, ValueError) as err:
+        parser.exit(2, f"error: {err}\n")
     print(path)
     return path
 

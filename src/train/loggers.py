@@ -121,8 +121,12 @@ class WandbLogger:
         self.run.finish()
 
 
+FINAL_CURVE_COLOR = "#d62728"  # red: apart from every colour of viridis (earlier evaluations) and the black optimum
+
+
 def plot_icl_curves(records: list[dict], path: str | Path, title: str) -> Path:
-    """ICL curves of every evaluation (colour = training step) with the Bayes-optimal curve dashed."""
+    """ICL curves of every evaluation (thin, colour = training step), the final one thick in red on top, the
+    Bayes-optimal curve dashed behind them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,20 +138,23 @@ def plot_icl_curves(records: list[dict], path: str | Path, title: str) -> Path:
     steps = [r["step"] for r in records]
     for i, rec in enumerate(records):
         centers = [np.sqrt(max(a, 1) * b) for a, b, _ in rec["icl_curve"]]
-        color = cmap(i / max(1, len(records) - 1))
-        ax.plot(centers, [v for *_, v in rec["icl_curve"]], color=color, marker=".", lw=1.2,
-                label=f"step {rec['step']}" if i in (0, len(records) - 1) else None)
+        final = i == len(records) - 1
+        ax.plot(centers, [v for *_, v in rec["icl_curve"]], marker="." if final else None,
+                color=FINAL_CURVE_COLOR if final else cmap(i / max(1, len(records) - 1)), lw=2.6 if final else 1.0,
+                alpha=1.0 if final else 0.8, zorder=4 if final else 2,
+                label=f"step {rec['step']} (final)" if final else (f"step {rec['step']}" if i == 0 else None))
     if records and "bayes_curve" in records[-1]:
         rec = records[-1]
         centers = [np.sqrt(max(a, 1) * b) for a, b, _ in rec["bayes_curve"]]
-        ax.plot(centers, [v for *_, v in rec["bayes_curve"]], "k--", lw=1.5, label="Bayes-optimal")
+        ax.plot(centers, [v for *_, v in rec["bayes_curve"]], color="black", linestyle="--", lw=1.2, zorder=1,
+                label="Bayes-optimal")
     ax.set_xscale("log")
     ax.set_xlabel("position in context (log scale; bin centres)")
     ax.set_ylabel("heldout loss (nats)")
     ax.set_title(title, fontsize=10)
-    if steps:
+    if len(steps) > 1:
         sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(min(steps), max(steps)))
-        fig.colorbar(sm, ax=ax, label="training step")
+        fig.colorbar(sm, ax=ax, label="training step (earlier evaluations)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,0 +1,3 @@
+from longctx.report.cli import main
+
+main()

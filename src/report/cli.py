@@ -1,0 +1,322 @@
+"""Compare runs: ICL curves overlaid, best-context loss against FLOPs and context, tables with bootstrap intervals
+and paired differences, as Markdown + PNGs.
+
+    python -m longctx.report RUN_DIR_OR_SWEEP_DIR... --out DIR [--at-flops 1e15] [--title TEXT] [--bootstrap 2000]
+
+A run directory is one holding metrics.jsonl (what the trainer writes, with config.yaml beside it); any other
+folder is searched for run directories below it (a multirun sweep). A run with no evaluation yet is listed as left
+out; one still training is marked unfinished; a cut last line of metrics.jsonl is skipped with a warning.
+
+Runs are labelled by their attention and every config key that differs between them; runs that differ only in
+their seed form one row (seed mean, interval, spread across seeds) and one curve with a band. Intervals come from
+the per-document records an evaluation writes (eval/step_XXXXXXXX.npz; see longctx.report.stats): 95% percentile
+bootstrap over heldout documents; differences between runs evaluated on the same documents are paired. DIR gets:
+
+    report.md                  the table (each run's final evaluation, numbers as in its metrics.jsonl), the
+                               intervals, the paired differences, provenance that differs, and the figures
+    icl_curves.png             final ICL curves overlaid (bands: 95% intervals), each data's Bayes optimum dashed
+                               (with --at-flops: each run's last evaluation within that FLOP budget instead)
+    gap_to_optimum.png         the same curves minus the Bayes optimum, bin by bin, against the 0.05-nat line
+                               (runs whose data has a known optimum; omitted when none has)
+    paired_differences.png     per bin, each run's loss minus the first run's on the same heldout documents, with
+                               the paired 95% interval (runs with per-document records)
+    intervals.json             the intervals and paired differences, machine-readable (per-bin ones too)
+    best_context_vs_flops.png  best-context loss through training against training FLOPs
+    best_context_vs_context.png  final best-context loss against the training context (two contexts or more)
+    icl_over_training.png      every run's ICL curve at each evaluation (ICL vs updates), one panel per run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+from longctx.report import figures
+from longctx.report.runs import (Group, Run, describe_comparison, group_runs, label_runs, load_runs,
+                                 provenance_differences)
+from longctx.report.record import write_record
+from longctx.report.stats import DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate
+
+MAX_PAIRS = 15  # more groups than this: each compared with the first of its data only
+
+
+# ----- tables -----------------------------------------------------------------------------------------------
+
+def _fmt_ratio(wsfr) -> str:
+    if wsfr is None:
+        return "-"
+    if wsfr == float("inf"):
+        return "inf:1"
+    return f"{wsfr:.3g}:1" if wsfr >= 1 else f"1:{1 / wsfr:.3g}"
+
+
+def table_rows(runs: list[Run]) -> list[dict]:
+    """One row per run from its final evaluation, the numbers exactly as metrics.jsonl holds them."""
+    rows = []
+    for run in runs:
+        rec = run.final
+        rows.append({
+            "run": run.name or run.path.name, "attention": run.tag, "ctx": run.ctx, "step": rec["step"],
+            "tokens": rec.get("tokens"), "flops": rec.get("flops"), "best_context_loss": rec["best_context_loss"],
+            "best_context_position": rec.get("best_context_position", (rec.get("best_context_bin") or [None, None])[1]),
+            "last10_loss": rec.get("last10_loss"), "best_context_gap": rec.get("best_context_gap"),
+            "max_bin_gap": rec.get("max_bin_gap"), "state_size": rec.get("state_size"), "wsfr": rec.get("wsfr"),
+            "tokens_per_s": rec.get("tokens_per_s"), "status": run.status,
+        })
+    return rows
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ("| run | attention | ctx | steps | training FLOPs | best-context loss | best-context position | "
+            "last-10% loss | gap to optimum | largest gap over the curve | state size | WSFR | tokens/s | status |")
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for r in rows:
+        lines.append(f"| {r['run']} | {r['attention']} | {r['ctx']} | {r['step']} | {_num(r['flops'], '.3g')} | "
+                     f"{r['best_context_loss']:.3f} | {_num(r['best_context_position'], 'd')} | "
+                     f"{_num(r['last10_loss'], '.3f')} | "
+                     f"{_num(r['best_context_gap'], '+.3f')} | {_num(r['max_bin_gap'], '+.3f')} | "
+                     f"{_num(r['state_size'], ',')} | {_fmt_ratio(r['wsfr'])} | {_num(r['tokens_per_s'], ',.0f')} | "
+                     f"{r['status']} |")
+    return "\n".join(lines)
+
+
+def _final_docs(group: Group):
+    docs = [run.doc_bins(run.final) for run in group.runs]
+    return docs if all(d is not None for d in docs) else None
+
+
+def fmt_interval(iv: Interval | None, fmt: str = ".3f") -> str:
+    if iv is None:
+        return "-"
+    return f"{format(iv.estimate, fmt)} [{format(iv.low, fmt)}, {format(iv.high, fmt)}]"
+
+
+INTERVAL_STATS = [("best_context_loss", "best-context loss", False), ("best_context_gap", "best-context gap", True),
+                  ("last_bin_gap", "last-bin gap", True), ("last10_gap", "last-10% gap (from bins)", True)]
+
+
+def interval_rows(groups: list[Group], n_boot: int) -> list[dict]:
+    """Per group of seeds: each statistic's seed mean with its 95% bootstrap interval (final evaluations with
+    per-document records), and the seeds' spread of the best-context loss."""
+    rows = []
+    for group in groups:
+        docs = _final_docs(group)
+        row = {"group": group.label, "n_seeds": group.n_seeds,
+               "steps": sorted({r.final["step"] for r in group.runs}), "docs": None if docs is None else docs[0].n_docs}
+        for stat, _, needs_optimum in INTERVAL_STATS:
+            ok = docs is not None and (not needs_optimum or all(d.bayes is not None for d in docs))
+            row[stat] = seed_aggregate(docs, stat, n_boot) if ok else None
+        finals = [r.final["best_context_loss"] for r in group.runs]
+        row["best_context_loss_seeds"] = finals
+        rows.append(row)
+    return rows
+
+
+def interval_table(rows: list[dict]) -> str:
+    head = ("| runs | seeds | steps | documents | " + " | ".join(name for _, name, _ in INTERVAL_STATS)
+            + " | best-context loss across seeds (sd; min-max) |")
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for r in rows:
+        seeds = r["best_context_loss_seeds"]
+        spread = ("-" if len(seeds) < 2 else
+                  f"{np.std(seeds, ddof=1):.3f}; {min(seeds):.3f}-{max(seeds):.3f}")
+        steps = "/".join(str(s) for s in r["steps"])
+        lines.append(f"| {r['group']} | {r['n_seeds']} | {steps} | {_num(r['docs'], 'd')} | "
+                     + " | ".join(fmt_interval(r[s], "+.3f" if needs else ".3f") for s, _, needs in INTERVAL_STATS)
+                     + f" | {spread} |")
+    return "\n".join(lines)
+
+
+PAIRED_STATS = [("best_context_loss", "best-context loss"), ("last_bin_loss", "last-bin loss"),
+                ("last10_loss", "last-10% loss (from bins)")]
+
+
+def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]]:
+    """Paired differences (first minus second) between groups evaluated on the same heldout documents, and one
+    line for each pair refused (same data, other documents or bins)."""
+    with_docs = [(g, _final_docs(g)) for g in groups]
+    with_docs = [(g, d) for g, d in with_docs if d is not None]
+    pairs = list(combinations(with_docs, 2))
+    pairs = [(a, b) for a, b in pairs if a[0].first.heldout_key == b[0].first.heldout_key]
+    if len(pairs) > MAX_PAIRS:
+        firsts = {}
+        for g, d in with_docs:
+            firsts.setdefault(g.first.heldout_key, (g, d))
+        pairs = [(a, b) for a, b in pairs if a is firsts[a[0].first.heldout_key]]
+    rows, refused = [], []
+    for (ga, da), (gb, db) in pairs:
+        try:
+            row = {"a": ga.label, "b": gb.label}
+            for stat, _ in PAIRED_STATS:
+                row[stat] = paired_seed_difference(da, db, stat, ga.label, gb.label, n_boot)
+            rows.append(row)
+        except ValueError as err:
+            refused.append(str(err))
+    return rows, refused
+
+
+def paired_table(rows: list[dict]) -> str:
+    head = "| run | minus run | " + " | ".join(name for _, name in PAIRED_STATS) + " |"
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for r in rows:
+        lines.append(f"| {r['a']} | {r['b']} | " + " | ".join(fmt_interval(r[s], "+.4f") for s, _ in PAIRED_STATS)
+                     + " |")
+    return "\n".join(lines)
+
+
+def _iv_json(iv: Interval | None):
+    if iv is None:
+        return None
+    out = {"estimate": iv.estimate, "low": iv.low, "high": iv.high, "n_boot": iv.n_boot, "n_seeds": iv.n_seeds}
+    if iv.seed_std is not None:
+        out.update(seed_std=iv.seed_std, seed_min=iv.seed_min, seed_max=iv.seed_max)
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in out.items()}
+
+
+def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_boot: int) -> dict:
+    """The report's intervals, machine-readable: per group the scalar statistics and the per-bin gap curve, and
+    the paired differences."""
+    out = {"level": 0.95, "n_boot": n_boot, "groups": [], "paired": []}
+    for group, row in zip(groups, irows):
+        docs = _final_docs(group)
+        entry = {"label": group.label, "runs": [r.name for r in group.runs], "steps": row["steps"],
+                 **{stat: _iv_json(row[stat]) for stat, _, _ in INTERVAL_STATS}}
+        if docs is not None:
+            entry["bins"] = docs[0].edges.tolist()
+            entry["curve"] = _iv_json(seed_aggregate(docs, "curve", n_boot))
+            if all(d.bayes is not None for d in docs):
+                entry["gap_curve"] = _iv_json(seed_aggregate(docs, "gap_curve", n_boot))
+        out["groups"].append(entry)
+    for row in prows:
+        out["paired"].append({"run": row["a"], "minus": row["b"],
+                              **{stat: _iv_json(row[stat]) for stat, _ in PAIRED_STATS}})
+    return out
+
+
+# ----- the report -------------------------------------------------------------------------------------------
+
+def write_report(paths: list[Path], out: Path, title: str | None = None, at_flops: float | None = None,
+                 n_boot: int = DEFAULT_BOOTSTRAP, record: Path | None = None) -> Path:
+    runs, left_out = load_runs(paths)
+    keys = label_runs(runs)
+    groups = group_runs(runs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    title = title or describe_comparison(runs, keys)
+    figs = [("ICL curves", "icl_curves.png", figures.draw_icl_overlay(groups, runs, title, at_flops, n_boot))]
+    if any("bayes_curve" in run.final for run in runs):
+        figs.append(("Gap to the Bayes optimum", "gap_to_optimum.png",
+                     figures.draw_gap_to_optimum(groups, title, at_flops, n_boot)))
+    notes = []
+    paired_fig = figures.draw_paired_differences(groups, title, n_boot)
+    if paired_fig is not None:
+        figs.append(("Paired differences per bin", "paired_differences.png", paired_fig))
+    by_flops = figures.draw_best_vs_flops(groups, title)
+    if by_flops is None:
+        notes.append("No best-context loss vs FLOPs figure: no record holds its training FLOPs.")
+    else:
+        figs.append(("Best-context loss vs training FLOPs", "best_context_vs_flops.png", by_flops))
+    by_context = figures.draw_best_vs_context(groups, title)
+    if by_context is None:
+        notes.append("No best-context loss vs context figure: the runs span one context "
+                     f"({groups[0].first.ctx}); it needs two or more.")
+    else:
+        figs.append(("Best-context loss vs context", "best_context_vs_context.png", by_context))
+    figs.append(("ICL curves through training", "icl_over_training.png",
+                 figures.draw_icl_over_training(runs, title)))
+    for _, name, fig in figs:
+        figures.save(fig, out / name)
+
+    text = [f"# {title}", "", f"{len(runs)} runs: " + ", ".join(f"`{r.name}` ({r.label})" for r in runs), ""]
+    if left_out:
+        text += ["Left out (no evaluation to report yet, or unreadable):", ""]
+        text += [f"- {line}" for line in left_out] + [""]
+    text += ["Final evaluation of each run (heldout; losses in nats/token; best context = the lowest bin of the "
+             "binned ICL curve among bins of at least 16 positions, its position the bin's end).", "",
+             markdown_table(table_rows(runs)), ""]
+    irows = interval_rows(groups, n_boot)
+    text += ["## Intervals", "",
+             f"Seed means with 95% percentile bootstrap intervals ({n_boot} resamples of the heldout documents, "
+             "drawn jointly for the seeds of a row; gaps are to the Bayes optimum). They need the per-document "
+             "records (`eval/step_*.npz`); '-' where a run has none.", "", interval_table(irows), ""]
+    prows, refused = paired_rows(groups, n_boot)
+    if prows or refused:
+        text += ["## Paired differences", "",
+                 "First run minus second, on the same heldout documents (each resample draws the same documents for "
+                 "both: the noise they share cancels). An interval excluding 0 separates the runs.", ""]
+        text += [paired_table(prows), ""] if prows else []
+        text += [f"- not paired: {line}" for line in refused] + ([""] if refused else [])
+    (out / "intervals.json").write_text(json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n")
+    provenance = provenance_differences(runs)
+    if provenance:
+        text += ["## Provenance that differs", ""]
+        text += [f"- `{key}`: " + "; ".join(f"{name}: {value}" for name, value in values.items())
+                 for key, values in provenance.items()] + [""]
+        for key, values in provenance.items():
+            print(f"provenance {key} differs: " + "; ".join(f"{n}: {v}" for n, v in values.items()))
+    for name, png, _ in figs:
+        text += [f"## {name}", "", f"![{name}]({png})", ""]
+    text += notes
+    report = out / "report.md"
+    report.write_text("\n".join(text) + "\n")
+    if record is not None:
+        write_record(runs, title, record, {name.removesuffix(".png"): f"{record.stem}_{name}"
+                                           for _, name, _ in figs if name != "icl_over_training.png"})
+    return report
+
+
+def check_out(out: Path) -> str | None:
+    """Why --out cannot receive the report (None when it can): checked before any work."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: is a file; give a folder for report.md and the figures"
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {out}: {parent} is not writable"
+    return None
+
+
+def main(argv=None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m longctx.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories or sweep directories above them")
+    parser.add_argument("--out", type=Path, required=True, help="folder for report.md and the PNGs")
+    parser.add_argument("--title", default=None,
+                        help="figure and report title (default: what the runs compare, from their configs)")
+    parser.add_argument("--at-flops", type=float, default=None,
+                        help="overlay each run's ICL curve at its last evaluation within this many training FLOPs")
+    parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, metavar="N",
+                        help=f"bootstrap resamples of the heldout documents per interval (default {DEFAULT_BOOTSTRAP})")
+    parser.add_argument("--record", type=Path, default=None, metavar="FILE.json",
+                        help="also write the figures' compact record (JSON + per-document npz beside it) for "
+                             "scripts/plot_results.py to redraw them without the run folders")
+    args = parser.parse_args(argv)
+    if args.record is not None and (args.record.suffix != ".json" or args.record.is_dir()
+                                    or not args.record.parent.is_dir()):
+        parser.exit(2, f"error: --record {args.record}: give a .json file in an existing folder\n")
+    if args.bootstrap < 1:
+        parser.exit(2, f"error: --bootstrap {args.bootstrap}: must be >= 1\n")
+    problem = check_out(args.out)
+    if problem:
+        parser.exit(2, f"error: {problem}\n")
+    try:
+        report = write_report(args.paths, args.out, args.title, args.at_flops, args.bootstrap, args.record)
+    except (FileNotFoundError, ValueError) as err:
+        parser.exit(2, f"error: {err}\n")
+    print(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Compact report records: what the report's figures show, kept small enough to commit beside the figures, so
+`python scripts/plot_results.py` redraws them without the run folders.
+
+    {"kind": "report", "title": "...", "figures": {"icl_curves": "NAME_icl.png", ...},
+     "runs": [{"name", "label", "seed_label", "seed", "ctx", "heldout", "status",
+               "records": [{"step", "flops", "best_context_loss", "icl_curve", "bayes_curve"}, ...],
+               "doc_bins": "NAME_<i>.npz" (the final evaluation's per-document record, compressed, when small)}]}
+
+`heldout` names the runs' heldout data (runs sharing it share documents and optimum); `seed_label` groups seeds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from longctx.report import figures
+from longctx.report.runs import Run, group_runs
+
+RECORD_KEYS = ("step", "flops", "tokens", "best_context_loss", "last10_loss", "icl_curve", "bayes_curve")
+MAX_DOC_BINS_BYTES = 512 * 1024   # larger per-document records stay in the run folder
+FIGURES = ("icl_curves", "gap_to_optimum", "paired_differences", "best_context_vs_flops", "best_context_vs_context")
+
+
+def _heldout_name(run: Run) -> str:
+    return ", ".join(f"{k}={v}" for k, v in run.heldout_key[1:]) + f", ctx={run.ctx}"
+
+
+def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str, str]) -> Path:
+    """The compact record of labelled runs (label_runs first), with each final per-document record beside it."""
+    path = Path(path)
+    out = {"kind": "report", "title": title, "figures": figure_names, "runs": []}
+    for i, run in enumerate(runs):
+        entry = {"name": run.name, "label": run.label, "seed_label": run.seed_label, "seed": run.seed,
+                 "ctx": run.ctx, "attention": run.tag, "heldout": _heldout_name(run), "status": run.status,
+                 "records": [{k: r[k] for k in RECORD_KEYS if k in r} for r in run.records]}
+        docs = run.doc_bins(run.final)
+        if docs is not None:
+            npz = path.with_name(f"{path.stem}_{i}.npz")
+            arrays = {"loss": docs.loss.astype(np.float32), "edges": docs.edges, "doc_index": docs.doc_index}
+            if docs.bayes is not None:
+                arrays["bayes"] = docs.bayes.astype(np.float32)
+            np.savez_compressed(npz, **arrays)
+            if npz.stat().st_size <= MAX_DOC_BINS_BYTES:
+                entry["doc_bins"] = npz.name
+                entry["records"][-1]["doc_bins"] = npz.name
+            else:
+                npz.unlink()
+        out["runs"].append(entry)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return path
+
+
+def runs_from_record(record: dict, folder: Path) -> list[Run]:
+    """Run objects the figure functions draw, from a compact record (per-document files relative to `folder`)."""
+    runs = []
+    for entry in record["runs"]:
+        run = Run(path=Path(folder), config={"attention": {"name": entry["attention"], "tag": entry["attention"]},
+                                             "ctx": entry["ctx"]},
+                  records=entry["records"], flat={"data.heldout": entry["heldout"], "seed": entry.get("seed")},
+                  name=entry["name"], label=entry["label"], seed_label=entry.get("seed_label", entry["label"]),
+                  status=entry.get("status", "complete"))
+        runs.append(run)
+    return runs
+
+
+def draw_record(record: dict, folder: Path, n_boot: int = 2000) -> dict:
+    """{figure kind: matplotlib figure} of the kinds the record lists (a kind with nothing to show is left out)."""
+    runs = runs_from_record(record, folder)
+    groups = group_runs(runs)
+    title = record["title"]
+    drawn = {}
+    for kind in record["figures"]:
+        if kind == "icl_curves":
+            drawn[kind] = figures.draw_icl_overlay(groups, runs, title, None, n_boot)
+        elif kind == "gap_to_optimum":
+            drawn[kind] = figures.draw_gap_to_optimum(groups, title, None, n_boot)
+        elif kind in ("paired_differences", "best_context_vs_flops", "best_context_vs_context"):
+            fig = {"paired_differences": lambda: figures.draw_paired_differences(groups, title, n_boot),
+                   "best_context_vs_flops": lambda: figures.draw_best_vs_flops(groups, title),
+                   "best_context_vs_context": lambda: figures.draw_best_vs_context(groups, title)}[kind]()
+            if fig is not None:
+                drawn[kind] = fig
+        else:
+            raise ValueError(f"figures: unknown kind {kind!r} (kinds: {', '.join(FIGURES)})")
+    return drawn

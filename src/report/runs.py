@@ -1,0 +1,374 @@
+"""Runs as the report sees them: found, read (tolerating a run still writing), labelled by what differs between
+their configs, grouped by seed and by heldout data."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from longctx.models.attention import CONF_ONLY_KEYS, attention_class
+from longctx.report.stats import DocBins, load_doc_bins
+
+log = logging.getLogger("longctx.report")
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_GROUPS = ("arch", "attention", "data", "model", "optim", "trainer", "logger")
+# keys that only name outputs or where files live, or mirror another key: never a difference between runs
+IGNORED_KEYS = {"run_dir", "run_name", "cache_dir", "data.cache_dir", "data.path", "device", "p", "window",
+                "attention.tag", "trainer.resume", "trainer.keep_checkpoints", "trainer.num_threads"}
+IGNORED_PREFIXES = ("logger.", "hydra.")
+# data keys that change how training reads the data, not which heldout documents the evaluation sees
+TRAINING_ONLY_DATA_KEYS = {"data.docs_per_batch", "data.reshape_block", "data.train_tokens"}
+UNSET = "(unset)"
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    records: list[dict]
+    flat: dict = field(default_factory=dict)   # the flattened config, defaults filled in
+    name: str = ""        # its folder, with as many parent folders as tell it from the other runs
+    label: str = ""       # its attention and every config key that differs from another run's
+    seed_label: str = ""  # the label without the seed: runs sharing it differ only in their seed
+    status: str = "complete"
+
+    @property
+    def attention(self) -> str:
+        return self.config["attention"]["name"]
+
+    @property
+    def tag(self) -> str:
+        return self.config["attention"].get("tag", self.attention)
+
+    @property
+    def ctx(self) -> int:
+        return int(self.config["ctx"])
+
+    @property
+    def seed(self):
+        return self.flat.get("seed")
+
+    @property
+    def final(self) -> dict:
+        return self.records[-1]
+
+    @property
+    def heldout_key(self) -> tuple:
+        """Runs sharing it were evaluated on the same heldout documents with the same bins (their optimum is one)."""
+        return (self.ctx,) + tuple(sorted((k, v) for k, v in self.flat.items()
+                                          if k.startswith("data.") and k not in TRAINING_ONLY_DATA_KEYS))
+
+    def at_flops(self, budget: float | None) -> dict | None:
+        """The last evaluation within `budget` training FLOPs (the final one when budget is None)."""
+        if budget is None:
+            return self.final
+        within = [r for r in self.records if r.get("flops", float("inf")) <= budget]
+        return within[-1] if within else None
+
+    def doc_bins(self, record: dict) -> DocBins | None:
+        """The evaluation's per-document record (None when it wrote none)."""
+        if not record.get("doc_bins"):
+            return None
+        path = self.path / record["doc_bins"]
+        if not path.exists():
+            log.warning(f"warning: {path}: named by metrics.jsonl (step {record['step']}) but missing; "
+                        f"no interval for that evaluation")
+            return None
+        return load_doc_bins(path)
+
+
+# ----- loading ----------------------------------------------------------------------------------------------
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories (holding metrics.jsonl) among `paths` and below them, in path order, each once."""
+    found = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such run or sweep directory")
+        if (path / "metrics.jsonl").exists():
+            found.append(path)
+        else:
+            found.extend(sorted(p.parent for p in path.rglob("metrics.jsonl")))
+    runs = list(dict.fromkeys(p.resolve() for p in found))
+    if not runs:
+        raise FileNotFoundError(f"no metrics.jsonl under {', '.join(str(p) for p in paths)}: nothing to report")
+    return runs
+
+
+REQUIRED_RECORD_KEYS = ("step", "icl_curve", "best_context_loss")  # every evaluation record has held these
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The complete records of a metrics.jsonl; a cut or malformed line (a run still writing, a full disk) is
+    skipped with a warning naming the file and the line."""
+    records = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning(f"warning: {path}:{number}: incomplete line skipped (a run still writing?)")
+            continue
+        missing = [k for k in REQUIRED_RECORD_KEYS if not isinstance(record, dict) or k not in record]
+        if missing:
+            log.warning(f"warning: {path}:{number}: not an evaluation record (no {missing[0]!r}); skipped")
+            continue
+        records.append(record)
+    return records
+
+
+def load_run(path: Path) -> Run:
+    """A run folder: config.yaml + metrics.jsonl (its records may be none yet: see `Run.status`)."""
+    path = Path(path)
+    if not (path / "config.yaml").exists():
+        raise FileNotFoundError(f"{path}: no config.yaml beside metrics.jsonl")
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"))
+    except Exception as err:  # OmegaConf/YAML raise many types; the run is left out, the line says why
+        raise ValueError(f"{path / 'config.yaml'}: unreadable ({type(err).__name__}: {str(err).splitlines()[0]})")
+    if not isinstance(config, dict) or not isinstance(config.get("attention"), dict) or "ctx" not in config:
+        raise ValueError(f"{path / 'config.yaml'}: not a run config (no attention group or ctx)")
+    run = Run(path=path, config=config, records=read_metrics(path / "metrics.jsonl"))
+    run.flat = flat_config(config)
+    run.status = run_status(run)
+    return run
+
+
+def run_status(run: Run) -> str:
+    """'complete', 'no evaluation yet', or 'unfinished: step S of trainer.max_steps=M'."""
+    if not run.records:
+        return "no evaluation yet"
+    max_steps, budget = run.flat.get("trainer.max_steps"), run.flat.get("trainer.flops_budget")
+    final = run.final
+    if isinstance(budget, (int, float)) and final.get("flops", 0) >= budget:
+        return "complete"
+    if isinstance(max_steps, int) and final["step"] < max_steps:
+        return f"unfinished: step {final['step']} of trainer.max_steps={max_steps}"
+    return "complete"
+
+
+def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
+    """Every run below `paths` that has an evaluation, and one line for each run left out (and why): one run
+    still starting never blocks the others."""
+    runs, left_out = [], []
+    for path in find_runs(paths):
+        try:
+            run = load_run(path)
+        except (FileNotFoundError, ValueError) as err:
+            left_out.append(str(err))
+            continue
+        if run.records:
+            runs.append(run)
+        else:
+            left_out.append(f"{path}: {run.status}")
+    for line in left_out:
+        log.warning(f"warning: left out: {line}")
+    if not runs:
+        raise ValueError("no run below " + ", ".join(str(p) for p in paths) + " has an evaluation yet")
+    return runs, left_out
+
+
+# ----- configs: flattened, defaults filled in ---------------------------------------------------------------
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def group_defaults(config: dict) -> dict:
+    """The flattened defaults of the config groups the run used (conf/<group>/<name>.yaml, interpolations left out):
+    a config written before a key existed ran with that key's default."""
+    out = {}
+    for group in CONF_GROUPS:
+        chosen = config.get(group)
+        if not isinstance(chosen, dict):
+            continue
+        for name in dict.fromkeys(str(chosen.get(k)) for k in ("tag", "name") if chosen.get(k) is not None):
+            path = CONF_DIR / group / f"{name}.yaml"
+            if path.exists():
+                tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+                out.update({f"{group}.{k}": v for k, v in flatten(tree).items()
+                            if not (isinstance(v, str) and "${" in v)})
+                break
+    return out
+
+
+def attention_params(attention_cfg: dict) -> dict:
+    """A run's attention parameters with the core's defaults filled in; an attention no longer registered keeps
+    what its config says."""
+    given = {k: v for k, v in attention_cfg.items() if k not in CONF_ONLY_KEYS}
+    try:
+        defaults = {f.name: f.default for f in dataclasses.fields(attention_class(attention_cfg["name"]).Params)}
+    except (ValueError, KeyError):
+        return given
+    return {**defaults, **given}
+
+
+def flat_config(config: dict) -> dict:
+    flat = {**group_defaults(config), **flatten(config)}
+    if isinstance(config.get("attention"), dict):
+        flat.update({f"attention.{k}": v for k, v in attention_params(config["attention"]).items()})
+    return {k: v for k, v in flat.items() if k not in IGNORED_KEYS and not k.startswith(IGNORED_PREFIXES)}
+
+
+def show(key: str, value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if key == "trainer.init_from":
+        return Path(str(value)).name
+    return str(value)
+
+
+# ----- names, labels, groups --------------------------------------------------------------------------------
+
+def name_runs(runs: list[Run]) -> None:
+    """Each run's name: the shortest trailing part of its path that no other run shares."""
+    def suffix(run: Run, depth: int) -> str:
+        return "/".join(run.path.parts[-depth:])
+
+    for run in runs:
+        others = [r for r in runs if r is not run]
+        depth = 1
+        while depth < len(run.path.parts) and any(suffix(run, depth) == suffix(r, depth) for r in others):
+            depth += 1
+        run.name = suffix(run, depth)
+
+
+def _identity_key(group: str, flat: dict) -> str:
+    """The key naming a run's choice in a config group: its tag when it has one (the data's variant), else name."""
+    return f"{group}.tag" if f"{group}.tag" in flat else f"{group}.name"
+
+
+def _partition(key: str, run: Run) -> str:
+    """Which runs a key is compared among: a group's own keys among runs that chose the same member of the group
+    (model.n_layer between two `model=small` runs, not between small and large, whose names already differ)."""
+    group = key.split(".", 1)[0]
+    if "." not in key or group not in CONF_GROUPS:
+        return ""
+    identity = _identity_key(group, run.flat)
+    return "" if key == identity else str(run.flat.get(identity))
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    """Config keys whose value differs between runs, in the configs' order (see `_partition`)."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.flat))
+    out = []
+    for key in keys:
+        group = key.split(".", 1)[0]
+        if group in CONF_GROUPS and key.endswith((".name", ".tag")) and key != _identity_key(group, runs[0].flat):
+            continue  # a group is named once (data.tag, not also data.name)
+        if key in ("attention.name", "attention.tag"):
+            continue  # the label starts with the attention's tag
+        values: dict[str, set] = {}
+        for r in runs:
+            values.setdefault(_partition(key, r), set()).add(show(key, r.flat.get(key, UNSET)))
+        if any(len(v) > 1 for v in values.values()):
+            out.append(key)
+    return out
+
+
+def _label_part(run: Run, key: str) -> str:
+    group, _, rest = key.partition(".")
+    value = show(key, run.flat.get(key, UNSET))
+    if group in CONF_GROUPS and key == _identity_key(group, run.flat):
+        return f"{group}={value}"          # as the override is typed: data=icl_markov_long
+    return f"{rest}={value}" if group == "attention" else f"{key}={value}"
+
+
+def label_runs(runs: list[Run]) -> list[str]:
+    """Label each run by its attention plus every config key that differs between the runs; return those keys."""
+    name_runs(runs)
+    keys = differing_keys(runs)
+    for run in runs:
+        parts = [_label_part(run, k) for k in keys
+                 if len({show(k, r.flat.get(k, UNSET)) for r in runs if _partition(k, r) == _partition(k, run)}) > 1]
+        run.label = ", ".join([run.tag] + parts)
+        run.seed_label = ", ".join([run.tag] + [p for p in parts if not p.startswith("seed=")])
+    return keys
+
+
+@dataclass
+class Group:
+    """Runs that differ only in their seed (one run: a group of one)."""
+    runs: list[Run]
+    label: str
+    index: int   # its colour and line style
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.runs)
+
+    @property
+    def first(self) -> Run:
+        return self.runs[0]
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.seed_label, []).append(run)
+    return [Group(runs=members, index=i,
+                  label=label + (f" ({len(members)} seeds)" if len(members) > 1 else ""))
+            for i, (label, members) in enumerate(groups.items())]
+
+
+def describe_comparison(runs: list[Run], keys: list[str]) -> str:
+    """What the runs compare, for titles: the keys that differ, and what they share."""
+    varied = ["attention" if k.startswith("attention.") else k for k in keys if k != "seed"]
+    if len({r.tag for r in runs}) > 1:
+        varied.insert(0, "attention")
+    varied = list(dict.fromkeys(varied))
+    shared = []
+    for key in ("arch.name", "model.name", "data.tag", "ctx"):
+        values = {show(key, r.flat.get(key, UNSET)) for r in runs}
+        if len(values) == 1 and key not in keys:
+            shared.append(("ctx " if key == "ctx" else "") + values.pop())
+    seeds = "" if "seed" not in keys else " over seeds"
+    if not varied:
+        return f"{runs[0].tag} ({', '.join(shared)}){seeds}" if len(runs) > 1 else runs[0].label
+    return f"{', '.join(varied)} compared ({', '.join(shared)}){seeds}"
+
+
+# ----- provenance -------------------------------------------------------------------------------------------
+
+def read_provenance(run: Run) -> dict | None:
+    """<run_dir>/provenance.json, flattened, when the run has one (older runs do not)."""
+    path = run.path / "provenance.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        log.warning(f"warning: {path}: not valid JSON ({err.msg}, line {err.lineno}); ignored")
+        return None
+    return flatten(data) if isinstance(data, dict) else None
+
+
+def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
+    """{field: {run name: value}} for the provenance fields that differ between runs (its time always does and is
+    left out); runs without a provenance.json show as '(none)'."""
+    prov = {run.name: read_provenance(run) for run in runs}
+    if all(p is None for p in prov.values()):
+        return {}
+    keys = list(dict.fromkeys(k for p in prov.values() if p for k in p if k != "time"))
+    out = {}
+    for key in keys:
+        values = {name: ("(none)" if p is None else json.dumps(p.get(key)) if not isinstance(p.get(key), str)
+                         else p[key]) for name, p in prov.items()}
+        if len(set(values.values())) > 1:
+            out[key] = values
+    return out

@@ -1,0 +1,267 @@
+"""python -m longctx.report: the table equals the runs' own metrics.jsonl; labels name every config key that differs;
+seeds aggregate with intervals; a run still writing or starting never blocks the others; bad input fails with one
+line and exit 2, before any work."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from report_fixtures import fake_run
+
+from longctx.report import find_runs, gap_curve, label_runs, load_run, main
+from longctx.report.runs import describe_comparison, group_runs
+from longctx.report.stats import bootstrap, load_doc_bins, paired_difference
+
+
+def table(text: str, first_header: str) -> dict[str, list[str]]:
+    """The Markdown table whose header starts with `first_header`, rows keyed by their first cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_report_table_equals_the_runs_metrics(tmp_path):
+    sweep = tmp_path / "sweep"
+    runs = [fake_run(sweep / "0_exp", "exp", 1024, 0.1), fake_run(sweep / "1_power", "power", 1024, 0.05),
+            fake_run(sweep / "2_window", "window", 2048, 0.2, npy=True)]
+    extra = fake_run(tmp_path / "single", "linear", 2048, 0.3)
+    report = main([str(sweep), str(extra), "--out", str(tmp_path / "out"), "--title", "test"])
+    text = report.read_text()
+    rows = table(text, "run")
+    assert set(rows) == {"0_exp", "1_power", "2_window", "single"}
+    for run in runs + [extra]:
+        final = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+        row = rows[run.name]
+        assert row[5] == f"{final['best_context_loss']:.3f}"
+        assert row[6] == str(final["best_context_position"])
+        assert row[7] == f"{final['last10_loss']:.3f}"
+        assert row[8] == f"{final['best_context_gap']:+.3f}"
+        assert row[9] == f"{final['max_bin_gap']:+.3f}"
+        assert row[10] == f"{final['state_size']:,}"
+        assert row[11] == "1:4"
+        assert row[12] == f"{final['tokens_per_s']:,.0f}"
+        assert row[13] == "complete"
+    for png in ("icl_curves.png", "gap_to_optimum.png", "best_context_vs_flops.png", "best_context_vs_context.png",
+                "icl_over_training.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 10_000
+        assert f"]({png})" in text
+
+
+def test_gap_curve_is_the_binned_loss_minus_the_optimum(tmp_path):
+    run = load_run(fake_run(tmp_path / "r", "exp", 512, 0.1))
+    gaps = gap_curve(run.final)
+    assert [(a, b) for a, b, _ in gaps] == [(a, b) for a, b, _ in run.final["icl_curve"]]
+    np.testing.assert_allclose([g for *_, g in gaps], 0.1 + 0.5 / 2, atol=1e-9)
+    assert max(g for *_, g in gaps) == pytest.approx(run.final["max_bin_gap"])
+    assert gap_curve({"icl_curve": run.final["icl_curve"]}) == []   # no known optimum: no gap
+
+
+def test_equal_flop_overlay_and_sweep_discovery(tmp_path):
+    fake_run(tmp_path / "a", "exp", 512, 0.1, steps=(10, 20, 30))
+    fake_run(tmp_path / "b", "power", 512, 0.1, steps=(10, 20, 30))
+    assert [p.name for p in find_runs([tmp_path])] == ["a", "b"]
+    # exp spends 2e12 FLOPs a step: within 3e13 FLOPs it reached step 10 only, power step 30
+    assert load_run(tmp_path / "a").at_flops(3e13)["step"] == 10
+    assert load_run(tmp_path / "b").at_flops(3e13)["step"] == 30
+    main([str(tmp_path), "--out", str(tmp_path / "out"), "--at-flops", "3e13"])
+    assert (tmp_path / "out" / "icl_curves.png").exists()
+
+
+def _labels(tmp_path, variants: dict, attention="exp") -> list:
+    runs = [load_run(fake_run(tmp_path / name, attention, 512, 0.1, **kw)) for name, kw in variants.items()]
+    label_runs(runs)
+    return runs
+
+
+def test_labels_name_every_config_key_that_differs(tmp_path):
+    runs = _labels(tmp_path, {"scratch": {}, "warm": {"init_from": str(tmp_path / "short_run")}})
+    assert [r.label for r in runs] == ["exp, trainer.init_from=null", "exp, trainer.init_from=short_run"]
+    runs = _labels(tmp_path / "v", {
+        "plain": {}, "sink": {"change": {"attention": {"sink": True}}},
+        "rope16": {"change": {"arch": {"rope_dims": 16}}}, "shift": {"change": {"arch": {"token_shift": True}}}})
+    # no sink, rope_dims or token_shift key in these configs: the defaults of conf/ and of the attention core
+    assert [r.label for r in runs] == [
+        "exp, arch.rope_dims=null, arch.token_shift=false, sink=false",
+        "exp, arch.rope_dims=null, arch.token_shift=false, sink=true",
+        "exp, arch.rope_dims=16, arch.token_shift=false, sink=false",
+        "exp, arch.rope_dims=null, arch.token_shift=true, sink=false"]
+    # output names never label a run (every run's run_dir and run_name differ); an attention's parameter labels
+    # only runs of that attention; a run's seed labels it but not its group of seeds
+    mixed = [load_run(fake_run(tmp_path / "m" / name, att, 512, 0.1, seed=seed, change=change))
+             for name, att, seed, change in [("p0", "power", 0, {}), ("p1", "power", 1, {}),
+                                             ("n0", "power", 0, {"attention": {"output_norm": True}}),
+                                             ("e0", "exp", 0, {})]]
+    assert label_runs(mixed) == ["attention.output_norm", "seed"]
+    assert [r.label for r in mixed] == ["power_p2, output_norm=false, seed=0", "power_p2, output_norm=false, seed=1",
+                                        "power_p2, output_norm=true, seed=0", "exp, seed=0"]
+    assert [g.label for g in group_runs(mixed)] == ["power_p2, output_norm=false (2 seeds)",
+                                                    "power_p2, output_norm=true", "exp"]
+
+
+def test_runs_on_other_data_get_their_own_label_and_optimum(tmp_path):
+    from longctx.report.figures import draw_icl_overlay, optima
+    runs = [load_run(fake_run(tmp_path / f"v{v}", "exp", 512, 0.1, change={"data": {"vocab": v}})) for v in (4, 8)]
+    keys = label_runs(runs)
+    assert keys == ["data.vocab"]
+    assert [r.label for r in runs] == ["exp, data.vocab=4", "exp, data.vocab=8"]
+    labels = [label for label, _ in optima(runs, None)]
+    assert labels == ["Bayes-optimal (data.vocab=4)", "Bayes-optimal (data.vocab=8)"]
+    fig = draw_icl_overlay(group_runs(runs), runs, "t")
+    drawn = {line.get_label(): line.get_ydata() for line in fig.axes[0].get_lines()}
+    for run, label in zip(runs, labels):                 # each optimum is its own data's
+        np.testing.assert_allclose(drawn[label], [v for *_, v in run.final["bayes_curve"]])
+
+
+def test_an_old_config_lacking_newer_keys_takes_their_defaults(tmp_path):
+    old = fake_run(tmp_path / "old", "exp", 512, 0.1, drop=("data.docs_per_batch", "data.reshape_block"))
+    new = fake_run(tmp_path / "new", "power", 512, 0.1)
+    runs = [load_run(old), load_run(new)]
+    assert runs[0].flat["data.docs_per_batch"] == 32      # conf/data/icl_markov.yaml's default
+    assert label_runs(runs) == []                         # no spurious difference: only the attention's tag
+    assert [r.label for r in runs] == ["exp", "power_p2"]
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]).exists()
+
+
+def test_runs_sharing_a_folder_name_are_told_apart_by_their_parents(tmp_path):
+    fake_run(tmp_path / "exp" / "stage2", "exp", 512, 0.1)
+    fake_run(tmp_path / "power" / "stage2", "power", 512, 0.1)
+    fake_run(tmp_path / "solo", "linear", 512, 0.1)
+    rows = table(main([str(tmp_path), "--out", str(tmp_path / "out")]).read_text(), "run")
+    assert sorted(rows) == ["exp/stage2", "power/stage2", "solo"]
+
+
+def test_a_cut_line_an_unfinished_and_an_empty_run_do_not_block_the_others(tmp_path, caplog):
+    sweep = tmp_path / "sweep"
+    cut = fake_run(sweep / "0_cut", "exp", 512, 0.1, steps=(10, 20, 30))
+    text = (cut / "metrics.jsonl").read_text()
+    (cut / "metrics.jsonl").write_text(text[:len(text) - 40])    # the last record cut mid-line
+    fake_run(sweep / "1_running", "power", 512, 0.1, steps=(10,), max_steps=100)
+    (sweep / "2_starting").mkdir()
+    (sweep / "2_starting" / "metrics.jsonl").write_text("")
+    OmegaConf.save(OmegaConf.load(cut / "config.yaml"), sweep / "2_starting" / "config.yaml")
+    with caplog.at_level(logging.WARNING, logger="longctx.report"):
+        report = main([str(sweep), "--out", str(tmp_path / "out")]).read_text()
+    assert f"{cut / 'metrics.jsonl'}:3: incomplete line skipped" in caplog.text
+    rows = table(report, "run")
+    assert rows["0_cut"][3] == "20"                              # the complete records are used
+    assert rows["0_cut"][13] == "unfinished: step 20 of trainer.max_steps=30"
+    assert rows["1_running"][13] == "unfinished: step 10 of trainer.max_steps=100"
+    assert "2_starting" not in rows and f"{sweep / '2_starting'}: no evaluation yet" in report
+
+
+def test_seeds_aggregate_with_intervals_and_paired_differences(tmp_path):
+    sweep = tmp_path / "sweep"
+    for seed in range(3):
+        fake_run(sweep / f"exp_s{seed}", "exp", 512, 0.10, seed=seed, doc_bins=True)
+    fake_run(sweep / "power_s0", "power", 512, 0.05, seed=0, doc_bins=True)
+    report = main([str(sweep), "--out", str(tmp_path / "out"), "--bootstrap", "500"]).read_text()
+    rows = table(report, "runs")
+    exp = rows["exp (3 seeds)"]
+    finals = [load_run(sweep / f"exp_s{s}").final for s in range(3)]
+    mean, low, high = map(float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", exp[4]).groups())
+    assert mean == pytest.approx(np.mean([f["best_context_loss"] for f in finals]), abs=6e-4)
+    assert low < mean < high
+    sd = np.std([f["best_context_loss"] for f in finals], ddof=1)
+    assert exp[1] == "3" and exp[8].startswith(f"{sd:.3f};")
+    # the interval is the documents': as wide as the bootstrap of one seed's record (the seeds share documents)
+    one = bootstrap(load_doc_bins(sweep / "exp_s0" / finals[0]["doc_bins"]), "best_context_loss", 500)
+    assert high - low == pytest.approx(one.high - one.low, rel=0.05)
+    # exp minus power: 0.05 nats by construction (+0.001, the seeds' mean offset); paired, the interval is tight
+    diff_line = next(line for line in report.splitlines() if line.startswith("| exp (3 seeds) | power_p2 |"))
+    est, lo, hi = map(float, re.search(r"\| ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\]", diff_line).groups())
+    assert est == pytest.approx(0.05 + 0.001, abs=2e-4) and lo < est < hi and hi - lo < 0.02
+
+
+def test_paired_difference_refuses_runs_on_other_documents(tmp_path):
+    a = fake_run(tmp_path / "a", "exp", 512, 0.1, doc_bins=True)
+    b = fake_run(tmp_path / "b", "power", 512, 0.1, doc_bins=True, doc_index=np.arange(1, 65))
+    report = main([str(tmp_path), "--out", str(tmp_path / "out"), "--bootstrap", "50"]).read_text()
+    assert "not paired: exp and power_p2: evaluated on different heldout documents" in report
+    ra, rb = load_run(a), load_run(b)
+    with pytest.raises(ValueError, match="a and b: evaluated on different heldout documents"):
+        paired_difference(ra.doc_bins(ra.final), rb.doc_bins(rb.final), "curve", "a", "b")
+
+
+def test_provenance_fields_that_differ_are_printed(tmp_path, capsys):
+    for name, commit in (("a", "abc123"), ("b", "def456")):
+        run = fake_run(tmp_path / name, "exp" if name == "a" else "power", 512, 0.1)
+        (run / "provenance.json").write_text(json.dumps({
+            "command": ["train.py"], "git": {"commit": commit, "dirty": False}, "versions": {"torch": "2.11"},
+            "time": f"2026-01-0{len(name)}"}))
+    fake_run(tmp_path / "c", "linear", 512, 0.1)                 # older run: no provenance.json
+    report = main([str(tmp_path), "--out", str(tmp_path / "out")]).read_text()
+    out = capsys.readouterr().out
+    assert "provenance git.commit differs: a: abc123; b: def456; c: (none)" in out
+    assert "`git.commit`" in report and "versions.torch" in out and "time" not in out
+
+
+def test_title_says_what_is_compared(tmp_path):
+    sweep = tmp_path / "2026-12-01_10-00-00"
+    runs = [load_run(fake_run(sweep / "0", "exp", 512, 0.1)), load_run(fake_run(sweep / "1", "power", 1024, 0.1))]
+    title = describe_comparison(runs, label_runs(runs))
+    assert title == "attention, ctx compared (gpt2, d256l4, icl_markov)"
+    text = main([str(sweep), "--out", str(tmp_path / "out")]).read_text()
+    assert text.startswith(f"# {title}\n") and "2026-12-01" not in text.splitlines()[0]
+
+
+def run_cli(capsys, *args):
+    """main() in this process (a subprocess per case would import torch each time): (exit code, stderr)."""
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in args])
+    return exit_.value.code, capsys.readouterr().err
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys):
+    out = subprocess.run([sys.executable, "-m", "longctx.report", str(tmp_path / "missing"), "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True)
+    assert out.returncode == 2 and "missing" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "empty").mkdir()
+    code, err = run_cli(capsys, tmp_path / "empty", "--out", tmp_path / "o")
+    assert code == 2 and "no metrics.jsonl" in err
+    run = fake_run(tmp_path / "run", "exp", 512, 0.1)
+    target = tmp_path / "report.md"
+    target.write_text("keep")
+    code, err = run_cli(capsys, run, "--out", target)
+    assert code == 2 and err.strip().count("\n") == 0
+    assert f"--out {target}: is a file" in err and target.read_text() == "keep"
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        code, err = run_cli(capsys, run, "--out", locked / "r")
+        assert code == 2 and "not writable" in err and not (locked / "r").exists()
+    code, err = run_cli(capsys, run, "--out", tmp_path / "o", "--bootstrap", "0")
+    assert code == 2 and "--bootstrap 0" in err and not (tmp_path / "o").exists()
+
+
+def test_old_records_and_broken_folders_are_reported_or_left_out_with_a_line(tmp_path, caplog):
+    """A record from before last10_loss/flops existed shows '-'; a line that is JSON but no evaluation, and a
+    config.yaml that is not YAML, are named, and the other runs are still reported."""
+    old = fake_run(tmp_path / "old", "exp", 512, 0.1)
+    lines = (old / "metrics.jsonl").read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
+    for rec in recs:
+        for key in ("last10_loss", "flops", "best_context_position"):
+            rec.pop(key)
+    (old / "metrics.jsonl").write_text("\n".join([json.dumps(r) for r in recs] + ['{"note": "hello"}']) + "\n")
+    bad = fake_run(tmp_path / "bad", "power", 512, 0.1)
+    (bad / "config.yaml").write_text("ctx: [unclosed\n")
+    with caplog.at_level(logging.WARNING, logger="longctx.report"):
+        report = main([str(tmp_path), "--out", str(tmp_path / "out")]).read_text()
+    assert f"{old / 'metrics.jsonl'}:3: not an evaluation record (no 'step'); skipped" in caplog.text
+    assert f"{bad / 'config.yaml'}: unreadable" in report
+    row = table(report, "run")["old"]
+    assert row[3] == "20" and row[4] == "-" and row[7] == "-"
+    assert row[6] == str(recs[-1]["best_context_bin"][1])     # the older record's best bin gives its position
