@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from longctx.data.icl_markov import bayes_nll_mixture, recency_classes, recency_names
-from longctx.evaluate import per_token_loss
+from longctx.eval import per_token_loss
 from longctx.runs import load_run
 from longctx.train.data import build_heldout, resolve_splits
 

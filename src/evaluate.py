@@ -1,20 +1,25 @@
-"""Evaluate a trained run at any context length and on any data: the paper's long-context metrics.
+"""Evaluate a trained run: heldout loss at any context and on any data, or retrieval (passkey, needle in a haystack).
 
-    python -m longctx.evaluate RUN_DIR --ctx 2048 --out eval_2048.json
+    python -m longctx.evaluate RUN_DIR --ctx 2048
     python -m longctx.evaluate RUN_DIR --ctx 65536 data=longcrawl64 data.path=/data/lc64 --docs 16 --out lc64.json
+    python -m longctx.evaluate RUN_DIR --task passkey --contexts 1024,4096 --depths 0,0.5,1 --trials 20
+    python -m longctx.evaluate RUN_DIR --task needle
 
-Writes FILE.json (the per-position heldout loss, the binned ICL curve, best-context loss, last-10% loss, and the
-Bayes-optimal curve where the data has one) and FILE.png beside it (the ICL curve). Data overrides are the
-trainer's: `data=NAME` swaps the data config (conf/data/NAME.yaml), `data.KEY=VALUE` changes one key of it;
-without them the run's own data is used. The heldout documents come from the trainer's own builders
-(train/data.py), the metrics from train/metrics.py. Bad input gives one line `error: ...` and exit code 2.
+The heldout task (default) writes FILE.json (the per-position heldout loss, the binned ICL curve, best-context loss,
+last-10% loss, and the Bayes-optimal curve where the data has one), FILE.npz (each document's binned loss, the
+trainer's per-document record) and FILE.png (the ICL curve). A retrieval task writes FILE.json (accuracy by context
+and depth) and FILE.png (its heatmap), and logs both to the run's wandb run when the run logs to wandb. FILE
+defaults to a new file in RUN_DIR/eval/; nothing is ever overwritten. Data overrides are the trainer's: `data=NAME`
+(conf/data/NAME.yaml), `data.KEY=VALUE`; without them the run's own data is used. Every argument is checked before
+any work: bad input gives one line `error: ...` and exit code 2, and nothing is written.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,140 +27,397 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from longctx.data import check_vocab
+from longctx.data import dataset_info, heldout_batch
+from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, eval_line, retrieval_line,
+                          run_retrieval, write_doc_record)
+from longctx.eval.plots import plot_icl, plot_retrieval
+from longctx.eval.retrieval import prompt_length
+from longctx.generate import codec, tokenizer_name
 from longctx.runs import load_run
+from longctx.train.config import check_set, check_types, schema
 from longctx.train.data import build_heldout, resolve_splits
-from longctx.train.loggers import plot_icl_curves
-from longctx.train.metrics import icl_summary
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def apply_data_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
-    """`data=NAME` (conf/data/NAME.yaml) and `data.KEY=VALUE` applied to the run's config, in order."""
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+# ----- arguments ------------------------------------------------------------------------------------------
+def positive_int(flag: str, value, allow_none: bool = True, least: int = 1) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{flag}={value!r}: must be an integer >= {least}")
+
+
+def int_list(flag: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}={text!r}: expected comma-separated integers, e.g. 1024,4096") from None
+    if not values or any(v < 2 for v in values):
+        raise ValueError(f"{flag}={text!r}: expected one or more integers >= 2")
+    return sorted(set(values))
+
+
+def depth_list(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--depths={text!r}: expected comma-separated fractions, e.g. 0,0.5,1") from None
+    if not values or any(not 0 <= v <= 1 for v in values):
+        raise ValueError(f"--depths={text!r}: expected one or more fractions in [0, 1] (0 = start of the context)")
+    return sorted(set(values))
+
+
+def check_device(name: str) -> str:
+    """auto, cpu, cuda or cuda:N, and the device must exist."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device={name!r}: expected auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device={name!r}: no CUDA device is available (use --device cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device={name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return name
+
+
+def outputs_of(path: Path, task: str) -> list[Path]:
+    """Every file an evaluation writes for the JSON `path`."""
+    return [path, path.with_suffix(".png")] + ([path.with_suffix(".npz")] if task == "heldout" else [])
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """The folder of `path` exists and takes a new file, or can be created (probed, nothing left behind)."""
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{flag}={str(path)!r}: {folder} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"{flag}={str(path)!r}: cannot write into {folder} ({err.strerror or err})") from None
+
+
+def check_out(out: str, task: str) -> Path:
+    """An explicit --out: a .json file that does not exist yet (nor the files beside it), in a writable place."""
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise ValueError(f"--out={out!r}: is a folder; give a file name, e.g. {path / (task + '.json')}")
+    if path.suffix != ".json":
+        raise ValueError(f"--out={out!r}: must end in .json (the plot goes beside it, same name)")
+    for p in outputs_of(path, task):
+        if p.exists():
+            raise ValueError(f"--out={out!r}: {p} exists and is never overwritten; choose another name (without "
+                             f"--out a new file in the run's eval/ folder is picked)")
+    check_writable(path, "--out")
+    return path
+
+
+def default_out(run_dir: Path, stem: str, task: str) -> Path:
+    """RUN_DIR/eval/STEM.json, or STEM-2.json, STEM-3.json, ... : the first name none of whose files exists."""
+    folder = run_dir / "eval"
+    n = 1
+    while True:
+        path = folder / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+        if not any(p.exists() for p in outputs_of(path, task)):
+            break
+        n += 1
+    check_writable(path, "--out (default)")
+    return path
+
+
+# ----- data overrides -------------------------------------------------------------------------------------
+def parse_data_overrides(overrides: list[str]) -> tuple[str | None, list[tuple[str, object]]]:
+    """Hydra's override grammar -> (the data=NAME option or None, [(KEY, value) of each data.KEY=VALUE])."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    option, keys = None, []
     for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not (key == "data" or key.startswith("data.")):
-            raise ValueError(f"{item!r}: expected a data override, data=NAME or data.KEY=VALUE")
+        try:
+            parsed = parser.parse_overrides([item])[0]
+        except Exception:  # Hydra's parse errors span several lines
+            raise ValueError(f"{item!r}: not an override; expected data=NAME or data.KEY=VALUE") from None
+        key = parsed.key_or_group
         if key == "data":
-            path = CONF_DIR / "data" / f"{value}.yaml"
-            if not path.exists():
-                known = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
-                raise ValueError(f"data={value}: no such data config; known: {', '.join(known)}")
-            cfg.data = OmegaConf.load(path)
-            OmegaConf.resolve(cfg)  # e.g. cache_dir: ${cache_dir} from the run's config
-            continue
-        name = key[len("data."):]
-        if name not in cfg.data:
-            raise ValueError(f"{key}: not a key of the {cfg.data.name} data config "
-                             f"(keys: {', '.join(str(k) for k in cfg.data)})")
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+            if not isinstance(parsed.value(), str):
+                raise ValueError(f"{item!r}: expected data=NAME, the name of a conf/data config")
+            if option is not None:
+                raise ValueError(f"{item!r}: data= given twice ({option!r} before)")
+            if keys:
+                raise ValueError(f"{item!r}: data=NAME must come before the data.KEY=VALUE overrides")
+            option = parsed.value()
+        elif key.startswith("data.") and len(key) > 5:
+            keys.append((key[5:], parsed.value()))
+        else:
+            raise ValueError(f"{item!r}: expected a data override, data=NAME or data.KEY=VALUE")
+    return option, keys
+
+
+def compose_data(run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """The run's config with its data config replaced by conf/data/NAME.yaml (composed by Hydra, defaults chain and
+    all) for `data=NAME`, then `data.KEY=VALUE` set -- mandatory `???` keys included -- and checked as train.py
+    checks them (unknown keys, types, mandatory values)."""
+    option, keys = parse_data_overrides(list(overrides))
+    cfg = OmegaConf.create(OmegaConf.to_container(run_cfg, resolve=True))
+    if option is not None:
+        known = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
+        if option not in known:
+            raise ValueError(f"data={option}: no such data config; known: {', '.join(known)}")
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            composed = compose("config", overrides=[f"data={option}"])
+        if run_cfg.get("cache_dir") is not None:
+            composed.cache_dir = run_cfg.cache_dir  # generated datasets live where the run's did
+        cfg.data = OmegaConf.to_container(composed.data, resolve=True)
+    present = list(OmegaConf.to_container(cfg.data, resolve=False))  # `in` is False for a `???` value
+    for key, value in keys:
+        if key.split(".")[0] not in present:
+            raise ValueError(f"data.{key}: not a key of the {cfg.data.name} data config (keys: {', '.join(present)})")
+        OmegaConf.update(cfg, f"data.{key}", value, merge=False)
+    data_only = OmegaConf.create({"data": OmegaConf.to_container(cfg.data, resolve=False)})
+    check_set(data_only)
+    check_types(data_only, schema(CONF_DIR, {"data": option} if option else None))
+    positive_int("data.eval_docs", cfg.data.get("eval_docs"))
     return cfg
 
 
-def autocast(device: torch.device, precision: str):
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def _nll_batches(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int, precision: str):
-    """The next-token NLL of `micro_docs` documents of inputs/targets (n, T) at a time: (m, T) float64 on the CPU."""
-    device = next(model.parameters()).device
-    for s in range(0, inputs.shape[0], micro_docs):
-        with autocast(device, precision):
-            nll = model(inputs[s:s + micro_docs].to(device), targets[s:s + micro_docs].to(device))
-        yield nll.double().cpu()
-
-
-def per_token_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
-                   precision: str = "auto") -> np.ndarray:
-    """Next-token NLL of every token of inputs/targets (n, T) -> (n, T) float64, `micro_docs` documents a forward."""
-    return torch.cat(list(_nll_batches(model, inputs, targets, micro_docs, precision))).numpy()
-
-
-def per_position_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
-                      precision: str = "auto") -> np.ndarray:
-    """Mean next-token NLL at each position over the documents (rows) of inputs/targets (n, T) -> (T,) float64.
-    Summed batch by batch: a long context never holds every token's loss."""
-    total = sum(nll.sum(0) for nll in _nll_batches(model, inputs, targets, micro_docs, precision))
-    return (total / inputs.shape[0]).numpy()
-
-
-def evaluate(run_dir: str | Path, ctx: int, out: str | Path, data_overrides: list[str] = (), docs: int | None = None,
-             step: int | None = None, bins: int | None = None, micro_docs: int | None = None,
-             device: str = "auto", precision: str = "auto") -> dict:
-    """Evaluate the run's checkpoint at context `ctx`; writes `out` (JSON) and the plot beside it. Returns the record."""
-    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 2:
-        raise ValueError(f"--ctx={ctx!r}: must be an integer >= 2")
-    if docs is not None and docs < 1:
-        raise ValueError(f"--docs={docs}: must be a positive integer")
-    model, run_cfg = load_run(run_dir, step=step, device=device)
-    cfg = apply_data_overrides(run_cfg, list(data_overrides))
-    if docs is not None:
-        cfg.data.eval_docs = docs
-    splits = resolve_splits(cfg.data, ctx)  # refuses ctx longer than the documents
+def data_vocab_fits(splits, model) -> None:
     vocab = model.spec.vocab_size
     if splits.info["vocab_size"] > vocab:
         raise ValueError(f"data vocabulary {splits.info['vocab_size']} ({splits.heldout_path}) does not fit the "
                          f"model's vocabulary {vocab}: the run was trained on other data")
-    heldout = build_heldout(splits, cfg.data, ctx, vocab)
+
+
+def run_facts(run_dir, model, run_cfg, cfg, splits) -> dict:
+    return {"run_dir": str(run_dir), "checkpoint": str(model.checkpoint_path), "step": model.checkpoint_step,
+            "train_ctx": int(run_cfg.ctx), "data": {"name": cfg.data.name, "heldout": str(splits.heldout_path)},
+            "arch": model.spec.arch, "attention": model.spec.attention,
+            "attention_params": model.spec.attention_params}
+
+
+def write_json(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "x") as f:  # never overwrites: a file that appeared since the checks is an error
+        f.write(json.dumps(record, indent=1) + "\n")
+
+
+# ----- the heldout task -----------------------------------------------------------------------------------
+def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None = None, data_overrides=(),
+             docs: int | None = None, step: int | None = None, bins: int | None = None,
+             micro_docs: int | None = None, device: str = "auto", precision: str = "auto") -> dict:
+    """Evaluate the run's checkpoint on heldout documents at context `ctx` (default: the run's); writes the JSON
+    (`out`, default a new file in RUN_DIR/eval/), the per-document record (.npz) and the plot (.png) beside it.
+    Returns the record."""
+    positive_int("--ctx", ctx, least=2)
+    for flag, value in (("--docs", docs), ("--bins", bins), ("--micro-docs", micro_docs)):
+        positive_int(flag, value)
+    positive_int("--step", step, least=0)
+    device = check_device(device)
+    out = check_out(str(out), "heldout") if out is not None else None
+    run_dir = Path(run_dir).expanduser()
+    model, run_cfg = load_run(run_dir, step=step, device=device)
+    cfg = compose_data(run_cfg, list(data_overrides))
+    ctx = ctx or int(run_cfg.ctx)
+    if docs is not None:
+        cfg.data.eval_docs = docs
+    splits = resolve_splits(cfg.data, ctx)  # refuses ctx longer than the documents
+    data_vocab_fits(splits, model)
+    evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size),
+                                   bins or int(run_cfg.trainer.icl_bins), bins_key="--bins")
+    out = out or default_out(run_dir, f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}",
+                             "heldout")
     start = time.time()
-    curve = per_position_loss(model, heldout["inputs"], heldout["targets"],
-                              micro_docs or cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision)
-    bayes = heldout["bayes_nll"].double().mean(0).numpy() if heldout.get("bayes_nll") is not None else None
-    record = {
-        "run_dir": str(run_dir), "checkpoint": str(model.checkpoint_path), "step": model.checkpoint_step,
-        "ctx": ctx, "train_ctx": int(run_cfg.ctx), "docs": int(heldout["inputs"].shape[0]),
-        "data": {"name": cfg.data.name, "heldout": str(splits.heldout_path)},
-        "arch": model.spec.arch, "attention": model.spec.attention, "attention_params": model.spec.attention_params,
-        "seconds": round(time.time() - start, 2),
-    }
-    record.update(icl_summary(curve, bins or cfg.trainer.icl_bins, bayes))
-    record["per_position_loss"] = [round(float(x), 5) for x in curve]
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    title = (f"{Path(run_dir).name}: step {record['step']} evaluated at ctx {ctx} "
-             f"(trained at {record['train_ctx']}), {cfg.data.name}")
-    record["plot"] = str(plot_icl_curves([record], out.with_suffix(".png"), title))
-    return record
+    result = evaluation.run(model, micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision)
+    if not result.finite:
+        raise FloatingPointError(f"non-finite heldout loss ({int((~np.isfinite(result.per_position)).sum())} of "
+                                 f"{ctx} positions) from {model.checkpoint_path}: its weights are not usable; "
+                                 f"nothing written")
+    record = {**run_facts(run_dir, model, run_cfg, cfg, splits), "task": "heldout", "ctx": ctx,
+              "docs": evaluation.n_docs, "seconds": round(time.time() - start, 2)}
+    record.update(result.summary)
+    record["per_position_loss"] = [round(float(x), 5) for x in result.per_position]
+    record["doc_bins"] = out.with_suffix(".npz").name  # beside the JSON
+    write_json(out, record)  # first: created only if absent
+    write_doc_record(out.with_suffix(".npz"), doc_record(evaluation, result))
+    title = (f"{run_dir.name}: step {record['step']} evaluated at ctx {ctx} (trained at {record['train_ctx']}), "
+             f"{cfg.data.name}, {record['docs']} heldout documents")
+    plot_icl([record], out.with_suffix(".png"), title)
+    return record | {"out": str(out)}
 
 
+# ----- retrieval tasks ------------------------------------------------------------------------------------
+def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | None = None,
+                       depths: list[float] | None = None, trials: int = 20, digits: int = 5,
+                       out: str | Path | None = None, data_overrides=(), step: int | None = None,
+                       micro_docs: int | None = None, device: str = "auto", precision: str = "auto", seed: int = 0,
+                       wandb: bool = True) -> dict:
+    """Passkey or needle-in-a-haystack accuracy (longctx.eval.retrieval) of the run's checkpoint at each of
+    `contexts` (default: a quarter, half and all of the run's ctx) and `depths` (default 0, 0.25, 0.5, 0.75, 1)
+    over `trials` prompts each; writes the JSON and the heatmap beside it. Returns the record."""
+    if task not in TASKS:
+        raise ValueError(f"--task={task!r}: expected heldout, {', '.join(TASKS)}")
+    for flag, value in (("--trials", trials), ("--digits", digits), ("--micro-docs", micro_docs)):
+        positive_int(flag, value)
+    positive_int("--step", step, least=0)
+    positive_int("--seed", seed, least=0)
+    device = check_device(device)
+    out = check_out(str(out), task) if out is not None else None
+    run_dir = Path(run_dir).expanduser()
+    model, run_cfg = load_run(run_dir, step=step, device=device)
+    cfg = compose_data(run_cfg, list(data_overrides))
+    train_ctx = int(run_cfg.ctx)
+    wanted = contexts or [train_ctx // 4, train_ctx // 2, train_ctx]
+    longest = max(wanted)
+    splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
+    data_vocab_fits(splits, model)
+    alphabet = alphabet_for(splits.info["vocab_size"], splits.info["bos_id"], longest, encode_of(cfg), seed)
+    shortest = prompt_length(alphabet, digits) + 1
+    if contexts is None:
+        contexts = [c for c in wanted if c >= shortest] or [train_ctx]
+    too_short = [c for c in contexts if c < shortest]
+    if too_short:
+        raise ValueError(f"--contexts: {too_short[0]} is shorter than a prompt's two copies of marker "
+                         f"({len(alphabet.marker)} tokens) + key ({digits}) + 1 token of haystack; use contexts "
+                         f">= {shortest}")
+    documents = None
+    if task == "needle":
+        available = dataset_info(splits.heldout_path)["num_docs"]
+        documents = heldout_batch(str(splits.heldout_path), max(contexts), min(available, 2 * trials + 16))
+        documents = documents["targets"].numpy()
+    out = out or default_out(run_dir, f"{task}-step{model.checkpoint_step}", task)
+    start = time.time()
+    result = run_retrieval(model, task, alphabet, contexts, depths or list(DEFAULT_DEPTHS), trials, digits,
+                           micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision,
+                           documents, seed)
+    record = {**run_facts(run_dir, model, run_cfg, cfg, splits), **result, "seed": seed,
+              "seconds": round(time.time() - start, 2)}
+    write_json(out, record)
+    title = (f"{run_dir.name}: {task}, step {record['step']} (trained at ctx {record['train_ctx']}), "
+             f"{trials} trials per cell, {digits}-symbol keys of base {alphabet.base}")
+    png = plot_retrieval(record, out.with_suffix(".png"), title)
+    if wandb:
+        record["wandb"] = log_to_run_wandb(run_dir, run_cfg, record, png)
+    return record | {"out": str(out)}
+
+
+def encode_of(cfg: DictConfig):
+    """The run's tokenizer's encoder (text data), or None (ids without text, e.g. the ICL Markov states, or a
+    tokenizer this machine cannot load: tiktoken fetches its tables on first use)."""
+    name = tokenizer_name(cfg)
+    try:
+        text = codec(name)
+    except Exception as err:  # offline without tiktoken's cache: requests/OSError; any failure leaves ids
+        print(f"note: tokenizer {name} unavailable ({type(err).__name__}); the retrieval prompts use an id alphabet "
+              f"(recorded in the JSON)", file=sys.stderr)
+        return None
+    return None if text is None else text[0]
+
+
+def log_to_run_wandb(run_dir: Path, run_cfg: DictConfig, record: dict, png: Path) -> str | None:
+    """Add a retrieval evaluation to the run's own wandb run (its <run_dir>/wandb_id, its logger.wandb settings),
+    against `retrieval/checkpoint_step`. Nothing happens for a run that never logged to wandb."""
+    settings = run_cfg.get("logger", {}).get("wandb", {})
+    id_file = run_dir / "wandb_id"
+    if settings.get("mode", "disabled") == "disabled" or not id_file.exists():
+        return None
+    import wandb
+
+    task = record["task"]
+    run = wandb.init(project=settings.get("project"), entity=settings.get("entity"), group=settings.get("group"),
+                     name=run_cfg.get("run_name"), dir=str(run_dir), mode=settings["mode"],
+                     id=id_file.read_text().strip(), resume="allow", settings=wandb.Settings(silent=True))
+    run.define_metric("retrieval/checkpoint_step")
+    run.define_metric(f"retrieval/{task}/*", step_metric="retrieval/checkpoint_step")
+    rows = [[c, d, record["key_accuracy"][i][j], record["digit_accuracy"][i][j]]
+            for i, c in enumerate(record["contexts"]) for j, d in enumerate(record["depths"])]
+    run.log({"retrieval/checkpoint_step": record["step"],
+             f"retrieval/{task}/key_accuracy": record["mean_key_accuracy"],
+             f"retrieval/{task}/digit_accuracy": record["mean_digit_accuracy"],
+             f"retrieval/{task}/table": wandb.Table(columns=["context", "depth", "key_accuracy", "digit_accuracy"],
+                                                    data=rows),
+             f"retrieval/{task}/heatmap": wandb.Image(str(png))})
+    where = run.settings.sync_dir
+    run.finish()
+    return str(where)
+
+
+# ----- command line ---------------------------------------------------------------------------------------
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m longctx.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's directory (checkpoints/, config.yaml)")
     parser.add_argument("overrides", nargs="*", help="data overrides: data=NAME, data.KEY=VALUE")
-    parser.add_argument("--ctx", type=int, required=True, help="context length to evaluate at (tokens)")
-    parser.add_argument("--out", required=True, help="the JSON to write; the plot goes beside it (.png)")
-    parser.add_argument("--docs", type=int, help="heldout documents (default: the data config's eval_docs)")
+    parser.add_argument("--task", default="heldout", choices=("heldout", *TASKS),
+                        help="heldout (loss, ICL curve; default), passkey, or needle (a key hidden in heldout text)")
+    parser.add_argument("--out", help="the JSON to write (must not exist); the plot goes beside it "
+                                      "(default: a new file in RUN_DIR/eval/)")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
-    parser.add_argument("--bins", type=int, help="ICL curve bins (default: the run's trainer.icl_bins)")
-    parser.add_argument("--micro-docs", type=int, help="documents per forward (default: the run's)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--micro-docs", type=int, help="documents (prompts) per forward (default: the run's)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                         help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    held = parser.add_argument_group("heldout task")
+    held.add_argument("--ctx", type=int, help="context length to evaluate at (default: the run's)")
+    held.add_argument("--docs", type=int, help="heldout documents (default: the data config's eval_docs)")
+    held.add_argument("--bins", type=int, help="ICL curve bins (default: the run's trainer.icl_bins)")
+    ret = parser.add_argument_group("retrieval tasks (passkey, needle)")
+    ret.add_argument("--contexts", help="prompt lengths, comma-separated (default: 1/4, 1/2 and all of the run's ctx)")
+    ret.add_argument("--depths", help="needle depths in [0, 1], comma-separated (default: 0,0.25,0.5,0.75,1)")
+    ret.add_argument("--trials", type=int, default=20, help="prompts per context and depth (default 20)")
+    ret.add_argument("--digits", type=int, default=5, help="symbols per key (default 5)")
+    ret.add_argument("--seed", type=int, default=0, help="seed of the keys and of an id alphabet (default 0)")
+    ret.add_argument("--no-wandb", action="store_true", help="do not add the result to the run's wandb run")
     return parser.parse_intermixed_args(argv)
+
+
+def run_command(args) -> dict:
+    if args.task == "heldout":
+        given = [flag for flag, value in (("--contexts", args.contexts), ("--depths", args.depths)) if value]
+        if given:
+            raise ValueError(f"{given[0]}: an option of the retrieval tasks (--task passkey or needle)")
+        return evaluate(args.run_dir, args.ctx, args.out, args.overrides, docs=args.docs, step=args.step,
+                        bins=args.bins, micro_docs=args.micro_docs, device=args.device, precision=args.precision)
+    given = [flag for flag, value in (("--ctx", args.ctx), ("--docs", args.docs), ("--bins", args.bins)) if value]
+    if given:
+        raise ValueError(f"{given[0]}: an option of the heldout task; retrieval tasks take --contexts, --depths, "
+                         f"--trials")
+    return evaluate_retrieval(args.run_dir, args.task, int_list("--contexts", args.contexts), depth_list(args.depths),
+                              args.trials, args.digits, args.out, args.overrides, step=args.step,
+                              micro_docs=args.micro_docs, device=args.device, precision=args.precision,
+                              seed=args.seed, wandb=not args.no_wandb)
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        rec = evaluate(args.run_dir, args.ctx, args.out, args.overrides, docs=args.docs, step=args.step,
-                       bins=args.bins, micro_docs=args.micro_docs, device=args.device, precision=args.precision)
-    except (ValueError, FileNotFoundError) as err:
+        rec = run_command(args)
+    except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)  # bad input: one line naming what is wrong, no traceback
         return 2
-    line = (f"step {rec['step']} at ctx {rec['ctx']} (trained at {rec['train_ctx']}), {rec['docs']} docs: "
-            f"best-context loss {rec['best_context_loss']:.4f} (bin {rec['best_context_bin']}), "
-            f"last-10% loss {rec['last10_loss']:.4f}")
-    if "bayes_curve" in rec:
-        line += (f"; Bayes-optimal best-context {rec['bayes_best_context_loss']:.4f}, gap {rec['best_context_gap']:+.4f}"
-                 f", largest gap over the curve {rec['max_bin_gap']:+.4f}")
-    print(line)
-    print(f"wrote {args.out} and {rec['plot']}")
+    except FloatingPointError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    out = Path(rec["out"])
+    if rec["task"] == "heldout":
+        print(f"step {rec['step']} at ctx {rec['ctx']} (trained at {rec['train_ctx']}), {rec['docs']} docs: "
+              f"{eval_line(rec)}")
+        print(f"wrote {out}, {out.with_suffix('.npz')} and {out.with_suffix('.png')}")
+    else:
+        print(f"step {rec['step']}: {retrieval_line(rec)}")
+        print(f"wrote {out} and {out.with_suffix('.png')}" + (f"; wandb: {rec['wandb']}" if rec.get("wandb") else ""))
     return 0
 
 

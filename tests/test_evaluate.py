@@ -1,12 +1,17 @@
 """Trained checkpoints put to use: load_run (old configs included), `python -m longctx.evaluate` at other context
-lengths and data, `python -m longctx.generate`, and their one-line errors. One tiny power-attention run is
+lengths and data (the README's form on a small prepared dataset), its retrieval tasks, `python -m longctx.generate`,
+and their one-line errors (every argument checked before any work; nothing written). One tiny power-attention run is
 trained once for the module (CPU, a few seconds)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+import zarr
 
 import pytest
 import torch
@@ -14,10 +19,10 @@ import torch.nn.functional as F
 
 from longctx import load_run
 from longctx.data import heldout_batch
-from longctx.evaluate import main as evaluate_main
+from longctx.eval import bin_docs, exponential_bins, min_positions_for, read_doc_record
+from longctx.evaluate import compose_data, main as evaluate_main
 from longctx.generate import main as generate_main
 from longctx.train import checkpoint as ckpt
-from longctx.train.metrics import MIN_BEST_BIN_POSITIONS, exponential_bins
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = ["trainer.max_steps=4", "trainer.eval_every=4", "logger.wandb.mode=disabled", "data.train_tokens=65536",
@@ -28,6 +33,30 @@ TRAIN = ["trainer.max_steps=4", "trainer.eval_every=4", "logger.wandb.mode=disab
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, train_run):
     return train_run(tmp_path_factory.mktemp("runs") / "power", TRAIN)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A small dataset in the LongCrawl64 layout (what scripts/prepare_dataset.py writes): ids 0..3, BOS 4."""
+    root = tmp_path_factory.mktemp("lc64")
+    rng = np.random.default_rng(7)
+    for split, n in (("train.zarr", 8), ("heldout.zarr", 6)):
+        arr = zarr.create_array(str(root / split), shape=(n, 256), chunks=(4, 128), dtype="uint16",
+                                attributes={"bos_id": 4, "vocab_size": 5, "max_token_id": 3})
+        arr[:] = rng.integers(0, 4, size=(n, 256), dtype=np.uint16)
+    return root
+
+
+def files_under(*folders):
+    return sorted(p for folder in folders if folder.exists() for p in folder.rglob("*"))
+
+
+def model_nll(run, inputs, targets):
+    """Independent truth: cross-entropy of the checkpoint's logits, every token (n, T) float64."""
+    model, _ = load_run(run, device="cpu")
+    with torch.no_grad():
+        logits = model(inputs)
+    return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").double()
 
 
 def cli(module, *args):
@@ -91,20 +120,24 @@ def test_evaluate_at_twice_the_training_context(run, tmp_path, capsys):
     assert len(rec["per_position_loss"]) == 128
     assert rec["icl_curve"][0][0] == 0 and rec["icl_curve"][-1][1] == 128
     # best context: the lowest bin among those wide enough to trust
-    trusted = [v for lo, hi, v in rec["icl_curve"] if hi - lo >= MIN_BEST_BIN_POSITIONS]
+    trusted = [v for lo, hi, v in rec["icl_curve"] if hi - lo >= min_positions_for(128)]
     assert rec["best_context_loss"] == min(trusted)
     assert [b[:2] for b in rec["bayes_curve"]] == [b[:2] for b in rec["icl_curve"]]
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert "best-context loss" in capsys.readouterr().out
     # independent truth: cross-entropy of the model's logits on the same heldout documents
-    model, cfg = load_run(run, device="cpu")
     data = heldout_batch(rec["data"]["heldout"], 128, 6)
-    with torch.no_grad():
-        logits = model(data["inputs"])
-    nll = F.cross_entropy(logits.transpose(1, 2), data["targets"], reduction="none").double().mean(0)
+    per_token = model_nll(run, data["inputs"], data["targets"])
+    nll = per_token.mean(0)
     torch.testing.assert_close(torch.tensor(rec["per_position_loss"], dtype=torch.float64), nll, rtol=0, atol=2e-5)
     last10 = nll[-13:].mean().item()  # ceil(10% of 128) = 13 positions
     assert rec["last10_loss"] == pytest.approx(last10, abs=1e-5)
+    # the per-document record beside it, as the trainer writes it
+    assert rec["doc_bins"] == "ctx128.npz"
+    doc = read_doc_record(out.with_suffix(".npz"))
+    assert doc["edges"].tolist() == [b[:2] for b in rec["icl_curve"]] and doc["doc_index"].tolist() == list(range(6))
+    np.testing.assert_allclose(doc["loss"], bin_docs(per_token.numpy(), doc["edges"]), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(doc["bayes"].mean(0), [b[2] for b in rec["bayes_curve"]], rtol=0, atol=2e-6)
 
 
 def test_evaluate_cli_runs_shorter_than_training(run, tmp_path):
@@ -115,32 +148,178 @@ def test_evaluate_cli_runs_shorter_than_training(run, tmp_path):
     assert rec["ctx"] == 32 and [b[:2] for b in rec["icl_curve"]] == [list(b) for b in exponential_bins(32, 4)]
 
 
-@pytest.mark.parametrize("case", ["missing run", "no checkpoints", "unknown attention", "ctx beyond documents",
-                                  "data vocabulary too large", "unknown data key"])
+def test_evaluate_the_readme_form_on_a_prepared_dataset(run, prepared, tmp_path):
+    """`python -m longctx.evaluate RUN --ctx C data=longcrawl64 data.path=... --docs M --out F` as the README shows
+    it: data.path is a `???` key of the longcrawl64 data config, set on the command line."""
+    out = tmp_path / "lc64.json"
+    proc = cli("longctx.evaluate", run, "--ctx", 128, "data=longcrawl64", f"data.path={prepared}", "--docs", 4,
+               "--out", out, "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    assert rec["data"] == {"name": "longcrawl64", "heldout": str(prepared / "heldout.zarr")}
+    assert (rec["ctx"], rec["docs"]) == (128, 4) and "bayes_curve" not in rec
+    data = heldout_batch(prepared / "heldout.zarr", 128, 4)
+    nll = model_nll(run, data["inputs"], data["targets"])
+    np.testing.assert_allclose(rec["per_position_loss"], nll.mean(0).numpy(), rtol=0, atol=2e-5)
+    doc = read_doc_record(out.with_suffix(".npz"))
+    assert set(doc) == {"loss", "edges", "doc_index"}  # no exact optimum for this data
+    assert f"wrote {out}" in proc.stdout
+
+
+def test_data_overrides_compose_the_real_data_group(run):
+    """data=NAME is conf/data/NAME.yaml composed by Hydra (its defaults chain included), then data.KEY=VALUE."""
+    _, run_cfg = load_run(run, device="cpu")
+    cfg = compose_data(run_cfg, ["data=icl_markov_long_cpu", "data.doc_len=128", "data.state_counts=[4,8]"])
+    assert (cfg.data.tag, cfg.data.vocab, cfg.data.alpha, cfg.data.doc_len) == ("icl_markov_long_cpu", 32, 0.05, 128)
+    assert list(cfg.data.state_counts) == [4, 8] and cfg.data.cache_dir == run_cfg.data.cache_dir
+    assert cfg.ctx == run_cfg.ctx and cfg.model == run_cfg.model  # only the data changes
+    lc = compose_data(run_cfg, ["data=longcrawl64", "data.path=/some/where", "data.eval_docs=3"])
+    assert (lc.data.path, lc.data.eval_docs) == ("/some/where", 3)
+
+
+def test_default_out_is_a_new_file_in_the_run_folder(run, capsys):
+    before = files_under(run)
+    assert evaluate_main([str(run), "--docs", "2", "--device", "cpu"]) == 0
+    first = Path(capsys.readouterr().out.splitlines()[-1].split()[1].rstrip(","))
+    assert first.parent == run / "eval" and first.name.startswith("ctx64-step4-icl_markov")
+    text = first.read_text()
+    assert evaluate_main([str(run), "--docs", "2", "--device", "cpu"]) == 0
+    second = Path(capsys.readouterr().out.splitlines()[-1].split()[1].rstrip(","))
+    assert second != first and second.parent == first.parent and first.read_text() == text  # nothing overwritten
+    for path in (first, second):
+        for p in (path, path.with_suffix(".npz"), path.with_suffix(".png")):
+            p.unlink()
+    assert files_under(run) == before
+
+
+BAD = {  # extra arguments -> the words of the one error line
+    "missing run": ([], "does not exist"),
+    "no checkpoints": ([], "holds no checkpoint"),
+    "unknown attention": ([], "attention.name='flash': unknown attention; known: exp, linear, power"),
+    "ctx beyond documents": (["--ctx", "512"], "ctx=512 is larger than the documents"),
+    "ctx too small": (["--ctx", "1"], "--ctx=1: must be an integer >= 2"),
+    "data vocabulary too large": (["data.vocab=9"], "data vocabulary 10"),
+    "unknown data key": (["data.vocabb=9"], "data.vocabb: not a key of the icl_markov data config"),
+    "unknown data config": (["data=nodata"], "data=nodata: no such data config; known: icl_markov"),
+    "data null": (["data=null"], "'data=null': expected data=NAME, the name of a conf/data config"),
+    "not a data override": (["model.d_model=8"], "'model.d_model=8': expected a data override"),
+    "data path missing": (["data=longcrawl64"], "config: data.path is mandatory and not set"),
+    "data path nowhere": (["data=longcrawl64", "data.path=/nowhere/lc64"], "data.path='/nowhere/lc64': does not"),
+    "eval_docs not a number": (["data.eval_docs=abc"], "config: data.eval_docs='abc': must be an integer"),
+    "micro-docs negative": (["--micro-docs", "-1"], "--micro-docs=-1: must be an integer >= 1"),
+    "micro-docs zero": (["--micro-docs", "0"], "--micro-docs=0: must be an integer >= 1"),
+    "bins zero": (["--bins", "0"], "--bins=0: must be an integer >= 1"),
+    "bins too many": (["--bins", "1000"], "--bins=1000: at ctx=128 its widest bin holds 1 positions"),
+    "docs zero": (["--docs", "0"], "--docs=0: must be an integer >= 1"),
+    "device without cuda": (["--device", "cuda"], "--device='cuda': no CUDA device is available"),
+    "device unknown": (["--device", "tpu"], "--device='tpu': expected auto, cpu, cuda or cuda:N"),
+    "out a folder": (["--out", "{tmp}"], "is a folder; give a file name"),
+    "out under a file": (["--out", "{tmp}/file.txt/x.json"], "file.txt is a file, not a folder"),
+    "out not json": (["--out", "{tmp}/x.txt"], "must end in .json"),
+    "out exists": (["--out", "{tmp}/old.json"], "old.json exists and is never overwritten"),
+    "out plot exists": (["--out", "{tmp}/old2.json"], "old2.png exists and is never overwritten"),
+    "retrieval flag on heldout": (["--contexts", "64"], "--contexts: an option of the retrieval tasks"),
+    "heldout flag on retrieval": (["--task", "passkey", "--docs", "3"], "--docs: an option of the heldout task"),
+    "contexts too short": (["--task", "passkey", "--contexts", "20"], "--contexts: 20 is shorter than a prompt's"),
+    "contexts not numbers": (["--task", "passkey", "--contexts", "a,b"], "--contexts='a,b': expected comma-sep"),
+    "depths out of range": (["--task", "needle", "--depths", "0,2"], "--depths='0,2': expected one or more fract"),
+    "trials zero": (["--task", "needle", "--trials", "0"], "--trials=0: must be an integer >= 1"),
+    "needle trials beyond documents": (["--task", "needle", "--trials", "40", "--contexts", "64"],
+                                       "--trials=40: only 16 of the 16 heldout documents"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
 def test_evaluate_bad_input_is_one_line(run, tmp_path, capsys, case):
-    run_dir, extra, words = run, [], ""
+    """Each bad argument: one `error:` line naming it, exit 2, and nothing written (not even after an evaluation)."""
+    if case == "device without cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    extra, words = BAD[case]
+    run_dir = run
     if case == "missing run":
-        run_dir, words = tmp_path / "nowhere", "does not exist"
+        run_dir = tmp_path / "nowhere"
     elif case == "no checkpoints":
-        run_dir, words = tmp_path / "fresh", "holds no checkpoint"
+        run_dir = tmp_path / "fresh"
         run_dir.mkdir()
         (run_dir / "config.yaml").write_text((run / "config.yaml").read_text())
     elif case == "unknown attention":
-        run_dir, words = tmp_path / "renamed", "attention.name='flash': unknown attention; known: exp, linear, power"
+        run_dir = tmp_path / "renamed"
         (run_dir / "checkpoints").mkdir(parents=True)
         state = ckpt.load_checkpoint(ckpt.latest_checkpoint(run)[1])
         state["config"]["attention"]["name"] = "flash"
         torch.save(state, run_dir / "checkpoints" / "step_00000004.pt")
-    elif case == "ctx beyond documents":
-        extra, words = ["--ctx", "512"], "ctx=512 is larger than the documents"
-    elif case == "data vocabulary too large":
-        extra, words = ["data.vocab=9"], "data vocabulary 10"
-    elif case == "unknown data key":
-        extra, words = ["data.vocabb=9"], "data.vocabb: not a key of the icl_markov data config"
-    args = [str(run_dir), "--out", str(tmp_path / "x.json"), "--device", "cpu", "--docs", "2"]
-    args += extra if "--ctx" in extra else ["--ctx", "128", *extra]
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "old.json").write_text("{}")
+    (tmp_path / "old2.png").write_text("x")
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    args = [str(run_dir), "--device", "cpu", *extra]
+    if "--device" in extra:
+        args = [str(run_dir), *extra]
+    if "--out" not in extra:
+        args += ["--out", str(tmp_path / "x.json")]
+    if "--task" not in extra and "--contexts" not in extra:
+        args += ([] if "--ctx" in extra else ["--ctx", "128"]) + ([] if "--docs" in extra else ["--docs", "2"])
+    before_tmp, before_run = files_under(tmp_path), files_under(run)
     one_error_line(capsys, evaluate_main(args), words)
-    assert not (tmp_path / "x.json").exists()
+    assert files_under(tmp_path) == before_tmp and files_under(run) == before_run
+
+
+def test_evaluate_non_finite_checkpoint_is_one_line_and_writes_nothing(run, tmp_path, capsys):
+    run_dir = tmp_path / "nan"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(run)[1])
+    state["model"] = {k: v.float().fill_(float("nan")) if v.is_floating_point() else v for k, v in state["model"].items()}
+    torch.save(state, run_dir / "checkpoints" / "step_00000004.pt")
+    before = files_under(run_dir)
+    assert evaluate_main([str(run_dir), "--device", "cpu", "--docs", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: non-finite heldout loss (64 of 64 positions)"), err
+    assert files_under(run_dir) == before
+
+
+def test_evaluate_out_where_no_file_can_be_made_is_refused_first(run, tmp_path, capsys, monkeypatch):
+    """A folder that refuses new files (read-only, full, not ours), as the OS reports it to the probe: refused before
+    the run is even loaded."""
+    import longctx.evaluate as evaluate_module
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(evaluate_module.tempfile, "TemporaryFile", refuse)
+    monkeypatch.setattr(evaluate_module, "load_run", lambda *a, **k: pytest.fail("loaded the run before checking"))
+    one_error_line(capsys, evaluate_main([str(run), "--device", "cpu", "--out", str(tmp_path / "x.json")]),
+                   f"cannot write into {tmp_path} (Permission denied)")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_evaluate_out_in_a_read_only_folder_is_refused_first(run, tmp_path, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        code = evaluate_main([str(run), "--device", "cpu", "--out", str(folder / "x.json")])
+    finally:
+        folder.chmod(0o700)
+    one_error_line(capsys, code, "cannot write into")
+
+
+@pytest.mark.parametrize("task", ["passkey", "needle"])
+def test_retrieval_cli_writes_accuracy_by_context_and_depth(run, tmp_path, task, capsys):
+    out = tmp_path / f"{task}.json"
+    assert evaluate_main([str(run), "--task", task, "--contexts", "40,64", "--depths", "0,0.5,1", "--trials", "3",
+                          "--digits", "4", "--device", "cpu", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    assert (rec["task"], rec["contexts"], rec["depths"], rec["trials"], rec["digits"]) == (
+        task, [40, 64], [0.0, 0.5, 1.0], 3, 4)
+    assert rec["base"] == 3 and rec["chance"] == {"digit": 1 / 3, "key": 3 ** -4}  # 4 Markov states: 1 marker lead
+    for grid in (rec["key_accuracy"], rec["digit_accuracy"]):
+        assert len(grid) == 2 and all(len(row) == 3 and all(0 <= v <= 1 for v in row) for row in grid)
+        assert all(v * 3 == round(v * 3) for row in rec["key_accuracy"] for v in row)  # a share of 3 trials
+    assert 4 not in rec["marker"] + rec["alphabet"]  # never BOS
+    assert out.with_suffix(".png").stat().st_size > 5_000
+    assert f"{task}: key accuracy" in stdout and "wandb" not in stdout  # the run logs to no wandb run
 
 
 # -- generate -----------------------------------------------------------------------------------------------
@@ -172,3 +351,37 @@ def test_generate_missing_run_is_one_line(tmp_path):
     proc = cli("longctx.generate", tmp_path / "nowhere", "--max-new-tokens", 3, "--prompt-ids", "1")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: run directory '{tmp_path / 'nowhere'}' does not exist"]
+
+
+def test_retrieval_is_added_to_the_runs_own_wandb_run(run, tmp_path):
+    """A run that logs to wandb (offline here) gets the retrieval result in its own wandb run (its wandb_id)."""
+    from longctx.eval.plots import plot_retrieval
+    from longctx.evaluate import log_to_run_wandb
+
+    _, cfg = load_run(run, device="cpu")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rec = {"task": "passkey", "step": 4, "contexts": [64], "depths": [0.0, 1.0], "key_accuracy": [[1.0, 0.5]],
+           "digit_accuracy": [[1.0, 0.75]], "mean_key_accuracy": 0.75, "mean_digit_accuracy": 0.875,
+           "chance": {"key": 0.01, "digit": 0.1}}
+    png = plot_retrieval(rec, tmp_path / "passkey.png", "passkey")
+    assert log_to_run_wandb(run_dir, cfg, rec, png) is None  # logger.wandb.mode=disabled: nothing
+    cfg.logger.wandb.mode = "offline"
+    assert log_to_run_wandb(run_dir, cfg, rec, png) is None  # never logged to wandb (no wandb_id): nothing
+    (run_dir / "wandb_id").write_text("evaltest\n")
+    where = Path(log_to_run_wandb(run_dir, cfg, rec, png))
+    assert where.parent == run_dir / "wandb" and where.name.endswith("-evaltest")  # offline-run-<time>-<id>
+    assert any(where.glob("*.wandb"))
+
+
+def test_retrieval_without_the_tokenizer_uses_ids(monkeypatch, capsys):
+    """tiktoken fetches its tables on first use: offline, the prompts are made of ids (and a note says so)."""
+    import longctx.evaluate as evaluate_module
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(evaluate_module, "tokenizer_name", lambda cfg: "tiktoken-gpt2")
+    monkeypatch.setattr(evaluate_module, "codec", offline)
+    assert evaluate_module.encode_of(None) is None
+    assert "tokenizer tiktoken-gpt2 unavailable (ConnectionError)" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from longctx.evaluate import per_position_loss
+from longctx.eval import per_token_loss
 from longctx.runs import load_run
 from longctx.train.data import build_heldout, resolve_splits
 
@@ -36,7 +36,7 @@ def test_recency_table_of_a_run(run, tmp_path, import_script):
     # independent path: evaluate's per-position curve minus the optimum, averaged over the same positions
     model, cfg = load_run(run, device="cpu")
     held = build_heldout(resolve_splits(cfg.data, int(cfg.ctx)), cfg.data, POSITIONS, model.spec.vocab_size)
-    curve = per_position_loss(model, held["inputs"], held["targets"], micro_docs=4)
+    curve = per_token_loss(model, held["inputs"], held["targets"], micro_docs=4).mean(0)
     expected = (curve - held["bayes_nll"].double().numpy().mean(0))[1:].mean()
     got = sum(c["excess"] * c["tokens"] for c in model_row["classes"].values()) / (16 * (POSITIONS - 1))
     assert got == pytest.approx(expected, abs=1e-3)  # the table rounds each class to 4 decimals

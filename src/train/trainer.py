@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
+                          write_doc_record)
 from longctx.models import ModelSpec, build_model
 from longctx.models.attention import params_from_conf
 from longctx.train import checkpoint as ckpt
@@ -23,7 +25,6 @@ from longctx.train.data import build_heldout, build_train_reader, resolve_splits
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, wandb_id_for
-from longctx.train.metrics import icl_summary
 from longctx.train.optim import build_optimizer, build_scheduler
 
 
@@ -152,8 +153,7 @@ class Trainer:
         self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.dist.rank, self.dist.world_size,
                                          self.spec.vocab_size)
         self.heldout = build_heldout(self.splits, cfg.data, cfg.ctx, self.spec.vocab_size)
-        self.bayes_curve = (self.heldout["bayes_nll"].double().mean(0).numpy()
-                            if self.heldout.get("bayes_nll") is not None else None)
+        self.evaluation = HeldoutEvaluation(self.heldout, cfg.trainer.icl_bins)  # refuses bins too narrow to trust
 
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.skipped_steps, self.consecutive_skips = 0, 0
@@ -305,10 +305,7 @@ class Trainer:
 
     # ----- numerics ---------------------------------------------------------------------------------------
     def autocast(self):
-        precision = self.cfg.trainer.precision
-        if precision == "bf16" or (precision == "auto" and self.device.type == "cuda"):
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.cfg.trainer.precision)
 
     def train_step(self, batch: dict) -> float:
         """One optimizer step over the local batch, in micro-batches of trainer.micro_docs documents."""
@@ -384,29 +381,27 @@ class Trainer:
         if self.dist.is_main:
             log.warning(f"{what}; update skipped (trainer.on_nonfinite=skip)")
 
-    @torch.no_grad()
-    def per_position_loss(self) -> np.ndarray:
-        """Mean next-token NLL at each position over the fixed heldout subset, all ranks together."""
-        self.model.eval()
-        inputs, targets = self.heldout["inputs"], self.heldout["targets"]
-        n = inputs.shape[0]
+    def evaluate(self, train_loss: float, tokens_per_s: float, data_wait: float) -> dict | None:
+        """The heldout evaluation (all ranks together), logged with its per-document record. A non-finite heldout loss
+        follows trainer.on_nonfinite: stop raises; skip warns and returns None (nothing logged, no checkpoint).
+        data_wait: the fraction of the training time since the last evaluation spent waiting for the reader."""
+        n = self.evaluation.n_docs
         share = range(self.dist.rank * n // self.dist.world_size, (self.dist.rank + 1) * n // self.dist.world_size)
-        micro = self.cfg.trainer.micro_docs or self.cfg.data.docs_per_batch
-        total = torch.zeros(inputs.shape[1], device=self.device, dtype=torch.float64)
+        self.model.eval()
         with progress_bar(self.dist.is_main, total=n, desc=f"eval step {self.step}", unit="doc", leave=False) as bar:
-            for s in range(share.start, share.stop, micro):
-                e = min(s + micro, share.stop)
-                with self.autocast():
-                    nll = self.model(inputs[s:e].to(self.device), targets[s:e].to(self.device))
-                total += nll.double().sum(0)
-                bar.update((e - s) * self.dist.world_size)
-        total = all_reduce_sum(total, self.dist) / n
+            result = self.evaluation.run(self.model, self.cfg.trainer.micro_docs or self.cfg.data.docs_per_batch,
+                                         self.cfg.trainer.precision, share, lambda t: all_reduce_sum(t, self.dist),
+                                         lambda done: bar.update(done * self.dist.world_size))
         self.model.train()
-        return total.cpu().numpy()
-
-    def evaluate(self, train_loss: float, tokens_per_s: float, data_wait: float) -> dict:
-        """data_wait: the fraction of the training time since the last evaluation spent waiting for the reader."""
-        curve = self.per_position_loss()
+        if not result.finite:
+            what = (f"non-finite heldout loss at step {self.step} (mean {result.per_position.mean()}, "
+                    f"{int((~np.isfinite(result.per_position)).sum())} of {len(result.per_position)} positions)")
+            if self.cfg.trainer.on_nonfinite == "stop":
+                raise FloatingPointError(f"{what}; stopping without a checkpoint (trainer.on_nonfinite=stop)")
+            if self.dist.is_main:
+                log.warning(f"{what}; not logged and not checkpointed (trainer.on_nonfinite=skip)")
+            return None
+        curve = result.per_position
         record = {"step": self.step, "tokens": self.tokens, "elapsed_s": round(self.elapsed, 2),
                   "train_loss": train_loss, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s,
                   "data_wait": round(data_wait, 4), "skipped_steps": self.skipped_steps}
@@ -414,7 +409,7 @@ class Trainer:
                                                       "executed_state_flops_per_token", "wsfr", "state_size")})
         record["flops"] = self.tokens * self.flops["train_flops_per_token"]
         record["mfu"] = mfu(tokens_per_s, self.flops["train_flops_per_token"], self.device_name, self.dist.world_size)
-        record.update(icl_summary(curve, self.cfg.trainer.icl_bins, self.bayes_curve))
+        record.update(result.summary)
         if self.dist.is_main:
             # The raw per-position curve: inline for short contexts, beside the log for long ones (a 64k
             # curve is ~0.5 MB of JSON per evaluation).
@@ -424,6 +419,8 @@ class Trainer:
                 folder = self.run_dir / "per_position_loss"
                 folder.mkdir(exist_ok=True)
                 np.save(folder / f"step_{self.step:08d}.npy", curve.astype(np.float32))
+            record["doc_bins"] = step_record_path(self.step)  # each document's binned loss (paired comparisons)
+            write_doc_record(self.run_dir / record["doc_bins"], doc_record(self.evaluation, result))
             self.jsonl.log(record)
             png = plot_icl_curves(self.jsonl.records(), self.run_dir / "icl_curves.png",
                                   f"{self.cfg.run_name}: ICL curves over training")
@@ -508,9 +505,12 @@ class Trainer:
             out_of_budget = self._out_of_budget()
             if self.step % eval_every == 0 or self.step == max_steps or out_of_budget:
                 tokens_per_s = window_tokens / max(1e-9, time.time() - window_start)
-                record = self.evaluate(window_loss / window_steps, tokens_per_s, window_wait / max(1e-9, window_time))
-                self.save()
-                if self.dist.is_main:
+                evaluated = self.evaluate(window_loss / window_steps, tokens_per_s,
+                                          window_wait / max(1e-9, window_time))
+                if evaluated is not None:  # a skipped non-finite evaluation leaves no checkpoint
+                    record = evaluated
+                    self.save()
+                if self.dist.is_main and evaluated is not None:
                     log.info(self._describe(record))
                     if record["data_wait"] >= DATA_WAIT_WARN and not self.warned_data_wait:
                         log.warning(self._data_wait_advice(record["data_wait"], window_steps))
@@ -523,7 +523,8 @@ class Trainer:
                 break
         bar.close()
         if self.dist.is_main:
-            log.info(self._final_summary(record))
+            log.info(self._final_summary(record) if record is not None else
+                     f"final (step {self.step}): no finite evaluation to report (trainer.on_nonfinite=skip)")
             if self.wandb is not None:
                 log.info(self.wandb.describe())
         shutdown(self.dist)
@@ -544,21 +545,10 @@ class Trainer:
 
     @staticmethod
     def _describe(rec: dict) -> str:
-        text = (f"step {rec['step']:>6d} | train {rec['train_loss']:.4f} | best-context {rec['best_context_loss']:.4f}"
-                f" | last10% {rec['last10_loss']:.4f}")
-        if "last_bin_gap" in rec:
-            text += (f" | gap to Bayes: last bin {rec['last_bin_gap']:+.4f}, best {rec['best_context_gap']:+.4f}"
-                     f", largest {rec['max_bin_gap']:+.4f}")
-        return text
+        return f"step {rec['step']:>6d} | train {rec['train_loss']:.4f} | {eval_line(rec)}"
 
     def _final_summary(self, rec: dict) -> str:
-        lines = [f"final (step {rec['step']}, {rec['tokens']:,} tokens) -> {self.run_dir}",
-                 f"  best-context loss {rec['best_context_loss']:.4f} (bin {rec['best_context_bin']})"
-                 f", last-10% loss {rec['last10_loss']:.4f}"]
-        if "bayes_curve" in rec:
-            lines.append(f"  Bayes-optimal best-context loss {rec['bayes_best_context_loss']:.4f}: gap "
-                         f"{rec['best_context_gap']:+.4f} nats; last-bin gap {rec['last_bin_gap']:+.4f} nats; "
-                         f"largest gap {rec['max_bin_gap']:+.4f} nats (bin ending at {rec['max_bin_gap_position']})")
+        lines = [f"final (step {rec['step']}, {rec['tokens']:,} tokens) -> {self.run_dir}", f"  {eval_line(rec)}"]
         lines.append(f"  metrics: {self.run_dir / 'metrics.jsonl'}  plot: {self.run_dir / 'icl_curves.png'}")
         return "\n".join(lines)
 

@@ -15,7 +15,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from longctx.train.config import validate
-from longctx.train.metrics import MIN_BEST_BIN_POSITIONS
+from longctx.eval import min_positions_for
 from longctx.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,8 +106,8 @@ def test_end_to_end_cli_run_then_resume(train_env, tiny, tmp_path):
             assert key in r, key
         assert r["icl_curve"][0][0] == 0 and r["icl_curve"][-1][1] == 64
         assert [b[:2] for b in r["bayes_curve"]] == [b[:2] for b in r["icl_curve"]]
-        # the lowest bin among those wide enough to trust (longctx.train.metrics.MIN_BEST_BIN_POSITIONS)
-        wide = min(MIN_BEST_BIN_POSITIONS, max(b - a for a, b, _ in r["icl_curve"]))
+        # the lowest bin among those wide enough to trust (longctx.eval.metrics.min_positions_for)
+        wide = min_positions_for(64)
         assert r["best_context_loss"] == min(v for a, b, v in r["icl_curve"] if b - a >= wide)
         assert np.isfinite(r["best_context_loss"])
     assert records[-1]["tokens"] == 6 * 8 * 64

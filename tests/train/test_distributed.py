@@ -5,8 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+
+from longctx.eval import read_doc_record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,3 +36,8 @@ def test_two_gloo_processes_match_one_process(train_env, tiny, tmp_path):
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
     # only rank 0 writes: one metrics file, one line per evaluation
     assert len((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()) == 2
+    # the per-document records: each rank's documents in their own rows, every row filled
+    for step in (3, 6):
+        ra, rb = (read_doc_record(tmp_path / run / "eval" / f"step_{step:08d}.npz") for run in ("one", "two"))
+        assert rb["doc_index"].tolist() == ra["doc_index"].tolist() and rb["edges"].tolist() == ra["edges"].tolist()
+        np.testing.assert_allclose(rb["loss"], ra["loss"], rtol=1e-4, atol=1e-5)

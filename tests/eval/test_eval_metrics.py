@@ -1,10 +1,11 @@
-"""Binning, best-context loss and last-10% mean on curves with known answers."""
+"""Binning, best-context loss and last-10% mean on curves with known answers; bin counts too fine are refused."""
 import math
 
 import numpy as np
 import pytest
 
-from longctx.train.metrics import bin_curve, exponential_bins, icl_summary, last_fraction_mean
+from longctx.eval.metrics import (MIN_BEST_BIN_POSITIONS, bin_curve, bin_docs, check_bins, exponential_bins,
+                                  icl_summary, last_fraction_mean, min_positions_for)
 
 
 @pytest.mark.parametrize("ctx,num_bins", [(128, 16), (1000, 10), (65536, 32), (7, 16), (2, 4)])
@@ -81,14 +82,15 @@ def test_last_fraction_rounds_up_to_one_position():
 
 
 def test_bad_bins_argument_names_the_key():
-    with pytest.raises(ValueError, match="trainer.icl_bins"):
+    with pytest.raises(ValueError, match=r"trainer.icl_bins=0: must be a positive integer"):
         exponential_bins(128, 0)
+    with pytest.raises(ValueError, match=r"--bins='8': must be a positive integer"):
+        exponential_bins(128, "8", key="--bins")
 
 
 def test_best_context_skips_bins_too_small_to_trust():
     """A curve whose single-position bin at position 1 is spuriously low (a lucky position): the best context is
     the lowest bin with at least MIN_BEST_BIN_POSITIONS positions, reported with its end position."""
-    from longctx.train.metrics import MIN_BEST_BIN_POSITIONS
     ctx = 1024
     curve = 2.0 + 1.0 / np.sqrt(np.arange(ctx) + 1.0)
     curve[1] = 0.5
@@ -104,11 +106,44 @@ def test_best_context_skips_bins_too_small_to_trust():
     assert s1["best_context_loss"] == 0.5 and s1["best_context_position"] == 2
 
 
-def test_best_context_falls_back_to_widest_bins_for_short_contexts():
-    curve = np.array([3.0, 1.0, 2.0, 2.5, 2.6, 2.7])  # 6 positions: every bin narrower than the threshold
-    s = icl_summary(curve, 3)
-    widths = [b - a for a, b, _ in s["icl_curve"]]
+def test_short_contexts_need_bins_of_an_eighth_of_the_context():
+    """Under 128 tokens no bin can hold 16 positions: a best-context bin needs ctx/8 of them (64 -> 8)."""
+    assert [min_positions_for(c) for c in (4, 64, 127, 128, 65536)] == [1, 8, 15, 16, 16]
+    curve = np.linspace(3.0, 1.0, 64)
+    curve[5] = 0.1                        # a lucky single position
+    s = icl_summary(curve, 16)
     a, b = s["best_context_bin"]
-    assert b - a == max(widths)
-    with pytest.raises(ValueError, match="min_positions"):
-        icl_summary(curve, 3, min_bin_positions=0)
+    assert b - a >= 8 and b == 64 and s["best_context_loss"] == pytest.approx(curve[a:b].mean(), rel=1e-12)
+
+
+@pytest.mark.parametrize("ctx, bins", [(64, 1000), (64, 40), (1024, 4000)])
+def test_bin_counts_whose_bins_are_all_too_narrow_are_refused(ctx, bins):
+    """A bin count that leaves no bin wide enough to be a best context names the key and the largest count that
+    works, which itself works."""
+    with pytest.raises(ValueError, match=rf"trainer.icl_bins={bins}: at ctx={ctx} its widest bin holds \d+ "
+                                         rf"positions, fewer than the {min_positions_for(ctx)}") as err:
+        icl_summary(np.ones(ctx), bins)
+    fit = int(str(err.value).rsplit("trainer.icl_bins=", 1)[1].split()[0])
+    assert max(b - a for a, b in check_bins(ctx, fit)) >= min_positions_for(ctx)
+    with pytest.raises(ValueError):
+        check_bins(ctx, fit + 1)
+
+
+def test_every_bin_count_that_is_accepted_has_a_wide_bin():
+    for ctx in (8, 30, 64, 200, 4096):
+        for bins in range(1, 80):
+            try:
+                edges = check_bins(ctx, bins)
+            except ValueError:
+                continue
+            s = icl_summary(np.linspace(2, 1, ctx), bins)
+            a, b = s["best_context_bin"]
+            assert b - a >= min_positions_for(ctx) and (a, b) in edges
+
+
+def test_per_document_bins_average_to_the_curve():
+    rng = np.random.default_rng(0)
+    per_token = rng.random((7, 300))
+    bins = exponential_bins(300, 10)
+    np.testing.assert_allclose(bin_docs(per_token, bins).mean(0), bin_curve(per_token.mean(0), bins), rtol=1e-12)
+    assert bin_docs(per_token, bins)[3, -1] == pytest.approx(per_token[3, bins[-1][0]:].mean(), rel=1e-12)

@@ -1,0 +1,117 @@
+"""The heldout loss of a model: one batched loop over documents, per-token NLL binned per document.
+
+Every evaluation goes through `nll_batches` (autocast set once, here): the trainer's periodic evaluation (each rank
+its share of the documents, summed across ranks by the `reduce` it passes), `python -m longctx.evaluate`, and the
+analyses that need every token's loss (`per_token_loss`).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from .metrics import bin_docs, check_bins, icl_summary
+
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def autocast(device: torch.device | str, precision: str):
+    """bf16 autocast for precision bf16, or auto on CUDA; fp32 (no autocast) otherwise."""
+    device = torch.device(device)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights (or, for a module without any, its buffers) live."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def nll_batches(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int, precision: str = "auto",
+                docs: range | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(start, end, nll) for every `micro_docs` documents of `docs` (default all rows) of inputs/targets (n, T):
+    nll (end - start, T) float64 on the model's device, the next-token NLL of each token."""
+    if isinstance(micro_docs, bool) or not isinstance(micro_docs, int) or micro_docs < 1:
+        raise ValueError(f"micro_docs={micro_docs!r}: must be a positive integer")
+    device = model_device(model)
+    docs = range(inputs.shape[0]) if docs is None else docs
+    for s in range(docs.start, docs.stop, micro_docs):
+        e = min(s + micro_docs, docs.stop)
+        with autocast(device, precision):
+            nll = model(inputs[s:e].to(device), targets[s:e].to(device))
+        yield s, e, nll.double()
+
+
+def per_token_loss(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int,
+                   precision: str = "auto") -> np.ndarray:
+    """Next-token NLL of every token of inputs/targets (n, T) -> (n, T) float64, `micro_docs` documents a forward."""
+    return torch.cat([nll.cpu() for *_, nll in nll_batches(model, inputs, targets, micro_docs, precision)]).numpy()
+
+
+@dataclass
+class HeldoutLoss:
+    """One evaluation's numbers: the per-position curve and each document's mean NLL within each ICL bin."""
+    per_position: np.ndarray   # (T,) float64: mean over documents at each position
+    doc_loss: np.ndarray       # (n_docs, n_bins) float64: each document's mean within each bin
+    summary: dict              # icl_summary of the curve (and of the optimum where known)
+
+    @property
+    def finite(self) -> bool:
+        return bool(np.isfinite(self.per_position).all())
+
+
+class HeldoutEvaluation:
+    """The fixed heldout documents of a run and how they are binned, checked once (before any training):
+    `bins_key` names the bin count in errors (trainer.icl_bins, or evaluate's --bins)."""
+
+    def __init__(self, heldout: dict, num_bins: int, bins_key: str = "trainer.icl_bins"):
+        self.inputs, self.targets = heldout["inputs"], heldout["targets"]
+        n, ctx = self.targets.shape
+        self.num_bins, self.bins_key = num_bins, bins_key
+        self.edges = check_bins(ctx, num_bins, bins_key)
+        self.doc_index = np.arange(n, dtype=np.int64)  # the first n documents of the heldout split (heldout_batch)
+        bayes = heldout.get("bayes_nll")  # (n, T) float32, the exact optimum of every token, where known
+        self.bayes_curve = None if bayes is None else bayes.double().mean(0).numpy()
+        self.bayes_doc_loss = None if bayes is None else bin_docs(bayes.numpy(), self.edges)
+
+    @property
+    def n_docs(self) -> int:
+        return int(self.targets.shape[0])
+
+    @torch.no_grad()
+    def run(self, model, micro_docs: int, precision: str = "auto", docs: range | None = None,
+            reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+            on_batch: Callable[[int], None] | None = None) -> HeldoutLoss:
+        """Evaluate `model` on the documents `docs` (default all; with several ranks, this rank's share), summed
+        over every rank by `reduce` (an all-reduce sum; None on one process). on_batch(docs done) after each
+        forward, e.g. a progress bar."""
+        n, ctx = self.targets.shape
+        device = model_device(model)
+        bin_of = torch.empty(ctx, dtype=torch.long, device=device)
+        for i, (a, b) in enumerate(self.edges):
+            bin_of[a:b] = i
+        widths = torch.tensor([b - a for a, b in self.edges], dtype=torch.float64, device=device)
+        total = torch.zeros(ctx, dtype=torch.float64, device=device)
+        doc_loss = torch.zeros(n, len(self.edges), dtype=torch.float64, device=device)
+        for s, e, nll in nll_batches(model, self.inputs, self.targets, micro_docs, precision, docs):
+            total += nll.sum(0)
+            doc_loss[s:e] = torch.zeros(e - s, len(self.edges), dtype=torch.float64,
+                                        device=device).index_add_(1, bin_of, nll) / widths
+            if on_batch is not None:
+                on_batch(e - s)
+        if reduce is not None:
+            total, doc_loss = reduce(total), reduce(doc_loss)
+        per_position = (total / n).cpu().numpy()
+        summary = icl_summary(per_position, self.num_bins, self.bayes_curve, key=self.bins_key)
+        return HeldoutLoss(per_position=per_position, doc_loss=doc_loss.cpu().numpy(), summary=summary)

@@ -1,0 +1,54 @@
+"""The per-document evaluation record: every heldout document's mean loss within each ICL bin, saved as
+`<run_dir>/eval/step_XXXXXXXX.npz` beside the run's metrics.jsonl (paired comparisons of runs evaluated on the same
+documents -- bootstrap intervals -- need each document's numbers, not only their mean).
+
+Arrays (np.load(path, allow_pickle=False)):
+    loss       float32 (n_docs, n_bins)  each document's mean next-token NLL within each bin
+    edges      int64 (n_bins, 2)         each bin's [start, end) positions (the record's icl_curve bins)
+    bayes      float32 (n_docs, n_bins)  the per-document Bayes-optimal NLL binned the same way (only where the
+                                         data has an exact optimum)
+    doc_index  int64 (n_docs,)           the heldout documents' indices in the heldout split
+The mean over documents of `loss` is the record's icl_curve (every document has the same length).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .loss import HeldoutEvaluation, HeldoutLoss
+
+RECORD_DIR = "eval"
+
+
+def step_record_path(step: int) -> str:
+    """The record of the trainer's evaluation at `step`, relative to the run directory."""
+    return f"{RECORD_DIR}/step_{step:08d}.npz"
+
+
+def doc_record(evaluation: HeldoutEvaluation, result: HeldoutLoss) -> dict[str, np.ndarray]:
+    arrays = {"loss": result.doc_loss.astype(np.float32),
+              "edges": np.asarray(evaluation.edges, dtype=np.int64).reshape(-1, 2),
+              "doc_index": evaluation.doc_index.astype(np.int64)}
+    if evaluation.bayes_doc_loss is not None:
+        arrays["bayes"] = evaluation.bayes_doc_loss.astype(np.float32)
+    return arrays
+
+
+def write_doc_record(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write the arrays to `path` (.npz) through a temporary file, so a reader never meets half a record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_doc_record(path: str | Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}

@@ -1,0 +1,25 @@
+"""The lines an evaluation prints: one formatter for the trainer's console and `python -m longctx.evaluate`."""
+from __future__ import annotations
+
+
+def optimum_gaps(rec: dict) -> str:
+    """The gaps to the Bayes optimum ('' where the data has none)."""
+    if "bayes_curve" not in rec:
+        return ""
+    return (f"gap to the Bayes-optimal loss: last bin {rec['last_bin_gap']:+.4f}, best {rec['best_context_gap']:+.4f}, "
+            f"largest {rec['max_bin_gap']:+.4f} (bin ending at {rec['max_bin_gap_position']})")
+
+
+def eval_line(rec: dict) -> str:
+    """One line per evaluation: best-context loss (and its bin), last-10% loss, the gaps to the optimum."""
+    text = (f"best-context loss {rec['best_context_loss']:.4f} (bin {rec['best_context_bin'][0]}-"
+            f"{rec['best_context_bin'][1]}) | last-10% loss {rec['last10_loss']:.4f}")
+    gaps = optimum_gaps(rec)
+    return f"{text} | {gaps}" if gaps else text
+
+
+def retrieval_line(rec: dict) -> str:
+    """A retrieval evaluation in one line: mean accuracy over every context and depth, against chance."""
+    return (f"{rec['task']}: key accuracy {rec['mean_key_accuracy']:.1%} (chance {rec['chance']['key']:.2g}), "
+            f"digit accuracy {rec['mean_digit_accuracy']:.1%} (chance {rec['chance']['digit']:.3g}) over contexts "
+            f"{', '.join(str(c) for c in rec['contexts'])} and depths {', '.join(f'{d:g}' for d in rec['depths'])}")
