@@ -25,6 +25,13 @@ import zarr
 GPT2_EOT = 50256
 GPT2_VOCAB = 50257
 TOKEN_DTYPES = (np.dtype("uint16"), np.dtype("uint32"))
+# Zarr 3 skips writing chunks that hold only the fill value; our writers write every chunk, so that a chunk file
+# missing from a dataset is always a damaged or partial copy, never a chunk of zeros
+WRITE_EVERY_CHUNK = {"write_empty_chunks": True}
+
+
+class ChunkError(ValueError):
+    """A chunk of a token array is missing or cannot be decoded; the message names the array, the chunk and its file."""
 
 
 def open_tokens(path, *, field: str = "data.path") -> zarr.Array:
@@ -95,6 +102,119 @@ def info(arr: zarr.Array) -> dict:
     bayes = bayes_path(arr)
     d["bayes_nll"] = str(bayes) if bayes is not None else None
     return d
+
+
+# ----- chunks: presence and decoding, named -----------------------------------------------------------------
+def _chunk_shape(arr: zarr.Array) -> tuple[int, int]:
+    """Shape of one stored object (a shard when the array is sharded, else a chunk)."""
+    shards = getattr(arr, "shards", None)
+    return tuple(int(c) for c in (shards or arr.chunks))
+
+
+def chunk_grid(arr: zarr.Array, rows, cols: slice) -> list[tuple[int, int]]:
+    """Chunk coordinates covering rows (a slice or an index array) x the position slice `cols`."""
+    cd, ct = _chunk_shape(arr)
+    if isinstance(rows, slice):
+        lo, hi, _ = rows.indices(int(arr.shape[0]))
+        row_chunks = range(lo // cd, (hi - 1) // cd + 1) if hi > lo else range(0)
+    else:
+        row_chunks = np.unique(np.asarray(rows) // cd).tolist()
+    c0, c1, _ = cols.indices(int(arr.shape[1]))
+    col_chunks = range(c0 // ct, (c1 - 1) // ct + 1) if c1 > c0 else range(0)
+    return [(int(i), int(j)) for i in row_chunks for j in col_chunks]
+
+
+def chunk_file(arr: zarr.Array, coords: tuple[int, int]) -> Path | None:
+    where = array_dir(arr)
+    if where is None:
+        return None
+    return where / arr.metadata.encode_chunk_key(coords)
+
+
+def check_chunks_present(arr: zarr.Array, rows, cols: slice, *, field: str = "data.path",
+                         listing: set[str] | None = None) -> None:
+    """Raise ChunkError naming the first chunk of the region that has no file (zarr would read it as the fill
+    value, 0, silently). One directory listing when `listing` is None; nothing to do for in-memory arrays."""
+    where = array_dir(arr)
+    if where is None:
+        return
+    if listing is None:
+        listing = _list_files(where)
+    missing = [c for c in chunk_grid(arr, rows, cols) if arr.metadata.encode_chunk_key(c) not in listing]
+    if missing:
+        key = arr.metadata.encode_chunk_key(missing[0])
+        more = f" (and {len(missing) - 1} more chunks)" if len(missing) > 1 else ""
+        raise ChunkError(f"{field}: chunk {key!r} of {str(where)!r} is missing{more}: {str(where / key)!r} does "
+                         f"not exist; the copy is damaged or partial (zarr would read it as token 0)")
+
+
+def _list_files(root: Path) -> set[str]:
+    out = set()
+    for dirpath, _, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        out.update(prefix + f for f in files)
+    return out
+
+
+def read_region(arr: zarr.Array, rows, cols: slice, *, field: str = "data.path") -> np.ndarray:
+    """`arr[rows, cols]` (rows: a slice or a sorted index array) as numpy, refusing missing chunks and naming the
+    chunk, array and file of a chunk that fails to decode (zarr's own error names none of them)."""
+    check_chunks_present(arr, rows, cols, field=field,
+                         listing=None if array_dir(arr) is None else _present(arr, rows, cols))
+    if _is_blosc(arr):
+        _check_blosc_sizes(arr, rows, cols, field)
+    try:
+        if isinstance(rows, slice):
+            return np.asarray(arr[rows, cols])
+        return np.asarray(arr.oindex[rows, cols])
+    except Exception as e:
+        raise _decode_error(arr, rows, cols, field, e) from e
+
+
+def _present(arr: zarr.Array, rows, cols: slice) -> set[str]:
+    """The region's chunk keys that exist on disk (one stat per chunk: a read touches a few dozen)."""
+    where = array_dir(arr)
+    keys = (arr.metadata.encode_chunk_key(c) for c in chunk_grid(arr, rows, cols))
+    return {k for k in keys if (where / k).exists()}
+
+
+def _is_blosc(arr: zarr.Array) -> bool:
+    """Blosc (LongCrawl64's compressor) decodes a truncated chunk into garbage without an error."""
+    if array_dir(arr) is None:
+        return False
+    comp = getattr(arr.metadata, "compressor", None)                    # format v2
+    codecs = getattr(arr.metadata, "codecs", ())                         # format v3
+    return (getattr(comp, "codec_id", None) == "blosc"
+            or any(type(c).__name__ == "BloscCodec" for c in codecs))
+
+
+def _check_blosc_sizes(arr: zarr.Array, rows, cols: slice, field: str) -> None:
+    """A Blosc frame records its own length (header bytes 12-15): a file of another size is damaged."""
+    for coords in chunk_grid(arr, rows, cols):
+        f = chunk_file(arr, coords)
+        with open(f, "rb") as fh:
+            header = fh.read(16)
+            size = os.fstat(fh.fileno()).st_size
+        recorded = int.from_bytes(header[12:16], "little") if len(header) == 16 else -1
+        if recorded != size:
+            key = arr.metadata.encode_chunk_key(coords)
+            raise ChunkError(f"{field}: chunk {key!r} of {_where(arr)} cannot be decoded (Blosc frame of {recorded} "
+                             f"bytes, file of {size}); file {str(f)!r} is damaged or truncated")
+
+
+def _decode_error(arr: zarr.Array, rows, cols: slice, field: str, cause: Exception) -> Exception:
+    """Find the chunk that fails alone and name it; else the original error, with the array named."""
+    cd, ct = _chunk_shape(arr)
+    for i, j in chunk_grid(arr, rows, cols):
+        try:
+            np.asarray(arr[i * cd:(i + 1) * cd, j * ct:(j + 1) * ct])
+        except Exception as e:
+            key = arr.metadata.encode_chunk_key((i, j))
+            return ChunkError(f"{field}: chunk {key!r} of {_where(arr)} cannot be decoded ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); file {str(chunk_file(arr, (i, j)))!r} "
+                              f"is damaged or truncated")
+    return ChunkError(f"{field}: reading {_where(arr)} failed: {type(cause).__name__}: {cause}")
 
 
 def bayes_path(arr: zarr.Array) -> Path | None:

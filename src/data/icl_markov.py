@@ -48,13 +48,14 @@ import collections
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import zarr
 from tqdm.auto import tqdm
+
+from ._array import WRITE_EVERY_CHUNK
+from ._tmpdir import release, writing_dir
 
 GENERATOR = "icl_markov"
 VERSION = 2  # bump when the sampling procedure changes: a new folder is generated, nothing overwritten
@@ -313,19 +314,16 @@ def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len:
     if (root / "params.json").exists():
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{root.name}-", dir=cache))
-    try:
+    with writing_dir(cache, root.name) as tmp:  # also removes what a killed generation left in cache
         _generate(tmp, params, progress=progress)
         (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
+        release(tmp)
         try:
             os.rename(tmp, root)
             os.chmod(root, 0o777 & ~_umask())  # mkdtemp made it private
         except OSError:
             if not (root / "params.json").exists():  # not a concurrent writer that finished first
                 raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return root
 
 
@@ -354,11 +352,11 @@ def _generate(out: Path, params: dict, *, progress: bool) -> None:
             if split == "heldout":
                 split_attrs["bayes_nll"] = "heldout_bayes_nll.zarr"
             tok = zarr.create_array(str(out / f"{split}.zarr"), shape=(n, L), chunks=(doc_chunk, col_chunk),
-                                    dtype="uint16", attributes=split_attrs)
+                                    dtype="uint16", attributes=split_attrs, config=WRITE_EVERY_CHUNK)
             nll = None
             if split == "heldout":
                 nll = zarr.create_array(str(out / "heldout_bayes_nll.zarr"), shape=(n, L),
-                                        chunks=(doc_chunk, col_chunk), dtype="float32",
+                                        chunks=(doc_chunk, col_chunk), dtype="float32", config=WRITE_EVERY_CHUNK,
                                         attributes={"generator": params, "units": "nats",
                                                     "tokens": f"{split}.zarr"})
             for b, lo in enumerate(range(0, n, block)):

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ._array import GPT2_EOT, array_attrs, bayes_path, info, open_tokens
+from ._array import GPT2_EOT, array_attrs, bayes_path, check_chunks_present, info, open_tokens, read_region
 
 
 def _positive_int(name: str, v) -> int:
@@ -68,6 +68,9 @@ class LongCrawl64:
         prefetch: batches assembled ahead by the background thread. Default 2.
         max_block_bytes: cap on one cached block (this rank's rows of a chunk-row x one column). Default 512 MiB.
         num_threads: threads decoding blocks. Default 2.
+        vocab_limit: None, or the model's vocabulary size: every block read is checked for ids >= it, and the
+            first one found raises ValueError naming it, its document and position (instead of an index error
+            in the embedding, mid-run). Default None.
     Yields:
         dict(inputs=int64 (B/W, T), targets=int64 (B/W, T)) — `(B/W * T/K, K)` with reshape_block=K.
 
@@ -80,7 +83,7 @@ class LongCrawl64:
 
     def __init__(self, path, context_length: int, docs_per_batch: int, rank: int = 0, world_size: int = 1, *,
                  bos_id: int | None = None, reshape_block: int | None = None, prefetch: int = 2,
-                 max_block_bytes: int = 512 << 20, num_threads: int = 2):
+                 max_block_bytes: int = 512 << 20, num_threads: int = 2, vocab_limit: int | None = None):
         self.array = open_tokens(path)
         self.path = str(path)
         T = _positive_int("context_length (ctx)", context_length)
@@ -107,6 +110,9 @@ class LongCrawl64:
         self.num_threads = max(1, int(num_threads))
         self.num_docs, self.doc_len = N, L
         self.bos_id = _bos(bos_id, self.array)
+        self.vocab_limit = None if vocab_limit is None else _positive_int("vocab_limit", vocab_limit)
+        # every chunk this reader will ever read must exist: zarr reads a missing one as token 0, silently
+        check_chunks_present(self.array, slice(0, (N // B) * B), slice(0, (L // T) * T))
         self.vocab_size = int(array_attrs(self.array).get("vocab_size", max(self.bos_id + 1, 50257)))
         self.rows_per_column = N // B                      # R
         self.columns = L // T                              # C
@@ -184,7 +190,9 @@ class LongCrawl64:
     def batch(self, i: int) -> dict:
         """Global batch i for this rank, read synchronously (no cache); the iterator yields the same."""
         docs, pos = self.rectangle(i)
-        return self._to_batch(np.asarray(self.array[docs, pos]))
+        data = read_region(self.array, docs, pos)
+        self._check_ids(data, docs.start, pos.start)
+        return self._to_batch(data)
 
     def _to_batch(self, targets: np.ndarray) -> dict:
         targets = targets.astype(np.int64)
@@ -215,10 +223,21 @@ class LongCrawl64:
         rows = self._block_rows(c)
         pos = slice(j * self.context_length, (j + 1) * self.context_length)
         if len(rows) == rows[-1] - rows[0] + 1:
-            data = self.array[int(rows[0]):int(rows[-1]) + 1, pos]
+            data = read_region(self.array, slice(int(rows[0]), int(rows[-1]) + 1), pos)
         else:
-            data = self.array.oindex[rows, pos]
-        return rows, np.asarray(data)
+            data = read_region(self.array, rows, pos)
+        self._check_ids(data, rows, pos.start)
+        return rows, data
+
+    def _check_ids(self, data: np.ndarray, rows, t0: int) -> None:
+        """Refuse ids the model cannot embed (vocab_limit), naming the first one's document and position."""
+        if self.vocab_limit is None or data.size == 0 or int(data.max()) < self.vocab_limit:
+            return
+        r, t = (int(v) for v in np.argwhere(data >= self.vocab_limit)[0])
+        doc = rows + r if isinstance(rows, int) else int(np.asarray(rows)[r])
+        raise ValueError(f"data.path: token id {int(data[r, t])} at document {doc}, position {t0 + t} of {self.path} "
+                         f">= model vocab_size={self.vocab_limit} (the array's max_token_id attribute, "
+                         f"{array_attrs(self.array).get('max_token_id')}, is wrong or the data was changed)")
 
     def _assemble(self, i: int, blocks: dict) -> dict:
         """Batch i from cached blocks; keeps `blocks` to this batch's blocks plus the next block's."""
@@ -300,14 +319,16 @@ class LongCrawl64:
                 f"bos_id={self.bos_id}, reshape_block={self.reshape_block}; {len(self)} batches/epoch)")
 
 
-def heldout_batch(path, context_length: int, num_docs: int, *, bos_id: int | None = None) -> dict:
+def heldout_batch(path, context_length: int, num_docs: int, *, bos_id: int | None = None,
+                  field: str = "data.path") -> dict:
     """The fixed evaluation subset: the first `num_docs` documents, positions [0, context_length).
 
     Returns dict(inputs=int64 (num_docs, T), targets=int64 (num_docs, T), bayes_nll=float32 (num_docs, T)
-    or None). `bayes_nll` is the Bayes-optimal per-token NLL (nats) when the dataset has one (the array's
-    `bayes_nll` attribute names it; the in-context Markov dataset does).
+    or None). `bayes_nll` is the Bayes-optimal per-token NLL (nats) when the dataset has one (the
+    array's `bayes_nll` attribute names it; the in-context Markov dataset does). A missing or undecodable chunk
+    raises `ChunkError` naming it.
     """
-    arr = open_tokens(path)
+    arr = open_tokens(path, field=field)
     T = _positive_int("context_length (ctx)", context_length)
     n = _positive_int("num_docs", num_docs)
     N, L = (int(s) for s in arr.shape)
@@ -315,13 +336,14 @@ def heldout_batch(path, context_length: int, num_docs: int, *, bos_id: int | Non
         raise ValueError(f"context_length (ctx)={T} > doc_len={L} of {path}: documents are too short")
     if n > N:
         raise ValueError(f"num_docs={n} > the {N} documents of {path}")
-    targets = np.asarray(arr[:n, :T]).astype(np.int64)
+    targets = read_region(arr, slice(0, n), slice(0, T), field=field).astype(np.int64)
     inputs = _shift_right(targets, _bos(bos_id, arr))
     bayes = None
     bp = bayes_path(arr)
     if bp is not None:
         import zarr
-        bayes = torch.from_numpy(np.asarray(zarr.open_array(str(bp), mode="r")[:n, :T], dtype=np.float32))
+        nll = read_region(zarr.open_array(str(bp), mode="r"), slice(0, n), slice(0, T), field=f"{field} (bayes_nll)")
+        bayes = torch.from_numpy(np.asarray(nll, dtype=np.float32))
     return {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets), "bayes_nll": bayes}
 
 
@@ -333,42 +355,42 @@ def dataset_info(path) -> dict:
     return d
 
 
-def check_vocab(path_or_reader, vocab_size: int, *, max_scan_tokens: int = 1 << 26) -> int:
-    """Raise ValueError if the data holds token ids >= `vocab_size` (the model's vocabulary).
+def check_vocab(path_or_reader, vocab_size: int, *, max_scan_tokens: int = 1 << 26, field: str = "data.path") -> int:
+    """Raise ValueError if the data holds token ids >= `vocab_size` (the model's vocabulary), naming the id, the
+    vocabulary and `field`.
 
-    Uses the array's `max_token_id` attribute when present; otherwise scans the whole array if it has at
-    most `max_scan_tokens` tokens, else evenly spaced chunk-rows up to that budget. Also checks bos_id.
-    Returns the largest id seen (or recorded).
+    Checks bos_id and the array's recorded `max_token_id` attribute, then reads a sample (recorded or not: an
+    attribute can be wrong): the whole array if it has at most `max_scan_tokens` tokens, else evenly spaced whole
+    chunks up to that budget. Returns the largest id seen (or recorded, if larger).
     """
     vocab_size = _positive_int("vocab_size", vocab_size)
     if isinstance(path_or_reader, LongCrawl64):
         arr, bos, where = path_or_reader.array, path_or_reader.bos_id, path_or_reader.path
     else:
-        arr = open_tokens(path_or_reader)
+        arr = open_tokens(path_or_reader, field=field)
         bos, where = _bos(None, arr), str(path_or_reader)
     if bos >= vocab_size:
-        raise ValueError(f"data.bos_id={bos} >= model vocab_size={vocab_size} ({where})")
+        raise ValueError(f"{field}: bos_id={bos} >= model vocab_size={vocab_size} ({where})")
     recorded = array_attrs(arr).get("max_token_id")
-    if recorded is not None:
-        if int(recorded) >= vocab_size:
-            raise ValueError(f"data: token id {recorded} (max_token_id of {where}) >= model vocab_size={vocab_size}")
-        return int(recorded)
+    if recorded is not None and int(recorded) >= vocab_size:
+        raise ValueError(f"{field}: token id {recorded} (max_token_id of {where}) >= model vocab_size={vocab_size}")
     N, L = (int(s) for s in arr.shape)
     cd, ct = (max(1, int(c)) for c in arr.chunks)
     if N * L <= max_scan_tokens:          # small: scan everything, one chunk-row at a time
-        blocks = [(slice(lo, lo + cd), slice(0, L)) for lo in range(0, N, cd)]
+        blocks = [(slice(lo, min(lo + cd, N)), slice(0, L)) for lo in range(0, N, cd)]
     else:                                 # large: evenly spaced whole chunks up to the budget
         grid = [(a, b) for a in range(0, N, cd) for b in range(0, L, ct)]
         n_pick = max(1, min(len(grid), max_scan_tokens // (cd * ct)))
         grid = [grid[int(k)] for k in np.unique(np.linspace(0, len(grid) - 1, n_pick).round().astype(int))]
-        blocks = [(slice(a, a + cd), slice(b, b + ct)) for a, b in grid]
+        blocks = [(slice(a, min(a + cd, N)), slice(b, min(b + ct, L))) for a, b in grid]
     top = 0
     for docs, pos in blocks:
-        block = np.asarray(arr[docs, pos])
+        block = read_region(arr, docs, pos, field=field)
         m = int(block.max())
         if m >= vocab_size:
             d, t = np.argwhere(block >= vocab_size)[0]
-            raise ValueError(f"data: token id {int(block[d, t])} at document {docs.start + int(d)}, position "
-                             f"{pos.start + int(t)} of {where} >= model vocab_size={vocab_size}")
+            lie = f"; the array records max_token_id={recorded}, which is wrong" if recorded is not None else ""
+            raise ValueError(f"{field}: token id {int(block[d, t])} at document {docs.start + int(d)}, position "
+                             f"{pos.start + int(t)} of {where} >= model vocab_size={vocab_size}{lie}")
         top = max(top, m)
-    return top
+    return max(top, int(recorded)) if recorded is not None else top

@@ -1,24 +1,32 @@
 """Build a dataset in the LongCrawl64 layout from your own text (the engine of scripts/prepare_dataset.py).
 
-Pipeline (streaming: memory stays O(one output chunk-row), whatever the corpus size):
+Two ways to make documents:
 
-1. read documents with `datasets.load_dataset(..., streaming=True)` — local text / json(l) / parquet / csv
-   files, a folder of .txt files (one document per file), or a Hub dataset name when online;
-2. tokenize (GPT-2 BPE via tiktoken when its vocabulary is available offline, else the byte-level
-   fallback below), keep documents with at least `doc_len` tokens, truncate to `doc_len`, and append them
-   to a temporary flat uint16 file on disk;
-3. shuffle (a random permutation of the kept documents), split off `heldout` documents, roll, and write
-   `train.zarr` / `heldout.zarr` `[N, doc_len]` uint16 in chunks of `chunk_docs x chunk_len`, one
-   chunk-row at a time, gathered from the flat file through a memory map.
+- `group_by="file"` (default; streaming: memory stays O(one output chunk-row), whatever the corpus size): read
+  documents from local text files (one document per file, or per paragraph/line), json(l) / parquet / csv
+  files (`datasets.load_dataset(..., streaming=True)`), or a Hub dataset name when online; keep those with at
+  least `doc_len` tokens, truncated to `doc_len`; a random permutation splits off the heldout documents.
+- `group_by="package"`: source and documentation trees (`longctx.data.corpus`): each package's files
+  concatenated into one long text, cut into consecutive `doc_len`-token documents (the remainder, and packages
+  shorter than `doc_len`, are dropped). The heldout split is made of whole packages (about `heldout_frac` of the
+  text), so no package is in both; the tokenizer (default: byte-level BPE trained here, `tokenizer.json`) sees
+  the training packages only. Package texts are held in memory (≈ the corpus size).
 
-Roll (LongCrawl64 calls its documents "rolled"): each kept document keeps its first `doc_len - 1`
-tokens, gets the EOT/BOS id appended, and is then rotated left by a random offset k, so the stored row is
+Then both: the documents go to a temporary flat uint16/uint32 file, each split is shuffled, rolled, and written
+as `train.zarr` / `heldout.zarr` `[N, doc_len]` in chunks of `chunk_docs x chunk_len`, one chunk-row at a time.
+
+Roll (LongCrawl64 calls its documents "rolled"): each document keeps its first `doc_len - 1` tokens, gets the
+EOT/BOS id appended, and is then rotated left by a random offset k, so the stored row is
 `doc[k:] + [EOT] + doc[:k]`-shaped: the document's start sits at a uniformly random position and the EOT
 marks the seam. `rolled=False` stores the first `doc_len` tokens as they are.
 
-Offline tokenizer fallback ("bytes"): ids 0..255 are the UTF-8 bytes of the text, EOT/BOS is 256,
-vocab_size 257. The arrays' attributes record `tokenizer`, `bos_id`, `vocab_size`, `max_token_id`,
-`rolled`, and the preparation parameters, so the reader and `check_vocab` pick them up.
+Safety: every argument and path is checked before any work. The output is built in a hidden temporary folder
+beside `out` and renamed into place; `overwrite` replaces only a folder that this module wrote (its
+`prepare.json` manifest lists every entry, and the folder holds nothing else), and never one that is, contains
+or lies inside an input. A text file that is not UTF-8 is named in a warning and skipped.
+
+The arrays' attributes record `tokenizer`, `bos_id`, `vocab_size`, `max_token_id`, `rolled`, the preparation
+parameters, and `tokenizer_file` when the dataset carries its own tokenizer (`load_tokenizer` reads them).
 """
 from __future__ import annotations
 
@@ -27,46 +35,33 @@ import json
 import logging
 import os
 import shutil
-import tempfile
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from ._array import WRITE_EVERY_CHUNK
+from ._tmpdir import LOCK_NAME, release, writing_dir
+from .corpus import CorpusStats, package_texts
+from .tokenizer import TOKENIZER_FILE, BPETokenizer, ByteTokenizer, TiktokenGPT2
+
 TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
                  ".parquet": "parquet", ".csv": "csv"}
+TOKENIZERS = ("auto", "gpt2", "bytes", "bpe")
+WRITTEN_BY = "longctx.data.prepare"
+LEGACY_FILES = {"train.zarr", "heldout.zarr", "prepare.json"}  # what versions without a manifest wrote
 log = logging.getLogger("longctx.data.prepare")
+
+__all__ = ["PrepareConfig", "prepare_dataset", "check_config", "get_tokenizer", "open_source",
+           "ByteTokenizer", "TiktokenGPT2", "BPETokenizer"]
 
 
 # ----- tokenizers ------------------------------------------------------------------------------------
-class ByteTokenizer:
-    """UTF-8 bytes as ids 0..255; EOT/BOS 256; vocab_size 257. Needs nothing from the network."""
-    name = "bytes"
-    eot_id = 256
-    vocab_size = 257
-
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.frombuffer(t.encode("utf-8", errors="replace"), dtype=np.uint8).astype(np.uint16) for t in texts]
-
-
-class TiktokenGPT2:
-    """GPT-2 BPE (tiktoken, LongCrawl64's tokenizer): EOT 50256, vocab_size 50257."""
-    name = "tiktoken-gpt2"
-
-    def __init__(self):
-        import tiktoken
-        self.enc = tiktoken.get_encoding("gpt2")
-        self.eot_id = self.enc.eot_token
-        self.vocab_size = self.enc.n_vocab
-
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(ids, dtype=np.uint16) for ids in self.enc.encode_ordinary_batch(texts)]
-
-
 def get_tokenizer(name: str = "auto"):
     """'gpt2' (tiktoken; fails with a hint if its vocabulary can't be loaded), 'bytes', or 'auto' (gpt2 if
-    it loads, else bytes)."""
+    it loads, else bytes). ('bpe' is trained on the data: see prepare_dataset.)"""
     if name not in ("auto", "gpt2", "bytes"):
         raise ValueError(f"tokenizer: must be one of auto, gpt2, bytes; got {name!r}")
     if name == "bytes":
@@ -89,10 +84,9 @@ def get_tokenizer(name: str = "auto"):
 
 # ----- sources -----------------------------------------------------------------------------------------
 def open_source(source: str, *, text_field: str = "text", split: str = "train", hf_config: str | None = None,
-                sample_by: str = "document"):
-    """A streaming iterable of raw text documents and a short description of where they come from."""
-    import datasets
-
+                sample_by: str = "document", skipped: list | None = None):
+    """A streaming iterable of raw text documents and a short description of where they come from. Text files
+    that are not UTF-8 are skipped with a warning naming them (and appended to `skipped`)."""
     p = Path(os.path.expanduser(source))
     if p.is_dir():
         files = sorted(f for f in glob.glob(str(p / "**" / "*"), recursive=True)
@@ -110,16 +104,39 @@ def open_source(source: str, *, text_field: str = "text", split: str = "train", 
     elif _looks_local(source):
         raise FileNotFoundError(f"input: {source!r} does not exist (a local path: no such file or folder)")
     else:  # a Hub dataset name
+        import datasets
         try:
             ds = datasets.load_dataset(source, hf_config, split=split, streaming=True)
         except Exception as e:  # offline, no such dataset, gated: one line, not the Hub client's traceback
             raise RuntimeError(f"input: {source!r} is not a local file or folder, and the Hub dataset of that "
                                f"name could not be opened ({type(e).__name__}: {str(e).splitlines()[0]})") from None
         return _texts(ds, text_field, source), f"hub:{source}" + (f"/{hf_config}" if hf_config else "")
-    kwargs = {"sample_by": sample_by} if builder == "text" else {}
-    ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **kwargs)
-    field = "text" if builder == "text" else text_field
-    return _texts(ds, field, source), f"{builder}:{len(files)} file(s) under {source}"
+    described = f"{builder}:{len(files)} file(s) under {source}"
+    if builder == "text":
+        return _text_files(files, sample_by, [] if skipped is None else skipped), described
+    import datasets
+    ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
+    return _texts(ds, text_field, source), described
+
+
+def _text_files(files: list[str], sample_by: str, skipped: list):
+    """Documents of text files, read as the `datasets` text builder reads them (universal newlines; a paragraph
+    ends at a blank line), but a file that is not UTF-8 is named and skipped instead of ending the corpus."""
+    for f in files:
+        data = Path(f).read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            skipped.append(f)
+            log.warning(f"input: skipping {f!r}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start})")
+            continue
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if sample_by == "document":
+            yield text
+        elif sample_by == "paragraph":
+            yield from (t for t in text.split("\n\n") if t)
+        else:
+            yield from text.split("\n")
 
 
 def _looks_local(source: str) -> bool:
@@ -134,7 +151,14 @@ def _looks_local(source: str) -> bool:
 
 
 def _texts(ds, field: str, source: str):
-    for row in ds:
+    rows = iter(ds)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as e:
+            raise ValueError(f"input: {source!r} holds text that is not UTF-8 ({e.reason} at byte {e.start})") from None
         if field not in row:
             raise ValueError(f"text_field: {field!r} is not a column of {source} (columns: {sorted(row)})")
         text = row[field]
@@ -142,15 +166,15 @@ def _texts(ds, field: str, source: str):
             yield text
 
 
-# ----- preparation -------------------------------------------------------------------------------------
+# ----- configuration and its checks --------------------------------------------------------------------
 @dataclass
 class PrepareConfig:
-    source: str
+    source: str | list[str]          # one input or several (`--input A B ...`)
     out: str
     doc_len: int = 65536
     heldout_frac: float = 0.01
     heldout_docs: int | None = None
-    tokenizer: str = "auto"
+    tokenizer: str = "auto"          # auto: gpt2 else bytes (group_by=file); bpe (group_by=package)
     rolled: bool = True
     seed: int = 0
     chunk_docs: int = 2048
@@ -164,42 +188,144 @@ class PrepareConfig:
     batch_docs: int = 64
     overwrite: bool = False
     progress: bool = True
+    group_by: str = "file"           # file | package (longctx.data.corpus)
+    vocab_size: int = 16384          # of the bpe tokenizer
+    max_file_bytes: int = 1 << 20    # group_by=package: larger files are skipped
+    inputs: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self):
+        self.inputs = [self.source] if isinstance(self.source, (str, os.PathLike)) else list(self.source)
+        self.inputs = [str(s) for s in self.inputs]
 
 
-def prepare_dataset(cfg: PrepareConfig) -> dict:
-    """Build `cfg.out/{train,heldout}.zarr` (+ `prepare.json`) and return the summary written there."""
-    out = Path(os.path.expanduser(cfg.out))
-    if cfg.doc_len < 2:
-        raise ValueError(f"doc_len: must be >= 2, got {cfg.doc_len}")
-    if out.exists() and not cfg.overwrite:
-        raise FileExistsError(f"out: {str(out)!r} already exists; pass --overwrite to replace it")
-    if not 0 <= cfg.heldout_frac < 1:
-        raise ValueError(f"heldout_frac: must be in [0, 1), got {cfg.heldout_frac}")
-    texts, described = open_source(cfg.source, text_field=cfg.text_field, split=cfg.split,
-                                   hf_config=cfg.hf_config, sample_by=cfg.sample_by)  # a mistyped path fails first
-    tok = get_tokenizer(cfg.tokenizer)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+def _int(name: str, v, lo: int, hi: int | None = None, *, none_ok: bool = False) -> None:
+    if v is None and none_ok:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or (hi is not None and v > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: must be an integer {bound}, got {v!r}")
+
+
+def check_config(cfg: PrepareConfig) -> Path:
+    """Every argument and path of `cfg`, checked before any work; returns the output folder. Raises ValueError /
+    FileNotFoundError / FileExistsError with one line naming the argument."""
+    _int("doc_len (--doc-len)", cfg.doc_len, 2)
+    _int("chunk_docs (--chunk-docs)", cfg.chunk_docs, 1)
+    _int("chunk_len (--chunk-len)", cfg.chunk_len, 1)
+    _int("batch_docs", cfg.batch_docs, 1)
+    _int("max_docs (--max-docs)", cfg.max_docs, 1, none_ok=True)
+    _int("heldout_docs (--heldout-docs)", cfg.heldout_docs, 0, none_ok=True)
+    _int("vocab_size (--vocab-size)", cfg.vocab_size, 258, 65536)
+    _int("max_file_bytes (--max-file-bytes)", cfg.max_file_bytes, 1)
+    _int("seed (--seed)", cfg.seed, 0)
+    if isinstance(cfg.heldout_frac, bool) or not isinstance(cfg.heldout_frac, (int, float)) \
+            or not 0 <= cfg.heldout_frac < 1:
+        raise ValueError(f"heldout_frac (--heldout-frac): must be in [0, 1), got {cfg.heldout_frac!r}")
+    if cfg.zarr_format not in (2, 3):
+        raise ValueError(f"zarr_format (--zarr-format): must be 2 or 3, got {cfg.zarr_format!r}")
+    if cfg.tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer: must be one of {', '.join(TOKENIZERS)}; got {cfg.tokenizer!r}")
+    if cfg.group_by not in ("file", "package"):
+        raise ValueError(f"group_by (--group-by): must be file or package, got {cfg.group_by!r}")
+    if cfg.sample_by not in ("document", "paragraph", "line"):
+        raise ValueError(f"sample_by (--sample-by): must be document, paragraph or line, got {cfg.sample_by!r}")
+    if cfg.tokenizer == "bpe" and cfg.group_by != "package":
+        raise ValueError("tokenizer=bpe: needs --group-by package (the tokenizer is trained on the training split, "
+                         "which that mode fixes before tokenizing)")
+    if not cfg.inputs:
+        raise ValueError("input (--input): no input given")
+    local = []
+    for src in cfg.inputs:
+        p = Path(os.path.expanduser(src))
+        if cfg.group_by == "package":
+            if not p.is_dir():
+                raise FileNotFoundError(f"input: {src!r} is not a folder (--group-by package reads source or "
+                                        f"documentation trees)")
+        elif not p.exists():
+            if _looks_local(src):
+                raise FileNotFoundError(f"input: {src!r} does not exist (a local path: no such file or folder)")
+            continue  # a Hub name
+        local.append(p)
+    out = Path(os.path.expanduser(str(cfg.out)))
+    _check_out(out, local, cfg.overwrite)
+    return out
+
+
+def _check_out(out: Path, inputs: list[Path], overwrite: bool) -> None:
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise FileExistsError(f"out: {str(out)!r} exists and is not a folder; choose a folder path")
+    r_out = out.resolve()
+    for p in inputs:
+        r_in = p.resolve()
+        if r_out == r_in:
+            raise ValueError(f"out: {str(out)!r} is the input {str(p)!r}; choose a folder outside the input")
+        if r_out in r_in.parents:
+            raise ValueError(f"out: {str(out)!r} contains the input {str(p)!r}; choose a folder outside the input")
+        if r_in in r_out.parents:
+            raise ValueError(f"out: {str(out)!r} lies inside the input {str(p)!r}; choose a folder outside the input")
+    if out.exists():
+        if not overwrite:
+            raise FileExistsError(f"out: {str(out)!r} already exists; pass --overwrite to replace it")
+        _check_replaceable(out)
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise FileExistsError(f"out: {str(ancestor)!r} is a file, so {str(out)!r} cannot be created")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"out: cannot write in {str(ancestor)!r} (permission denied)")
+
+
+def _check_replaceable(out: Path) -> None:
+    """--overwrite replaces only a dataset this module wrote, holding nothing else (or an empty folder)."""
+    if not any(out.iterdir()):
+        return
     try:
-        seen, kept = _tokenize_to_flat(texts, tok, cfg, tmp / "kept.u16")
-        if kept == 0:
-            raise ValueError(f"no document of {described} has >= doc_len={cfg.doc_len} tokens "
-                             f"({seen} documents read, tokenizer {tok.name})")
-        n_held = cfg.heldout_docs if cfg.heldout_docs is not None else max(1, round(cfg.heldout_frac * kept))
-        if cfg.heldout_frac == 0 and cfg.heldout_docs is None:
-            n_held = 0
-        if not 0 <= n_held < kept:
-            raise ValueError(f"heldout_docs={n_held} must leave at least one training document (kept {kept})")
-        summary = _shuffle_roll_write(tmp, tmp / "kept.u16", kept, n_held, tok, cfg, described, seen)
-        (tmp / "kept.u16").unlink()
+        manifest = json.loads((out / "prepare.json").read_text())
+    except (OSError, ValueError):
+        manifest = None
+    ours = isinstance(manifest, dict) and (manifest.get("written_by") == WRITTEN_BY
+                                           or {"documents_kept", "params"} <= set(manifest))
+    if not ours:
+        raise FileExistsError(f"out: {str(out)!r} is not a dataset written by prepare_dataset (no prepare.json of "
+                              f"its own); --overwrite replaces only those: choose another --out")
+    allowed = set(manifest.get("files", LEGACY_FILES))
+    extra = sorted(e.name for e in out.iterdir() if e.name not in allowed)
+    if extra:
+        raise FileExistsError(f"out: {str(out)!r} holds files prepare_dataset did not write "
+                              f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}); refusing to replace it")
+
+
+# ----- preparation -------------------------------------------------------------------------------------
+def prepare_dataset(cfg: PrepareConfig) -> dict:
+    """Build `cfg.out/{train,heldout}.zarr` (+ `prepare.json`, + `tokenizer.json` for bpe) and return the summary
+    written to `prepare.json`."""
+    out = check_config(cfg)
+    start = time.perf_counter()
+    skipped: list[str] = []
+    if cfg.group_by == "file":  # open the source first: a bad Hub name fails before anything is written
+        sources = [open_source(s, text_field=cfg.text_field, split=cfg.split, hf_config=cfg.hf_config,
+                               sample_by=cfg.sample_by, skipped=skipped) for s in cfg.inputs]
+        tok = get_tokenizer(cfg.tokenizer)
+    else:  # bpe is trained later, on the training packages
+        tok = get_tokenizer(cfg.tokenizer) if cfg.tokenizer in ("gpt2", "bytes") else None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with writing_dir(out.parent, out.name) as tmp:
+        if cfg.group_by == "file":
+            summary = _prepare_files(tmp, sources, tok, cfg, skipped)
+        else:
+            summary = _prepare_packages(tmp, cfg, tok)
+        summary["seconds"] = round(time.perf_counter() - start, 1)
+        summary["written_by"] = WRITTEN_BY
+        summary["files"] = sorted([*(e.name for e in tmp.iterdir() if e.name != LOCK_NAME),
+                                   "prepare.json"])
         (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if out.exists():  # only reachable with overwrite=True; replace only after success
+        release(tmp)
+        if out.exists():  # only reachable with overwrite=True on a folder this module wrote; replaced after success
+            _check_replaceable(out)  # again: files may have been added while we worked
             shutil.rmtree(out)
         os.rename(tmp, out)
         _chmod_like_umask(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return summary
 
 
@@ -207,6 +333,26 @@ def _chmod_like_umask(path: Path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, 0o777 & ~mask)  # mkdtemp made it private
+
+
+def _prepare_files(tmp: Path, sources, tok, cfg: PrepareConfig, skipped: list) -> dict:
+    flat = tmp / "kept.tokens"
+    texts = (t for it, _ in sources for t in it)
+    described = "; ".join(d for _, d in sources)
+    seen, kept = _tokenize_to_flat(texts, tok, cfg, flat)
+    if kept == 0:
+        raise ValueError(f"no document of {described} has >= doc_len={cfg.doc_len} tokens "
+                         f"({seen} documents read, tokenizer {tok.name})")
+    n_held = cfg.heldout_docs if cfg.heldout_docs is not None else max(1, round(cfg.heldout_frac * kept))
+    if cfg.heldout_frac == 0 and cfg.heldout_docs is None:
+        n_held = 0
+    if not 0 <= n_held < kept:
+        raise ValueError(f"heldout_docs={n_held} must leave at least one training document (kept {kept})")
+    order = np.random.default_rng(cfg.seed).permutation(kept)
+    summary = _shuffle_roll_write(tmp, flat, kept, order[:n_held], order[n_held:], tok, cfg, described)
+    flat.unlink()
+    summary.update(documents_read=seen, documents_kept=kept, files_not_utf8=skipped)
+    return summary
 
 
 def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, int]:
@@ -224,7 +370,7 @@ def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, 
                 if len(ids) < L and len(text) > cut:  # unusually long tokens: tokenize the whole text
                     ids = tok.encode_batch([text])[0]
                 if len(ids) >= L:
-                    f.write(np.ascontiguousarray(ids[:L], dtype=np.uint16).tobytes())
+                    f.write(np.ascontiguousarray(ids[:L], dtype=_dtype(tok)).tobytes())
                     kept += 1
             batch.clear()
             bar.set_postfix(kept=kept)
@@ -248,18 +394,106 @@ def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, 
     return seen, kept
 
 
-def _shuffle_roll_write(root: Path, flat: Path, kept: int, n_held: int, tok, cfg: PrepareConfig,
-                        described: str, seen: int) -> dict:
+def _dtype(tok) -> np.dtype:
+    return np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
+
+
+def _prepare_packages(tmp: Path, cfg: PrepareConfig, tok) -> dict:
+    """Source trees -> packages -> split by package -> tokenizer on the train packages -> documents."""
+    L = cfg.doc_len
+    stats = CorpusStats()
+    roots = [Path(os.path.expanduser(s)) for s in cfg.inputs]
+    texts = dict(tqdm(package_texts(roots, max_file_bytes=cfg.max_file_bytes, stats=stats), desc="reading packages",
+                      unit="pkg", disable=not cfg.progress))
+    # tokens <= UTF-8 bytes for every tokenizer here, so a package of fewer bytes cannot fill one document
+    nbytes = {name: sum(len(t.encode("utf-8")) for t in parts) for name, parts in texts.items()}
+    eligible = [name for name in texts if nbytes[name] >= L]
+    if not eligible:
+        raise ValueError(f"input: no package of {', '.join(cfg.inputs)} holds >= doc_len={L} bytes of text "
+                         f"({len(texts)} packages with text)")
+    rng = np.random.default_rng(cfg.seed)
+    shuffled = [eligible[i] for i in rng.permutation(len(eligible))]
+    want_heldout = cfg.heldout_frac > 0 or (cfg.heldout_docs or 0) > 0
+    target = cfg.heldout_frac * sum(nbytes[n] for n in eligible)
+    # whole packages in a random order, skipping those that would overshoot twice the target (one package can be
+    # a quarter of a corpus); the smallest one if none fits
+    heldout, held_bytes = [], 0
+    for name in shuffled if want_heldout else []:
+        if held_bytes >= target and heldout:
+            break
+        if held_bytes + nbytes[name] <= 2 * target:
+            heldout.append(name)
+            held_bytes += nbytes[name]
+    if want_heldout and not heldout:
+        heldout = [min(shuffled, key=lambda n: nbytes[n])]
+    train = [n for n in shuffled if n not in set(heldout)]
+    if not train:
+        raise ValueError(f"heldout: the heldout packages would take all {len(eligible)} packages long enough for "
+                         f"one document; lower --heldout-frac or add inputs")
+    if tok is None:  # bpe (also what auto means here)
+        tok = BPETokenizer.train((part for n in sorted(train) for part in texts[n]), cfg.vocab_size)
+        tok.save(tmp / TOKENIZER_FILE)
+    flat = tmp / "kept.tokens"
+    tokens = {"train": 0, "heldout": 0}
+    docs_of = {"train": 0, "heldout": 0}
+    packages_with_docs = {"train": 0, "heldout": 0}
+    package_tokens: dict[str, int] = {}
+    with open(flat, "wb") as f:
+        for split, names in (("heldout", heldout), ("train", train)):
+            for name in tqdm(names, desc=f"tokenizing {split}", unit="pkg", disable=not cfg.progress):
+                # file by file (the tokenizer runs a batch in parallel; batches of files bound its memory); a part
+                # ends in a newline and the next starts with a header, so no token spans two files
+                parts = texts.pop(name)
+                ids = np.concatenate([a for lo in range(0, len(parts), 256)
+                                      for a in tok.encode_batch(parts[lo:lo + 256])])
+                n = len(ids) // L
+                if split == "heldout" and cfg.heldout_docs is not None:
+                    n = min(n, cfg.heldout_docs - docs_of["heldout"])
+                tokens[split] += len(ids)
+                package_tokens[name] = len(ids)
+                if n > 0:
+                    f.write(np.ascontiguousarray(ids[:n * L], dtype=_dtype(tok)).tobytes())
+                    docs_of[split] += n
+                    packages_with_docs[split] += 1
+    n_held, n_train = docs_of["heldout"], docs_of["train"]
+    if cfg.heldout_docs is not None and n_held < cfg.heldout_docs:
+        raise ValueError(f"heldout_docs (--heldout-docs): {cfg.heldout_docs} asked, but the heldout packages "
+                         f"({', '.join(heldout[:5])}{', ...' if len(heldout) > 5 else ''}) make {n_held} documents "
+                         f"of {L} tokens; raise --heldout-frac")
+    if n_train == 0:
+        raise ValueError(f"no training package holds >= doc_len={L} tokens (tokenizer {tok.name})")
+    described = f"packages of {', '.join(cfg.inputs)}"
+    summary = _shuffle_roll_write(tmp, flat, n_held + n_train, np.arange(n_held), np.arange(n_held, n_held + n_train),
+                                  tok, cfg, described)
+    flat.unlink()
+    summary.update(
+        group_by="package", packages_found=stats.packages_found, packages_long_enough=len(eligible),
+        train_packages=packages_with_docs["train"], heldout_packages=sorted(heldout),
+        files_kept=stats.files_kept, files_duplicate=stats.files_duplicate, files_too_large=stats.files_too_large,
+        files_binary=stats.files_binary, files_not_utf8=stats.files_not_utf8,
+        tokens_train_packages=tokens["train"], tokens_heldout_packages=tokens["heldout"],
+        tokens_in_documents=(n_held + n_train) * L, documents_kept=n_held + n_train,
+        package_tokens=dict(sorted(package_tokens.items())))
+    return summary
+
+
+def _shuffle_roll_write(root: Path, flat: Path, kept: int, heldout_idx: np.ndarray, train_idx: np.ndarray, tok,
+                        cfg: PrepareConfig, described: str) -> dict:
+    """Write each split's documents (rows of the flat file) in a random order, rolled, as chunked zarr."""
     import numcodecs
     import zarr
 
     L = cfg.doc_len
-    docs = np.memmap(flat, dtype=np.uint16, mode="r", shape=(kept, L))
-    rng = np.random.default_rng(cfg.seed)
-    order = rng.permutation(kept)
-    splits = {"heldout": order[:n_held], "train": order[n_held:]}
+    dtype = _dtype(tok)
+    docs = np.memmap(flat, dtype=dtype, mode="r", shape=(kept, L))
+    rng = np.random.default_rng([cfg.seed, 1])
+    splits = {"heldout": rng.permutation(heldout_idx), "train": rng.permutation(train_idx)}
     offsets = rng.integers(0, L, size=kept)
-    params = {k: v for k, v in asdict(cfg).items() if k not in ("overwrite", "progress", "out")}
+    params = {k: v for k, v in asdict(cfg).items() if k not in ("overwrite", "progress", "out", "source")}
+    attrs = {"bos_id": int(tok.eot_id), "vocab_size": int(tok.vocab_size), "tokenizer": tok.name,
+             "rolled": bool(cfg.rolled), "prepare": params, "source": described}
+    if isinstance(tok, BPETokenizer):
+        attrs["tokenizer_file"] = TOKENIZER_FILE
     max_id = 0
     bar = tqdm(total=kept, desc="shuffle+roll+write", unit="doc", disable=not cfg.progress)
     with bar:
@@ -271,7 +505,7 @@ def _shuffle_roll_write(root: Path, flat: Path, kept: int, n_held: int, tok, cfg
             if cfg.zarr_format == 2:  # LongCrawl64's exact format: v2, Blosc(lz4, shuffle) as zarr 2 wrote it
                 kw["compressors"] = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
             arr = zarr.create_array(str(root / f"{split}.zarr"), shape=(len(idx), L), chunks=chunks,
-                                    dtype="uint16", zarr_format=cfg.zarr_format, **kw)
+                                    dtype=dtype, zarr_format=cfg.zarr_format, config=WRITE_EVERY_CHUNK, **kw)
             for lo in range(0, len(idx), chunks[0]):
                 rows = idx[lo:lo + chunks[0]]
                 block = docs[np.sort(rows)][np.argsort(np.argsort(rows))]  # sorted reads from disk, original order
@@ -282,14 +516,14 @@ def _shuffle_roll_write(root: Path, flat: Path, kept: int, n_held: int, tok, cfg
                 arr[lo:lo + len(rows)] = block
                 max_id = max(max_id, int(block.max()))
                 bar.update(len(rows))
-            arr.attrs.update({"bos_id": int(tok.eot_id), "vocab_size": int(tok.vocab_size),
-                              "tokenizer": tok.name, "rolled": bool(cfg.rolled), "prepare": params,
-                              "source": described})
+            arr.attrs.update(attrs)
     del docs
     for split in splits:
         if (root / f"{split}.zarr").exists():
             zarr.open_array(str(root / f"{split}.zarr"), mode="r+").attrs["max_token_id"] = max_id
-    return {"source": described, "documents_read": seen, "documents_kept": kept,
-            "train_docs": int(len(splits["train"])), "heldout_docs": int(n_held), "doc_len": L,
-            "tokenizer": tok.name, "bos_id": int(tok.eot_id), "vocab_size": int(tok.vocab_size),
-            "max_token_id": max_id, "rolled": bool(cfg.rolled), "params": params}
+    summary = {"source": described, "train_docs": int(len(splits["train"])), "heldout_docs": int(len(heldout_idx)),
+               "doc_len": L, "tokenizer": tok.name, "bos_id": int(tok.eot_id), "vocab_size": int(tok.vocab_size),
+               "max_token_id": max_id, "rolled": bool(cfg.rolled), "params": params}
+    if isinstance(tok, BPETokenizer):
+        summary["tokenizer_file"] = TOKENIZER_FILE
+    return summary

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
 
@@ -37,7 +37,7 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
         )
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     else:
-        if data_cfg.path is None:
+        if OmegaConf.is_missing(data_cfg, "path") or data_cfg.path in (None, ""):
             raise ValueError("data.path: not set; point it at the folder holding train.zarr and heldout.zarr")
         root = Path(data_cfg.path).expanduser()
         if not root.exists():
@@ -55,8 +55,8 @@ def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank:
         raise ValueError(f"data.docs_per_batch={data_cfg.docs_per_batch} is more than the "
                          f"{splits.info['num_docs']} documents of {splits.train_path}")
     reader = LongCrawl64(str(splits.train_path), ctx, data_cfg.docs_per_batch, rank=rank, world_size=world_size,
-                         reshape_block=data_cfg.reshape_block)
-    check_vocab(reader, vocab_size)
+                         reshape_block=data_cfg.reshape_block, vocab_limit=vocab_size)
+    check_vocab(reader, vocab_size)  # BOS and a sample of chunks now; every block the reader decodes later
     return reader
 
 
@@ -71,6 +71,10 @@ def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int, vocab_size
                     f"{available} (set data.eval_docs={available} to silence this)")
         n = available
     heldout = heldout_batch(str(splits.heldout_path), ctx, n)
+    bos = int(heldout["inputs"][0, 0])
+    if bos >= vocab_size:
+        raise ValueError(f"data.heldout_split: bos_id={bos} of {splits.heldout_path} >= model vocab_size={vocab_size}, "
+                         f"which comes from {splits.train_path}'s vocab_size={splits.info['vocab_size']}")
     top = int(heldout["targets"].max())
     if top >= vocab_size:
         raise ValueError(f"data: heldout token id {top} in {splits.heldout_path} (the data.eval_docs={n} "

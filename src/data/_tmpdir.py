@@ -1,0 +1,73 @@
+"""Temporary folders that become datasets by one rename, and the clean-up of those a killed writer left behind.
+
+A writer builds its dataset in a hidden `.tmp-<name>-XXXX` folder beside the destination and renames it into place
+when done, so an interrupted run never leaves a partial dataset under the real name. A run killed with SIGKILL
+cannot remove its temporary folder, so every such folder holds a lock file that its writer keeps locked
+(`flock`) while it lives: the kernel drops the lock when the process dies, however it dies. The next writer in
+the same parent folder removes every `.tmp-*` folder whose lock file it can take, and nothing else: folders of
+other tools (no lock file) and of writers still running (lock held) are left alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+LOCK_NAME = ".longctx-writing.lock"
+log = logging.getLogger("longctx.data")
+
+
+@contextlib.contextmanager
+def writing_dir(parent: Path, name: str):
+    """Yield a fresh private folder `parent/.tmp-<name>-XXXX`, locked as ours until the block ends; removed at the
+    end unless the caller renamed it away (call `release(tmp)` just before renaming it: the lock file must not
+    travel into the finished dataset)."""
+    parent = Path(parent)
+    clean_stale(parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent))
+    fd = os.open(tmp / LOCK_NAME, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)  # the lock goes last: a cleaner never sees this folder unlocked while it exists
+
+
+def release(tmp: Path) -> None:
+    """Remove the lock file of a finished temporary folder (its fd, and so the lock, stay held until the end of
+    `writing_dir`)."""
+    (Path(tmp) / LOCK_NAME).unlink(missing_ok=True)
+
+
+def clean_stale(parent: Path) -> list[Path]:
+    """Remove the `.tmp-*` folders in `parent` that a dead writer of ours left behind; return them."""
+    removed = []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for d in entries:
+        if not (d.name.startswith(".tmp-") and d.is_dir() and not d.is_symlink()):
+            continue
+        try:
+            fd = os.open(d / LOCK_NAME, os.O_RDWR)
+        except OSError:
+            continue  # not ours, or being renamed into place right now
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its writer is alive (or the file system cannot tell: leave it)
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+            log.warning(f"removed {str(d)!r}, the temporary folder of an interrupted dataset write")
+        finally:
+            os.close(fd)
+    return removed
