@@ -8,6 +8,7 @@ Every key of conf/ can be overridden on the command line; `python train.py --hel
 """
 import os
 import sys
+from pathlib import Path
 
 # Triton keeps autotuning winners on disk (FLA benchmarks its kernels' configs on first use, ~90 s per shape on
 # an H100), so a second run on the same machine and shapes starts at once; TRITON_CACHE_AUTOTUNING=0 turns it off
@@ -19,6 +20,7 @@ from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from longctx.train.config import resolve_resume  # noqa: E402
+from longctx.train.launch import check_shown_config  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
@@ -49,4 +51,5 @@ def remove_if_empty(run_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    check_shown_config(sys.argv[1:], Path(__file__).resolve().parent / "conf")  # --cfg prints a config: check it
     main()

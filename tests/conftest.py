@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "trainer.max_steps=6", "trainer.eval_every=3", "logger.wandb.mode=disabled",
     "data.train_tokens=262144", "data.n_heldout=64", "data.eval_docs=32", "data.docs_per_batch=8",
-    "ctx=64", "trainer.num_threads=2",
+    "ctx=64", "trainer.num_threads=2", "optim.warmup_steps=2",
 ]
 
 

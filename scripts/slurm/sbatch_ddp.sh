@@ -9,7 +9,7 @@
 #       scripts/slurm/sbatch_ddp.sh attention=power p=2 ctx=65536 model=small \
 #       data=longcrawl64 data.path=/data/longcrawl64 logger.wandb.group=lc64-power
 #   # 1 node, 1 process on CPU (gloo), the tiny default run:
-#   sbatch --nodes=1 --cpus-per-task=2 scripts/slurm/sbatch_ddp.sh trainer.max_steps=20
+#   sbatch --nodes=1 --cpus-per-task=2 scripts/slurm/sbatch_ddp.sh trainer.max_steps=20 optim.warmup_steps=5
 #
 # Processes per node: $NPROC_PER_NODE if set, else the GPUs Slurm gave the job on this node
 # ($SLURM_GPUS_ON_NODE), else the visible GPUs (nvidia-smi), else 1 (CPU). The trainer picks the

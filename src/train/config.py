@@ -10,6 +10,7 @@ Three passes, each raising `ValueError("config: <key>=<value>: <why>")` (train.p
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.models.attention import AttentionParamError, params_from_conf, parse_params
+from longctx.train.run_dir import check_run_name
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -174,17 +176,32 @@ def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF
     check_values(cfg)
 
 
+def _finite(cfg: DictConfig, key: str, low: float | None = None, strict: bool = False, allow_none: bool = False):
+    """A finite number (not inf/nan, which YAML reads as floats), >= low (> low when strict)."""
+    value = OmegaConf.select(cfg, key)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        _fail(key, value, "must be a finite number" + (" or null" if allow_none else ""))
+    if low is not None and (value <= low if strict else value < low):
+        _fail(key, value, f"must be {'>' if strict else '>='} {low}" + (" or null" if allow_none else ""))
+
+
 def check_values(cfg: DictConfig) -> None:
+    check_run_name(cfg.run_name)
     for key in ("ctx", "model.d_model", "model.n_layers", "model.n_heads", "model.mlp_ratio",
                 "trainer.max_steps", "trainer.eval_every", "trainer.keep_checkpoints", "trainer.icl_bins",
-                "data.docs_per_batch", "data.eval_docs"):
+                "data.docs_per_batch", "data.eval_docs", "logger.console_every", "window"):
         _positive_int(cfg, key)
+    skips = cfg.trainer.max_skipped_steps
+    if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
+        _fail("trainer.max_skipped_steps", skips, "must be an integer >= 0")
     for key in ("trainer.micro_docs", "trainer.num_threads", "data.reshape_block"):
         _positive_int(cfg, key, allow_none=True)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < 2**32:
         _fail("seed", cfg.seed, "must be an integer in [0, 2**32)")
     budget = cfg.trainer.flops_budget
-    if budget is not None and (isinstance(budget, (bool, str)) or not budget > 0):
+    if budget is not None and (isinstance(budget, (bool, str)) or not budget > 0 or not math.isfinite(budget)):
         _fail("trainer.flops_budget", budget, "must be a positive number of FLOPs, or null")
     if cfg.ctx < 2:
         _fail("ctx", cfg.ctx, "must be at least 2")
@@ -206,16 +223,23 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.logger.wandb.mode not in WANDB_MODES:
         _fail("logger.wandb.mode", cfg.logger.wandb.mode, f"expected one of {WANDB_MODES}")
     optim = cfg.optim
-    if not optim.lr > 0:
-        _fail("optim.lr", optim.lr, "must be > 0")
-    if not 0 <= optim.min_lr <= optim.lr:
+    _finite(cfg, "optim.lr", 0, strict=True)
+    _finite(cfg, "optim.min_lr", 0)
+    if not optim.min_lr <= optim.lr:
         _fail("optim.min_lr", optim.min_lr, f"must lie in [0, optim.lr={optim.lr}]")
-    if optim.warmup_steps < 0:
-        _fail("optim.warmup_steps", optim.warmup_steps, "must be >= 0")
-    if optim.grad_clip is not None and optim.grad_clip <= 0:
-        _fail("optim.grad_clip", optim.grad_clip, "must be > 0 or null")
-    if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
-        _fail("optim.betas", list(optim.betas), "expected two values in [0, 1)")
+    _finite(cfg, "optim.eps", 0, strict=True)
+    _finite(cfg, "optim.weight_decay", 0)
+    _finite(cfg, "optim.grad_clip", 0, strict=True, allow_none=True)
+    if isinstance(optim.warmup_steps, bool) or not isinstance(optim.warmup_steps, int) or optim.warmup_steps < 0:
+        _fail("optim.warmup_steps", optim.warmup_steps, "must be an integer >= 0")
+    if optim.warmup_steps > cfg.trainer.max_steps:
+        _fail("optim.warmup_steps", optim.warmup_steps, f"longer than the run (trainer.max_steps="
+              f"{cfg.trainer.max_steps}): the lr would never reach optim.lr; set optim.warmup_steps<="
+              f"{cfg.trainer.max_steps}")
+    betas = list(optim.betas)
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                  for b in betas):
+        _fail("optim.betas", betas, "expected two values in [0, 1)")
 
 
 def resolve_resume(resume, multirun: bool, environ=os.environ):

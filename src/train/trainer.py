@@ -25,7 +25,9 @@ from longctx.train.data import build_heldout, build_train_reader, resolve_splits
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, wandb_id_for
-from longctx.train.optim import build_optimizer, build_scheduler
+from longctx.train.optim import Schedule, apply_hyperparameters, build_optimizer, build_scheduler, saved_schedule
+from longctx.train.resume import classify, config_changes, format_changes, refusal
+from longctx.train.run_dir import RunLock
 
 
 INLINE_CURVE_MAX = 8192  # longer per-position curves go to <run_dir>/per_position_loss/step_*.npy
@@ -103,10 +105,12 @@ class Trainer:
     def __init__(self, cfg: DictConfig, choices: dict | None = None):
         """Check everything (config, data, checkpoint) before the run directory is written to.
         `choices`: Hydra's group -> chosen option, so config keys are checked against the chosen files."""
+        self.lock = None
         try:
             self._build(cfg, choices)
         except BaseException:
             close_logging()  # a run that fails its checks leaves the process's logging as it found it
+            self._release(undo=True)
             raise
 
     def _build(self, cfg: DictConfig, choices: dict | None) -> None:
@@ -127,6 +131,7 @@ class Trainer:
         if cfg.data.docs_per_batch % self.dist.world_size:
             raise ValueError(f"data.docs_per_batch={cfg.data.docs_per_batch} is not divisible by the "
                              f"world size {self.dist.world_size}")
+        self._lock_run_dir()
         candidates = self._check_run_dir()
         seed_everything(cfg.seed)
 
@@ -144,7 +149,8 @@ class Trainer:
         self.flops = flops_report(self.model, cfg.ctx, self.device.type, torch.bfloat16 if bf16 else torch.float32)
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.trainer.max_steps)
+        self.schedule = self._planned_schedule()
+        self.scheduler = build_scheduler(self.optimizer, self.schedule)
         self.train_model = compile_model(self.model, cfg.trainer.compile)
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -180,6 +186,63 @@ class Trainer:
                                          cfg.run_name, self.wandb_id)
 
     # ----- run directory, config, checkpoints -------------------------------------------------------------
+    def _lock_run_dir(self) -> None:
+        """One process per run folder (run_dir.RunLock), taken before the folder is looked at; rank 0 holds it and
+        every rank learns whether it got it."""
+        error = None
+        if self.dist.is_main:
+            self.lock = RunLock(self.run_dir)
+            try:
+                self.lock.acquire()
+            except ValueError as err:
+                self.lock, error = None, err
+        if self.dist.enabled:
+            flag = torch.tensor(float(error is not None), device=self.device)
+            if all_reduce_sum(flag, self.dist).item() > 0 and error is None:
+                error = ValueError(f"run_dir={str(self.run_dir)!r}: rank 0 could not lock it (its error says why)")
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Let go of the run folder (fit() does so at its end): for code that builds a Trainer and never fits it."""
+        self._release()
+
+    def _release(self, undo: bool = False) -> None:
+        if self.lock is not None:
+            self.lock.release(undo=undo)
+            self.lock = None
+
+    def _planned_schedule(self) -> Schedule:
+        """The schedule of this launch's config: the cosine ends at trainer.max_steps, or at the step
+        trainer.flops_budget stops the run when that comes first."""
+        cfg = self.cfg
+        end = cfg.trainer.max_steps
+        budget_steps = self._budget_steps()
+        if budget_steps is not None and budget_steps < end:
+            end = budget_steps
+            if cfg.optim.warmup_steps > end:
+                raise ValueError(f"config: optim.warmup_steps={cfg.optim.warmup_steps}: longer than the run: "
+                                 f"trainer.flops_budget={cfg.trainer.flops_budget:.4g} stops it at step {end} "
+                                 f"({self.flops['train_flops_per_token'] * self._tokens_per_step():.4g} FLOPs per "
+                                 f"step)")
+        return Schedule.from_config(cfg.optim, end)
+
+    def _tokens_per_step(self) -> int:
+        return self.cfg.data.docs_per_batch * self.cfg.ctx
+
+    def _budget_steps(self) -> int | None:
+        """The step at which trainer.flops_budget stops the run (the first whose FLOPs reach it), None without one."""
+        budget = self.cfg.trainer.flops_budget
+        if budget is None:
+            return None
+        per_token, tokens = self.flops["train_flops_per_token"], self._tokens_per_step()
+        steps = max(1, math.ceil(budget / (tokens * per_token)))
+        while steps > 1 and (steps - 1) * tokens * per_token >= budget:  # the same test as _out_of_budget
+            steps -= 1
+        while steps * tokens * per_token < budget:
+            steps += 1
+        return steps
+
     def _check_run_dir(self) -> list[Path]:
         """Never overwrite an earlier run: continue it only when asked (trainer.resume). Returns the run
         directory's checkpoints, newest first (empty: start from step 0)."""
@@ -237,11 +300,13 @@ class Trainer:
             raise ValueError(f"trainer.resume: none of the {len(candidates)} checkpoint(s) in "
                              f"{ckpt.checkpoint_dir(self.run_dir)} is readable; move them away to start over")
         self._check_same_model(state, path)
+        notes = self._resume_decision(state)
         if self.dist.is_main:
             log.info(f"resuming from {path} (step {state['step']})")
+            for note in notes:
+                log.info(note)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self._restore_optimizer(state)
         self.reader.load_state_dict(state["data"])
         self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
         self.wandb_id = state.get("wandb_id")
@@ -252,6 +317,43 @@ class Trainer:
             log.info(f"note: checkpoint holds RNG states of {len(ranks)} ranks, this run has "
                      f"{self.dist.world_size}; ranks beyond them reuse rank 0's")
         set_rng_state(ranks[self.dist.rank] if self.dist.rank < len(ranks) else ranks[0])
+
+    def _resume_decision(self, state: dict) -> list[str]:
+        """Compare the run's saved config with this launch's (longctx.train.resume): refuse a change the checkpoint
+        cannot take, naming it; return the console lines that say what changed and how it is applied."""
+        saved = state.get("config")
+        if saved is None:
+            return []
+        step = state["step"]
+        schedule, applied, refused = classify(config_changes(saved, OmegaConf.to_container(self.cfg, resolve=True)))
+        if refused:
+            raise ValueError(refusal(self.run_dir, step, refused))
+        notes = []
+        old = saved_schedule(state.get("scheduler") or {})
+        if old is None:  # a checkpoint older than the schedule record: its config's schedule
+            old = Schedule.from_config(OmegaConf.create(saved["optim"]), saved["trainer"]["max_steps"])
+        self.schedule = old.resumed(step, self.schedule)
+        if schedule or not old.same_curve(self.schedule):
+            what = (format_changes(schedule) if schedule
+                    else f"the schedule's end {old.max_steps} -> {self.schedule.max_steps}")
+            notes.append(f"resume at step {step}: {what}: the schedule is recomputed from step {step}: "
+                         f"{self.schedule.describe(step)}")
+        if format_changes(applied):
+            notes.append(f"resume at step {step}: {format_changes(applied)} (applied from this step)")
+        return notes
+
+    def _restore_optimizer(self, state: dict) -> None:
+        """The optimizer's saved state, with this launch's betas/eps/weight decay, and the schedule: its saved
+        state when unchanged (resume stays exact), else torch's schedulers rebuilt at the current step."""
+        old = saved_schedule(state["scheduler"])
+        if old is not None and old == self.schedule:
+            self.scheduler = build_scheduler(self.optimizer, self.schedule, self.schedule.start)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler = build_scheduler(self.optimizer, self.schedule, state["step"])
+        apply_hyperparameters(self.optimizer, self.cfg.optim)
 
     def _init_weights(self, source: str) -> None:
         """A new run from another run's weights (trainer.init_from): the model only; optimizer, schedule,
@@ -438,16 +540,24 @@ class Trainer:
             if self.wandb is not None:
                 self.wandb.finish()
             close_logging()
+            self._release()
 
     def _report_complete(self) -> dict:
         records = self.jsonl.records() if self.jsonl else []
         if self.dist.is_main:
-            log.info(f"{self.run_dir} is complete (step {self.step} of trainer.max_steps={self.cfg.trainer.max_steps}"
-                     f"); nothing to do. Raise trainer.max_steps to train it further.")
+            budget = self.cfg.trainer.flops_budget
+            if self._out_of_budget() and self.step < self.cfg.trainer.max_steps:
+                log.info(f"{self.run_dir} is complete (step {self.step}: trainer.flops_budget={budget:.4g} reached); "
+                         f"nothing to do. Raise trainer.flops_budget to train it further.")
+            else:
+                log.info(f"{self.run_dir} is complete (step {self.step} of trainer.max_steps="
+                         f"{self.cfg.trainer.max_steps}); nothing to do. Raise trainer.max_steps to train it further "
+                         f"(the lr continues from where it stands, {self.schedule.lr_at(self.step):.3g}: no re-warming).")
             if records:
                 log.info(self._final_summary(records[-1]))
         shutdown(self.dist)
         close_logging()
+        self._release()
         return records[-1] if records else {"step": self.step, "tokens": self.tokens}
 
     def _fit(self) -> dict:
@@ -465,7 +575,8 @@ class Trainer:
                 log.info(f"progress: a line every logger.console_every={console_every} steps and at each evaluation "
                          f"(trainer.eval_every={eval_every}); metrics in {self.run_dir / 'metrics.jsonl'}")
         # A bar on a terminal only; in a log file (Slurm, CI) progress is the console_every lines.
-        bar = progress_bar(self.dist.is_main, total=max_steps, initial=self.step, desc=cfg.run_name, unit="step")
+        bar = progress_bar(self.dist.is_main, total=self.schedule.max_steps, initial=self.step, desc=cfg.run_name,
+                           unit="step")
         window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
         line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
         window_wait = window_time = line_wait = 0.0  # seconds waiting for the reader / training, this window

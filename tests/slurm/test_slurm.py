@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 # The tiny default run, cut to 3 steps with one evaluation; no wandb.
-TINY = ["trainer.max_steps=3", "trainer.eval_every=3", "logger.wandb.mode=disabled"]
+TINY = ["trainer.max_steps=3", "trainer.eval_every=3", "logger.wandb.mode=disabled", "optim.warmup_steps=1"]
 READY_STATES = {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing"}
 
 

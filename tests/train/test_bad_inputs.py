@@ -34,6 +34,12 @@ def snapshot(folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("override,message", [
+    ("logger.console_every=0", "config: logger.console_every=0: must be a positive integer"),
+    ("optim.eps=-1", "config: optim.eps=-1: must be > 0"),
+    ("optim.warmup_steps=2000", "config: optim.warmup_steps=2000: longer than the run (trainer.max_steps=1000): the "
+                                "lr would never reach optim.lr; set optim.warmup_steps<=1000"),
+    ("run_name=../../x", "config: run_name='../../x': has a '.', '..' or '\\' path component; the run folder must stay "
+                         "inside runs/ (use a plain name such as my_run, or hydra.run.dir=<folder> for another place)"),
     ("+trainer.max_stepz=3", "config: trainer.max_stepz=3: unknown key (no config file defines it; did you mean "
                              "trainer.max_steps?)"),
     ("optim.lr=abc", "config: optim.lr='abc': must be a number"),
@@ -57,10 +63,36 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(train_env, tmp_path, o
     ("trainer.flops_budget=lots", "trainer.flops_budget"), ("optim.grad_clip=abc", "optim.grad_clip"),
     ("trainer.compile=3", "trainer.compile"), ("trainer.activation_checkpointing=sometimes",
                                                "trainer.activation_checkpointing"),
+    # every numeric field of conf/trainer, conf/optim, conf/logger and conf/config.yaml, at its bad edge
+    ("logger.console_every=0", "logger.console_every"), ("logger.console_every=-5", "logger.console_every"),
+    ("trainer.max_skipped_steps=-1", "trainer.max_skipped_steps"), ("window=0", "window"),
+    ("optim.warmup_steps=1001", "optim.warmup_steps"), ("optim.warmup_steps=-1", "optim.warmup_steps"),
+    ("optim.weight_decay=-0.1", "optim.weight_decay"), ("optim.eps=0", "optim.eps"), ("optim.eps=-1", "optim.eps"),
+    ("optim.lr=0", "optim.lr"), ("optim.lr=inf", "optim.lr"), ("optim.lr=nan", "optim.lr"),
+    ("optim.min_lr=-1e-5", "optim.min_lr"), ("optim.min_lr=1", "optim.min_lr"), ("optim.grad_clip=0", "optim.grad_clip"),
+    ("optim.grad_clip=inf", "optim.grad_clip"), ("optim.betas=[0.9,1.0]", "optim.betas"),
+    ("trainer.flops_budget=inf", "trainer.flops_budget"), ("trainer.flops_budget=0", "trainer.flops_budget"),
+    ("trainer.max_steps=0", "trainer.max_steps"), ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints"),
+    ("trainer.icl_bins=0", "trainer.icl_bins"), ("trainer.num_threads=0", "trainer.num_threads"),
+    ("trainer.micro_docs=0", "trainer.micro_docs"), ("seed=4294967296", "seed"), ("ctx=1", "ctx"),
+    ("run_name=../../x", "run_name"), ("run_name=/tmp/x", "run_name"), ("run_name=a/../../b", "run_name"),
+    ("run_name=..", "run_name"), ("run_name='~/x'", "run_name"),
 ])
 def test_validate_names_the_key(compose, override, key):
-    with pytest.raises(ValueError, match=f"config: {key.replace('.', '[.]')}"):
+    with pytest.raises(ValueError, match=f"config: {key.replace('.', '[.]')}="):
         validate(compose(override))
+
+
+@pytest.mark.parametrize("override,key", [("p=7", "p"), ("p=0", "p"), ("p=2.5", "p")])
+def test_power_degree_outside_the_kernels_set_names_p(compose, override, key):
+    """Power attention supports integer degrees 1..4 (src/models/attention/power.py): p is named as typed."""
+    with pytest.raises(ValueError, match=f"config: {key}="):
+        validate(compose("attention=power", override))
+
+
+def test_valid_edges_pass(compose):
+    validate(compose("optim.warmup_steps=1000", "optim.weight_decay=0", "optim.min_lr=0", "run_name=group/run1",
+                     "trainer.max_skipped_steps=0"))
 
 
 def test_chosen_option_limits_the_keys(compose):

@@ -25,7 +25,7 @@ SMALL = [e for e in SWEEPS if not e.endswith("_paper")]
 TINY = ["trainer.max_steps=2", "trainer.eval_every=2", "logger.wandb.mode=disabled", "trainer.num_threads=2",
         "data.doc_len=128", "data.train_tokens=4096", "data.n_heldout=8", "data.eval_docs=4",
         "data.docs_per_batch=4", "ctx=64", "model.d_model=64", "model.n_heads=1", "model.n_layers=1",
-        "device=cpu"]
+        "device=cpu", "optim.warmup_steps=1"]
 
 
 def sweep_points(compose, name: str) -> list[list[str]]:

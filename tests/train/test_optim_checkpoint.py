@@ -1,4 +1,4 @@
-"""Learning-rate schedule against its closed form; checkpoints atomic and pruned."""
+"""Learning-rate schedule (torch's schedulers) against its closed form, on resume too; checkpoints atomic and pruned."""
 import math
 import os
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longctx.train import checkpoint as ckpt
-from longctx.train.optim import lr_at
+from longctx.train.optim import Schedule, build_scheduler, lr_at, saved_schedule
 
 
 def test_schedule_warmup_then_cosine_to_floor():
@@ -35,3 +35,63 @@ def test_checkpoints_atomic_and_keep_last(tmp_path):
 
 def test_no_checkpoint_in_empty_dir(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path) is None
+
+
+def _optimizer():
+    params = [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))]
+    return torch.optim.AdamW([{"params": params[:1]}, {"params": params[1:], "weight_decay": 0.0}], lr=1.0)
+
+
+def _run(schedule, start, steps, state=None):
+    """torch's schedulers for `schedule`, built at `start` (and loaded from `state`): the lrs of the next steps."""
+    optimizer = _optimizer()
+    scheduler = build_scheduler(optimizer, schedule, start)
+    if state is not None:
+        scheduler.load_state_dict(state)
+        for group in optimizer.param_groups:
+            group["lr"] = scheduler.get_last_lr()[0]
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs, scheduler
+
+
+@pytest.mark.parametrize("warmup,start", [(5, 0), (5, 3), (5, 7), (0, 0), (1, 0), (20, 0)])
+def test_torch_schedulers_follow_the_closed_form_from_any_step(warmup, start):
+    """LinearLR + CosineAnnealingLR (chainable: each lr from the previous one) against the closed form."""
+    kw = dict(lr=3e-3, min_lr=1e-5, warmup_steps=warmup, max_steps=20)
+    lrs, _ = _run(Schedule(**kw), start, 20 - start)
+    for step, got in zip(range(start, 20), lrs):
+        assert got == pytest.approx(lr_at(step, **kw), rel=1e-13, abs=0), step
+
+
+def test_saved_scheduler_continues_exactly():
+    """A checkpoint's scheduler state, loaded into schedulers rebuilt from its record: the same lrs, bit for bit."""
+    schedule = Schedule(3e-3, 1e-5, 5, 20)
+    whole, _ = _run(schedule, 0, 20)
+    first, scheduler = _run(schedule, 0, 8)
+    state = scheduler.state_dict()
+    rebuilt = saved_schedule(state)
+    assert rebuilt == schedule
+    rest, _ = _run(rebuilt, rebuilt.start, 12, state)
+    assert first + rest == whole
+
+
+def test_resumed_schedule_recomputes_from_the_current_step():
+    old = Schedule(3e-3, 1e-5, 5, 20)
+    assert old.resumed(12, Schedule(3e-3, 1e-5, 5, 20)) is old  # nothing changed: the saved schedulers go on
+    lower = old.resumed(12, Schedule(1e-3, 1e-6, 5, 20))        # lr/min_lr: the new closed form
+    assert [lower.lr_at(t) for t in range(12, 21)] == pytest.approx(
+        [lr_at(t, lr=1e-3, min_lr=1e-6, warmup_steps=5, max_steps=20) for t in range(12, 21)], rel=1e-12)
+    longer = old.resumed(12, Schedule(3e-3, 1e-5, 5, 40))       # a longer run: no jump, down to min_lr at 40
+    assert longer.lr_at(12) == pytest.approx(old.lr_at(12), rel=1e-12)
+    assert longer.lr_at(40) == pytest.approx(1e-5) and all(
+        longer.lr_at(t) > longer.lr_at(t + 1) for t in range(12, 40))
+    finished = old.resumed(20, Schedule(3e-3, 1e-5, 5, 40))     # a finished run goes on at the floor
+    assert [finished.lr_at(t) for t in (20, 30, 40)] == pytest.approx([1e-5] * 3)
+    warming = old.resumed(3, Schedule(3e-3, 1e-5, 10, 20))      # inside the new warmup: the new warmup as written
+    assert warming.lr_at(3) == pytest.approx(3e-3 * 4 / 10)
+    lrs, _ = _run(longer, 12, 28)
+    assert lrs == pytest.approx([longer.lr_at(t) for t in range(12, 40)], rel=1e-12)

@@ -1,0 +1,158 @@
+"""A resumed run compares its saved config with the new one: a changed schedule (lr, min_lr, warmup, max_steps,
+flops budget) is recomputed from the current step and the recorded lr follows it; a change the checkpoint cannot
+take (seed, data, ...) is refused naming it, before anything is written. FLOP-budget runs anneal to their budget.
+The lrs are checked against the schedule's closed form, written out here independently of the code."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from longctx.train.trainer import Trainer
+
+LR, MIN_LR, WARMUP = 3e-3, 1e-5, 2   # conf/optim/adamw.yaml's lr and min_lr; conftest's TINY warmup
+
+
+def closed_form(step, lr=LR, min_lr=MIN_LR, warmup=WARMUP, max_steps=6):
+    """Linear warmup to lr, cosine to min_lr at max_steps (the paper's schedule)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def cut_at_step_3(full: Path, cut: Path) -> None:
+    """A copy of a run killed just after its step-3 checkpoint."""
+    shutil.copytree(full, cut)
+    for path in (cut / "checkpoints").glob("step_*.pt"):
+        if path.name != "step_00000003.pt":
+            path.unlink()
+    (cut / "metrics.jsonl").write_text((cut / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+
+
+@pytest.fixture(scope="module")
+def nine_steps(train_run, tmp_path_factory):
+    """A 9-step run (evaluations and checkpoints at 3, 6, 9), all checkpoints kept."""
+    from conftest import TINY
+
+    return train_run(tmp_path_factory.mktemp("resume") / "full",
+                     [*TINY, "trainer.max_steps=9", "trainer.keep_checkpoints=5"])
+
+
+def test_new_run_records_the_closed_form_lr(nine_steps):
+    for r in records(nine_steps):
+        assert r["lr"] == pytest.approx(closed_form(r["step"], max_steps=9), rel=1e-12), r["step"]
+
+
+def test_resume_with_a_changed_lr_trains_with_it(compose, tiny, nine_steps, tmp_path, capsys):
+    """optim.lr and optim.min_lr changed on resume at step 3: the steps after it use the new closed form (the
+    optimizer's saved lrs and the scheduler's saved base lrs are not kept), said once on the console."""
+    cut = tmp_path / "cut"
+    cut_at_step_3(nine_steps, cut)
+    capsys.readouterr()
+    trainer = Trainer(compose(*tiny, "trainer.max_steps=9", "optim.lr=1e-3", "optim.min_lr=1e-6",
+                              "trainer.resume=true", f"run_dir={cut}"))
+    trainer.fit()
+    got = {r["step"]: r["lr"] for r in records(cut)}
+    assert got[3] == pytest.approx(closed_form(3, max_steps=9))          # trained before the change
+    for step in (6, 9):
+        assert got[step] == pytest.approx(closed_form(step, lr=1e-3, min_lr=1e-6, max_steps=9), rel=1e-12), step
+    out = capsys.readouterr().out
+    assert out.count("resume at step 3: optim.lr: 0.003 -> 0.001; optim.min_lr: 1e-05 -> 1e-06: the schedule is "
+                     "recomputed from step 3") == 1
+
+
+def test_raising_max_steps_mid_run_continues_the_cosine_without_rewarming(compose, tiny, nine_steps, tmp_path,
+                                                                          capsys):
+    """trainer.max_steps 9 -> 15 at step 3: the lr goes on from where it stood at step 3 along the longer cosine,
+    rescaled so that it meets min_lr at step 15: lr(t) = min + (lr(3) - min) (1 + cos(pi (t-w)/(15-w))) /
+    (1 + cos(pi (3-w)/(15-w)))."""
+    cut = tmp_path / "cut"
+    cut_at_step_3(nine_steps, cut)
+    capsys.readouterr()
+    Trainer(compose(*tiny, "trainer.max_steps=15", "trainer.resume=true", f"run_dir={cut}")).fit()
+    out = capsys.readouterr().out
+    assert "trainer.max_steps: 9 -> 15: the schedule is recomputed from step 3" in out and "no re-warming" in out
+    now = closed_form(3, max_steps=9)
+    cos = lambda t: 1 + math.cos(math.pi * (t - WARMUP) / (15 - WARMUP))  # noqa: E731
+    lrs = {r["step"]: r["lr"] for r in records(cut)}
+    for step in (6, 9, 12, 15):
+        assert lrs[step] == pytest.approx(MIN_LR + (now - MIN_LR) * cos(step) / cos(3), rel=1e-12), step
+    assert lrs[6] < now and lrs[15] == pytest.approx(MIN_LR)
+
+
+def test_raising_max_steps_of_a_finished_run_stays_at_the_floor(compose, tiny, nine_steps, tmp_path, capsys):
+    """The complete message invites raising trainer.max_steps: the run goes on at min_lr, not re-warmed."""
+    done = tmp_path / "done"
+    shutil.copytree(nine_steps, done)
+    capsys.readouterr()
+    Trainer(compose(*tiny, "trainer.max_steps=9", "trainer.resume=auto", f"run_dir={done}")).fit()
+    out = capsys.readouterr().out
+    assert "Raise trainer.max_steps to train it further (the lr continues from where it stands" in out
+    Trainer(compose(*tiny, "trainer.max_steps=12", "trainer.resume=true", f"run_dir={done}")).fit()
+    assert "lr stays at min_lr 1e-05 to step 12" in capsys.readouterr().out
+    assert [r["lr"] for r in records(done) if r["step"] > 9] == [pytest.approx(MIN_LR, rel=1e-12)]
+
+
+@pytest.mark.parametrize("override,named", [
+    ("seed=1", "seed: 0 -> 1"), ("data.alpha=0.5", "data.alpha: 1.0 -> 0.5"),
+    ("data.docs_per_batch=4", "data.docs_per_batch: 8 -> 4"),
+])
+def test_resume_refuses_a_change_the_checkpoint_cannot_take(compose, tiny, nine_steps, tmp_path, override, named):
+    run = tmp_path / "run"
+    shutil.copytree(nine_steps, run)
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=r"trainer\.resume: .* \(step 9\) was trained with other values of keys a "
+                                         r"checkpoint cannot change \(" + named.replace(".", r"\.") + r"\)"):
+        Trainer(compose(*tiny, "trainer.max_steps=12", override, "trainer.resume=true", f"run_dir={run}"))
+    assert snapshot(run) == before
+
+
+def test_optimizer_values_changed_on_resume_are_applied(compose, tiny, nine_steps, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(nine_steps, run)
+    trainer = Trainer(compose(*tiny, "trainer.max_steps=12", "optim.weight_decay=0.05", "optim.eps=1e-6",
+                              "optim.betas=[0.8,0.95]", "trainer.resume=true", f"run_dir={run}"))
+    decay, no_decay = trainer.optimizer.param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
+    assert decay["eps"] == no_decay["eps"] == 1e-6 and decay["betas"] == (0.8, 0.95)
+    trainer.close()
+
+
+def test_flops_budget_run_anneals_to_its_budget(compose, tiny, tmp_path, capsys):
+    """trainer.flops_budget stops the run at the first step whose FLOPs reach it; the cosine ends there (the budget
+    converted to steps by the model's FLOPs per step), and the finished run says the budget was reached."""
+    probe = Trainer(compose(*tiny, f"run_dir={tmp_path / 'probe'}"))
+    per_step = probe.flops["train_flops_per_token"] * 8 * 64  # docs_per_batch x ctx tokens
+    probe.close()
+    run = tmp_path / "run"
+    overrides = [*tiny, "trainer.max_steps=20", f"trainer.flops_budget={4.5 * per_step}", "trainer.eval_every=2"]
+    capsys.readouterr()
+    rec = Trainer(compose(*overrides, f"run_dir={run}")).fit()
+    assert rec["step"] == 5 and rec["flops"] == pytest.approx(5 * per_step)
+    for r in records(run):
+        assert r["lr"] == pytest.approx(closed_form(r["step"], max_steps=5), rel=1e-12), r["step"]
+    assert rec["lr"] == pytest.approx(MIN_LR)
+    assert "stopping at step 5: trainer.flops_budget" in capsys.readouterr().out
+    Trainer(compose(*overrides, "trainer.resume=auto", f"run_dir={run}")).fit()
+    out = capsys.readouterr().out
+    assert "is complete (step 5: trainer.flops_budget=" in out and "reached" in out
+    assert "Raise trainer.max_steps" not in out
+
+    with pytest.raises(ValueError, match=r"config: optim\.warmup_steps=4: longer than the run: trainer\.flops_budget="
+                                         r".* stops it at step 2"):
+        Trainer(compose(*tiny, "optim.warmup_steps=4", f"trainer.flops_budget={1.5 * per_step}",
+                        f"run_dir={tmp_path / 'short'}"))
+    assert not (tmp_path / "short").exists()
