@@ -12,40 +12,23 @@ bf16 matmul rate. Writes bench.json and bench.png (throughput vs context) into -
 """
 import argparse
 import json
-import math
 import os
 import time
 
 import torch
-import torch.nn.functional as F
 from triton.testing import do_bench
 
-DEV = "cuda"
 # first-call seconds are part of the table: measure cold autotuning (the device setup keeps winners on disk)
 os.environ["TRITON_CACHE_AUTOTUNING"] = "0"
+
+from longctx.kernels.bench import (DEV, inputs, make_ours, make_ours_chunked, make_sdpa, profile,  # noqa: E402
+                                   run_once)
 
 
 def matmul_tflops():
     a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     return 2 * 8192 ** 3 / do_bench(lambda: a @ b, warmup=50, rep=200, return_mode="median") / 1e9
-
-
-def inputs(b, t, h, d, grad):
-    xs = [(torch.randn(b, t, h, d, device=DEV, dtype=torch.bfloat16) / math.sqrt(d)).requires_grad_(grad)
-          for _ in range(3)]
-    lg = F.logsigmoid(torch.randn(b, t, h, device=DEV) + 6.9).requires_grad_(grad)
-    return xs, lg
-
-
-def run_once(call, q, k, v, lg, backward):
-    """One call of an implementation: the forward under no_grad, or forward and backward (upstream gradient of
-    ones, the benchmark's)."""
-    if not backward:
-        with torch.no_grad():
-            return call(q, k, v, lg)
-    o = call(q, k, v, lg)
-    o.backward(torch.ones_like(o))
 
 
 def without_skipped(impls: dict, skip: str) -> dict:
@@ -59,69 +42,12 @@ def without_skipped(impls: dict, skip: str) -> dict:
     return {k: v for k, v in impls.items() if k not in names}
 
 
-def make_sdpa(backend):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-
-    def call(q, k, v, lg):
-        with sdpa_kernel(be):
-            return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True)
-    return call
-
-
 def make_public(deg):
     def call(q, k, v, lg):
         from power_attention import power_full
         t = q.shape[1]
         return power_full(q, k, v, lg, deg=deg, chunk_size=1024 if t > 1024 else None)
     return call
-
-
-def make_ours(p, impl="auto"):
-    """The public API; impl sets LONGCTX_POWER_IMPL for the call (auto: the default routing of dispatch.py, called
-    as a user would). Waits for the short-sequence C++ launcher's one-time build (native/launcher.py) first."""
-    from longctx.kernels import power_attention
-    from longctx.kernels.power.native import launcher as native
-
-    if torch.cuda.is_available():
-        native.wait()
-    if impl == "auto":
-        return lambda q, k, v, lg: power_attention(q, k, v, lg, p=p, norm=p % 2 == 0)   # odd p: numerator only
-
-    def call(q, k, v, lg):
-        os.environ["LONGCTX_POWER_IMPL"] = impl
-        try:
-            return power_attention(q, k, v, lg, p=p, norm=p % 2 == 0)   # odd p: numerator only
-        finally:
-            os.environ.pop("LONGCTX_POWER_IMPL")
-    return call
-
-
-def make_ours_chunked(p, chunk):
-    """The Triton chunked-form kernels directly, at a given chunk size."""
-    from longctx.kernels.power.autograd import chunked_form
-
-    def call(q, k, v, lg):
-        return chunked_form(q, k, v, lg, p=p, scale=q.shape[-1] ** -0.5, chunk_size=chunk, norm=p % 2 == 0)
-    return call
-
-
-def profile(name, call, b, t, h, d):
-    """Per-kernel CUDA time of one fwd+bwd (after a warm-up call), printed as a table (PROFILE lines)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as tprofile
-    try:
-        (q, k, v), lg = inputs(b, t, h, d, True)
-        call(q, k, v, lg).float().sum().backward()
-        torch.cuda.synchronize()
-        with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
-            call(q, k, v, lg).float().sum().backward()
-            torch.cuda.synchronize()
-        print(f"PROFILE {name} t={t} d={d}", flush=True)
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
-    except Exception as e:  # noqa: BLE001
-        print(f"PROFILE {name} t={t} d={d} failed: {e!r}"[:300], flush=True)
-    torch.cuda.empty_cache()
 
 
 def measure(name, call, b, t, h, d, mode, rows, flops_fwd):

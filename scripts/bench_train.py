@@ -10,7 +10,7 @@ ceiling: every attention core replaced by a pass-through (each position keeps it
 everything else (projections, MLP or channel mix, gates, loss head, optimizer, data) and its tokens/s bounds what
 any attention can reach in that model. Each `--variant NAME="overrides"` reruns every row with those train.py
 overrides on top of the recipe (default: one variant, the recipe as configured); an item `kernel:FIELD=VALUE` sets a
-power-kernel switch (tools/switches.py: `kernel:concurrent_bwd=0`, `kernel:dispatch.chunk_p2=256`) for that
+power-kernel switch (kernels.power.switches: `kernel:concurrent_bwd=0`, `kernel:dispatch.chunk_p2=256`) for that
 variant's rows, so a switch is A/B'd in whole training steps in one process.
 
 Data: random GPT-2-vocabulary tokens written once in the LongCrawl64 layout (speed does not depend on the values).
@@ -43,13 +43,12 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from longctx.data.prepare import PrepareConfig  # noqa: E402
+from longctx.kernels.power import switches  # noqa: E402
 from longctx.train.console import close_logging  # noqa: E402
 from longctx.train.flops import flops_report, mfu  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))          # the developer tools (not installed): the kernel switches
-from tools import switches  # noqa: E402
 
 CONF = ROOT / "conf"
 KERNEL = "kernel:"
@@ -67,6 +66,9 @@ class NoMixing(torch.nn.Module):
 
     def state_flops(self, ctx):
         return 0
+
+    def forward_flops(self, ctx, device_type="cuda", dtype=None):
+        return 0.0
 
 
 def write_random_dataset(root: Path, doc_len: int, n_train: int, n_heldout: int, vocab: int = 50257) -> Path:
@@ -244,7 +246,7 @@ def main(argv=None):
     for name, extra in variants:           # a misspelt kernel switch stops here, naming it, before any row runs
         try:
             switches.parse(split_kernel_switches(extra)[1])
-        except SystemExit as err:
+        except switches.SwitchError as err:
             raise SystemExit(f"--variant {name}: kernel {err}") from None
     rows_wanted = []
     for spec in args.rows:

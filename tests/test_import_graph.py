@@ -1,6 +1,8 @@
 """The modules of the longctx package import each other without a cycle: imports flow one way (for the kernels:
 public API -> dispatch -> autograd -> forms -> shared jit helpers). Every import counts, those inside functions
-too: a lazy import hides a cycle from Python's start-up but not from a reader."""
+too: a lazy import hides a cycle from Python's start-up but not from a reader. Rooms keep to their doors: outside
+longctx.kernels only its public packages are imported, the trainer reaches attention cores through the registry, and
+scripts/ and tools/ share helpers through the package, never by importing each other."""
 import ast
 from pathlib import Path
 
@@ -89,3 +91,82 @@ def test_package_import_graph_has_no_cycle():
     graph = {name: imported(name, path, set(mods)) for name, path in mods.items()}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# ----- rooms: the kernels are reached through their public face, the attention cores by the trainer too ----------
+
+PUBLIC = {f"{PACKAGE}.kernels", f"{PACKAGE}.kernels.power", f"{PACKAGE}.models", f"{PACKAGE}.models.attention"}
+
+
+def reaches_inside(importer: str, target: str) -> bool:
+    """True when `importer` imports `target` below a public face: a kernel's module (dispatch, config, ...) from
+    outside longctx.kernels, or, from longctx.train, an attention core's module (power, linear, ...) rather than the
+    package that registers them."""
+    kernels, cores = f"{PACKAGE}.kernels", f"{PACKAGE}.models.attention"
+    if target in PUBLIC:
+        return False
+    if target.startswith(kernels + ".") and not (importer == kernels or importer.startswith(kernels + ".")):
+        return True
+    return importer.startswith(f"{PACKAGE}.train") and target.startswith(cores + ".")
+
+
+def test_reaches_inside_rule():
+    assert reaches_inside(f"{PACKAGE}.train.flops", f"{PACKAGE}.kernels.power.dispatch")
+    assert reaches_inside(f"{PACKAGE}.train.flops", f"{PACKAGE}.models.attention.power")
+    assert reaches_inside(f"{PACKAGE}.models.attention.power", f"{PACKAGE}.kernels.power.interface")
+    assert not reaches_inside(f"{PACKAGE}.train.flops", f"{PACKAGE}.kernels.power")
+    assert not reaches_inside(f"{PACKAGE}.train.config", f"{PACKAGE}.models.attention")
+    assert not reaches_inside(f"{PACKAGE}.kernels.power.dispatch", f"{PACKAGE}.kernels.power.autograd")
+    assert not reaches_inside(f"{PACKAGE}.models.gpt2", f"{PACKAGE}.models.attention.shared")
+
+
+def test_no_module_reaches_below_a_public_face():
+    mods = modules()
+    bad = sorted(f"{name} -> {target}" for name, path in mods.items()
+                 for target in imported(name, path, set(mods)) if reaches_inside(name, target))
+    assert not bad, "imports below a public interface: " + ", ".join(bad)
+
+
+# ----- scripts/ and tools/ share helpers through the package, never through each other ---------------------------
+
+REPO = SRC.parent
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """First components of every absolute import in a file, those inside functions too."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def cross_imports(folder: str, other: str, root: Path = REPO) -> list[str]:
+    """`folder`'s files that import `other` as a package (`from tools import x`) or one of its modules by bare name
+    (`import bench_attention` after a sys.path edit)."""
+    names = {other} | {p.stem for p in (root / other).glob("*.py")}
+    return sorted(f"{p.relative_to(root)} imports {sorted(top_level_imports(p) & names)}"
+                  for p in (root / folder).rglob("*.py") if top_level_imports(p) & names)
+
+
+def test_cross_imports_are_found(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "helper.py").write_text("X = 1\n")
+    (tmp_path / "scripts" / "bench.py").write_text("def f():\n    from tools.helper import X\n")
+    (tmp_path / "scripts" / "plot.py").write_text("import helper\nimport json\n")
+    (tmp_path / "scripts" / "clean.py").write_text("from longctx.kernels import bench\n")
+    assert cross_imports("scripts", "tools", tmp_path) == ["scripts/bench.py imports ['tools']",
+                                                           "scripts/plot.py imports ['helper']"]
+
+
+def test_scripts_and_tools_do_not_import_each_other():
+    assert cross_imports("scripts", "tools") == []
+    assert cross_imports("tools", "scripts") == []
+
+
+def test_the_package_imports_neither_scripts_nor_tools():
+    assert cross_imports("src", "scripts") == []
+    assert cross_imports("src", "tools") == []

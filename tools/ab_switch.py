@@ -2,7 +2,7 @@
 d=64 or --d, bf16, gated, p=2) under each variant, the variants interleaved over several rounds so that clock and
 thermal drift hit them alike (the median of the rounds' medians is reported).
 
-A variant is '+'-joined items: FIELD=VALUE overrides a field of a kernel config (tools/switches.py: chunk_p2's,
+A variant is '+'-joined items: FIELD=VALUE overrides a field of a kernel config (kernels.power.switches: chunk_p2's,
 attention, chunk, gates, dispatch), attn:KERNEL=BM,BN,warps,stages[,maxnreg] an attention tile (the attention
 config's block_override), and "default" nothing. Each variant runs inside its own overrides: nothing leaks into
 the next.
@@ -23,9 +23,9 @@ import statistics
 import torch
 from triton.testing import do_bench
 
-from scripts.bench_attention import inputs, make_ours, run_once
+from longctx.kernels.bench import inputs, make_ours, run_once
 from longctx.kernels.power import parallel
-from tools import switches
+from longctx.kernels.power import switches
 
 OURS = make_ours(2)
 NAMES = ("y", "dq", "dk", "dv", "dlog_g")
@@ -63,7 +63,10 @@ def parse_variant(spec: str):
             items.append(item)
         else:
             raise SystemExit(f"--variants: item {item!r} is neither FIELD=VALUE, attn:KERNEL=TILE nor 'default'")
-    switches.parse(items)          # a bad field or value fails here, before any GPU time
+    try:
+        switches.parse(items)      # a bad field or value fails here, before any GPU time
+    except switches.SwitchError as err:
+        raise SystemExit(f"--variants: {err}") from None
     return items, tiles
 
 

@@ -12,7 +12,7 @@ import statistics
 import torch
 from triton.testing import do_bench
 
-from scripts.bench_attention import inputs, make_ours, run_once  #  (the benchmark's inputs and harness)
+from longctx.kernels.bench import inputs, make_ours, run_once  #  (the benchmark's inputs and harness)
 
 
 def main():

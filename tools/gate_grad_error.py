@@ -11,7 +11,7 @@ cancellation of large terms is where relative errors grow.
 
     python tools/gate_grad_error.py --out results.json            # CUDA; the cases of the bf16 accuracy study
     python tools/gate_grad_error.py --device cpu --tiny           # CPU: the reference path, small sizes
-    python -m tools.gate_grad_error --switches attention.offdiag_fp32_grads=1   # kernel switches (tools/switches.py)
+    python -m tools.gate_grad_error --switches attention.offdiag_fp32_grads=1  # kernels.power.switches
 """
 from __future__ import annotations
 
@@ -77,12 +77,17 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="small cases (CPU tests)")
     ap.add_argument("--out", help="write the rows as JSON here")
-    ap.add_argument("--switches", nargs="*", default=[], help="FIELD=VALUE kernel switches (tools/switches.py)")
+    ap.add_argument("--switches", nargs="*", default=[],
+                    help="FIELD=VALUE kernel switches (longctx.kernels.power.switches)")
     args = ap.parse_args(argv)
+    from longctx.kernels.power import switches
+    try:
+        switches.parse(args.switches)
+    except switches.SwitchError as err:
+        ap.error(f"--switches: {err}")
     rows = []
     with contextlib.ExitStack() as stack:
         if args.switches:
-            from tools import switches
             stack.enter_context(switches.applied(args.switches))
         _run_cases(args, rows)
     if args.out:

@@ -7,7 +7,7 @@ integers and truncates fp32 -> bf16 casts. bf16_emulation() replaces both for th
 to fp32 (bf16 products are exact in fp32, as on the tensor cores), casts rounded to nearest even (as cvt.rn.bf16),
 and a matmul of an fp32 with a bf16 operand (a tile kept in fp32 by an experiment) done in fp32.
 
-For each variant (tools/switches.py items joined by '+', or "default") it prints the relative Frobenius error of
+For each variant (kernels.power.switches items joined by '+', or "default") it prints the relative Frobenius error of
 dq, dk, dv and d(log g) against float64 on the same bf16 inputs, and the input floor (float64 on the bf16-rounded
 inputs against float64 on the fp32 inputs), as tools/gate_grad_error.py does on a GPU:
 
@@ -67,7 +67,7 @@ def measure(p, d, t, hq, hk, variants, seed=0):
 
     from longctx.kernels.power.autograd import attention_form
     from longctx.kernels.power.reference import power_attention_reference
-    from tools import switches
+    from longctx.kernels.power import switches
     from tools.gate_grad_error import NAMES, draw, grads, rel_err
 
     def kernel(q, k, v, lg, *, p, norm):

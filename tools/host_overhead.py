@@ -16,7 +16,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from scripts.bench_attention import inputs, make_ours, make_sdpa, profile, run_once
+from longctx.kernels.bench import inputs, make_ours, make_sdpa, profile, run_once
 from tools.host_overhead_cpu import EmptyNode
 from longctx.kernels import power_attention
 from longctx.kernels.power import autograd, config
@@ -64,7 +64,7 @@ def main():
                                                     DOT_DT=triton.language.bfloat16, PREC="tf32", FAST=True,
                                                     num_warps=w, num_stages=s)
 
-    def ours(q, k, v, lg):          # the public API itself (bench_attention.make_ours also sets an env variable)
+    def ours(q, k, v, lg):          # the public API itself (kernels.bench.make_ours also sets an env variable)
         return power_attention(q, k, v, lg, p=2)
 
     def fwd_nograd():

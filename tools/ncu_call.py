@@ -1,5 +1,5 @@
 """One p=2 chunked fwd+bwd for the ncu scripts (ncu_state.sh, ncu_source.sh, ncu_pipes.sh) to profile: b=8, h=12,
-d=64, bf16, gated, chunk 1024, the benchmark's inputs (bench_attention.inputs).
+d=64, bf16, gated, chunk 1024, the benchmark's inputs (longctx.kernels.bench.inputs).
 
     ncu ... python -m tools.ncu_call --t 16384 [--one-stream]
 """
@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from scripts.bench_attention import inputs
+from longctx.kernels.bench import inputs
 from longctx.kernels.power.autograd import chunked_form
 from longctx.kernels.power.chunk_p2 import config as p2_config
 

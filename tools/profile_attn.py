@@ -15,7 +15,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from scripts.bench_attention import inputs, make_ours, make_sdpa, run_once
+from longctx.kernels.bench import inputs, make_ours, make_sdpa, run_once
 
 
 def host_ms(fn, n=50):

@@ -19,7 +19,7 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from scripts.bench_attention import inputs, make_ours, run_once
+from longctx.kernels.bench import inputs, make_ours, run_once
 
 
 def kernel_events(trace_path: str) -> list[dict]:

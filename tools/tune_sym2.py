@@ -25,8 +25,8 @@ from triton.testing import do_bench
 from longctx.kernels.power.autograd import chunked_form
 from longctx.kernels.power.chunk_p2 import config as p2_config
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
-from scripts.bench_attention import inputs  # the benchmark's inputs (same shape, scaling and gates)
-from tools import switches
+from longctx.kernels.bench import inputs  # the benchmark's inputs (same shape, scaling and gates)
+from longctx.kernels.power import switches
 
 KERNELS = {"outer": ["_sym2_outer", "gluon_outer"], "qbwd": ["_sym2_query_bwd"],
            "kbwd": ["_sym2_key_bwd", "gluon_key_dk_rows"],
@@ -186,7 +186,7 @@ def main():
                     "fwd=128,32,4,3,168 dq=64,64,4,2,128 (the attention config's block_override: "
                     "BM,BN,warps,stages[,maxnreg])")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="kernel config fields for this run (tools/switches.py), e.g. qbwd_pipe=2 "
+                    help="kernel config fields for this run (longctx.kernels.power.switches), e.g. qbwd_pipe=2 "
                          "qbwd_block=128,8,4 outer_scan=0 (a comma list sets a tuple)")
     ap.add_argument("--profile-streams", action="store_true",
                     help="profile with the backward's two streams (kernel times overlap; default: one stream)")
@@ -198,6 +198,10 @@ def main():
     tiles = {kernel: tuple(int(x) for x in cfg.split(",")) for kernel, cfg in
              (item.split("=") for item in args.attn_blocks)}
     items = args.set + (["atomic_rmw=0"] if args.no_atomic else [])
+    try:
+        switches.parse(items)                   # a bad --set stops here, named, before any GPU time
+    except switches.SwitchError as err:
+        ap.error(f"--set: {err}")
     with switches.applied(items, tiles):
         res = tune(args)
     with open(os.path.join(args.out, "tune_sym2.json"), "w") as fh:

@@ -161,6 +161,9 @@ class RWKV7Rule(nn.Module):
     def state_flops(self, ctx):  # a^T S, b (a^T S), k v^T, r^T S: 4 multiply-adds per entry; the decay: 1 multiply
         return self.n_heads * (2 * 4 + 1) * self.head_dim ** 2
 
+    def forward_flops(self, ctx, device_type="cuda", dtype=torch.bfloat16):  # charged as the recurrence it computes
+        return float(self.state_flops(ctx))
+
 
 # ----------------------------------------------------------------------------------------------------------
 # time mixing

@@ -6,18 +6,15 @@ a training step costs 3x the forward (forward + backward's two matmuls per forwa
 Two state counts are kept apart:
 * `state_flops_per_token`: the architecture's own count, the recurrent form's (the paper's WSFR; docs/models.md);
 * `executed_state_flops_per_token`: the form that actually runs, which every per-FLOP figure is charged with.
-  Power (and linear) attention runs on CUDA in the form the kernels' dispatch picks
-  (longctx.kernels.power.dispatch.cuda_chunk_size): the attention form -- quadratic, like softmax attention --
-  below the dispatch's threshold context and for p >= 3; above it the chunked form: attention inside each chunk
-  of c tokens plus the state's query and update (the recurrent count). On CPU the reference runs the attention
-  form. Softmax, window and RWKV7 cores run what their own count says.
+  Each state core charges it itself (`core.forward_flops(ctx, device_type, dtype)`), since only the core knows
+  which kernel it calls: power attention the attention form (quadratic, like softmax attention) or the chunked form
+  the kernels pick for that length and dtype, linear attention FLA's chunked form where FLA's kernel runs,
+  softmax, window and RWKV7 what their own count says.
 """
 from __future__ import annotations
 
 import torch
 
-from longctx.kernels.power.dispatch import cuda_chunk_size
-from longctx.models.attention.power import PowerAttention
 from longctx.models.common import state_cores
 
 # Dense bf16 tensor-core peaks (vendor datasheets, without sparsity), TFLOP/s. Matched by substring of the
@@ -37,30 +34,9 @@ def peak_bf16_flops(device_name: str) -> float | None:
     return None
 
 
-def _causal_keys_per_query(t: int) -> float:
-    """Mean number of keys a causal query reads over positions 0..t-1."""
-    return (t + 1) / 2
-
-
-def power_form(core: PowerAttention, ctx: int, device_type: str = "cuda", dtype=torch.bfloat16) -> int | None:
-    """Chunk length of the form a power/linear core runs at `ctx` (None: the attention form)."""
-    if core.chunk_size is not None:
-        return core.chunk_size
-    if device_type != "cuda":
-        return None  # the CPU reference's stateless call is the attention form
-    return cuda_chunk_size(ctx, core.p, core.head_dim, dtype)
-
-
 def executed_state_flops(core, ctx: int, device_type: str = "cuda", dtype=torch.bfloat16) -> float:
     """Forward state FLOPs per token, one layer, of the form that runs (module docstring)."""
-    if not isinstance(core, PowerAttention):
-        return float(core.state_flops(ctx))
-    per_head_attention = 2 * 2 * core.head_dim  # q.k and A.v: d multiply-adds per key each
-    chunk = power_form(core, ctx, device_type, dtype)
-    if chunk is None or chunk >= ctx:
-        return float(core.n_heads * per_head_attention * _causal_keys_per_query(ctx))
-    intra = core.n_heads * per_head_attention * _causal_keys_per_query(chunk)
-    return float(intra + core.state_flops(ctx))
+    return float(core.forward_flops(ctx, device_type, dtype))
 
 
 def flops_report(model, ctx: int, device_type: str = "cuda", dtype=torch.bfloat16) -> dict:

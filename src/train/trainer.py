@@ -96,9 +96,8 @@ RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 # The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
 SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size (from the data)",
              "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
-             "mlp_ratio": "model.mlp_ratio", "ctx": "ctx", "p": "attention.p", "window": "attention.window",
-             "gating": "attention.gating", "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims",
-             "token_shift": "arch.token_shift"}
+             "mlp_ratio": "model.mlp_ratio", "ctx": "ctx", "attention_params": "attention.*",
+             "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims", "token_shift": "arch.token_shift"}
 
 
 class Trainer:

@@ -10,6 +10,24 @@ from pathlib import Path
 import pytest
 
 
+def sass_of(name: str) -> str:
+    """The SASS listing compile_check kept for kernel `name`; the test skips, saying why, where none was kept (no
+    cuobjdump bundled with this Triton), so a SASS check never passes without having looked."""
+    from tools.compile_check import SASS_OF
+    sass = SASS_OF.get(name)
+    if not sass:
+        pytest.skip(f"no SASS of {name}: cuobjdump is not bundled with this Triton (triton/backends/nvidia/bin)")
+    return sass
+
+
+def test_sass_of_skips_visibly_without_a_listing(monkeypatch):
+    from tools import compile_check
+    monkeypatch.setattr(compile_check, "SASS_OF", {"kept": "/*0000*/ NOP ;"})
+    assert sass_of("kept") == "/*0000*/ NOP ;"
+    with pytest.raises(pytest.skip.Exception, match="no SASS of missing: cuobjdump"):
+        sass_of("missing")
+
+
 @pytest.mark.parametrize("script, args", [
     ("_interpret_check.py", []),
     ("_interpret_chunked_check.py", ["0", "7"]),   # padding + state in/out, and one decoding step
@@ -29,8 +47,7 @@ def test_chunked_kernels_compile_for_sm90():
     """The interpreter accepts code the compiler rejects: compile the chunked and attention-form kernels for sm_90
     on this CPU machine (Triton's nvidia backend + bundled ptxas) and check they fit the H100/H200 shared memory."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from tools.compile_check import (H100_SHARED, SASS_OF, compile_attention, compile_chunked,
-                                                     sass_loop_counts)
+    from tools.compile_check import H100_SHARED, compile_attention, compile_chunked, sass_loop_counts
     built = compile_chunked(2, 64, "bf16") + compile_attention(2, 64, "bf16")
     for name, shared, _, _ in built:
         assert shared <= H100_SHARED, name
@@ -40,9 +57,8 @@ def test_chunked_kernels_compile_for_sm90():
     intra = {name: (shared, regs, stack) for name, shared, regs, stack in compile_attention(2, 64, "bf16", xt=True)}
     shared, regs, stack = intra["_attn_fwd"]
     assert shared <= H100_SHARED and regs <= 96 and (stack or 0) <= 64, intra["_attn_fwd"]
-    if SASS_OF.get("_attn_fwd"):
-        hot = sass_loop_counts(SASS_OF["_attn_fwd"])[0]["ops"]
-        assert hot.get("STL", 0) == 0 and hot.get("LDL", 0) == 0 and hot.get("HGMMA", 0) > 0, hot
+    hot = sass_loop_counts(sass_of("_attn_fwd"))[0]["ops"]
+    assert hot.get("STL", 0) == 0 and hot.get("LDL", 0) == 0 and hot.get("HGMMA", 0) > 0, hot
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
@@ -88,11 +104,10 @@ def test_sym2_kernels_compile_for_sm90():
         assert out[name][1] in (None, 0) or out[name][1] <= 512, f"{name} spills {out[name][1]} bytes"
     # the Gluon query forward and key dv keep one accumulating matmul in flight and drain the pipe once per first
     # tile: a loop-carried in-flight accumulator made ptxas serialize every matmul (C7515: a full wait per HGMMA)
-    from tools.compile_check import SASS_OF, wgmma_waits
+    from tools.compile_check import wgmma_waits
     for name in ("gluon_query_fwd_rows", "gluon_key_dv_rows"):
-        if SASS_OF.get(name):
-            waits = wgmma_waits(SASS_OF[name])
-            assert waits["full_waits"] * 4 < waits["hgmma"], (name, waits)
+        waits = wgmma_waits(sass_of(name))
+        assert waits["full_waits"] * 4 < waits["hgmma"], (name, waits)
     # the slice loops as sass_loop_counts sees them: one loop per window level, whose matmuls are the closed form
     # TW slices x (contraction / 16) HGMMA: at d=64 the full window's 8 x 64/16 = 32 in every kernel, a window of w
     # columns 8 x w/16 where it contracts the window (forward-type: window_min[0] = 16, windows 64 / 32 / 16)
@@ -103,10 +118,9 @@ def test_sym2_kernels_compile_for_sm90():
     expect = {"gluon_query_fwd_rows": fwd, "gluon_key_dv_rows": fwd, "gluon_query_bwd_rows": bwd,
               "gluon_key_dk_rows": bwd}
     for name, hgmma in expect.items():
-        if SASS_OF.get(name):
-            loops = sass_loop_counts(SASS_OF[name])
-            assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
-            assert all(loop["instructions"] > loop["ops"]["HGMMA"] for loop in loops), name
+        loops = sass_loop_counts(sass_of(name))
+        assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
+        assert all(loop["instructions"] > loop["ops"]["HGMMA"] for loop in loops), name
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
@@ -118,7 +132,7 @@ def test_gluon_rows_window_levels():
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power.chunk_p2 import config as p2_config, gluon_rows
     from longctx.kernels.power.chunk_p2 import kernels as s2
-    from tools.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    from tools.compile_check import compile_gluon_rows, sass_loop_counts
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
     levels, tiles = (getattr(f, "fn", f) for f in (gluon_rows._levels, gluon_rows._level_tiles))
@@ -133,11 +147,11 @@ def test_gluon_rows_window_levels():
         built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
     expect = {"gluon_query_fwd_rows": [32, 16, 8], "gluon_key_dv_rows": [32, 16, 8],
               "gluon_query_bwd_rows": [32, 32, 32], "gluon_key_dk_rows": [32, 32, 32]}
-    for name, hgmma in expect.items():
+    for name in expect:
         assert built[name] in (None, 0) or built[name] <= 512, (name, built[name])
-        if SASS_OF.get(name):
-            loops = sass_loop_counts(SASS_OF[name])
-            assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
+    for name, hgmma in expect.items():
+        loops = sass_loop_counts(sass_of(name))
+        assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
@@ -149,7 +163,7 @@ def test_gluon_key_dk_two_slices_per_barrier():
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power.chunk_p2 import config as p2_config
     from longctx.kernels.power.chunk_p2 import kernels as s2
-    from tools.compile_check import SASS_OF, compile_gluon_rows, sass_loop_counts
+    from tools.compile_check import compile_gluon_rows, sass_loop_counts
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
     assert p2_config.current().bwd_step[1] == 2 and p2_config.current().kdk_block[2] == 8
@@ -158,10 +172,7 @@ def test_gluon_key_dk_two_slices_per_barrier():
         with p2_config.override(bwd_step=(1, step)):
             built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
         assert built["gluon_key_dk_rows"] in (None, 0) or built["gluon_key_dk_rows"] <= 512
-        sass = SASS_OF.get("gluon_key_dk_rows")
-        if not sass:
-            pytest.skip("no cuobjdump for the SASS")
-        loops = sass_loop_counts(sass)
+        loops = sass_loop_counts(sass_of("gluon_key_dk_rows"))
         assert [loop["ops"].get("HGMMA", 0) for loop in loops] == [32, 32], loops
         bars[step] = sum(loop["ops"].get("BAR", 0) for loop in loops)
     assert bars[2] < bars[1], bars
@@ -202,7 +213,7 @@ def test_gluon_outer_drain_reaches_the_step_loop():
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power.chunk_p2 import config as p2_config
     from longctx.kernels.power.chunk_p2 import kernels as s2
-    from tools.compile_check import SASS_OF, compile_gluon_outer, sass_instructions
+    from tools.compile_check import compile_gluon_outer, sass_instructions
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
     names = ("gluon_outer_keys", "gluon_outer", "gluon_outer_keys_scan", "gluon_outer_scan")
@@ -212,9 +223,7 @@ def test_gluon_outer_drain_reaches_the_step_loop():
             built = {name: stack for name, _, _, stack in compile_gluon_outer(64)}
         for name in names:
             assert built[name] in (None, 0), (name, drain, built[name])
-            if not SASS_OF.get(name):
-                pytest.skip("no cuobjdump for the SASS")
-            ins = [text for _, text in sass_instructions(SASS_OF[name])]
+            ins = [text for _, text in sass_instructions(sass_of(name))]
             full_waits[name, drain] = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in text for text in ins)
             if drain:   # the wait comes right before a step's operand loads (LDSM)
                 loads = [i for i, text in enumerate(ins) if text.startswith("LDSM")]

@@ -1,12 +1,9 @@
-"""tools/ab_switch.py and tools/switches.py without a GPU: variant specs (switches, attention tiles, one clear error
-for an item that is neither or names no field), overrides that never outlive their block, and the output
-comparison."""
+"""tools/ab_switch.py without a GPU: variant specs (switches, attention tiles, one clear error for an item that is
+neither or names no field) and the output comparison. The switches themselves: tests/kernels/test_switches.py."""
 
 import pytest
 
-from longctx.kernels.power import config
-from longctx.kernels.power.chunk_p2 import config as p2_config
-from tools import ab_switch, switches
+from tools import ab_switch
 
 
 def test_variant_items():
@@ -22,36 +19,6 @@ def test_variant_items():
 def test_bad_items_name_themselves(spec, named):
     with pytest.raises(SystemExit, match=named):
         ab_switch.parse_variant(spec)
-
-
-def test_switches_parse_by_field_type():
-    assert switches.parse(["outer_stages=3", "gate_scores=0", "p2.qbwd_block=128,8,4", "dispatch.chunk_p2=1024",
-                           "offdiag_precision=tf32"]) == {
-        "p2": {"outer_stages": 3, "qbwd_block": (128, 8, 4)},
-        "attention": {"gate_scores": False, "offdiag_precision": "tf32"},
-        "dispatch": {"chunk_p2": 1024}}
-
-
-def test_an_unknown_matmul_precision_names_the_field():
-    with pytest.raises(ValueError, match="offdiag_precision='tf33'"), switches.applied(["offdiag_precision=tf33"]):
-        pass
-
-
-def test_overrides_hold_inside_the_block_only():
-    """A variant's switches, dispatch's included, must not leak into the next variant (one once timed later rounds of
-    'default' at the previous variant's chunk)."""
-    before = (config.dispatch.current(), p2_config.current(), config.attention.current())
-    items = [f"default_chunk={before[0].default_chunk // 2}", f"concurrent_bwd={int(not before[1].concurrent_bwd)}",
-             f"gate_scores={int(not before[2].gate_scores)}"]
-    with switches.applied(items, tiles={"fwd": (64, 32, 4, 3)}):
-        assert config.dispatch.current().default_chunk == before[0].default_chunk // 2
-        assert p2_config.current().concurrent_bwd is not before[1].concurrent_bwd
-        assert config.attention.current().gate_scores is not before[2].gate_scores
-        assert config.attention.current().block_override == {"fwd": (64, 32, 4, 3)}
-    assert (config.dispatch.current(), p2_config.current(), config.attention.current()) == before
-    with pytest.raises(RuntimeError), switches.applied(["outer_stages=2"]):
-        raise RuntimeError("a failing variant")
-    assert p2_config.current() == before[1]
 
 
 def test_disagreement_is_the_relative_error_of_each_output():

@@ -135,28 +135,97 @@ def test_power_above_threshold_is_charged_chunked(ctx):
     assert executed_state_flops(core, ctx) > core.state_flops(ctx)  # the intra-chunk attention is real work
 
 
-def test_power_p4_is_quadratic_at_64k_and_cpu_runs_the_attention_form():
+def test_power_p4_is_quadratic_at_64k_and_cpu_runs_the_reference_forms():
     from longctx.train.flops import executed_state_flops
     assert executed_state_flops(_core("power", p=4), 65536) == pytest.approx(_quadratic(4, 64, 65536))
-    assert executed_state_flops(_core("power", p=2), 65536, device_type="cpu") == pytest.approx(
-        _quadratic(4, 64, 65536))
+    D = math.comb(9, 2) * 8 ** 2
+    # the CPU reference: the attention form up to 1024 tokens, chunks of 256 above (p <= 2)
+    core = _core("power", p=2)
+    assert executed_state_flops(core, 1024, device_type="cpu") == pytest.approx(_quadratic(4, 64, 1024))
+    assert executed_state_flops(core, 65536, device_type="cpu") == pytest.approx(
+        _quadratic(4, 64, 256) + _recurrent(4, 64, D, True))
     # an explicit chunk size is what runs, on any device
     core = _core("power", p=2, chunk_size=256)
-    D = math.comb(9, 2) * 8 ** 2
     assert executed_state_flops(core, 4096, device_type="cpu") == pytest.approx(
         _quadratic(4, 64, 256) + _recurrent(4, 64, D, True))
 
 
-def test_linear_and_softmax_forms():
+def test_linear_and_softmax_forms(monkeypatch):
+    """Linear attention on CUDA is charged with the kernel its forward calls: FLA's chunk_simple_gla (chunks of 64,
+    a d x d state) where FLA runs, else the p=1 power kernels' forms."""
     from longctx.kernels.power import config
-    CHUNKED_DEFAULT_C = config.dispatch.current().default_chunk
+    from longctx.models.attention import linear
     from longctx.train.flops import executed_state_flops
+    CHUNKED_DEFAULT_C = config.dispatch.current().default_chunk
     lin = _core("linear")
+    monkeypatch.setattr(linear, "_fla_simple_gla_ok", lambda device=None: False)
     assert executed_state_flops(lin, 2048) == pytest.approx(_quadratic(4, 64, 2048))
     assert executed_state_flops(lin, 8192) == pytest.approx(_quadratic(4, 64, CHUNKED_DEFAULT_C)
                                                             + _recurrent(4, 64, 64, False))
+    monkeypatch.setattr(linear, "_fla_simple_gla_ok", lambda device=None: True)
+    for ctx in (2048, 8192):
+        assert executed_state_flops(lin, ctx) == pytest.approx(_quadratic(4, 64, 64) + _recurrent(4, 64, 64, False))
+    assert executed_state_flops(lin, 8192, device_type="cpu") == pytest.approx(  # CPU: the p=1 reference, chunks of 256
+        _quadratic(4, 64, 256) + _recurrent(4, 64, 64, False))
     win = _core("window")
     assert executed_state_flops(win, 8192) == win.state_flops(8192)
+
+
+# ----- each core's forward_flops against a closed form, tiny configs (d_model 16, 2 heads of 8) -------------
+
+def _tiny(attention: str, **params):
+    from longctx.models import ModelSpec
+    from longctx.models.attention import build_attention
+    return build_attention(ModelSpec(attention=attention, attention_params=params, d_model=16, n_heads=2, n_layers=1))
+
+
+@pytest.mark.parametrize("ctx", [1, 7, 100])
+def test_exp_forward_flops_closed_form(ctx):
+    # every query i (0-based) reads i + 1 keys: sum = ctx (ctx + 1) / 2; q.k and A.v, 8 multiply-adds each, 2 heads
+    want = 2 * (2 * 8 + 2 * 8) * sum(i + 1 for i in range(ctx)) / ctx
+    assert _tiny("exp").forward_flops(ctx, "cuda") == pytest.approx(want)
+    assert _tiny("exp").forward_flops(ctx, "cpu", torch.float32) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("ctx", [3, 5, 40])
+def test_window_forward_flops_closed_form(ctx):
+    w = 5
+    want = 2 * 32 * sum(min(i + 1, w) for i in range(ctx)) / ctx
+    assert _tiny("window", window=w).forward_flops(ctx, "cuda") == pytest.approx(want)
+
+
+def test_power_forward_flops_closed_forms():
+    from longctx.kernels import state_dim
+    core = _tiny("power", p=2, chunk_size=4)
+    D = state_dim(2, 8)
+    # chunks of 4: query i reads (i mod 4) + 1 keys inside its chunk (mean 2.5), plus the state's query and update
+    # (D x (8 + 1) multiply-adds each, normalizer included), per head
+    ctx = 16
+    intra = 2 * 32 * sum(i % 4 + 1 for i in range(ctx)) / ctx
+    assert core.forward_flops(ctx, "cuda") == pytest.approx(intra + 2 * 2 * 2 * D * 9)
+    assert core.forward_flops(4, "cuda") == pytest.approx(2 * 32 * 2.5)  # one chunk: the attention form
+    short = _tiny("power", p=2)
+    assert short.forward_flops(100, "cpu") == pytest.approx(2 * 32 * 101 / 2)  # the CPU reference's attention form
+
+
+def test_linear_forward_flops_closed_form(monkeypatch):
+    from longctx.models.attention import linear
+    core = _tiny("linear")
+    ctx = 1000
+    monkeypatch.setattr(linear, "_fla_simple_gla_ok", lambda device=None: True)
+    # FLA: chunks of 64 (1000 = 15 x 64 + 40), the d x d state read and written, no normalizer
+    intra = 2 * 32 * sum(i % 64 + 1 for i in range(15 * 64)) / (15 * 64)
+    assert core.forward_flops(ctx, "cuda") == pytest.approx(intra + 2 * 2 * 2 * 8 * 8)
+    monkeypatch.setattr(linear, "_fla_simple_gla_ok", lambda device=None: False)
+    assert core.forward_flops(ctx, "cuda") == pytest.approx(2 * 32 * 1001 / 2)  # below p=1's chunked threshold
+
+
+def test_rwkv7_forward_flops_closed_form():
+    from longctx.models import ModelSpec
+    from longctx.models.rwkv7 import RWKV7Rule
+    rule = RWKV7Rule(ModelSpec(arch="rwkv7", d_model=16, n_heads=2, n_layers=1))
+    # a^T S, b (a^T S), k v^T, r^T S over the 8 x 8 state: 4 multiply-adds per entry, the decay 1 multiply; 2 heads
+    assert rule.forward_flops(4096, "cuda") == pytest.approx(2 * (4 * 2 + 1) * 64)
 
 
 def test_training_flops_use_the_executed_form_wsfr_the_architecture_count():

@@ -1,5 +1,5 @@
 """Power attention (Kerr et al., "Scaling Context Requires Rethinking Attention"): kernels + reference."""
-from .interface import power_attention, power_attention_step
+from .interface import default_chunk_size, power_attention, power_attention_step
 from .reference import PowerState, state_dim
 
-__all__ = ["power_attention", "power_attention_step", "PowerState", "state_dim"]
+__all__ = ["power_attention", "power_attention_step", "PowerState", "state_dim", "default_chunk_size"]

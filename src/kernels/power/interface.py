@@ -80,7 +80,14 @@ def _check(q, k, v, log_g, p, scale, chunk_size, norm, initial_state):
 
 
 def default_chunk_size(t: int, p: int, d: int, on_cuda: bool, dtype=None) -> Optional[int]:
-    """None (attention form) for short sequences, else the chunk length of the chunked form."""
+    """The form a stateless call with chunk_size=None runs for (t, p, head dim d, device, dtype): None for the
+    attention form (short sequences), else the chunk length of the chunked form. Public so that FLOP accounting
+    can charge the form that runs without knowing the dispatch.
+
+    Example:
+        >>> default_chunk_size(65536, 2, 64, on_cuda=False)      # the CPU reference chunks long sequences
+        256
+    """
     if on_cuda:
         from .dispatch import cuda_chunk_size
         return cuda_chunk_size(t, p, d, dtype)

@@ -442,7 +442,6 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
 # ----------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------
-_TL_DT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 def _dot_dtype(dtype, norm, backward):

@@ -7,6 +7,7 @@ Every core has the same interface, so an architecture holds one without knowing 
     y, state = core.decode(q, k, v, x, state)   # the next n tokens after those `state` holds (None: no tokens yet)
     core.state_size(ctx)             # floats of recurrent / KV state, one layer
     core.state_flops(ctx)            # forward FLOPs per token that involve the state, one layer (multiply-add = 2)
+    core.forward_flops(ctx, device_type, dtype)  # the same, of the form this core runs there (training FLOPs, MFU)
 
 Projections (q/k/v/out) and rotary embeddings belong to the architecture; a core owns only what the attention
 itself needs (e.g. the per-head gate of power/linear attention). Conventions for the accounting are in

@@ -73,6 +73,9 @@ class ExpAttention(nn.Module):
     def state_flops(self, ctx):  # q.K and A.V, each d multiply-adds per key, per head
         return 2 * 2 * self.d_model * mean_keys_per_query(ctx, ctx)
 
+    def forward_flops(self, ctx, device_type="cuda", dtype=torch.bfloat16):  # every engine runs the counted form
+        return float(self.state_flops(ctx))
+
 
 SINK_PAD = 8  # extra head dims that carry the sink: fused kernels want head dims in multiples of 8
 

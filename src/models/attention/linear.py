@@ -37,14 +37,25 @@ class LinearAttention(PowerAttention):
             return y
         return power_attention(q, k, v, log_g, p=1, chunk_size=self.chunk_size, norm=False)
 
+    def forward_flops(self, ctx, device_type="cuda", dtype=torch.bfloat16):
+        """Forward state FLOPs per token of the form that runs: FLA's chunked form (chunks of FLA_CHUNK tokens, a
+        d x d state) where `core` takes FLA's kernel, else the p=1 power kernels' form."""
+        if device_type == "cuda" and _fla_simple_gla_ok():
+            return self.form_flops(ctx, FLA_CHUNK)
+        return super().forward_flops(ctx, device_type, dtype)
 
-def _fla_simple_gla_ok(device) -> bool:
-    """FLA's gated chunk backward refuses Hopper with Triton < 3.7.1 (FLA issue #640)."""
+
+FLA_CHUNK = 64  # chunk_simple_gla's chunk length when given none
+
+
+def _fla_simple_gla_ok(device=None) -> bool:
+    """FLA's gated chunk backward refuses Hopper with Triton < 3.7.1 (FLA issue #640). device None: the current
+    CUDA device; without CUDA here (accounting for a GPU run from a CPU machine) the Hopper cards the runs target."""
     try:
         import fla.ops.simple_gla  # noqa: F401
         import triton
     except ImportError:
         return False
-    hopper = torch.cuda.get_device_capability(device)[0] == 9
+    hopper = torch.cuda.get_device_capability(device)[0] == 9 if torch.cuda.is_available() else True
     version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3])
     return not (hopper and version < (3, 7, 1))

@@ -4,12 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 import torch.nn as nn
 
-from longctx.kernels import PowerState, power_attention, power_attention_step, state_dim  # CUDA -> Triton, CPU -> reference
+from longctx.kernels import (PowerState, default_chunk_size, power_attention, power_attention_step,  # CUDA -> Triton,
+                             state_dim)                                                               # CPU -> reference
 
 from .registry import boolean, int_in, positive_int, register
-from .shared import HeadGate
+from .shared import HeadGate, mean_keys_per_query
 
 
 @register("power")
@@ -73,3 +75,18 @@ class PowerAttention(nn.Module):
 
     def state_flops(self, ctx):  # per token: read the state (query) and write it (key-value update)
         return 2 * 2 * self.state_size(ctx)
+
+    def forward_flops(self, ctx, device_type="cuda", dtype=torch.bfloat16):
+        """Forward state FLOPs per token, one layer, of the form the kernels run at `ctx` on `device_type` with
+        `dtype` inputs (the chunk length the kernels' `default_chunk_size` picks, or this core's own)."""
+        chunk = self.chunk_size or default_chunk_size(ctx, self.p, self.head_dim, device_type == "cuda", dtype)
+        return self.form_flops(ctx, chunk)
+
+    def form_flops(self, ctx, chunk):
+        """The attention form (chunk None, or one chunk covering ctx): q.k and A.v over the causal keys, like softmax
+        attention; the chunked form: that attention inside each chunk of `chunk` tokens plus the state's query and
+        update (state_flops)."""
+        attention = 2 * 2 * self.n_heads * self.head_dim  # q.k and A.v: d multiply-adds per key each
+        if chunk is None or chunk >= ctx:
+            return float(attention * mean_keys_per_query(ctx, ctx))
+        return float(attention * mean_keys_per_query(chunk, chunk) + self.state_flops(ctx))

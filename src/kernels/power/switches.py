@@ -6,18 +6,23 @@ as overrides for the calls inside a `with` block (nothing stays changed after it
 
 FIELD is a field of one family's config (p2: chunk_p2.config.P2Config; attention, chunk, gates, dispatch:
 longctx.kernels.power.config), optionally prefixed by the family where two share a name. VALUE: 0 / 1 for a
-boolean, an integer, a comma list of integers for a tuple, or a word for a string.
+boolean, an integer, a comma list of integers for a tuple, or a word for a string. A bad item raises SwitchError
+(a ValueError) naming it; command lines turn it into their one error line.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 
-from longctx.kernels.power import config
-from longctx.kernels.power.chunk_p2 import config as p2_config
+from . import config
+from .chunk_p2 import config as p2_config
 
 FAMILIES = {"p2": p2_config.slot, "attention": config.attention, "chunk": config.chunk, "gates": config.gates,
             "dispatch": config.dispatch}
+
+
+class SwitchError(ValueError):
+    """A switch item that names no field, or a value of the wrong type."""
 
 
 def _fields(family: str) -> dict:
@@ -37,27 +42,27 @@ def _value(current, text: str, item: str):
         if isinstance(current, str):
             return text
     except ValueError:
-        raise SystemExit(f"switch {item!r}: value {text!r} is not a {type(current).__name__}") from None
-    raise SystemExit(f"switch {item!r}: a {type(current).__name__} field is not set from the command line")
+        raise SwitchError(f"switch {item!r}: value {text!r} is not a {type(current).__name__}") from None
+    raise SwitchError(f"switch {item!r}: a {type(current).__name__} field is not set from the command line")
 
 
 def parse(items) -> dict[str, dict]:
-    """['outer_stages=3', 'attention.gate_scores=0'] -> {family: {field: value}}; one clear error (SystemExit)
+    """['outer_stages=3', 'attention.gate_scores=0'] -> {family: {field: value}}; one clear error (SwitchError)
     for an item that names no field, or a field two families share without a prefix."""
     out: dict[str, dict] = {}
     for item in items:
         if "=" not in item:
-            raise SystemExit(f"switch {item!r}: expected FIELD=VALUE")
+            raise SwitchError(f"switch {item!r}: expected FIELD=VALUE")
         name, text = item.split("=", 1)
         family, _, field = name.rpartition(".")
         if family and family not in FAMILIES:
-            raise SystemExit(f"switch {item!r}: no family {family!r}; families: {', '.join(FAMILIES)}")
+            raise SwitchError(f"switch {item!r}: no family {family!r}; families: {', '.join(FAMILIES)}")
         owners = [family] if family else [f for f in FAMILIES if field in _fields(f)]
         owners = [f for f in owners if field in _fields(f)]
         if not owners:
-            raise SystemExit(f"switch {item!r}: no config ({', '.join(FAMILIES)}) has a field {field!r}")
+            raise SwitchError(f"switch {item!r}: no config ({', '.join(FAMILIES)}) has a field {field!r}")
         if len(owners) > 1:
-            raise SystemExit(f"switch {item!r}: {field!r} is a field of {' and '.join(owners)}: prefix the family")
+            raise SwitchError(f"switch {item!r}: {field!r} is a field of {' and '.join(owners)}: prefix the family")
         current = getattr(FAMILIES[owners[0]].current(), field)
         out.setdefault(owners[0], {})[field] = _value(current, text, item)
     return out
