@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from longctx.train.checkpoint import CheckpointWriteError  # noqa: E402
 from longctx.train.config import resolve_resume  # noqa: E402
 from longctx.train.launch import check_shown_config  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
@@ -39,7 +40,11 @@ def main(cfg: DictConfig) -> None:
         remove_if_empty(hydra_cfg.runtime.output_dir)
         print(f"error: {err}", file=sys.stderr)  # bad input: one clear line naming the field, no traceback
         sys.exit(2)
-    trainer.fit()
+    try:
+        trainer.fit()
+    except CheckpointWriteError as err:  # a full disk: one line naming the file and the cause
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 def remove_if_empty(run_dir: str) -> None:

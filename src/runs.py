@@ -5,19 +5,24 @@
     out = model.generate(prompt_ids, max_new_tokens=50, temperature=0)
 
 The model is rebuilt from the run's own config (the one saved in the checkpoint, else `<run_dir>/config.yaml`)
-exactly as the trainer built it (`trainer.model_spec`), so configs written before the attention parameters
-moved into the core load unchanged: their conf/attention keys are the core's parameters.
+exactly as the trainer built it (`models.spec.model_spec`), so configs written before the attention parameters
+moved into the core load unchanged: their conf/attention keys are the core's parameters; keys newer than a
+config take their defaults. Checkpoints are read by train/checkpoint.py (no code runs; the newest unreadable one is
+skipped with a warning when no step is asked for).
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.models import build_model
+from longctx.models.spec import model_spec
 from longctx.train import checkpoint as ckpt
-from longctx.train.trainer import model_spec  # the trainer's own mapping config -> ModelSpec
+
+log = logging.getLogger("longctx")
 
 
 class RunError(ValueError):
@@ -25,18 +30,22 @@ class RunError(ValueError):
     builds one. The message names the path and what is wrong."""
 
 
-def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
+def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path, dict]:
+    """(step, path, state) of the asked step, or of the newest readable checkpoint (skipped ones said once each)."""
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r} does not exist")
     found = ckpt.list_checkpoints(run_dir)
     if not found:
         raise RunError(f"{run_dir} holds no checkpoint (looked in {ckpt.checkpoint_dir(run_dir)}); a run writes one "
                        f"at every evaluation (trainer.eval_every)")
-    if step is None:
-        return found[-1]
-    for s, path in found:
-        if s == step:
-            return s, path
+    try:
+        if step is None:
+            return ckpt.read_newest(found, ("model",), log.warning)
+        for s, path in found:
+            if s == step:
+                return s, path, ckpt.read(path, ("model",))
+    except ckpt.CheckpointError as err:
+        raise RunError(str(err)) from None
     raise RunError(f"step={step}: {run_dir} has no checkpoint of that step; it has steps "
                    f"{', '.join(str(s) for s, _ in found)}")
 
@@ -48,7 +57,14 @@ def run_config(run_dir: Path, state: dict) -> DictConfig:
     path = run_dir / "config.yaml"
     if not path.exists():
         raise RunError(f"{run_dir}: neither the checkpoint nor the directory (config.yaml) holds the run's config")
-    return OmegaConf.load(path)
+    try:
+        cfg = OmegaConf.load(path)  # YAML's safe subset
+    except Exception as err:  # yaml's parser errors, a directory, ...
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise RunError(f"{path}: not a readable config ({first})") from None
+    if not isinstance(cfg, DictConfig):
+        raise RunError(f"{path}: not a config (a YAML mapping)")
+    return cfg
 
 
 def vocab_size_of(state: dict) -> int:
@@ -73,12 +89,12 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str | torch.d
         (model in eval mode on `device`, the run's config as a DictConfig). `model.checkpoint_step` is the step
         loaded and `model.checkpoint_path` its file.
     Raises:
-        RunError (a ValueError) naming the path: missing directory, no checkpoint, a step that is not there, a config
-        that no longer builds a model (e.g. an attention that no longer exists).
+        RunError (a ValueError) naming the path: missing directory, no checkpoint, a step that is not there, a
+        checkpoint that cannot be read (none readable when no step is asked for), a config that no longer builds a
+        model (e.g. an attention that no longer exists, a required key missing).
     """
     run_dir = Path(run_dir).expanduser()
-    step, path = pick_checkpoint(run_dir, step)
-    state = ckpt.load_checkpoint(path)
+    step, path, state = pick_checkpoint(run_dir, step)
     cfg = run_config(run_dir, state)
     try:
         spec = model_spec(cfg, vocab_size_of(state))
@@ -87,7 +103,11 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str | torch.d
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(spec)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # names or shapes that the config's model does not have
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+        raise RunError(f"{path}: its weights do not fit the model its config builds ({first})") from None
     model = model.to(device).eval()
     model.checkpoint_step, model.checkpoint_path = step, path
     return model, cfg

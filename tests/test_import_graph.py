@@ -4,6 +4,8 @@ too: a lazy import hides a cycle from Python's start-up but not from a reader. R
 longctx.kernels only its public packages are imported, the trainer reaches attention cores through the registry, and
 scripts/ and tools/ share helpers through the package, never by importing each other."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -170,3 +172,28 @@ def test_scripts_and_tools_do_not_import_each_other():
 def test_the_package_imports_neither_scripts_nor_tools():
     assert cross_imports("src", "scripts") == []
     assert cross_imports("src", "tools") == []
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return seen
+
+
+# Loading a trained run (and the CLIs built on it) needs the model and the checkpoint reader, not the trainer
+TRAINER_FREE = ("runs", "evaluate", "generate")
+
+
+def test_loading_a_run_imports_no_trainer_code():
+    mods = modules()
+    graph = {name: imported(name, path, set(mods)) for name, path in mods.items()}
+    for name in TRAINER_FREE:
+        assert f"{PACKAGE}.train.trainer" not in reachable(graph, f"{PACKAGE}.{name}"), name
+    code = (f"import sys; import {', '.join(f'{PACKAGE}.{n}' for n in TRAINER_FREE)}; "
+            f"print('{PACKAGE}.train.trainer' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr[-2000:]

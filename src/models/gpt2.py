@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
 from .common import LanguageModelMixin, cached_token_shift, loss_head, rotary, rotary_tables
+from .registry import register_architecture
 from .spec import ModelSpec
 
 
@@ -87,6 +88,7 @@ class Block(nn.Module):
         return x
 
 
+@register_architecture("gpt2")
 class GPT2(LanguageModelMixin, nn.Module):
 
     def __init__(self, spec: ModelSpec):

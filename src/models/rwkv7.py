@@ -9,7 +9,8 @@ and shapes are FLA's, so a state dict maps one-to-one (prefix `model.` on FLA's 
     ChannelMix: token shift -> key -> relu^2 -> value
 
 The core is the only thing `attention=` changes:
-  linear  the native RWKV-7 rule (a generalized delta rule with diagonal decay), per head, state S (d x d):
+  linear  the native RWKV-7 rule (a generalized delta rule with diagonal decay), per head, state S (d x d),
+          registered as the native mixing "rwkv7" that serves attention=linear on this architecture:
               S_t = diag(exp(w_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,   o_t = S_t^T r_t
           with a = -kk, b = kk * a_rate (kk = normalized k * k_k); plus RWKV's current-token bonus (r.k.r_k) v.
           GPU: FLA `chunk_rwkv7`; CPU: a chunked PyTorch form (fp32), checked against the plain recurrence.
@@ -32,9 +33,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
 from .common import LanguageModelMixin, cached_token_shift, loss_head, rotary, rotary_tables
+from .registry import native_mixing, register_architecture, register_native_mixing
 from .spec import ModelSpec
 
-NATIVE = "linear"                          # attention name that means RWKV-7's own time mixing
 LOG_DECAY_MIN = -0.6065306597126334        # -exp(-0.5): FLA's bound on the log decay w
 # Low-rank sizes: fla.models.rwkv7.RWKV7Config defaults.
 DECAY_RANK, GATE_RANK, A_RANK, V_RANK = 64, 128, 64, 16
@@ -132,6 +133,7 @@ class LoRA(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 # the native core: the RWKV-7 rule
 
+@register_native_mixing("rwkv7", arch="rwkv7", serves=("linear",))
 class RWKV7Rule(nn.Module):
     """State accounting and kernel dispatch of the native time mixing (no parameters of its own)."""
 
@@ -176,7 +178,8 @@ class TimeMix(nn.Module):
         self.layer_idx = layer_idx
         self.first = layer_idx == 0  # a bool for the forward: torch.compile specializes on ints (one graph a layer)
         self.n_heads, self.head_dim = spec.n_heads, spec.head_dim
-        self.native = spec.attention == NATIVE
+        native = native_mixing(spec.arch, spec.attention)
+        self.native = native is not None
 
         self.x_r = nn.Parameter(torch.zeros(1, 1, d))   # token-shift interpolation weights
         self.x_k = nn.Parameter(torch.zeros(1, 1, d))
@@ -198,7 +201,7 @@ class TimeMix(nn.Module):
             self.r_k = nn.Parameter(torch.zeros(spec.n_heads, spec.head_dim))
             self.w_lora = LoRA(d, d, DECAY_RANK, activation="tanh")
             self.a_lora = LoRA(d, d, A_RANK)
-            self.core = RWKV7Rule(spec)
+            self.core = native.cls(spec)
         else:
             self.core = build_attention(spec)
         self._init_rwkv(d, L)
@@ -335,11 +338,13 @@ class Block(nn.Module):
         return x, v_first
 
 
+@register_architecture("rwkv7")
 class RWKV7(LanguageModelMixin, nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
+        self.native = native_mixing(spec.arch, spec.attention) is not None  # the RWKV-7 rule, not an attention core
         self.embeddings = nn.Embedding(spec.vocab_size, spec.d_model)
         self.layers = nn.ModuleList([Block(spec, i) for i in range(spec.n_layers)])
         self.norm = nn.LayerNorm(spec.d_model, eps=1e-5)
@@ -360,7 +365,7 @@ class RWKV7(LanguageModelMixin, nn.Module):
         x = self.embeddings(input_ids)  # (b, t, d)
         v_first = torch.zeros_like(x)
         rope = None
-        if self.spec.attention != NATIVE:  # the attention cores rotate r and k; positions continue a cache's
+        if not self.native:  # the attention cores rotate r and k; positions continue a cache's
             start = 0 if cache is None else cache[0].pos
             rope = rotary_tables(input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start, x.device)
         for i, block in enumerate(self.layers):
@@ -381,9 +386,8 @@ def to_fla(model: RWKV7):
     Used by the tests to check that we compute what FLA computes; needs fla and transformers."""
     from fla.models import RWKV7Config, RWKV7ForCausalLM
     spec = model.spec
-    if spec.attention != NATIVE:
-        raise ValueError(f"to_fla: FLA's RWKV7 has only the native time mixing (attention={NATIVE!r}), "
-                         f"got attention={spec.attention!r}")
+    if native_mixing(spec.arch, spec.attention) is None:
+        raise ValueError(f"to_fla: FLA's RWKV7 has only the native time mixing, not attention={spec.attention!r}")
     config = RWKV7Config(
         hidden_size=spec.d_model, num_hidden_layers=spec.n_layers, head_dim=spec.head_dim,
         vocab_size=spec.vocab_size, hidden_ratio=spec.mlp_ratio, decay_low_rank_dim=DECAY_RANK,

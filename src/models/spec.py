@@ -2,23 +2,32 @@
 
 Fields follow docs/architecture.md. `build_model(spec)` (see `__init__.py`) turns a spec into an `nn.Module`.
 The attention's own parameters (p, window, ...) live in `attention_params`, declared and validated by the
-attention core itself (models/attention/): a spec knows no attention by name.
+attention core itself (models/attention/): a spec knows no attention by name. `model_spec(cfg, vocab)` is the spec
+of a composed config (the trainer's, a run's config.yaml).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
-from .attention import attention_class, parse_params
+from .attention import attention_class, params_from_conf, parse_params
+from .registry import ARCHITECTURES
 
-ARCHS = ("gpt2", "rwkv7")
+
+def __getattr__(name: str):
+    if name == "ARCHS":  # the registered architectures (models/registry.py), known once the models are imported
+        return tuple(ARCHITECTURES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Flat fields of specs saved before `attention_params` existed (old checkpoints), mapped by `from_dict`.
 LEGACY_ATTENTION_FIELDS = ("p", "window", "chunk_size", "gating")
 
 
 @dataclass
 class ModelSpec:
-    arch: str = "gpt2"                 # "gpt2" | "rwkv7"
+    arch: str = "gpt2"                 # a registered architecture (models/registry.py, conf/arch/<name>.yaml)
     attention: str = "exp"             # a registered attention core (models/attention/, conf/attention/<name>.yaml)
     attention_params: dict = field(default_factory=dict)  # that core's parameters; missing ones take its defaults
     vocab_size: int = 50304
@@ -36,8 +45,8 @@ class ModelSpec:
         def bad(field, why):
             raise ValueError(f"ModelSpec.{field}={getattr(self, field)!r}: {why}")
 
-        if self.arch not in ARCHS:
-            bad("arch", f"unknown architecture; known: {', '.join(ARCHS)}")
+        if self.arch not in ARCHITECTURES:
+            bad("arch", f"unknown architecture; known: {', '.join(sorted(ARCHITECTURES))}")
         # complete and validated: errors name the parameter (attention.window=0: must be a positive integer)
         self.attention_params = dataclasses.asdict(parse_params(self.attention, self.attention_params))
         for field in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "ctx"):
@@ -84,3 +93,41 @@ class ModelSpec:
             raise ValueError(f"ModelSpec.{unknown[0]}={fields[unknown[0]]!r}: not a field of ModelSpec "
                              f"(fields: {', '.join(sorted(known))})")
         return cls(**fields)
+
+
+def model_vocab_size(data_vocab: int) -> int:
+    """Large vocabularies are padded to a multiple of 64 (faster matmuls; nanoGPT's 50257 -> 50304)."""
+    return data_vocab if data_vocab < 1024 else 64 * math.ceil(data_vocab / 64)
+
+
+# Config keys newer than some saved runs: a config.yaml without one built the model with the field's default
+OPTIONAL_KEYS = {"model.mlp_ratio": "mlp_ratio", "arch.rope_base": "rope_base", "arch.rope_dims": "rope_dims",
+                 "arch.token_shift": "token_shift"}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.default is not dataclasses.MISSING}
+
+
+def _config_value(cfg, key: str, default=dataclasses.MISSING):
+    """cfg's value at the dotted `key`; `default` where it is missing or null, else a ValueError naming the key."""
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+        if node is None:
+            if default is dataclasses.MISSING:
+                raise ValueError(f"config: {key} is missing (a config of another longctx version?)")
+            return default
+    return node
+
+
+def model_spec(cfg, vocab_size: int) -> ModelSpec:
+    """The model of a composed config (a DictConfig or nested dicts): conf/attention/<name>.yaml's keys (but name and
+    tag) go to the attention core. Keys newer than a saved config take ModelSpec's defaults; a missing required
+    key raises ValueError naming it."""
+    optional = {name: _config_value(cfg, key, DEFAULTS[name]) for key, name in OPTIONAL_KEYS.items()}
+    return ModelSpec(
+        arch=_config_value(cfg, "arch.name"), attention=_config_value(cfg, "attention.name"),
+        attention_params=params_from_conf(_config_value(cfg, "attention")), vocab_size=vocab_size,
+        d_model=_config_value(cfg, "model.d_model"), n_layers=_config_value(cfg, "model.n_layers"),
+        n_heads=_config_value(cfg, "model.n_heads"), ctx=_config_value(cfg, "ctx"), **optional,
+        # trainer.activation_checkpointing=auto is decided at the first step
+        checkpoint_activations=_config_value(cfg, "trainer.activation_checkpointing", False) is True,
+    )

@@ -1,25 +1,87 @@
-"""Checkpoints written atomically (temp file, fsync, rename), the newest `keep` kept.
+"""Checkpoints: one versioned schema, written atomically, read without running code.
 
-A checkpoint is one file `step_XXXXXXXX.pt` in `<run_dir>/checkpoints/`; a file only ever appears under its
-final name complete, so whatever is found there can be loaded, even after a kill -9 mid-write.
+A checkpoint is one file `step_XXXXXXXX.pt` in `<run_dir>/checkpoints/`, a dict (schema version 1):
+
+    schema_version  1
+    model, optimizer, scheduler, data, rng, trainer    the state_dict() of each Stateful part of the run
+    config, spec                                        the run's resolved config and ModelSpec (plain dicts)
+
+`trainer` holds the trainer's counters (step, tokens, elapsed, skipped_steps, wandb_id); `rng` every rank's RNG
+states as tensors and plain numbers (train/rng.py). Files without `schema_version` are version 0 (the counters
+at the top level, numpy's RNG state an ndarray) and are read into version 1's layout by `upgrade`.
+
+Writing: a temp file, fsync, rename, so a file only ever appears under its final name complete, even after a kill
+-9 mid-write; the newest `keep` are kept. A write that fails (a full disk) removes its temp file and raises one
+line naming the file and the cause (CheckpointWriteError).
+
+Reading: `torch.load(weights_only=True)`: tensors and plain Python values only (and, for version-0 files, numpy's
+ndarray), so a crafted file cannot run code. `read` checks the schema and upgrades it; `read_newest` takes the
+newest readable checkpoint of a run, saying which ones it skipped (cut short, a directory, a bad schema).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
+from typing import Callable, Iterable, Protocol
 
+import numpy as np
 import torch
 
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+from longctx.train.rng import plain_rng_state
 
+try:
+    from numpy._core.multiarray import _reconstruct  # numpy >= 2
+except ImportError:
+    from numpy.core.multiarray import _reconstruct
+
+SCHEMA_VERSION = 1
+PARTS = ("model", "optimizer", "scheduler", "data", "rng", "trainer")  # what a resume restores
+_NAME = re.compile(r"^step_(\d{8})\.pt$")
+_TEMP = ".step_*.pt.tmp*"
+log = logging.getLogger("longctx")
+# numpy's RNG state in version-0 files is an ndarray: these globals rebuild one (and nothing else), under the
+# name numpy 2 pickles it by and numpy 1's
+_NUMPY_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _reconstruct,
+                  (_reconstruct, "numpy.core.multiarray._reconstruct")]
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: the message names the file and why (one line)."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint that could not be written (disk full, permissions): names the file and the OS's reason."""
+
+
+class Attributes:
+    """Named attributes of an object as a Stateful part (the trainer's counters): missing ones take `defaults`."""
+
+    def __init__(self, obj, defaults: dict):
+        self.obj, self.defaults = obj, defaults
+
+    def state_dict(self) -> dict:
+        return {name: getattr(self.obj, name) for name in self.defaults}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, default in self.defaults.items():
+            setattr(self.obj, name, state.get(name, default))
+
+
+# ----- folder ---------------------------------------------------------------------------------------------
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint, oldest first."""
+    """(step, path) of every entry named like a checkpoint, oldest first (readable or not: see `read`)."""
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
         return []
@@ -32,6 +94,34 @@ def latest_checkpoint(run_dir: str | Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def remove_stale_temps(run_dir: str | Path) -> list[Path]:
+    """Delete the temp files of writes a killed process left behind; returns them."""
+    folder = checkpoint_dir(run_dir)
+    stale = sorted(folder.glob(_TEMP)) if folder.is_dir() else []
+    _remove(stale, "a temp file of an interrupted write")
+    return stale
+
+
+def _remove(paths: list[Path], what: str) -> None:
+    """Delete files that are no longer needed; one that cannot be is said, never fatal (nothing is lost)."""
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            log.warning(f"could not remove {path} ({what}): {err.strerror or err}")
+
+
+def check_writable(run_dir: str | Path, after_step: int) -> None:
+    """A run continuing from `after_step` will write its later checkpoints: an entry of such a name that is not a
+    file (a directory) would stop it at that write, after training; refuse now, naming it."""
+    for step, path in list_checkpoints(run_dir):
+        if step > after_step and not path.is_file():
+            raise CheckpointError(f"{path} is not a checkpoint file but would receive the checkpoint of step {step}; "
+                                  f"move it away and relaunch")
+
+
+# ----- writing ----------------------------------------------------------------------------------------------
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -41,22 +131,136 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, state: dict, keep: int) -> Path:
+    """Write `state` as the checkpoint of `step` (atomically), then keep only the newest `keep` checkpoint files."""
     folder = checkpoint_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:08d}.pt"
     tmp = folder / f".step_{step:08d}.pt.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(folder)
-    for stale in folder.glob(".step_*.pt.tmp*"):  # left by a process killed mid-write
-        stale.unlink(missing_ok=True)
-    for _, old in list_checkpoints(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+    except OSError as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder itself could not be made: no temp file either
+        cause = err.strerror or str(err) or type(err).__name__
+        if err.filename and Path(err.filename) not in (tmp, final):
+            cause += f": {err.filename}"
+        raise CheckpointWriteError(f"could not write checkpoint {final}: {cause}; nothing was written there "
+                                   f"(older checkpoints are kept)") from None
+    remove_stale_temps(run_dir)
+    _remove([p for _, p in list_checkpoints(run_dir) if p.is_file()][:-keep], f"beyond the newest {keep} kept")
     return final
 
 
+# ----- reading ----------------------------------------------------------------------------------------------
+
 def load_checkpoint(path: str | Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """The raw dict of a checkpoint file: tensors and plain values only (weights_only), as stored."""
+    with torch.serialization.safe_globals(_NUMPY_GLOBALS):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _why_unreadable(err: Exception) -> str:
+    """One line: what made torch.load refuse or fail."""
+    text = str(err)
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if found:  # weights_only refused an object: the file asked to rebuild (or call) something not allowed
+        return f"it holds {found.group(1)}, not only tensors and plain values; not loaded, as that could run code"
+    if isinstance(err, IsADirectoryError) or (isinstance(err, OSError) and Path(err.filename or "").is_dir()):
+        return "it is a directory, not a file"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "").split(". ")[0]  # torch's advice
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__                      # follows
+
+
+def upgrade(state: dict) -> dict:
+    """A version-0 checkpoint in version 1's layout: the counters under `trainer`, RNG states as tensors."""
+    state = dict(state)
+    counters = {"step": 0, "tokens": 0, "elapsed": 0.0, "skipped_steps": 0, "wandb_id": None}
+    trainer = {k: state.pop(k) for k in counters if k in state}
+    if trainer:
+        state["trainer"] = trainer
+    if isinstance(state.get("rng"), dict):
+        ranks = state["rng"].get("per_rank", [state["rng"]])  # the oldest files hold one rank's states
+        state["rng"] = {"per_rank": [plain_rng_state(r) for r in ranks]}
+    state["schema_version"] = SCHEMA_VERSION
+    return state
+
+
+def read(path: str | Path, needs: Iterable[str] = ()) -> dict:
+    """The checkpoint at `path` in today's schema. Raises CheckpointError naming the file when it cannot be read
+    (cut short, a directory, objects other than tensors and plain values), is of a newer schema, or lacks one of
+    the parts in `needs`."""
+    path = Path(path)
+    try:
+        state = load_checkpoint(path)
+    except Exception as err:  # torch.load raises RuntimeError, EOFError, UnpicklingError, OSError, ...
+        raise CheckpointError(f"checkpoint {path} is unreadable ({_why_unreadable(err)})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} is unreadable (it holds a {type(state).__name__}, not a dict)")
+    version = state.get("schema_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= SCHEMA_VERSION:
+        raise CheckpointError(f"checkpoint {path} is unreadable (schema_version={version!r}; this longctx reads "
+                              f"versions 0 to {SCHEMA_VERSION}: a newer longctx wrote it?)")
+    if version == 0:
+        state = upgrade(state)
+    missing = [part for part in needs if not isinstance(state.get(part), dict)]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is unreadable (schema version {version} without "
+                              f"{', '.join(missing)})")
+    for key in ("config", "spec"):
+        if not isinstance(state.get(key), (dict, type(None))):
+            raise CheckpointError(f"checkpoint {path} is unreadable (its {key} is a {type(state[key]).__name__}, "
+                                  f"not a mapping)")
+    return state
+
+
+def read_newest(candidates: list[tuple[int, Path]], needs: Iterable[str] = (),
+                warn: Callable[[str], None] | None = None) -> tuple[int, Path, dict]:
+    """The newest readable of `candidates` ((step, path), oldest first, as list_checkpoints gives them) ->
+    (step, path, state). Each one skipped for an older one is said once through `warn`, naming both. Raises
+    CheckpointError when none is readable, naming the folder and why the oldest is not."""
+    needs = tuple(needs)
+    newest_first = list(reversed(candidates))
+    for i, (step, path) in enumerate(newest_first):
+        try:
+            return step, path, read(path, needs)
+        except CheckpointError as err:
+            if i + 1 == len(newest_first):
+                raise CheckpointError(f"none of the {len(candidates)} checkpoint(s) in {path.parent} is readable: "
+                                      f"{err}") from None
+            if warn is not None:
+                warn(f"{err}; falling back to {newest_first[i + 1][1].name}")
+    raise CheckpointError("no checkpoint to read")
+
+
+class Checkpointer:
+    """Collects the run's Stateful parts into one versioned checkpoint and gives each its own state back.
+
+        checkpointer = Checkpointer(run_dir, keep, {"model": model, "optimizer": opt, ...}, meta=lambda: {...})
+        state = checkpointer.state_dict()      # every rank (a part may gather across ranks)
+        checkpointer.save(step, state)         # rank 0
+        checkpointer.load_state_dict(read(path, PARTS))
+    `meta()`: the plain values saved beside the parts (config, spec), read by loaders, restored by no part."""
+
+    def __init__(self, run_dir: str | Path, keep: int, parts: dict[str, Stateful],
+                 meta: Callable[[], dict] | None = None):
+        self.run_dir, self.keep, self.parts, self.meta = Path(run_dir), keep, parts, meta
+
+    def state_dict(self) -> dict:
+        state = {"schema_version": SCHEMA_VERSION}
+        state.update({name: part.state_dict() for name, part in self.parts.items()})
+        state.update(self.meta() if self.meta else {})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, part in self.parts.items():
+            part.load_state_dict(state[name])
+
+    def save(self, step: int, state: dict) -> Path:
+        return save_checkpoint(self.run_dir, step, state, self.keep)

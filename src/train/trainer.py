@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
                           write_doc_record)
 from longctx.models import ModelSpec, build_model
-from longctx.models.attention import params_from_conf
+from longctx.models.spec import model_spec, model_vocab_size
 from longctx.train import checkpoint as ckpt
 from longctx.train.config import validate
 from longctx.train.console import close_logging, is_terminal, log, log_to_file, progress_bar, setup_logging
@@ -27,6 +26,7 @@ from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_di
 from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, wandb_id_for
 from longctx.train.optim import Schedule, apply_hyperparameters, build_optimizer, build_scheduler, saved_schedule
 from longctx.train.resume import classify, config_changes, format_changes, refusal
+from longctx.train.rng import RNGState, seed_everything
 from longctx.train.run_dir import RunLock
 
 
@@ -42,23 +42,6 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def model_vocab_size(data_vocab: int) -> int:
-    """Large vocabularies are padded to a multiple of 64 (faster matmuls; nanoGPT's 50257 -> 50304)."""
-    return data_vocab if data_vocab < 1024 else 64 * math.ceil(data_vocab / 64)
-
-
-def model_spec(cfg: DictConfig, vocab_size: int) -> ModelSpec:
-    """The model of a config: conf/attention/<name>.yaml's keys (but name and tag) go to the attention core."""
-    return ModelSpec(
-        arch=cfg.arch.name, attention=cfg.attention.name, attention_params=params_from_conf(cfg.attention),
-        vocab_size=vocab_size, d_model=cfg.model.d_model, n_layers=cfg.model.n_layers, n_heads=cfg.model.n_heads,
-        mlp_ratio=cfg.model.mlp_ratio, ctx=cfg.ctx, rope_base=cfg.arch.rope_base,
-        rope_dims=cfg.arch.get("rope_dims"),  # absent from configs older than the option
-        token_shift=cfg.arch.get("token_shift", False),
-        checkpoint_activations=cfg.trainer.activation_checkpointing is True,  # auto: decided at the first step
-    )
-
-
 def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
     """trainer.compile: false (eager), blocks or true (each residual block compiled in place: one graph, traced once and
     reused by every layer, in seconds; the weights keep their names), or model (torch.compile of the whole model,
@@ -70,27 +53,8 @@ def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
     return torch.compile(model) if how == "model" else model
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
+# The trainer's own counters, a Stateful part of every checkpoint (values: a fresh run's)
+COUNTERS = {"step": 0, "tokens": 0, "elapsed": 0.0, "skipped_steps": 0, "wandb_id": None}
 # ModelSpec fields that change how the model runs, not what it is: a resumed run may change them.
 RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 # The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
@@ -141,7 +105,7 @@ class Trainer:
         barrier(self.dist)
         if not self.dist.is_main:
             self.splits = resolve_splits(cfg.data, cfg.ctx)
-        self.spec = model_spec(cfg, model_vocab_size(self.splits.info["vocab_size"]))
+        self.spec: ModelSpec = model_spec(cfg, model_vocab_size(self.splits.info["vocab_size"]))
 
         self.model = build_model(self.spec).to(self.device)
         bf16 = cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and self.device.type == "cuda")
@@ -164,6 +128,12 @@ class Trainer:
         self.skipped_steps, self.consecutive_skips = 0, 0
         self.warned_data_wait = False
         self.wandb_id = None
+        self.checkpointer = ckpt.Checkpointer(
+            self.run_dir, cfg.trainer.keep_checkpoints,
+            {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "data": self.reader,
+             "rng": RNGState(self.dist, note=log.info if self.dist.is_main else None),
+             "trainer": ckpt.Attributes(self, COUNTERS)},
+            meta=lambda: {"config": OmegaConf.to_container(self.cfg, resolve=True), "spec": dict(self.spec.__dict__)})
         if candidates:
             self._load(candidates)
         elif cfg.trainer.get("init_from"):
@@ -175,6 +145,7 @@ class Trainer:
         self.jsonl = JsonlLogger(self.run_dir) if self.dist.is_main else None
         self.wandb = None
         if self.dist.is_main and not self.complete:
+            ckpt.remove_stale_temps(self.run_dir)  # left by a process killed mid-write
             self._write_config()
             log_to_file(self.run_dir)
             if candidates or self.restart:
@@ -274,48 +245,32 @@ class Trainer:
             path.write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
 
     def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "data": self.reader.state_dict(),
-            "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "rng": self._all_rng_states(),
-            "skipped_steps": self.skipped_steps,
-            "config": OmegaConf.to_container(self.cfg, resolve=True), "wandb_id": self.wandb_id,
-            "spec": self.spec.__dict__,
-        }
+        return self.checkpointer.state_dict()  # collective (RNG gather): every rank takes part
 
     def _load(self, candidates: list[Path]) -> None:
-        """Continue from the newest readable checkpoint: one cut short (a full disk, a copy interrupted)
-        is skipped with a warning for the older one kept beside it (trainer.keep_checkpoints)."""
-        for i, path in enumerate(candidates):
-            try:
-                state = ckpt.load_checkpoint(path)
-                break
-            except Exception as err:  # torch.load raises RuntimeError, EOFError, UnpicklingError, ...
-                nxt = f"falling back to {candidates[i + 1].name}" if i + 1 < len(candidates) else "no older one"
-                if self.dist.is_main:
-                    log.warning(f"checkpoint {path} is unreadable ({type(err).__name__}: "
-                                f"{str(err).splitlines()[0] if str(err) else ''}); {nxt}")
-        else:
-            raise ValueError(f"trainer.resume: none of the {len(candidates)} checkpoint(s) in "
-                             f"{ckpt.checkpoint_dir(self.run_dir)} is readable; move them away to start over")
+        """Continue from the newest readable checkpoint: one cut short (a full disk, a copy interrupted), a directory
+        or a bad schema is skipped with a warning for the older one kept beside it (trainer.keep_checkpoints)."""
+        try:
+            _, path, state = ckpt.read_newest(ckpt.list_checkpoints(self.run_dir), ckpt.PARTS,
+                                              log.warning if self.dist.is_main else None)
+        except ckpt.CheckpointError as err:
+            raise ValueError(f"trainer.resume: {err}; move them away to start over") from None
+        try:
+            ckpt.check_writable(self.run_dir, state["trainer"]["step"])  # before training, not at its first save
+        except ckpt.CheckpointError as err:
+            raise ValueError(f"trainer.resume: {err}") from None
         self._check_same_model(state, path)
         notes = self._resume_decision(state)
         if self.dist.is_main:
-            log.info(f"resuming from {path} (step {state['step']})")
+            log.info(f"resuming from {path} (step {state['trainer']['step']})")
             for note in notes:
                 log.info(note)
-        self.model.load_state_dict(state["model"])
+        # every part but the optimizer and its schedule as saved; those two as the resume decision says
+        for name, part in self.checkpointer.parts.items():
+            if name not in ("optimizer", "scheduler"):
+                part.load_state_dict(state[name])
         self._restore_optimizer(state)
-        self.reader.load_state_dict(state["data"])
-        self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
-        self.wandb_id = state.get("wandb_id")
-        self.skipped_steps = state.get("skipped_steps", 0)
-        rng = state["rng"]
-        ranks = rng.get("per_rank", [rng])
-        if len(ranks) != self.dist.world_size and self.dist.is_main:
-            log.info(f"note: checkpoint holds RNG states of {len(ranks)} ranks, this run has "
-                     f"{self.dist.world_size}; ranks beyond them reuse rank 0's")
-        set_rng_state(ranks[self.dist.rank] if self.dist.rank < len(ranks) else ranks[0])
+        self.checkpointer.parts["scheduler"] = self.scheduler  # rebuilt by _restore_optimizer
 
     def _resume_decision(self, state: dict) -> list[str]:
         """Compare the run's saved config with this launch's (longctx.train.resume): refuse a change the checkpoint
@@ -323,7 +278,7 @@ class Trainer:
         saved = state.get("config")
         if saved is None:
             return []
-        step = state["step"]
+        step = state["trainer"]["step"]
         schedule, applied, refused = classify(config_changes(saved, OmegaConf.to_container(self.cfg, resolve=True)))
         if refused:
             raise ValueError(refusal(self.run_dir, step, refused))
@@ -351,26 +306,31 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler = build_scheduler(self.optimizer, self.schedule, state["step"])
+            self.scheduler = build_scheduler(self.optimizer, self.schedule, state["trainer"]["step"])
         apply_hyperparameters(self.optimizer, self.cfg.optim)
 
     def _init_weights(self, source: str) -> None:
         """A new run from another run's weights (trainer.init_from): the model only; optimizer, schedule,
         data order and step count start fresh. The model must be the same (ctx and data may differ)."""
         path = Path(str(source)).expanduser()
-        if path.is_dir():
-            latest = ckpt.latest_checkpoint(path)
-            if latest is None:
-                raise FileNotFoundError(f"trainer.init_from={str(source)!r}: holds no checkpoint "
-                                        f"(looked in {ckpt.checkpoint_dir(path)})")
-            path = latest[1]
-        elif not path.is_file():
-            raise FileNotFoundError(f"trainer.init_from={str(source)!r}: no such run directory or checkpoint file")
-        state = ckpt.load_checkpoint(path)
+        try:
+            if path.is_dir():
+                found = ckpt.list_checkpoints(path)
+                if not found:
+                    raise FileNotFoundError(f"trainer.init_from={str(source)!r}: holds no checkpoint "
+                                            f"(looked in {ckpt.checkpoint_dir(path)})")
+                _, path, state = ckpt.read_newest(found, ("model",), log.warning if self.dist.is_main else None)
+            elif path.is_file():
+                state = ckpt.read(path, ("model",))
+            else:
+                raise FileNotFoundError(f"trainer.init_from={str(source)!r}: no such run directory or checkpoint file")
+        except ckpt.CheckpointError as err:
+            raise ValueError(f"trainer.init_from={str(source)!r}: {err}") from None
         self._check_same_model(state, path, key="trainer.init_from", may_differ=("ctx",))
         self.model.load_state_dict(state["model"])
         if self.dist.is_main:
-            log.info(f"weights from {path} (step {state['step']}); optimizer, schedule and step count start fresh")
+            step = state.get("trainer", {}).get("step", "unknown")
+            log.info(f"weights from {path} (step {step}); optimizer, schedule and step count start fresh")
 
     def _check_same_model(self, state: dict, path: Path, key: str = "trainer.resume", may_differ=()) -> None:
         """A checkpoint only continues the model that wrote it: name what changed, in config terms."""
@@ -389,19 +349,10 @@ class Trainer:
                     "run_name") if key == "trainer.resume" else "build the same model (arch, attention, model.*)"
             raise ValueError(f"{key}: {path} was written by a different model ({shown}); {hint}")
 
-    def _all_rng_states(self) -> dict:
-        """Every rank's RNG state (gathered to rank 0), so a resumed run draws what it would have drawn."""
-        mine = rng_state()
-        if not self.dist.enabled:
-            return {"per_rank": [mine]}
-        gathered = [None] * self.dist.world_size
-        torch.distributed.all_gather_object(gathered, mine)
-        return {"per_rank": gathered}
-
     def save(self) -> None:
-        state = self.state_dict()  # collective (RNG gather): every rank takes part
+        state = self.checkpointer.state_dict()  # collective (RNG gather): every rank takes part
         if self.dist.is_main:
-            ckpt.save_checkpoint(self.run_dir, self.step, state, self.cfg.trainer.keep_checkpoints)
+            self.checkpointer.save(self.step, state)  # a failed write raises ckpt.CheckpointWriteError (one line)
         barrier(self.dist)
 
     # ----- numerics ---------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Checks shared by the architecture tests."""
 import dataclasses
 
+import pytest
 import torch
 
-from longctx.models import ATTENTIONS, ModelSpec
+from longctx.models import ARCHITECTURES, ATTENTIONS, ModelSpec, native_mixing
 
 VOCAB = 37
 
@@ -20,6 +21,26 @@ def tiny_spec(default_arch: str, **kw) -> ModelSpec:
     params = {k: v for k, v in dict(window=5, chunk_size=8).items() if k in declared}
     params.update((k, v) for k, v in kw.items() if k not in fields)
     return ModelSpec(**spec, attention_params=params)
+
+
+def model_cases() -> list:
+    """Every (arch, attention) pair of the registries as pytest params: each registered attention on each registered
+    architecture. Where an architecture serves an attention name with a native mixing of its own, the id says so
+    (rwkv7-linear[native rwkv7])."""
+    cases = []
+    for arch in sorted(ARCHITECTURES):
+        for attention in sorted(ATTENTIONS):
+            native = native_mixing(arch, attention)
+            cases.append(pytest.param(arch, attention, id=f"{arch}-{attention}"
+                                      + (f"[native {native.name}]" if native else "")))
+    return cases
+
+
+def native_attention(arch: str) -> str:
+    """The attention name that architecture `arch` serves with its native mixing."""
+    served = [a for a in sorted(ATTENTIONS) if native_mixing(arch, a)]
+    assert served, f"{arch} has no native mixing"
+    return served[0]
 
 
 def assert_causal(model, vocab: int, min_change: float, t: int = 23, at: int = 13) -> None:

@@ -4,7 +4,7 @@ import pytest
 
 from longctx.models import build_model
 from longctx.train.config import validate
-from longctx.train.trainer import model_spec
+from longctx.models import model_spec
 
 
 @pytest.mark.parametrize("overrides, key, why", [

@@ -5,10 +5,20 @@ import pytest
 import torch
 
 from longctx.models import build_model
-from _checks import VOCAB, tiny_spec
+from _checks import VOCAB, model_cases, tiny_spec
 
-CASES = [("gpt2", "power", False), ("gpt2", "power", True), ("gpt2", "linear", True), ("gpt2", "window", True),
-         ("gpt2", "exp", True), ("rwkv7", "power", False), ("rwkv7", "linear", False)]
+
+def with_token_shift(case) -> bool:
+    try:  # an architecture's own option (GPT-2's): the spec says which accept it
+        tiny_spec(case.values[0], attention=case.values[1], token_shift=True)
+        return True
+    except ValueError:
+        return False
+
+
+CASES = ([pytest.param(*case.values, False, id=case.id) for case in model_cases()]
+         + [pytest.param(*case.values, True, id=f"{case.id}-token_shift") for case in model_cases()
+            if with_token_shift(case)])
 
 
 @pytest.mark.parametrize("arch, attention, shift", CASES)

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from longctx.models import build_model
+from longctx.models import ATTENTIONS, build_model
 from longctx.models.rwkv7 import LOG_DECAY_MIN, rwkv7_chunked, rwkv7_recurrent, to_fla
-from longctx.models import ATTENTIONS
-from longctx.models.spec import ARCHS
-from _checks import VOCAB, assert_causal, perturb_, tiny_spec
+from _checks import VOCAB, assert_causal, model_cases, native_attention, perturb_, tiny_spec
+
+NATIVE = native_attention("rwkv7")  # the attention name RWKV-7's own time mixing serves (conf: attention=linear)
 
 
 def tiny(**kw):
@@ -71,7 +71,7 @@ def test_rwkv7_causal(attention):
 
 
 def test_rwkv7_native_has_fla_parameter_names():
-    names = set(n for n, _ in build_model(tiny(attention="linear", n_layers=2)).named_parameters())
+    names = set(n for n, _ in build_model(tiny(attention=NATIVE, n_layers=2)).named_parameters())
     for n in ["embeddings.weight", "layers.0.pre_norm.weight", "layers.1.attn.x_r",
               "layers.1.attn.w_lora.lora.0.weight",
               "layers.1.attn.v_lora.lora.2.bias", "layers.1.attn.g_norm.bias", "layers.1.attn.r_k",
@@ -84,16 +84,16 @@ def test_weights_load_into_fla_rwkv7():
     """Every parameter maps one-to-one onto fla.models.RWKV7ForCausalLM (strict load, same shapes).
     The logits are compared on GPU (tests/models/test_models_gpu.py): FLA's model runs only there."""
     pytest.importorskip("fla.models")
-    ours = perturb_(build_model(tiny(attention="linear", d_model=64, n_layers=3)), 0.05)
+    ours = perturb_(build_model(tiny(attention=NATIVE, d_model=64, n_layers=3)), 0.05)
     theirs = to_fla(ours)
     assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
     torch.testing.assert_close(theirs.model.layers[2].attn.w_lora.lora[2].bias, ours.layers[2].attn.w_lora.lora[2].bias)
-    with pytest.raises(ValueError, match="attention='exp'"):
-        to_fla(build_model(tiny(attention="exp")))
+    other = next(a for a in sorted(ATTENTIONS) if a != NATIVE)
+    with pytest.raises(ValueError, match=f"attention='{other}'"):
+        to_fla(build_model(tiny(attention=other)))
 
 
-@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch, attention", model_cases())
 def test_every_pair_trains(arch, attention):
     torch.manual_seed(0)
     window = dict(window=8) if attention == "window" else {}

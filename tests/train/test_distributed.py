@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def final_params(run_dir: Path) -> dict:
     (path,) = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1:]
-    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]  # tensors and plain values only
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Learning-rate schedule (torch's schedulers) against its closed form, on resume too; checkpoints atomic and pruned."""
+"""Learning-rate schedule (torch's schedulers) against its closed form, on resume too; checkpoints atomic and pruned;
+the checkpointer's Stateful parts."""
 import math
 import os
 
@@ -95,3 +96,38 @@ def test_resumed_schedule_recomputes_from_the_current_step():
     assert warming.lr_at(3) == pytest.approx(3e-3 * 4 / 10)
     lrs, _ = _run(longer, 12, 28)
     assert lrs == pytest.approx([longer.lr_at(t) for t in range(12, 40)], rel=1e-12)
+
+
+def test_checkpointer_collects_stateful_parts_and_gives_each_its_own_back(tmp_path):
+    """Each part's state_dict() is saved under its name beside schema_version and the meta values; reading the file
+    (weights_only) and loading it restores every part, RNG draws included."""
+    import random
+
+    import numpy as np
+
+    from longctx.train.distributed import DistInfo
+    from longctx.train.rng import RNGState
+
+    class Counters:
+        step, tokens = 7, 448
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    counters = Counters()
+    parts = {"model": model, "rng": RNGState(DistInfo()),
+             "trainer": ckpt.Attributes(counters, {"step": 0, "tokens": 0})}
+    checkpointer = ckpt.Checkpointer(tmp_path, 2, parts, meta=lambda: {"config": {"ctx": 64}, "spec": None})
+    path = checkpointer.save(7, checkpointer.state_dict())
+    draws = (random.random(), np.random.rand(), torch.rand(1).item())  # what the next draws are after the save
+
+    state = ckpt.read(path, ("model", "rng", "trainer"))
+    assert state["schema_version"] == ckpt.SCHEMA_VERSION and state["config"] == {"ctx": 64}
+    with torch.no_grad():
+        model.weight.zero_()
+    counters.step = counters.tokens = 0
+    random.random(), np.random.rand(), torch.rand(1)  # move every generator on
+    checkpointer.load_state_dict(state)
+    torch.manual_seed(0)
+    assert torch.equal(model.weight, torch.nn.Linear(3, 2).weight) and (counters.step, counters.tokens) == (7, 448)
+    parts["rng"].load_state_dict(state["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
