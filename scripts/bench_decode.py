@@ -1,34 +1,49 @@
-"""Decoding speed and memory against the prefix length: power attention's constant-size state vs softmax
-attention's growing KV cache (GPT-2 small, random weights, batch 1, one process).
+"""Decoding speed, memory and time to first token: power attention's constant-size state against softmax attention's
+growing KV cache and RWKV-7's own state (GPT-2 small / RWKV-7 of the same size, random weights, one process).
 
-    python scripts/bench_decode.py --out docs/results          # GPU: prefixes 1k-64k, writes bench_decode.json/.png
-    python scripts/bench_decode.py --tiny --out /tmp/bench     # CPU smoke run: tiny model, short prefixes
+    python scripts/bench_decode.py --out docs/results          # GPU (bf16 autocast): writes bench_decode.json/.png
+    python scripts/bench_decode.py --tiny --out /tmp/bench     # CPU smoke run: tiny models, short prefixes
 
-For every attention and prefix length L: the prompt of L random tokens runs once through the model with decoding
-caches (prefill, timed apart), then `--new-tokens` tokens are decoded one at a time (greedy), timed with CUDA
-synchronization; tokens/s = new tokens / decoding time. Memory: the bytes the per-layer decoding states hold after
-decoding (summed over layers; the KV cache's buffers as allocated), and on CUDA the peak allocated memory while
-decoding. bf16 autocast on CUDA, fp32 on CPU.
+Rows, each written to the JSON as soon as it is measured (an out-of-memory row is recorded and the run goes on):
+- batch 1 at every prefix (default 1k, 4k, 16k, 64k): power p=2, exp (softmax) and RWKV-7 on the static decoder
+  (preallocated buffers, one CUDA graph per token: models/decoding.py), power and exp also with every layer's
+  step compiled before the capture (path `compiled`, CUDA only), and power and exp on the eager cached path at
+  the first and last prefix;
+- batched decoding (default batch 8 and 64 at a 4k prefix) on the fastest path of each model;
+- time to first token at the longest prefix: the prompt through the chunked kernels (power's final state handed to
+  the decoder), flash/cuDNN attention (exp), FLA's chunked RWKV-7, timed on a second run (the first compiles).
+A prompt of L random tokens runs once (prefill), then `--new-tokens` tokens are decoded greedily, timed with CUDA
+synchronization after a few untimed steps (the static decoder's warm-up and graph capture); tokens/s = batch x new
+tokens / decoding time. Memory: the bytes the decoding states hold (summed over layers; the KV cache's buffers as
+allocated) and the peak allocated memory while decoding. Softmax on its best path here: a static KV cache, fp32
+scores from bf16 keys, the values read in blocks side by side (flash decoding), the whole step in a CUDA graph.
+A capture that fails is reported in the row (`mode`, `graph_error`), never silent.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+import yaml
 
 from longctx.models import ModelSpec, build_model
-from longctx.models.decoding import sample_next
+from longctx.models.decoding import StaticDecoder, sample_next
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-ATTENTIONS = {"power": {"p": 2}, "exp": {}}
+# name -> (arch, attention, attention parameters)
+MODELS = {"power": ("gpt2", "power", {"p": 2}), "exp": ("gpt2", "exp", {}), "rwkv7": ("rwkv7", "linear", {})}
+EAGER_MODELS = ("power", "exp")       # also timed on the eager cached path (first and last prefix): before/after
+COMPILED_MODELS = ("power", "exp")    # also with each layer's step compiled (StaticDecoder(compile=True), CUDA)
+UNTIMED_STEPS = 4                     # the static decoder's eager warm-up steps and its capture come first
 
 
 def state_bytes(obj) -> int:
-    """Bytes of every tensor a decoding state holds (PowerState, KVCache, tensors, tuples, dicts)."""
+    """Bytes of every tensor a decoding state holds (PowerState, KVCache, static buffers, tensors, tuples, dicts)."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if hasattr(obj, "nbytes") and callable(obj.nbytes):
@@ -40,47 +55,95 @@ def state_bytes(obj) -> int:
     return 0
 
 
-def build(attention: str, size: str, vocab: int, device: torch.device):
-    m = OmegaConf.load(CONF / "model" / f"{size}.yaml")
-    spec = ModelSpec(attention=attention, attention_params=ATTENTIONS[attention], vocab_size=vocab,
-                     d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, mlp_ratio=m.mlp_ratio)
+def build(name: str, size: str, vocab: int, device: torch.device):
+    arch, attention, params = MODELS[name]
+    m = yaml.safe_load((CONF / "model" / f"{size}.yaml").read_text())
+    spec = ModelSpec(arch=arch, attention=attention, attention_params=params, vocab_size=vocab, d_model=m["d_model"],
+                     n_layers=m["n_layers"], n_heads=m["n_heads"], mlp_ratio=m["mlp_ratio"])
     torch.manual_seed(0)
     with device:
         return build_model(spec).eval()
 
 
+class Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.seconds = time.perf_counter() - self.start
+
+
+def autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
 @torch.no_grad()
-def bench_one(model, prefix: int, new_tokens: int, device: torch.device) -> dict:
-    cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
-    prompt = torch.randint(0, model.spec.vocab_size, (1, prefix), device=device)
-    cache = model.new_cache()
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    sync()
-    t0 = time.perf_counter()
-    with amp:
-        logits = model(prompt, cache=cache, last_only=True)[:, -1]
-    sync()
-    prefill_s = time.perf_counter() - t0
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    with amp:
-        for _ in range(new_tokens):
-            logits = model(sample_next(logits, 0, None), cache=cache)[:, -1]
-    sync()
-    decode_s = time.perf_counter() - t0
-    row = {"prefix": prefix, "new_tokens": new_tokens, "prefill_s": round(prefill_s, 4),
-           "decode_s": round(decode_s, 4), "tokens_per_s": round(new_tokens / decode_s, 2),
-           "ms_per_token": round(1e3 * decode_s / new_tokens, 3),
-           "state_bytes": sum(state_bytes(c.state) for c in cache)}
-    if cuda:
+def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, device: torch.device) -> dict:
+    """One row: prefill a random prompt, then time `new_tokens` greedy steps on `path` ('static' or 'eager')."""
+    prompt = torch.randint(0, model.spec.vocab_size, (batch, prefix), device=device)
+    row = {"path": path, "batch": batch, "prefix": prefix, "new_tokens": new_tokens}
+    with autocast(device):
+        if path in ("static", "compiled"):
+            decoder = StaticDecoder(model, capacity=prefix + UNTIMED_STEPS + new_tokens + 1,
+                                    compile=path == "compiled")
+            prefill, step = decoder.prefill, decoder.step
+        else:
+            cache = model.new_cache()
+            prefill = lambda ids: model(ids, cache=cache, last_only=True)[:, -1]  # noqa: E731
+            step = lambda ids: model(ids, cache=cache)[:, -1]                     # noqa: E731
+        with Timer(device) as t:
+            logits = prefill(prompt)
+        row["prefill_s"] = round(t.seconds, 4)
+        for _ in range(UNTIMED_STEPS):
+            logits = step(sample_next(logits, 0, None))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        with Timer(device) as t:
+            for _ in range(new_tokens):
+                logits = step(sample_next(logits, 0, None))   # sampled on the device: no sync until the end
+    row.update(decode_s=round(t.seconds, 4), tokens_per_s=round(batch * new_tokens / t.seconds, 1),
+               ms_per_token=round(1e3 * t.seconds / new_tokens, 3))
+    if path in ("static", "compiled"):
+        row.update(state_bytes=decoder.state_bytes(), mode=decoder.mode, graph_error=decoder.graph_error)
+        if path == "compiled":
+            row["compile_error"] = decoder.compile_error
+    else:
+        row.update(state_bytes=sum(state_bytes(c.state) + state_bytes(c.shift) for c in cache), mode="eager")
+    if device.type == "cuda":
         row["peak_decode_bytes"] = torch.cuda.max_memory_allocated()
-    del cache
     return row
+
+
+@torch.no_grad()
+def bench_ttft(model, prefix: int, device: torch.device, repeats: int = 2) -> dict:
+    """Time to first token of a batch-1 prompt: prefill (the prompt's states handed to the static decoder) and the
+    first token sampled; the last of `repeats` runs (the first compiles and autotunes the kernels)."""
+    prompt = torch.randint(0, model.spec.vocab_size, (1, prefix), device=device)
+    for _ in range(repeats):
+        decoder = StaticDecoder(model, capacity=prefix + 2)
+        with autocast(device), Timer(device) as t:
+            first = sample_next(decoder.prefill(prompt), 0, None)
+        del decoder, first
+    return {"path": "prefill", "batch": 1, "prefix": prefix, "ttft_s": round(t.seconds, 4),
+            "prefill_tokens_per_s": round(prefix / t.seconds, 1)}
+
+
+def model_rows(result: dict) -> dict:
+    """result["models"]; a record of the earlier layout (`attentions`: batch-1 rows of the eager cached path) as
+    the same rows, so its figure can be redrawn."""
+    if "models" in result:
+        return result["models"]
+    return {name: [dict(r, path="eager", batch=1) for r in rows] for name, rows in result["attentions"].items()}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -89,58 +152,143 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, rows in result["attentions"].items():
-        xs = [r["prefix"] for r in rows]
-        ax_speed.plot(xs, [r["tokens_per_s"] for r in rows], marker="o", label=name)
-        ax_mem.plot(xs, [r["state_bytes"] / 2 ** 20 for r in rows], marker="o", label=f"{name}: decoding state")
-        if rows and "peak_decode_bytes" in rows[0]:
-            ax_mem.plot(xs, [r["peak_decode_bytes"] / 2 ** 20 for r in rows], ls="--", marker=".",
-                        label=f"{name}: peak allocated while decoding")
+    for name, rows in model_rows(result).items():
+        memory_drawn = False
+        for p in ("compiled", "static", "eager"):
+            ok = [r for r in rows if r.get("path") == p and r.get("batch") == 1 and "tokens_per_s" in r]
+            if not ok:
+                continue
+            xs = [r["prefix"] for r in ok]
+            ax_speed.plot(xs, [r["tokens_per_s"] for r in ok], marker="o", ls=":" if p == "eager" else "-",
+                          label=f"{name} ({p})")
+            if not memory_drawn:  # the same state on every path
+                ax_mem.plot(xs, [r["state_bytes"] / 2 ** 20 for r in ok], marker="o", label=f"{name}: decoding state")
+                memory_drawn = True
     for ax in (ax_speed, ax_mem):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("prefix length (tokens, log scale)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    ax_speed.set_ylabel("decoding speed (tokens/s, batch 1)")
+    ax_speed.set_yscale("log")
+    ax_speed.set_ylabel("decoding speed (tokens/s, batch 1, log scale)")
     ax_mem.set_yscale("log")
-    ax_mem.set_ylabel("memory (MiB, log scale)")
-    fig.suptitle(f"Decoding GPT-2 {result['model']} after a prefix: power p=2 (constant state) vs exp (KV cache), "
-                 f"{result['device']}", fontsize=10)
+    ax_mem.set_ylabel("decoding state (MiB, log scale)")
+    fig.suptitle(f"Decoding after a prefix, {result['model']} models: power p=2 (constant state), exp (KV cache), "
+                 f"RWKV-7, {result['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def summary(result: dict) -> dict:
+    """Power's speed over softmax's at the longest prefix (batch 1, each on its faster path), and the TTFTs."""
+    def pick(name, path):
+        rows = [r for r in result["models"].get(name, []) if r.get("path") == path and r.get("batch") == 1
+                and r.get("prefix") == result["prefixes"][-1] and "error" not in r]
+        return rows[0] if rows else None
+    out = {}
+    def best(name):
+        return max((r for r in (pick(name, "static"), pick(name, "compiled")) if r), key=lambda r: r["tokens_per_s"],
+                   default=None)
+    power, exp = best("power"), best("exp")
+    if power and exp:
+        out["power_path"], out["exp_path"] = power["path"], exp["path"]
+        out["power_over_exp_tokens_per_s"] = round(power["tokens_per_s"] / exp["tokens_per_s"], 3)
+    for name in result["models"]:
+        ttft = pick(name, "prefill")
+        if ttft:
+            out[f"{name}_ttft_s"] = ttft["ttft_s"]
+    return out
+
+
+def parse_ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"error: {flag}={text!r}: expected comma-separated positive integers")
+    return values
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for bench_decode.json and bench_decode.png")
-    parser.add_argument("--tiny", action="store_true", help="tiny model, prefixes 16-256, CPU-friendly")
-    parser.add_argument("--prefixes", help="comma-separated prefix lengths (default 1k,4k,16k,64k; tiny 16,64,256)")
-    parser.add_argument("--new-tokens", type=int, help="tokens decoded per measurement (default 128; tiny 8)")
+    parser.add_argument("--tiny", action="store_true", help="tiny models, prefixes 16-256, CPU-friendly")
+    parser.add_argument("--prefixes", help="batch-1 prefix lengths (default 1024,4096,16384,65536; tiny 16,64,256)")
+    parser.add_argument("--batches", help="batched rows' batch sizes (default 8,64; tiny 2)")
+    parser.add_argument("--batch-prefix", type=int, help="prefix of the batched rows (default 4096; tiny 16)")
+    parser.add_argument("--new-tokens", type=int, help="tokens decoded per row (default 128; tiny 4)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"subset of {','.join(MODELS)}")
+    parser.add_argument("--budget-s", type=float, default=270.0, help="rows not started by then are skipped")
+    parser.add_argument("--no-compile", action="store_true", help="no `compiled` rows (they compile for seconds)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     size, vocab = ("tiny", 256) if args.tiny else ("small", 50304)
-    default = "16,64,256" if args.tiny else "1024,4096,16384,65536"
-    prefixes = [int(x) for x in (args.prefixes or default).split(",")]
-    new_tokens = args.new_tokens or (8 if args.tiny else 128)
-    result = {"model": size, "vocab": vocab, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-              else "cpu", "dtype": "bf16 autocast" if device.type == "cuda" else "fp32", "batch": 1,
-              "attentions": {}}
-    for name in ATTENTIONS:
-        model = build(name, size, vocab, device)
-        bench_one(model, prefixes[0], 2, device)  # warm-up: kernels compiled and autotuned outside the timing
-        rows = []
-        for prefix in prefixes:
-            rows.append(bench_one(model, prefix, new_tokens, device))
-            print(json.dumps({"attention": name, **rows[-1]}), flush=True)
-        result["attentions"][name] = rows
-        del model
+    prefixes = parse_ints(args.prefixes or ("16,64,256" if args.tiny else "1024,4096,16384,65536"), "--prefixes")
+    batches = parse_ints(args.batches or ("2" if args.tiny else "8,64"), "--batches")
+    batch_prefix = args.batch_prefix or (16 if args.tiny else 4096)
+    new_tokens = args.new_tokens or (4 if args.tiny else 128)
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown or not names:
+        raise SystemExit(f"error: --models={args.models!r}: expected names among {','.join(MODELS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_decode.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = {"command": ["python", "scripts/bench_decode.py", *(sys.argv[1:] if argv is None else argv)],
+              "model": size, "vocab": vocab, "prefixes": prefixes,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "dtype": "bf16 autocast" if device.type == "cuda" else "fp32",
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "models": {}}
+
+    def write():
+        (out / "bench_decode.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    plan = []
+    compiled = device.type == "cuda" and not args.no_compile
+    for name in names:  # the rows that matter most first: --budget-s skips from the end
+        fast = (["compiled"] if compiled and name in COMPILED_MODELS else []) + ["static"]
+        plan += [(name, path, 1, p) for path in fast for p in prefixes]
+        plan += [(name, "prefill", 1, prefixes[-1])]
+        plan += [(name, fast[0], b, batch_prefix) for b in batches]
+        plan += [(name, "eager", 1, p) for p in sorted({prefixes[0], prefixes[-1]}) if name in EAGER_MODELS]
+    for name in names:
+        rows = result["models"].setdefault(name, [])
+        if time.perf_counter() - started > args.budget_s:
+            rows += [{"path": path, "batch": batch, "prefix": prefix, "error": "skipped: --budget-s spent"}
+                     for n, path, batch, prefix in plan if n == name]
+            write()
+            continue
+        model = build(name, size, vocab, device)
+        with torch.no_grad(), autocast(device):  # warm-up: kernels compiled and autotuned outside the timing
+            model.generate(torch.zeros(1, 8, dtype=torch.long, device=device), 8, temperature=0)
+        for _, path, batch, prefix in [row for row in plan if row[0] == name]:
+            if time.perf_counter() - started > args.budget_s:
+                rows.append({"path": path, "batch": batch, "prefix": prefix, "error": "skipped: --budget-s spent"})
+                continue
+            try:
+                if path == "prefill":
+                    row = bench_ttft(model, prefix, device)
+                else:
+                    row = bench_decode(model, path, batch, prefix, new_tokens, device)
+            except torch.cuda.OutOfMemoryError:
+                row = {"path": path, "batch": batch, "prefix": prefix, "error": "out of memory"}
+            rows.append(row)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            print(json.dumps({"model": name, **row}), flush=True)
+            result["summary"] = summary(result)
+            write()
+        del model
+        gc.collect()
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    write()
     plot(result, out / "bench_decode.png")
-    print(f"wrote {out / 'bench_decode.json'} and {out / 'bench_decode.png'}")
+    print(json.dumps(result["summary"]))
+    print(f"wrote {out / 'bench_decode.json'} and {out / 'bench_decode.png'} in {result['seconds']} s")
     return result
 
 

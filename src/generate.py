@@ -1,16 +1,19 @@
 """Sample a continuation from a trained run.
 
-    python -m longctx.generate RUN_DIR --max-new-tokens 200 --prompt "The history of"
+    python -m longctx.generate RUN_DIR --prompt "The history of"
     python -m longctx.generate RUN_DIR --max-new-tokens 50 --prompt-ids 4,0,1,2 --temperature 0
 
-Prints the continuation (decoded text where the run's data has a tokenizer: tiktoken GPT-2 for LongCrawl64,
-bytes for datasets prepared with the byte tokenizer; the ids otherwise, e.g. the ICL Markov states) and the
-decoding speed. Decoding uses the per-layer caches (`--no-cache` recomputes the whole prefix every token).
-Bad input gives one line `error: ...` and exit code 2.
+Prints the continuation and the decoding speed: with `--prompt TEXT` as text, through the tokenizer the run's data
+records (tiktoken GPT-2 for LongCrawl64, bytes for datasets prepared with the byte tokenizer); with `--prompt-ids`
+as ids (no tokenizer is loaded). Decoding uses the static decoder (preallocated states, one CUDA graph per token on
+GPU: models/decoding.py); `--no-static` the per-layer caches of the eager path, `--no-cache` recomputes the whole
+prefix every token. Bad input gives one line `error: ...` and exit code 2.
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,12 +46,23 @@ def codec(name: str | None):
     """(encode: str -> list[int], decode: list[int] -> str) of a tokenizer name, or None for ids without text."""
     if name == "tiktoken-gpt2":
         import tiktoken
-        enc = tiktoken.get_encoding("gpt2")
+        try:
+            enc = tiktoken.get_encoding("gpt2")   # fetches the vocabulary the first time: may fail offline
+        except Exception as err:  # noqa: BLE001 - network and cache errors of every kind: one line
+            raise ValueError(f"--prompt: the run's tokenizer (tiktoken GPT-2) could not load its vocabulary "
+                             f"({type(err).__name__}); set TIKTOKEN_CACHE_DIR to a tiktoken cache or give "
+                             f"--prompt-ids") from None
         return enc.encode_ordinary, enc.decode
     if name == "bytes":
         return (lambda text: list(text.encode("utf-8")),
                 lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))
     return None
+
+
+def run_codec(cfg):
+    """The run's text tokenizer as (encode, decode), or None where its data has no text (loaded only for --prompt).
+    The one place that maps a run to its tokenizer: a loader of the data package's own can replace the body."""
+    return codec(tokenizer_name(cfg))
 
 
 def parse_ids(text: str) -> list[int]:
@@ -61,17 +75,20 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def generate_from_run(run_dir, max_new_tokens: int, prompt: str | None = None, prompt_ids: str | None = None,
+def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = None, prompt_ids: str | None = None,
                       temperature: float = 1.0, top_k: int | None = None, use_cache: bool = True,
-                      step: int | None = None, device: str = "auto", seed: int = 0) -> dict:
+                      step: int | None = None, device: str = "auto", seed: int = 0, static: bool = True,
+                      compile: bool = False) -> dict:
     """The continuation of a prompt (text or ids) by the run's model, with its decoding speed."""
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens={max_new_tokens}: must be a positive integer")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
     model, cfg = load_run(run_dir, step=step, device=device)
     vocab = model.spec.vocab_size
-    text = codec(tokenizer_name(cfg))
+    text = run_codec(cfg) if prompt is not None else None   # ids in, ids out: no tokenizer (nor its download)
     if prompt is not None:
         if text is None:
             raise ValueError(f"--prompt: the run's data ({cfg.data.name}) has no tokenizer; give --prompt-ids")
@@ -92,24 +109,37 @@ def generate_from_run(run_dir, max_new_tokens: int, prompt: str | None = None, p
     start = time.perf_counter()
     with amp:
         out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
-                             generator=gen)
+                             generator=gen, static=static, compile=compile)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     new = out[0, len(ids):].tolist()
     return {"prompt_ids": ids, "ids": new, "text": text[1](new) if text else None, "seconds": seconds,
-            "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache}
+            "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache,
+            "decoder": decoder_name(use_cache, static, dev)}
+
+
+def decoder_name(use_cache: bool, static: bool, device: torch.device) -> str:
+    if not use_cache:
+        return "recomputing the prefix"
+    if not static:
+        return "cached decoding, eager"
+    return "cached decoding, static buffers" + (", CUDA graphs" if device.type == "cuda" else "")
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m longctx.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's directory (checkpoints/, config.yaml)")
-    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (default 100)")
     parser.add_argument("--prompt", help="prompt text (runs whose data has a tokenizer)")
     parser.add_argument("--prompt-ids", help="prompt token ids, comma-separated")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens only")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
+    parser.add_argument("--no-static", action="store_true",
+                        help="the eager cached path (caches replaced every token, no CUDA graphs)")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the decoding step first (seconds; faster tokens for long generations)")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -120,14 +150,19 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         res = generate_from_run(args.run_dir, args.max_new_tokens, args.prompt, args.prompt_ids, args.temperature,
-                                args.top_k, not args.no_cache, args.step, args.device, args.seed)
+                                args.top_k, not args.no_cache, args.step, args.device, args.seed, not args.no_static,
+                                args.compile)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)  # bad input: one line naming what is wrong, no traceback
         return 2
-    print(res["text"] if res["text"] is not None else " ".join(str(i) for i in res["ids"]))
-    mode = "cached decoding" if res["use_cache"] else "recomputing the prefix"
-    print(f"{len(res['ids'])} tokens in {res['seconds']:.3f} s: {res['tokens_per_s']:.1f} tokens/s "
-          f"({mode}, prompt of {len(res['prompt_ids'])} tokens, step {res['step']})")
+    try:
+        print(res["text"] if res["text"] is not None else " ".join(str(i) for i in res["ids"]))
+        print(f"{len(res['ids'])} tokens in {res['seconds']:.3f} s: {res['tokens_per_s']:.1f} tokens/s "
+              f"({res['decoder']}, prompt of {len(res['prompt_ids'])} tokens, step {res['step']})")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head`): no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

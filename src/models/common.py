@@ -40,19 +40,27 @@ def cached_token_shift(x, cache, key: str):
     if cache is None:
         return token_shift(x)
     delta = token_shift(x, cache.shift.get(key))
-    cache.shift[key] = x[:, -1].clone()
+    if cache.static:  # the buffer a CUDA graph reads: written in place
+        cache.shift[key].copy_(x[:, -1])
+    else:
+        cache.shift[key] = x[:, -1].clone()
     return delta
 
 
 # ----------------------------------------------------------------------------------------------------------
 # rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half convention as in GPT-NeoX / Llama
 
-def rotary_tables(t: int, d: int, base: float, offset: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(t: int, d: int, base: float, offset: int | torch.Tensor = 0,
+                  device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin (t, d/2) fp32 of positions offset..offset+t-1. A model computes them once per forward and hands
     them to every layer: computed inside a compiled block instead, they are fused into the rotation and cost a
-    cos and a sin per query and key element (measured: 18% of a GPT-2 small step at 64k)."""
+    cos and a sin per query and key element (measured: 18% of a GPT-2 small step at 64k). offset may be a 0-dim
+    integer tensor on `device` (static decoding: the position lives on the device, read by a CUDA graph)."""
     inv_freq = base ** -(torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)  # (d/2,)
-    positions = torch.arange(offset, offset + t, device=device, dtype=torch.float32)
+    if isinstance(offset, torch.Tensor):
+        positions = offset.float() + torch.arange(t, device=device, dtype=torch.float32)
+    else:
+        positions = torch.arange(offset, offset + t, device=device, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq)                                           # (t, d/2)
     return angles.cos(), angles.sin()
 
@@ -183,10 +191,13 @@ class LanguageModelMixin:
         return [LayerCache() for _ in range(self.spec.n_layers)]
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Continue idx (b, t) by max_new_tokens sampled tokens -> (b, t + max_new_tokens). See decoding.generate."""
+                 use_cache: bool = True, generator: torch.Generator | None = None, static: bool = True,
+                 compile: bool = False) -> torch.Tensor:
+        """Continue idx (b, t) by max_new_tokens sampled tokens -> (b, t + max_new_tokens). See decoding.generate
+        (static=True: preallocated decoding buffers and, on CUDA, one CUDA graph per step; compile: that step
+        compiled first)."""
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
-                        generator=generator)
+                        generator=generator, static=static, compile=compile)
 
     def flops_per_token(self, ctx: int) -> dict:
         return {"weight": weight_flops_per_token(self),

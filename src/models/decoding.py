@@ -1,16 +1,27 @@
-"""Autoregressive generation, with per-layer decoding caches or by recomputing the whole prefix.
+"""Autoregressive generation: a static decoder (the default), per-layer caches, or recomputing the whole prefix.
 
-With caches, the prompt runs once through `model(prompt, cache=caches)` and every new token is one call with a
-single position; each layer keeps what its attention needs to continue (models/attention/: a KV cache for exp,
-the rolling window for window, the constant-size recurrent state for power/linear; RWKV7 adds its token-shift
-inputs and its own recurrent state). Without caches every step is a full forward over the sequence so far:
-slower, and the independent check that the caches compute the same thing (tests/models/test_decoding.py).
+Three paths, each the check of the next:
+- recompute (`use_cache=False`): every step a full forward over the sequence so far; slow, the independent truth.
+- cached (`static=False`): the prompt runs once through `model(prompt, cache=caches)` and every new token is one
+  call with a single position; each layer keeps what its attention needs to continue (models/attention/: a KV cache
+  for exp, the rolling window for window, the constant-size recurrent state for power/linear; RWKV7 adds its
+  token-shift inputs and its own recurrent state), in tensors that each call replaces.
+- static (`StaticDecoder`, the default): the prompt as in the cached path (the chunked kernels return power's final
+  state), then every cache moved into buffers allocated once (a KV cache of the whole length, a ring of the window,
+  the recurrent states) that a one-token step updates in place, with the position a device tensor. Nothing in a
+  step depends on the host, so on CUDA the whole step (every layer and the LM head) is captured once as a CUDA
+  graph and replayed per token; sampling runs on the device after it, and nothing syncs until the end. On CPU the
+  same step runs eagerly (tests/models/test_decoding.py checks it token for token against recomputation).
 """
 from __future__ import annotations
 
+import copy
+import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn as nn
 
 
 @dataclass
@@ -19,6 +30,7 @@ class LayerCache:
     pos: int = 0                                  # tokens consumed: the position (rotary offset) of the next one
     state: object = None                          # the attention core's own state (None before the first token)
     shift: dict = field(default_factory=dict)     # the architecture's extras (RWKV7: its token-shift inputs)
+    static: bool = False                          # StaticDecoder's: pos a device tensor, buffers written in place
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
@@ -48,21 +60,177 @@ def check_generate_args(model, idx, max_new_tokens, temperature, top_k) -> None:
         raise ValueError(f"idx: token id {bad} is outside the model's vocabulary 0..{vocab - 1}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if (not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature)
+            or temperature < 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or a positive integer, got {top_k!r}")
 
 
+def autocast_weights(model: nn.Module) -> nn.Module:
+    """The model as autocast runs it: a copy whose Linear weights and biases are already in the autocast dtype
+    (autocast would cast them again at every step: in a CUDA graph a cast kernel per weight, twice the weight
+    traffic), the rest (embeddings, norms, gates) untouched. Same numbers as the model under the caller's autocast;
+    the model itself when autocast is off."""
+    device = next(model.parameters()).device
+    if not torch.is_autocast_enabled(device.type):
+        return model
+    dtype = torch.get_autocast_dtype(device.type)
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if isinstance(module, nn.Linear):  # a tied LM head gets its own cast copy; the embedding stays as it was
+            module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+            if module.bias is not None:
+                module.bias = nn.Parameter(module.bias.detach().to(dtype), requires_grad=False)
+    return twin.requires_grad_(False)
+
+
+class StaticDecoder:
+    """Decoding with every layer's state in buffers allocated once, one token per step; on CUDA each step is a
+    replay of one captured CUDA graph.
+
+        decoder = StaticDecoder(model, capacity=prompt_len + new_tokens)
+        logits = decoder.prefill(prompt)          # (b, vocab): the prompt's last position
+        logits = decoder.step(next_ids)           # (b, vocab): next_ids (b, 1) fed at the next position
+
+    capacity: the most positions the sequence will hold (the KV cache's length; power/linear/RWKV7 states do not
+    grow). graphs: capture the step on CUDA after `warmup` eager steps (which compile and autotune the kernels);
+    a capture that fails is reported (`graph_error`, a warning) and the same step runs eagerly. compile:
+    torch.compile every layer's one-token step (the residual blocks of the decoder's own copy of the model: one
+    graph reused by every layer) before the capture, so the graph replays fused kernels instead of some fifty
+    launches a layer; seconds of compilation in the first step, worth it for long generations. A compilation
+    that fails is reported (`compile_error`, a warning), the buffers are restored and the plain step runs. The
+    returned logits are a buffer the next step overwrites. Runs under the caller's autocast (bf16 on GPU).
+    """
+
+    def __init__(self, model: nn.Module, capacity: int, graphs: bool = True, warmup: int = 2, compile: bool = False):
+        self.model = autocast_weights(model.eval())
+        self.device = next(model.parameters()).device
+        self.compile = compile
+        if self.compile and self.model is model:  # compiled blocks belong to the decoder's copy, never the caller's
+            self.model = copy.deepcopy(model)
+        self.capacity, self.warmup = capacity, warmup
+        self.use_graphs = graphs and self.device.type == "cuda"
+        self.graph = self.graph_error = self.compile_error = None
+        self.cache = self.ids = self.logits = None
+        self.eager_steps = 0
+
+    @property
+    def mode(self) -> str:
+        """'cuda-graph' once the step is captured, else 'eager' (CPU, warm-up steps, or a failed capture)."""
+        return "cuda-graph" if self.graph is not None else "eager"
+
+    @torch.no_grad()
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Run the prompt idx (b, t) and move every layer's state into static buffers -> (b, vocab) logits."""
+        if idx.shape[1] >= self.capacity:
+            raise ValueError(f"capacity={self.capacity} leaves no room after a prompt of {idx.shape[1]} tokens")
+        cache = self.model.new_cache()
+        logits = self.model(idx, cache=cache, last_only=True)[:, -1]
+        cores = [m for m in self.model.modules() if hasattr(m, "static_state")]  # one per layer, in layer order
+        assert len(cores) == len(cache), (len(cores), len(cache))
+        for layer, core in zip(cache, cores):
+            layer.pos = torch.tensor(layer.pos, dtype=torch.int64, device=self.device)
+            layer.state = core.static_state(layer.state, layer.pos, self.capacity)
+            layer.static = True
+        self.cache, self.ids = cache, idx.new_zeros(idx.shape[0], 1)
+        if self.compile:  # after the prompt: only the one-token step runs compiled
+            self._set_compiled(True)
+        return logits
+
+    def _set_compiled(self, on: bool) -> None:
+        for block in self.model.residual_blocks:
+            if on:
+                block.compile()
+            else:
+                block._compiled_call_impl = None  # what nn.Module.compile set: back to the plain forward
+
+    def _buffers(self) -> list[torch.Tensor]:
+        """Every tensor the static caches hold (states, KV caches, token-shift inputs, positions)."""
+        out = []
+        for layer in self.cache:
+            out += [layer.pos, *layer.shift.values()]
+            out += [t for t in vars(layer.state).values() if isinstance(t, torch.Tensor)]
+        return out
+
+    def _forward(self) -> torch.Tensor:
+        return self.model(self.ids, cache=self.cache)[:, -1]                   # (b, vocab)
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ids (b, 1) at the next position -> (b, vocab) logits (a buffer the next step overwrites)."""
+        self.ids.copy_(ids)
+        if self.graph is None and self.use_graphs and self.graph_error is None and self.eager_steps >= self.warmup:
+            self._capture()
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        self.eager_steps += 1
+        if self.compile and self.eager_steps == 1:
+            return self._first_compiled_step()
+        return self._eager_step()
+
+    def _first_compiled_step(self) -> torch.Tensor:
+        """The step that compiles: if compilation fails, the buffers it may have touched are restored and the plain
+        step runs from then on."""
+        saved = [(t, t.clone()) for t in self._buffers()]
+        try:
+            return self._eager_step()
+        except Exception as err:  # noqa: BLE001 - any compiler failure: report it, decode uncompiled
+            self.compile_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            warnings.warn(f"compiling the decoding step failed ({self.compile_error}); decoding uncompiled",
+                          RuntimeWarning, stacklevel=3)
+            for tensor, copy_ in saved:
+                tensor.copy_(copy_)
+            self._set_compiled(False)
+            self.compile = False
+            return self._eager_step()
+
+    def _eager_step(self) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return self._forward()
+        side = torch.cuda.Stream(self.device)       # warm-up steps on a side stream, as graph capture wants
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            logits = self._forward()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return logits
+
+    def _capture(self) -> None:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self._forward()                                       # recorded, not run
+        except Exception as err:  # noqa: BLE001 - any failure: report it and decode eagerly instead
+            self.graph_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            warnings.warn(f"CUDA graph capture of the decoding step failed ({self.graph_error}); decoding with the "
+                          f"same static buffers eagerly, without graphs", RuntimeWarning, stacklevel=3)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return
+        self.graph, self.logits = graph, logits
+
+    def state_bytes(self) -> int:
+        """Bytes of every layer's decoding buffers (states, KV caches, token-shift inputs)."""
+        total = 0
+        for layer in self.cache or []:
+            total += layer.state.nbytes() + sum(t.numel() * t.element_size() for t in layer.shift.values())
+        return total
+
+
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
+             use_cache: bool = True, generator: torch.Generator | None = None, static: bool = True,
+             compile: bool = False) -> torch.Tensor:
     """Continue idx (b, t) int64 by `max_new_tokens` tokens -> (b, t + max_new_tokens).
 
     temperature: softmax temperature; 0 = greedy (argmax). top_k: sample among the k most likely ids only.
-    use_cache: decode with per-layer caches (constant work per token for power/linear/window) instead of
-    recomputing the whole prefix for every token. generator: a torch.Generator for reproducible sampling.
-    Runs under the caller's autocast, if any; the model is put in eval mode and left there.
+    use_cache: decode with per-layer states (constant work per token for power/linear/window) instead of
+    recomputing the whole prefix for every token. static: with use_cache, the StaticDecoder (preallocated buffers,
+    CUDA graphs on CUDA; the default) instead of caches replaced at every call; compile: its one-token step
+    compiled first (StaticDecoder; seconds, worth it for long generations). generator: a torch.Generator for
+    reproducible sampling. Runs under the caller's autocast, if any; the model is put in eval mode and left there.
+    Sampling runs on the device: nothing waits for the host until the end.
 
     Example:
         >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=0)
@@ -77,12 +245,18 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             logits = model(idx, last_only=True)[:, -1]                   # the whole prefix, every token
             idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
         return idx
-    cache = model.new_cache()
-    logits = model(idx, cache=cache, last_only=True)[:, -1]             # the prompt, once
+    if static:
+        decoder = StaticDecoder(model, capacity=idx.shape[1] + max_new_tokens, compile=compile)
+        prefill, step = decoder.prefill, decoder.step
+    else:
+        cache = model.new_cache()
+        prefill = lambda ids: model(ids, cache=cache, last_only=True)[:, -1]  # noqa: E731
+        step = lambda ids: model(ids, cache=cache)[:, -1]                     # noqa: E731
+    logits = prefill(idx)                                               # the prompt, once
     out = [idx]
     for i in range(max_new_tokens):
         nxt = sample_next(logits, temperature, top_k, generator)        # (b, 1)
         out.append(nxt)
         if i + 1 < max_new_tokens:
-            logits = model(nxt, cache=cache)[:, -1]                      # one position against the caches
+            logits = step(nxt)                                           # one position against the states
     return torch.cat(out, dim=1)

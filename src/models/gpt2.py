@@ -38,8 +38,13 @@ class SelfAttention(nn.Module):
     def forward(self, x, rope, cache=None):
         """rope: the rotary tables of x's positions (the model's, shared by every layer)."""
         b, t, _ = x.shape
-        q, k, v = self.project(x, cache).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # 3 x (b, t, h, d)
-        q, k = rotary(q, rope), rotary(k, rope)
+        qkv = self.project(x, cache).view(b, t, 3, self.n_heads, self.head_dim)
+        if cache is not None and cache.static:  # a static decoding step: q and k side by side, rotated in one pass
+            q, k = rotary(qkv[:, :, :2].flatten(2, 3), rope).view(b, t, 2, self.n_heads, self.head_dim).unbind(2)
+            v = qkv[:, :, 2]
+        else:
+            q, k, v = qkv.unbind(2)                                                # 3 x (b, t, h, d)
+            q, k = rotary(q, rope), rotary(k, rope)
         if cache is None:
             y = self.core(q, k, v, x)                                               # (b, t, h, d)
         else:

@@ -151,11 +151,16 @@ class RWKV7Rule(nn.Module):
 
     def decode(self, r, w, k, v, a, b, state):
         """The next tokens after the state S (b, h, d, d) fp32 (None: zeros) -> (o, new S)."""
+        if isinstance(state, StaticRWKV7State):  # one token, in place (decoding.StaticDecoder)
+            return state.step(r, w, k, v, a, b), state
         if r.is_cuda:
             from fla.ops.rwkv7 import chunk_rwkv7
             return chunk_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=state, output_final_state=True,
                                safe_gate=True, lower_bound=LOG_DECAY_MIN, chunk_size=64)
         return rwkv7_chunked(r, w, k, v, a, b, initial_state=state, return_state=True)
+
+    def static_state(self, state, pos, capacity: int) -> StaticRWKV7State:
+        return StaticRWKV7State(state)
 
     def state_size(self, ctx):  # S: d x d per head
         return self.n_heads * self.head_dim ** 2
@@ -165,6 +170,28 @@ class RWKV7Rule(nn.Module):
 
     def forward_flops(self, ctx, device_type="cuda", dtype=torch.bfloat16):  # charged as the recurrence it computes
         return float(self.state_flops(ctx))
+
+
+class StaticRWKV7State:
+    """The rule's state S (b, h, d, dv) fp32, advanced one token at a time in place with plain torch ops (the same
+    on CPU and in a CUDA graph): S <- diag(exp(w)) S + b (a^T S) + k v^T, o = S^T r (as rwkv7_recurrent)."""
+
+    def __init__(self, state):
+        self.S = (state if state.dtype == torch.float64 else state.float()).contiguous()
+
+    def step(self, r, w, k, v, a, b):
+        """All (b, 1, h, d) -> o (b, 1, h, dv) in r's dtype."""
+        dtype = r.dtype
+        with torch.autocast(r.device.type, enabled=False):
+            r, w, k, v, a, b = (z[:, 0].to(self.S.dtype) for z in (r, w, k, v, a, b))  # (b, h, d)
+            aS = a[..., None, :] @ self.S                                            # a^T S: (b, h, 1, dv)
+            self.S.mul_(w.exp()[..., None]).add_(b[..., :, None] * aS)
+            self.S.addcmul_(k[..., :, None], v[..., None, :])
+            o = r[..., None, :] @ self.S                                             # (b, h, 1, dv)
+        return o.transpose(1, 2).to(dtype)
+
+    def nbytes(self) -> int:
+        return self.S.numel() * self.S.element_size()
 
 
 # ----------------------------------------------------------------------------------------------------------

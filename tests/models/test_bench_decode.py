@@ -1,21 +1,59 @@
-"""scripts/bench_decode.py at tiny size on CPU: it runs, and its memory column shows power attention's decoding
-state constant in the prefix length while the KV cache of exp grows with it."""
+"""scripts/bench_decode.py at tiny size on CPU: every row is there and written, power attention's decoding state is
+constant in the prefix length while the KV cache of exp grows with it, and bad flags are one line."""
+import json
+
+import pytest
+
 from longctx.kernels import state_dim
 
 
 def test_bench_decode_tiny(import_script, tmp_path):
     result = import_script("bench_decode").main(["--tiny", "--out", str(tmp_path), "--device", "cpu",
-                                                  "--prefixes", "16,64,256", "--new-tokens", "4"])
-    assert (tmp_path / "bench_decode.json").exists() and (tmp_path / "bench_decode.png").stat().st_size > 10_000
-    power, exp = result["attentions"]["power"], result["attentions"]["exp"]
-    assert [r["prefix"] for r in power] == [r["prefix"] for r in exp] == [16, 64, 256]
-    # tiny: 3 layers, 2 heads of 32; PowerState s (D x d) and z (D) per head, fp32
-    assert {r["state_bytes"] for r in power} == {3 * 2 * state_dim(2, 32) * (32 + 1) * 4}
-    # the KV cache holds keys and values of every position, fp32, 3 layers x d_model 64, in buffers with a
-    # quarter (at least 256 positions) of headroom
+                                                  "--prefixes", "16,40", "--new-tokens", "2"])
+    assert (tmp_path / "bench_decode.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "bench_decode.json").read_text()) == result
+    assert result["command"][:2] == ["python", "scripts/bench_decode.py"] and result["device"] == "cpu"
+    rows = result["models"]
+    assert set(rows) == {"power", "exp", "rwkv7"}
+
+    def select(name, path, batch=1):
+        return [r for r in rows[name] if r["path"] == path and r["batch"] == batch]
+    for name in rows:
+        static = select(name, "static")
+        assert [r["prefix"] for r in static] == [16, 40]
+        assert all(r["mode"] == "eager" and r["graph_error"] is None for r in static)  # CPU: no graphs, no failure
+        assert [r["batch"] for r in rows[name] if r["path"] == "static" and r["batch"] > 1] == [2]
+        assert [r["prefix"] for r in select(name, "prefill")] == [40] and select(name, "prefill")[0]["ttft_s"] > 0
+        assert all(r["tokens_per_s"] > 0 for r in rows[name] if "tokens_per_s" in r)
+        assert not any("error" in r for r in rows[name])
+    assert [r["prefix"] for r in select("power", "eager")] == [16, 40] and not select("rwkv7", "eager")
+    # tiny: 3 layers, 2 heads of 32; PowerState s (D x d) and z (D) per head, fp32: the same at every prefix and path
+    power_state = 3 * 2 * state_dim(2, 32) * (32 + 1) * 4
+    assert {r["state_bytes"] for r in select("power", "static") + select("power", "eager")} == {power_state}
+    assert select("power", "static", batch=2)[0]["state_bytes"] == 2 * power_state
+    # RWKV-7: a d x d state per head, plus the two token-shift inputs (d_model each), per layer
+    assert {r["state_bytes"] for r in select("rwkv7", "static")} == {3 * (2 * 32 * 32 + 2 * 64) * 4}
+    # the static KV cache: keys and values of every position (rounded up to blocks of 256), fp32, 3 layers x 64
     per_position = 3 * 2 * 64 * 4
-    for r in exp:
-        positions = r["prefix"] + 4
-        assert positions * per_position <= r["state_bytes"] <= (positions + max(positions // 4, 256)) * per_position
-    assert exp[-1]["state_bytes"] > exp[0]["state_bytes"]
-    assert all(r["tokens_per_s"] > 0 for r in power + exp)
+    for r in select("exp", "static"):
+        positions = r["prefix"] + 4 + 2 + 1
+        assert r["state_bytes"] == -(-positions // 256) * 256 * per_position
+    assert select("exp", "eager")[-1]["state_bytes"] > select("exp", "eager")[0]["state_bytes"]
+    assert "power_over_exp_tokens_per_s" in result["summary"] and "power_ttft_s" in result["summary"]
+
+
+@pytest.mark.parametrize("flags, words", [(["--prefixes", "16,x"], "--prefixes='16,x'"),
+                                          (["--models", "power,gru"], "--models='power,gru'")])
+def test_bench_decode_bad_flags(import_script, tmp_path, flags, words):
+    with pytest.raises(SystemExit) as err:
+        import_script("bench_decode").main(["--tiny", "--out", str(tmp_path / "o"), "--device", "cpu", *flags])
+    assert str(err.value).startswith("error: ") and words in str(err.value)
+    assert not (tmp_path / "o" / "bench_decode.json").exists()
+
+
+def test_bench_decode_redraws_a_record_of_the_earlier_layout(import_script, tmp_path):
+    """Records written before the static decoder (`attentions`: batch-1 rows of the eager cached path) still draw."""
+    rows = [{"prefix": p, "tokens_per_s": 50.0, "state_bytes": 86_000_000} for p in (1024, 4096)]
+    record = {"model": "small", "device": "NVIDIA H200", "attentions": {"power": rows, "exp": rows}}
+    import_script("bench_decode").plot(record, tmp_path / "old.png")
+    assert (tmp_path / "old.png").stat().st_size > 10_000

@@ -1,12 +1,19 @@
-"""Decoding with per-layer caches against recomputing the whole prefix, for every arch x attention pair (CPU, fp32):
-the logits of a prompt and of every generated token agree within 1e-4, greedy generation agrees token for token;
-the caches are the sizes they should be; sampling options and bad arguments."""
+"""Decoding with per-layer caches and with the static decoder against recomputing the whole prefix, for every
+arch x attention pair (CPU, fp32): the logits of a prompt and of every generated token agree within 1e-4, greedy
+generation agrees token for token; the static step updates its buffers in place and never reads a value back to the
+host (what a CUDA graph needs); the one-token state updates against float64 references; the caches are the sizes
+they should be; sampling options and bad arguments."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from longctx.kernels.power.reference import PowerState, expand, power_attention_reference
 from longctx.models import ATTENTIONS, build_model
-from longctx.models.attention.shared import KVCache
-from longctx.models.decoding import sample_next
+from longctx.kernels import symmetric_power_indices
+from longctx.models.attention.power import StaticPowerState
+from longctx.models.attention.shared import KVCache, StaticKVCache
+from longctx.models.decoding import StaticDecoder, autocast_weights, sample_next
+from longctx.models.rwkv7 import StaticRWKV7State, rwkv7_recurrent
 from longctx.models.spec import ARCHS
 from _checks import VOCAB, assert_cached_equals_full, perturb_, tiny_spec
 
@@ -45,16 +52,166 @@ def test_cached_logits_equal_full_forward(arch, case):
     torch.testing.assert_close(last, full[:, 8:9], rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("static", [True, False], ids=["static", "cached"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_generation_cached_equals_recomputed(arch, case):
+def test_greedy_generation_cached_equals_recomputed(arch, case, static):
     model = model_for(arch, case, seed=1, scale=0.2)  # weights far enough from init for varied continuations
     prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(8))
-    cached = model.generate(prompt, 14, temperature=0, use_cache=True)
+    cached = model.generate(prompt, 14, temperature=0, use_cache=True, static=static)
     naive = model.generate(prompt, 14, temperature=0, use_cache=False)
     assert cached.shape == (2, 20) and torch.equal(cached[:, :6], prompt)
     assert torch.equal(cached, naive)
     assert len(set(cached[:, 6:].flatten().tolist())) > 3  # not a degenerate constant continuation
+
+
+class HostReads(TorchDispatchMode):
+    """Records every op that reads a tensor's value back to the host or builds a tensor from host data: inside a
+    CUDA graph capture each of them fails (a sync) or is frozen into the graph (a constant)."""
+    HOST = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "lift_fresh", "item"}
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.HOST:
+            self.found.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def buffers(cache):
+    """data_ptr of every tensor a static cache holds: states, token-shift inputs, positions."""
+    out = []
+    for layer in cache:
+        out += [layer.pos.data_ptr()] + [t.data_ptr() for t in layer.shift.values()]
+        out += [v.data_ptr() for v in vars(layer.state).values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_decoder_equals_full_forward_in_place(arch, case):
+    """The static decoder: a 9-token prompt, then one token a step into buffers of 21 positions (the window of 5
+    wraps its ring): every step's logits equal one forward over the whole sequence; every step writes the same
+    buffers (their addresses never change) and reads nothing back to the host."""
+    model = model_for(arch, case)
+    x = torch.randint(0, VOCAB, (2, 21))
+    with torch.no_grad():
+        full = model(x)
+        decoder = StaticDecoder(model, capacity=21)
+        parts = [decoder.prefill(x[:, :9])]
+        before, states = buffers(decoder.cache), [layer.state for layer in decoder.cache]
+        for i in range(9, 21):
+            with HostReads() as reads:
+                parts.append(decoder.step(x[:, i:i + 1]).clone())
+            assert reads.found == [], reads.found
+    torch.testing.assert_close(torch.stack(parts, 1), full[:, 8:], rtol=0, atol=1e-4)
+    assert buffers(decoder.cache) == before and [layer.state for layer in decoder.cache] == states
+    assert all(int(layer.pos) == 21 for layer in decoder.cache) and decoder.mode == "eager"
+
+
+def test_static_decoder_refuses_a_prompt_without_room():
+    model = model_for("gpt2", dict(attention="exp"))
+    with pytest.raises(ValueError, match="capacity=4 leaves no room after a prompt of 4 tokens"):
+        StaticDecoder(model, capacity=4).prefill(torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("arch, case", [("gpt2", dict(attention="power", p=2)), ("gpt2", dict(attention="exp")),
+                                        ("rwkv7", dict(attention="linear"))], ids=["gpt2-power", "gpt2-exp", "rwkv7"])
+def test_static_decoder_under_bf16_autocast_matches_cached_path(arch, case):
+    """What the GPU runs, on the CPU: bf16 autocast, Linear weights cast once (autocast_weights), the static step
+    against the eager cached path, teacher-forced over 24 tokens, within bf16 tolerance."""
+    model = model_for(arch, case)
+    x = torch.randint(0, VOCAB, (2, 32))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model.new_cache()
+        ref = [model(x[:, :8], cache=cache, last_only=True)[:, -1]]
+        ref += [model(x[:, i:i + 1], cache=cache)[:, -1] for i in range(8, 32)]
+        decoder = StaticDecoder(model, capacity=32)
+        got = [decoder.prefill(x[:, :8])] + [decoder.step(x[:, i:i + 1]).clone() for i in range(8, 32)]
+    ref, got = torch.stack(ref).float(), torch.stack(got).float()
+    assert ((got - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_autocast_weights_compute_what_autocast_computes():
+    """The copy with bf16 Linear weights gives the same logits as the fp32 model under bf16 autocast, bit for bit;
+    the embedding stays fp32 (the residual stream's dtype), the model itself is untouched."""
+    model = model_for("gpt2", dict(attention="exp"))
+    x = torch.randint(0, VOCAB, (2, 12))
+    assert autocast_weights(model) is model                                  # autocast off: nothing to cast
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        twin = autocast_weights(model)
+        assert torch.equal(twin(x), model(x))
+    assert twin.lm_head.weight.dtype == torch.bfloat16 and twin.wte.weight.dtype == torch.float32
+    assert model.lm_head.weight.dtype == torch.float32 and model.lm_head.weight is model.wte.weight
+
+
+# -- one-token state updates against independent references -------------------------------------------------
+
+@pytest.mark.parametrize("p, d", [(1, 16), (2, 16), (2, 32), (3, 8), (4, 8)])
+def test_symmetric_power_indices_reproduce_expand(p, d):
+    x = torch.randn(3, d, dtype=torch.float64)
+    index, weight = symmetric_power_indices(p, d)
+    gathered = torch.stack([x[:, i] for i in index]).prod(0)
+    torch.testing.assert_close(gathered, expand(x, p), rtol=0, atol=0)
+    torch.testing.assert_close(gathered * weight.double(), expand(x, p, weighted=True), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
+@pytest.mark.parametrize("p, norm", [(1, False), (2, True), (2, False), (3, False), (4, True)])
+def test_static_power_step_matches_float64_reference(p, norm, gated):
+    """One token after a 7-token state, GQA (4 query heads on 2 key heads): the in-place step's output and state
+    equal the float64 reference's chunked form with that state in and out."""
+    g = torch.Generator().manual_seed(p)
+    b, hq, hk, d = 2, 4, 2, 8
+    q, k, v = (torch.randn(b, 8, h, d, generator=g, dtype=torch.float64) for h in (hq, hk, hk))
+    lg = -torch.rand(b, 8, hk, generator=g, dtype=torch.float64) if gated else None
+    _, st = power_attention_reference(q[:, :7], k[:, :7], v[:, :7], None if lg is None else lg[:, :7], p=p,
+                                      norm=norm, chunk_size=4, return_state=True)
+    y_ref, st_ref = power_attention_reference(q[:, 7:], k[:, 7:], v[:, 7:], None if lg is None else lg[:, 7:], p=p,
+                                              norm=norm, initial_state=st, return_state=True)
+    static = StaticPowerState(PowerState(st.s.clone(), st.z.clone()), p)
+    s_ptr = static.s.data_ptr()
+    y = static.step(q[:, 7:], k[:, 7:], v[:, 7:], None if lg is None else lg[:, 7:], p=p, norm=norm, scale=d ** -0.5)
+    # normalized: the step's epsilon term is EPS * (the whole denominator), the reference's EPS * (its largest part):
+    # the same guard, different at the EPS = 1e-6 relative level only
+    torch.testing.assert_close(y, y_ref, rtol=2e-6 if norm else 1e-10, atol=1e-12)
+    torch.testing.assert_close(static.s, st_ref.s, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(static.z, st_ref.z, rtol=1e-12, atol=1e-12)
+    assert static.s.data_ptr() == s_ptr
+
+
+def test_static_rwkv7_step_matches_the_rule():
+    g = torch.Generator().manual_seed(0)
+    b, t, h, d = 2, 9, 2, 8
+    r, k, v, kk = (torch.randn(b, t, h, d, generator=g, dtype=torch.float64) for _ in range(4))
+    w = -0.6 * torch.rand(b, t, h, d, generator=g, dtype=torch.float64)
+    kk = torch.nn.functional.normalize(kk, dim=-1)
+    a, bb = -kk, kk * torch.rand(b, t, h, d, generator=g, dtype=torch.float64)
+    S, ref = torch.zeros(b, h, d, d, dtype=torch.float64), []      # the rule written out, float64 (rwkv7.py's docstring)
+    for i in range(t):
+        S = (S * w[:, i, :, :, None].exp() + bb[:, i, :, :, None] * torch.einsum("bhk,bhkv->bhv", a[:, i], S)[:, :, None]
+             + k[:, i, :, :, None] * v[:, i, :, None, :])
+        ref.append(torch.einsum("bhk,bhkv->bhv", r[:, i], S))
+    ref = torch.stack(ref, dim=1)
+    torch.testing.assert_close(rwkv7_recurrent(r, w, k, v, a, bb).double(), ref, rtol=1e-4, atol=1e-5)  # fp32 inside
+    state = StaticRWKV7State(torch.zeros(b, h, d, d, dtype=torch.float64))
+    got = torch.cat([state.step(*(z[:, i:i + 1] for z in (r, w, k, v, a, bb))) for i in range(t)], dim=1)
+    torch.testing.assert_close(got.double(), ref.double(), rtol=1e-10, atol=1e-12)
+
+
+def test_static_kv_ring_keeps_the_newest_window():
+    """A ring of 4 slots after a 6-token prompt, then 9 tokens: the filled slots always hold the newest 4
+    positions, each key where its position says."""
+    seq = torch.arange(15.0).view(1, 15, 1, 1).expand(1, 15, 1, 2)
+    pos = torch.tensor(6)
+    ring = StaticKVCache(seq[:, :6], seq[:, :6], pos, capacity=15, window=4)
+    for t in range(6, 15):
+        ring.append(seq[:, t:t + 1], seq[:, t:t + 1])
+        pos += 1
+        assert sorted(ring.slot_pos.tolist()) == list(range(t - 3, t + 1))
+        assert all(ring.k[0, 0, slot, 0].item() == position for slot, position in enumerate(ring.slot_pos.tolist()))
 
 
 def test_power_state_does_not_grow_and_kv_cache_does():
@@ -112,6 +269,7 @@ def test_sampling_options():
     (dict(idx=torch.tensor([1, 2])), "idx must be a (batch, seq) integer tensor"),
     (dict(max_new_tokens=-1), "max_new_tokens"),
     (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=float("nan")), "temperature must be a finite number"),
     (dict(top_k=0), "top_k"),
 ])
 def test_bad_generate_arguments_name_themselves(kwargs, words):
@@ -120,3 +278,65 @@ def test_bad_generate_arguments_name_themselves(kwargs, words):
     with pytest.raises(ValueError) as err:
         model.generate(**args)
     assert words in str(err.value)
+
+
+def test_failed_graph_capture_is_reported_and_decoding_goes_on():
+    """A capture that fails (here: no CUDA at all) leaves a warning and `graph_error`, tried once; the same static
+    step then runs eagerly and computes the same logits."""
+    model = model_for("gpt2", dict(attention="power", p=2))
+    x = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        full = model(x)
+        decoder = StaticDecoder(model, capacity=12, warmup=1)
+        decoder.use_graphs = True
+        parts = [decoder.prefill(x[:, :6]), decoder.step(x[:, 6:7]).clone()]       # the warm-up step
+        with pytest.warns(RuntimeWarning, match="CUDA graph capture of the decoding step failed"):
+            parts.append(decoder.step(x[:, 7:8]).clone())
+        parts += [decoder.step(x[:, i:i + 1]).clone() for i in range(8, 12)]        # no second attempt, no warning
+    assert decoder.mode == "eager" and decoder.graph_error
+    torch.testing.assert_close(torch.stack(parts, 1), full[:, 5:], rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, case", [("gpt2", dict(attention="power", p=2)), ("gpt2", dict(attention="exp")),
+                                        ("rwkv7", dict(attention="linear"))], ids=["gpt2-power", "gpt2-exp", "rwkv7"])
+def test_compiled_static_step_equals_full_forward(arch, case):
+    """StaticDecoder(compile=True) (CPU inductor here; on CUDA the compiled step is then captured): every layer's
+    one-token step compiled, the logits of every step equal a full forward, the caller's model stays uncompiled."""
+    model = model_for(arch, case)
+    x = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():
+        full = model(x)
+        decoder = StaticDecoder(model, capacity=16, compile=True)
+        parts = [decoder.prefill(x[:, :9])] + [decoder.step(x[:, i:i + 1]).clone() for i in range(9, 16)]
+    assert decoder.compile_error is None and decoder.model is not model
+    assert all(b._compiled_call_impl is not None for b in decoder.model.residual_blocks)
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.residual_blocks)
+    torch.testing.assert_close(torch.stack(parts, 1), full[:, 8:], rtol=0, atol=1e-4)
+
+
+def test_failed_compilation_restores_the_buffers_and_decodes_uncompiled(monkeypatch):
+    """A compiled step that fails after writing into the buffers (a stand-in compiler that breaks halfway): the
+    buffers are restored, a warning and `compile_error` say why, and every step's logits are still right."""
+    model = model_for("gpt2", dict(attention="power", p=2))
+    x = torch.randint(0, VOCAB, (1, 12))
+
+    def broken_compile(decoder, on):
+        for block in decoder.model.residual_blocks:
+            if on:
+                def fail(*args, block=block, **kwargs):
+                    block._call_impl(*args, **kwargs)       # the plain forward runs, writing the buffers...
+                    raise RuntimeError("compiler broke")  # ...then the "compiled" call fails
+                block._compiled_call_impl = fail
+            else:
+                block._compiled_call_impl = None
+    monkeypatch.setattr(StaticDecoder, "_set_compiled", broken_compile)
+    with torch.no_grad():
+        full = model(x)
+        decoder = StaticDecoder(model, capacity=12, compile=True)
+        parts = [decoder.prefill(x[:, :6])]
+        with pytest.warns(RuntimeWarning, match="compiling the decoding step failed"):
+            parts.append(decoder.step(x[:, 6:7]).clone())
+        parts += [decoder.step(x[:, i:i + 1]).clone() for i in range(7, 12)]
+    assert decoder.compile_error == "RuntimeError: compiler broke" and not decoder.compile
+    torch.testing.assert_close(torch.stack(parts, 1), full[:, 5:], rtol=0, atol=1e-4)

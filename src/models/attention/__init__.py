@@ -5,6 +5,8 @@ Every core has the same interface, so an architecture holds one without knowing 
     core = build_attention(spec)     # ATTENTIONS[spec.attention](spec, its validated Params)
     y = core(q, k, v, x)             # q, k, v, y: (b, t, h, d); x: (b, t, d_model), the block's input (for gates)
     y, state = core.decode(q, k, v, x, state)   # the next n tokens after those `state` holds (None: no tokens yet)
+    static = core.static_state(state, pos, capacity)  # that state as buffers that decode(q, k, v, x, static)
+                                                      # updates in place, one token a call (decoding.StaticDecoder)
     core.state_size(ctx)             # floats of recurrent / KV state, one layer
     core.state_flops(ctx)            # forward FLOPs per token that involve the state, one layer (multiply-add = 2)
     core.forward_flops(ctx, device_type, dtype)  # the same, of the form this core runs there (training FLOPs, MFU)
@@ -14,7 +16,8 @@ itself needs (e.g. the per-head gate of power/linear attention). Conventions for
 docs/models.md: state FLOPs are averaged over the positions of a `ctx`-long causal sequence (a query at
 position i of softmax attention reads i+1 keys), recurrent forms count one read and one write of the state per
 token. Decoding states: exp a KV cache, window a rolling cache of the window, power/linear the constant-size
-recurrent state.
+recurrent state; their static forms (shared.StaticKVCache, power.StaticPowerState) read nothing back to the host,
+so a decoding step can be captured as a CUDA graph.
 
 Adding an attention = one module in this folder (a core class decorated with `@register("name")`, with a
 `Params` dataclass that declares and validates its parameters: see registry.py) + `conf/attention/<name>.yaml`

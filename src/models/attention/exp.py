@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .registry import boolean, register
-from .shared import KVCache, attend_last, mean_keys_per_query
+from .shared import KVCache, StaticKVCache, attend_last, mean_keys_per_query
 
 try:  # optional extra: pip install longctx[flash]
     from flash_attn import flash_attn_func
@@ -56,7 +56,10 @@ class ExpAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return y.transpose(1, 2)  # (b, t, h, d)
 
-    def decode(self, q, k, v, x, cache: KVCache | None):
+    def decode(self, q, k, v, x, cache: KVCache | StaticKVCache | None):
+        if isinstance(cache, StaticKVCache):  # one token into preallocated buffers (decoding.StaticDecoder)
+            cache.append(k, v)
+            return cache.attend(q, self.scale, self.sink_logit), cache
         if cache is None:  # the prompt: the training form (flash / cuDNN), then its keys and values cached
             cache = KVCache()
             cache.append(k, v)
@@ -66,6 +69,10 @@ class ExpAttention(nn.Module):
             return attend_last(q, keys, values), cache
         q, keys, values = with_sink(q, keys, values, self.sink_logit)
         return attend_last(q[:, 1:], keys, values, scale=self.scale)[..., : self.head_dim], cache
+
+    def static_state(self, cache: KVCache, pos, capacity: int) -> StaticKVCache:
+        """The prompt's KV cache moved into buffers of `capacity` positions (pos: the layer's position tensor)."""
+        return StaticKVCache(*cache.cached(), pos, capacity)
 
     def state_size(self, ctx):  # the KV cache: keys and values of every head at every position
         return 2 * ctx * self.d_model

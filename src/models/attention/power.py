@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from longctx.kernels import (PowerState, default_chunk_size, power_attention, power_attention_step,  # CUDA -> Triton,
-                             state_dim)                                                               # CPU -> reference
+                             power_state_step, state_dim, symmetric_power_indices)                    # CPU -> reference
 
 from .registry import boolean, int_in, positive_int, register
 from .shared import HeadGate, mean_keys_per_query
@@ -55,8 +55,11 @@ class PowerAttention(nn.Module):
     def core(self, q, k, v, log_g):
         return power_attention(q, k, v, log_g, p=self.p, chunk_size=self.chunk_size, norm=self.norm)
 
-    def decode(self, q, k, v, x, state: PowerState | None):
+    def decode(self, q, k, v, x, state: PowerState | StaticPowerState | None):
         log_g = self.gate(x) if self.gate is not None else None
+        if isinstance(state, StaticPowerState):  # one token into the preallocated state (decoding.StaticDecoder)
+            y = state.step(q, k, v, log_g, p=self.p, norm=self.norm, scale=self.head_dim ** -0.5)
+            return (y if self.out_norm is None else self.out_norm(y)), state
         y, state = self._checked(power_attention_step, q, k, v, state, log_g, p=self.p, norm=self.norm)
         return (y if self.out_norm is None else self.out_norm(y)), state
 
@@ -65,6 +68,10 @@ class PowerAttention(nn.Module):
             return fn(*args, **kwargs)
         except ValueError as err:  # e.g. a head_dim the CUDA kernels do not take: say which attention asked
             raise ValueError(f"{type(self).__name__} (p={self.p}, head_dim={self.head_dim}): {err}") from err
+
+    def static_state(self, state: PowerState, pos, capacity: int) -> StaticPowerState:
+        """The prompt's final state as buffers that decoding updates in place (constant size: no capacity)."""
+        return StaticPowerState(state, self.p)
 
     @property
     def expanded_dim(self) -> int:  # D = C(d + p - 1, p), the symmetric power's dimension
@@ -90,3 +97,21 @@ class PowerAttention(nn.Module):
         if chunk is None or chunk >= ctx:
             return float(attention * mean_keys_per_query(ctx, ctx))
         return float(attention * mean_keys_per_query(chunk, chunk) + self.state_flops(ctx))
+
+
+class StaticPowerState:
+    """A PowerState's buffers, s (b, hk, D, d) and z (b, hk, D) fp32, updated in place one token at a time by
+    `power_state_step` (the same on CPU, in a CUDA graph, or compiled), with the gather indices of phi."""
+
+    def __init__(self, state: PowerState, p: int):
+        cdt = torch.float64 if state.s.dtype == torch.float64 else torch.float32
+        self.s, self.z = state.s.to(cdt), state.z.to(cdt)
+        self.index, self.weight = symmetric_power_indices(p, self.s.shape[-1], self.s.device)
+        self.weight = self.weight.to(cdt)
+
+    def step(self, q, k, v, log_g, *, p: int, norm: bool, scale: float):
+        """q (b, 1, hq, d), k, v (b, 1, hk, d), log_g (b, 1, hk) fp32 or None -> y (b, 1, hq, d) in q's dtype."""
+        return power_state_step(self.s, self.z, self.index, self.weight, q, k, v, log_g, p, norm, scale)
+
+    def nbytes(self) -> int:
+        return (self.s.numel() + self.z.numel()) * self.s.element_size()

@@ -76,5 +76,106 @@ class KVCache:
             self._v[:, :kept] = old[1][:, self.length - kept:self.length]
         self.length = kept
 
+    def cached(self):
+        """Every cached key and value, (b, length, h, d) views."""
+        return self._k[:, :self.length], self._v[:, :self.length]
+
     def nbytes(self) -> int:
         return 0 if self._k is None else 2 * self._k.numel() * self._k.element_size()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# static decoding buffers: preallocated once, updated in place, so one decoding step can be a CUDA graph
+
+PV_BLOCK = 256  # keys per block of the attention-times-values product: blocks run side by side (flash decoding)
+
+
+def _bmm_fp32(a, b):
+    """a @ b (batched, same leading dims), bf16/fp16 inputs, fp32 result straight from the matmul's accumulator."""
+    lead = a.shape[:-2]
+    out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+    return out.view(*lead, a.shape[-2], b.shape[-1])
+
+
+_FP32_OUT: dict = {}
+
+
+def fp32_out_matmul(device, dtype) -> bool:
+    """Whether bf16/fp16 matmuls on `device` can write fp32 results (torch.bmm's out_dtype, CUDA), probed once."""
+    key = (str(device), dtype)
+    if key not in _FP32_OUT:
+        _FP32_OUT[key] = False
+        if torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+            try:
+                x = torch.ones(1, 1, 8, device=device, dtype=dtype)
+                _FP32_OUT[key] = _bmm_fp32(x, x.transpose(-1, -2)).dtype == torch.float32
+            except (TypeError, RuntimeError):  # a torch without out_dtype: fp32 copies instead
+                pass
+    return _FP32_OUT[key]
+
+
+def _matmul_fp32(a, b, fp32_out: bool):
+    """a @ b with an fp32 result: from the accumulator where the matmul can write fp32 (scores are not rounded to
+    bf16), else from fp32 copies."""
+    return _bmm_fp32(a, b) if fp32_out else a.float() @ b.float()
+
+
+class StaticKVCache:
+    """Keys and values of a fixed number of slots, (b, h, slots, d), allocated once and written in place.
+
+    `pos` is the layer's position tensor (0-dim int64, the next token's position, advanced by the architecture):
+    a new token goes to slot `pos` (the whole sequence, exp) or `pos % window` (a ring of the last `window`
+    positions, window attention). `slot_pos` (slots,) holds each slot's position, -1 while empty, so attention
+    reads every slot and masks the empty ones: the same kernels at every step. Exp rounds the slots up to a
+    multiple of PV_BLOCK."""
+
+    def __init__(self, k, v, pos: torch.Tensor, capacity: int, window: int | None = None):
+        """k, v (b, n, h, d): the cached positions pos - n .. pos - 1 (their newest `window` with a window)."""
+        b, n, h, d = k.shape
+        self.window = window
+        slots = window if window is not None else -(-capacity // PV_BLOCK) * PV_BLOCK
+        self.k = k.new_zeros(b, h, slots, d)
+        self.v = v.new_zeros(b, h, slots, d)
+        self.slot_pos = torch.full((slots,), -1, dtype=torch.int64, device=k.device)
+        self.pos = pos
+        keep = n if window is None else min(n, window)
+        positions = torch.arange(int(pos) - keep, int(pos), device=k.device)
+        slot = positions if window is None else positions % window
+        self.k[:, :, slot] = k[:, n - keep:].transpose(1, 2)
+        self.v[:, :, slot] = v[:, n - keep:].transpose(1, 2)
+        self.slot_pos[slot] = positions
+        self.fp32_out = fp32_out_matmul(k.device, k.dtype)
+
+    def append(self, k, v):
+        """Write one token's (b, 1, h, d) key and value at its slot."""
+        slot = (self.pos if self.window is None else self.pos % self.window).view(1)
+        self.k.index_copy_(2, slot, k.transpose(1, 2))
+        self.v.index_copy_(2, slot, v.transpose(1, 2))
+        self.slot_pos.index_copy_(0, slot, self.pos.view(1))
+
+    def attend(self, q, scale: float, sink_logit=None):
+        """Softmax attention of q (b, 1, h, d) over the filled slots -> (b, 1, h, d) in q's dtype. Scores and softmax
+        in fp32; sink_logit (h,): a learned logit in every denominator whose value is zero (exp's sink)."""
+        b, _, h, d = q.shape
+        slots = self.k.shape[2]
+        with torch.autocast(q.device.type, enabled=False):
+            qs = (q.float() * scale).to(self.k.dtype).transpose(1, 2)             # (b, h, 1, d)
+            scores = _matmul_fp32(qs, self.k.transpose(-1, -2), self.fp32_out)    # (b, h, 1, slots) fp32
+            scores = scores.masked_fill(self.slot_pos < 0, float("-inf"))
+            if sink_logit is not None:
+                sink = sink_logit.float().view(1, h, 1, 1).expand(b, h, 1, 1)
+                probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :slots]
+            else:
+                probs = scores.softmax(-1)
+            probs = probs.to(self.v.dtype)
+            if slots % PV_BLOCK == 0 and slots > PV_BLOCK:                         # blocks of keys side by side
+                n = slots // PV_BLOCK
+                parts = _matmul_fp32(probs.reshape(b, h, n, 1, PV_BLOCK), self.v.view(b, h, n, PV_BLOCK, d),
+                                     self.fp32_out)
+                y = parts.sum(2)                                                   # (b, h, 1, d)
+            else:
+                y = _matmul_fp32(probs, self.v, self.fp32_out)
+        return y.transpose(1, 2).to(q.dtype)
+
+    def nbytes(self) -> int:
+        return (self.k.numel() + self.v.numel()) * self.k.element_size()

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .registry import positive_int, register
-from .shared import KVCache, attend_last, mean_keys_per_query
+from .shared import KVCache, StaticKVCache, attend_last, mean_keys_per_query
 
 try:  # optional extra: pip install longctx[flash]
     from flash_attn import flash_attn_func
@@ -85,7 +85,10 @@ class WindowAttention(nn.Module):
             y = blocked_window(q, k, v, self.window)
         return y.transpose(1, 2)  # (b, t, h, d)
 
-    def decode(self, q, k, v, x, cache: KVCache | None):
+    def decode(self, q, k, v, x, cache: KVCache | StaticKVCache | None):
+        if isinstance(cache, StaticKVCache):  # one token into the preallocated ring (decoding.StaticDecoder)
+            cache.append(k, v)
+            return cache.attend(q, q.shape[-1] ** -0.5), cache
         if cache is None:
             cache = KVCache(keep=self.window)
         if cache.length == 0 and q.shape[1] > self.window:  # a long prompt: the training form, then keep the tail
@@ -93,6 +96,10 @@ class WindowAttention(nn.Module):
             return self.forward(q, k, v, x), cache
         keys, values = cache.append(k, v)
         return attend_last(q, keys, values, self.window), cache
+
+    def static_state(self, cache: KVCache, pos, capacity: int) -> StaticKVCache:
+        """The prompt's newest `window` keys and values moved into a ring of `window` slots."""
+        return StaticKVCache(*cache.cached(), pos, capacity, window=self.window)
 
     def state_size(self, ctx):
         return 2 * min(ctx, self.window) * self.d_model

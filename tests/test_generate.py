@@ -1,0 +1,60 @@
+"""`python -m longctx.generate` on a tiny trained run (CPU): the default static decoder, the eager cached path and
+recomputation print the same greedy ids; --prompt-ids loads no tokenizer; --max-new-tokens has a default; a NaN
+temperature is one line; a reader that stops early (`| head`) leaves no traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import longctx.generate as generate_cli
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = ["trainer.max_steps=2", "trainer.eval_every=2", "logger.wandb.mode=disabled", "data.train_tokens=65536",
+         "data.n_heldout=16", "data.eval_docs=8", "data.docs_per_batch=4", "data.doc_len=256", "ctx=64",
+         "trainer.num_threads=2", "attention=power", "p=2", "attention.chunk_size=16"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, train_run):
+    return train_run(tmp_path_factory.mktemp("runs") / "power", TRAIN)
+
+
+def ids_printed(capsys) -> list[int]:
+    ids_line, speed_line = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert "tokens/s" in speed_line
+    return [int(i) for i in ids_line.split()]
+
+
+def test_every_decoding_path_prints_the_same_greedy_ids(run, capsys, monkeypatch):
+    monkeypatch.setattr(generate_cli, "run_codec", lambda cfg: pytest.fail("--prompt-ids loaded a tokenizer"))
+    outputs = {}
+    for flags in ([], ["--no-static"], ["--no-cache"]):
+        code = generate_cli.main([str(run), "--prompt-ids", "4,0,1,2", "--temperature", "0", "--max-new-tokens", "20",
+                                  "--device", "cpu", *flags])
+        assert code == 0
+        outputs[tuple(flags)] = ids_printed(capsys)
+    assert outputs[()] == outputs[("--no-static",)] == outputs[("--no-cache",)] and len(outputs[()]) == 20
+
+
+def test_max_new_tokens_has_a_default(run, capsys):
+    assert generate_cli.main([str(run), "--prompt-ids", "1,2", "--device", "cpu"]) == 0
+    assert len(ids_printed(capsys)) == 100
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_bad_temperature_is_one_line(run, capsys, value):
+    code = generate_cli.main([str(run), "--prompt-ids", "1", "--device", "cpu", "--temperature", value])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip().splitlines() == [f"error: --temperature={float(value)}: must be a finite number >= 0 "
+                                                 f"(0 = greedy)"]
+
+
+def test_a_closed_pipe_leaves_no_traceback(run):
+    proc = subprocess.run(f"{sys.executable} -m longctx.generate {run} --prompt-ids 1,2 --max-new-tokens 5 "
+                          f"--device cpu | head -c 0", shell=True, capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr[-2000:]
