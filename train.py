@@ -4,7 +4,7 @@
     python train.py attention=power p=2 ctx=512
     python train.py arch=rwkv7 attention=power p=2 ctx=65536 model=small data=longcrawl64 data.path=/data/lc64
 
-Every key of conf/ can be overridden on the command line; `python train.py --help` lists the groups.
+Every key of conf/ can be overridden on the command line; `python train.py --help` lists the main ones.
 """
 import os
 import sys
@@ -19,16 +19,17 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from longctx.train.checkpoint import CheckpointWriteError  # noqa: E402
-from longctx.train.config import resolve_resume  # noqa: E402
-from longctx.train.launch import check_shown_config  # noqa: E402
-from longctx.train.trainer import Trainer  # noqa: E402
+import longctx  # noqa: E402,F401  (registers ${longctx.run_name:}; torch and the trainer load in main: --help is fast)
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from longctx.train.checkpoint import CheckpointWriteError
+    from longctx.train.config import resolve_resume
+    from longctx.train.trainer import Trainer
+
     hydra_cfg = HydraConfig.get()
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if "/" not in group}
     cfg.trainer.resume = resolve_resume(cfg.trainer.resume, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
@@ -42,7 +43,9 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     try:
         trainer.fit()
-    except CheckpointWriteError as err:  # a full disk: one line naming the file and the cause
+    except (CheckpointWriteError, FloatingPointError) as err:  # a full disk, a non-finite loss: one line, no traceback
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
 
@@ -56,5 +59,11 @@ def remove_if_empty(run_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    from longctx.train.launch import check_shown_config
+
     check_shown_config(sys.argv[1:], Path(__file__).resolve().parent / "conf")  # --cfg prints a config: check it
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # `python train.py --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

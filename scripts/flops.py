@@ -7,23 +7,24 @@ The vocabulary is the data's: icl_markov's `vocab + 1`, LongCrawl64's GPT-2 5025
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
-
-import torch
-from hydra import compose, initialize_config_dir
-
-from longctx.models import build_model
-from longctx.train.config import validate
-from longctx.train.flops import flops_report, format_ratio
-from longctx.train.trainer import model_spec, model_vocab_size
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GPT2_VOCAB = 50257
 
 
 def main(overrides: list[str]) -> dict:
+    import torch  # imported here: `--help` answers at once
+    from hydra import compose, initialize_config_dir
+
+    from longctx.models import build_model
+    from longctx.train.config import validate
+    from longctx.train.flops import flops_report, format_ratio
+    from longctx.train.trainer import model_spec, model_vocab_size
+
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["run_dir=unused", *overrides])
     validate(cfg)
@@ -56,5 +57,11 @@ def main(overrides: list[str]) -> dict:
     return out
 
 
+def parse_args(argv: list[str]) -> list[str]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="train.py overrides (key=value), e.g. attention=power p=2 ctx=65536")
+    return ap.parse_args(argv).overrides
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(parse_args(sys.argv[1:]))

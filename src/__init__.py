@@ -6,6 +6,11 @@ import warnings
 warnings.filterwarnings("ignore", message="Triton is not supported on current platform", module=r"fla\.")
 
 
+from longctx.naming import register as _register_run_name  # noqa: E402
+
+_register_run_name()  # conf/config.yaml's run_name is ${longctx.run_name:}
+
+
 def load_run(run_dir, step=None, device="auto"):
     """Load a trained run -> (model, cfg); see longctx.runs.load_run."""
     from longctx.runs import load_run as _load_run  # imported on use: `import longctx` stays light

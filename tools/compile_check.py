@@ -355,6 +355,9 @@ def _print_loops(name):
 
 def main(argv):
     global PTX_DIR, PTX_TAG
+    if {"-h", "--help"} & set(argv):
+        print(f"usage: python tools/compile_check.py [--ptx DIR] [--loops] [CASE ...]\n\n{__doc__}")
+        return
     loops = "--loops" in argv
     argv = [a for a in argv if a != "--loops"]
     if argv[:1] == ["--ptx"]:

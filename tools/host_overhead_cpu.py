@@ -6,6 +6,7 @@ backward passes on the calling thread, so the CUDA engine's hand-off to its devi
 
     python -m tools.host_overhead_cpu
 """
+import argparse
 import time
 
 import torch
@@ -80,4 +81,5 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -111,7 +111,18 @@ def per_token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     return torch.cat(out).view(b, t)
 
 
-@torch.compiler.disable  # a backward pass inside the forward: trainer.compile=model breaks its graph here
+def compile_disabled(fn):
+    """torch.compiler.disable(fn), applied only while torch.compile traces: the decorator imports torch._dynamo
+    (~2.5 s), which every command importing the models (a `--help`, a config error) would otherwise pay."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(fn)(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@compile_disabled  # a backward pass inside the forward: trainer.compile=model breaks its graph here
 def nll_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
             chunk_tokens: int = 8192) -> torch.Tensor:
     """per_token_nll(hidden, weight, targets).sum() (a float32 scalar), for training: with gradients wanted, each

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
+import netrc
 import os
-import secrets
-import string
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -41,18 +41,47 @@ class JsonlLogger:
         os.replace(tmp, self.path)
 
 
+def new_wandb_id() -> str:
+    """wandb's own run id generator (8 characters of [a-z0-9])."""
+    try:
+        from wandb.sdk.lib.runid import generate_id  # wandb >= 0.19 keeps it here
+    except ImportError:  # older wandb
+        from wandb.util import generate_id
+    return generate_id()
+
+
 def wandb_id_for(run_dir: str | Path, from_checkpoint: str | None = None) -> str:
     """The run's one wandb id, kept in <run_dir>/wandb_id from its first launch on: every relaunch (resume,
     requeue, even one killed before its first checkpoint) continues the same wandb run."""
     path = Path(run_dir) / "wandb_id"
     if path.exists() and path.read_text().strip():
         return path.read_text().strip()
-    if from_checkpoint is None:  # wandb's own id format: 8 characters of [a-z0-9]
-        from_checkpoint = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    run_id = from_checkpoint if from_checkpoint is not None else new_wandb_id()
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(from_checkpoint + "\n")
+    tmp.write_text(run_id + "\n")
     os.replace(tmp, path)
-    return from_checkpoint
+    return run_id
+
+
+def has_wandb_key(environ=os.environ) -> bool:
+    """Whether wandb can log in without asking: WANDB_API_KEY, an identity token file, or `wandb login`'s netrc entry
+    for the wandb host (WANDB_BASE_URL, default api.wandb.ai)."""
+    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        entry = netrc.netrc(environ.get("NETRC")).authenticators(host)
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return bool(entry and entry[2])
+
+
+def check_wandb(cfg_logger, environ=os.environ) -> None:
+    """logger.wandb.mode=online needs a key: said in one line before the run starts, not as wandb's traceback
+    (or its prompt) after the run folder is written."""
+    if cfg_logger.wandb.mode == "online" and not has_wandb_key(environ):
+        raise ValueError("config: logger.wandb.mode='online': no wandb API key (WANDB_API_KEY, or `wandb login`); "
+                         "log in, or use logger.wandb.mode=offline and `wandb sync` later")
 
 
 class WandbLogger:

@@ -17,11 +17,14 @@ from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, st
                           write_doc_record)
 from longctx.models import ModelSpec, build_model
 from longctx.models.spec import model_spec, model_vocab_size
+from longctx import provenance
 from longctx.train import checkpoint as ckpt
 from longctx.train.config import validate
 from longctx.train.console import close_logging, is_terminal, log, log_to_file, progress_bar, setup_logging
+from longctx.train.estimate import check_fits
 from longctx.train.data import build_heldout, build_train_reader, resolve_splits
 from longctx.train.flops import flops_report, format_ratio, mfu
+from longctx.train.loggers import check_wandb
 from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, wandb_id_for
 from longctx.train.optim import Schedule, apply_hyperparameters, build_optimizer, build_scheduler, saved_schedule
@@ -96,6 +99,9 @@ class Trainer:
                              f"world size {self.dist.world_size}")
         self._lock_run_dir()
         candidates = self._check_run_dir()
+        check_wandb(cfg.logger)
+        self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, model_vocab_size(vocab)),
+                                   self.dist.world_size)  # before any data is generated or read
         seed_everything(cfg.seed)
 
         # Data description first: the model's vocabulary comes from it. Rank 0 generates the default
@@ -147,6 +153,7 @@ class Trainer:
         if self.dist.is_main and not self.complete:
             ckpt.remove_stale_temps(self.run_dir)  # left by a process killed mid-write
             self._write_config()
+            provenance.write(self.run_dir, self.device_name, self.dist.world_size)
             log_to_file(self.run_dir)
             if candidates or self.restart:
                 self.jsonl.truncate_after(self.step)  # evaluations after the checkpoint are redone

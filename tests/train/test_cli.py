@@ -36,7 +36,7 @@ def test_mission_overrides_compose_as_typed(compose):
     cfg = compose("attention=power", "p=2", "ctx=65536")
     validate(cfg)
     assert cfg.attention.name == "power" and cfg.attention.p == 2 and cfg.ctx == 65536
-    assert cfg.run_name == "gpt2_power_p2_tiny_icl_markov_ctx65536_s0"
+    assert cfg.run_name == "gpt2_power_p2_d64l3_icl_markov_ctx65536_s0"  # model=tiny: d_model 64, 3 layers
     for name in ("small", "medium", "large"):
         m = compose(f"model={name}").model
         assert (m.d_model, m.n_layers, m.n_heads, m.mlp_ratio) == {

@@ -78,3 +78,25 @@ def test_bars_only_on_a_terminal(monkeypatch):
     assert not bar.disable
     bar.close()
     assert console.progress_bar(False, total=3).disable  # other ranks never draw
+
+
+def test_lines_said_while_a_bar_is_drawn_go_through_tqdm(monkeypatch, capsys):
+    """On a terminal the bar's lifetime is tqdm's logging_redirect_tqdm: lines are written above the bar (tqdm.write),
+    warnings keep their prefix, and the handlers are back as they were when the bar closes."""
+    from tqdm.contrib import logging as tqdm_logging
+
+    monkeypatch.setattr(console, "is_terminal", lambda: True)
+    console.setup_logging(True)
+    before = list(console.log.handlers)
+    try:
+        with console.progress_bar(total=2, file=sys.stderr) as bar:
+            assert any(isinstance(h, tqdm_logging._TqdmLoggingHandler) for h in console.log.handlers)
+            console.log.info("a line")
+            console.log.warning("a doubt")
+            bar.update(1)
+        assert console.log.handlers == before
+        console.log.info("after")
+    finally:
+        console.close_logging()
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["a line", "warning: a doubt"] and out[-1] == "after"

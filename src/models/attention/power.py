@@ -1,4 +1,5 @@
-"""power: gated power attention, A_ij = (s q_i.k_j)^p exp(G_i - G_j) (DESIGN.md; kernels in longctx.kernels)."""
+"""power: gated power attention, A_ij = (s q_i.k_j)^p exp(G_i - G_j) (the math: longctx.kernels.power.reference;
+kernels in longctx.kernels)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,0 +1,85 @@
+"""Run names derived from what runs, for run folders, sweep folders and wandb.
+
+    ${longctx.run_name:}  ->  gpt2_power_p2_d64l3_icl_markov_ctx512_s0[_<overrides the name does not show>]
+
+Parts: the architecture, the attention's tag (its degree or window), the model's shape `d<d_model>l<n_layers>`
+(read from model.*, so `model.d_model=32` is never called by a preset's name), the data (an ICL task's tag; a
+prepared dataset's own folder name, so a dataset prepared into data/pages is `pages`, not `longcrawl64`), ctx and
+seed. Every other command-line override that changes what is trained (optim.lr=1e-3, attention.gating=false,
+data.docs_per_batch=8) is appended as `<last key part><value>`, sorted by key, so the jobs of any sweep get
+distinct names and a relaunch with the same overrides (in any order) lands in the same folder. Overrides that
+change only how or how long it runs (trainer.max_steps, logger.*, device, ...) are left out: raising max_steps
+continues the same run.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+RESOLVER = "longctx.run_name"
+
+# Override keys the name already shows, or that do not change what is trained (prefixes end with a dot).
+NOT_IN_SUFFIX = (
+    "arch", "attention", "p", "window", "model", "model.name", "model.d_model", "model.n_layers", "data",
+    "data.tag", "data.path", "data.cache_dir", "data.eval_docs", "data.n_heldout", "ctx", "seed", "run_name",
+    "run_dir", "cache_dir", "device", "experiment", "hydra.", "logger.", "trainer.max_steps", "trainer.eval_every",
+    "trainer.resume", "trainer.num_threads", "trainer.compile", "trainer.keep_checkpoints", "trainer.micro_docs",
+    "trainer.activation_checkpointing", "trainer.icl_bins", "trainer.on_nonfinite", "trainer.max_skipped_steps",
+    "trainer.flops_budget",
+)
+
+
+def data_name(data: DictConfig) -> str:
+    """The data part of a name: a prepared dataset's folder name unless data.tag was changed from the group's
+    `longcrawl64`; a generated task's tag."""
+    if data.name == "icl_markov" or data.tag != "longcrawl64":
+        return str(data.tag)
+    path = OmegaConf.select(data, "path", throw_on_missing=False, default=None)
+    if path is None or OmegaConf.is_missing(data, "path"):
+        return str(data.tag)
+    folder = Path(str(path)).expanduser()
+    return folder.name or folder.resolve().name or str(data.tag)  # "." -> the folder's own name
+
+
+def _named(key: str) -> bool:
+    key = key.lstrip("+~")
+    return "/" in key or any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_IN_SUFFIX)
+
+
+def override_suffix(overrides: list[str]) -> str:
+    """`_lr0.001_gatingfalse` from ["optim.lr=0.001", "attention.gating=false", "ctx=64"]: the overrides that the
+    name's other parts do not show, sorted by key; characters a folder name should not hold become '-'."""
+    parts = []
+    for item in sorted(o for o in overrides if "=" in o):
+        key, value = item.split("=", 1)
+        if _named(key):
+            continue
+        parts.append(re.sub(r"[^A-Za-z0-9._\-]+", "-", key.lstrip("+~").split(".")[-1] + value).strip("-"))
+    return "".join(f"_{p}" for p in parts if p)
+
+
+def task_overrides() -> list[str]:
+    """This job's command-line overrides, from Hydra (empty outside a Hydra job, e.g. hydra.compose in a test)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return list(HydraConfig.get().overrides.task)
+
+
+def run_name(cfg: DictConfig, overrides: list[str] | None = None) -> str:
+    model = f"d{cfg.model.d_model}l{cfg.model.n_layers}"
+    base = f"{cfg.arch.name}_{cfg.attention.tag}_{model}_{data_name(cfg.data)}_ctx{cfg.ctx}_s{cfg.seed}"
+    return base + override_suffix(task_overrides() if overrides is None else overrides)
+
+
+def _resolve(*, _root_: DictConfig) -> str:
+    return run_name(_root_)
+
+
+def register() -> None:
+    """Make `${longctx.run_name:}` known to OmegaConf (done on `import longctx`)."""
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=False)

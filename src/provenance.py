@@ -1,0 +1,141 @@
+"""How a run was made: `<run_dir>/provenance.json`, written by rank 0 when a run starts.
+
+    {"command": [argv...], "overrides": [...], "git": {"commit", "dirty", "diff_file"},
+     "versions": {"torch", "triton", "fla", "longctx", "python"}, "device": "...", "world_size": N, "time": "...",
+     "launches": [the record of every launch, the first one included]}
+
+The top level is the first launch (how the run was made); a resumed or requeued launch appends its own record to
+`launches` and never rewrites the earlier ones. A launch from a dirty git tree leaves its `git diff HEAD` beside the
+record (`provenance.diff`, then `provenance.launch<k>.diff`). Anything that cannot be known (no git, code outside a
+git tree, a package not installed) is null: recording provenance never stops a run.
+
+    from longctx import provenance
+    record = provenance.read("runs/RUN")            # None for runs older than the record
+    print(provenance.format_command(record))        # the command that reruns it (same config)
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+FILE = "provenance.json"
+CODE_DIR = Path(__file__).resolve().parent  # the installed longctx package: its git tree is the code that runs
+# Distribution names of each version recorded (importlib.metadata: no import of the packages themselves).
+DISTRIBUTIONS = {"torch": ("torch",), "triton": ("triton",), "fla": ("flash-linear-attention", "fla-core"),
+                 "longctx": ("longctx",)}
+
+
+def _version(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(CODE_DIR), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_state() -> tuple[dict, str | None]:
+    """({"commit", "dirty", "diff_file": None}, the diff of tracked files against HEAD or None when clean/unknown)."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None or _git("ls-files", "--error-unmatch", Path(__file__).name) is None:  # not our tree's code
+        return {"commit": None, "dirty": None, "diff_file": None}, None
+    diff = _git("diff", "HEAD")  # the whole tree: conf/ and train.py shape a run as much as the package
+    dirty = None if diff is None else bool(diff.strip())
+    return {"commit": commit.strip(), "dirty": dirty, "diff_file": None}, diff if dirty else None
+
+
+def hydra_overrides() -> list[str] | None:
+    """This job's command-line overrides (a sweep job's own values), None outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return list(HydraConfig.get().overrides.task)
+
+
+def collect(device: str | None = None, world_size: int = 1) -> dict:
+    """This launch's record. `device`: the card's name (torch.cuda.get_device_name) or "cpu"; None asks torch."""
+    return _collect(device, world_size)[0]
+
+
+def _collect(device: str | None, world_size: int) -> tuple[dict, str | None]:
+    """(this launch's record, its git diff: None when the tree is clean or unknown)."""
+    if device is None:
+        import torch
+
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    git, diff = git_state()
+    record = {
+        "command": list(sys.argv), "overrides": hydra_overrides(), "git": git,
+        "versions": {**{key: _version(names) for key, names in DISTRIBUTIONS.items()},
+                     "python": platform.python_version()},
+        "device": device, "world_size": int(world_size),
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return record, diff
+
+
+def read(run_dir: str | Path) -> dict | None:
+    """The run's provenance record, or None for a run without one (older runs)."""
+    path = Path(run_dir) / FILE
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -> dict:
+    """Record this launch in <run_dir>/provenance.json (appended to `launches` when the run already has one).
+    Returns the whole record."""
+    run_dir = Path(run_dir)
+    record, diff = _collect(device, world_size)
+    try:
+        earlier = read(run_dir)
+    except (ValueError, OSError):  # cut short by a crash mid-write elsewhere: kept aside, never lost, never fatal
+        os.replace(run_dir / FILE, run_dir / f"{FILE}.unreadable")
+        earlier = None
+    launches = earlier.get("launches", [earlier]) if earlier else []
+    if diff is not None:
+        name = "provenance.diff" if not launches else f"provenance.launch{len(launches)}.diff"
+        _atomic_write(run_dir / name, diff)
+        record["git"]["diff_file"] = name
+    whole = {k: v for k, v in earlier.items() if k != "launches"} if earlier else dict(record)
+    whole["launches"] = [*launches, record]
+    _atomic_write(run_dir / FILE, json.dumps(whole, indent=1) + "\n")
+    return whole
+
+
+def command_line(record: dict, python: str = "python") -> list[str]:
+    """The command that makes this run again: the entry point and this job's overrides (a sweep's job gets its
+    own values, not the sweep's `-m a=1,2`). Records without Hydra overrides replay their argv."""
+    argv = record["command"]
+    if record.get("overrides") is None:
+        return [python, *argv]
+    # A Slurm job's argv is submitit's runner, not the script the sweep was launched with
+    script = argv[0] if argv and argv[0].endswith(".py") and "submitit" not in argv[0] else "train.py"
+    return [python, script, *record["overrides"]]
+
+
+def format_command(record: dict) -> str:
+    """command_line as one line a shell takes back."""
+    return shlex.join(command_line(record))

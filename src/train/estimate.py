@@ -1,0 +1,225 @@
+"""Memory and time of a run, estimated before anything is generated, read or allocated.
+
+Peak memory of one rank (bytes):
+
+    model    = 16 * parameters          fp32 weights 4 + gradients 4 + AdamW's two moments 8
+    saved    = micro_docs * ctx * n_layers * a * bytes      activations kept for the backward
+    logits   = 3 * min(micro_docs * ctx, 8192) * vocab * 4  one chunk of the fused loss (logits, softmax, grad)
+
+`a`, the elements saved per token per layer, is `d_model * (c_arch + 2 * mlp_ratio)` (c_arch = 8 for GPT-2: the
+two norms' inputs and outputs, q, k, v and the attention output; 16 for RWKV7's time mixing; 2 * mlp_ratio: the
+MLP's hidden pre- and post-activation; Korthikanti et al. 2022 count the same tensors) plus what the attention
+form keeps: `n_heads * ctx * 5` for the attention form of the CPU power/linear reference (scores, powers,
+normalizer over every key), `n_heads * 2 * window * 2` for the CPU window's masked blocks, a chunked form's states
+(`state_size / chunk` per token), RWKV7's time mixing `46 * d_model` (CPU chunked form) or `d_model` (FLA's
+chunk states). The constants were measured with torch.autograd.graph.saved_tensors_hooks (tests/train/test_estimate.py
+checks them within 30%). Against the README's measured CUDA peaks (experiment=paper, ctx 65536, bf16): GPT-2 small
+within 5%; RWKV7 small ~25% above the estimate (tensors autocast keeps in fp32). Softmax through SDPA (flash/cuDNN on CUDA, the flash kernel on CPU) and FlexAttention
+keep no score matrix. `bytes` is 2 under bf16 autocast, else 4. With activation checkpointing only each block's
+input is kept (`d_model` elements per token per layer) plus one block's activations while it is recomputed.
+
+Memory available: CUDA, 90% of the card's memory (the activation_checkpointing=auto probe's margin); CPU, the
+host's available memory (/proc/meminfo MemAvailable).
+
+Time: trainer.max_steps * tokens per step * training FLOPs per token (longctx.train.flops) over an assumed rate:
+CUDA, 35% of the card's bf16 peak (the README's measured MFUs are 25-42%); CPU, half this machine's fp32 matmul
+rate measured at start (the default run reaches about that on 2 idle cores). An estimate to catch the impossible, not a benchmark.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from omegaconf import DictConfig
+
+log = logging.getLogger("longctx")
+
+GIB = 2 ** 30
+ARCH_SAVED = {"gpt2": 10, "rwkv7": 19}
+LOSS_CHUNK = 8192          # tokens per chunk of the fused loss (models.common.nll_sum's chunk_tokens)
+CUDA_MFU, CPU_EFFICIENCY, CUDA_MEMORY_SHARE = 0.35, 0.5, 0.9
+GPT2_VOCAB = 50257
+
+
+@dataclass
+class Estimate:
+    parameters: int
+    model_bytes: float
+    activation_bytes: float
+    logits_bytes: float
+    available_bytes: float | None
+    seconds: float | None
+    micro_docs: int
+    checkpointing: bool
+
+    @property
+    def total_bytes(self) -> float:
+        return self.model_bytes + self.activation_bytes + self.logits_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.available_bytes is None or self.total_bytes <= self.available_bytes
+
+
+def data_vocab(cfg: DictConfig) -> int:
+    """The data's vocabulary without reading (or generating) any token: an ICL task's `vocab + 1` (BOS); a prepared
+    dataset's recorded vocab_size (its array metadata), GPT-2's when it cannot be read yet (its own check says why)."""
+    if cfg.data.name == "icl_markov":
+        return int(cfg.data.vocab) + 1
+    try:
+        from pathlib import Path
+
+        from longctx.data import dataset_info
+
+        return int(dataset_info(Path(str(cfg.data.path)).expanduser() / cfg.data.train_split)["vocab_size"])
+    except Exception:  # missing or unreadable data: resolve_splits reports it, naming the key
+        return GPT2_VOCAB
+
+
+def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointing: bool) -> tuple[float, float]:
+    """(elements kept per token per layer, elements of one block recomputed under checkpointing) (module docstring)."""
+    from longctx.kernels import default_chunk_size
+    from longctx.models.attention import attention_class
+    from longctx.models.common import state_cores
+
+    PowerAttention = attention_class("power")
+
+    spec, ctx = model.spec, cfg.ctx
+    block = spec.d_model * (ARCH_SAVED.get(spec.arch, 16) + 2 * spec.mlp_ratio)
+    cores = list(state_cores(model))  # RWKV7: its time mixing, then the attention core inside it
+    core = next((c for c in cores if isinstance(c, PowerAttention)), cores[0] if cores else None)
+    if isinstance(core, PowerAttention):
+        dtype = torch.bfloat16 if _bf16(cfg, device_type) else torch.float32
+        chunk = core.chunk_size or default_chunk_size(ctx, core.p, core.head_dim, device_type == "cuda", dtype)
+        if chunk is None and device_type != "cuda":
+            block += core.n_heads * ctx * 5
+        elif chunk is not None and chunk < ctx:
+            block += core.state_size(ctx) / chunk
+    elif spec.arch == "rwkv7" and spec.attention == "linear":  # its own time mixing: chunked delta rule
+        block += spec.d_model * (46 if device_type != "cuda" else 1)
+    elif spec.attention == "window" and device_type != "cuda" and ctx > cfg.window:
+        block += spec.n_heads * 2 * cfg.window * 2
+    if checkpointing:
+        return spec.d_model, block
+    return block, 0.0
+
+
+def _bf16(cfg: DictConfig, device_type: str) -> bool:
+    return cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and device_type == "cuda")
+
+
+def available_memory(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return CUDA_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None  # unknown: no refusal
+
+
+def cpu_matmul_rate(n: int = 1024, reps: int = 3) -> float:
+    """This machine's fp32 matmul FLOP/s: the fastest of a few 1024 x 1024 products (~0.1 s each; the fastest, since
+    a shared machine's other work only slows some of them)."""
+    a = torch.randn(n, n)
+    a @ a
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / max(best, 1e-9)
+
+
+def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
+             micro_docs: int | None = None, checkpointing: bool | None = None, available: float | None = None,
+             rate: float | None = None) -> Estimate:
+    """The run's memory (one rank) and time. `spec_for(data_vocab) -> ModelSpec`: the model the trainer builds for
+    that vocabulary; `micro_docs`/`checkpointing` override the config's, to try options."""
+    from longctx.models import build_model
+    from longctx.train.flops import flops_report, peak_bf16_flops
+
+    spec = spec_for(data_vocab(cfg))
+    with torch.device("meta"):  # shapes only: nothing allocated, no init time
+        model = build_model(spec)
+    params = sum(p.numel() for p in model.parameters())
+    local_docs = max(1, cfg.data.docs_per_batch // world_size)
+    micro = min(micro_docs or cfg.trainer.micro_docs or local_docs, local_docs)
+    if checkpointing is None:
+        checkpointing = cfg.trainer.activation_checkpointing is True
+    bytes_per = 2 if _bf16(cfg, device.type) else 4
+    kept, recomputed = saved_per_token_layer(model, cfg, device.type, checkpointing)
+    tokens = micro * cfg.ctx
+    activations = tokens * (spec.n_layers * kept + recomputed) * bytes_per
+    logits = 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4
+    seconds = None
+    if rate is None:
+        peak = peak_bf16_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        rate = (peak * CUDA_MFU * world_size if peak else None) if device.type == "cuda" \
+            else cpu_matmul_rate() * CPU_EFFICIENCY
+    if rate:
+        dtype = torch.bfloat16 if bytes_per == 2 else torch.float32
+        per_token = flops_report(model, cfg.ctx, device.type, dtype)["train_flops_per_token"]
+        seconds = cfg.trainer.max_steps * cfg.data.docs_per_batch * cfg.ctx * per_token / rate
+    if available is None:
+        available = available_memory(device)
+    return Estimate(params, 16.0 * params, activations, logits, available, seconds, micro, checkpointing)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.3g} GiB"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown (no peak known for this card)"
+    if seconds < 120:
+        return f"~{seconds:.0f} s"
+    return f"~{seconds / 60:.0f} min" if seconds < 7200 else f"~{seconds / 3600:.1f} h"
+
+
+def describe(est: Estimate, device_name: str) -> str:
+    avail = f" of {_gib(est.available_bytes)} available" if est.available_bytes is not None else ""
+    return (f"estimate: peak memory ~{_gib(est.total_bytes)}{avail} on {device_name} ({est.parameters / 1e6:.2f}M "
+            f"parameters with AdamW {_gib(est.model_bytes)}, activations {_gib(est.activation_bytes)} per micro-batch "
+            f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}); training time "
+            f"{_duration(est.seconds)} (formulas: longctx.train.estimate)")
+
+
+def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
+               device_name: str | None = None, **kwargs) -> Estimate:
+    """Say the estimate; raise ValueError (one line, naming what to set) when the run cannot fit the memory.
+    trainer.activation_checkpointing=auto on CUDA turns checkpointing on by itself when needed."""
+    device_name = device_name or (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    est = estimate(cfg, device, spec_for, world_size, **kwargs)
+    kwargs.update(available=est.available_bytes, rate=kwargs.get("rate"))  # measured once
+    if est.fits:
+        log.info(describe(est, device_name))
+        return est
+    auto = cfg.trainer.activation_checkpointing == "auto" and device.type == "cuda"
+    with_ckpt = estimate(cfg, device, spec_for, world_size, checkpointing=True, **kwargs)
+    if auto and with_ckpt.fits:
+        log.info(describe(with_ckpt, device_name) + "; trainer.activation_checkpointing=auto will turn it on")
+        return with_ckpt
+    need = (f"memory: this run needs ~{_gib(est.total_bytes)} on {device_name} but {_gib(est.available_bytes)} "
+            f"is available (ctx={cfg.ctx}, {est.micro_docs} docs per micro-batch, {est.parameters / 1e6:.2f}M "
+            f"parameters)")
+    if with_ckpt.fits:
+        raise ValueError(f"{need}; set trainer.activation_checkpointing=true (~{_gib(with_ckpt.total_bytes)})")
+    local_docs = max(1, cfg.data.docs_per_batch // world_size)
+    smaller_micros = [m for m in range(est.micro_docs - 1, 0, -1) if local_docs % m == 0]
+    for micro in smaller_micros:  # the largest micro-batch that fits, without recomputation if it can
+        for ckpt in dict.fromkeys((est.checkpointing, True)):
+            smaller = estimate(cfg, device, spec_for, world_size, micro_docs=micro, checkpointing=ckpt, **kwargs)
+            if smaller.fits:
+                also = " and trainer.activation_checkpointing=true" if ckpt and not est.checkpointing else ""
+                raise ValueError(f"{need}; set trainer.micro_docs={micro}{also} (~{_gib(smaller.total_bytes)})")
+    least = estimate(cfg, device, spec_for, world_size, micro_docs=1, checkpointing=True, **kwargs)
+    raise ValueError(f"{need}; even trainer.micro_docs=1 with trainer.activation_checkpointing=true needs "
+                     f"~{_gib(least.total_bytes)}: a smaller ctx or model")

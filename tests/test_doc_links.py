@@ -1,0 +1,92 @@
+"""What the docs point at exists: every repository path named in README.md and docs/*.md (links, `code`, commands),
+every link's #anchor, and every README section cited by its title (`README.md, "Training speed (H200)"`).
+URLs and placeholders (runs/RUN, <name>, *, ...) are not paths."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+ROOTS = ("src/", "scripts/", "tools/", "tests/", "conf/", "docs/")
+TOP_FILES = {"train.py", "pyproject.toml", ".gitignore"}
+TOP_DOC = re.compile(r"[A-Z]+\.md")  # README.md, CHANGELOG.md, ...: at the top of the repository
+PLACEHOLDER = re.compile(r"[<>*{}$|]|\.\.\.|\bRUN\b|\bNAME\b|\bDIR\b|\bFILE\b|XXXX|/[a-z]\.\w+$")  # .../x.json
+CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CITED_SECTION = re.compile(r"README(?:\.md)?(?:'s)?,?\s+\"([^\"]+)\"")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def headings(path: Path) -> list[str]:
+    text = CODE.sub("", path.read_text()) if path.suffix == ".md" else ""
+    return [line.lstrip("#").strip() for line in text.splitlines() if re.match(r"#{1,6} ", line)]
+
+
+def named_paths(text: str) -> set[str]:
+    """Repository-looking paths in code spans, code blocks and commands: tokens starting at a known top folder or
+    naming a top-level file, with trailing punctuation, `:line` and `::test` suffixes cut."""
+    found = set()
+    for span in CODE.findall(text):
+        for token in re.split(r"[\s`'\"(),;=\[\]]+", span):
+            token = token.split("::")[0].rstrip(".:,")
+            token = re.sub(r":\d+(-\d+)?$", "", token)
+            if PLACEHOLDER.search(token) or "//" in token:
+                continue
+            if token.startswith(ROOTS) or token in TOP_FILES or TOP_DOC.fullmatch(token):
+                found.add(token)
+    prose = re.sub(r"https?://\S+", "", text)
+    found |= set(re.findall(r"(?<![\w/.])[A-Z]+\.md\b", prose))  # "the formula of DESIGN.md"
+    return found
+
+
+def source_cases():
+    """Code and docstrings cite documents too: every `NAME.md` and `docs/*.md` a source file names."""
+    for path in sorted(p for folder in ("src", "scripts", "tools") for p in (REPO / folder).rglob("*.py")):
+        for name in sorted(set(re.findall(r"\b(docs/[\w./-]+\.md|[A-Z]+\.md)\b", path.read_text()))):
+            yield pytest.param(path, "path", name, id=f"{path.relative_to(REPO)}:{name}")
+
+
+def cases():
+    yield from source_cases()
+    for doc in DOCS:
+        text = doc.read_text()
+        for path in sorted(named_paths(text)):
+            yield pytest.param(doc, "path", path, id=f"{doc.name}:{path}")
+        for target in sorted(set(LINK.findall(CODE.sub("", text)))):
+            if re.match(r"[a-z]+:", target) or PLACEHOLDER.search(target):
+                continue
+            yield pytest.param(doc, "link", target, id=f"{doc.name}:({target})")
+        for section in sorted(set(CITED_SECTION.findall(text))):
+            yield pytest.param(doc, "section", section, id=f"{doc.name}:README \"{section}\"")
+
+
+@pytest.mark.parametrize("doc, kind, target", list(cases()))
+def test_what_the_docs_name_exists(doc, kind, target):
+    if kind == "path":
+        assert (REPO / target).exists(), f"{doc.relative_to(REPO)} names {target}, which is not in the repository"
+    elif kind == "link":
+        file, _, anchor = target.partition("#")
+        path = (doc.parent / file).resolve() if file else doc
+        assert path.exists(), f"{doc.relative_to(REPO)} links to {target}: no such file"
+        if anchor:
+            assert anchor in {slug(h) for h in headings(path)}, f"{doc.relative_to(REPO)} links to {target}: no such section"
+    else:
+        assert target in headings(REPO / "README.md"), f"{doc.relative_to(REPO)} cites README's \"{target}\": no such section"
+
+
+def test_the_checks_see_what_they_should():
+    """The extraction itself, on a known text."""
+    text = ("see `src/models/gpt2.py:12`, `python scripts/flops.py ctx=1` and `runs/RUN/metrics.jsonl`, "
+            "`tests/xy.py::test_a`, `docs/results/x.json`, (README.md, \"Main overrides\") [a](docs/kernels.md#x) https://a.b/src/c.py https://x.y/NOTES.md")
+    assert named_paths(text + " `DESIGN.md`") == {"src/models/gpt2.py", "scripts/flops.py", "tests/xy.py", "DESIGN.md",
+                                                "README.md"}
+    assert CITED_SECTION.findall(text) == ["Main overrides"]
+    assert slug("Training speed (H200)") == "training-speed-h200"

@@ -1,0 +1,127 @@
+"""The memory estimate before training: its activation formula against the tensors autograd really keeps, and the
+refusal that names what to set, said before any data is generated."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from longctx.models import build_model
+from longctx.train.estimate import GIB, check_fits, estimate
+from longctx.train.trainer import model_spec, model_vocab_size
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+KNOWN = {"rate": 1e9}  # no matmul timing in these tests
+
+
+def spec_for(cfg):
+    return lambda vocab: model_spec(cfg, model_vocab_size(vocab))
+
+
+def saved_bytes(cfg, docs: int) -> int:
+    """Bytes of the tensors one forward keeps for its backward (parameters excluded), each storage counted once."""
+    torch.manual_seed(0)
+    model = build_model(model_spec(cfg, model_vocab_size(cfg.data.vocab + 1)))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randint(0, model.spec.vocab_size, (docs, cfg.ctx))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, x, reduction="sum")
+    return sum(n for ptr, n in kept.items() if ptr not in params)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["ctx=256"],
+    ["ctx=256", "attention=power"],                       # the CPU reference's attention form: quadratic
+    ["ctx=512", "model.d_model=128", "model.n_heads=2"],
+    ["ctx=512", "attention=window", "window=64"],
+    ["ctx=256", "arch=rwkv7", "model.d_model=256", "model.n_heads=4"],
+    ["ctx=256", "arch=rwkv7", "attention=linear", "model.d_model=256", "model.n_heads=4"],
+], ids=lambda o: " ".join(o))
+def test_activation_formula_matches_what_autograd_keeps(compose, overrides):
+    cfg = compose("run_dir=unused", "data.docs_per_batch=2", "trainer.num_threads=2", *overrides)
+    est = estimate(cfg, CPU, spec_for(cfg), available=1e15, **KNOWN)
+    measured = saved_bytes(cfg, 2)
+    assert 0.7 < measured / est.activation_bytes < 1.3, (measured, est.activation_bytes)
+    assert est.model_bytes == 16 * sum(p.numel() for p in build_model(model_spec(
+        cfg, model_vocab_size(cfg.data.vocab + 1))).parameters())
+
+
+def test_refusal_names_what_to_set(compose):
+    cfg = compose("run_dir=unused", "ctx=4096", "data.docs_per_batch=32")
+    full = estimate(cfg, CPU, spec_for(cfg), available=1e15, **KNOWN)
+    ckpt = estimate(cfg, CPU, spec_for(cfg), checkpointing=True, available=1e15, **KNOWN)
+    assert ckpt.total_bytes < full.total_bytes
+    assert check_fits(cfg, CPU, spec_for(cfg), available=full.total_bytes * 1.01, **KNOWN).fits
+    with pytest.raises(ValueError, match=r"^memory: .*set trainer.activation_checkpointing=true \("):
+        check_fits(cfg, CPU, spec_for(cfg), available=(full.total_bytes + ckpt.total_bytes) / 2, **KNOWN)
+    eighth = estimate(cfg, CPU, spec_for(cfg), micro_docs=4, checkpointing=True, available=1e15, **KNOWN)
+    with pytest.raises(ValueError, match=r"set trainer.micro_docs=4 and trainer.activation_checkpointing=true"):
+        check_fits(cfg, CPU, spec_for(cfg), available=eighth.total_bytes * 1.01, **KNOWN)
+    with pytest.raises(ValueError, match=r"even trainer.micro_docs=1 .*: a smaller ctx or model$"):
+        check_fits(cfg, CPU, spec_for(cfg), available=full.model_bytes, **KNOWN)
+
+
+def test_time_estimate_is_steps_times_tokens_times_flops_over_the_rate(compose):
+    from longctx.train.flops import flops_report
+
+    cfg = compose("run_dir=unused", "trainer.max_steps=10")
+    with torch.device("meta"):
+        model = build_model(model_spec(cfg, model_vocab_size(cfg.data.vocab + 1)))
+    per_token = flops_report(model, cfg.ctx, "cpu", torch.float32)["train_flops_per_token"]
+    est = estimate(cfg, CPU, spec_for(cfg), rate=2e9, available=1e15)
+    assert est.seconds == pytest.approx(10 * cfg.data.docs_per_batch * cfg.ctx * per_token / 2e9)
+
+
+def test_a_run_that_cannot_fit_is_refused_before_any_data_is_generated(train_env, compose, tmp_path):
+    cfg = compose("run_dir=unused", "ctx=100000", "device=cpu")
+    est = estimate(cfg, CPU, spec_for(cfg))
+    if est.fits:  # a host with that much memory: the estimate says it fits (nothing to refuse)
+        pytest.skip(f"ctx=100000 fits this host: ~{est.total_bytes / GIB:.1f} GiB of "
+                    f"{est.available_bytes / GIB:.1f} GiB")
+    env = {**train_env, "LONGCTX_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "ctx=100000", "device=cpu",
+                          f"hydra.run.dir={tmp_path / 'run'}"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: memory: this run needs ~"), out.stderr
+    assert "trainer.activation_checkpointing=true" in lines[0] or "trainer.micro_docs=" in lines[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()  # nothing written, nothing generated
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overrides", [["attention=exp"], ["attention=power", "p=2"], ["attention=window"],
+                                       ["arch=rwkv7", "attention=power", "p=2"]], ids=lambda o: " ".join(o))
+def test_cuda_estimate_against_a_measured_step(compose, overrides):
+    """One training step of GPT-2/RWKV7 small at ctx 16384 (bf16 autocast, AdamW): the measured peak of the CUDA
+    allocator against the estimate's total."""
+    cfg = compose("run_dir=unused", "model=small", "ctx=16384", "data.doc_len=16384", "data.docs_per_batch=2",
+                  "trainer.activation_checkpointing=false", *overrides)
+    device = torch.device("cuda")
+    est = estimate(cfg, device, spec_for(cfg), available=1e15, rate=1e12)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    model = build_model(spec_for(cfg)(cfg.data.vocab + 1)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, model.spec.vocab_size, (2, cfg.ctx), device=device)
+    for _ in range(2):  # the second step has AdamW's moments allocated
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, x, reduction="sum")
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated(device) - start
+    del model, optimizer, loss
+    torch.cuda.empty_cache()
+    assert 0.6 < peak / est.total_bytes < 1.5, (peak / GIB, est.total_bytes / GIB)

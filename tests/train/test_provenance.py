@@ -1,0 +1,135 @@
+"""provenance.json: what a run folder records of how it was made, and the command that makes it again."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from longctx import provenance
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK = ["trainer.max_steps=2", "trainer.eval_every=2"]
+
+
+def train(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def config_without_run_dir(run_dir: Path) -> dict:
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg.pop("run_dir")
+    return cfg
+
+
+def test_a_run_records_its_command_and_reruns_to_the_same_config(train_env, tiny, tmp_path):
+    first = tmp_path / "first"
+    args = [*tiny, *QUICK, "attention=power", "optim.lr=0.002"]
+    out = train([*args, f"hydra.run.dir={first}"], train_env)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    record = provenance.read(first)
+    assert record["overrides"] == args  # Hydra's own record of the job's overrides; hydra.* kept apart
+    assert record["command"][1:] == [*args, f"hydra.run.dir={first}"]
+    assert record["device"] == "cpu" and record["world_size"] == 1
+    assert record["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert record["versions"]["torch"] is not None and record["versions"]["torch"].split("+")[0] in \
+        __import__("torch").__version__
+    git = record["git"]
+    if git["commit"] is not None:  # the code runs from a git checkout
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert git["commit"] == head.stdout.strip()
+        assert (git["diff_file"] is not None) == git["dirty"]
+        if git["dirty"]:
+            assert (first / git["diff_file"]).read_text().startswith("diff --git")
+    assert len(record["launches"]) == 1 and record["launches"][0]["time"] == record["time"]
+
+    # The reconstructed command (entry point + the job's overrides) trains the same config elsewhere.
+    command = provenance.command_line(record, python=sys.executable)
+    second = tmp_path / "second"
+    again = subprocess.run([*command, f"hydra.run.dir={second}"], env=train_env, cwd=REPO, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert config_without_run_dir(second) == config_without_run_dir(first)
+
+    # A resumed launch appends its own record; the first one stays as it was.
+    more = train([*args, "trainer.max_steps=4", "trainer.resume=true", f"hydra.run.dir={first}"], train_env)
+    assert more.returncode == 0, more.stderr[-3000:]
+    resumed = provenance.read(first)
+    assert {k: v for k, v in resumed.items() if k != "launches"} == {k: v for k, v in record.items()
+                                                                    if k != "launches"}
+    assert resumed["launches"][0] == record["launches"][0]
+    assert resumed["launches"][1]["overrides"] == [*args, "trainer.max_steps=4", "trainer.resume=true"]
+
+
+def test_outside_a_git_tree_git_is_null(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "CODE_DIR", tmp_path)  # not a git tree
+    whole = provenance.write(tmp_path, device="cpu")
+    assert whole["git"] == {"commit": None, "dirty": None, "diff_file": None}
+    assert provenance.read(tmp_path) == whole
+
+
+def test_no_git_program_is_null(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `git` to run
+    assert provenance.git_state() == ({"commit": None, "dirty": None, "diff_file": None}, None)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_dirty_tree_leaves_each_launch_its_diff(tmp_path, monkeypatch):
+    code = tmp_path / "code"
+    code.mkdir()
+    source = code / Path(provenance.__file__).name
+    source.write_text("x = 1\n")
+    _git(code, "init", "-q")
+    _git(code, "add", ".")
+    _git(code, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    monkeypatch.setattr(provenance, "CODE_DIR", code)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    clean = provenance.write(run_dir, device="cpu")
+    assert clean["git"] == {"commit": _git(code, "rev-parse", "HEAD").strip(), "dirty": False, "diff_file": None}
+    source.write_text("x = 2\n")
+    dirty = provenance.write(run_dir, device="cpu", world_size=4)
+    assert dirty["launches"][0] == clean["launches"][0] and len(dirty["launches"]) == 2
+    second = dirty["launches"][1]
+    assert second["git"]["dirty"] is True and second["world_size"] == 4
+    diff = (run_dir / second["git"]["diff_file"]).read_text()
+    assert "-x = 1" in diff and "+x = 2" in diff
+    assert json.loads((run_dir / "provenance.json").read_text()) == dirty
+
+
+@pytest.mark.parametrize("overrides, argv, expected", [
+    (["seed=1", "ctx=64"], ["train.py", "-m", "seed=0,1", "ctx=64"], ["python", "train.py", "seed=1", "ctx=64"]),
+    (None, ["scripts/x.py", "--a", "1"], ["python", "scripts/x.py", "--a", "1"]),
+    (["seed=1"], ["/venv/lib/python3.11/site-packages/submitit/core/_submit.py", "/multirun/.submitit/1"],
+     ["python", "train.py", "seed=1"]),  # a Slurm job: submitit's runner ran the task
+])
+def test_command_line_replays_the_jobs_own_overrides(overrides, argv, expected):
+    assert provenance.command_line({"command": argv, "overrides": overrides}) == expected
+    assert shlex.split(provenance.format_command({"command": argv, "overrides": overrides})) == expected
+
+
+def test_an_unreadable_record_is_kept_aside(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "CODE_DIR", tmp_path)
+    (tmp_path / "provenance.json").write_text('{"command": ["tr')  # cut short
+    whole = provenance.write(tmp_path, device="cpu")
+    assert len(whole["launches"]) == 1
+    assert (tmp_path / "provenance.json.unreadable").read_text() == '{"command": ["tr'
+
+
+def test_collect_describes_this_process():
+    record = provenance.collect()
+    assert record["command"] == sys.argv and record["world_size"] == 1
+    torch = pytest.importorskip("torch")
+    assert record["device"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    assert set(record["versions"]) == {"torch", "triton", "fla", "longctx", "python"}
+    assert set(record["git"]) == {"commit", "dirty", "diff_file"}

@@ -1,0 +1,95 @@
+"""Run names say what runs, and a sweep's folders are keyed by them: a relaunched sweep resumes, never duplicates."""
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from longctx import naming
+from longctx.naming import override_suffix, run_name
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_model_part_is_the_shape_that_runs(compose):
+    assert compose().run_name == "gpt2_exp_d64l3_icl_markov_ctx128_s0"  # model=tiny: d_model 64, 3 layers
+    cfg = compose("+experiment/size=d256l4", "model.d_model=32", "model.n_layers=1")
+    assert cfg.model.name == "d256l4"  # the preset's tag, no longer true ...
+    assert cfg.run_name.startswith("gpt2_exp_d32l1_")  # ... the name says the shape
+
+
+def test_attention_parameters_and_seed_are_named(compose):
+    assert compose("attention=power", "p=4", "seed=3").run_name == "gpt2_power_p4_d64l3_icl_markov_ctx128_s3"
+    assert compose("arch=rwkv7", "attention=window", "window=64").run_name.startswith("rwkv7_window64_")
+
+
+def test_a_prepared_dataset_is_named_by_its_folder(compose, tmp_path):
+    cfg = compose("data=longcrawl64", f"data.path={tmp_path / 'pages'}", "ctx=1024")
+    assert cfg.run_name == "gpt2_exp_d64l3_pages_ctx1024_s0"
+    assert compose("data=longcrawl64", f"data.path={tmp_path / 'pages'}", "data.tag=web").run_name.split("_")[3] \
+        == "web"  # a tag the user set wins
+    assert compose("data=icl_markov_long").run_name.split("_d64l3_")[1] == "icl_markov_long_ctx128_s0"
+
+
+def test_other_overrides_that_change_training_are_appended(compose):
+    overrides = ["optim.lr=1e-3", "attention.gating=false", "ctx=64", "trainer.max_steps=9", "logger.wandb.mode=x",
+                 "+experiment/size=d128l2", "data.docs_per_batch=8", "hydra.run.dir=/a/b"]
+    assert override_suffix(overrides) == "_gatingfalse_docs_per_batch8_lr1e-3"
+    assert override_suffix(list(reversed(overrides))) == override_suffix(overrides)  # order of typing: same run
+    cfg = compose("attention=power")
+    assert run_name(cfg, ["optim.lr=1e-3"]) != run_name(cfg, ["optim.lr=3e-3"])
+    assert run_name(cfg, ["trainer.max_steps=100"]) == run_name(cfg, [])  # training further continues the run
+
+
+def sweep(folder: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), "-m", f"hydra.sweep.dir={folder}", *args],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
+def test_relaunching_part_of_a_sweep_trains_nothing_twice(train_env, tiny, tmp_path):
+    folder = tmp_path / "sweep"
+    args = [*tiny, "trainer.max_steps=2", "trainer.eval_every=2"]
+    first = sweep(folder, [*args, "seed=0,1"], train_env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    names = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    suffix = "_docs_per_batch8_train_tokens262144"  # the tiny overrides that change the data and batch
+    assert names == [f"gpt2_exp_d64l3_icl_markov_ctx64_s{s}{suffix}" for s in (0, 1)]
+    done = folder / names[1] / "metrics.jsonl"
+    before = done.read_bytes(), done.stat().st_mtime_ns
+
+    again = sweep(folder, [*args, "seed=1,2"], train_env)  # a subset (seed 1) plus a new job (seed 2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == \
+        [f"gpt2_exp_d64l3_icl_markov_ctx64_s{s}{suffix}" for s in (0, 1, 2)]
+    assert (done.read_bytes(), done.stat().st_mtime_ns) == before  # seed 1 was not trained again
+    assert "is complete (step 2 of trainer.max_steps=2); nothing to do" in again.stdout
+    assert [json.loads(x)["step"] for x in (folder / names[1].replace("_s1_", "_s2_") / "metrics.jsonl")
+            .read_text().splitlines()] == [2]
+
+
+def sweep_points():
+    """(experiment, the overrides of one job) for every job of every shipped experiment's sweep."""
+    for path in sorted((REPO / "conf" / "experiment").glob("*.yaml")):
+        params = (yaml.safe_load(path.read_text()).get("hydra") or {}).get("sweeper", {}).get("params")
+        if not params:
+            continue
+        axes = [[f"{key}={v}" for v in str(values).split(",")] for key, values in params.items()]
+        for point in itertools.product(*axes):
+            yield path.stem, list(point)
+
+
+def test_every_shipped_sweep_gives_each_job_its_own_folder(compose, monkeypatch):
+    """Sweep folders are keyed by the run name: two jobs of one sweep with one name would share a folder."""
+    names = {}
+    for experiment, point in sweep_points():
+        data = ["data.path=/data/lc64"] if experiment.endswith("_paper") else []
+        overrides = [f"experiment={experiment}", *data, *point]
+        monkeypatch.setattr(naming, "task_overrides", lambda overrides=overrides: overrides)  # as in a Hydra job
+        names.setdefault(experiment, []).append(compose(*overrides).run_name)
+    assert len(names) >= 10
+    for experiment, jobs in names.items():
+        assert len(set(jobs)) == len(jobs), (experiment, jobs)
