@@ -60,8 +60,19 @@ def codec(name: str | None):
 
 
 def run_codec(cfg):
-    """The run's text tokenizer as (encode, decode), or None where its data has no text (loaded only for --prompt).
-    The one place that maps a run to its tokenizer: a loader of the data package's own can replace the body."""
+    """The run's text tokenizer as (encode, decode), or None where its data has no text (loaded only for --prompt):
+    the dataset's own (a prepared corpus's BPE `tokenizer.json`, bytes; `longctx.data.load_tokenizer`, offline)
+    where the data is on this machine, else the one its data's name implies."""
+    path = cfg.data.get("path") if cfg.data.name != "icl_markov" else None
+    if path and Path(str(path)).expanduser().is_dir():
+        from longctx.data import load_tokenizer
+        try:
+            tok = load_tokenizer(Path(str(path)).expanduser())
+        except ValueError:  # synthetic data: ids without text
+            return None
+        except RuntimeError as err:  # GPT-2's tiktoken vocabulary not on this machine: one line, with the way out
+            raise ValueError(f"--prompt: {err}; or give --prompt-ids") from None
+        return tok.encode, tok.decode
     return codec(tokenizer_name(cfg))
 
 

@@ -164,14 +164,23 @@ def test_tokenizer_never_saw_the_heldout_packages(source_dataset):
 def test_train_cli_runs_on_the_source_corpus(source_dataset, train_env, tmp_path):
     _, out, _ = source_dataset
     r = subprocess.run([sys.executable, str(REPO / "train.py"), "data=source_corpus", f"data.path={out}", "ctx=256",
-                        "trainer.max_steps=2", "trainer.eval_every=2", "data.docs_per_batch=4", "data.eval_docs=4",
-                        "logger.wandb.mode=disabled", "trainer.num_threads=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                        "trainer.max_steps=2", "trainer.eval_every=2", "optim.warmup_steps=1", "data.docs_per_batch=4",
+                        "data.eval_docs=4", "logger.wandb.mode=disabled", "trainer.num_threads=2", f"hydra.run.dir={tmp_path / 'run'}"],
                        env=train_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["step"] == 2 and np.isfinite(records[-1]["best_context_loss"])
     assert records[-1]["icl_curve"][-1][1] == 256
     assert records[-1]["best_context_loss"] < np.log(600) + 0.5  # a 600-token vocabulary, barely trained
+    # the run generates decoded text with the dataset's own tokenizer, offline (no tokenizer download exists here)
+    g = subprocess.run([sys.executable, "-m", "longctx.generate", str(tmp_path / "run"), "--prompt", "def build(",
+                        "--max-new-tokens", "6", "--temperature", "0", "--device", "cpu"],
+                       env=dict(train_env, HF_HUB_OFFLINE="1"), cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
+    assert g.returncode == 0, g.stderr[-3000:]
+    text, speed = g.stdout.rsplit("\n6 tokens in ", 1)  # the continuation as text, then the speed line
+    assert text.strip() and not text.replace(",", " ").split()[0].isdigit(), g.stdout  # decoded text, not ids
+    assert "tokens/s" in speed
 
 
 def test_package_mode_arguments(tmp_path, capsys):
