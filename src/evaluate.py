@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from longctx import provenance
 from longctx.data import dataset_info, heldout_batch
 from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, eval_line, retrieval_line,
                           run_retrieval, write_doc_record)
@@ -411,6 +412,12 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     out = Path(rec["out"])
+    try:
+        differs = provenance.differences_from_now(provenance.read(rec["run_dir"]))
+    except (ValueError, OSError):  # an unreadable record says nothing; the evaluation stands on its own
+        differs = {}
+    for key, (then, now) in differs.items():  # a result today may owe something to code the run was not trained with
+        print(f"note: the run was trained with {key}={then}; this evaluation runs {now}")
     if rec["task"] == "heldout":
         print(f"step {rec['step']} at ctx {rec['ctx']} (trained at {rec['train_ctx']}), {rec['docs']} docs: "
               f"{eval_line(rec)}")

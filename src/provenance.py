@@ -139,3 +139,16 @@ def command_line(record: dict, python: str = "python") -> list[str]:
 def format_command(record: dict) -> str:
     """command_line as one line a shell takes back."""
     return shlex.join(command_line(record))
+
+
+def differences_from_now(record: dict | None) -> dict[str, tuple]:
+    """{key: (then, now)} for the package versions and git commit of the run's latest launch that differ from this
+    process's: what evaluating or reporting a run today may owe to code it was not trained with. Empty for a record
+    that is missing (older runs) or the same."""
+    if not record:
+        return {}
+    then = (record.get("launches") or [record])[-1]
+    now, _ = _collect("cpu", 1)
+    pairs = {f"versions.{k}": (then.get("versions", {}).get(k), v) for k, v in now["versions"].items()}
+    pairs["git.commit"] = ((then.get("git") or {}).get("commit"), now["git"]["commit"])
+    return {k: (a, b) for k, (a, b) in pairs.items() if a != b and a is not None and b is not None}

@@ -133,3 +133,19 @@ def test_collect_describes_this_process():
     assert record["device"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     assert set(record["versions"]) == {"torch", "triton", "fla", "longctx", "python"}
     assert set(record["git"]) == {"commit", "dirty", "diff_file"}
+
+
+def test_differences_from_now_name_each_version_and_commit_that_changed(tmp_path, monkeypatch):
+    """The latest launch's versions and commit against this process's: only what differs, both values; a run without
+    a record (older runs) or with unknown values says nothing."""
+    now = provenance.collect("cpu")
+    then = json.loads(json.dumps(now))
+    assert provenance.differences_from_now(then) == {}
+    assert provenance.differences_from_now(None) == {}
+    then["versions"]["torch"] = "0.0.1"
+    then["git"]["commit"] = "0" * 40 if now["git"]["commit"] else None
+    record = {**now, "launches": [now, then]}  # the latest launch is the one compared
+    differs = provenance.differences_from_now(record)
+    assert differs["versions.torch"] == ("0.0.1", now["versions"]["torch"])
+    assert ("git.commit" in differs) == (now["git"]["commit"] is not None)
+    assert set(differs) <= {"versions.torch", "git.commit"}
