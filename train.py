@@ -28,13 +28,15 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 def main(cfg: DictConfig) -> None:
     from longctx.train.checkpoint import CheckpointWriteError
     from longctx.train.config import resolve_resume
+    from longctx.train.stages import StagedRun
     from longctx.train.trainer import Trainer
 
     hydra_cfg = HydraConfig.get()
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if "/" not in group}
     cfg.trainer.resume = resolve_resume(cfg.trainer.resume, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
     try:
-        trainer = Trainer(cfg, choices)  # every check of the config, data and checkpoint happens here
+        # every check of the config, data and checkpoint happens here; trainer.stages: every stage's config too
+        trainer = (StagedRun if cfg.trainer.get("stages") else Trainer)(cfg, choices)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

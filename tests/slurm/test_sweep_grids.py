@@ -115,3 +115,43 @@ def test_real_grids_need_data_path():
                                     ".ci/slurm_setup.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(REPO / script)], check=True, timeout=30)
+
+
+# ----- the small experiments' grids (scripts/slurm/sweep_experiment.sh NAME: `train.py -m experiment=NAME`) -----
+EXPERIMENT_SWEEP = REPO / "scripts" / "slurm" / "sweep_experiment.sh"
+# experiment -> points with one seed; every point runs the staged recipe (its last stage's context)
+EXPERIMENT_GRIDS = {"attention_equal_state": (6, {4096}), "best_context_table": (3, {1024, 4096}),
+                    "attention_long_context": (4, {16384}), "flops_frontier": (6, {16384}),
+                    "context_scaling": (12, {1024, 4096, 16384}), "reshape_ablation": (6, {1024, 2048, 4096}),
+                    "icl_vs_batch": (3, {4096}), "icl_vs_params": (3, {4096})}
+
+
+def _experiment_grid(name: str, *extra: str) -> tuple[list[str], list[list[str]]]:
+    """The command sweep_experiment.sh prints for `name`, and every point of its sweep (the experiment's own axes
+    from hydra.sweeper.params, then the command line's)."""
+    out = subprocess.run(["bash", str(EXPERIMENT_SWEEP), name, "--launcher", "slurm", "--dry-run", *extra], cwd=REPO,
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    (cmd,) = [shlex.split(line) for line in out.splitlines() if line.strip()]
+    params = _compose([f"experiment={name}"]).hydra.sweeper.params
+    own = [f"{key}={value}" for key, value in params.items()]
+    return cmd, _points(own + [o for o in cmd[4:] if "," in o])
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENT_GRIDS))
+def test_experiment_grid_composes_every_point_staged(name):
+    """Every point of a small experiment's grid composes with its Slurm launcher and runs the staged recipe: a first
+    stage at ctx 1024 from scratch, the point's own context last; three seeds triple the grid."""
+    size, contexts = EXPERIMENT_GRIDS[name]
+    cmd, points = _experiment_grid(name)
+    assert cmd[1:5] == ["train.py", "-m", f"experiment={name}", "hydra/launcher=submitit_slurm"], cmd
+    assert len(points) == size
+    seen = set()
+    for point in points:
+        cfg = _compose([f"experiment={name}", *[o for o in cmd[4:] if "," not in o], *point])
+        assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.gpus_per_node == 1
+        assert cfg.logger.wandb.group == name and cfg.arch.token_shift is True
+        stages = list(cfg.trainer.stages)
+        assert len(stages) >= 2 and stages[-1] == {} and stages[0]["ctx"] == 1024
+        seen.add(cfg.ctx)
+    assert seen == contexts
+    assert len(_experiment_grid(name, "seed=0,1,2")[1]) == 3 * size

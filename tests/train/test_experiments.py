@@ -1,47 +1,60 @@
-"""conf/experiment: every recipe composes, every sweep point composes and means what its name says, and the small
-experiments run end to end on CPU (tiny sizes, a few steps), one of them through `train.py -m` as a user types it."""
+"""conf/experiment and staged training: every recipe composes, every sweep point composes and means what its name
+says, every small sweep runs the calibrated staged recipe, and each small experiment runs end to end on CPU
+through `train.py -m experiment=NAME +experiment/scale=cpu_tiny` (every point, every stage; a relaunch trains
+nothing again)."""
 from __future__ import annotations
 
 import itertools
-import os
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
 from longctx.models import build_model
 from longctx.train.config import validate
-from longctx.train.trainer import Trainer, model_spec
+from longctx.train.stages import INDEX, StagedRun, final_stage_dir, plan
+from longctx.train.trainer import model_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
-RECIPES = ("paper", "icl_small", "paper_scale")  # bases the sweeps start from (no sweep of their own)
+# bases the sweeps start from (no sweep of their own)
+RECIPES = ("paper", "icl_small", "paper_scale", "icl_curriculum", "icl_token_shift")
 SWEEPS = [e for e in EXPERIMENTS if e not in RECIPES]
 SMALL = [e for e in SWEEPS if not e.endswith("_paper")]
-# Tiny sizes for CPU: any point of a small sweep trains for 2 steps in seconds.
-TINY = ["trainer.max_steps=2", "trainer.eval_every=2", "logger.wandb.mode=disabled", "trainer.num_threads=2",
-        "data.doc_len=128", "data.train_tokens=4096", "data.n_heldout=8", "data.eval_docs=4",
-        "data.docs_per_batch=4", "ctx=64", "model.d_model=64", "model.n_heads=1", "model.n_layers=1",
-        "device=cpu", "optim.warmup_steps=1"]
+# each small sweep's paper-scale counterpart
+PAPER_OF = {"attention_long_context": "attention_equal_state_paper"}
+# points of each small sweep (one seed)
+POINTS = {"attention_equal_state": 6, "best_context_table": 3, "attention_long_context": 4, "flops_frontier": 6,
+          "context_scaling": 12, "reshape_ablation": 6, "icl_vs_batch": 3, "icl_vs_params": 3}
+CPU_TINY = "+experiment/scale=cpu_tiny"
 
 
-def sweep_points(compose, name: str) -> list[list[str]]:
+def sweep_points(name: str, *extra: str) -> list[list[str]]:
     """The overrides of every job of `train.py -m experiment=<name>` (the cartesian product of its sweep)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = hydra_compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        cfg = hydra_compose("config", overrides=[f"experiment={name}", *extra], return_hydra_config=True)
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     axes = [[f"{k}={v.strip()}" for v in str(vals).split(",")] for k, vals in params.items()]
     return [list(p) for p in itertools.product(*axes)]
 
 
-def test_at_least_six_experiments_each_small_and_paper_scale():
-    assert len(SWEEPS) >= 12
+def _state(cfg) -> int:
+    import torch
+    with torch.device("meta"):
+        return build_model(model_spec(cfg, 65)).state_size(cfg.ctx)
+
+
+# ----- composition ------------------------------------------------------------------------------------------
+def test_every_small_experiment_has_a_paper_scale_one():
+    assert len(SWEEPS) >= 12 and set(POINTS) == set(SMALL)
     for name in SMALL:
-        assert f"{name}_paper" in SWEEPS, f"{name} has no paper-scale config"
+        assert PAPER_OF.get(name, f"{name}_paper") in SWEEPS, f"{name} has no paper-scale config"
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -49,26 +62,71 @@ def test_experiment_composes_and_validates(compose, name):
     cfg = compose(f"experiment={name}", "run_dir=unused")
     OmegaConf.to_container(cfg, resolve=True)
     validate(cfg)
+    if cfg.trainer.stages:
+        plan(cfg)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_starts_with_its_claim_and_command(name):
+    """The header comment: the setting, the run command; a sweep also the time per point."""
+    head = [line for line in (REPO / "conf" / "experiment" / f"{name}.yaml").read_text().splitlines()[1:]
+            if line.startswith("#")]
+    text = "\n".join(head)
+    assert "python train.py" in text and f"experiment={name}" in text
+    if name in SMALL:
+        assert "H200" in text and "min" in text, "a small sweep states its time per point"
+
+
+def _check_staged_recipe(cfg) -> None:
+    """A small sweep's point: the token shift on, a first stage of 400 updates at ctx 1024 x 512 documents (524,288
+    tokens), the last stage the point's own config, each later stage from the previous stage's weights."""
+    assert cfg.arch.token_shift is True
+    stages = plan(cfg, check=False)
+    assert len(stages) >= 2
+    first, last = stages[0][1], stages[-1][1]
+    assert (first.ctx, first.data.docs_per_batch, first.trainer.max_steps) == (1024, 512, 400)
+    assert first.trainer.init_from is None
+    assert (last.ctx, last.data.docs_per_batch, last.trainer.max_steps) == (cfg.ctx, cfg.data.docs_per_batch,
+                                                                           cfg.trainer.max_steps)
+    assert [s.trainer.init_from for _, s in stages[1:]] == [str(folder) for folder, _ in stages[:-1]]
+    assert [folder.name for folder, _ in stages] == [f"stage{i + 1}_ctx{s.ctx}" for i, (_, s) in enumerate(stages)]
+    assert all(s.trainer.stages is None and s.arch.token_shift for _, s in stages)
 
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_sweep_point_composes_grouped_in_wandb(compose, name):
-    points = sweep_points(compose, name)
+    """Every point composes and validates, in the experiment's wandb group, under a name of its own; a small
+    sweep's point runs the calibrated staged recipe."""
+    points = sweep_points(name)
     assert len(points) >= 2
+    if name in POINTS:
+        assert len(points) == POINTS[name]
     names = set()
     for point in points:
-        cfg = compose(f"experiment={name}", "run_dir=unused", *point)
+        cfg = compose(f"experiment={name}", "run_dir=/r", *point)
         OmegaConf.to_container(cfg, resolve=True)
         validate(cfg)
         assert cfg.logger.wandb.group == name
         names.add(cfg.run_name)
+        if name in SMALL:
+            _check_staged_recipe(cfg)
     assert len(names) == len(points), "two points of one sweep would share a run name"
 
 
-def _state(cfg) -> int:
-    import torch
-    with torch.device("meta"):
-        return build_model(model_spec(cfg, 65)).state_size(cfg.ctx)
+def test_a_seed_axis_triples_any_sweep(compose):
+    points = [[*p, f"seed={seed}"] for p in sweep_points("best_context_table") for seed in (0, 1, 2)]
+    names = {compose("experiment=best_context_table", "run_dir=unused", *p).run_name for p in points}
+    assert len(names) == 9
+
+
+def test_the_recipe_is_the_calibrated_one(compose):
+    cfg = compose("experiment=icl_curriculum", "run_dir=/r")
+    assert cfg.arch.token_shift is False  # the block the recipe was calibrated in; the sweeps turn the shift on
+    (dir1, s1), (dir2, s2) = plan(cfg)
+    assert (dir1.name, dir2.name) == ("stage1_ctx1024", "stage2_ctx4096")
+    assert [(s.ctx, s.data.docs_per_batch, s.trainer.max_steps) for s in (s1, s2)] == [(1024, 512, 400),
+                                                                                      (4096, 128, 1500)]
+    assert s1.data.train_tokens == s2.data.train_tokens == 67108864 and s2.trainer.eval_every == 100
 
 
 def test_equal_state_arms_mean_what_they_say(compose):
@@ -83,39 +141,286 @@ def test_equal_state_arms_mean_what_they_say(compose):
     # the table's softmax row at ctx 1024 keeps a KV cache within 15% of power p=2's state
     exp = compose("experiment=best_context_table", "run_dir=unused", "+experiment/table=exp")
     assert exp.ctx == 1024 and abs(_state(exp) - power) / power < 0.15
+    arms = {p[0] for p in sweep_points("attention_equal_state")}
+    assert "+experiment/arm=window_linear_state" in arms and "+experiment/arm=power_p4" in arms
 
 
-@pytest.mark.parametrize("name", ["context_scaling", "context_scaling_paper", "reshape_ablation",
-                                  "best_context_table"])
+def test_table_rows_at_the_papers_contexts_and_equal_tokens(compose):
+    rows = {compose("experiment=best_context_table", "run_dir=u", *p).attention.name:
+            compose("experiment=best_context_table", "run_dir=u", *p) for p in sweep_points("best_context_table")}
+    assert {k: v.ctx for k, v in rows.items()} == {"exp": 1024, "window": 4096, "power": 4096}
+    assert {v.ctx * v.data.docs_per_batch for v in rows.values()} == {524288}
+
+
+def test_long_context_comparison_limits_the_window_and_runs_the_chunked_form(compose):
+    """ctx >= 16384 (power p=2's chunked form on CUDA), stacked windows reaching less than the context."""
+    from longctx.kernels.power.dispatch import cuda_chunk_size
+    import torch
+    for name in ("attention_long_context", "flops_frontier"):
+        for point in sweep_points(name):
+            cfg = compose(f"experiment={name}", "run_dir=u", *point)
+            assert cfg.ctx >= 16384 and cfg.data.doc_len >= cfg.ctx
+            if cfg.attention.name == "window":
+                assert cfg.model.n_layers * cfg.window < cfg.ctx
+            if cfg.attention.name == "power":
+                assert cuda_chunk_size(cfg.ctx, 2, 64, torch.bfloat16) is not None
+
+
+def test_long16k_task_optimum_still_falls_at_16k():
+    """data=icl_markov_long16k, exact optimum (48 documents): the last bin of the Bayes curve >= 0.1 nats below the
+    bin holding ctx/8 and below the bin holding position 4096 (so a window's limited reach costs)."""
+    from longctx.data.icl_markov import (bayes_nll_mixture, on_size_ranges, sample_mixture_chains,
+                                         sample_mixture_matrices)
+    from longctx.train.metrics import bin_curve, exponential_bins
+    conf = REPO / "conf" / "data"
+    cfg = OmegaConf.merge(OmegaConf.load(conf / "icl_markov_long.yaml"),
+                          OmegaConf.load(conf / "icl_markov_long16k.yaml"))
+    counts, ctx = sorted(cfg.state_counts), cfg.doc_len
+    assert ctx == 16384 and max(counts) == cfg.vocab
+    rng = np.random.default_rng(6)
+    sizes, P = sample_mixture_matrices(rng, 48, counts, cfg.alpha)
+    x = on_size_ranges(sample_mixture_chains(rng, P, ctx, sizes), sizes, counts, False)
+    bins = exponential_bins(ctx, 16)
+    binned = bin_curve(bayes_nll_mixture(x, counts, cfg.alpha).mean(0), bins)
+    at = [next(i for i, (a, b) in enumerate(bins) if a <= pos < b) for pos in (ctx // 8, 4096)]
+    assert binned[at[0]] - binned[-1] >= 0.1 and binned[at[1]] - binned[-1] >= 0.1, binned
+
+
+def test_flops_frontier_schedules_only_the_last_stage_to_its_budget(compose):
+    budgets = set()
+    for point in sweep_points("flops_frontier"):
+        cfg = compose("experiment=flops_frontier", "run_dir=u", *point)
+        stages = [s for _, s in plan(cfg, check=False)]
+        assert all(s.trainer.flops_budget is None for s in stages[:-1])
+        assert stages[-1].trainer.flops_budget == cfg.trainer.flops_budget is not None
+        budgets.add(cfg.trainer.flops_budget)
+    assert len(budgets) >= 2
+
+
+def test_context_scaling_holds_documents_or_tokens(compose):
+    """hold=docs: the same documents per update at every context (the paper's Fig. 1); hold=tokens: the same tokens
+    per update (the reshape control)."""
+    by_hold = {}
+    for point in sweep_points("context_scaling"):
+        cfg = compose("experiment=context_scaling", "run_dir=u", *point)
+        hold = dict(o.split("=") for o in point)["+experiment/hold"]
+        by_hold.setdefault(hold, []).append(cfg)
+    assert {c.ctx for c in by_hold["docs"]} == {1024, 4096, 16384}
+    assert len({c.data.docs_per_batch for c in by_hold["docs"]}) == 1
+    assert len({c.data.docs_per_batch * c.ctx for c in by_hold["tokens"]}) == 1
+    assert all(c.data.doc_len >= 16384 for cs in by_hold.values() for c in cs)
+
+
+@pytest.mark.parametrize("name", ["context_scaling_paper", "reshape_ablation"])
 def test_context_points_keep_tokens_per_update(compose, name):
-    tokens = {compose(f"experiment={name}", "run_dir=unused", *point).data.docs_per_batch
-              * compose(f"experiment={name}", "run_dir=unused", *point).ctx for point in sweep_points(compose, name)}
-    assert len(tokens) == 1, tokens
+    cfgs = [compose(f"experiment={name}", "run_dir=unused", *point) for point in sweep_points(name)]
+    assert len({c.data.docs_per_batch * c.ctx for c in cfgs}) == 1
 
 
-@pytest.mark.parametrize("name", SMALL)
-def test_small_experiment_trains_on_cpu(compose, tmp_path, name):
-    point = [o.replace("reshape_block=512", "reshape_block=32") for o in sweep_points(compose, name)[-1]]
-    cfg = compose(f"experiment={name}", f"run_dir={tmp_path / 'run'}", *point, *TINY)
-    record = Trainer(cfg).fit()
-    assert record["step"] == 2 and record["best_context_loss"] > 0
-    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert logged[-1]["best_context_loss"] == record["best_context_loss"]
+def test_cpu_tiny_keeps_every_point_distinct_and_small(compose):
+    for name in SMALL:
+        points = sweep_points(name, CPU_TINY)
+        cfgs = [compose(f"experiment={name}", "run_dir=/r", *p, CPU_TINY) for p in points]
+        assert len({c.run_name for c in cfgs}) == len(points), name
+        for cfg in cfgs:
+            for _, stage in plan(cfg, check=False):
+                assert stage.ctx <= 256 and stage.trainer.max_steps <= 2 and stage.device == "cpu"
 
 
-def test_one_command_sweep_runs_every_point(train_env, tmp_path):
-    """`train.py -m experiment=best_context_table` as typed (tiny sizes): one run directory per row, with the
-    row's own context (1024 for softmax, 4096 for window and power)."""
-    sizes = [o for o in TINY if not o.startswith(("ctx=", "data.doc_len="))] + ["data.doc_len=4096",
-                                                                                 "data.train_tokens=16384"]
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), "-m", "experiment=best_context_table",
-                          f"hydra.sweep.dir={tmp_path}", *sizes], env=train_env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+# ----- stages: bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stages,match", [
+    ("[{ctx:128,data.docs_per_bach:4},{}]", r"trainer.stages\[0\].data.docs_per_bach=4: unknown key"),
+    ("[{ctx:128},{model.d_model:32}]", r"trainer.stages\[1\].model.d_model=32: .*cannot change the model"),
+    ("[{p:4},{}]", r"trainer.stages\[0\].p=4: .*cannot change the model"),
+    ("[{trainer.init_from:'/x'},{}]", r"trainer.stages\[0\].trainer.init_from='/x': set by the stages"),
+    ("[{ctx:-3},{}]", r"trainer.stages\[0\]: config: ctx=-3: must be a positive integer"),
+    ("[]", r"trainer.stages=\[\]: must be a non-empty list"),
+    ("[3,{}]", r"trainer.stages\[0\]=3: must be a dict"),
+])
+def test_bad_stages_name_the_stage_and_key(compose, tmp_path, stages, match):
+    cfg = compose(f"run_dir={tmp_path / 'run'}", f"trainer.stages={stages}")
+    with pytest.raises(ValueError, match=match):
+        StagedRun(cfg)
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_bad_stage_from_the_command_line_exits_2_writing_nothing(train_env, tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}",
+                          "trainer.stages=[{ctx:32,trainer.max_stepz:1},{}]", "logger.wandb.mode=disabled"],
+                         env=train_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith("error: config: trainer.stages[0].trainer.max_stepz=1")
+    assert not (tmp_path / "run").exists()
+
+
+# ----- stages: training -------------------------------------------------------------------------------------
+def _tiny_staged(compose, run_dir: Path, *extra: str):
+    return compose(f"run_dir={run_dir}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
+                   "data.n_heldout=8", "data.eval_docs=4", "trainer.max_steps=2", "trainer.eval_every=2",
+                   "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu",
+                   "trainer.resume=auto",
+                   "trainer.stages=[{ctx:32,data.docs_per_batch:8,trainer.max_steps:1},{}]", *extra)
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_true_continues_whichever_stage_was_interrupted(compose, tmp_path):
+    """trainer.resume=true on a staged run: every stage resumes if it can (auto); a stage not started yet starts."""
+    cfg = _tiny_staged(compose, tmp_path / "run", "trainer.resume=true")
+    assert [s.trainer.resume for _, s in plan(cfg, check=False)] == ["auto", "auto"]
+    cfg = _tiny_staged(compose, tmp_path / "run", "trainer.resume=false")
+    assert [s.trainer.resume for _, s in plan(cfg, check=False)] == [False, False]
+
+
+def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_path):
+    from longctx.train import checkpoint as ckpt
+    from longctx.train.trainer import Trainer
+    built = []
+
+    def make_trainer(stage_cfg):
+        trainer = Trainer(stage_cfg)
+        built.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+        return trainer
+
+    run = tmp_path / "run"
+    record = StagedRun(_tiny_staged(compose, run), make_trainer=make_trainer).fit()
+    s1, s2 = run / "stage1_ctx32", run / "stage2_ctx64"
+    assert json.loads((run / INDEX).read_text())["stages"] == [
+        {"dir": "stage1_ctx32", "overrides": {"ctx": 32, "data.docs_per_batch": 8, "trainer.max_steps": 1}},
+        {"dir": "stage2_ctx64", "overrides": {}}]
+    assert final_stage_dir(run) == s2 and final_stage_dir(s2) is None
+    assert _metrics(s1)[-1]["step"] == 1 and _metrics(s1)[-1]["tokens"] == 8 * 32
+    final = _metrics(s2)[-1]
+    assert record["step"] == final["step"] == 2 and record["best_context_loss"] == final["best_context_loss"]
+    assert final["tokens"] == 2 * 4 * 64  # the step and token counts start fresh
+    c1, c2 = OmegaConf.load(s1 / "config.yaml"), OmegaConf.load(s2 / "config.yaml")
+    assert (c1.ctx, c1.trainer.init_from, c1.trainer.stages) == (32, None, None)
+    assert (c2.ctx, c2.trainer.init_from, c2.run_dir) == (64, str(s1), str(s2))
+    # stage 2 started from exactly stage 1's last weights, not from a new initialization
+    stage1_final = ckpt.load_checkpoint(ckpt.latest_checkpoint(s1)[1])["model"]
+    assert all((built[1][k] == v).all() for k, v in stage1_final.items())
+    assert any((built[0][k] != v).any() for k, v in stage1_final.items())
+
+
+def test_relaunch_resumes_the_interrupted_stage_and_refuses_other_stages(compose, tmp_path):
+    from longctx.train import checkpoint as ckpt
+    run = tmp_path / "run"
+    cfg = _tiny_staged(compose, run, "trainer.max_steps=4")
+    StagedRun(cfg).fit()
+    stage1 = (run / "stage1_ctx32" / "metrics.jsonl").read_text()
+    # as if killed in stage 2 between its checkpoints at steps 2 and 4: drop what step 4 wrote
+    stage2 = run / "stage2_ctx64"
+    ckpt.latest_checkpoint(stage2)[1].unlink()
+    kept = [line for line in (stage2 / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
+    (stage2 / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    record = StagedRun(_tiny_staged(compose, run, "trainer.max_steps=4")).fit()
+    assert record["step"] == 4 and (run / "stage1_ctx32" / "metrics.jsonl").read_text() == stage1
+    assert [r["step"] for r in _metrics(stage2)] == [2, 4]
+    # the same run with other stages is refused before anything trains
+    other = _tiny_staged(compose, run, "trainer.max_steps=4",
+                         "trainer.stages=[{ctx:32,data.docs_per_batch:8,trainer.max_steps:3},{}]")
+    with pytest.raises(ValueError, match=r"trainer.stages: .* was trained with other stages"):
+        StagedRun(other)
+
+
+def test_curriculum_script_is_the_recipe(tmp_path):
+    """PYTHON=echo prints the one train.py command the wrapper runs."""
+    def cmd(**env):
+        out = subprocess.run([str(REPO / "scripts" / "icl_curriculum.sh"), str(tmp_path / "x"), "attention=exp"],
+                             env=dict(os.environ, PYTHON="echo", **env), capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+    words = cmd()
+    assert words[:3] == ["train.py", "experiment=icl_curriculum", "trainer.resume=auto"]
+    assert f"hydra.run.dir={tmp_path / 'x'}" in words and "short_stage_steps=400" in words
+    assert words[-1] == "attention=exp" and not any(w.startswith("trainer.stages=") for w in words)
+    words = cmd(STAGE0_STEPS="3", STAGE1_STEPS="7", STAGE2_STEPS="9", WHOLE_DOCS="1")
+    assert "trainer.max_steps=9" in words
+    assert ("trainer.stages=[{ctx:256,data.docs_per_batch:2048,trainer.max_steps:3,data.doc_len:256},"
+            "{ctx:1024,data.docs_per_batch:512,trainer.max_steps:7,data.doc_len:1024},{}]") in words
+
+
+def test_curriculum_script_without_an_output_folder_says_so(tmp_path):
+    script = str(REPO / "scripts" / "icl_curriculum.sh")
+    bad = subprocess.run([script, "attention=exp"], cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 2 and "the first argument is the output folder (got 'attention=exp')" in bad.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert subprocess.run([script, "--help"], capture_output=True, text=True).stdout.startswith("The calibrated")
+
+
+def test_curriculum_script_trains_both_stages_and_a_relaunch_does_nothing(train_env, tmp_path):
+    """scripts/icl_curriculum.sh (tiny sizes through the CPU scale): stage 1 at the short context, stage 2 at the
+    full one from its weights; run again, both stages say they are complete and nothing is retrained."""
+    env = dict(train_env, PYTHON=sys.executable, STAGE1_STEPS="1", STAGE2_STEPS="2")
+    cmd = [str(REPO / "scripts" / "icl_curriculum.sh"), str(tmp_path / "exp"), "attention=exp", CPU_TINY]
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    runs = sorted(p for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists())
-    assert len(runs) == 3
-    ctxs = {OmegaConf.load(r / "config.yaml").attention.name: OmegaConf.load(r / "config.yaml").ctx for r in runs}
-    assert ctxs == {"exp": 1024, "window": 4096, "power": 4096}
+    stages = [tmp_path / "exp" / name for name in ("stage1_ctx32", "stage2_ctx128")]
+    assert [_metrics(s)[-1]["step"] for s in stages] == [1, 2]
+    assert OmegaConf.load(stages[1] / "config.yaml").trainer.init_from == str(stages[0])
+    again = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (again.stdout + again.stderr).count("is complete") == 2
+    assert len(_metrics(stages[1])) == 1
+
+
+# ----- every small experiment through the real entry point, CPU size ----------------------------------------
+def _sweep(name: str, sweep_dir: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), "-m", f"experiment={name}", CPU_TINY,
+                           f"hydra.sweep.dir={sweep_dir}"], env=env, cwd=sweep_dir.parent, capture_output=True,
+                          text=True, timeout=1200)
+
+
+SLOW = {"attention_equal_state", "context_scaling", "reshape_ablation", "flops_frontier", "attention_long_context",
+        "icl_vs_batch", "icl_vs_params"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in SMALL])
+def test_small_experiment_runs_every_stage_of_every_point_on_cpu(train_env, tmp_path, name):
+    """`train.py -m experiment=NAME +experiment/scale=cpu_tiny`: one run folder per point, each with every stage's
+    folder and final metrics (the last stage's, at the point's own context); run again, nothing trains."""
+    sweep_dir = tmp_path / "sweep"
+    out = _sweep(name, sweep_dir, train_env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = sorted(p.parent for p in sweep_dir.glob(f"*/{INDEX}"))
+    assert len(runs) == POINTS[name]
+    n_stages = 0
+    for run in runs:
+        stages = [run / s["dir"] for s in json.loads((run / INDEX).read_text())["stages"]]
+        assert sorted(p for p in run.iterdir() if p.is_dir()) == sorted(stages)
+        n_stages += len(stages)
+        for stage in stages:
+            cfg = OmegaConf.load(stage / "config.yaml")
+            final = _metrics(stage)[-1]
+            assert final["step"] == cfg.trainer.max_steps and final["best_context_loss"] > 0
+        assert final_stage_dir(run) == stages[-1]
+    before = {p: p.read_text() for p in sweep_dir.glob("*/*/metrics.jsonl")}
+    again = _sweep(name, sweep_dir, train_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (again.stdout + again.stderr).count("is complete") == n_stages
+    assert {p: p.read_text() for p in sweep_dir.glob("*/*/metrics.jsonl")} == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arm", ["power_p2", "exp", "window"])
+def test_long_context_point_runs_its_three_stages_on_gpu(train_env, tmp_path, arm):
+    """One point of attention_long_context on CUDA, its last stage at ctx 8192 (power p=2's chunked form), a few
+    updates a stage: three stage folders, the last at ctx 8192, bf16, from the second stage's weights."""
+    env = {k: v for k, v in train_env.items()}
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "experiment=attention_long_context",
+                          f"+experiment/arm={arm}", CPU_TINY, "device=cuda", "contexts.c16384=8192",
+                          "contexts.c4096=2048", "data.doc_len=8192", "data.train_tokens=262144",
+                          f"hydra.run.dir={tmp_path / 'run'}"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "run"
+    stages = [run / s["dir"] for s in json.loads((run / INDEX).read_text())["stages"]]
+    assert [s.name for s in stages] == ["stage1_ctx32", "stage2_ctx2048", "stage3_ctx8192"]
+    assert all(_metrics(s)[-1]["best_context_loss"] > 0 for s in stages)
+    last = OmegaConf.load(stages[-1] / "config.yaml")
+    assert last.device == "cuda" and last.trainer.init_from == str(stages[1])
 
 
 def test_sweep_launcher_prints_the_command(tmp_path):
@@ -127,49 +432,3 @@ def test_sweep_launcher_prints_the_command(tmp_path):
     assert "hydra.launcher.partition=gpu" in out.stdout and out.stdout.strip().endswith("seed=1")
     bad = subprocess.run([str(script), "no_such_experiment"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "no conf/experiment/no_such_experiment.yaml" in bad.stderr
-
-
-def test_curriculum_script_trains_both_stages_and_a_relaunch_does_nothing(train_env, tmp_path):
-    """scripts/icl_curriculum.sh (tiny sizes): with STAGE0_STEPS, stage 0 at ctx 256, stage 1 at ctx 1024 from its
-    weights, stage 2 at ctx 4096 from stage 1's; run again, every stage says it is complete and nothing is
-    retrained."""
-    sizes = [o for o in TINY if not o.startswith(("ctx=", "data.doc_len=", "data.train_tokens=", "trainer.max_steps",
-                                                  "trainer.eval_every"))]
-    env = dict(train_env, PYTHON=sys.executable, STAGE0_STEPS="1", STAGE1_STEPS="2", STAGE2_STEPS="2")
-    cmd = [str(REPO / "scripts" / "icl_curriculum.sh"), str(tmp_path / "exp"), "attention=exp",
-           "data.train_tokens=16384", *sizes]
-    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    stages = [tmp_path / "exp" / name for name in ("stage0_ctx256", "stage1_ctx1024", "stage2_ctx4096")]
-    cfgs = [OmegaConf.load(s / "config.yaml") for s in stages]
-    assert [c.ctx for c in cfgs] == [256, 1024, 4096]
-    assert [c.trainer.init_from for c in cfgs] == [None, str(stages[0]), str(stages[1])]
-    finals = [json.loads((s / "metrics.jsonl").read_text().splitlines()[-1]) for s in stages]
-    assert [f["step"] for f in finals] == [1, 2, 2] and finals[2]["tokens"] == 2 * 4 * 4096
-    again = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert (again.stdout + again.stderr).count("is complete") == 3
-    assert len((stages[2] / "metrics.jsonl").read_text().splitlines()) == 1
-
-
-def test_curriculum_script_without_an_output_folder_says_so(tmp_path):
-    script = str(REPO / "scripts" / "icl_curriculum.sh")
-    bad = subprocess.run([script, "attention=exp"], cwd=tmp_path, capture_output=True, text=True)
-    assert bad.returncode == 2 and "the first argument is the output folder (got 'attention=exp')" in bad.stderr
-    assert not any(tmp_path.iterdir())  # nothing written
-    assert subprocess.run([script, "--help"], capture_output=True, text=True).stdout.startswith("The calibrated")
-
-
-@pytest.mark.parametrize("whole", ["0", "1"])
-def test_curriculum_whole_docs_sets_each_short_stage_document_length(tmp_path, whole):
-    """WHOLE_DOCS=1: stage 0 reads 256-token and stage 1 1024-token documents, stage 2 the task's own; without it,
-    no stage overrides the document length (PYTHON=echo prints the three train.py commands)."""
-    env = dict(os.environ, PYTHON="echo", STAGE0_STEPS="1", WHOLE_DOCS=whole)
-    out = subprocess.run([str(REPO / "scripts" / "icl_curriculum.sh"), str(tmp_path / "x"), "attention=exp"],
-                         env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 3
-    doc_lens = [[w for w in line.split() if w.startswith("data.doc_len=")] for line in lines]
-    want = [["data.doc_len=256"], ["data.doc_len=1024"], []] if whole == "1" else [[], [], []]
-    assert doc_lens == want

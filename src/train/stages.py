@@ -1,0 +1,142 @@
+"""Staged training: one run made of stages trained one after another, each from the previous stage's weights.
+
+`trainer.stages` lists the stages; each is a dict of overrides of the run's composed config (dotted keys, as
+typed on the command line), and `{}` is the config as composed. The calibrated long-context ICL recipe
+(conf/experiment/icl_curriculum.yaml) is
+
+    trainer:
+      stages:
+        - {ctx: 1024, data.docs_per_batch: 512, trainer.max_steps: 400}   # forms the in-context circuit
+        - {}                                                              # the run's own ctx, documents, steps
+
+Stage i (from 1) trains in `<run_dir>/stage{i}_ctx{ctx}`, a plain run of the trainer: stage 1 from scratch (or the
+run's own trainer.init_from), every later stage from the previous stage's newest checkpoint (trainer.init_from: the
+weights only; optimizer, schedule and step count start fresh). Every stage is checked before the first trains.
+A relaunch with trainer.resume=auto (the default in a multirun) or true skips finished stages and continues the
+interrupted one. `<run_dir>/stages.json` names the stage folders in order; the last one holds the run's result.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from longctx.train.config import CONF_DIR, check_keys, check_set, check_types, check_values, schema
+
+# A stage starts from the previous stage's weights, so it cannot change what the model is.
+MODEL_GROUPS = ("model.", "arch.", "attention.")
+MODEL_SHORTCUTS = ("p", "window")   # top-level keys the attention configs read
+# Keys the stages themselves set (or that would nest stages).
+RESERVED_KEYS = ("run_dir", "trainer.stages", "trainer.init_from")
+INDEX = "stages.json"
+_ABSENT = object()
+
+
+def stage_dir_name(index: int, stage_cfg: DictConfig) -> str:
+    return f"stage{index + 1}_ctx{stage_cfg.ctx}"
+
+
+def _fail(index: int, key: str, value, why: str):
+    raise ValueError(f"config: trainer.stages[{index}].{key}={value!r}: {why}")
+
+
+def _overrides(cfg: DictConfig) -> list[dict]:
+    """Each stage's overrides, their values resolved against the run's config (a stage may say ${contexts.c1024})."""
+    stages = cfg.trainer.get("stages")
+    if not OmegaConf.is_list(stages) or len(stages) == 0:
+        raise ValueError(f"config: trainer.stages={stages!r}: must be a non-empty list of dicts of overrides "
+                         f"(e.g. [{{ctx: 1024, trainer.max_steps: 400}}, {{}}]) or null")
+    resolved = OmegaConf.to_container(stages, resolve=True)
+    for i, stage in enumerate(resolved):
+        if not isinstance(stage, dict):
+            raise ValueError(f"config: trainer.stages[{i}]={stage!r}: must be a dict of overrides (`{{}}`: the "
+                             f"config as composed)")
+    return resolved
+
+
+def _check_key(index: int, key: str, value, cfg: DictConfig) -> None:
+    if key in RESERVED_KEYS:
+        _fail(index, key, value, "set by the stages themselves (each stage starts from the previous one's weights)")
+    if key.startswith(MODEL_GROUPS) or key in MODEL_SHORTCUTS:
+        _fail(index, key, value, "a stage starts from the previous stage's weights, so it cannot change the "
+                                 "model (model.*, arch.*, attention.*, p, window)")
+    if OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False) is _ABSENT:
+        _fail(index, key, value, "unknown key (the run's config has no such key)")
+
+
+def plan(cfg: DictConfig, choices: dict | None = None, check: bool = True) -> list[tuple[Path, DictConfig]]:
+    """(folder, config) of every stage. `check`: each stage's config checked as a run's would be (the run's keys
+    once, every stage's types and values), so a bad stage fails here, before anything trains, naming
+    trainer.stages[i] and the key; each stage's trainer checks its config again when it starts."""
+    run_dir = Path(str(cfg.run_dir))
+    known = schema(CONF_DIR, choices) if check else None
+    if check:
+        check_keys(cfg, known)
+        check_set(cfg)
+    stages, previous = [], None
+    for i, overrides in enumerate(_overrides(cfg)):
+        stage = copy.deepcopy(cfg)
+        for key, value in overrides.items():
+            _check_key(i, key, value, cfg)
+            OmegaConf.update(stage, key, value, merge=False)
+        try:
+            if check:
+                check_types(stage, known)
+                check_values(stage)
+        except ValueError as err:
+            raise ValueError(f"trainer.stages[{i}]: {err}") from None
+        folder = run_dir / stage_dir_name(i, stage)
+        stage.run_name = f"{cfg.run_name}_{folder.name}"
+        stage.run_dir = str(folder)
+        stage.trainer.stages = None
+        if stage.trainer.resume is True:  # continue the run: the stages after the interrupted one start afresh
+            stage.trainer.resume = "auto"
+        if previous is not None:
+            stage.trainer.init_from = str(previous)
+        stages.append((folder, stage))
+        previous = folder
+    return stages
+
+
+def _index(stages: list[tuple[Path, DictConfig]], cfg: DictConfig) -> dict:
+    return {"stages": [{"dir": folder.name, "overrides": overrides}
+                       for (folder, _), overrides in zip(stages, _overrides(cfg))]}
+
+
+class StagedRun:
+    """A run of `trainer.stages`; the same interface as Trainer (checks at construction, `fit()` -> the final
+    stage's last record)."""
+
+    def __init__(self, cfg: DictConfig, choices: dict | None = None, make_trainer=None):
+        from longctx.train.trainer import Trainer
+
+        self.run_dir = Path(str(cfg.run_dir))
+        self.stages = plan(cfg, choices)
+        self.index = _index(self.stages, cfg)
+        self.make_trainer = make_trainer or (lambda stage_cfg: Trainer(stage_cfg, choices))
+        path = self.run_dir / INDEX
+        if path.exists() and json.loads(path.read_text()) != self.index:
+            raise ValueError(f"config: trainer.stages: {self.run_dir} was trained with other stages (see {path}); "
+                             f"relaunch it with the same stages, or start another run_name")
+        # the first stage's own checks (resume, data, an earlier run in its folder) before anything is written
+        self.first = self.make_trainer(self.stages[0][1])
+
+    def fit(self) -> dict:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / INDEX
+        if not path.exists():
+            path.write_text(json.dumps(self.index, indent=1) + "\n")
+        record = self.first.fit()
+        for _, stage_cfg in self.stages[1:]:
+            record = self.make_trainer(stage_cfg).fit()
+        return record
+
+
+def final_stage_dir(run_dir: str | Path) -> Path | None:
+    """The folder holding a staged run's result (its last stage), or None for a run without stages."""
+    path = Path(run_dir) / INDEX
+    if not path.exists():
+        return None
+    return Path(run_dir) / json.loads(path.read_text())["stages"][-1]["dir"]
