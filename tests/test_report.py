@@ -265,3 +265,14 @@ def test_old_records_and_broken_folders_are_reported_or_left_out_with_a_line(tmp
     row = table(report, "run")["old"]
     assert row[3] == "20" and row[4] == "-" and row[7] == "-"
     assert row[6] == str(recs[-1]["best_context_bin"][1])     # the older record's best bin gives its position
+
+
+def test_a_staged_run_is_reported_by_its_last_stage(tmp_path):
+    """A sweep point trained in stages (trainer.stages) holds a run per stage; its result is the last stage's."""
+    for stage in ("stage1_ctx256", "stage2_ctx512"):
+        fake_run(tmp_path / "point" / stage, "power", 512, 0.1, steps=(10,))
+    (tmp_path / "point" / "stages.json").write_text(json.dumps(
+        {"stages": [{"dir": "stage1_ctx256", "overrides": {"ctx": 256}}, {"dir": "stage2_ctx512", "overrides": {}}]}))
+    fake_run(tmp_path / "plain", "exp", 512, 0.1, steps=(10,))
+    assert [p.name for p in find_runs([tmp_path])] == ["plain", "stage2_ctx512"]
+    assert [p.name for p in find_runs([tmp_path / "point" / "stage1_ctx256"])] == ["stage1_ctx256"]  # named: kept

@@ -94,11 +94,24 @@ def find_runs(paths: list[Path]) -> list[Path]:
         if (path / "metrics.jsonl").exists():
             found.append(path)
         else:
-            found.extend(sorted(p.parent for p in path.rglob("metrics.jsonl")))
+            found.extend(sorted(p.parent for p in path.rglob("metrics.jsonl") if not earlier_stage(p.parent)))
     runs = list(dict.fromkeys(p.resolve() for p in found))
     if not runs:
         raise FileNotFoundError(f"no metrics.jsonl under {', '.join(str(p) for p in paths)}: nothing to report")
     return runs
+
+
+def earlier_stage(run: Path) -> bool:
+    """True for a stage of a staged run (trainer.stages) other than its last: the run's result is its last stage's,
+    so a sweep's report compares final stages only. The run folder's stages.json lists its stages in order."""
+    index = run.parent / "stages.json"
+    if not index.is_file():
+        return False
+    try:
+        stages = json.loads(index.read_text())["stages"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return False
+    return bool(stages) and run.name != stages[-1]["dir"] and run.name in {s["dir"] for s in stages}
 
 
 REQUIRED_RECORD_KEYS = ("step", "icl_curve", "best_context_loss")  # every evaluation record has held these
