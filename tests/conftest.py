@@ -50,6 +50,12 @@ def import_script():
     return _import
 
 
+@pytest.fixture(scope="session")
+def tiny_overrides() -> tuple[str, ...]:
+    """TINY for module- and session-scoped fixtures (`from conftest import` would find tests/data/conftest.py)."""
+    return tuple(TINY)
+
+
 @pytest.fixture
 def tiny():
     """Overrides (a list) that make the real default run small enough for the CPU test suite."""

@@ -12,7 +12,8 @@ import pytest
 import longctx.generate as generate_cli
 
 REPO = Path(__file__).resolve().parents[1]
-TRAIN = ["trainer.max_steps=2", "trainer.eval_every=2", "logger.wandb.mode=disabled", "data.train_tokens=65536",
+TRAIN = ["optim.warmup_steps=1",
+         "trainer.max_steps=2", "trainer.eval_every=2", "logger.wandb.mode=disabled", "data.train_tokens=65536",
          "data.n_heldout=16", "data.eval_docs=8", "data.docs_per_batch=4", "data.doc_len=256", "ctx=64",
          "trainer.num_threads=2", "attention=power", "p=2", "attention.chunk_size=16"]
 

@@ -26,10 +26,11 @@ from typing import Callable
 
 import numpy as np
 
+from longctx.eval.metrics import min_positions_for
+
 DEFAULT_BOOTSTRAP = 2000
 DEFAULT_SEED = 0
 LEVEL = 0.95
-MIN_BEST_BIN_POSITIONS = 16  # as longctx.train.metrics: bins narrower than this never count as the best context
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,13 @@ def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> tuple[n
 
 # ----- statistics of the mean curves: f(loss_curves (R, n_bins), bayes_curves (R, n_bins) | None, edges) -> (R,...)
 
-def best_bins(curves: np.ndarray, edges: np.ndarray, min_positions: int = MIN_BEST_BIN_POSITIONS) -> np.ndarray:
-    """Each curve's best-context bin, as longctx.train.metrics.best_bin: the lowest among bins of at least
-    `min_positions` positions (or the widest bins, when none is that wide). curves (R, n_bins) -> (R,) int."""
+def best_bins(curves: np.ndarray, edges: np.ndarray, min_positions: int | None = None) -> np.ndarray:
+    """Each curve's best-context bin, as the trainer's `longctx.eval.metrics.best_bin`: the lowest among bins of at
+    least `min_positions` positions (default: `min_positions_for` the curves' context). curves (R, n_bins) -> (R,)
+    int. Records whose bins are all narrower (made before the rule) take the widest bins."""
     widths = edges[:, 1] - edges[:, 0]
+    if min_positions is None:
+        min_positions = min_positions_for(int(edges[-1, 1]))
     eligible = widths >= min(min_positions, widths.max())
     masked = np.where(eligible[None, :], curves, np.inf)
     return np.argmin(masked, axis=1)

@@ -11,7 +11,8 @@ from longctx.eval import read_doc_record
 from longctx.evaluate import main as evaluate_main
 
 pytestmark = pytest.mark.gpu
-TRAIN = ["trainer.max_steps=4", "trainer.eval_every=4", "logger.wandb.mode=disabled", "data.train_tokens=65536",
+TRAIN = ["optim.warmup_steps=1",
+         "trainer.max_steps=4", "trainer.eval_every=4", "logger.wandb.mode=disabled", "data.train_tokens=65536",
          "data.n_heldout=16", "data.eval_docs=8", "data.docs_per_batch=4", "data.doc_len=256", "ctx=64",
          "trainer.num_threads=2", "attention=power", "p=2", "attention.chunk_size=16", "device=cpu"]
 

@@ -21,13 +21,13 @@ from longctx.train.trainer import Trainer
 
 MIXTURE = ["trainer.max_steps=2", "trainer.eval_every=2", "logger.wandb.mode=disabled", "data=icl_markov_long_cpu",
            "data.doc_len=64", "data.train_tokens=16384", "data.n_heldout=16", "data.eval_docs=12",
-           "data.docs_per_batch=4", "ctx=64", "trainer.num_threads=2", "trainer.micro_docs=5"]
+           "data.docs_per_batch=4", "ctx=64", "trainer.num_threads=2", "trainer.micro_docs=5",
+           "optim.warmup_steps=1"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, train_run):
-    from conftest import TINY
-    return train_run(tmp_path_factory.mktemp("runs") / "tiny", TINY)
+def run(tmp_path_factory, train_run, tiny_overrides):
+    return train_run(tmp_path_factory.mktemp("runs") / "tiny", list(tiny_overrides))
 
 
 @pytest.fixture(scope="module")

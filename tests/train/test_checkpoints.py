@@ -30,7 +30,8 @@ from longctx.train import checkpoint as ckpt
 from longctx.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = ["trainer.max_steps=4", "trainer.eval_every=2", "logger.wandb.mode=disabled", "data.train_tokens=65536",
+TRAIN = ["optim.warmup_steps=1",
+         "trainer.max_steps=4", "trainer.eval_every=2", "logger.wandb.mode=disabled", "data.train_tokens=65536",
          "data.n_heldout=16", "data.eval_docs=8", "data.docs_per_batch=4", "data.doc_len=256", "ctx=64",
          "trainer.num_threads=2", "model.n_layers=2"]
 

@@ -43,12 +43,10 @@ def cut_at_step_3(full: Path, cut: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def nine_steps(train_run, tmp_path_factory):
+def nine_steps(train_run, tmp_path_factory, tiny_overrides):
     """A 9-step run (evaluations and checkpoints at 3, 6, 9), all checkpoints kept."""
-    from conftest import TINY
-
     return train_run(tmp_path_factory.mktemp("resume") / "full",
-                     [*TINY, "trainer.max_steps=9", "trainer.keep_checkpoints=5"])
+                     [*tiny_overrides, "trainer.max_steps=9", "trainer.keep_checkpoints=5"])
 
 
 def test_new_run_records_the_closed_form_lr(nine_steps):

@@ -56,7 +56,7 @@ def test_relaunching_part_of_a_sweep_trains_nothing_twice(train_env, tiny, tmp_p
     first = sweep(folder, [*args, "seed=0,1"], train_env)
     assert first.returncode == 0, first.stderr[-3000:]
     names = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    suffix = "_docs_per_batch8_train_tokens262144"  # the tiny overrides that change the data and batch
+    suffix = "_docs_per_batch8_train_tokens262144_warmup_steps2"  # the tiny overrides that change training
     assert names == [f"gpt2_exp_d64l3_icl_markov_ctx64_s{s}{suffix}" for s in (0, 1)]
     done = folder / names[1] / "metrics.jsonl"
     before = done.read_bytes(), done.stat().st_mtime_ns
