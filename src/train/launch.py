@@ -4,7 +4,8 @@ of a config that `--cfg` only prints. A failed check is one line on stderr and e
 
 - a run: run_name stays inside runs/; the run folder is not a file and can be written;
 - a multirun: the same of the sweep folder; a sweep folder that already holds a sweep (multirun.yaml) is relaunched
-  only with the same overrides (which resumes its jobs); a Slurm launcher needs Slurm (sbatch on PATH).
+  only with the same overrides but for the values of its sweep axes (which resumes or adds jobs, each in the folder
+  its run name gives); a Slurm launcher needs Slurm (sbatch on PATH).
 """
 from __future__ import annotations
 
@@ -48,9 +49,17 @@ def _by_key(overrides: list[str]) -> dict[str, str]:
     return {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
 
 
+def _swept(override: str) -> bool:
+    """A sweep axis (`seed=0,1,2`, `range(...)`, `choice(...)`): its values name jobs, each in its own folder."""
+    value = override.split("=", 1)[1] if "=" in override else ""
+    return "," in value.replace("\\,", "") or value.startswith(("range(", "choice(", "glob("))
+
+
 def check_sweep_reuse(sweep: Path, overrides: list[str]) -> None:
-    """A sweep folder holds one sweep: relaunched with its own overrides it resumes (each job continues or says it
-    is complete); with others it would mix two sweeps under one multirun.yaml."""
+    """A sweep folder holds one sweep. Its jobs' folders are named by what they run, so a relaunch that sweeps the
+    same axes over other values (a subset to resume, new seeds) adds or resumes jobs and never mixes two runs in one
+    folder; any other difference (a key set to another value, added or dropped) is refused, naming it. The earlier
+    launch's multirun.yaml is kept as multirun.launch<N>.yaml before Hydra writes the new one."""
     record = sweep / "multirun.yaml"
     if not record.exists():
         return
@@ -61,13 +70,17 @@ def check_sweep_reuse(sweep: Path, overrides: list[str]) -> None:
         raise ValueError(f"hydra.sweep.dir={str(sweep)!r}: its multirun.yaml is unreadable ({type(err).__name__}); "
                          f"pick a new hydra.sweep.dir") from None
     old, new = _by_key(saved), _by_key(overrides)
-    diff = [f"{old[k]} -> {new[k]}" for k in new if k in old and old[k] != new[k]]
+    diff = [f"{old[k]} -> {new[k]}" for k in new
+            if k in old and old[k] != new[k] and not (_swept(old[k]) or _swept(new[k]))]
     diff += [f"{new[k]} (new)" for k in new if k not in old]
     diff += [f"{old[k]} (dropped)" for k in old if k not in new]
     if diff:
         raise ValueError(f"hydra.sweep.dir={str(sweep)!r} already holds a sweep launched with other overrides "
                          f"({'; '.join(diff)}); relaunch it with its own overrides (see its multirun.yaml) to resume "
                          f"it, or pick a new hydra.sweep.dir. Nothing was written.")
+    if saved != list(overrides):  # other values of the same axes: keep the earlier launch's record
+        n = 1 + sum(1 for _ in sweep.glob("multirun.launch*.yaml"))
+        record.replace(sweep / f"multirun.launch{n}.yaml")
 
 
 def check_slurm(config: DictConfig) -> None:

@@ -67,6 +67,8 @@ def test_relaunching_part_of_a_sweep_trains_nothing_twice(train_env, tiny, tmp_p
         [f"gpt2_exp_d64l3_icl_markov_ctx64_s{s}{suffix}" for s in (0, 1, 2)]
     assert (done.read_bytes(), done.stat().st_mtime_ns) == before  # seed 1 was not trained again
     assert "is complete (step 2 of trainer.max_steps=2); nothing to do" in again.stdout
+    assert "seed=0,1" in (folder / "multirun.launch1.yaml").read_text()  # the first launch's record is kept
+    assert "seed=1,2" in (folder / "multirun.yaml").read_text()
     assert [json.loads(x)["step"] for x in (folder / names[1].replace("_s1_", "_s2_") / "metrics.jsonl")
             .read_text().splitlines()] == [2]
 
