@@ -102,3 +102,14 @@ def train_env(data_cache):
     env["WANDB_SILENT"] = "true"
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
+
+
+@pytest.fixture(autouse=True)
+def fresh_logging():
+    """Each test starts with the package logger as a new process has it: a handler a test left behind (a bar's
+    redirection, a run's console) would write to a stream pytest has closed since."""
+    from longctx.train.console import close_logging
+
+    close_logging()
+    yield
+    close_logging()

@@ -93,6 +93,7 @@ def _check_staged_recipe(cfg) -> None:
     assert all(s.trainer.stages is None and s.arch.token_shift for _, s in stages)
 
 
+@pytest.mark.slow  # ~5 s a sweep; test_cpu_tiny_keeps_every_point_distinct_and_small composes every small point
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_sweep_point_composes_grouped_in_wandb(compose, name):
     """Every point composes and validates, in the experiment's wandb group, under a name of its own; a small
