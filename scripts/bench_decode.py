@@ -173,8 +173,9 @@ def plot(result: dict, path: Path) -> None:
     ax_speed.set_ylabel("decoding speed (tokens/s, batch 1, log scale)")
     ax_mem.set_yscale("log")
     ax_mem.set_ylabel("decoding state (MiB, log scale)")
-    fig.suptitle(f"Decoding after a prefix, {result['model']} models: power p=2 (constant state), exp (KV cache), "
-                 f"RWKV-7, {result['device']}", fontsize=10)
+    names = {"power": "power p=2 (constant state)", "exp": "exp (KV cache)", "rwkv7": "RWKV-7"}
+    shown = ", ".join(names.get(m, m) for m in result.get("models", names))
+    fig.suptitle(f"Decoding after a prefix, {result['model']} models: {shown}, {result['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
