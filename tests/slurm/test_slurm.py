@@ -141,7 +141,7 @@ def test_submitit_multirun_two_jobs(multirun):
 
     # Each job wrote its own run directory, named by its run name, with the final evaluation.
     run_dirs = sorted(p for p in sweep.iterdir() if (p / "metrics.jsonl").exists())
-    assert [p.name for p in run_dirs] == ["gpt2_exp_d64l3_icl_markov_ctx128_s0", "gpt2_exp_d64l3_icl_markov_ctx128_s1"], report
+    assert [p.name for p in run_dirs] == [f"gpt2_exp_d64l3_icl_markov_ctx128_s{s}_warmup_steps1" for s in (0, 1)], report
     records = [_final_record(p) for p in run_dirs]
     for record in records:
         assert record["step"] == 3, record
@@ -181,7 +181,7 @@ def test_sbatch_torchrun_ddp(slurm, multirun, tmp_path):
     assert record["tokens"] == 3 * 32 * 128, record
     # ... and so is the training: DDP over gloo reproduces the single-process run (float32 sums in
     # another order; measured difference < 1e-6).
-    single = multirun["sweep"] / "gpt2_exp_d64l3_icl_markov_ctx128_s0" / "metrics.jsonl"
+    single = multirun["sweep"] / "gpt2_exp_d64l3_icl_markov_ctx128_s0_warmup_steps1" / "metrics.jsonl"
     assert single.exists(), f"the multirun's seed-0 run is missing\n{multirun['report']}"
     reference = _final_record(single.parent)
     assert record["train_loss"] == pytest.approx(reference["train_loss"], abs=1e-4), (record, reference)
