@@ -121,7 +121,8 @@ def main(argv=None):
     base = ["experiment=paper", "data=icl_markov_long", f"ctx={args.ctx}", f"data.doc_len={args.ctx}",
             f"data.train_tokens={(args.steps + 2) * args.docs * args.ctx}", "data.n_heldout=2", "data.eval_docs=2",
             f"data.cache_dir={scratch / 'data'}", f"data.docs_per_batch={args.docs}", "trainer.micro_docs=1",
-            "optim.lr=1e-3", "optim.warmup_steps=20", f"trainer.max_steps={args.steps}", "logger.wandb.mode=disabled",
+            "optim.lr=1e-3", f"optim.warmup_steps={min(20, args.steps)}", f"trainer.max_steps={args.steps}",
+            "logger.wandb.mode=disabled",
             *shlex.split(args.overrides)]
     losses = {}
     os.makedirs(args.out, exist_ok=True)

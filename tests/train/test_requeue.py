@@ -38,7 +38,7 @@ def test_requeued_sweep_job_resumes_and_matches_an_uninterrupted_run(train_env, 
     cfg = compose(*tiny)
     resolve_splits(cfg.data, cfg.ctx)  # the dataset exists before the timing below
     args = [*tiny, "trainer.max_steps=12", "trainer.eval_every=3"]
-    job = "gpt2_exp_d64l3_icl_markov_ctx64_s0_docs_per_batch8_train_tokens262144"  # the run name: what runs
+    job = "gpt2_exp_d64l3_icl_markov_ctx64_s0_docs_per_batch8_train_tokens262144_warmup_steps2"  # what runs
 
     clean = subprocess.run(multirun(tmp_path / "clean", args), env=train_env, capture_output=True, text=True,
                            timeout=600)
