@@ -36,6 +36,7 @@ from longctx.eval.retrieval import prompt_length
 from longctx.generate import codec, tokenizer_name
 from longctx.runs import load_run
 from longctx.train.config import check_set, check_types, schema
+from longctx.train.console import setup_logging
 from longctx.train.data import build_heldout, resolve_splits
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -403,6 +404,7 @@ def run_command(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging()  # warnings (a skipped checkpoint, ...) as `warning: ...` lines on stderr
     try:
         rec = run_command(args)
     except USER_ERRORS as err:

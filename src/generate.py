@@ -22,6 +22,7 @@ import torch
 
 from longctx.data import dataset_info
 from longctx.runs import load_run
+from longctx.train.console import setup_logging
 
 
 def tokenizer_name(cfg) -> str | None:
@@ -159,6 +160,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging()  # warnings (a skipped checkpoint, ...) as `warning: ...` lines on stderr
     try:
         res = generate_from_run(args.run_dir, args.max_new_tokens, args.prompt, args.prompt_ids, args.temperature,
                                 args.top_k, not args.no_cache, args.step, args.device, args.seed, not args.no_static,
