@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -104,12 +105,23 @@ def train_env(data_cache):
     return env
 
 
+def _drop_leaked_root_handlers() -> None:
+    """Root-logger handlers that a library configured during an earlier test (Hydra's job logging, ...) and that
+    write to a stream pytest has closed since; pytest's own capture handlers stay."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+
+
 @pytest.fixture(autouse=True)
 def fresh_logging():
-    """Each test starts with the package logger as a new process has it: a handler a test left behind (a bar's
-    redirection, a run's console) would write to a stream pytest has closed since."""
+    """Each test starts with logging as a new process has it: a handler a test left behind (a bar's redirection, a
+    run's console, a library's root handler) would write to a stream pytest has closed since."""
     from longctx.train.console import close_logging
 
     close_logging()
+    _drop_leaked_root_handlers()
     yield
     close_logging()
+    _drop_leaked_root_handlers()
