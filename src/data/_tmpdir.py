@@ -71,3 +71,16 @@ def clean_stale(parent: Path) -> list[Path]:
         finally:
             os.close(fd)
     return removed
+
+
+@contextlib.contextmanager
+def one_writer(parent: Path, name: str):
+    """Hold `parent/.<name>.lock` (flock, blocking) for the block, so that processes which need the same dataset at
+    once (several runs started together) wait for the first one's write instead of each writing it again. The
+    caller checks again for the finished dataset inside the block."""
+    fd = os.open(Path(parent) / f".{name}.lock", os.O_CREAT | os.O_WRONLY, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -55,7 +55,7 @@ import zarr
 from tqdm.auto import tqdm
 
 from ._array import WRITE_EVERY_CHUNK
-from ._tmpdir import release, writing_dir
+from ._tmpdir import one_writer, release, writing_dir
 
 GENERATOR = "icl_markov"
 VERSION = 2  # bump when the sampling procedure changes: a new folder is generated, nothing overwritten
@@ -314,16 +314,19 @@ def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len:
     if (root / "params.json").exists():
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    with writing_dir(cache, root.name) as tmp:  # also removes what a killed generation left in cache
-        _generate(tmp, params, progress=progress)
-        (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
-        release(tmp)
-        try:
-            os.rename(tmp, root)
-            os.chmod(root, 0o777 & ~_umask())  # mkdtemp made it private
-        except OSError:
-            if not (root / "params.json").exists():  # not a concurrent writer that finished first
-                raise
+    with one_writer(cache, root.name):  # runs started together generate it once; the others wait, then read it
+        if (root / "params.json").exists():
+            return root
+        with writing_dir(cache, root.name) as tmp:  # also removes what a killed generation left in cache
+            _generate(tmp, params, progress=progress)
+            (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
+            release(tmp)
+            try:
+                os.rename(tmp, root)
+                os.chmod(root, 0o777 & ~_umask())  # mkdtemp made it private
+            except OSError:
+                if not (root / "params.json").exists():  # not a concurrent writer that finished first
+                    raise
     return root
 
 

@@ -118,7 +118,30 @@ def test_interrupted_generation_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ensure_icl_markov(tmp_path, vocab=4, alpha=1.0, doc_len=16, n_train=8, n_heldout=4, seed=0,
                           progress=False)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []  # only the writers' lock
+
+
+def test_runs_started_together_generate_a_task_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import longctx.data.icl_markov as icl
+    calls, real = [], icl._generate
+
+    def slow_generate(*a, **k):
+        calls.append(1)
+        time.sleep(0.3)  # both threads are inside ensure_icl_markov while the first writes
+        return real(*a, **k)
+
+    monkeypatch.setattr(icl, "_generate", slow_generate)
+    kw = dict(vocab=4, alpha=1.0, doc_len=16, n_train=8, n_heldout=4, seed=0, progress=False)
+    roots = []
+    threads = [threading.Thread(target=lambda: roots.append(ensure_icl_markov(tmp_path, **kw))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(set(roots)) == 1 and (roots[0] / "params.json").exists()
 
 
 def test_generation_is_fast(tmp_path):

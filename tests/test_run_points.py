@@ -1,0 +1,80 @@
+"""scripts/run_points.py: grid expansion, at most --jobs at once, the deadline, and a real two-point run that a
+second launch finds finished."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_grid_is_every_combination_first_axis_slowest(import_script):
+    rp = import_script("run_points")
+    assert rp.expand_grid(["+experiment/arm=exp,window", "seed=0,1"]) == [
+        ["+experiment/arm=exp", "seed=0"], ["+experiment/arm=exp", "seed=1"],
+        ["+experiment/arm=window", "seed=0"], ["+experiment/arm=window", "seed=1"]]
+    assert rp.expand_grid([]) == [[]]
+    assert rp.point_name(["+experiment/arm=power_p2", "seed=1"]) == "armpower_p2_seed1"
+    for bad in ("seed", "seed=", "=1,2", "seed=0,,1"):
+        with pytest.raises(ValueError, match="--grid"):
+            rp.expand_grid([bad])
+
+
+def _sleepers(rp, tmp_path, seconds):
+    points = [rp.Point([f"n={i}"], tmp_path / f"{i}.log") for i in range(len(seconds))]
+    commands = [[sys.executable, "-c", f"import time; time.sleep({s}); print('done {i}')"]
+                for i, s in enumerate(seconds)]
+    return points, commands
+
+
+def test_at_most_jobs_points_run_at_once(import_script, tmp_path):
+    rp = import_script("run_points")
+    points, commands = _sleepers(rp, tmp_path, [0.6, 0.6, 0.6])
+    t0 = time.monotonic()
+    rp.run(points, commands, jobs=2, deadline_s=None, poll_s=0.05)
+    took = time.monotonic() - t0
+    assert [p.outcome for p in points] == ["finished"] * 3
+    assert 1.2 <= took < 5  # two rounds of 0.6 s, not one (3 at once) or three (1 at once)
+    assert points[2].started - points[0].started >= 0.55
+    assert all("done" in p.log.read_text() for p in points)
+
+
+def test_deadline_stops_running_points_and_names_the_rest(import_script, tmp_path):
+    rp = import_script("run_points")
+    points, commands = _sleepers(rp, tmp_path, [0.1, 60, 60, 0.1])
+    t0 = time.monotonic()
+    rp.run(points, commands, jobs=2, deadline_s=1.0, poll_s=0.05)
+    assert time.monotonic() - t0 < 10
+    assert points[0].outcome == "finished"
+    for p in points[1:3]:
+        assert p.outcome.startswith("stopped at the deadline") and p.proc.returncode != 0
+    assert points[3].outcome == "not started before the deadline"
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    for args, field in ((["--jobs", "0"], "--jobs=0"), (["--grid", "seed"], "--grid 'seed'"),
+                        (["--gpus", "a,b"], "--gpus='a,b'"), (["--deadline-s", "-1"], "--deadline-s=-1")):
+        r = subprocess.run([sys.executable, str(REPO / "scripts/run_points.py"), "--dir", str(tmp_path), *args],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and field in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+@pytest.mark.slow
+def test_two_tiny_points_run_together_and_a_relaunch_skips_them(tmp_path):
+    cmd = [sys.executable, str(REPO / "scripts/run_points.py"), "--jobs", "2", "--dir", str(tmp_path),
+           "experiment=attention_equal_state", "+experiment/scale=cpu_tiny", "--grid",
+           "+experiment/arm=exp,power_p2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = sorted(d for d in tmp_path.iterdir() if d.name != "logs")
+    assert [d.name.split("_d256")[0] for d in runs] == ["gpt2_exp", "gpt2_power_p2"]
+    for d in runs:  # the staged recipe ran both stages into the folder -m gives
+        rec = [json.loads(x) for x in (d / "stage2_ctx128" / "metrics.jsonl").read_text().splitlines()]
+        assert rec[-1]["step"] == 2
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("finished") >= 2
+    for d in runs:  # nothing trained twice
+        assert len((d / "stage2_ctx128" / "metrics.jsonl").read_text().splitlines()) == len(rec)
