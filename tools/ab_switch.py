@@ -12,7 +12,7 @@ are compared with the first variant's, and a relative error above --tol is flagg
 short to be correct once timed 2% faster).
 
     python -m tools.ab_switch --variants concurrent_bwd=0 concurrent_bwd=1 --ctxs 65536,8192
-    python -m tools.ab_switch --variants gate_scores=0 gate_scores=1 --ctxs 1024,4096,16384
+    python -m tools.ab_switch --variants outer_stages=3 outer_stages=4 --ctxs 16384,65536
     python -m tools.ab_switch --variants default outer_stages=3 dispatch.chunk_p2=1024
 """
 import argparse

@@ -31,6 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from longctx.kernels.power import chunk as tc
+from longctx.kernels.power import chunk_stages
 from longctx.kernels.power import config as power_config
 from longctx.kernels.power import gates
 from longctx.kernels.power import parallel as ta
@@ -169,7 +170,8 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
          dict(base, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm)),
     ]
     scan = dict(HK=hk, C=chunk, BLOCK=power_config.chunk.current().discumsum_block, GATED=gated)
-    jobs_scan = [(tc._discumsum, {}, dict(scan, REVERSE=False)), (tc._discumsum, {}, dict(scan, REVERSE=True))]
+    jobs_scan = [(chunk_stages._discumsum, {}, dict(scan, REVERSE=False)),
+                 (chunk_stages._discumsum, {}, dict(scan, REVERSE=True))]
     out = []
     for fn, ptrs, consts in jobs:
         k = _compile(fn, ptrs, ints, consts, warps, stages, arch)
@@ -196,9 +198,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
         if kernel == "dq":
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
-        if kernel == "fwd":
-            cfg["ROWSUM_MMA"] = power_config.attention.current().rowsum_mma
-        else:
+        if kernel != "fwd":
             cfg.update(ta.backward_rounding(gated, cfg["DOT_DT"]))   # as attention_backward launches them
             if xt:      # the chunked form's intra-chunk attention keeps separate roundings
                 cfg["SHARED_ROUND"] = False
@@ -232,19 +232,19 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     jobs = [
         # (OUT: the per-chunk states and their gradients are bf16 for bf16 inputs)
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
-         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm, XT_IN=True), "BK"),
+         dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm), "BK"),
         ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
-         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm, XT_IN=True), "BK"),
+         dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm), "BK"),
         ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16", "DQO": "*bf16"},
          dict(query, ATOMIC=atomic, CAST=True), "BM"),
         ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"},
          query | rows_kw | dict(PIPE=cfg.qfwd_pipe), "BM"),
         ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32", "DKO": "*bf16"},
-         dict(base, HK=hk, ATOMIC=atomic, DV_TOO=False, CAST=True), "BK"),
+         dict(base, HK=hk, ATOMIC=atomic, CAST=True), "BK"),
         ("qbwd_rows", s2._sym2_query_bwd_rows, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"},
          dict(query, ATOMIC=atomic, CAST=True) | rows_kw | dict(PIPE=cfg.qbwd_pipe), "BM"),
         ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
-         dict(base, HK=hk) | rows_kw | dict(PIPE=cfg.kdv_pipe, ACC=True), "BK"),
+         dict(base, HK=hk) | rows_kw | dict(PIPE=cfg.kdv_pipe), "BK"),
     ]
     out = []
     for key, fn, ptrs, consts, rows_name in jobs:
@@ -288,10 +288,10 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
              dict(queries, CAST=True, STEP=cfg.bwd_step[0])),
             (gluon_key_dv_rows, "kdv", cfg.kdv_block, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
-             key_ints, dict(shape, HK=hk, DU_MULT=cfg.du_mult)),
+             key_ints, dict(shape, HK=hk, DU_MULT=True)),
             (gluon_key_dk_rows, "kdk", cfg.kdk_block,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
-             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=cfg.du_mult, STEP=cfg.bwd_step[1]))):
+             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=True, STEP=cfg.bwd_step[1]))):
         rows, warps, nbuf = block
         consts = dict(consts, NBUF=nbuf, MINW=s2.gluon_window_min(d, kind),
                       **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
@@ -305,8 +305,9 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
 
 
 def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
-    """The outer products in Gluon (gluon_outer.gluon_outer, keys and query side), the scaled transposed copies they
-    read (kernels._transpose_heads with SCALE) and the normalizer's scan: [(name, shared, registers, stack)]."""
+    """The outer products in Gluon (gluon_outer.gluon_outer, keys and query side, scanning as launch_outer runs them),
+    the plain transposed copies Triton's _sym2_outer reads (kernels._transpose_heads) and the normalizer's scan:
+    [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from longctx.kernels.power.chunk_p2.gluon_outer import gluon_outer, operand_layout_3d
@@ -315,24 +316,20 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
     out = []
     for keys in (True, False):
-        for scan in (False, True):      # per chunk, or with the cumulative sum over chunks (outer_scan, gated)
-            consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys,
-                          NORM=norm, NBUF=cfg.outer_stages, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk),
-                          SCAN=scan, GATED=scan, DU_MULT=scan and not keys and cfg.du_mult,
-                          PREFETCH_SF=scan, DRAIN_STEP=cfg.outer_drain, Z_SUMS=not scan, FACTOR_BANKS=True,
-                          COALESCED=True)
-            k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "GROWS": "*i32",
-                                       "OUT": "*bf16", "SF": "*bf16"}, ints, consts, 4, 1, arch,
-                         maxnreg=(cfg.outer_scan_regs or None) if scan else None, source=GluonASTSource)
-            name = f"gluon_outer{'_keys' if keys else ''}{'_scan' if scan else ''}"
-            out.append((name, k.metadata.shared, *_usage(k)))
-            PTX_OF[name] = k.asm["ptx"]
-            SASS_OF[name] = _cuobjdump(k, "-sass")
+        consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys, NORM=norm,
+                      NBUF=cfg.outer_stages, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk), GATED=True,
+                      DU_MULT=not keys)
+        k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "GROWS": "*i32",
+                                   "OUT": "*bf16", "SF": "*bf16"}, ints, consts, 4, 1, arch,
+                     maxnreg=cfg.outer_scan_regs or None, source=GluonASTSource)
+        name = f"gluon_outer{'_keys' if keys else ''}"
+        out.append((name, k.metadata.shared, *_usage(k)))
+        PTX_OF[name] = k.asm["ptx"]
+        SASS_OF[name] = _cuobjdump(k, "-sass")
         bt, warps = cfg.transpose_block
-        k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16", "W": "*bf16"}, ints,
-                     dict(H=hk if keys else hq, D=d, BT=bt, HK=hk, C=chunk, SCALE=1 if keys else 2, GATED=True,
-                          NORM=norm), warps, 1, arch)
-        out.append((f"_transpose_heads_scale{1 if keys else 2}", k.metadata.shared, *_usage(k)))
+        k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16"}, ints, dict(H=hk if keys else hq, D=d, BT=bt),
+                     warps, 1, arch)
+        out.append((f"_transpose_heads{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
         # the normalizer apart (kernels.launch_norm_scan)
         k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
                      dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=cfg.norm_sums_bk, WEIGHTED=not keys,
@@ -342,7 +339,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         bi = min(p2cfg.NORM_SCAN_BI, d)
         k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
                      ints, dict(HK=hk, D=d, C=chunk, NT=d // s2.TILE2, TW=s2.TILE2, BI=bi, KEYS=keys, GATED=True,
-                                DU_MULT=not keys and cfg.du_mult, SUMS=True, AHEAD=cfg.norm_scan_ahead), 4, 3,
+                                DU_MULT=not keys, SUMS=True, AHEAD=cfg.norm_scan_ahead), 4, 3,
                      arch)
         out.append((f"_norm_scan{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
     return out

@@ -187,7 +187,7 @@ def main():
                     "BM,BN,warps,stages[,maxnreg])")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="kernel config fields for this run (longctx.kernels.power.switches), e.g. qbwd_pipe=2 "
-                         "qbwd_block=128,8,4 outer_scan=0 (a comma list sets a tuple)")
+                         "qbwd_block=128,8,4 outer_stages=3 (a comma list sets a tuple)")
     ap.add_argument("--profile-streams", action="store_true",
                     help="profile with the backward's two streams (kernel times overlap; default: one stream)")
     ap.add_argument("--replot", nargs="*", default=None, metavar="JSON",
@@ -208,7 +208,7 @@ def main():
         json.dump(res, fh, indent=1)
 
 
-ROWS_VARIANTS = {"default": {}, "grouped": dict(rows_qbwd=False), "rows": dict(rows_qbwd=True)}
+ROWS_VARIANTS = {"default": {}, "grouped": dict(grouped_qbwd_min_d=0), "rows": dict(grouped_qbwd_min_d=1024)}
 
 
 def tune(args) -> dict:

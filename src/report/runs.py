@@ -60,7 +60,7 @@ class Run:
     @property
     def heldout_key(self) -> tuple:
         """Runs sharing it were evaluated on the same heldout documents with the same bins (their optimum is one)."""
-        return (self.ctx,) + tuple(sorted((k, v) for k, v in self.flat.items()
+        return (self.ctx,) + tuple(sorted((k, _hashable(v)) for k, v in self.flat.items()
                                           if k.startswith("data.") and k not in TRAINING_ONLY_DATA_KEYS))
 
     def at_flops(self, budget: float | None) -> dict | None:
@@ -385,3 +385,8 @@ def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
         if len(set(values.values())) > 1:
             out[key] = values
     return out
+
+
+def _hashable(value):
+    """A config value as a dict key part: lists (e.g. data.state_counts) become tuples."""
+    return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -12,11 +12,11 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 import torch  # noqa: E402
 
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim  # noqa: E402
-from longctx.kernels.power import chunk as chunk_module  # noqa: E402
 from longctx.kernels.power import config  # noqa: E402
 from longctx.kernels.power.autograd import chunked_form  # noqa: E402
 from longctx.kernels.power.chunk_p2 import config as p2_config  # noqa: E402
 from longctx.kernels.power.chunk_p2 import kernels as p2_kernels  # noqa: E402
+from longctx.kernels.power.chunk_p2 import stages as p2_stages  # noqa: E402
 
 CASES = [  # (dtype, p, norm, gated, hq, hk, d, t, chunk, state_in, state_out, tol)
     (torch.float32, 2, True, True, 2, 1, 16, 45, 16, True, True, 1e-4),     # padding, state in and out
@@ -44,7 +44,7 @@ def run(case, fast=False, rows=None, atomic=True, plain=False):
     loops without slice prefetch."""
     # the GQA case also splits the intra-chunk launches (as CUDA's grid-dim limit forces at 64k, small chunks)
     switches = dict(force=fast, atomic_rmw=atomic) | (dict(qfwd_pipe=0, kdv_pipe=0) if plain else {}) \
-        | ({} if rows is None else dict(rows_qbwd=rows))
+        | ({} if rows is None else dict(grouped_qbwd_min_d=1024 if rows else 0))
     with p2_config.override(**switches), config.chunk.override(max_grid_y=5 if case[4] == 4 else 65535):
         return _run(case, fast, rows, atomic, plain)
 
@@ -98,63 +98,44 @@ def _run(case, fast, rows, atomic, plain):
     return ok
 
 
-def scaled_transpose(keys):
-    """chunk_p2.kernels._transpose_heads with SCALE (the Gluon outer products' input, which the CPU never launches)
-    against the row factors it folds in: keys e^((gt_n - g_j) / 2), queries (s^p e^(g_i - lse_i))^(1/2) and their
-    normalizer weights [hi, lo, 0...] of -Delta_i (hi + lo = -Delta_i to bf16's 2^-16)."""
-    b, t, hk, rep, d, chunk = 2, 48, 2, 2, 16, 16
-    h = hk if keys else hk * rep
-    x = torch.randn(b, t, h, d, dtype=torch.bfloat16)
-    G = torch.randn(b, t, hk).cumsum(1) * -0.1
-    lse = torch.randn(b, t, h)
-    delta = torch.randn(b, t, h)
-    xt = torch.empty(b, h, d, t, dtype=torch.bfloat16)
-    w = torch.full((b, t, h, 8), 7.0, dtype=torch.bfloat16)
-    p2_kernels._transpose_heads[(t // 16, b * h)](x, xt, t, H=h, D=d, BT=16, G=G, LSE=lse, sqrt_scale_p=0.7, HK=hk,
-                                                  C=chunk, SCALE=1 if keys else 2, GATED=True, NORM=True,
-                                                  DELTA=delta, W=w)
-    Gh = G.repeat_interleave(h // hk, dim=2)                                        # (b, t, h): each head's gates
+def scaled_copy_reference(x, G, lse, sqrt_scale_p, hk, chunk, keys, norm, gated):
+    """What the Gluon outer products read (fp32, (b, h, d, t)): x (b, t, h, d) times the square root of its row
+    factor, keys e^((gt_n - g_j) / 2) (gt_n: G at the chunk's last row), queries s^(p/2) e^((g_i - lse_i) / 2)."""
+    b, t, h, d = x.shape
+    Gh = (G if gated else torch.zeros(b, t, hk)).repeat_interleave(h // hk, dim=2)    # (b, t, h): each head's gates
     if keys:
         g_end = Gh.view(b, t // chunk, chunk, h)[:, :, -1:].expand(-1, -1, chunk, -1).reshape(b, t, h)
         f = torch.exp(0.5 * (g_end - Gh))
     else:
-        f = 0.7 * torch.exp(0.5 * (Gh - lse))
-    want = (x.float() * f[..., None]).permute(0, 2, 3, 1)
-    err = rel(xt, want)
-    ok = err < 1e-2
-    if not keys:
-        err_w = rel(w[..., 0].double() + w[..., 1].double(), -delta)
-        ok = ok and err_w < 1e-4 and bool((w[..., 2:] == 0).all())
-        err = max(err, err_w)
-    print(f"{'ok  ' if ok else 'FAIL'} scaled transpose keys={keys} err={err:.1e}")
-    return ok
+        f = sqrt_scale_p * torch.exp(0.5 * (Gh - (lse if norm else 0.0)))
+    return (x.float() * f[..., None]).permute(0, 2, 3, 1)
 
 
 def attention_copies(norm, gated):
-    """The chunked form's attention kernels writing the Gluon outer products' scaled copies (xt_in_attention: keys
-    from the forward, queries and their normalizer weights from dq). The CPU never runs gluon_outer, so the copies
-    are checked where launch_outer receives them, against _transpose_heads on that call's own inputs; GQA, bf16,
-    the chunk-batch split over several launches (max_grid_y)."""
+    """The chunked form's attention kernels writing the Gluon outer products' scaled copies (keys from the forward,
+    queries and their normalizer weights [hi, lo, 0, ...] of -Delta_i from dq). The CPU never runs gluon_outer, so
+    the copies are checked where launch_outer receives them, against fp32 copies scaled on that call's own inputs
+    (bf16-sized errors) and -Delta (hi + lo to bf16's 2^-16); GQA, bf16, the chunk-batch split over several launches
+    (max_grid_y)."""
     b, t, hq, hk, d, chunk = 2, 64, 4, 2, 16, 16
     errs = {}
     launch_outer = p2_kernels.launch_outer
 
     def spy(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk_, d_, C, keys, norm_, gated_, *rest,
             copy=None, **kw):
-        xt, w = p2_kernels.scaled_copy_buffers(X, T, hx, d_, norm_, keys)
-        p2_kernels._transpose_heads[(T // 16, X.shape[0] * hx)](
-            X, xt, T, H=hx, D=d_, BT=16, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk_, C=C,
-            SCALE=1 if keys else 2, GATED=gated_, NORM=norm_, DELTA=DELTA, W=w)
+        want = scaled_copy_reference(X, G, LSE, scale_p ** 0.5, hk_, C, keys, norm_, gated_)
         name = "k" if keys else "q"
-        errs[name] = rel(copy[0], xt)
+        errs[name] = rel(copy[0], want)
         if norm_ and not keys:
-            errs["w"] = rel(copy[1], w)
+            w = copy[1]
+            errs["w"] = rel(w[..., 0].double() + w[..., 1].double(), -DELTA)
+            errs["w0"] = float(not bool((w[..., 2:] == 0).all()))
         return launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk_, d_, C, keys, norm_,
                             gated_, *rest, **kw)
 
     p2_kernels.launch_outer = spy
-    copy_in_attention = chunk_module._copy_in_attention
-    chunk_module._copy_in_attention = lambda fast, x, d, C, keys: fast         # as on a GPU with gluon_outer
+    copy_in_attention = p2_stages._copy_in_attention
+    p2_stages._copy_in_attention = lambda x, d, C: True         # as on a GPU with gluon_outer
     try:
         stack = contextlib.ExitStack()
         stack.enter_context(p2_config.override(force=True))
@@ -166,8 +147,9 @@ def attention_copies(norm, gated):
         stack.close()
     finally:
         p2_kernels.launch_outer = launch_outer
-        chunk_module._copy_in_attention = copy_in_attention
-    ok = set(errs) == ({"k", "q", "w"} if norm else {"k", "q"}) and all(e < 1e-6 for e in errs.values())
+        p2_stages._copy_in_attention = copy_in_attention
+    tol = {"k": 1e-2, "q": 1e-2, "w": 1e-4, "w0": 0.5}
+    ok = set(errs) == ({"k", "q", "w", "w0"} if norm else {"k", "q"}) and all(e < tol[n] for n, e in errs.items())
     print(f"{'ok  ' if ok else 'FAIL'} copies in attention norm={norm} gated={gated} "
           + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
     return ok
@@ -239,7 +221,6 @@ def main():
         failed += sum(not run(CASES[i], fast=True, atomic=False) for i in SYM2_GROUPS)   # barrier + RMW updates
         failed += sum(not run(CASES[i], fast=True, plain=True) for i in SYM2_GROUPS)
         failed += sum(not run(CASES[i], fast=True, rows=True, atomic=False) for i in SYM2_GROUPS)
-        failed += sum(not scaled_transpose(keys) for keys in (True, False))
         failed += sum(not attention_copies(norm, gated) for norm in (True, False) for gated in (True, False))
         failed += sum(not norm_scan(keys, gated, du_mult) for keys, gated, du_mult in
                       ((True, True, False), (True, False, False), (False, True, False), (False, False, False),

@@ -5,17 +5,14 @@ weights."""
 import pytest
 import torch
 
-from longctx.kernels.power.chunk_p2 import config as p2_config
 from longctx.kernels.power.chunk_p2 import kernels as p2_kernels
 from longctx.kernels.power.reference import expand, state_dim
 
 
-@pytest.mark.parametrize("pairs", [True, False])
 @pytest.mark.parametrize("d,jg", [(32, 2), (64, 2), (64, 1), (128, 1), (128, 2)])
-def test_gluon_groups_cover_the_layout_once_with_the_right_products(d, jg, pairs):
+def test_gluon_groups_cover_the_layout_once_with_the_right_products(d, jg):
     tw, nt = p2_kernels.TILE2, d // p2_kernels.TILE2
-    with p2_config.override(outer_pairs=pairs):
-        grp, grows = p2_kernels.gluon_groups(d, jg, "cpu")
+    grp, grows = p2_kernels.gluon_groups(d, jg, "cpu")
     assert grp.dtype == grows.dtype == torch.int32 and grows.shape == (grp.shape[0], tw * tw * jg)
     x = torch.randn(d, dtype=torch.float64)
     phi = expand(x, 2)                                                       # (DS,): x_i x_j at each layout row
@@ -33,6 +30,6 @@ def test_gluon_groups_cover_the_layout_once_with_the_right_products(d, jg, pairs
             seen[row] += 1
     assert bool((seen == 1).all()), seen
     half_empty = sum(r.count(-1) == tw * tw for r in grows.tolist())
-    assert half_empty == (0 if jg == 1 else (nt // 2) % 2 if pairs else nt // 2)
-    if pairs and (d, jg) == (64, 2):
+    assert half_empty == (0 if jg == 1 else (nt // 2) % 2)      # the half-empty last groups paired
+    if (d, jg) == (64, 2):
         assert grp.shape[0] == 18 and p2_kernels.groups(d, jg, "cpu").shape[0] == 20

@@ -240,38 +240,24 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
 # mode family -> (config fields of the first run, of the second): the two paths a mode compares (chunk_p2 config)
 STATE_PATHS = {
     "sym2": None,                                               # the generic kernels against the p=2 ones
-    "rows": (dict(rows_qbwd=False), dict(rows_qbwd=True)),      # grouped query backward against row-scaled
+    "rows": (dict(grouped_qbwd_min_d=0), dict(grouped_qbwd_min_d=1024)),   # grouped query backward against row-scaled
     "atomic": (dict(atomic_rmw=False), {}),                     # dq / dk by barrier + read-modify-write
-    "plain": (dict(qfwd_pipe=0, kdv_pipe=0, outer_gluon=False), {}),   # no slice prefetch, Triton outer products
-    "gluon": (dict(outer_gluon=False), {}),                     # the outer products in Triton against Gluon
-    "gluonq": (dict(gluon_qbwd=False), {}), "gluonf": (dict(gluon_qfwd=False), {}),   # row kernels in Triton
-    "gluonv": (dict(gluon_kdv=False), {}), "gluonk": (dict(gluon_kdk=False), {}),     # against Gluon
-    "scan": (dict(outer_scan=False), {}),                       # per-chunk sums + _discumsum against the scan
-    "dumult": (dict(du_mult=False), {}),                        # key kernels apply the multiplicities
-    "xtattn": (dict(xt_in_attention=0), {}),                    # the scaled copies by _transpose_heads
-    "streams": (dict(concurrent_bwd=False, states_in_place=False), dict(states_in_place=False)),   # 1 vs 2 streams
-    "drain": (dict(outer_drain=False), {}),                     # (d=64, two blocks a group: the race never seen)
-    "normstream": (dict(norm_concurrent=False), {}),            # the normalizer scan on the caller's stream
+    "plain": (dict(qfwd_pipe=0, kdv_pipe=0), {}),               # the Triton row kernels without slice prefetch
+    "streams": (dict(concurrent_bwd=False), {}),                # 1 vs 2 streams (retain_graph: not in place)
     "normahead": (dict(norm_sums_rows=1, norm_scan_ahead=0), {}),   # a program a chunk, no loads ahead
-    "pairs": (dict(outer_pairs=False), {}),                     # one half-empty group per row
     "levels": (dict(window_min=(0, 0)), dict(window_min=(16, 16))),   # two windows against halving to 16
-    "inplace": (dict(states_in_place=False), {}),               # the state gradients in a buffer of their own
 }
 
 
-@pytest.mark.parametrize("mode", ["sym2-fp32", "sym2-bf16", "rows-fp32", "rows-bf16", "rows-bf16-d32",
-                                  "atomic-fp32", "atomic-bf16", "atomic-bf16-d32", "atomic-bf16-d128", "plain-bf16",
-                                  "plain-bf16-d128", "gluon-bf16", "gluon-bf16-d32", "gluonq-bf16", "gluonq-bf16-d32",
-                                  "gluonf-bf16", "gluonf-bf16-d32", "gluonv-bf16", "gluonv-bf16-d32", "gluonk-bf16",
-                                  "gluonk-bf16-d32", "scan-bf16", "scan-bf16-d32", "dumult-bf16", "dumult-bf16-d32",
-                                  "xtattn-bf16", "xtattn-bf16-d32", "streams-bf16", "streams-bf16-d32",
-                                  "gluon-bf16-d128", "scan-bf16-d128", "drain-bf16", "normstream-bf16",
-                                  "normahead-bf16", "pairs-bf16", "pairs-bf16-d32", "levels-bf16", "inplace-bf16",
-                                  "inplace-bf16-d32"])
+@pytest.mark.parametrize("mode", ["sym2-fp32", "sym2-bf16", "sym2-bf16-d32", "sym2-bf16-d128", "rows-fp32",
+                                  "rows-bf16", "rows-bf16-d32", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
+                                  "atomic-bf16-d128", "plain-fp32", "streams-bf16", "streams-bf16-d32",
+                                  "normahead-bf16", "levels-bf16"])
 def test_chunked_state_paths_agree(mode):
     """Two implementations of the chunked form's state term agree (STATE_PATHS: the chunk_p2 config of each run; the
-    p=2 kernels forced for fp32): the generic expand-MMA kernels against the p=2 ones (sym2-*), and each switch of
-    the p=2 kernels against its alternative. Many chunks, state in and out, output, state and all gradients."""
+    p=2 kernels forced for fp32): the generic expand-MMA kernels against the p=2 ones (sym2-*: the Gluon kernels for
+    bf16 on Hopper, the Triton ones for fp32), and each runtime switch or tunable of the p=2 kernels against its
+    alternative. Many chunks, state in and out, output, state and all gradients."""
     from longctx.kernels.power.chunk_p2 import config as p2_config
     dtype = torch.bfloat16 if "bf16" in mode else torch.float32
     d = int(mode.split("-d")[1]) if "-d" in mode else 64
@@ -290,7 +276,8 @@ def test_chunked_state_paths_agree(mode):
             outs = [y, st_out.s, st_out.z]
             torch.manual_seed(0)
             seeds = [torch.randn_like(x) for x in outs]
-            res.append([x.detach() for x in outs] + list(torch.autograd.grad(outs, leaves, seeds)))
+            res.append([x.detach() for x in outs]
+                       + list(torch.autograd.grad(outs, leaves, seeds, retain_graph=family == "streams")))
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
     for name, a, b in zip("y s z dq dk dv dlog_g ds0 dz0".split(), *res):
         assert torch.isfinite(a).all(), name
@@ -301,8 +288,6 @@ def test_chunked_backward_twice_with_retain_graph():
     """retain_graph=True keeps the forward's states intact (the backward writes its state gradients over them only
     when the graph is freed after it): a second backward over the same graph gives the same gradients, and a third
     without retain_graph (in place) too."""
-    from longctx.kernels.power.chunk_p2 import config as p2_config
-    assert p2_config.current().states_in_place
     q, k, v, lg = (x.requires_grad_() for x in make(1, 4096, 4, 2, 64, torch.bfloat16, True, seed=6))
     y = chunked_form(q, k, v, lg, p=2, scale=0.125, chunk_size=512, norm=True)
     do = torch.randn_like(y)

@@ -1,10 +1,9 @@
 """CPU: when the chunked backward may write its state gradients over the forward's saved states
 (autograd.states_in_place): only in a backward that frees the graph after it, never under retain_graph=True
-(a second backward would read the overwritten states), and never with the switch off."""
+(a second backward would read the overwritten states)."""
 import torch
 
 from longctx.kernels.power import autograd
-from longctx.kernels.power.chunk_p2 import config as p2_config
 
 
 class _Probe(torch.autograd.Function):
@@ -30,12 +29,6 @@ def _backward_sees(**kw) -> bool:
 
 
 def test_in_place_only_when_the_graph_is_freed():
-    assert p2_config.current().states_in_place          # the default
     assert _backward_sees() is True
     assert _backward_sees(retain_graph=True) is False
 
-
-def test_in_place_off_by_switch():
-    with p2_config.override(states_in_place=False):
-        assert _backward_sees() is False
-    assert _backward_sees() is True             # restored after the block

@@ -7,10 +7,10 @@ from longctx.kernels.power.chunk_p2 import config as p2_config
 
 
 def test_switches_parse_by_field_type():
-    assert switches.parse(["outer_stages=3", "gate_scores=0", "p2.qbwd_block=128,8,4", "dispatch.chunk_p2=1024",
+    assert switches.parse(["outer_stages=3", "offdiag_fp32_grads=1", "p2.qbwd_block=128,8,4", "dispatch.chunk_p2=1024",
                            "offdiag_precision=tf32"]) == {
         "p2": {"outer_stages": 3, "qbwd_block": (128, 8, 4)},
-        "attention": {"gate_scores": False, "offdiag_precision": "tf32"},
+        "attention": {"offdiag_fp32_grads": True, "offdiag_precision": "tf32"},
         "dispatch": {"chunk_p2": 1024}}
 
 
@@ -24,11 +24,11 @@ def test_overrides_hold_inside_the_block_only():
     'default' at the previous variant's chunk)."""
     before = (config.dispatch.current(), p2_config.current(), config.attention.current())
     items = [f"default_chunk={before[0].default_chunk // 2}", f"concurrent_bwd={int(not before[1].concurrent_bwd)}",
-             f"gate_scores={int(not before[2].gate_scores)}"]
+             f"offdiag_fp32_grads={int(not before[2].offdiag_fp32_grads)}"]
     with switches.applied(items, tiles={"fwd": (64, 32, 4, 3)}):
         assert config.dispatch.current().default_chunk == before[0].default_chunk // 2
         assert p2_config.current().concurrent_bwd is not before[1].concurrent_bwd
-        assert config.attention.current().gate_scores is not before[2].gate_scores
+        assert config.attention.current().offdiag_fp32_grads is not before[2].offdiag_fp32_grads
         assert config.attention.current().block_override == {"fwd": (64, 32, 4, 3)}
     assert (config.dispatch.current(), p2_config.current(), config.attention.current()) == before
     with pytest.raises(RuntimeError), switches.applied(["outer_stages=2"]):

@@ -91,7 +91,7 @@ def _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK: tl.constexpr, D: tl.constex
 def _store_transposed(x, f, XT_ROWS, T, rows, mask, D: tl.constexpr):
     """Stores (x [BT, D] times the row factors f [BT]).T at XT_ROWS + c * T + rows (c < D): rows of a (b, h, D, T)
     copy, the layout the outer products read their factors from (chunk_p2.kernels._transpose_heads, and the chunked
-    form's attention kernels with XT_MODE, which hold these rows anyway)."""
+    form's attention kernels with XT_MODE, which hold these rows anyway, scaled by their row factors)."""
     x = (x.to(tl.float32) * f[:, None]).to(XT_ROWS.dtype.element_ty)
     tl.store(XT_ROWS + tl.arange(0, D).to(tl.int64)[:, None] * T + rows[None, :], tl.trans(x), mask=mask[None, :])
 
@@ -99,7 +99,7 @@ def _store_transposed(x, f, XT_ROWS, T, rows, mask, D: tl.constexpr):
 @triton.jit
 def _store_norm_weights(W_ROWS, dl, mask):
     """The query side's normalizer weights of rows W_ROWS (pointers to their 8 bf16 values): [hi, lo, 0, ...] with
-    hi + lo = dl to ~2^-16 (gluon_sym2.gluon_outer's W)."""
+    hi + lo = dl to ~2^-16 (read by chunk_p2.kernels.launch_norm_scan)."""
     hi = dl.to(tl.bfloat16)
     lo = (dl - hi.to(tl.float32)).to(tl.bfloat16)
     cols = tl.arange(0, 8)[None, :]

@@ -18,9 +18,7 @@ from typing import Optional
 import torch
 
 from . import gates
-from .chunk import chunked_backward, chunked_forward
-from .chunk_p2 import config as p2_config
-from .chunk_p2.kernels import applies as p2_applies
+from .chunk import chunked_backward, chunked_forward, state_dtype
 from .native import launcher as native
 from .parallel import attention_backward, attention_forward
 from .reference import PowerState, state_dim
@@ -101,8 +99,7 @@ def _(q, k, v, log_g, scale, p, norm, C):
     b, T, hq, d = q.shape
     d = int(d)                                    # the head dim is static (kernel constexpr); state_dim caches
     hk, ds = k.shape[2], state_dim(p, d)
-    low = p2_applies(p, d, q.dtype) and q.dtype == torch.bfloat16     # bf16 states (chunked_forward)
-    S = q.new_empty((b, hk, T // C + 1, ds, d), dtype=torch.bfloat16 if low else _F32)
+    S = q.new_empty((b, hk, T // C + 1, ds, d), dtype=state_dtype(p, d, q.dtype))
     Z = q.new_empty((b, hk, T // C + 1, ds), dtype=_F32)
     lse = q.new_empty((b, T, hq) if norm else (1,), dtype=_F32)
     G = q.new_empty((b, T, hk) if log_g is not None else (1,), dtype=_F32)
@@ -190,10 +187,10 @@ def attention_form(q, k, v, log_g, *, p, scale, norm):
 
 
 def states_in_place() -> bool:
-    """Whether this backward may write over the saved states (chunk_p2 config states_in_place): only in a graph task
-    that frees the graph after it (torch's retain_graph=False; unknown -> no), since another backward needs S."""
+    """Whether this backward may write over the saved states (1.8 GB less at 64k): only in a graph task that frees the
+    graph after it (torch's retain_graph=False; unknown -> no), since another backward needs S."""
     keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    return p2_config.current().states_in_place and keep is not None and not keep()
+    return keep is not None and not keep()
 
 
 class ChunkedForm(torch.autograd.Function):

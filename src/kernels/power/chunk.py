@@ -1,5 +1,7 @@
 """Chunked form of power attention in Triton (forward + backward), with the tiled symmetric-power expansion done
-on the fly inside the matmuls ("expand-MMA": phi(K) / phi(Q) never exist in HBM).
+on the fly inside the matmuls ("expand-MMA": phi(K) / phi(Q) never exist in HBM): every p, dtype and head dim. Where
+the p=2 family applies (chunk_p2.applies) chunked_forward / chunked_backward hand the call to chunk_p2.forward /
+chunk_p2.backward; both compose the shared stages of chunk_stages.py (intra-chunk attention, scans, gate gradients).
 
 Math (reference.py `_block`, docs/kernels.md). Chunk n covers tokens [nC, nC + C); g = chunk-local
 cumulative log-gate (g_i = sum of log_g from the chunk start to i), gt_n = g at the chunk's last token, s = scale:
@@ -8,9 +10,9 @@ cumulative log-gate (g_i = sum of log_g from the chunk start to i), gt_n = g at 
     U_n      = sum_{j in n} w phi(k_j) e^(gt_n - g_j) v_j^T,  Uz_n = same with v_j -> 1   (update-state, expand-M)
     S_{n+1}  = e^(gt_n) S_n + U_n   (discumsum; S_0 = initial state)
                _update_state_fwd computes every chunk's U_n in parallel (grid over chunk x state tile x value
-               block x b*hk) into slot n+1 of the state buffer, then _discumsum (elementwise, one program per
-               block of the flattened state, walking the chunks) turns the slots into the states entering each
-               chunk, in place.
+               block x b*hk) into slot n+1 of the state buffer, then chunk_stages._discumsum (elementwise, one
+               program per block of the flattened state, walking the chunks) turns the slots into the states
+               entering each chunk, in place.
     inter_i  = r_i phi(q_i) S_n, den_i = r_i phi(q_i) . z_n,  r_i = s^p e^(g_i)       (query-state, expand-K)
     y_i      = (N_i + inter_i) / (L_i + den_i)  (norm; stabilized by max(lse_intra, log den)) or N_i + inter_i
 
@@ -24,7 +26,7 @@ Backward (Den_i = total normalizer, Delta_i = dy_i . y_i, dn_i = dy_i / Den_i, d
     dg_i += X . phi(q_i);
   * states: R_n = dL/dS_n = Q_n + e^(gt_n) R_{n+1}, Q_n = sum_{i in n} r_i phi(q_i)^T [dn_i | dl_i],
     R_NC = gradient of the returned state; dU_n = R_{n+1}, dgt_n = e^(gt_n) <S_n, R_{n+1}>, dS_0 = R_0.
-    _query_grad_state computes every Q_n in parallel, _discumsum(REVERSE) accumulates in place (and the
+    _query_grad_state computes every Q_n in parallel, chunk_stages._discumsum(REVERSE) accumulates in place (and the
     per-block dgt partials);
   * key side (_update_state_bwd): X = dU_n v_j + dUz_n = dL/d(w phi(k_j) e^(gt_n - g_j)); dv += ph dU,
     dk += contract(X), Y_j = X . ph_j: dg_j -= Y_j, dgt_n += Y_j.
@@ -37,12 +39,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import config
-from . import parallel as attn
+from . import chunk_p2
 from ._common import _combine_store, _has_state, _key_block, _key_rows, _kv_heads, _query_block, _row_factor
-from .chunk_p2 import config as p2_config
-from .chunk_p2 import kernels as sym2
-from .parallel import _attn_bwd_dkdv, _attn_bwd_dq, _dot_dtype, _launch_cfg
+from .chunk_stages import (gate_grads, intra_backward_dkdv, intra_backward_dq, intra_forward, new_state_grads,
+                           new_states, scan_state_grads, scan_states, state_operands)
 from .reference import _ndmi, state_dim, state_tile
 
 
@@ -289,7 +289,7 @@ def _update_state_bwd(K, V, G, IDX, MULT, DU, DUZ, DK, DV, DGK, T, NC, DS, L, NU
 
 
 # ----------------------------------------------------------------------------------------------
-# parallel state path (default): update-state per chunk in parallel, then a light discumsum
+# state kernels run for all chunks in parallel (the scan over chunks is chunk_stages._discumsum)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _update_state_fwd(K, V, G, IDX, MULT, S, Z, T, NC, DS, L,
@@ -336,48 +336,6 @@ def _query_grad_state(Q, G, IDX, DO, LSE, DELTA, DR, DRZ, scale_p, T, NC, DS, L,
     tl.store(DRZ + s_base + l * F + offs_f, duz, mask=z_store)
 
 
-@triton.jit
-def _discumsum(X, G, S, DGT, M, T, NC, HK: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
-               GATED: tl.constexpr, REVERSE: tl.constexpr):
-    """Gated cumulative sum over chunks, in place, elementwise, fp32 arithmetic. X: (b*hk, NC+1, M) fp32 or
-    bf16 (the p=2 bf16 path stores states in bf16; the running sum stays fp32 in registers). Program (block of M,
-    b*hk), decay_n = e^(gt_n):
-      forward (REVERSE=False): slot 0 holds S_0, slot n+1 holds U_n  ->  slot n+1 = S_{n+1} = decay_n S_n + U_n;
-      reverse (REVERSE=True): slot NC holds dL/dS_NC, slot n < NC holds the direct gradient Q_n of S_n
-        -> slot n = R_n = Q_n + decay_n R_{n+1} = dL/dS_n; if GATED also DGT[b*hk, block, n] =
-        decay_n <S_n, R_{n+1}> over this block (S: the forward states, same layout as X)."""
-    pid = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    nblk = tl.num_programs(0)
-    i_b, i_hk = _kv_heads(pid_bh, HK)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < M
-    bh = pid_bh.to(tl.int64) * (NC + 1)                                 # slot index of (b*hk, 0); int64 offsets
-    if REVERSE:
-        acc = tl.load(X + (bh + NC) * M + offs, mask=mask, other=0.0).to(tl.float32)
-        for n_rev in range(NC):
-            n = NC - 1 - n_rev
-            x = tl.load(X + (bh + n) * M + offs, mask=mask, other=0.0).to(tl.float32)
-            if GATED:
-                decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
-                s_n = tl.load(S + (bh + n) * M + offs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(DGT + (pid_bh.to(tl.int64) * nblk + pid) * NC + n, decay * tl.sum(s_n * acc, axis=0))
-                acc = x + decay * acc
-            else:
-                acc = x + acc
-            tl.store(X + (bh + n) * M + offs, acc, mask=mask)
-    else:
-        acc = tl.load(X + bh * M + offs, mask=mask, other=0.0).to(tl.float32)
-        for n in range(NC):
-            x = tl.load(X + (bh + n + 1) * M + offs, mask=mask, other=0.0).to(tl.float32)
-            if GATED:
-                decay = tl.exp(tl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
-                acc = decay * acc + x
-            else:
-                acc = acc + x
-            tl.store(X + (bh + n + 1) * M + offs, acc, mask=mask)
-
-
 # ----------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------
@@ -396,26 +354,6 @@ def _tables(p, d, device):
     return _TABLES[key]
 
 
-
-
-
-def _chunk_batches(nb, heads):
-    """Slices of the b*NC chunk-batch such that one intra-chunk launch has <= max_grid_y programs in grid dim 1."""
-    step = max(1, config.chunk.current().max_grid_y // heads)
-    return [slice(i, min(i + step, nb)) for i in range(0, nb, step)]
-
-
-def _chunk_view(x, nb, C, real=True):
-    """(b, NC*C, ...) -> (b*NC, C, ...): each chunk one batch entry. Placeholders (real=False) pass through."""
-    return x.view(nb, C, *x.shape[2:]) if real else x
-
-
-def _state_operands(dtype):
-    """Operand dtype and precision of the state matmuls: bf16 for bf16 inputs (fp32 accumulation), else fp32
-    operands as tf32x3 (fp16: phi of large-norm inputs can exceed 65504)."""
-    return (tl.bfloat16, "tf32") if dtype == torch.bfloat16 else (tl.float32, "tf32x3")
-
-
 def _chunk_blocks(F, d, dot_dt):
     """(rows per step BK/BM, value columns per state program BD, warps, stages). Not timed on a GPU; chosen so that
     sm_90 compiles (tools/compile_check.py) fit in shared memory and spill little: 8 warps, [B, F] expanded tiles
@@ -427,94 +365,50 @@ def _chunk_blocks(F, d, dot_dt):
     return 32, 32, 8, 2
 
 
-def _copy_in_attention(fast, x, d, C, keys) -> bool:
-    """Whether the attention kernels write the Gluon outer product's scaled copy of x, the keys or the queries
-    (chunk_p2 config xt_in_attention; the p=2 path with gluon_outer)."""
-    return fast and bool(p2_config.current().xt_in_attention & (1 if keys else 2)) and sym2.gluon_outer_applies(x, d, C)
+def state_dtype(p: int, d: int, dtype) -> torch.dtype:
+    """The dtype of the per-chunk states S a forward saves: bf16 where the p=2 family runs on bf16 inputs (bf16
+    matmul operands anyway; sums stay fp32 in registers), else fp32."""
+    return torch.bfloat16 if chunk_p2.applies(p, d, dtype) and dtype == torch.bfloat16 else torch.float32
+
+
+def _state_launch(p, d, dtype, device):
+    """The generic state kernels' shared constexprs and launch options, and their (rows, BD, L, IDX, MULT)."""
+    IDX, MULT, TILE, F, L = _tables(p, d, device)
+    sdt, sprec = state_operands(dtype)
+    rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
+    sizes = dict(D=d, P=p, TILE=TILE, F=F, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
+    return sizes, rows, BD, L, IDX, MULT
 
 
 def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int):
     """The chunked form's forward launches: (y, S, Z, lse, G) with S / Z the states entering each chunk and the
     final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy. Arguments as
-    autograd.ChunkedForm's; q, k, v contiguous."""
+    autograd.ChunkedForm's; q, k, v contiguous. The p=2 family (chunk_p2.applies) runs its own stages."""
     b, T, hq, d = q.shape
-    hk = k.shape[2]
-    NC = T // C
-    dev = q.device
+    if chunk_p2.applies(p, d, q.dtype):
+        return chunk_p2.forward(q, k, v, gl, s0, z0, scale, norm, C)
+    hk, NC, dev = k.shape[2], T // C, q.device
     gated = gl is not None
     f32 = dict(device=dev, dtype=torch.float32)
     dummy = torch.zeros(1, **f32)
     G = gl.contiguous() if gated else dummy
-    IDX, MULT, TILE, F, L = _tables(p, d, dev)
-    DS = state_dim(p, d)
-    sp = scale ** p
-    block = config.chunk.current().discumsum_block     # elements of the flattened state per _discumsum program
-    # intra-chunk attention: each chunk is one batch entry of the attention-form kernel
-    attn_cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False), chunked=True)
-    fast = sym2.applies(p, d, q.dtype)      # p = 2: the state kernels of chunk_p2/
-    p2 = p2_config.current()
-    # bf16 inputs on the p=2 path: the intra output and the per-chunk states are stored in bf16 (they are
-    # bf16 matmul operands anyway; sums stay fp32 in registers): half the memory of fp32 buffers
-    low = fast and q.dtype == torch.bfloat16
-    o_intra = torch.empty(b, T, hq, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
+    DS, sp = state_dim(p, d), scale ** p
+    sizes, rows, BD, L, IDX, MULT = _state_launch(p, d, q.dtype, dev)
+    # 1. each chunk's attention alone
+    o_intra = torch.empty(b, T, hq, d, **f32)
     lse_intra = torch.empty(b, T, hq, **f32) if norm else dummy
-    nb = b * NC
-    cq, ck, cv, cG, co = (_chunk_view(x, nb, C, r) for x, r in
-                          ((q, True), (k, True), (v, True), (G, gated), (o_intra, True)))
-    cl = _chunk_view(lse_intra, nb, C, norm)
-    # the Gluon outer products' scaled copy of k, written by the attention kernel (it holds those rows anyway)
-    copy_k = sym2.scaled_copy_buffers(k, T, hk, d, norm, True) if _copy_in_attention(fast, k, d, C, True) else None
-    for sl in _chunk_batches(nb, hq):
-        side = dict(XT=copy_k[0], CB0=sl.start, NCH=NC, T_FULL=T, XT_MODE=1) if copy_k else {}
-        attn.launch_fwd(cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl,
-                                    scale, sp, C, (sl.stop - sl.start) * hq, hq, hk, d, p, norm, gated, attn_cfg,
-                                    **side)
-    # states entering each chunk (+ the final one)
-    sdt, sprec = _state_operands(q.dtype)
-    rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
-    S = torch.empty(b, hk, NC + 1, DS, d, device=dev, dtype=torch.bfloat16 if low else torch.float32)
-    Z = torch.empty(b, hk, NC + 1, DS, **f32)
-    has_s0 = s0 is not None
-    # 1. U_n of every chunk in parallel -> slots 1..NC; 2. slot 0 = S_0; 3. discumsum in place
-    if has_s0:
-        S[:, :, 0] = s0
-        Z[:, :, 0] = z0
-    else:
-        S[:, :, 0].zero_()
-        Z[:, :, 0].zero_()
-    scanned = False
-    if fast:
-        scanned, _ = sym2.launch_outer(k, v, G, dummy, dummy, S, Z, sp, T, NC, DS, 1, hk, hk, d, C, True, norm,
-                                       gated, sdt, sprec, scan=True, copy=copy_k)
-        del copy_k
-    else:
-        _update_state_fwd[(NC * L, d // BD, b * hk)](
-            k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, D=d, P=p, TILE=TILE, F=F, C=C, BK=rows,
-            BD=BD, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
-    for X, M in ((S, DS * d), (Z, DS)) if not scanned else ():
-        _discumsum[(triton.cdiv(M, block), b * hk)](
-            X, G, dummy, dummy, M, T, NC, HK=hk, C=C, BLOCK=block, GATED=gated, REVERSE=False,
-            num_warps=4)
+    intra_forward(q, k, v, G, o_intra, lse_intra, scale, C, p, norm, gated)
+    # 2. U_n of every chunk in parallel -> slots 1..NC; 3. the scan turns them into the states entering each chunk
+    S, Z = new_states(b, hk, NC, DS, d, s0, z0, dev, torch.float32)
+    _update_state_fwd[(NC * L, d // BD, b * hk)](k, v, G, IDX, MULT, S, Z, T, NC, DS, L, HK=hk, C=C, BK=rows, BD=BD,
+                                                 GATED=gated, **sizes)
+    scan_states(S, Z, G, T, C, gated)
+    # 4. each chunk's queries against the state entering it, combined with the intra-chunk output
     y = torch.empty_like(q)
     lse = torch.empty(b, T, hq, **f32) if norm else dummy
-    if fast and sym2.gluon_rows_applies("qfwd", q, d):
-        from .chunk_p2.gluon_rows import gluon_query_fwd_rows
-        bm, warps, nbuf = p2.qfwd_block
-        gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-            MINW=sym2.gluon_window_min(d, "qfwd"), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf,
-            num_warps=warps, **sym2.gluon_rows_regs("qfwd"))
-    elif fast:
-        _, bm, _, _ = sym2.blocks("qfwd_rows", d)
-        sym2._sym2_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-            q, G, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-            KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            PIPE=p2.qfwd_pipe, **sym2.launch_options("qfwd_rows", d))
-    else:
-        _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
-            q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, D=d, P=p, TILE=TILE,
-            F=F, C=C, BM=rows, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-            num_warps=warps, num_stages=stages)
+    _query_state_fwd[(triton.cdiv(C, rows), NC, b * hq)](
+        q, G, IDX, S, Z, o_intra, lse_intra, y, lse, sp, T, NC, DS, L, HQ=hq, HK=hk, C=C, BM=rows, NORM=norm,
+        GATED=gated, HAS_S0=s0 is not None, **sizes)
     return y, S, Z, lse, G
 
 
@@ -522,221 +416,40 @@ def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: in
                      has_s0: bool, states_in_place: bool = False):
     """The chunked form's backward launches: (dq, dk, dv, dgl, ds0, dz0) from the forward's tensors
     (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, or None where unused: zeros).
-    states_in_place: the state gradients dL/dS_n may be written over the forward's states S (the caller will not
-    run this backward again: states_in_place()); done where the Gluon scan writes them (it reads each S_n before it
-    writes slot n), after the query backward, the other reader of S, on one stream."""
+    states_in_place: the state gradients may be written over the forward's states S (the caller will not run this
+    backward again: autograd.states_in_place); only the p=2 family does."""
     b, T, hq, d = q.shape
-    hk = k.shape[2]
-    NC = T // C
+    if chunk_p2.applies(p, d, q.dtype):
+        return chunk_p2.backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale, norm, gated, C, has_s0,
+                                 states_in_place)
+    hk, NC = k.shape[2], T // C
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = lse if not norm else torch.zeros(1, **f32)
-    IDX, MULT, TILE, F, L = _tables(p, d, q.device)
-    fast = sym2.applies(p, d, q.dtype)                 # as in the forward
-    atomic = sym2.atomic_updates()                     # dq / dk updates of the p=2 backward kernels (both alike)
-    DS = state_dim(p, d)
-    sp = scale ** p
-    block = config.chunk.current().discumsum_block     # elements of the flattened state per _discumsum program
+    DS, sp = state_dim(p, d), scale ** p
+    sizes, rows, BD, L, IDX, MULT = _state_launch(p, d, q.dtype, q.device)
     dy = dy.contiguous()
-    # Delta = dy . y (b,T,hq): formed and stored by the intra-chunk dq kernel, which runs first
+    # 1. the intra-chunk attention's gradients with the combined normalizer (lse = log of the total); dq first: it
+    # forms Delta = dy . y
     delta = torch.empty(b, T, hq, **f32) if norm else dummy
-    # intra-chunk attention backward with the combined normalizer (lse = log of the total)
-    # with the row-scaled dv kernel (the last to write dv) dv stays in the inputs' dtype throughout: the intra-chunk
-    # part is rounded once before the state part is added in fp32 (saves an fp32 copy and a conversion pass); dq and
-    # dk likewise where the Gluon query backward / key dk finish them (INTRA_GRADS_LOW)
-    p2 = p2_config.current()
-    # the state kernels that run in Gluon (bf16 inputs only)
-    qbwd_gluon = fast and sym2.row_scaled_qbwd(d) and sym2.gluon_rows_applies("qbwd", q, d)
-    kdk_gluon = fast and sym2.gluon_rows_applies("kdk", k, d)
-    dq_low = qbwd_gluon
-    dk_low = kdk_gluon
-    dq = torch.empty_like(q) if dq_low else torch.empty(b, T, hq, d, **f32)
-    dk = torch.empty_like(k) if dk_low else torch.empty(b, T, hk, d, **f32)
-    dv = torch.empty_like(v) if fast else torch.empty(b, T, hk, d, **f32)
-    dgq = torch.empty(b, T, hq, **f32) if gated else dummy
-    dgk = torch.empty(b, T, hk, **f32) if gated else dummy
-    dot_dt, prec = _dot_dtype(q.dtype, norm, True)
-    kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
-    common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
-    nb = b * NC
-    cq, ck, cv, cdy, cy, cdq, cdk, cdv = (_chunk_view(x, nb, C) for x in (q, k, v, dy, y, dq, dk, dv))
-    cG, cdgq, cdgk = (_chunk_view(x, nb, C, gated) for x in (G, dgq, dgk))
-    cl, cdl = (_chunk_view(x, nb, C, norm) for x in (lse, delta))
-    # the query side's scaled copy for the Gluon outer products (and its normalizer weights), written by dq
-    copy_q = (sym2.scaled_copy_buffers(q, T, hq, d, norm, False)
-              if _copy_in_attention(fast, q, d, C, False) else None)
-    cw = _chunk_view(copy_q[1], nb, C, norm) if copy_q else None
-    # the query side's reverse scan and then the key kernels may run on a side stream (config concurrent_bwd): the
-    # scan needs only the intra-chunk dq's copies and Delta, the key kernels the intra-chunk dk / dv, and the
-    # intra-chunk dk / dv and the query backward need neither. Every buffer either chain writes is allocated on the
-    # caller's stream before the fork and the caller's stream waits for the side stream before returning, so no
-    # memory is freed or reused while the other stream may still use it.
-    side = sym2.side_stream(q.device, "bwd") if p2.concurrent_bwd and fast and q.is_cuda else None
-    in_place = states_in_place and fast and sym2.gluon_scan_applies(q, d, C)
-    if in_place:        # S must be read by the query backward before the scan writes over it: one stream, in order
-        side = None
-
-    def slice_inputs(sl):
-        """A chunk-batch slice's launch size and its gate, log-normalizer and Delta views (dummies where unused)."""
-        return sl.stop - sl.start, (cG[sl] if gated else G), (cl[sl] if norm else cl), (cdl[sl] if norm else cdl)
-
-    for sl in _chunk_batches(nb, hq):
-        n_sl, g_, l_, d_ = slice_inputs(sl)
-        side_args = dict(XT=copy_q[0], W=cw[sl] if norm else cw, sqrt_scale_p=sp ** 0.5, CB0=sl.start, NCH=NC,
-                         T_FULL=T, XT_MODE=2) if copy_q else {}
-        _attn_bwd_dq[(triton.cdiv(C, q_cfg["BM"]), n_sl * hq)](
-            cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C,
-            GATE_SCORES=config.attention.current().gate_scores, O=cy[sl], DELTA_OUT=norm, **common, **q_cfg,
-            **side_args)
-    del cdq                                 # a view that would keep an fp32 dq alive after its conversion
-
-    def intra_dkdv():
-        for sl in _chunk_batches(nb, hq):
-            n_sl, g_, l_, d_ = slice_inputs(sl)
-            _attn_bwd_dkdv[(triton.cdiv(C, kv_cfg["BN"]), n_sl * hk)](
-                cq[sl], ck[sl], cv[sl], g_, cdy[sl], l_, d_, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale,
-                sp, C, **common, **kv_cfg)
-
-    # state term
-    sdt, sprec = _state_operands(q.dtype)
-    rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
-    sizes = dict(D=d, P=p, TILE=TILE, F=F, C=C, GATED=gated, DOT_DT=sdt, PREC=sprec, num_warps=warps,
-                 num_stages=stages)
-    dgq2 = torch.empty(b, T, hq, **f32) if gated else dummy
-    # the p=2 kernels write the finished dq / dk in the inputs' dtype themselves (CAST: no conversion pass)
-    cast = fast and q.dtype != torch.float32
-    dq_out = dq if dq_low or not cast else torch.empty_like(q)
-
-    def query_state():
-        if qbwd_gluon:
-            from .chunk_p2.gluon_rows import gluon_query_bwd_rows
-            bm, warps_, nbuf = p2.qbwd_block
-            gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp,
-                T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "qbwd"), BM=bm, NORM=norm,
-                GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast, STEP=p2.bwd_step[0],
-                num_warps=warps_, **sym2.gluon_rows_regs("qbwd"))
-        elif fast and sym2.row_scaled_qbwd(d):
-            _, bm, _, _ = sym2.blocks("qbwd_rows", d)
-            sym2._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE,
-                KW2=sym2.half_window(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                ATOMIC=atomic, PIPE=p2.qbwd_pipe, CAST=cast, **sym2.launch_options("qbwd_rows", d))
-        elif fast:
-            jg, bm, _, _ = sym2.blocks("qbwd", d)
-            grp = sym2.groups(d, jg, q.device)
-            sym2._sym2_query_bwd[(triton.cdiv(C, bm), NC, b * hq)](
-                q, G, grp, S, Z, dy, lse, delta, dq, dq_out, dgq2, sp, T, NC, DS, grp.shape[0], HQ=hq, HK=hk, D=d,
-                C=C, TW=TILE, JG=jg, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, DOT_DT=sdt, PREC=sprec,
-                ATOMIC=atomic, CAST=cast, **sym2.launch_options("qbwd", d))
-        else:
-            _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
-                q, G, IDX, S, Z, dy, lse, delta, dq, dgq2, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, NORM=norm,
-                HAS_S0=has_s0, **sizes)
-        # dq is complete: with fp32 intermediates its buffer is released (before dR exists, on one stream)
-        return dq_out.to(q.dtype)
-
-    if side is None:    # one stream, in order: dq's fp32 buffer (if any) is released before dR exists
-        intra_dkdv()
-        dq = query_state()
-    # dR slot n (n < NC): direct gradient of S_n from chunk n's queries (parallel over chunks); slot NC:
-    # the returned state's gradient; the reverse discumsum makes slot n = dL/dS_n, so dU_n = slot n+1
-    # and d initial_state = slot 0
-    dR = S if in_place else torch.empty(b, hk, NC + 1, DS, d, device=q.device, dtype=S.dtype)
-    dRz = torch.empty(b, hk, NC + 1, DS, **f32)
-    for slot, g in ((dR[:, :, NC], dsf), (dRz[:, :, NC], dzf)):
-        if g is None:        # the final state unused: no materialized zeros to copy
-            slot.zero_()
-        else:
-            slot.copy_(g)
-    ds0, dz0 = dR[:, :, 0], dRz[:, :, 0]
-    dU, dUz, NU = dR[:, :, 1:], dRz[:, :, 1:], NC + 1       # offset views: the kernel strides by NU
-    # dU with the key side's multiplicities (the scan writes them) where both key kernels run in Gluon
-    du_mult = fast and p2.du_mult and kdk_gluon and sym2.gluon_rows_applies("kdv", k, d)
-    dgk2 = torch.empty(b, T, hk, **f32) if gated else dummy
-    dk_out = dk if dk_low or not cast else torch.empty_like(k)
-
-    def state_grads():
-        """dL/dS_n of every chunk (dR) and the chunks' gate gradients dgt; whether dU
-        carries the key multiplicities."""
-        scanned, dgt_scan = False, None
-        if fast:
-            scanned, dgt_scan = sym2.launch_outer(q, dy, G, lse, delta, dR, dRz, sp, T, NC, DS, 0, hq, hk, d, C,
-                                                  False, norm, gated, sdt, sprec, scan=True, fwd_states=(S, Z),
-                                                  du_mult=du_mult, copy=copy_q)
-        else:
-            _query_grad_state[(NC * L, d // BD, b * hk)](
-                q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm,
-                **sizes)
-        if scanned:
-            return (dgt_scan if gated else dummy), du_mult
-        dgts = []
-        for X, Sf, M in ((dR, S, DS * d), (dRz, Z, DS)):
-            nblk = triton.cdiv(M, block)
-            dgt_ = torch.empty(b * hk, nblk, NC, **f32) if gated else dummy
-            _discumsum[(nblk, b * hk)](
-                X, G, Sf, dgt_, M, T, NC, HK=hk, C=C, BLOCK=block, GATED=gated, REVERSE=True,
-                num_warps=4)
-            dgts.append(dgt_)
-        dgt_ = (dgts[0].view(b, hk, -1, NC).sum(2) + dgts[1].view(b, hk, -1, NC).sum(2)) if gated else dummy
-        return dgt_, False
-
-    def key_state(du_mult):
-        if not fast:
-            _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
-                k, v, G, IDX, MULT, dU, dUz, dk, dv, dgk2, T, NC, DS, L, NU, HK=hk, BK=rows, **sizes)
-            return
-        if kdk_gluon:
-            from .chunk_p2.gluon_rows import gluon_key_dk_rows
-            bk, warps_, nbuf = p2.kdk_block
-            gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, dU, dUz, dk, dk_out, dgk2, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE,
-                MINW=sym2.gluon_window_min(d, "kdk"), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult,
-                STEP=p2.bwd_step[1], num_warps=warps_, **sym2.gluon_rows_regs("kdk"))
-        else:
-            jg, bk, _, _ = sym2.blocks("kbwd", d)
-            grp = sym2.groups(d, jg, q.device)
-            sym2._sym2_key_bwd[(triton.cdiv(C, bk), NC, b * hk)](
-                k, v, G, grp, dU, dUz, dk, dk_out, dv, dgk2, T, NC, DS, grp.shape[0], NU, HK=hk, D=d, C=C, TW=TILE,
-                JG=jg, BK=bk, GATED=gated, DOT_DT=sdt, PREC=sprec, ATOMIC=atomic, DV_TOO=False, CAST=cast,
-                **sym2.launch_options("kbwd", d))
-        if sym2.gluon_rows_applies("kdv", k, d):
-            from .chunk_p2.gluon_rows import gluon_key_dv_rows
-            bk, warps_, nbuf = p2.kdv_block
-            gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, MINW=sym2.gluon_window_min(d, "kdv"), BK=bk,
-                GATED=gated, NBUF=nbuf, DU_MULT=du_mult, num_warps=warps_, **sym2.gluon_rows_regs("kdv"))
-        else:
-            _, bk, _, _ = sym2.blocks("kdv_rows", d)
-            sym2._sym2_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
-                k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE, KW2=sym2.half_window(d), BK=bk, GATED=gated,
-                DOT_DT=sdt, PREC=sprec, PIPE=p2.kdv_pipe, ACC=True, **sym2.launch_options("kdv_rows", d))
-
-    if side is None:
-        dgt, du_mult = state_grads()
-        key_state(du_mult)
-    else:
-        main = torch.cuda.current_stream(q.device)
-        side.wait_stream(main)                  # the intra-chunk dq's copies and Delta, dR's last slot
-        with torch.cuda.stream(side):
-            dgt, du_mult = state_grads()
-        intra_dkdv()
-        side.wait_stream(main)                  # the intra-chunk dk / dv, which the key kernels finish
-        dq = query_state()
-        with torch.cuda.stream(side):
-            key_state(du_mult)
-        main.wait_stream(side)
-    del cdk, copy_q, cw
-    if fast:
-        dk = dk_out
-    dgl = None
-    if gated:
-        rep = hq // hk
-        dgl = dgk + dgk2 + (dgq + dgq2).view(b, T, hk, rep).sum(-1)    # (b,T,hk)
-        end = (-dgk2).view(b, NC, C, hk).sum(2) + dgt.transpose(1, 2)
-        dgl = dgl.view(b, NC, C, hk)
-        dgl[:, :, C - 1] += end                                          # gt_n = g at the chunk's last token
-        dgl = dgl.view(b, T, hk)
-    ds0 = ds0.float().contiguous() if has_s0 else None
-    del dU, dUz
-    del dR, dRz
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0, dz0.contiguous() if has_s0 else None
+    dq, dk, dv = (torch.empty(x.shape, **f32) for x in (q, k, v))
+    dgq, dgk, dgq_state, dgk_state = (torch.empty(b, T, h, **f32) if gated else dummy for h in (hq, hk, hq, hk))
+    intra_backward_dq(q, k, v, G, dy, y, lse, delta, dq, dgq, scale, C, p, norm, gated)
+    intra_backward_dkdv(q, k, v, G, dy, lse, delta, dk, dv, dgk, scale, C, p, norm, gated)
+    # 2. the query side of the state term: dq += dL/dphi(q) contracted, its gate terms
+    _query_state_bwd[(triton.cdiv(C, rows), NC, b * hq)](
+        q, G, IDX, S, Z, dy, lse, delta, dq, dgq_state, sp, T, NC, DS, L, HQ=hq, HK=hk, C=C, BM=rows, NORM=norm,
+        GATED=gated, HAS_S0=has_s0, **sizes)
+    # 3. the state gradients: each chunk's direct part (slot n), then the reverse scan makes slot n = dL/dS_n
+    dR, dRz = new_state_grads(S, dsf, dzf, NC)
+    _query_grad_state[(NC * L, d // BD, b * hk)](
+        q, G, IDX, dy, lse, delta, dR, dRz, sp, T, NC, DS, L, HQ=hq, HK=hk, C=C, BM=rows, BD=BD, NORM=norm,
+        GATED=gated, **sizes)
+    dgt = scan_state_grads(dR, dRz, G, S, Z, T, C, gated)
+    # 4. the key side: dU_n = dL/dS_{n+1} (offset views, NC + 1 slots per (b, hk))
+    _update_state_bwd[(triton.cdiv(C, rows), NC, b * hk)](
+        k, v, G, IDX, MULT, dR[:, :, 1:], dRz[:, :, 1:], dk, dv, dgk_state, T, NC, DS, L, NC + 1, HK=hk, C=C,
+        BK=rows, GATED=gated, **sizes)
+    dgl = gate_grads(dgk, dgk_state, dgq, dgq_state, dgt, C) if gated else None
+    ds0 = dR[:, :, 0].float().contiguous() if has_s0 else None
+    dz0 = dRz[:, :, 0].contiguous() if has_s0 else None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgl, ds0, dz0

@@ -1,9 +1,11 @@
-"""Switches of the attention form (parallel.py), the generic chunked form (chunk.py), the gate scan (gates.py) and
-the routing (dispatch.py), each a frozen config read at launch time; `override` replaces one for the calls inside a
-`with` block (A/B runs, tests):
+"""Tunables and switches of the attention form (parallel.py), the chunked forms' shared stages (chunk.py,
+chunk_stages.py), the gate scan (gates.py) and the routing (dispatch.py), each a frozen config read at launch time;
+`override` replaces one for the calls inside a `with` block (A/B runs, tests). Fields are tunables (tiles,
+thresholds) or switches with a runtime reason; an alternative that lost its measurement is deleted (docs/kernels.md
+keeps its numbers):
 
     from longctx.kernels.power import config
-    with config.attention.override(gate_scores=False):
+    with config.attention.override(offdiag_fp32_grads=True):
         ...
 
 The p=2 state kernels have their own (chunk_p2/config.py).
@@ -18,17 +20,9 @@ from ._config import ConfigSlot
 @dataclass(frozen=True)
 class AttentionConfig:
     """The attention form's kernels (also the chunked form's intra-chunk attention)."""
-    fast_forward: bool = True     # off-diagonal key blocks without mask or per-element exp (_attn_fwd)
-    fast_backward: bool = True    # ... in the backward kernels
-    rowsum_mma: bool = True       # the forward's normalizer row sums by a matmul with ones (4k fwd 0.758 -> 0.629 ms)
-    gate_scores: bool = True      # the key gate factor multiplies the scores (False: folded into k; equal speed)
     block_override: dict = field(default_factory=dict)   # {"fwd"|"dkdv"|"dq"|"bwd": (BM, BN, warps, stages[, regs])}
     short_fwd_t: int = 2048       # the forward at t <= short_fwd_t (d=64, bf16) takes short_fwd_block:
     short_fwd_block: tuple = (64, 64, 4, 3)   # 1k 0.093 -> 0.082 ms, 2k 0.240 -> 0.234; 4k stays (0.753 vs 0.809)
-    # gated backward: both kernels round the same off-diagonal dS tiles (one reference key per key block, the row
-    # factor inside the tile), so the gate terms' roundings cancel in d(log g): H200, bf16, p=2 d=128 t=4096
-    # 2.71% -> 0.36% (floor 0.41%) for 2-7% of the attention form's fwd+bwd at 1k-4k (docs/kernels.md, Numerics)
-    shared_offdiag_rounding: bool = True
     # the backward's off-diagonal dS tiles and gate-scaled keys in fp32 instead, bf16 gated calls: d(log g) at the
     # input floor too (0.35%), but the attention form's fwd+bwd 3-5x slower at 1k-8k (tf32x3), ~2x (tf32)
     offdiag_fp32_grads: bool = False
@@ -41,7 +35,7 @@ class AttentionConfig:
 
 @dataclass(frozen=True)
 class ChunkConfig:
-    """The generic chunked form (expand-MMA state kernels, every p)."""
+    """The chunked forms' shared stages (chunk_stages.py: the scan over chunks, the intra-chunk launches)."""
     discumsum_block: int = 1024   # elements of the flattened state per _discumsum program
     max_grid_y: int = 65535       # CUDA's limit on grid dims 1 and 2: intra-chunk launches split the chunk-batch to fit
 

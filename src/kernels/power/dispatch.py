@@ -19,7 +19,7 @@ import os
 
 from . import config
 from .autograd import attention_form, chunked_form
-from .chunk_p2.kernels import applies as p2_applies
+from .chunk_p2 import applies as p2_applies
 from .reference import power_attention_reference
 
 IMPL_ENV = "LONGCTX_POWER_IMPL"
@@ -42,10 +42,10 @@ def min_chunked_t(p: int, d: int) -> int:
 
 
 def default_chunk(p: int, d: int, dtype=None) -> int:
-    """The chunk length of a call that gives none: config.dispatch's chunk_p2 for p=2 on the bf16 state kernels at
-    d <= 64, else its default_chunk."""
+    """The chunk length of every CUDA call that gives none (stateless or with a state): config.dispatch's chunk_p2
+    for the p=2 family (chunk_p2.applies) at d <= 64, else its default_chunk."""
     cfg = config.dispatch.current()
-    if p == 2 and d <= 64 and dtype is not None and p2_applies(p, d, dtype):
+    if d <= 64 and dtype is not None and p2_applies(p, d, dtype):
         return cfg.chunk_p2
     return cfg.default_chunk
 
@@ -59,9 +59,9 @@ def cuda_chunk_size(t: int, p: int, d: int, dtype=None):
         return default_chunk(p, d, dtype)
     if t < min_chunked_t(p, d):
         return None
-    if p == 1:
-        return config.dispatch.current().default_chunk
-    return default_chunk(p, d, dtype) if dtype is not None and p2_applies(p, d, dtype) else None
+    if p == 1 or (dtype is not None and p2_applies(p, d, dtype)):
+        return default_chunk(p, d, dtype)
+    return None
 
 
 def power_attention_cuda(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state, return_state):

@@ -6,8 +6,7 @@ acc += a @ v, l += rowsum(a); y = acc / l, lse_i = log l_i (the log-normalizer, 
 Even p makes a >= 0 and bf16/fp32 operands have fp32's range, so no running max and no log-space power are
 needed. Key blocks strictly before the query block take a fast path with no mask and no exp per element:
 exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) (r = last key before the block, both factors <= 1), the key
-factor multiplying the scores (GATE_SCORES; or folded into k as its p-th root), the query factor and s^p applied
-once after the loop. fp16 operands
+factor multiplying the scores, the query factor and s^p applied once after the loop. fp16 operands
 (range 65504) instead keep a running row max in the linear domain (acc *= m_old/m_new, a/m <= 1) on every block.
 
 Backward (D_i = normalizer, Delta_i = dy_i . y_i):
@@ -62,12 +61,12 @@ def _xt_rows(XT, i_cb, i_h, CB0, NCH, T_FULL, C, H: tl.constexpr, D: tl.constexp
 def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
-              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0, ROWSUM_MMA: tl.constexpr = False):
+              DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
+              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0):
     """XT_MODE 1 (the chunked form, each chunk a batch entry of T = C rows): the first query head of each GQA group
     also writes its block's keys, times e^((gt - g_j) / 2) (gt: G at the chunk's last row), into XT, the
-    (b, hk, D, T_FULL) copy the Gluon outer products read (kernels._transpose_heads with SCALE 1), so that
-    copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL). ROWSUM_MMA (fast paths): the
+    (b, hk, D, T_FULL) copy the Gluon outer products read (chunk_p2/gluon_outer.py), so that
+    copy needs no pass of its own (_xt_rows: CB0, NCH, T_FULL). With the fast paths (FAST, NORM) the
     normalizer's row sums of the rounded weights by one more small matmul, a [BN, 16] operand of ones in its first
     column, instead of widening each weight back to fp32 and adding it (the kernel is issue-bound: ncu,
     70% of issue slots busy, the tensor pipe 25%)."""
@@ -93,7 +92,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
     m_i = tl.full([BM], 1e-30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    RS: tl.constexpr = ROWSUM_MMA and FAST and NORM
+    RS: tl.constexpr = FAST and NORM
     if RS:
         ones = ((tl.arange(0, BN)[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DOT_DT)   # [BN, 16]
         l_mma = tl.zeros([BM, 16], tl.float32)                           # row sums in column 0, zeros beside
@@ -102,8 +101,8 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
     if FAST:
         # Off-diagonal key blocks (all keys before this query block), no mask, no exp per element:
         # exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) with r = the last key before the block, both
-        # factors <= 1; the key factor multiplies the scores (GATE_SCORES) or is folded into k (as its p-th
-        # root), the query factor and s^p are applied once after the loop. bf16/fp32 operands only:
+        # factors <= 1; the key factor multiplies the scores (k stays a plain loaded operand), the query factor
+        # and s^p are applied once after the loop. bf16/fp32 operands only:
         # a = (q.k)^p needs no running max (fp32's range); fp16 takes the running-max loop below for all blocks.
         lo = pid_m * BM
         if GATED:
@@ -114,10 +113,8 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
             v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :]).to(DOT_DT)
             if GATED:
                 g_k = tl.load(g_base + offs_n * HK)
-                if not GATE_SCORES:   # (A/B) the key factor folded into k as its p-th root (k via registers)
-                    k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
             a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P)    # [BM, BN]
-            if GATED and GATE_SCORES:  # the key factor on the scores: k stays a plain loaded operand
+            if GATED:   # the key factor on the scores: k stays a plain loaded operand
                 a = a * tl.exp(g_r - g_k)[None, :]
             a = a.to(DOT_DT)
             if RS:
@@ -238,9 +235,9 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False,
                    OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False):
     """OFFDIAG_FP32: phase 1's gate-scaled keys and dS tiles stay fp32 (matmuls at OFFDIAG_PREC), as in _attn_bwd_dq
-    (config.attention's offdiag_fp32_grads and offdiag_precision). SHARED_ROUND (gated; config.attention's
-    shared_offdiag_rounding): phase 1 keeps k as loaded and puts the whole key factor e^(G_r - G_j) into the P and dS
-    tiles, so its dS tile is, bit for bit, the one _attn_bwd_dq rounds (same reference key r, same product order)."""
+    (config.attention's offdiag_fp32_grads and offdiag_precision). SHARED_ROUND (gated; the attention form's
+    backward, backward_rounding): phase 1 keeps k as loaded and puts the whole key factor e^(G_r - G_j) into the P
+    and dS tiles, so its dS tile is, bit for bit, the one _attn_bwd_dq rounds (same reference key r, same product order)."""
     pid_n = tl.program_id(0)
     i_b, i_hk = _kv_heads(tl.program_id(1), HK)
     REP: tl.constexpr = HQ // HK
@@ -333,20 +330,20 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
 def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                  NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GATE_SCORES: tl.constexpr = True,
+                 DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
                  O=None, DELTA_OUT: tl.constexpr = False, XT=None, W=None, sqrt_scale_p=1.0, CB0=0, NCH=1, T_FULL=0,
                  XT_MODE: tl.constexpr = 0, OFFDIAG_FP32: tl.constexpr = False,
                  OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False):
     """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
     (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
     copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
-    (b, T_FULL, hq, 8)): what kernels._transpose_heads with SCALE 2 would write, without its pass.
+    (b, T_FULL, hq, 8)), without a pass of their own.
     OFFDIAG_FP32 (config.attention's offdiag_fp32_grads): the off-diagonal blocks' dS tiles stay fp32 for their
     matmul with k (tf32x3), as do the key kernel's. d(log g) sums, from the end of the sequence, the query side's
     and the key side's gate terms, which cancel: on the diagonal both kernels round the same dS tile to bf16, so
     those roundings cancel too, but the off-diagonal paths round differently scaled tiles (and the key kernel the
-    gate-scaled keys), which do not (docs/kernels.md, Numerics). With GATE_SCORES off the folded keys stay rounded.
-    SHARED_ROUND (gated, GATE_SCORES): each off-diagonal key block takes the key kernel's reference (its last key r)
+    gate-scaled keys), which do not (docs/kernels.md, Numerics).
+    SHARED_ROUND (gated): each off-diagonal key block takes the key kernel's reference (its last key r)
     and the row factor goes into the tile before it is rounded, dS_ij = dA x^(p-1) e^(G_r - G_j) p R_i with
     R_i = s^p e^(G_i - G_r) / D_i: both kernels round the same fp32 tile, so those roundings cancel in d(log g) as
     the diagonal's do (BM and BN alike in both kernels). Costs BM exps and one multiply per tile."""
@@ -371,7 +368,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
     hi = tl.minimum((pid_m + 1) * BM, T)
     lo = 0
     if FAST:
-        # off-diagonal key blocks, as in the forward: key factor folded into k, row factor after
+        # off-diagonal key blocks, as in the forward: key factor on the scores, row factor after
         lo = pid_m * BM
         g_r = tl.zeros([1], tl.float32)
         if GATED:
@@ -383,10 +380,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             c = tl.full([BN], 1.0, tl.float32)
             if GATED:
                 g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk)
-                if GATE_SCORES:
-                    c = tl.exp(g_r - g_k)
-                else:
-                    k = (k.to(tl.float32) * tl.exp((g_r - g_k) * (1.0 / P))[:, None]).to(DOT_DT)
+                c = tl.exp(g_r - g_k)
             x = tl.dot(q, tl.trans(k), input_precision=PREC)
             xp1 = _pow(x, P - 1)
             da = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -404,12 +398,12 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                 dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
             elif OFFDIAG_FP32:
                 dxp = da * xp1
-                if GATED and GATE_SCORES:
+                if GATED:
                     dxp = dxp * c[None, :]
                 dq += tl.dot(dxp, k.to(tl.float32), input_precision=OFFDIAG_PREC)
             else:
                 dxp = da * xp1
-                if GATED and GATE_SCORES:
+                if GATED:
                     dxp = dxp * c[None, :]
                 dq += tl.dot(dxp.to(DOT_DT), k, input_precision=PREC)
         if not SHARED_ROUND:    # the row factor after the loop (SHARED_ROUND: already in each tile)
@@ -457,13 +451,9 @@ def _dot_dtype(dtype, norm, backward):
 def _fast_paths(kernel, dot_dt, BM, BN):
     """Whether a launch of kernel ("fwd", "dkdv", "dq") takes the off-diagonal fast paths. The query-block kernels
     need whole key blocks per query block (BM % BN == 0); dk/dv also runs with whole query blocks per key block
-    (BN % BM == 0). The forward's also needs operands with fp32's range (not fp16). config.attention's fast_forward /
-    fast_backward switch them off."""
-    cfg = config.attention.current()
+    (BN % BM == 0). The forward's also needs operands with fp32's range (not fp16)."""
     tiles = BM % BN == 0 or (kernel == "dkdv" and BN % BM == 0)
-    if kernel != "fwd":
-        return tiles and cfg.fast_backward
-    return tiles and dot_dt != tl.float16 and cfg.fast_forward
+    return tiles and (kernel != "fwd" or dot_dt != tl.float16)
 
 
 KERNELS = ("fwd", "dkdv", "dq")
@@ -534,20 +524,17 @@ def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, g
     """_attn_fwd with cfg (_launch_cfg) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
     chunked form's chunks as batch entries). side: _attn_fwd's XT_MODE arguments (the chunked form's copy of k).
     Returns the compiled kernel."""
-    switches = config.attention.current()
     return _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p,
-                                                NORM=norm, GATED=gated, GATE_SCORES=switches.gate_scores,
-                                                ROWSUM_MMA=switches.rowsum_mma, **cfg, **side)
+                                                NORM=norm, GATED=gated, **cfg, **side)
 
 
 def backward_rounding(gated: bool, dot_dt) -> dict:
     """The attention form's backward kernels' rounding constexprs from config.attention: fp32 off-diagonal tiles
-    (gated, bf16/fp16 operands) and their matmul precision, else one rounding shared by both kernels (gated, gate
-    scores on). The chunked form's intra-chunk attention takes neither."""
+    (gated, bf16/fp16 operands) and their matmul precision, else one rounding shared by both kernels (gated). The
+    chunked form's intra-chunk attention takes neither."""
     sw = config.attention.current()
     fp32 = sw.offdiag_fp32_grads and gated and dot_dt != tl.float32
-    return dict(OFFDIAG_FP32=fp32, OFFDIAG_PREC=sw.offdiag_precision,
-                SHARED_ROUND=sw.shared_offdiag_rounding and gated and sw.gate_scores and not fp32)
+    return dict(OFFDIAG_FP32=fp32, OFFDIAG_PREC=sw.offdiag_precision, SHARED_ROUND=gated and not fp32)
 
 
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
@@ -564,12 +551,10 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
     dot_dt, prec = _dot_dtype(q.dtype, norm, True)
     kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
-    switches = config.attention.current()
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **backward_rounding(gated, dot_dt))
     sp = scale ** p
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                      GATE_SCORES=switches.gate_scores, O=o,
-                                                      DELTA_OUT=norm, **common, **q_cfg)
+                                                      O=o, DELTA_OUT=norm, **common, **q_cfg)
     kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
                                                           **common, **kv_cfg)
     if record is not None:

@@ -1,7 +1,7 @@
 """Kernel switches from the command line: 'FIELD=VALUE' items for the config objects of the power kernels, applied
 as overrides for the calls inside a `with` block (nothing stays changed after it).
 
-    with switches.applied(["outer_stages=3", "attention.gate_scores=0"], tiles={"fwd": (64, 32, 4, 3, 96)}):
+    with switches.applied(["outer_stages=3", "attention.offdiag_fp32_grads=1"], tiles={"fwd": (64, 32, 4, 3, 96)}):
         ...
 
 FIELD is a field of one family's config (p2: chunk_p2.config.P2Config; attention, chunk, gates, dispatch:
@@ -47,7 +47,7 @@ def _value(current, text: str, item: str):
 
 
 def parse(items) -> dict[str, dict]:
-    """['outer_stages=3', 'attention.gate_scores=0'] -> {family: {field: value}}; one clear error (SwitchError)
+    """['outer_stages=3', 'attention.offdiag_fp32_grads=1'] -> {family: {field: value}}; one clear error (SwitchError)
     for an item that names no field, or a field two families share without a prefix."""
     out: dict[str, dict] = {}
     for item in items:

@@ -2,10 +2,11 @@
 `P2Config`, read at each launch. A/B runs and tests replace it for a while:
 
     from longctx.kernels.power.chunk_p2 import config
-    with config.override(outer_stages=3, concurrent_bwd=False):
+    with config.override(outer_stages=3, qbwd_pipe=3):
         ...
 
-The measurements behind each default are in docs/kernels.md (design decisions); a number here is H100, b=8, h=12,
+The measurements behind each default are in docs/kernels.md (design decisions, which also keeps the numbers of the
+alternatives that lost and were deleted); a number here is H100, b=8, h=12,
 d=64, bf16, t=64k, fwd+bwd unless it says otherwise.
 """
 from __future__ import annotations
@@ -40,7 +41,6 @@ BLOCKS_NARROW = {  # d <= 32: entries that differ from BLOCKS
 GLUON_OUTER_DIMS = (32, 64, 128)      # head dims the Gluon outer products run for
 GLUON_OUTER_BLOCK = {32: (2, 64), 64: (2, 64), 128: (1, 32)}   # (JG, rows per step): d=64 (2, 64) 8.68 ms, (2, 32)
 #                                                                9.57; d=128 (1, 32) 66.1, (1, 16) 85.2 (H200)
-GROUPED_QBWD_MIN_D = 128   # the query backward stays grouped from this d on (16k: grouped 15.7 ms, row-scaled 19.1)
 NORM_SCAN_BI = 16          # rows of the dense normalizer per _norm_scan program
 NORM_SUMS_WARPS = 4        # _norm_chunk_sums' warps at d <= 64 (d = 128: 8)
 NORM_SUMS_STAGES = 3
@@ -48,33 +48,24 @@ NORM_SUMS_STAGES = 3
 
 @dataclass(frozen=True)
 class P2Config:
-    """Switches of the p=2 state kernels. Booleans choose between two implementations that both stay correct (the
-    GPU tests compare them); tuples are (rows per program, warps, cp.async ring slots) of a Gluon row kernel."""
+    """Tunables of the p=2 state kernels (tuples of a Gluon row kernel: rows per program, warps, cp.async ring slots)
+    and the switches with a runtime reason: enabled / force (which dtypes run these kernels), atomic_rmw
+    (reproducible backward updates) and concurrent_bwd (off: one stream, each kernel alone, as profilers need)."""
     enabled: bool = True              # False: p = 2 runs the generic expand-MMA kernels (chunk.py)
-    block_override: dict = field(default_factory=dict)   # {kernel: entry} over BLOCKS* ("outer": also the Gluon
-    #                                                      outer products' (JG, rows)): sweeps (tools/tune_sym2.py)
     force: bool = False               # run these kernels for every dtype (the interpreter tests run them in fp32)
-    rows_qbwd: bool = True            # the query backward row-scaled below GROUPED_QBWD_MIN_D (False: grouped)
     atomic_rmw: bool = True           # dq / dk of the grouped backward by relaxed atomics (key bwd 27.8 -> 24.9 ms);
     #                                   False, or torch deterministic mode: barrier + read-modify-write, reproducible
+    concurrent_bwd: bool = True       # the backward's two independent chains on two streams (8k 7.50 -> 7.40 ms)
+    block_override: dict = field(default_factory=dict)   # {kernel: entry} over BLOCKS* ("outer": also the Gluon
+    #                                                      outer products' (JG, rows)): sweeps (tools/tune_sym2.py)
+    grouped_qbwd_min_d: int = 128     # the query backward grouped from this d on, row-scaled below (d=128 16k: grouped
+    #                                   15.7 ms, row-scaled 19.1)
     qfwd_pipe: int = 3                # slice prefetch stages of the Triton row kernels (query fwd 8.87 -> 7.25 ms)
     kdv_pipe: int = 3                 # (key dv 9.50 -> 7.29 ms)
     qbwd_pipe: int = 4                # (query bwd 20.5 / 18.0 / 10.8 / 10.4 ms at 0 / 2 / 3 / 4)
     transpose_block: tuple = (64, 4)  # _transpose_heads: (time rows per program, warps)
-    xt_in_attention: int = 3          # the intra-chunk attention kernels write the outer products' scaled copies:
-    #                                   bit 1 the keys' (forward), bit 2 the queries' (dq); copies 1.57 ms -> 0
-    outer_gluon: bool = True          # the outer products in Gluon (gluon_outer; 18.9 -> 14.6 ms), else Triton
-    outer_scan: bool = True           # ... with the gated scan over chunks in the same pass (no _discumsum: 3.3 ms)
-    outer_stages: int = 4             # their cp.async ring (3: 14.1 ms, 2: 20.2 against 12.7 at 4)
+    outer_stages: int = 4             # the Gluon outer products' cp.async ring (3: 14.1 ms, 2: 20.2 against 12.7 at 4)
     outer_scan_regs: int = 168        # register cap of the scanning launches (0: none; 202 uncapped: 2 programs/SM)
-    outer_drain: bool = True          # each step waits for the previous step's matmuls before reusing their
-    #                                   registers: without it d=128 normalizer rows came out wrong, run to run
-    outer_pairs: bool = True          # the rows' half-empty last groups paired (d=64: 20 -> 18 groups)
-    du_mult: bool = True              # the query scan writes dU with the key multiplicities (key dk 9.91 -> 9.51)
-    gluon_qfwd: bool = True           # the row-scaled kernels in Gluon (gluon_rows) at d = 32 / 64: query forward
-    gluon_qbwd: bool = True           # 7.10 -> 6.42 ms, query backward 10.44 -> 9.56, key dv 6.44 -> 5.58, key dk
-    gluon_kdv: bool = True            # (from the grouped Triton kernel) 10.48 -> 9.88
-    gluon_kdk: bool = True
     qfwd_block: tuple = (128, 8, 8)   # two warpgroups share each slice: 64k fwd+bwd 56.41 -> 55.47 ms
     qbwd_block: tuple = (64, 4, 4)    # 128 rows: 10.22 ms against 9.43
     kdv_block: tuple = (128, 8, 8)
@@ -86,9 +77,6 @@ class P2Config:
     bwd_step: tuple = (1, 2)          # slices per cp.async wait (query bwd, key dk): key dk 9.41 -> 8.33 ms
     window_min: tuple = (16, 0)       # narrowest slice window (forward-type, backward-type; 0: half_window):
     #                                   key dv 4.15 -> 4.03 ms at 16; the backward-type lose (8.65 -> 9.07)
-    states_in_place: bool = True      # the backward writes dL/dS_n over the saved states (1.8 GB less at 64k)
-    concurrent_bwd: bool = True       # the backward's two independent chains on two streams (8k 7.50 -> 7.40 ms)
-    norm_concurrent: bool = True      # the normalizer scan on its own stream beside the outer products
     norm_sums_bk: int = 64            # rows per _norm_chunk_sums step (both scans 0.78 ms; 128: 0.81, 32: 0.86)
     norm_sums_rows: int = 1024        # rows per _norm_chunk_sums program (whole chunks)
     norm_scan_ahead: int = 1          # _norm_scan loads the next chunk's inputs before adding this one's

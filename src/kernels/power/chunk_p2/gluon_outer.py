@@ -10,10 +10,10 @@ data movement (`convert_layout(..., assert_trivial=True)` checks that at compile
 asynchronously with one in flight; the previous step's operand stays live until its matmul is done, so the next
 expansion writes other registers and overlaps it.
 
-Same program grid, arguments and results as `_sym2_outer` with XT_IN (the factors from the (b, h, d, t) copy): KEYS,
-the update states U_n = sum_j w phi(k_j) e^(gt_n - g_j) v_j^T and their normalizer sums; else the query-side state
-gradients. Gluon does not run under TRITON_INTERPRET: the GPU tests compare it with `_sym2_outer`
-(chunk_p2 config outer_gluon).
+The results of `_sym2_outer` (the factors from the (b, h, d, t) copy) scanned over the chunks in the same pass:
+KEYS, the update states U_n = sum_j w phi(k_j) e^(gt_n - g_j) v_j^T; else the query-side state gradients (their
+normalizer: kernels.launch_norm_scan). Gluon does not run under TRITON_INTERPRET: the GPU tests compare it with
+the generic kernels and the float64 reference.
 """
 from __future__ import annotations
 
@@ -47,14 +47,12 @@ def operand_layout_3d(tw: int, tj: int, bk: int) -> gl.DistributedLinearLayout:
 
 
 @gluon.constexpr_function
-def factor_swizzle(BK, FACTOR_BANKS):
+def factor_swizzle(BK):
     """The factor tiles' shared layout ([rows, BK] bf16, 16-byte chunks swizzled): an ldmatrix reads 8 consecutive
     rows x 16 bytes, which hit all 32 banks once when the chunks' phase changes with every 128-byte line: per row at
-    BK = 64 (rows of 128 bytes), per row pair at 32, per 4 rows at 16. FACTOR_BANKS False: phases by row pairs at any
-    BK, right for BK = 32 and 2-way bank conflicts on every ldmatrix of x_j at BK = 64."""
-    if FACTOR_BANKS:
-        return gl.SwizzledSharedLayout(8, max(1, 64 // BK), min(8, BK // 8), [1, 0])
-    return gl.SwizzledSharedLayout(8, 2, min(4, BK // 8), [1, 0])
+    BK = 64 (rows of 128 bytes), per row pair at 32, per 4 rows at 16 (phases by row pairs at any BK gave 2-way bank
+    conflicts on every ldmatrix of x_j at BK = 64)."""
+    return gl.SwizzledSharedLayout(8, max(1, 64 // BK), min(8, BK // 8), [1, 0])
 
 
 @gluon.jit
@@ -98,11 +96,11 @@ def _prefetch_state(SF, sf_s, slot, DS, grows, ti, tj, tjb, FG: gl.constexpr, TJ
 
 
 @gluon.jit
-def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_all, T, HX: gl.constexpr,
+def _issue_step(xi_p, xj_p, jmask, y_p, xi_s, xj_s, y_s, step, nstep_all, T, HX: gl.constexpr,
                 HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr,
-                NSTEP: gl.constexpr, W_ROWS: gl.constexpr, REV: gl.constexpr):
-    """cp.async of step `step`'s factor rows x^T[8 ti:8 ti+8, rows], x^T[colj, rows], y[rows, :] (and with W_ROWS its
-    rows' normalizer weights) into ring slot step % NBUF (nothing past the last of nstep_all), from the first chunk's
+                NSTEP: gl.constexpr, REV: gl.constexpr):
+    """cp.async of step `step`'s factor rows x^T[8 ti:8 ti+8, rows], x^T[colj, rows], y[rows, :] into ring slot
+    step % NBUF (nothing past the last of nstep_all), from the first chunk's
     step-0 addresses plus one scalar offset per tensor; one commit group per step either way, so the waits count
     steps. Steps run through the GQA heads of a chunk (NSTEP per chunk), then the next chunk: the one after (REV
     False) or before (REV: the reverse scan) it."""
@@ -118,8 +116,6 @@ def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_a
         _cp_async(xj_s.index(s), xj_p + xo, mask=jmask)
         yo = rep.to(gl.int64) * D + rr.to(gl.int64) * (HX * D)
         _cp_async(y_s.index(s), y_p + yo)
-        if W_ROWS:
-            _cp_async(w_s.index(s), w_p + (rep.to(gl.int64) * 8 + rr.to(gl.int64) * (HX * 8)))
     async_copy.commit_group()
 
 
@@ -127,75 +123,59 @@ def _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step, nstep_a
 def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
                 HX: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                 JG: gl.constexpr, BK: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, NBUF: gl.constexpr,
-                L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, SCAN: gl.constexpr = False,
-                GATED: gl.constexpr = False, DU_MULT: gl.constexpr = False, PREFETCH_SF: gl.constexpr = False,
-                DRAIN_STEP: gl.constexpr = False, Z_SUMS: gl.constexpr = True, FACTOR_BANKS: gl.constexpr = True,
-                COALESCED: gl.constexpr = True):
-    """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group's
-    features, as `_sym2_outer` with XT_IN; GRP / GROWS: kernels.gluon_groups' tables (its tiles, the layout rows
-    of its accumulator rows). X: the (b, HX, D, T) copy of k (KEYS) or q with each row already scaled
-    by the square root of its row factor (`kernels._transpose_heads` with SCALE), so phi(x) f = x'_i x'_j needs
-    no per-row work here. L3: operand_layout_3d. The products are formed in bf16 (one rounding, as the fp32 product
-    rounded for the matmul). The normalizer sums run on the tensor cores, phi^T times a [rows, 8] tile of row
-    weights, with phi = hi + lo (lo = x_i x_j - hi, exact in bf16, one fma): for keys a constant tile (column 0 ones),
-    for the query side W (b, T, HX, 8) bf16 rows [hi, lo, 0, ...] of -Delta_i (written by the transposed copy).
+                L3: gl.constexpr, G=None, SF=None, ZF=None, DGT=None, GATED: gl.constexpr = False,
+                DU_MULT: gl.constexpr = False):
+    """Program (group g, 1, b*hk): the group's features of every chunk's sums and of the gated cumulative sum over
+    chunks, in one pass (what `chunk_stages._discumsum` does after `_sym2_outer`), into OUT (b, hk, NC+1, DS, D);
+    GRP / GROWS: kernels.gluon_groups' tables (its tiles, the layout rows of its accumulator rows). X: the
+    (b, HX, D, T) copy of k (KEYS) or q with each row already scaled by the square root of its row factor (written
+    by the intra-chunk attention kernels), so phi(x) f = x'_i x'_j needs no per-row work here. L3:
+    operand_layout_3d. The products are formed in bf16 (one rounding, as the fp32 product rounded for the matmul).
+    The normalizer (OUTZ, and dgt's z part) is kernels.launch_norm_scan's; W and the keys' ones tile are the
+    normalizer weights' (unread here).
 
-    SCAN (grid (groups, 1, b*hk)): the chunks' sums and the gated cumulative sum over chunks in one pass (what
-    `chunk._discumsum` does after the per-chunk kernel), the group's running state kept in the fp32
-    accumulators, decay_n = e^(G at chunk n's last row):
+    The group's running state stays in the fp32 accumulators, decay_n = e^(G at chunk n's last row):
       keys: slot 0 holds S_0; chunk by chunk, S_{n+1} = decay_n S_n + U_n is written to slot n + 1;
       query side (reverse): slot NC holds dL/dS_NC; for n = NC-1..0, R_n = Q_n + decay_n R_{n+1} is written to
-      slot n, and with GATED DGT[b*hk, g, n] = decay_n (<S_n, R_{n+1}> + <z_n, Rz_{n+1}>) over the group's rows
-      (SF / ZF: the forward's states). DU_MULT (query side): slots 1..NC (the key side's dU) are written times the
-      key side's multiplicities (1 in tile ti, 2 after it; exact), so the key kernels need not apply them; slot 0
-      (the initial state's gradient) stays plain.
+      slot n, and with GATED DGT[b*hk, g, n] = decay_n <S_n, R_{n+1}> over the group's rows (SF: the forward's
+      states, ZF unread). DU_MULT (query side): slots 1..NC (the key side's dU) are written times the key side's
+      multiplicities (1 in tile ti, 2 after it; exact), so the key kernels need not apply them; slot 0 (the initial
+      state's gradient) stays plain.
 
-    Z_SUMS False (the scans with kernels.GLUON_OUTER_Z off): no normalizer at all, OUTZ and dgt's z part are left
-    to kernels.launch_norm_scan (the normalizer's 8 small matmuls and 32 fma a step made the loop 1.5x longer).
-
-    DRAIN_STEP (kernels.GLUON_OUTER_DRAIN): every step waits for the previous step's matmuls before it writes its
-    operand registers. Without it the previous step's matmuls may still be in flight there: the `deps` of the wait keep
-    phi / lo alive for LLVM only (a comment in the wait's inline asm), and ptxas gives the next step's factors and
-    products the same registers (Triton 3.6 SASS: the loop's LDSM / HMUL2 write the registers the last normalizer
-    HGMMA reads, after only `WARPGROUP.DEPBAR.LE gsb0, 0x3`). That was the normalizer race at one block per group:
-    with it d=128's normalizer rows match Triton's (docs/kernels.md)."""
+    Every step waits for the previous step's matmuls before it writes its operand registers. Without that the
+    previous step's matmuls may still be in flight there: the `deps` of the wait keep phi alive for LLVM only (a
+    comment in the wait's inline asm), and ptxas gives the next step's factors and products the same registers
+    (Triton 3.6 SASS: the loop's LDSM / HMUL2 write the registers the last HGMMA reads, after only
+    `WARPGROUP.DEPBAR.LE gsb0, 0x3`). That was a normalizer race at one block per group (docs/kernels.md)."""
     TJ: gl.constexpr = TW * JG
     FG: gl.constexpr = TW * TJ
     REP: gl.constexpr = HX // HK
     NSTEP: gl.constexpr = REP * (C // BK)
-    W_ROWS: gl.constexpr = (not KEYS) and NORM and Z_SUMS   # per-row normalizer weights through the ring
-    NORMS: gl.constexpr = (KEYS or NORM) and Z_SUMS
-    REV: gl.constexpr = SCAN and not KEYS
+    REV: gl.constexpr = not KEYS
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    MMAZ: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    AZ_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMAZ, k_width=2)
     XI_L: gl.constexpr = gl.SliceLayout(1, L3)          # [TW, BK]: x_i of this thread's fragment rows
     XJ_L: gl.constexpr = gl.SliceLayout(0, L3)          # [TJ, BK]
     CPX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
     CPY: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
     CPW: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
-    XS: gl.constexpr = factor_swizzle(BK, FACTOR_BANKS)
+    XS: gl.constexpr = factor_swizzle(BK)
     WS: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 8], gl.bfloat16)
     xi_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TW, BK], XS)
     xj_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, TJ, BK], XS)
     y_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BK, D], gl.NVMMASharedLayout.get_default_for([BK, D],
                                                                                                  gl.bfloat16))
-    w_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF if W_ROWS else 1, BK, 8], WS)
-    # PREFETCH_SF: the reverse scan's dgt reads the forward's state S_n of each chunk: cp.async'd into shared memory
-    # during the chunk before, so the chunk boundary does not wait on a [FG, D] global load (and each scan's decay is
-    # loaded a chunk ahead)
-    PREFETCH: gl.constexpr = PREFETCH_SF and REV and GATED
+    w_s = gl.allocate_shared_memory(gl.bfloat16, [1, BK, 8], WS)
+    # the reverse scan's dgt reads the forward's state S_n of each chunk: cp.async'd into shared memory during the
+    # chunk before, so the chunk boundary does not wait on a [FG, D] global load (and each scan's decay is loaded a
+    # chunk ahead)
+    PREFETCH: gl.constexpr = REV and GATED
     sf_s = gl.allocate_shared_memory(gl.bfloat16, [FG if PREFETCH else 8, D],
                                      gl.SwizzledSharedLayout(8, 1, min(8, D // 8), [1, 0]))
     g = gl.program_id(0)
     pid_bh = gl.program_id(2)
-    if SCAN:
-        n_first = (NC - 1) if REV else 0
-        nchunk = NC
-    else:
-        n_first = gl.program_id(1)
-        nchunk = 1
+    n_first = (NC - 1) if REV else 0
+    nchunk = NC
     i_b = (pid_bh // HK).to(gl.int64)
     i_hk = pid_bh % HK
     ti = gl.load(GRP + 3 * g)     # the group (kernels.gluon_groups): its row tile and two column tiles
@@ -215,150 +195,75 @@ def gluon_outer(X, Y, W, GRP, GROWS, OUT, OUTZ, T, NC, DS, SLOT,
     ry = gl.arange(0, BK, layout=gl.SliceLayout(1, CPY))
     dy = gl.arange(0, D, layout=gl.SliceLayout(0, CPY))
     y_p = Y + ((i_b * T + start + ry) * HX + i_hk * REP)[:, None] * D + dy[None, :]
-    rw = gl.arange(0, BK, layout=gl.SliceLayout(1, CPW))
     cw = gl.arange(0, 8, layout=gl.SliceLayout(0, CPW))
-    w_p = W + ((i_b * T + start + rw) * HX + i_hk * REP)[:, None] * 8 + cw[None, :]
     if KEYS:     # the keys' weights: one column of ones
         w_s.index(0).store(gl.where(cw[None, :] == 0, 1.0, 0.0).to(gl.bfloat16) + gl.zeros([BK, 8], gl.bfloat16,
                                                                                              CPW))
         fence_async_shared()
 
-    MZ: gl.constexpr = gl.SliceLayout(1, MMAZ)
     slot0 = pid_bh.to(gl.int64) * (NC + 1)
 
     nstep_all = nchunk * NSTEP
     if PREFETCH:     # the first chunk's S_n goes before the ring's prologue (its wait below counts on that)
         _prefetch_state(SF, sf_s, slot0 + n_first, DS, grows, ti, tj, tjb, FG, TJ, TW, D, CPY)
     g_next = 0.0
-    if SCAN and GATED and PREFETCH_SF:   # each chunk's decay is loaded one chunk ahead
+    if GATED:   # each chunk's decay is loaded one chunk ahead
         g_next = gl.load(G + (i_b * T + n_first * C + C - 1) * HK + i_hk)
     for p in gl.static_range(NBUF - 1):
-        _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, p, nstep_all, T, HX, HK, D, C, BK, NBUF,
-                    NSTEP, W_ROWS, REV)
-    if SCAN:     # the state entering the scan (slot 0, or slot NC in reverse), without the multiplicities
-        base = (slot0 + (NC if REV else 0)) * DS
-        rows, fmask, mult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MMA)
-        acc = gl.load(OUT + base * D + rows, mask=fmask, other=0.0).to(gl.float32) / mult
-        accz = gl.zeros([FG, 8], gl.float32, MMAZ)
-        if Z_SUMS:
-            # the normalizer state runs through the scan even without normalizer sums (NORMS False: the query side
-            # of norm=False, where dL/dz_NC still flows back to every chunk)
-            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS, MZ)
-            z0 = gl.load(OUTZ + base + zrows, mask=zmask, other=0.0) / multz
-            col0 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMAZ)) == 0, 0)
-            accz = gl.where(col0, gl.expand_dims(z0, 1), accz)
-        if DU_MULT:  # slot NC (dL/dS_NC, written by the host) is dU_{NC-1}: with the key side's multiplicities too
-            mult_k = gl.expand_dims(_group_mults(ti, tj, tjb, FG, TJ, TW, True, gl.SliceLayout(1, MMA)), 1)
-            gl.store(OUT + base * D + rows, (acc * mult_k).to(OUT.dtype.element_ty), mask=fmask)
-            if Z_SUMS:
-                multz_k = _group_mults(ti, tj, tjb, FG, TJ, TW, True, MZ)
-                gl.store(OUTZ + base + zrows, z0 * multz_k, mask=zmask)
-    else:
-        acc = gl.zeros([FG, D], gl.float32, MMA)
-        accz = gl.zeros([FG, 8], gl.float32, MMAZ)
+        _issue_step(xi_p, xj_p, jmask, y_p, xi_s, xj_s, y_s, p, nstep_all, T, HX, HK, D, C, BK, NBUF, NSTEP, REV)
+    # the state entering the scan (slot 0, or slot NC in reverse), without the multiplicities
+    base = (slot0 + (NC if REV else 0)) * DS
+    rows, fmask, mult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MMA)
+    acc = gl.load(OUT + base * D + rows, mask=fmask, other=0.0).to(gl.float32) / mult
+    if DU_MULT:  # slot NC (dL/dS_NC, written by the host) is dU_{NC-1}: with the key side's multiplicities too
+        mult_k = gl.expand_dims(_group_mults(ti, tj, tjb, FG, TJ, TW, True, gl.SliceLayout(1, MMA)), 1)
+        gl.store(OUT + base * D + rows, (acc * mult_k).to(OUT.dtype.element_ty), mask=fmask)
     phi_prev = gl.zeros([FG, BK], gl.bfloat16, A_L)
-    lo_prev = gl.zeros([FG, BK], gl.bfloat16, AZ_L)
     for ci in range(nchunk):
         n = n_first + (-ci if REV else ci)
         n_next = n + (-1 if REV else 1)
-        if SCAN and GATED:
-            if PREFETCH_SF:
-                decay = gl.exp(g_next)
-                if ci + 1 < nchunk:
-                    g_next = gl.load(G + (i_b * T + n_next * C + C - 1) * HK + i_hk)
-            else:
-                decay = gl.exp(gl.load(G + (i_b * T + n * C + C - 1) * HK + i_hk))
-            if REV:      # dgt_n = decay_n (<S_n, R_{n+1}> + <z_n, Rz_{n+1}>) over this group's rows
-                sb = (slot0 + n) * DS
-                if PREFETCH:
-                    # S_n was committed before at least min(NSTEP - 1, NBUF - 2) later groups (the steps' issued
-                    # since): this wait finishes it, the barrier shows every thread's part to all
-                    async_copy.wait_group(min(NSTEP - 1, NBUF - 2))
-                    _barrier()
-                    s_n = sf_s.load(MMA).to(gl.float32)
-                else:
-                    rows, fmask, mult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MMA)
-                    s_n = gl.load(SF + sb * D + rows, mask=fmask, other=0.0).to(gl.float32)
+        if GATED:
+            decay = gl.exp(g_next)
+            if ci + 1 < nchunk:
+                g_next = gl.load(G + (i_b * T + n_next * C + C - 1) * HK + i_hk)
+            if REV:      # dgt_n = decay_n <S_n, R_{n+1}> over this group's rows
+                # S_n was committed before at least min(NSTEP - 1, NBUF - 2) later groups (the steps' issued
+                # since): this wait finishes it, the barrier shows every thread's part to all
+                async_copy.wait_group(min(NSTEP - 1, NBUF - 2))
+                _barrier()
+                s_n = sf_s.load(MMA).to(gl.float32)
                 part = gl.sum(gl.sum(s_n * acc, axis=1), axis=0)
-                if Z_SUMS:
-                    zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS, MZ)
-                    z_n = gl.load(ZF + sb + zrows, mask=zmask, other=0.0)
-                    part += gl.sum(z_n * gl.sum(accz, axis=1), axis=0)
                 gl.store(DGT + (pid_bh.to(gl.int64) * gl.num_programs(0) + g) * NC + n, decay * part)
             acc = acc * decay
-            if Z_SUMS:
-                accz = accz * decay
         for st in range(NSTEP):
             step = ci * NSTEP + st
             s = step % NBUF
             async_copy.wait_group(NBUF - 2)
             _barrier()
-            if DRAIN_STEP:
-                if NORMS:
-                    acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0,
-                                                                      deps=(acc, accz, phi_prev, lo_prev))
-                else:
-                    acc, phi_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, phi_prev))
+            acc, phi_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, phi_prev))
             xi3 = gl.expand_dims(xi_s.index(s).load(XI_L), 1)
             xj3 = gl.expand_dims(xj_s.index(s).load(XJ_L), 0)
             phi3 = xi3 * xj3                                                               # [TW, TJ, BK] bf16
             phi = gl.convert_layout(gl.reshape(phi3, [FG, BK]), A_L, assert_trivial=True)
             acc = warpgroup_mma(phi, y_s.index(s), acc, is_async=True)
-            if NORMS:
-                # the normalizer sums the exact products: phi = hi + lo with lo = x_i x_j - hi (exact in bf16, one
-                # fma) (the bf16 products alone lose ~2^-9 sqrt(rows) relatively where signs cancel: 9% at 1500 rows)
-                lo = gl.convert_layout(gl.reshape(gl.fma(xi3, xj3, -phi3), [FG, BK]), AZ_L, assert_trivial=True)
-                w_t = w_s.index(s if W_ROWS else 0)
-                accz = warpgroup_mma(gl.convert_layout(phi, AZ_L, assert_trivial=True), w_t, accz, is_async=True)
-                accz = warpgroup_mma(lo, w_t, accz, is_async=True)
-                # the previous step's matmuls are done: its slot takes step + NBUF - 1, its operand registers are free
-                acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=3,
-                                                                  deps=(acc, accz, phi_prev, lo_prev))
-                lo_prev = lo
-            else:
-                acc, phi_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, phi_prev))
+            acc, phi_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, phi_prev))
             phi_prev = phi
-            _issue_step(xi_p, xj_p, jmask, y_p, w_p, xi_s, xj_s, y_s, w_s, step + NBUF - 1, nstep_all, T, HX, HK, D,
-                        C, BK, NBUF, NSTEP, W_ROWS, REV)
+            _issue_step(xi_p, xj_p, jmask, y_p, xi_s, xj_s, y_s, step + NBUF - 1, nstep_all, T, HX, HK, D, C, BK,
+                        NBUF, NSTEP, REV)
             if PREFETCH:     # after step 0's barrier every thread is done reading this chunk's S_n from sf_s
                 if st == 0 and ci + 1 < nchunk:
                     _prefetch_state(SF, sf_s, slot0 + n_next, DS, grows, ti, tj, tjb, FG, TJ, TW, D, CPY)
-        if NORMS:
-            acc, accz, phi_prev, lo_prev = warpgroup_mma_wait(num_outstanding=0,
-                                                              deps=(acc, accz, phi_prev, lo_prev))
-        else:
-            acc, phi_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, phi_prev))
-        if SCAN:     # this chunk's state, written from the registers (the ring stays live for the next chunk); the
-            # group's row offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers
-            base = (slot0 + n + SLOT) * DS
-            smult = (gl.expand_dims(_group_mults(ti, tj, tjb, FG, TJ, TW, True, gl.SliceLayout(1, MMA)), 1)
-                     if KEYS or DU_MULT else 1.0)
-            if DU_MULT:  # slot 0 (dL/dS_0, returned) without them
-                smult = smult + (1.0 - smult) * (n == 0).to(gl.float32)
-            out = (acc * smult).to(OUT.dtype.element_ty)
-            if COALESCED:
-                # through shared memory into 16-byte rows: a warp then writes 4 whole state rows (512 contiguous
-                # bytes) per store, where from the accumulator's layout each store wrote 8 rows x 16 bytes
-                rows_c, fmask_c, mult_c = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, False, CPY)
-                gl.store(OUT + base * D + rows_c, gl.convert_layout(out, CPY), mask=fmask_c)
-            else:
-                srows, smask, mult_c = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, False, MMA)
-                gl.store(OUT + base * D + srows, out, mask=smask)
-            if Z_SUMS:
-                zrows, zmask, zmult = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS or DU_MULT, MZ)
-                if DU_MULT:
-                    zmult = zmult + (1.0 - zmult) * (n == 0).to(gl.float32)
-                gl.store(OUTZ + base + zrows, gl.sum(accz, axis=1) * zmult, mask=zmask)
+        acc, phi_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, phi_prev))
+        # this chunk's state, written from the registers (the ring stays live for the next chunk); the group's row
+        # offsets are formed again per chunk: [FG, D] offsets held across the steps cost registers
+        base = (slot0 + n + SLOT) * DS
+        smult = (gl.expand_dims(_group_mults(ti, tj, tjb, FG, TJ, TW, True, gl.SliceLayout(1, MMA)), 1)
+                 if KEYS or DU_MULT else 1.0)
+        if DU_MULT:  # slot 0 (dL/dS_0, returned) without them
+            smult = smult + (1.0 - smult) * (n == 0).to(gl.float32)
+        out = (acc * smult).to(OUT.dtype.element_ty)
+        # through shared memory into 16-byte rows: a warp then writes 4 whole state rows (512 contiguous bytes) per
+        # store, where from the accumulator's layout each store wrote 8 rows x 16 bytes
+        rows_c, fmask_c, mult_c = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, False, CPY)
+        gl.store(OUT + base * D + rows_c, gl.convert_layout(out, CPY), mask=fmask_c)
     async_copy.wait_group(0)
-    if not SCAN:
-        # every warp past its last matmul before the epilogue's layout conversion, whose scratch reuses the ring's
-        # memory
-        _barrier()
-        base = (slot0 + n_first + SLOT) * DS
-        rows, fmask, mult = _group_rows(grows, ti, tj, tjb, FG, TJ, TW, D, KEYS, MMA)
-        gl.store(OUT + base * D + rows, (acc * mult).to(OUT.dtype.element_ty), mask=fmask)
-        if Z_SUMS:
-            ZB: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-            z = gl.convert_layout(gl.sum(accz, axis=1), ZB)     # the weights' columns: [w] or [hi, lo], the rest 0
-            zrows, zmask, multz = _group_zrows(grows, ti, tj, tjb, FG, TJ, TW, KEYS, ZB)
-            gl.store(OUTZ + base + zrows, z * multz, mask=zmask)

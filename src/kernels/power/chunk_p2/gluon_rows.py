@@ -1,7 +1,7 @@
 """The p=2 row-scaled state kernels in Gluon, default for bf16 d=32/64: the query backward (`kernels.
 _sym2_query_bwd_rows`; H100 64k 10.44 -> 9.56 ms), the query forward (`_sym2_query_fwd_rows`; 7.10 -> 6.42 ms), the
 key backward's dv (`_sym2_key_dv_rows`; 6.44 -> 5.58 ms) and its dk (the grouped `_sym2_key_bwd`; 10.48 -> 9.88 ms).
-Switches: chunk_p2 config gluon_qbwd / gluon_qfwd / gluon_kdv / gluon_kdk.
+Elsewhere (interpreter, other GPUs, older Triton) the Triton versions run (kernels.gluon_rows_apply).
 
 The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
 products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8

@@ -26,17 +26,16 @@ accumulation.
 """
 from __future__ import annotations
 
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
 
 from . import config
-from .config import (BLOCKS, BLOCKS_NARROW, BLOCKS_WIDE, GLUON_OUTER_BLOCK, GLUON_OUTER_DIMS, GROUPED_QBWD_MIN_D,
-                     NORM_SCAN_BI, NORM_SUMS_STAGES, NORM_SUMS_WARPS, TILE2)
+from .config import (BLOCKS, BLOCKS_NARROW, BLOCKS_WIDE, GLUON_OUTER_BLOCK, GLUON_OUTER_DIMS, NORM_SCAN_BI,
+                     NORM_SUMS_STAGES, NORM_SUMS_WARPS, TILE2)
 from .._common import (_combine_store, _has_state, _key_block, _key_decay, _key_rows, _kv_heads, _query_block,
-                       _row_factor, _store_norm_weights, _store_transposed, launch_options as _entry_options)
+                       _row_factor, _store_transposed, launch_options as _entry_options)
 
 
 
@@ -78,11 +77,6 @@ def _group(GRP, g, TW: tl.constexpr, JG: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _phi(xi, xj, B: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr):
-    return tl.reshape(xi[:, :, None] * xj[:, None, :], (B, TW * TW * JG))
-
-
-@triton.jit
 def _rmw(P, val, mask, ATOMIC: tl.constexpr):
     """P += val on rows private to this program: after a barrier (another thread may have written them), or as
     relaxed atomic adds (ATOMIC: no barrier, the warps need not wait for each other between groups)."""
@@ -116,14 +110,10 @@ def _cast_rows(DX, DXO, row, mask, H: tl.constexpr, D: tl.constexpr, CAST: tl.co
 # sum over a chunk's rows of (row factor * phi(x)) (x) y: update-state (keys) and the query-side state gradient
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, G=None, LSE=None, sqrt_scale_p=1.0,
-                     HK: tl.constexpr = 1, C: tl.constexpr = 1, SCALE: tl.constexpr = 0, GATED: tl.constexpr = False,
-                     NORM: tl.constexpr = False, DELTA=None, W=None):
-    """XT (b, h, D, T) = X (b, T, h, D) transposed, program (time block, b*h): the column-major copy of q or k the
-    outer product reads its factors from (XT_IN). SCALE: each row times the square root of the row factor the outer
-    product gives its phi (gluon_outer.gluon_outer), so phi(x') = f phi(x): 1 (keys) e^((gt_n - g_j) / 2), the chunk's
-    last gate gt_n; 2 (queries) (s^p e^(g_i) / Den_i)^(1/2), Den_i = e^(lse_i), and with NORM the rows' normalizer
-    weights W (b, T, h, 8) = [hi, lo, 0, ...] of -Delta_i in bf16 (hi + lo = -Delta_i to ~2^-16)."""
+def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+    """XT (b, h, D, T) = X (b, T, h, D) transposed, program (time block, b*h): the column-major copy of q or k that
+    _sym2_outer reads its factors from. (The Gluon outer products read copies scaled by their row factors, written by
+    the intra-chunk attention kernels: parallel._attn_fwd / _attn_bwd_dq with XT_MODE.)"""
     pid_bh = tl.program_id(1)
     i_b = pid_bh // H
     i_h = pid_bh % H
@@ -131,40 +121,21 @@ def _transpose_heads(X, XT, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexp
     offs_d = tl.arange(0, D)
     mask = rows < T
     x = tl.load(X + ((i_b * T + rows) * H + i_h).to(tl.int64)[:, None] * D + offs_d[None, :], mask=mask[:, None])
-    if SCALE > 0:
-        i_hk = i_h // (H // HK)
-        half = tl.full([BT], 0.0, tl.float32)
-        if GATED:
-            g = tl.load(G + (i_b * T + rows) * HK + i_hk, mask=mask, other=0.0)
-            if SCALE == 1:
-                half += tl.load(G + (i_b * T + (rows // C) * C + C - 1) * HK + i_hk, mask=mask, other=0.0) - g
-            else:
-                half += g
-        if SCALE == 2 and NORM:
-            half -= tl.load(LSE + (i_b * T + rows) * H + i_h, mask=mask, other=0.0)
-        f_half = tl.exp(0.5 * half)
-        if SCALE == 2:
-            f_half = f_half * sqrt_scale_p
-        if SCALE == 2 and NORM:
-            row = (i_b * T + rows) * H + i_h
-            _store_norm_weights(W + row.to(tl.int64) * 8, -tl.load(DELTA + row, mask=mask, other=0.0), mask)
-    else:
-        f_half = tl.full([BT], 1.0, tl.float32)
-    _store_transposed(x, f_half, XT + pid_bh.to(tl.int64) * D * T, T, rows, mask, D)
+    _store_transposed(x, tl.full([BT], 1.0, tl.float32), XT + pid_bh.to(tl.int64) * D * T, T, rows, mask, D)
 
 
 @triton.jit
 def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
                 HX: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr,
                 JG: tl.constexpr, BK: tl.constexpr, KEYS: tl.constexpr, NORM: tl.constexpr,
-                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, XT_IN: tl.constexpr = False):
+                GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr):
     """Program (group g, chunk n, b*hk) writes slot n + SLOT of OUT (b, hk, NC+1, DS, D) / OUTZ for its group:
     KEYS: U_n = sum_j (w phi(k_j) e^(gt_n - g_j)) v_j^T, Uz_n = sum_j w phi(k_j) e^(gt_n - g_j)  (X=k, Y=v);
     else: Q_n = sum_i r_i phi(q_i)^T dn_i, Qz_n = sum_i r_i phi(q_i) dl_i over the GQA group's query heads
     (X=q, Y=dy; r_i = s^p e^(g_i) / Den_i, dl_i = -Delta_i / Den_i folded as r_i * (-Delta_i)).
-    XT_IN: X is the transposed copy (b, HX, D, T) (_transpose_heads), so the factors load as [8, BK] and [8 JG, BK]
-    rows of 128 contiguous bytes: read from the (b, T, HX, D) layout they were 16-byte rows whose shared-memory copy
-    the expansion read with 8-way bank conflicts (ncu)."""
+    X is the transposed copy (b, HX, D, T) (_transpose_heads), so the factors load as [8, BK] and [8 JG, BK] rows of
+    128 contiguous bytes: read from the (b, T, HX, D) layout they were 16-byte rows whose shared-memory copy the
+    expansion read with 8-way bank conflicts (ncu)."""
     g = tl.program_id(0)
     n = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -189,16 +160,11 @@ def _sym2_outer(X, Y, G, LSE, DELTA, GRP, OUT, OUTZ, scale_p, T, NC, DS, SLOT,
             rows = start + r0 + offs_r
             mask = ((r0 + offs_r) < C) & (rows < T)
             row = (i_b * T + rows) * HX + i_h
-            if XT_IN:
-                xt = X + ((i_b * HX + i_h) * D).to(tl.int64) * T + rows[None, :]
-                xi_t = tl.load(xt + (ti * TW + tl.arange(0, TW))[:, None] * T, mask=mask[None, :], other=0.0)
-                xj_t = tl.load(xt + colj[:, None] * T, mask=jvalid[:, None] & mask[None, :], other=0.0)
-                xi_t = xi_t.to(tl.float32)
-                xj_t = xj_t.to(tl.float32)
-            else:
-                xi, xj = _pair(X + row * D, ti, tj, mask, colj, jvalid, TW)
-                xi_t = tl.trans(xi)
-                xj_t = tl.trans(xj)
+            xt = X + ((i_b * HX + i_h) * D).to(tl.int64) * T + rows[None, :]
+            xi_t = tl.load(xt + (ti * TW + tl.arange(0, TW))[:, None] * T, mask=mask[None, :], other=0.0)
+            xj_t = tl.load(xt + colj[:, None] * T, mask=jvalid[:, None] & mask[None, :], other=0.0)
+            xi_t = xi_t.to(tl.float32)
+            xj_t = xj_t.to(tl.float32)
             if KEYS:
                 f = tl.where(mask, 1.0, 0.0)
                 if GATED:
@@ -535,11 +501,12 @@ def _sym2_query_fwd_rows(Q, G, S, Z, OI, LSEI, Y, LSE, scale_p, T, NC, DS,
 @triton.jit
 def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
                       TW: tl.constexpr, KW2: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
-                      DOT_DT: tl.constexpr, PREC: tl.constexpr, PIPE: tl.constexpr = 0, ACC: tl.constexpr = False):
+                      DOT_DT: tl.constexpr, PREC: tl.constexpr, PIPE: tl.constexpr = 0):
     """The key backward's dv, row-scaled like the query forward: dv_j += c_j sum_i k_i (k_win,w dU_i) with the
     key side's multiplicities w on the window's columns, c_j = e^(gt_n - g_j); program (key block of a chunk,
     chunk n, b*hk). DV holds the intra-chunk part already, in the inputs' dtype (bf16: the buffer is dv itself, no
-    fp32 copy and no conversion pass); the sum is formed in fp32 and written back in place. ACC: _rows_slice's."""
+    fp32 copy and no conversion pass); the sum is formed in fp32 and written back in place. The windows' products
+    accumulate on the tensor cores (_rows_slice's ACC: 6.60 -> 6.23 ms at 128 rows)."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     NT: tl.constexpr = D // TW
     T1: tl.constexpr = (D - KW2) // TW
@@ -550,9 +517,9 @@ def _sym2_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: tl.constexpr, D: tl.const
     k2 = tl.load(k_row[:, None] + (D - KW2) + tl.arange(0, KW2)[None, :], mask=mask[:, None], other=0.0).to(DOT_DT)
     u_base = (pid_bh.to(tl.int64) * NU + n) * DS
     dv = tl.zeros([BK, D], tl.float32)
-    dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True, PIPE, ACC)
+    dv = _rows_fwd_pass(dv, k_row, kf, DU, u_base, mask, 0, T1, 0, D, NT, TW, D, DOT_DT, PREC, True, PIPE, True)
     dv = _rows_fwd_pass(dv, k_row, k2, DU, u_base, mask, T1, NT, D - KW2, KW2, NT, TW, D, DOT_DT, PREC, True, PIPE,
-                        ACC)
+                        True)
     c = _key_decay(G, T, i_b, i_hk, n, row, mask, HK, C, GATED)
     kv_off = row[:, None] * D + offs_d[None, :]
     dv = dv * c[:, None] + tl.load(DV + kv_off, mask=mask[:, None], other=0.0).to(tl.float32)
@@ -636,8 +603,8 @@ def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
                          KW2: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
                          HAS_S0: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr, ATOMIC: tl.constexpr,
                          PIPE: tl.constexpr = 0, CAST: tl.constexpr = False):
-    """_sym2_query_bwd, row-scaled (config rows_qbwd): X = r (dn S_n^T + dl z_n), DQ += dphi/dq^T X, DGQ = X . phi;
-    CAST: DQO = DQ in the inputs' dtype."""
+    """_sym2_query_bwd, row-scaled (below config grouped_qbwd_min_d): X = r (dn S_n^T + dl z_n),
+    DQ += dphi/dq^T X, DGQ = X . phi; CAST: DQO = DQ in the inputs' dtype."""
     row, mask, r, n, s_base = _query_rows(scale_p, G, T, NC, DS, HQ, HK, C, BM, GATED)
     dn, dl = _query_grad_rows(DO, LSE, DELTA, row, mask, BM, D, NORM)
     dg = _rows_grad(dn.to(DOT_DT), Q + row * D, DQ + row * D, S, Z, s_base, dl, r, mask, KW2, D, TW, BM,
@@ -654,15 +621,14 @@ def _sym2_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
 def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DKO, DV, DGK, T, NC, DS, NG, NU,
                   HK: tl.constexpr, D: tl.constexpr, C: tl.constexpr, TW: tl.constexpr, JG: tl.constexpr,
                   BK: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr, PREC: tl.constexpr,
-                  ATOMIC: tl.constexpr, DV_TOO: tl.constexpr, CAST: tl.constexpr = False):
+                  ATOMIC: tl.constexpr, CAST: tl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk): with ph = w phi(k) c_j, c_j = e^(gt_n - g_j) and
-    X = v dU_n^T + dUz_n = dL/dph: DV += ph dU_n (DV_TOO; else _sym2_key_dv_rows adds it), DK += dph/dk^T X,
-    DGK = -X . ph. dU_n is slot n of DU (NU slots per (b, hk)); CAST: DKO = DK in the inputs' dtype."""
+    X = v dU_n^T + dUz_n = dL/dph: DK += dph/dk^T X, DGK = -X . ph (dv: _sym2_key_dv_rows, row-scaled; DV unread).
+    dU_n is slot n of DU (NU slots per (b, hk)); CAST: DKO = DK in the inputs' dtype."""
     i_b, i_hk, n, pid_bh, rows, mask = _key_block(T, HK, C, BK)
     offs_d = tl.arange(0, D)
     row, kv_off, v, c = _key_rows(V, G, T, i_b, i_hk, n, rows, mask, HK, D, C, GATED)
     u_base = (pid_bh.to(tl.int64) * NU + n) * DS
-    dv = tl.zeros([BK, D], tl.float32)
     y = tl.zeros([BK], tl.float32)
     dk_row = DK + row * D
     for g in range(NG):
@@ -673,9 +639,6 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DKO, DV, DGK, T, NC, DS, NG, NU,
         du = tl.load(DU + (u_base + lrow)[:, None] * D + offs_d[None, :], mask=fvalid[:, None], other=0.0)
         duz = tl.load(DUZ + u_base + lrow, mask=fvalid, other=0.0)
         x = tl.dot(v.to(DOT_DT), tl.trans(du.to(DOT_DT)), input_precision=PREC) + duz[None, :]   # [BK, FG]
-        if DV_TOO:
-            ph = _phi(ki * c[:, None], kjw, BK, TW, JG)                                      # [BK, FG]
-            dv += tl.dot(ph.to(DOT_DT), du.to(DOT_DT), input_precision=PREC)
         x3 = tl.reshape(x, (BK, TW, TW * JG))
         dki = tl.sum(x3 * kjw[:, None, :], axis=2)                                          # [BK, 8], / c
         dkj = tl.sum(x3 * ki[:, :, None], axis=1)                                           # [BK, 8JG], / (c w)
@@ -683,9 +646,6 @@ def _sym2_key_bwd(K, V, G, GRP, DU, DUZ, DK, DKO, DV, DGK, T, NC, DS, NG, NU,
         _rmw(dk_row[:, None] + ti * TW + tl.arange(0, TW)[None, :], dki * c[:, None], mask[:, None], ATOMIC)
         _rmw(dk_row[:, None] + colj[None, :], dkj * wcol[None, :] * c[:, None], mask[:, None] & jvalid[None, :],
              ATOMIC)
-    if DV_TOO:
-        dv += tl.load(DV + kv_off, mask=mask[:, None], other=0.0)
-        tl.store(DV + kv_off, dv, mask=mask[:, None])
     if GATED:
         tl.store(DGK + row, -y * c, mask=mask)
     _cast_rows(DK, DKO, row, mask, HK, D, CAST)
@@ -721,20 +681,19 @@ def gluon_groups(d: int, jg: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     tjb) its layout row, or -1 where jt is past the tiles (the kernel forms the multiplicities from ti and jt).
 
     As groups(): JG consecutive column tiles of one row (tjb = tj + 1), product (TW ti + a, TW jt + c) at row
-    a TW + c of block l(ti, jt). With config outer_pairs, the rows whose last group would hold one block (tile
-    nt - 1 alone, the other half of its matmuls on zeros) give those blocks (i, nt - 1) to groups of two: the products
+    a TW + c of block l(ti, jt). The rows whose last group would hold one block (tile nt - 1 alone, the other half
+    of its matmuls on zeros) give those blocks (i, nt - 1) to groups of two: the products
     of row tile nt - 1 with column tiles i and i', each stored transposed (product (TW (nt-1) + a, TW i + c) is
     feature (TW i + c, TW (nt-1) + a), row c TW + a of block l(i, nt - 1)). d=64 at JG 2: 18 full groups instead of
     20 with 4 half empty."""
-    pairs = config.current().outer_pairs
-    key = (d, jg, pairs, str(device))
+    key = (d, jg, str(device))
     if key not in _GLUON_GROUPS:
         nt, tw = d // TILE2, TILE2
         block = {(i, j): l for i, j, l in groups(d, 1, "cpu").tolist()}       # l(i, j) of the layout's blocks
         groups_, alone = [], []
         for i in range(nt):
             for j0 in range(i, nt, jg):
-                if jg == 2 and j0 == nt - 1 and pairs:
+                if jg == 2 and j0 == nt - 1:
                     alone.append(i)
                 else:
                     groups_.append((i, j0, j0 + 1, False))
@@ -780,8 +739,8 @@ def launch_options(kernel: str, d: int) -> dict:
 
 
 def row_scaled_qbwd(d: int) -> bool:
-    """Whether the query backward runs row-scaled (else grouped) for head dim d."""
-    return config.current().rows_qbwd and d < GROUPED_QBWD_MIN_D
+    """Whether the query backward runs row-scaled (else grouped) for head dim d (config grouped_qbwd_min_d)."""
+    return d < config.current().grouped_qbwd_min_d
 
 
 def atomic_updates() -> bool:
@@ -822,18 +781,13 @@ _GLUON_OK = None
 
 
 def gluon_outer_applies(X, d: int, C: int) -> bool:
-    """Whether the outer product runs as gluon_outer.gluon_outer: config outer_gluon, bf16 on CUDA, its rows per step
-    (gluon_outer_block) a multiple of 16 dividing the chunk, a Triton with its Gluon."""
+    """Whether the outer products run as gluon_outer.gluon_outer, scanning over the chunks in the same pass (each
+    chunk's state written there; the query side reads each forward state S_n before it writes slot n), else as
+    Triton's _sym2_outer per chunk and chunk_stages' scan: bf16 on CUDA, its rows per step (gluon_outer_block) a
+    multiple of 16 dividing the chunk, a Triton with its Gluon."""
     bk = gluon_outer_block(d, C)[1]
-    return (config.current().outer_gluon and X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0
-            and d in GLUON_OUTER_DIMS and gluon_available())
-
-
-def gluon_scan_applies(X, d: int, C: int) -> bool:
-    """Whether launch_outer(scan=True) runs the Gluon scan (gluon_outer's SCAN: each chunk's state written in the same
-    pass, the query side reading each forward state S_n before it writes slot n) rather than per-chunk sums and
-    chunk._discumsum."""
-    return config.current().outer_scan and gluon_outer_applies(X, d, C)
+    return (X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0 and d in GLUON_OUTER_DIMS
+            and gluon_available())
 
 
 def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
@@ -853,22 +807,17 @@ def gluon_rows_regs(kernel: str) -> dict:
     return {"maxnreg": cap} if cap else {}
 
 
-def gluon_rows_applies(kernel: str, q, d: int) -> bool:
-    """Whether the row-scaled kernel `kernel` ("qfwd", "qbwd", "kdv" or "kdk") runs as its Gluon version in
-    gluon_rows (config gluon_qfwd / gluon_qbwd / gluon_kdv / gluon_kdk, bf16 on CUDA, d = 32 or 64, a Triton with
-    its Gluon)."""
-    cfg = config.current()
-    on = {"qfwd": cfg.gluon_qfwd, "qbwd": cfg.gluon_qbwd, "kdv": cfg.gluon_kdv, "kdk": cfg.gluon_kdk}[kernel]
-    return on and q.is_cuda and q.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
+def gluon_rows_apply(x, d: int) -> bool:
+    """Whether the row-scaled kernels (query forward and backward, key dv and dk) run as their Gluon versions in
+    gluon_rows: bf16 on CUDA, d = 32 or 64, a Triton with its Gluon."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
-def _transposed(X, T, hx, d, XT=None, **scale):
-    """The (b, hx, d, T) copy of X (b, T, hx, d) the outer products read (_transpose_heads), into XT (else a new
-    tensor); `scale`: its SCALE arguments for the Gluon kernel's row-factor-scaled copy."""
-    if XT is None:
-        XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
+def _transposed(X, T, hx, d):
+    """The (b, hx, d, T) copy of X (b, T, hx, d) that _sym2_outer reads (_transpose_heads)."""
+    XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
     bt, warps = config.current().transpose_block
-    _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps, **scale)
+    _transpose_heads[(triton.cdiv(T, bt), X.shape[0] * hx)](X, XT, T, H=hx, D=d, BT=bt, num_warps=warps)
     return XT
 
 
@@ -876,8 +825,8 @@ _SIDE_STREAMS: dict = {}
 
 
 def side_stream(device, role: str) -> torch.cuda.Stream:
-    """One stream per device and role ("bwd": the chunked backward's second chain, config concurrent_bwd; "norm":
-    the normalizer apart, config norm_concurrent), created once (streams are not freed)."""
+    """One stream per device and role ("bwd": the chunked backward's second chain; "norm": the normalizer beside the
+    Gluon outer products), created once (streams are not freed)."""
     idx = torch.device(device).index
     idx = torch.cuda.current_device() if idx is None else idx
     if (idx, role) not in _SIDE_STREAMS:
@@ -918,76 +867,56 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
 
 def scaled_copy_buffers(X, T, hx, d, norm, keys):
     """(XT, W) for gluon_outer: the (b, hx, d, T) scaled copy of X (b, T, hx, d) and the query side's normalizer
-    weights (b, T, hx, 8) (X itself, unread, for keys or without norm), to be written by _transpose_heads or by the
-    chunked form's attention kernels (config xt_in_attention)."""
+    weights (b, T, hx, 8) (X itself, unread, for keys or without norm), written by the chunked form's intra-chunk
+    attention kernels (the keys' by the forward, the queries' by dq)."""
     XT = torch.empty(X.shape[0], hx, d, T, device=X.device, dtype=X.dtype)
     W = torch.empty(X.shape[0], T, hx, 8, device=X.device, dtype=X.dtype) if norm and not keys else X
     return XT, W
 
 
 def launch_outer(X, Y, G, LSE, DELTA, OUT, OUTZ, scale_p, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated,
-                 dot_dt, prec, scan=False, fwd_states=None, du_mult=False, copy=None):
-    """Per-chunk sums of phi(x) y^T into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
-    states (keys) or the query-side state gradients. scan: where the Gluon kernel applies and outer_scan is on, the
-    gated cumulative sum over chunks is done in the same pass (gluon_outer's SCAN: slot 0 / slot NC must hold the
-    state entering the scan; fwd_states = (S, Z), the forward's states, for the query side's dgt; du_mult: the query
-    side writes dU with the key side's multiplicities). Returns
-    (scanned, dgt): whether it scanned (else the caller runs chunk._discumsum) and the (b, hk, NC) gate
-    gradient of the gated query side's scan (else None). copy: (XT, W) of scaled_copy_buffers, already written (the
-    Gluon kernel's input; else _transpose_heads writes it here)."""
+                 dot_dt, prec, fwd_states=None, du_mult=False, copy=None):
+    """Sums of phi(x) y^T over each chunk into slots slot..slot+NC-1 of OUT/OUTZ (b, hk, NC+1, DS, d): the update
+    states (keys) or the query-side state gradients. Where gluon_outer_applies, the gated cumulative sum over chunks
+    is done in the same pass (gluon_outer's SCAN: slot 0 / slot NC must hold the state entering the scan;
+    fwd_states = (S, Z), the forward's states, for the query side's dgt; du_mult: the query side writes dU with the
+    key side's multiplicities; copy: (XT, W) of scaled_copy_buffers, already written by the intra-chunk attention),
+    else the caller runs chunk_stages.scan_states / scan_state_grads. Returns (scanned, dgt): whether it scanned and
+    the (b, hk, NC) gate gradient of the gated query side's scan (else None)."""
     cfg = config.current()
     jg, bk, _, _ = blocks("outer", d)
     if gluon_outer_applies(X, d, C):
         jg, bk = gluon_outer_block(d, C)
         grp, grows = gluon_groups(d, jg, X.device)
         from .gluon_outer import gluon_outer, operand_layout_3d
-        if copy is None:     # the query side's normalizer weights, [hi, lo] of -Delta per row, come with the copy
-            XT, W = scaled_copy_buffers(X, T, hx, d, norm, keys)
-            _transposed(X, T, hx, d, XT, G=G, LSE=LSE, sqrt_scale_p=1.0 if keys else scale_p ** 0.5, HK=hk, C=C,
-                        SCALE=1 if keys else 2, GATED=gated, NORM=norm, DELTA=DELTA, W=W)
-        else:
-            XT, W = copy
-        scanning = scan and gluon_scan_applies(X, d, C)
-        extra, dgt = {}, None
-        if scanning:
-            if gated and not keys:
-                dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32)
-            sf, zf = fwd_states or (OUT, OUTZ)
-            extra = dict(G=G, SF=sf, ZF=zf, DGT=OUTZ if dgt is None else dgt, SCAN=True, GATED=gated,
-                         DU_MULT=du_mult and not keys, PREFETCH_SF=True)
-            if cfg.outer_scan_regs:
-                extra["maxnreg"] = cfg.outer_scan_regs
-        z_apart = scanning      # the scans leave the normalizer to launch_norm_scan (outer products 12.25 -> 9.58 ms)
-        side = None
-        if z_apart and cfg.norm_concurrent:
-            # on a side stream beside the outer products (it reads only the copies, G and the forward's z; its
-            # buffers are allocated there): the memory-bound sums fill the SMs the outer products' last wave leaves
-            side = side_stream(X.device, "norm")
-            side.wait_stream(torch.cuda.current_stream(X.device))
-        gluon_outer[(grp.shape[0], 1 if scanning else NC, X.shape[0] * hk)](
+        XT, W = copy
+        dgt = None
+        if gated and not keys:
+            dgt = torch.empty(X.shape[0] * hk, grp.shape[0], NC, device=X.device, dtype=torch.float32)
+        sf, zf = fwd_states or (OUT, OUTZ)
+        # the normalizer apart (launch_norm_scan; outer products 12.25 -> 9.58 ms), on a side stream beside the outer
+        # products (it reads only the copies, G and the forward's z; its buffers are allocated there): the
+        # memory-bound sums fill the SMs the outer products' last wave leaves
+        side = side_stream(X.device, "norm")
+        side.wait_stream(torch.cuda.current_stream(X.device))
+        gluon_outer[(grp.shape[0], 1, X.shape[0] * hk)](
             XT, Y, W, grp, grows, OUT, OUTZ, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
             KEYS=keys, NORM=norm, NBUF=cfg.outer_stages, L3=operand_layout_3d(TILE2, TILE2 * jg, bk), num_warps=4,
-            DRAIN_STEP=cfg.outer_drain, Z_SUMS=not z_apart, FACTOR_BANKS=True, COALESCED=True, **extra)
+            G=G, SF=sf, ZF=zf, DGT=OUTZ if dgt is None else dgt, GATED=gated, DU_MULT=du_mult and not keys,
+            **({"maxnreg": cfg.outer_scan_regs} if cfg.outer_scan_regs else {}))
         if dgt is not None:
             dgt = dgt.view(X.shape[0], hk, grp.shape[0], NC).sum(2)
-        if z_apart:
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                dgt_z = launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d,
-                                         C, keys, norm, gated, du_mult)
-            if side is not None:     # joined: nothing it reads or writes is touched by the caller's stream meanwhile
-                torch.cuda.current_stream(X.device).wait_stream(side)
-            if dgt_z is not None:
-                dgt = dgt + dgt_z
-        return scanning, dgt
+        with torch.cuda.stream(side):
+            dgt_z = launch_norm_scan(XT, W, G, OUTZ, (fwd_states or (None, None))[1], T, NC, DS, slot, hx, hk, d, C,
+                                     keys, norm, gated, du_mult)
+        # joined: nothing it reads or writes is touched by the caller's stream meanwhile
+        torch.cuda.current_stream(X.device).wait_stream(side)
+        if dgt_z is not None:
+            dgt = dgt + dgt_z
+        return True, dgt
     grp = groups(d, jg, X.device)
     X = _transposed(X, T, hx, d)
     _sym2_outer[(grp.shape[0], NC, X.shape[0] * hk)](
         X, Y, G, LSE, DELTA, grp, OUT, OUTZ, scale_p, T, NC, DS, slot, HX=hx, HK=hk, D=d, C=C, TW=TILE2, JG=jg, BK=bk,
-        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, XT_IN=True, **launch_options("outer", d))
+        KEYS=keys, NORM=norm, GATED=gated, DOT_DT=dot_dt, PREC=prec, **launch_options("outer", d))
     return False, None
-
-
-def applies(p: int, d: int, dtype) -> bool:
-    """Whether a p=2 call runs these kernels (config enabled; bf16, or any dtype with config force)."""
-    cfg = config.current()
-    return cfg.enabled and p == 2 and d % TILE2 == 0 and (cfg.force or dtype == torch.bfloat16)
