@@ -4,10 +4,10 @@
     python scripts/plot_results.py --dir out kernel_benchmark
     python scripts/plot_results.py --dir docs/results/experiments   # the experiment figures whose records are here
 
-In docs/results/experiments: some records draw a figure of their own (EXPERIMENT_PLOTS); the report's figures are
-redrawn by longctx.report's own figure code from the final curves the records keep (REPORT_FIGURES), and from any
-compact report record (`python -m longctx.report RUNS --out DIR --record NAME.json`: a JSON with "kind": "report"
-and its per-document npz beside it), whose figures are written as the record names them.
+In docs/results/experiments: some records draw a figure of their own (EXPERIMENT_PLOTS); the others are compact
+report records (`python -m longctx.report RUNS --out DIR --record NAME.json`: a JSON with "kind": "report" and the
+per-document npz beside it), whose figures longctx.report's own figure code redraws under the names the record
+gives them.
 Each JSON carries the command that measured it; README.md's "Results" quotes the same records.
 """
 from __future__ import annotations
@@ -181,68 +181,6 @@ def plot_train_paths_loss(record: dict, path: Path) -> Path:
     return _script("compare_train_paths").plot_train_paths_loss(record, path)
 
 
-# ----- the report's figures from the experiment records (final curves per run) ------------------------------
-
-def _compact(title: str, kind: str, png: str, runs: list[dict]) -> dict:
-    return {"kind": "report", "title": title, "figures": {kind: png}, "runs": runs}
-
-
-def _entry(name: str, label: str, final: dict, heldout: str, seed=None, seed_label=None) -> dict:
-    return {"name": name, "label": label, "seed_label": seed_label or label, "seed": seed,
-            "attention": label.split(",")[0], "ctx": final["icl_curve"][-1][1], "heldout": heldout,
-            "records": [{k: final[k] for k in ("step", "flops", "best_context_loss", "icl_curve", "bayes_curve")
-                         if k in final}]}
-
-
-def _rows_runs(rows: list[dict], keys=("ctx", "model", "docs_per_batch", "reshape_block")) -> list[dict]:
-    """Rows of final records (experiments.json, icl_curriculum.json) labelled by attention + what differs."""
-    differ = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1]
-    return [_entry(r["run"], ", ".join([r["attention"]] + [f"{k}={r.get(k)}" for k in differ]), r,
-                   heldout="icl_markov") for r in rows]
-
-
-def experiment_sweep(name: str, png: str):
-    def build(record: dict) -> dict:
-        return _compact(f"experiment={name}", "icl_curves", png, _rows_runs(record["experiments"][name]))
-    return build
-
-
-def curriculum_stage2(record: dict) -> dict:
-    return _compact("ICL curriculum, stage 2 (ctx 4096)", "icl_curves", "icl_curriculum_icl.png",
-                    _rows_runs(record["stage2_ctx4096"]))
-
-
-def softmax_bump_gap(record: dict) -> dict:
-    runs = [_entry(key, f"exp, {key.replace('_', ' ')}", record[key]["stage2_ctx4096"], heldout=key)
-            for key in ("disjoint_sizes", "whole_documents")]
-    return _compact("Softmax on the ICL curriculum, two variants", "gap_to_optimum", "icl_softmax_bump_gap.png",
-                    runs)
-
-
-def token_shift_gap(record: dict) -> dict:
-    runs = []
-    for key in ("plain_seed0", "plain_seed1", "token_shift_seed0", "token_shift_seed1"):
-        variant, seed = key.rsplit("_seed", 1)
-        label = "exp" if variant == "plain" else "exp, arch.token_shift=true"
-        runs.append(_entry(key, f"{label}, seed={seed}", record[key]["final"], heldout="icl_markov_long_cpu",
-                           seed=int(seed), seed_label=label))
-    return _compact("attention=exp with and without the token shift (GPT-2 tiny, CPU)", "gap_to_optimum",
-                    "token_shift_cpu_gap.png", runs)
-
-
-# figure (docs/results/experiments/<name>.png) -> (the record it is drawn from, its compact form)
-REPORT_FIGURES = {
-    "equal_state_icl": ("experiments", experiment_sweep("attention_equal_state", "equal_state_icl.png")),
-    "context_scaling_icl": ("experiments", experiment_sweep("context_scaling", "context_scaling_icl.png")),
-    "reshape_icl": ("experiments", experiment_sweep("reshape_ablation", "reshape_icl.png")),
-    "icl_vs_batch": ("experiments", experiment_sweep("icl_vs_batch", "icl_vs_batch.png")),
-    "icl_vs_params": ("experiments", experiment_sweep("icl_vs_params", "icl_vs_params.png")),
-    "icl_curriculum_icl": ("icl_curriculum", curriculum_stage2),
-    "icl_softmax_bump_gap": ("icl_softmax_bump", softmax_bump_gap),
-    "token_shift_cpu_gap": ("token_shift_cpu", token_shift_gap),
-}
-
-
 def draw_compact(compact: dict, folder: Path) -> dict[str, Path]:
     """Draw a compact report record's figures into `folder` -> {png name: path}."""
     from longctx.report.figures import save
@@ -256,7 +194,7 @@ PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "bench_train": plot_bench_tr
          "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run,
          "bench_decode": plot_bench_decode, "train_paths_loss": plot_train_paths_loss}
 # docs/results/experiments/ records drawn from the record itself (the others there are longctx.report's figures)
-EXPERIMENT_PLOTS = {"icl_softmax_blind_spot": plot_icl_variant_gaps, "icl_token_shift_attention": plot_icl_variant_gaps}
+EXPERIMENT_PLOTS = {"icl_softmax_blind_spot": plot_icl_variant_gaps}
 
 
 def main(argv=None) -> list[Path]:
@@ -267,11 +205,10 @@ def main(argv=None) -> list[Path]:
     args = parser.parse_args(argv)
     known = {**PLOTS, **EXPERIMENT_PLOTS}
     compact = sorted(p.stem for p in args.dir.glob("*.json") if _is_compact(p))
-    unknown = [t for t in args.tables if t not in known and t not in REPORT_FIGURES and t not in compact]
+    unknown = [t for t in args.tables if t not in known and t not in compact]
     if unknown:
-        parser.error(f"unknown table {unknown[0]!r}; tables: {', '.join([*known, *REPORT_FIGURES, *compact])}")
-    chosen = args.tables or [t for t in [*known, *REPORT_FIGURES, *compact]
-                             if (args.dir / f"{REPORT_FIGURES.get(t, (t,))[0]}.json").exists()]
+        parser.error(f"unknown table {unknown[0]!r}; tables: {', '.join([*known, *compact])}")
+    chosen = args.tables or [t for t in [*known, *compact] if (args.dir / f"{t}.json").exists()]
     try:
         written = _draw(chosen, known, compact, args.dir)
     except ValueError as err:  # a compact record naming a figure kind the report does not draw
@@ -284,10 +221,7 @@ def main(argv=None) -> list[Path]:
 def _draw(chosen: list[str], known: dict, compact: list[str], folder: Path) -> list[Path]:
     written = []
     for table in chosen:
-        if table in REPORT_FIGURES:
-            source, build = REPORT_FIGURES[table]
-            written += draw_compact(build(json.loads((folder / f"{source}.json").read_text())), folder).values()
-        elif table in compact:
+        if table in compact:
             written += draw_compact(json.loads((folder / f"{table}.json").read_text()), folder).values()
         else:
             record = json.loads((folder / f"{table}.json").read_text())

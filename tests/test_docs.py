@@ -1,67 +1,117 @@
-"""The README and docs/ stay true to the repository: the README short, its first lines the set-up and test
-commands CI reads, and every file a document names present."""
+"""The README and docs/ stay true to the repository: the README short and its first lines the set-up and test
+commands CI reads; every repository path named in README.md and docs/*.md (links, images, `code`, commands) and in
+the sources' docstrings exists, every link's #anchor too, and every README section cited by its title
+(`README.md, "Training speed (H200)"`). URLs and placeholders (runs/RUN, <name>, *, ...) are not paths."""
+from __future__ import annotations
+
 import re
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+ROOTS = ("src/", "scripts/", "tools/", "tests/", "conf/", "docs/")
+TOP_FILES = {"train.py", "pyproject.toml", ".gitignore"}
+TOP_DOC = re.compile(r"[A-Z]+\.md")  # README.md, CHANGELOG.md, ...: at the top of the repository
+PLACEHOLDER = re.compile(r"[<>*{}$|]|\.\.\.|\bRUN\b|\bNAME\b|\bDIR\b|\bFILE\b|XXXX|/[a-z]\.\w+$")  # .../x.json
+CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CITED_SECTION = re.compile(r"README(?:\.md)?(?:'s)?,?\s+\"([^\"]+)\"")
 MAX_README_LINES = 250
 SETUP = 'pip install torch==2.13.0 -e ".[test]"'
 TESTS = "python -m pytest -q"
 
-LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")              # [text](target) and ![alt](target)
-# Repository paths in backticks: `docs/gpu.md`, `scripts/flops.py`, `src/train/stages.py` (up to a space)
-CODE_PATH = re.compile(r"`((?:docs|scripts|src|conf|tests|tools)/[^`\s]+)")
-PLACEHOLDER = re.compile(r"[<>*{}$]|\bRUN\b|\bNAME\b|\.\.\.|XXXX")
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def first_code_block(text: str) -> str:
-    match = re.search(r"```[a-z]*\n(.*?)```", text, re.S)
-    assert match, "README.md has no code block"
-    return match.group(1)
+def headings(path: Path) -> list[str]:
+    text = CODE.sub("", path.read_text()) if path.suffix == ".md" else ""
+    return [line.lstrip("#").strip() for line in text.splitlines() if re.match(r"#{1,6} ", line)]
 
 
-def named_paths(doc: Path) -> list[tuple[str, Path]]:
-    """(as written, resolved) for every relative link or image of `doc`, and every repository path in backticks."""
-    text = doc.read_text()
-    found = []
-    for target in LINK.findall(text):
-        target = target.split("#")[0]
-        if not target or re.match(r"[a-z]+:", target) or PLACEHOLDER.search(target):
-            continue
-        found.append((target, (doc.parent / target).resolve()))
-    for target in CODE_PATH.findall(text):
-        target = target.rstrip(".,;:)").split("#")[0].split("::")[0]
-        if PLACEHOLDER.search(target):
-            continue
-        found.append((target, ROOT / target))
+def named_paths(text: str) -> set[str]:
+    """Repository-looking paths in code spans, code blocks and commands: tokens starting at a known top folder or
+    naming a top-level file, with trailing punctuation, `:line` and `::test` suffixes cut."""
+    found = set()
+    for span in CODE.findall(text):
+        for token in re.split(r"[\s`'\"(),;=\[\]]+", span):
+            token = token.split("::")[0].rstrip(".:,")
+            token = re.sub(r":\d+(-\d+)?$", "", token)
+            if PLACEHOLDER.search(token) or "//" in token:
+                continue
+            if token.startswith(ROOTS) or token in TOP_FILES or TOP_DOC.fullmatch(token):
+                found.add(token)
+    prose = re.sub(r"https?://\S+", "", text)
+    found |= set(re.findall(r"(?<![\w/.])[A-Z]+\.md\b", prose))  # "the formula of DESIGN.md"
     return found
 
 
+def source_cases():
+    """Code and docstrings cite documents too: every `NAME.md` and `docs/*.md` a source file names."""
+    for path in sorted(p for folder in ("src", "scripts", "tools") for p in (REPO / folder).rglob("*.py")):
+        for name in sorted(set(re.findall(r"\b(docs/[\w./-]+\.md|[A-Z]+\.md)\b", path.read_text()))):
+            yield pytest.param(path, "path", name, id=f"{path.relative_to(REPO)}:{name}")
+
+
+def cases():
+    yield from source_cases()
+    for doc in DOCS:
+        text = doc.read_text()
+        for path in sorted(named_paths(text)):
+            yield pytest.param(doc, "path", path, id=f"{doc.name}:{path}")
+        for target in sorted(set(LINK.findall(CODE.sub("", text)))):
+            if re.match(r"[a-z]+:", target) or PLACEHOLDER.search(target):
+                continue
+            yield pytest.param(doc, "link", target, id=f"{doc.name}:({target})")
+        for section in sorted(set(CITED_SECTION.findall(text))):
+            yield pytest.param(doc, "section", section, id=f"{doc.name}:README \"{section}\"")
+
+
+@pytest.mark.parametrize("doc, kind, target", list(cases()))
+def test_what_the_docs_name_exists(doc, kind, target):
+    if kind == "path":
+        assert (REPO / target).exists(), f"{doc.relative_to(REPO)} names {target}, which is not in the repository"
+    elif kind == "link":
+        file, _, anchor = target.partition("#")
+        path = (doc.parent / file).resolve() if file else doc
+        assert path.exists(), f"{doc.relative_to(REPO)} links to {target}: no such file"
+        if anchor:
+            assert anchor in {slug(h) for h in headings(path)}, f"{doc.relative_to(REPO)} links to {target}: no such section"
+    else:
+        assert target in headings(REPO / "README.md"), f"{doc.relative_to(REPO)} cites README's \"{target}\": no such section"
+
+
+def test_the_checks_see_what_they_should():
+    """The extraction itself, on a known text."""
+    text = ("see `src/models/gpt2.py:12`, `python scripts/flops.py ctx=1` and `runs/RUN/metrics.jsonl`, "
+            "`tests/xy.py::test_a`, `docs/results/x.json`, (README.md, \"Main overrides\") [a](docs/kernels.md#x) https://a.b/src/c.py https://x.y/NOTES.md")
+    assert named_paths(text + " `DESIGN.md`") == {"src/models/gpt2.py", "scripts/flops.py", "tests/xy.py", "DESIGN.md",
+                                                "README.md"}
+    assert CITED_SECTION.findall(text) == ["Main overrides"]
+    assert slug("Training speed (H200)") == "training-speed-h200"
+
+
 def test_readme_is_short():
-    n = len(README.read_text().splitlines())
+    n = len((REPO / "README.md").read_text().splitlines())
     assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES}: move details into docs/)"
 
 
 def test_readme_starts_with_setup_and_tests():
-    lines = [line.split("#")[0].strip() for line in first_code_block(README.read_text()).splitlines()]
+    match = re.search(r"```[a-z]*\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert match, "README.md has no code block"
+    lines = [line.split("#")[0].strip() for line in match.group(1).splitlines()]
     assert lines[:2] == [SETUP, TESTS]
 
 
-def test_link_checker_sees_links_and_code_paths(tmp_path):
-    """The checker itself: it finds links, images and backticked paths, and skips URLs, anchors and placeholders."""
-    doc = tmp_path / "d.md"
-    doc.write_text("[a](other.md#x) ![b](img/p.png) [c](https://x.org/y) [d](#results) `docs/gpu.md`, "
-                   "`runs/RUN/eval` `scripts/missing.py` `docs/<date>/x` `src/a.py::f`\n")
-    assert [t for t, _ in named_paths(doc)] == ["other.md", "img/p.png", "docs/gpu.md", "scripts/missing.py",
-                                                "src/a.py"]
-    assert named_paths(doc)[0][1] == tmp_path / "other.md"
-
-
-@pytest.mark.parametrize("doc", [README, *DOCS], ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_named_path_exists(doc):
-    missing = [written for written, path in named_paths(doc) if not path.exists()]
-    assert not missing, f"{doc.relative_to(ROOT)} names paths that do not exist: {missing}"
+def test_at_most_forty_files_under_docs():
+    import subprocess
+    tracked = subprocess.run(["git", "ls-files", "docs"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = tracked.stdout.split()
+    assert len(files) <= 40, f"docs/ holds {len(files)} tracked files (at most 40): merge or drop some"

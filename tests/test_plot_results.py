@@ -71,34 +71,6 @@ def _expected(compact: dict, kind: str) -> dict[str, np.ndarray]:
     return out
 
 
-def test_report_figures_redraw_from_the_experiment_records_with_their_numbers(tmp_path, import_script):
-    """Each docs/results/experiments figure whose record is committed redraws, and every curve it shows is the
-    record's (the seeds' mean where a record holds seeds); the optimum shown is the record's too."""
-    from longctx.report.record import draw_record
-    plot_results = import_script("plot_results")
-    for name, (source, build) in plot_results.REPORT_FIGURES.items():
-        path = RESULTS / "experiments" / f"{source}.json"
-        assert path.exists(), f"{name}: its record {path.name} is not committed"
-        compact = build(json.loads(path.read_text()))
-        assert list(compact["figures"].values()) == [f"{name}.png"]
-        (kind,) = compact["figures"]
-        fig = draw_record(compact, tmp_path)[kind]
-        shown = _shown(fig)
-        expected = _expected(compact, kind)
-        for label, values in expected.items():
-            np.testing.assert_allclose(shown[label], values, rtol=0, atol=1e-12, err_msg=f"{name}: {label}")
-        if kind == "icl_curves":
-            optima = {k: v for k, v in shown.items() if k.startswith("Bayes-optimal")}
-            finals = [r["records"][-1] for r in compact["runs"]]
-            assert len(optima) == len({f["icl_curve"][-1][1] for f in finals})  # one optimum per context
-            for values in optima.values():
-                assert any(len(values) == len(f["bayes_curve"])
-                           and np.allclose(values, [v for *_, v in f["bayes_curve"]]) for f in finals)
-        assert set(shown) == set(expected) | {k for k in shown if k.startswith(("Bayes", "0.05"))}
-        import matplotlib.pyplot as plt
-        plt.close(fig)
-
-
 def test_a_compact_report_record_redraws_with_bands(tmp_path, import_script):
     """`longctx.report --record` writes a compact record (per-document npz beside it); plot_results redraws its
     figures from it alone, curves and bands equal to the report's."""
@@ -116,8 +88,8 @@ def test_a_compact_report_record_redraws_with_bands(tmp_path, import_script):
           "--bootstrap", "100"])
     shutil.rmtree(tmp_path / "runs")                         # the record alone redraws
     compact = json.loads((docs / "cmp.json").read_text())
-    assert compact["kind"] == "report" and sorted(p.name for p in docs.glob("*.npz")) == [
-        "cmp_0.npz", "cmp_1.npz", "cmp_2.npz"]
+    assert compact["kind"] == "report" and sorted(p.name for p in docs.glob("*.npz")) == ["cmp.npz"]
+    assert [r["doc_bins"] for r in compact["runs"]] == ["cmp.npz#r0_", "cmp.npz#r1_", "cmp.npz#r2_"]
     written = plot_results.main(["--dir", str(docs)])
     assert sorted(p.name for p in written) == sorted(compact["figures"].values())
     from longctx.report.record import draw_record
@@ -126,7 +98,8 @@ def test_a_compact_report_record_redraws_with_bands(tmp_path, import_script):
     for label, values in _expected(compact, "gap_to_optimum").items():
         np.testing.assert_allclose(shown[label], values, atol=1e-12)
     band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
-    iv = seed_aggregate([load_doc_bins(docs / r["doc_bins"]) for r in compact["runs"][:2]], "gap_curve", 100)
+    iv = seed_aggregate([load_doc_bins(docs / "cmp.npz", r["doc_bins"].split("#")[1]) for r in compact["runs"][:2]],
+                        "gap_curve", 100)
     assert np.isclose(band.min(), iv.low.min()) and np.isclose(band.max(), iv.high.max())
 
 
@@ -186,3 +159,24 @@ def test_a_record_naming_an_unknown_figure_is_one_line(tmp_path, import_script, 
         plot_results.main(["--dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "unknown kind 'heatmap'" in err and err.strip().count("\n") == 0
+
+
+def test_every_committed_report_record_redraws_with_its_numbers(tmp_path, import_script):
+    """Each compact report record in docs/results/experiments (`longctx.report --record`: the seeded sweeps) redraws
+    every figure it names with the record's own curves (the seeds' mean), and that figure is committed."""
+    from longctx.report.record import draw_record
+    import matplotlib.pyplot as plt
+    plot_results = import_script("plot_results")
+    compacts = [p for p in (RESULTS / "experiments").glob("*.json") if plot_results._is_compact(p)]
+    assert compacts, "no compact report record committed"
+    for path in compacts:
+        compact = json.loads(path.read_text())
+        assert all("doc_bins" in r for r in compact["runs"]), f"{path.name}: runs without per-document records"
+        for kind, png in compact["figures"].items():
+            assert (path.parent / png).exists(), f"{path.name}: {png} is not committed"
+            fig = draw_record(compact, path.parent, n_boot=50)[kind]
+            if kind in ("icl_curves", "gap_to_optimum"):
+                shown = _shown(fig)
+                for label, values in _expected(compact, kind).items():
+                    np.testing.assert_allclose(shown[label], values, rtol=0, atol=1e-6, err_msg=f"{path.name}: {label}")
+            plt.close(fig)

@@ -8,7 +8,7 @@ import pytest
 
 from longctx.report.stats import (
     DocBins, bootstrap, last_fraction_weights, load_doc_bins, paired_difference, paired_seed_difference,
-    resample_weights, seed_aggregate, unpaired_difference)
+    resample_weights, seed_aggregate, seed_pairs_agreeing, unpaired_difference)
 from longctx.train.metrics import best_bin, exponential_bins, icl_summary
 
 
@@ -169,3 +169,41 @@ def test_paired_interval_covers_the_true_difference_about_95_percent_of_the_time
         iv = paired_difference(docbins(ab[:, 0]), docbins(ab[:, 1]), "curve", n_boot=400, seed=i)
         covered += iv.low <= delta <= iv.high
     assert 0.90 <= covered / draws <= 0.985   # binomial(300, 0.95): sd 1.3%
+
+
+def test_resampling_seeds_too_gives_the_normal_width_of_the_seed_mean():
+    # documents identical up to a constant per seed: the heldout noise cancels in the paired difference, so the
+    # documents-only interval has zero width and the two-level one is the seed mean's: 2 * 1.96 * sd / sqrt(n)
+    rng = np.random.default_rng(1)
+    base = rng.normal(1.5, 0.4, size=64)
+    shifts = rng.normal(0.05, 0.02, size=400)
+    a = [docbins(base + d) for d in shifts]
+    b = [docbins(base)]
+    docs_only = paired_seed_difference(a, b, "best_context_loss", n_boot=300)
+    assert docs_only.estimate == pytest.approx(shifts.mean())
+    assert docs_only.high - docs_only.low == pytest.approx(0.0, abs=1e-12)
+    both = paired_seed_difference(a, b, "best_context_loss", n_boot=2000, resample_seeds=True)
+    assert both.estimate == pytest.approx(shifts.mean())
+    assert (both.high - both.low) == pytest.approx(2 * 1.96 * shifts.std() / np.sqrt(len(shifts)), rel=0.12)
+
+
+def test_seed_pairs_agreeing_counts_pairs_in_the_means_direction():
+    base = np.linspace(1.0, 2.0, 32)
+    a = [docbins(base + d) for d in (0.10, 0.20, -0.05)]   # mean +0.083 above b's mean
+    b = [docbins(base + d) for d in (0.0, 0.01)]
+    # pairs (a_i - b_j) > 0: 0.10-0.00, 0.10-0.01, 0.20-0.00, 0.20-0.01 -> 4 of 6
+    assert seed_pairs_agreeing(a, b, "best_context_loss") == (4, 6)
+    assert seed_pairs_agreeing(b, a, "best_context_loss") == (4, 6)
+
+
+def test_one_number_statistics_pair_across_contexts_on_the_same_documents():
+    rng = np.random.default_rng(2)
+    short = docbins(rng.normal(1.3, 0.3, size=(40, 2)) + [0.5, 0.0], edges=[[0, 512], [512, 1024]])  # best: bin 2
+    long = docbins(short.loss[:, 1:] - 0.02 + rng.normal(0, 0.001, size=(40, 1)), edges=[[0, 4096]])
+    with pytest.raises(ValueError, match="different ICL bins"):
+        paired_seed_difference([long], [short], "best_context_loss", "long", "short")
+    iv = paired_seed_difference([long], [short], "best_context_loss", "long", "short", same_bins=False)
+    assert iv.estimate == pytest.approx(-0.02, abs=0.002) and iv.high < 0
+    other = docbins(short.loss, edges=short.edges, doc_index=np.arange(40) + 1)
+    with pytest.raises(ValueError, match="different heldout documents"):
+        paired_seed_difference([long], [other], "best_context_loss", "long", "other", same_bins=False)

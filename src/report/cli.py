@@ -39,7 +39,8 @@ from longctx.report import figures
 from longctx.report.runs import (Group, Run, describe_comparison, group_runs, label_runs, load_runs,
                                  provenance_differences)
 from longctx.report.record import write_record
-from longctx.report.stats import DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate
+from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
+                                  seed_pairs_agreeing)
 
 MAX_PAIRS = 15  # more groups than this: each compared with the first of its data only
 
@@ -139,24 +140,34 @@ PAIRED_STATS = [("best_context_loss", "best-context loss"), ("last_bin_loss", "l
                 ("last10_loss", "last-10% loss (from bins)")]
 
 
+def _documents_key(group: Group) -> tuple:
+    """Groups with equal keys were evaluated on the same heldout documents (their contexts may differ: the
+    one-number statistics below pair across contexts)."""
+    return group.first.heldout_key[1:]
+
+
 def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]]:
     """Paired differences (first minus second) between groups evaluated on the same heldout documents, and one
-    line for each pair refused (same data, other documents or bins)."""
+    line for each pair refused (same data, other documents)."""
     with_docs = [(g, _final_docs(g)) for g in groups]
     with_docs = [(g, d) for g, d in with_docs if d is not None]
     pairs = list(combinations(with_docs, 2))
-    pairs = [(a, b) for a, b in pairs if a[0].first.heldout_key == b[0].first.heldout_key]
+    pairs = [(a, b) for a, b in pairs if _documents_key(a[0]) == _documents_key(b[0])]
     if len(pairs) > MAX_PAIRS:
         firsts = {}
         for g, d in with_docs:
-            firsts.setdefault(g.first.heldout_key, (g, d))
-        pairs = [(a, b) for a, b in pairs if a is firsts[a[0].first.heldout_key]]
+            firsts.setdefault(_documents_key(g), (g, d))
+        pairs = [(a, b) for a, b in pairs if a is firsts[_documents_key(a[0])]]
     rows, refused = [], []
     for (ga, da), (gb, db) in pairs:
         try:
             row = {"a": ga.label, "b": gb.label}
             for stat, _ in PAIRED_STATS:
-                row[stat] = paired_seed_difference(da, db, stat, ga.label, gb.label, n_boot)
+                row[stat] = paired_seed_difference(da, db, stat, ga.label, gb.label, n_boot, same_bins=False)
+            if len(da) > 1 or len(db) > 1:
+                row["best_context_loss_seeds"] = paired_seed_difference(
+                    da, db, "best_context_loss", ga.label, gb.label, n_boot, resample_seeds=True, same_bins=False)
+            row["seed_pairs"] = seed_pairs_agreeing(da, db, "best_context_loss")
             rows.append(row)
         except ValueError as err:
             refused.append(str(err))
@@ -164,11 +175,13 @@ def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]
 
 
 def paired_table(rows: list[dict]) -> str:
-    head = "| run | minus run | " + " | ".join(name for _, name in PAIRED_STATS) + " |"
+    head = ("| run | minus run | " + " | ".join(name for _, name in PAIRED_STATS)
+            + " | best-context loss, seeds resampled too | seed pairs agreeing |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
+        k, n = r["seed_pairs"]
         lines.append(f"| {r['a']} | {r['b']} | " + " | ".join(fmt_interval(r[s], "+.4f") for s, _ in PAIRED_STATS)
-                     + " |")
+                     + f" | {fmt_interval(r.get('best_context_loss_seeds'), '+.4f')} | {k}/{n} |")
     return "\n".join(lines)
 
 
@@ -197,7 +210,9 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
         out["groups"].append(entry)
     for row in prows:
         out["paired"].append({"run": row["a"], "minus": row["b"],
-                              **{stat: _iv_json(row[stat]) for stat, _ in PAIRED_STATS}})
+                              **{stat: _iv_json(row[stat]) for stat, _ in PAIRED_STATS},
+                              "best_context_loss_seeds_resampled": _iv_json(row.get("best_context_loss_seeds")),
+                              "seed_pairs_agreeing": list(row["seed_pairs"])})
     return out
 
 
@@ -251,7 +266,11 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     if prows or refused:
         text += ["## Paired differences", "",
                  "First run minus second, on the same heldout documents (each resample draws the same documents for "
-                 "both: the noise they share cancels). An interval excluding 0 separates the runs.", ""]
+                 "both: the noise they share cancels; runs of other contexts pair on these one-number statistics). "
+                 "These intervals hold the heldout noise of the seeds trained; 'seeds resampled too' also redraws "
+                 "each side's seeds (training noise; coarse with few seeds), and 'seed pairs agreeing' counts the "
+                 "seed pairs whose best-context losses differ in the means' direction. A difference is separated "
+                 "when its intervals exclude 0 and every seed pair agrees.", ""]
         text += [paired_table(prows), ""] if prows else []
         text += [f"- not paired: {line}" for line in refused] + ([""] if refused else [])
     (out / "intervals.json").write_text(json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n")

@@ -4,13 +4,15 @@
     {"kind": "report", "title": "...", "figures": {"icl_curves": "NAME_icl.png", ...},
      "runs": [{"name", "label", "seed_label", "seed", "ctx", "heldout", "status",
                "records": [{"step", "flops", "best_context_loss", "icl_curve", "bayes_curve"}, ...],
-               "doc_bins": "NAME_<i>.npz" (the final evaluation's per-document record, compressed, when small)}]}
+               "doc_bins": "NAME.npz#r<i>_" (the final evaluation's per-document record: arrays r<i>_loss, ...
+                            of one compressed file beside the JSON for all runs, when small)}]}
 
 `heldout` names the runs' heldout data (runs sharing it share documents and optimum); `seed_label` groups seeds.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,35 +21,39 @@ from longctx.report import figures
 from longctx.report.runs import Run, group_runs
 
 RECORD_KEYS = ("step", "flops", "tokens", "best_context_loss", "last10_loss", "icl_curve", "bayes_curve")
-MAX_DOC_BINS_BYTES = 512 * 1024   # larger per-document records stay in the run folder
+MAX_DOC_BINS_BYTES = 4 * 1024 * 1024   # larger per-document records stay in the run folders
 FIGURES = ("icl_curves", "gap_to_optimum", "paired_differences", "best_context_vs_flops", "best_context_vs_context")
 
 
 def _heldout_name(run: Run) -> str:
-    return ", ".join(f"{k}={v}" for k, v in run.heldout_key[1:]) + f", ctx={run.ctx}"
+    return ", ".join(f"{k}={v}" for k, v in run.heldout_key[1:])  # the context is the entry's own ctx
 
 
 def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str, str]) -> Path:
     """The compact record of labelled runs (label_runs first), with each final per-document record beside it."""
     path = Path(path)
     out = {"kind": "report", "title": title, "figures": figure_names, "runs": []}
+    npz, arrays = path.with_suffix(".npz"), {}
     for i, run in enumerate(runs):
         entry = {"name": run.name, "label": run.label, "seed_label": run.seed_label, "seed": run.seed,
                  "ctx": run.ctx, "attention": run.tag, "heldout": _heldout_name(run), "status": run.status,
                  "records": [{k: r[k] for k in RECORD_KEYS if k in r} for r in run.records]}
         docs = run.doc_bins(run.final)
         if docs is not None:
-            npz = path.with_name(f"{path.stem}_{i}.npz")
-            arrays = {"loss": docs.loss.astype(np.float32), "edges": docs.edges, "doc_index": docs.doc_index}
+            prefix = f"r{i}_"
+            arrays.update({prefix + "loss": docs.loss.astype(np.float32), prefix + "edges": docs.edges,
+                           prefix + "doc_index": docs.doc_index})
             if docs.bayes is not None:
-                arrays["bayes"] = docs.bayes.astype(np.float32)
-            np.savez_compressed(npz, **arrays)
-            if npz.stat().st_size <= MAX_DOC_BINS_BYTES:
-                entry["doc_bins"] = npz.name
-                entry["records"][-1]["doc_bins"] = npz.name
-            else:
-                npz.unlink()
+                arrays[prefix + "bayes"] = docs.bayes.astype(np.float32)
+            entry["doc_bins"] = entry["records"][-1]["doc_bins"] = f"{npz.name}#{prefix}"
         out["runs"].append(entry)
+    if arrays:
+        np.savez_compressed(npz, **arrays)
+        if npz.stat().st_size > MAX_DOC_BINS_BYTES:  # too large to commit: the figures draw without intervals
+            npz.unlink()
+            for entry in out["runs"]:
+                entry.pop("doc_bins", None)
+                entry["records"][-1].pop("doc_bins", None)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return path
 
@@ -58,7 +64,8 @@ def runs_from_record(record: dict, folder: Path) -> list[Run]:
     for entry in record["runs"]:
         run = Run(path=Path(folder), config={"attention": {"name": entry["attention"], "tag": entry["attention"]},
                                              "ctx": entry["ctx"]},
-                  records=entry["records"], flat={"data.heldout": entry["heldout"], "seed": entry.get("seed")},
+                  records=entry["records"], flat={"data.heldout": re.sub(r", ctx=\d+$", "", entry["heldout"]),
+                                                 "seed": entry.get("seed")},
                   name=entry["name"], label=entry["label"], seed_label=entry.get("seed_label", entry["label"]),
                   status=entry.get("status", "complete"))
         runs.append(run)

@@ -74,12 +74,13 @@ class Run:
         """The evaluation's per-document record (None when it wrote none)."""
         if not record.get("doc_bins"):
             return None
-        path = self.path / record["doc_bins"]
+        name, _, prefix = str(record["doc_bins"]).partition("#")  # FILE.npz#r3_: run 3's arrays of a record
+        path = self.path / name
         if not path.exists():
             log.warning(f"warning: {path}: named by metrics.jsonl (step {record['step']}) but missing; "
                         f"no interval for that evaluation")
             return None
-        return load_doc_bins(path)
+        return load_doc_bins(path, prefix)
 
 
 # ----- loading ----------------------------------------------------------------------------------------------
@@ -358,6 +359,9 @@ def describe_comparison(runs: list[Run], keys: list[str]) -> str:
 
 # ----- provenance -------------------------------------------------------------------------------------------
 
+PER_RUN_PROVENANCE = ("time", "command", "overrides", "launches", "git.diff_file")
+
+
 def read_provenance(run: Run) -> dict | None:
     """<run_dir>/provenance.json, flattened, when the run has one (older runs do not)."""
     path = run.path / "provenance.json"
@@ -372,12 +376,14 @@ def read_provenance(run: Run) -> dict | None:
 
 
 def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
-    """{field: {run name: value}} for the provenance fields that differ between runs (its time always does and is
-    left out); runs without a provenance.json show as '(none)'."""
+    """{field: {run name: value}} for the provenance fields that differ between runs; runs without a
+    provenance.json show as '(none)'. Fields that differ by design between the runs of one sweep (time, command,
+    overrides, each launch's record, the diff file's name) are left out: the run table shows what differs in the
+    config, this lists code, versions and machines."""
     prov = {run.name: read_provenance(run) for run in runs}
     if all(p is None for p in prov.values()):
         return {}
-    keys = list(dict.fromkeys(k for p in prov.values() if p for k in p if k != "time"))
+    keys = list(dict.fromkeys(k for p in prov.values() if p for k in p if k not in PER_RUN_PROVENANCE))
     out = {}
     for key in keys:
         values = {name: ("(none)" if p is None else json.dumps(p.get(key)) if not isinstance(p.get(key), str)

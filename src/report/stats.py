@@ -14,8 +14,15 @@ on one bin is ~0.04 nats over 256 documents, larger than most differences betwee
 Seeds (runs that differ only in their training seed, evaluated on the same documents): `seed_aggregate` resamples
 the documents jointly (the same rows for every seed) and averages the seeds' statistics on each resample. The
 interval is therefore the document-sampling uncertainty of the seed mean *for the seeds trained*; the spread of
-the seeds' own values (their standard deviation and range) is reported beside it, since with few seeds a
-resampling of seeds would say little. Seeds evaluated on different documents are resampled independently.
+the seeds' own values (their standard deviation and range) is reported beside it. Seeds evaluated on different
+documents are resampled independently.
+
+Training noise: `paired_seed_difference(..., resample_seeds=True)` also redraws each side's seeds with replacement
+on every resample (a two-level bootstrap: seeds, then documents), so its interval holds both the heldout noise and
+the seed-to-seed spread; with three seeds a side it is coarse, and `seed_pairs_agreeing` says how many of the
+n_a x n_b seed pairs differ in the estimate's direction. Statistics that are one number per evaluation
+(best-context loss, last-bin loss, last-10% loss) pair runs of different contexts on the same documents
+(`same_bins=False`): each run's statistic comes from its own bins, the documents are drawn together.
 """
 from __future__ import annotations
 
@@ -46,15 +53,18 @@ class DocBins:
         return self.loss.shape[0]
 
 
-def load_doc_bins(path: str | Path) -> DocBins:
-    """Read a per-document record (no pickles); a missing array or a shape that disagrees names the file."""
+def load_doc_bins(path: str | Path, prefix: str = "") -> DocBins:
+    """Read a per-document record (no pickles); a missing array or a shape that disagrees names the file. prefix:
+    the record's arrays are `<prefix>loss`, ... (a compact report record keeps every run's in one file)."""
     with np.load(path, allow_pickle=False) as f:
-        missing = [k for k in ("loss", "edges", "doc_index") if k not in f.files]
+        missing = [k for k in ("loss", "edges", "doc_index") if prefix + k not in f.files]
         if missing:
-            raise ValueError(f"{path}: no {missing[0]!r} array (a per-document record holds loss, edges, doc_index)")
-        rec = DocBins(loss=np.asarray(f["loss"], np.float64), edges=np.asarray(f["edges"], np.int64),
-                      doc_index=np.asarray(f["doc_index"], np.int64),
-                      bayes=np.asarray(f["bayes"], np.float64) if "bayes" in f.files else None)
+            raise ValueError(f"{path}: no {prefix + missing[0]!r} array (a per-document record holds loss, edges, "
+                             f"doc_index)")
+        rec = DocBins(loss=np.asarray(f[prefix + "loss"], np.float64),
+                      edges=np.asarray(f[prefix + "edges"], np.int64),
+                      doc_index=np.asarray(f[prefix + "doc_index"], np.int64),
+                      bayes=np.asarray(f[prefix + "bayes"], np.float64) if prefix + "bayes" in f.files else None)
     n_docs, n_bins = rec.loss.shape if rec.loss.ndim == 2 else (None, None)
     if n_docs is None or rec.edges.shape != (n_bins, 2) or rec.doc_index.shape != (n_docs,) or (
             rec.bayes is not None and rec.bayes.shape != rec.loss.shape):
@@ -194,9 +204,10 @@ def bootstrap(rec: DocBins, stat: str | Callable, n_boot: int = DEFAULT_BOOTSTRA
     return _interval(_replicates(rec, stat, resample_weights(rec.n_docs, n_boot, seed)), level)
 
 
-def check_paired(a: DocBins, b: DocBins, name_a: str, name_b: str) -> None:
-    """Refuse, naming both runs, to pair evaluations of different documents or different bins."""
-    if a.edges.shape != b.edges.shape or not np.array_equal(a.edges, b.edges):
+def check_paired(a: DocBins, b: DocBins, name_a: str, name_b: str, same_bins: bool = True) -> None:
+    """Refuse, naming both runs, to pair evaluations of different documents (or of different bins, with
+    same_bins: a per-bin statistic needs them; a one-number statistic such as best-context loss does not)."""
+    if same_bins and (a.edges.shape != b.edges.shape or not np.array_equal(a.edges, b.edges)):
         raise ValueError(f"{name_a} and {name_b}: different ICL bins (contexts {a.edges[-1, 1]} and "
                          f"{b.edges[-1, 1]}); a paired difference needs the same bins")
     if a.doc_index.shape != b.doc_index.shape or not np.array_equal(a.doc_index, b.doc_index):
@@ -252,13 +263,37 @@ def seed_aggregate(recs: list[DocBins], stat: str | Callable, n_boot: int = DEFA
 
 def paired_seed_difference(a: list[DocBins], b: list[DocBins], stat: str | Callable, name_a: str = "run a",
                            name_b: str = "run b", n_boot: int = DEFAULT_BOOTSTRAP, seed: int = DEFAULT_SEED,
-                           level: float = LEVEL) -> Interval:
+                           level: float = LEVEL, resample_seeds: bool = False, same_bins: bool = True) -> Interval:
     """Interval of mean_seeds stat(a) - mean_seeds stat(b): every seed of both on the same resamples of the same
-    documents (refused, naming the runs, when any of them was evaluated on other documents or bins)."""
+    documents (refused, naming the runs, when any of them was evaluated on other documents, or other bins with
+    same_bins). resample_seeds: each resample also draws each side's seeds with replacement (module docstring)."""
     for rec in a[1:] + b:
-        check_paired(a[0], rec, name_a, name_b)
+        check_paired(a[0], rec, name_a, name_b, same_bins)
     stat = STATISTICS[stat] if isinstance(stat, str) else stat
     weights = resample_weights(a[0].n_docs, n_boot, seed)
-    mean_a = np.mean([_replicates(r, stat, weights) for r in a], axis=0)
-    mean_b = np.mean([_replicates(r, stat, weights) for r in b], axis=0)
-    return _interval(mean_a - mean_b, level)
+    reps_a = np.stack([_replicates(r, stat, weights) for r in a])  # (seeds, 1 + n_boot, ...)
+    reps_b = np.stack([_replicates(r, stat, weights) for r in b])
+    if not resample_seeds:
+        return _interval(reps_a.mean(axis=0) - reps_b.mean(axis=0), level)
+    return _interval(_seed_resampled_mean(reps_a, seed + 1) - _seed_resampled_mean(reps_b, seed + 2), level)
+
+
+def _seed_resampled_mean(reps: np.ndarray, seed: int) -> np.ndarray:
+    """Row 0: the mean over all seeds; row r >= 1: the mean over a draw of the seeds with replacement, each at
+    its own value on document resample r."""
+    n_seeds, n = reps.shape[0], reps.shape[1]
+    draws = np.random.default_rng(seed).integers(0, n_seeds, size=(n - 1, n_seeds))
+    cols = np.arange(1, n)[:, None]
+    resampled = reps[draws, cols].mean(axis=1)  # (n_boot, ...)
+    return np.concatenate([reps.mean(axis=0)[:1], resampled])
+
+
+def seed_pairs_agreeing(a: list[DocBins], b: list[DocBins], stat: str | Callable) -> tuple[int, int]:
+    """(k, n): of the n = len(a) x len(b) seed pairs, how many differ (stat(a_i) - stat(b_j), all documents) in the
+    direction of the difference of the seed means."""
+    stat = STATISTICS[stat] if isinstance(stat, str) else stat
+    one = np.ones((1, a[0].n_docs)) / a[0].n_docs
+    va = [float(_replicates(r, stat, one)[0]) for r in a]
+    vb = [float(_replicates(r, stat, one)[0]) for r in b]
+    sign = np.sign(np.mean(va) - np.mean(vb))
+    return sum(int(np.sign(x - y) == sign) for x in va for y in vb), len(va) * len(vb)
