@@ -8,10 +8,15 @@ Rows, each written to the JSON as soon as it is measured (an out-of-memory row i
 - batch 1 at every prefix (default 1k, 4k, 16k, 64k): power p=2, exp (softmax) and RWKV-7 on the static decoder
   (preallocated buffers, one CUDA graph per token: models/decoding.py), power and exp also with every layer's
   step compiled before the capture (path `compiled`, CUDA only), and power and exp on the eager cached path at
-  the first and last prefix;
-- batched decoding (default batch 8 and 64 at a 4k prefix) on the fastest path of each model;
+  the first and last prefix. Power's state step runs two ways, so one run compares them: paths `static+fused` and
+  `compiled+fused` take the fused Triton kernel (one launch a layer; opt-in, StaticDecoder(fused=True)), `static` and
+  `compiled` the plain-torch step (`compiled` is what `generate` runs by default on CUDA);
+- batched decoding (default batch 8 and 64 at a 4k prefix) on each model's first path (power and exp compiled,
+  power with the fused kernel where it runs);
 - time to first token at the longest prefix: the prompt through the chunked kernels (power's final state handed to
-  the decoder), flash/cuDNN attention (exp), FLA's chunked RWKV-7, timed on a second run (the first compiles).
+  the decoder), flash/cuDNN attention (exp), FLA's chunked RWKV-7, timed on a second run (the first compiles);
+- `state_step` (CUDA, with power): power's state step alone, GPT-2 small's 12 layers of 12 heads as one CUDA graph,
+  microseconds per layer of the fused kernel and of the plain-torch step, at batch 1 and the batched rows' batches.
 A prompt of L random tokens runs once (prefill), then `--new-tokens` tokens are decoded greedily, timed with CUDA
 synchronization after a few untimed steps (the static decoder's warm-up and graph capture); tokens/s = batch x new
 tokens / decoding time. Memory: the bytes the decoding states hold (summed over layers; the KV cache's buffers as
@@ -39,6 +44,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 MODELS = {"power": ("gpt2", "power", {"p": 2}), "exp": ("gpt2", "exp", {}), "rwkv7": ("rwkv7", "linear", {})}
 EAGER_MODELS = ("power", "exp")       # also timed on the eager cached path (first and last prefix): before/after
 COMPILED_MODELS = ("power", "exp")    # also with each layer's step compiled (StaticDecoder(compile=True), CUDA)
+FUSED_MODELS = ("power",)             # also with the fused state-step kernel (`+fused` paths, CUDA)
+STATIC_PATHS = ("compiled+fused", "static+fused", "compiled", "static")   # StaticDecoder rows; the rest: eager
 UNTIMED_STEPS = 4                     # the static decoder's eager warm-up steps and its capture come first
 
 
@@ -93,9 +100,9 @@ def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, dev
     prompt = torch.randint(0, model.spec.vocab_size, (batch, prefix), device=device)
     row = {"path": path, "batch": batch, "prefix": prefix, "new_tokens": new_tokens}
     with autocast(device):
-        if path in ("static", "compiled"):
+        if path in STATIC_PATHS:
             decoder = StaticDecoder(model, capacity=prefix + UNTIMED_STEPS + new_tokens + 1,
-                                    compile=path == "compiled")
+                                    compile=path.startswith("compiled"), fused=path.endswith("+fused"))
             prefill, step = decoder.prefill, decoder.step
         else:
             cache = model.new_cache()
@@ -113,9 +120,10 @@ def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, dev
                 logits = step(sample_next(logits, 0, None))   # sampled on the device: no sync until the end
     row.update(decode_s=round(t.seconds, 4), tokens_per_s=round(batch * new_tokens / t.seconds, 1),
                ms_per_token=round(1e3 * t.seconds / new_tokens, 3))
-    if path in ("static", "compiled"):
-        row.update(state_bytes=decoder.state_bytes(), mode=decoder.mode, graph_error=decoder.graph_error)
-        if path == "compiled":
+    if path in STATIC_PATHS:
+        row.update(state_bytes=decoder.state_bytes(), mode=decoder.mode, graph_error=decoder.graph_error,
+                   decoder=decoder.describe())
+        if path.startswith("compiled"):
             row["compile_error"] = decoder.compile_error
     else:
         row.update(state_bytes=sum(state_bytes(c.state) + state_bytes(c.shift) for c in cache), mode="eager")
@@ -130,12 +138,50 @@ def bench_ttft(model, prefix: int, device: torch.device, repeats: int = 2) -> di
     first token sampled; the last of `repeats` runs (the first compiles and autotunes the kernels)."""
     prompt = torch.randint(0, model.spec.vocab_size, (1, prefix), device=device)
     for _ in range(repeats):
-        decoder = StaticDecoder(model, capacity=prefix + 2)
+        decoder = StaticDecoder(model, capacity=prefix + 2, compile=False)   # prefill only: nothing to compile
         with autocast(device), Timer(device) as t:
             first = sample_next(decoder.prefill(prompt), 0, None)
         del decoder, first
     return {"path": "prefill", "batch": 1, "prefix": prefix, "ttft_s": round(t.seconds, 4),
             "prefill_tokens_per_s": round(prefix / t.seconds, 1)}
+
+
+@torch.no_grad()
+def bench_state_step(batch: int, device: torch.device, p: int = 2, heads: int = 12, d: int = 64, layers: int = 12,
+                     replays: int = 200) -> dict:
+    """Power's state step alone, as GPT-2 small runs it (12 layers of 12 heads, d=64, bf16 q/k/v, fp32 state, gated):
+    microseconds per layer of the fused kernel and of the plain-torch step, each as one CUDA graph of `layers`
+    steps replayed `replays` times (the graph's launch gaps included, nothing else of the model)."""
+    from longctx.kernels import power_decode_step, symmetric_power_indices
+    index, weight = symmetric_power_indices(p, d, device)
+    index = index.int()                                       # as StaticPowerState keeps it
+    states = [(torch.zeros(batch, heads, index.shape[1], d, device=device),
+               torch.zeros(batch, heads, index.shape[1], device=device),
+               torch.zeros(batch * heads, dtype=torch.int32, device=device)) for _ in range(layers)]
+    q, k, v = (torch.randn(batch, 1, heads, d, device=device, dtype=torch.bfloat16) for _ in range(3))
+    gate = (torch.randn(batch, 1, 768, device=device), 0.02 * torch.randn(heads, 768, device=device),
+            torch.full((heads,), 6.9, device=device))
+    row = {"path": "state-step", "batch": batch, "p": p, "layers": layers}
+    for fused in (True, False):
+        def steps():
+            for s, z, ticket in states:
+                power_decode_step(s, z, index, weight, ticket, q, k, v, None, p, p % 2 == 0, d ** -0.5,
+                                  fused=fused, gate=gate)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            steps()                                           # compiles the kernel outside the capture
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            steps()
+        graph.replay()
+        with Timer(device) as t:
+            for _ in range(replays):
+                graph.replay()
+        row["fused_us_per_layer" if fused else "plain_us_per_layer"] = round(1e6 * t.seconds / replays / layers, 2)
+        del graph
+    return row
 
 
 def model_rows(result: dict) -> dict:
@@ -154,12 +200,13 @@ def plot(result: dict, path: Path) -> None:
     fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, rows in model_rows(result).items():
         memory_drawn = False
-        for p in ("compiled", "static", "eager"):
+        for p in (*STATIC_PATHS, "eager"):
             ok = [r for r in rows if r.get("path") == p and r.get("batch") == 1 and "tokens_per_s" in r]
             if not ok:
                 continue
             xs = [r["prefix"] for r in ok]
-            ax_speed.plot(xs, [r["tokens_per_s"] for r in ok], marker="o", ls=":" if p == "eager" else "-",
+            ax_speed.plot(xs, [r["tokens_per_s"] for r in ok], marker="o",
+                          ls=":" if p == "eager" else "--" if "fused" not in p and name in FUSED_MODELS else "-",
                           label=f"{name} ({p})")
             if not memory_drawn:  # the same state on every path
                 ax_mem.plot(xs, [r["state_bytes"] / 2 ** 20 for r in ok], marker="o", label=f"{name}: decoding state")
@@ -182,24 +229,45 @@ def plot(result: dict, path: Path) -> None:
 
 
 def summary(result: dict) -> dict:
-    """Power's speed over softmax's at the longest prefix (batch 1, each on its faster path), and the TTFTs."""
+    """Power's speed over softmax's at the longest prefix (batch 1, each on its fastest path), power's fastest path
+    over its plain-torch static and compiled steps, and the TTFTs."""
     def pick(name, path):
         rows = [r for r in result["models"].get(name, []) if r.get("path") == path and r.get("batch") == 1
                 and r.get("prefix") == result["prefixes"][-1] and "error" not in r]
         return rows[0] if rows else None
     out = {}
     def best(name):
-        return max((r for r in (pick(name, "static"), pick(name, "compiled")) if r), key=lambda r: r["tokens_per_s"],
+        return max((r for r in (pick(name, path) for path in STATIC_PATHS) if r), key=lambda r: r["tokens_per_s"],
                    default=None)
     power, exp = best("power"), best("exp")
     if power and exp:
         out["power_path"], out["exp_path"] = power["path"], exp["path"]
         out["power_over_exp_tokens_per_s"] = round(power["tokens_per_s"] / exp["tokens_per_s"], 3)
+    for old in ("static", "compiled"):
+        before = pick("power", old)
+        if power and before and power["path"] != old:
+            out[f"power_best_over_{old}"] = round(power["tokens_per_s"] / before["tokens_per_s"], 3)
     for name in result["models"]:
         ttft = pick(name, "prefill")
         if ttft:
             out[f"{name}_ttft_s"] = ttft["ttft_s"]
     return out
+
+
+def plan_rows(names, paths, prefixes, batches, batch_prefix, cuda: bool, compiled: bool) -> list[tuple]:
+    """(model, path, batch, prefix) of every row, the rows that matter most first (--budget-s skips from the end):
+    per model its static paths at every prefix (compiled ones where `compiled`, `+fused` ones for power on CUDA),
+    the TTFT at the longest prefix, the batched rows on its first (default) path, the eager rows."""
+    plan = []
+    for name in names:
+        fast = [p for p in STATIC_PATHS if p in paths
+                and (compiled and name in COMPILED_MODELS or not p.startswith("compiled"))
+                and (cuda and name in FUSED_MODELS or not p.endswith("+fused"))] or ["static"]
+        plan += [(name, path, 1, p) for p in prefixes for path in fast]
+        plan += [(name, "prefill", 1, prefixes[-1])]
+        plan += [(name, fast[0], b, batch_prefix) for b in batches]
+        plan += [(name, "eager", 1, p) for p in sorted({prefixes[0], prefixes[-1]}) if name in EAGER_MODELS]
+    return plan
 
 
 def parse_ints(text: str, flag: str) -> list[int]:
@@ -223,6 +291,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--models", default=",".join(MODELS), help=f"subset of {','.join(MODELS)}")
     parser.add_argument("--budget-s", type=float, default=270.0, help="rows not started by then are skipped")
     parser.add_argument("--no-compile", action="store_true", help="no `compiled` rows (they compile for seconds)")
+    parser.add_argument("--paths", help=f"static-decoder paths to time (default: all that apply, among "
+                                        f"{','.join(STATIC_PATHS)}); `+fused` paths apply to power only")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -233,6 +303,9 @@ def main(argv=None) -> dict:
     batch_prefix = args.batch_prefix or (16 if args.tiny else 4096)
     new_tokens = args.new_tokens or (4 if args.tiny else 128)
     names = [n for n in args.models.split(",") if n]
+    paths = [p for p in (args.paths or ",".join(STATIC_PATHS)).split(",") if p]
+    if not paths or any(p not in STATIC_PATHS for p in paths):
+        raise SystemExit(f"error: --paths={args.paths!r}: expected names among {','.join(STATIC_PATHS)}")
     unknown = [n for n in names if n not in MODELS]
     if unknown or not names:
         raise SystemExit(f"error: --models={args.models!r}: expected names among {','.join(MODELS)}")
@@ -247,14 +320,11 @@ def main(argv=None) -> dict:
     def write():
         (out / "bench_decode.json").write_text(json.dumps(result, indent=1) + "\n")
 
-    plan = []
     compiled = device.type == "cuda" and not args.no_compile
-    for name in names:  # the rows that matter most first: --budget-s skips from the end
-        fast = (["compiled"] if compiled and name in COMPILED_MODELS else []) + ["static"]
-        plan += [(name, path, 1, p) for path in fast for p in prefixes]
-        plan += [(name, "prefill", 1, prefixes[-1])]
-        plan += [(name, fast[0], b, batch_prefix) for b in batches]
-        plan += [(name, "eager", 1, p) for p in sorted({prefixes[0], prefixes[-1]}) if name in EAGER_MODELS]
+    if compiled:  # every model, path and batch compiles the same block code again: room for all of them
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
+    plan = plan_rows(names, paths, prefixes, batches, batch_prefix, cuda=device.type == "cuda", compiled=compiled)
     for name in names:
         rows = result["models"].setdefault(name, [])
         if time.perf_counter() - started > args.budget_s:
@@ -264,7 +334,7 @@ def main(argv=None) -> dict:
             continue
         model = build(name, size, vocab, device)
         with torch.no_grad(), autocast(device):  # warm-up: kernels compiled and autotuned outside the timing
-            model.generate(torch.zeros(1, 8, dtype=torch.long, device=device), 8, temperature=0)
+            model.generate(torch.zeros(1, 8, dtype=torch.long, device=device), 8, temperature=0, compile=False)
         for _, path, batch, prefix in [row for row in plan if row[0] == name]:
             if time.perf_counter() - started > args.budget_s:
                 rows.append({"path": path, "batch": batch, "prefix": prefix, "error": "skipped: --budget-s spent"})
@@ -285,6 +355,15 @@ def main(argv=None) -> dict:
             write()
         del model
         gc.collect()
+    if device.type == "cuda" and "power" in names:  # a few seconds: run past --budget-s too
+        result["state_step"] = []
+        for batch in (1, *batches):   # the fused kernel against the plain-torch step, nothing else of the model
+            try:
+                result["state_step"].append(bench_state_step(batch, device))
+            except torch.cuda.OutOfMemoryError:
+                result["state_step"].append({"path": "state-step", "batch": batch, "error": "out of memory"})
+            print(json.dumps(result["state_step"][-1]), flush=True)
+            write()
     result["seconds"] = round(time.perf_counter() - started, 1)
     write()
     plot(result, out / "bench_decode.png")

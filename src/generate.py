@@ -5,9 +5,11 @@
 
 Prints the continuation and the decoding speed: with `--prompt TEXT` as text, through the tokenizer the run's data
 records (tiktoken GPT-2 for LongCrawl64, bytes for datasets prepared with the byte tokenizer); with `--prompt-ids`
-as ids (no tokenizer is loaded). Decoding uses the static decoder (preallocated states, one CUDA graph per token on
-GPU: models/decoding.py); `--no-static` the per-layer caches of the eager path, `--no-cache` recomputes the whole
-prefix every token. Bad input gives one line `error: ...` and exit code 2.
+as ids (no tokenizer is loaded). Decoding uses the static decoder (preallocated states; on GPU the fast path: the
+step compiled, power's state updated by its fused kernel, one CUDA graph per token: models/decoding.py);
+`--no-compile` skips the compilation (seconds before the first token), `--no-static` takes the per-layer caches of
+the eager path, `--no-cache` recomputes the whole prefix every token. Bad input gives one line `error: ...` and
+exit code 2.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from longctx.data import dataset_info
+from longctx.models.decoding import compile_available
 from longctx.runs import load_run
 from longctx.train.console import setup_logging
 
@@ -90,7 +93,7 @@ def parse_ids(text: str) -> list[int]:
 def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = None, prompt_ids: str | None = None,
                       temperature: float = 1.0, top_k: int | None = None, use_cache: bool = True,
                       step: int | None = None, device: str = "auto", seed: int = 0, static: bool = True,
-                      compile: bool = False) -> dict:
+                      compile: bool | None = None) -> dict:
     """The continuation of a prompt (text or ids) by the run's model, with its decoding speed."""
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
@@ -128,15 +131,21 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     new = out[0, len(ids):].tolist()
     return {"prompt_ids": ids, "ids": new, "text": text[1](new) if text else None, "seconds": seconds,
             "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache,
-            "decoder": decoder_name(use_cache, static, dev)}
+            "decoder": decoder_name(use_cache, static, dev, compile)}
 
 
-def decoder_name(use_cache: bool, static: bool, device: torch.device) -> str:
+def decoder_name(use_cache: bool, static: bool, device: torch.device, compile: bool | None = None) -> str:
+    """The decoding path in words; compile None: the static decoder's default on `device` (compile_available)."""
     if not use_cache:
         return "recomputing the prefix"
     if not static:
         return "cached decoding, eager"
-    return "cached decoding, static buffers" + (", CUDA graphs" if device.type == "cuda" else "")
+    parts = ["cached decoding, static buffers"]
+    if compile_available(device) if compile is None else compile:
+        parts.append("compiled step")
+    if device.type == "cuda":
+        parts += ["CUDA graphs"]
+    return ", ".join(parts)
 
 
 def parse_args(argv):
@@ -150,8 +159,9 @@ def parse_args(argv):
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
     parser.add_argument("--no-static", action="store_true",
                         help="the eager cached path (caches replaced every token, no CUDA graphs)")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the decoding step first (seconds; faster tokens for long generations)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="compile the decoding step first (seconds before the first token, then faster tokens; "
+                             "default: on GPU where torch.compile is available)")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")

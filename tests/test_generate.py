@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import longctx.generate as generate_cli
 
@@ -32,12 +33,29 @@ def ids_printed(capsys) -> list[int]:
 def test_every_decoding_path_prints_the_same_greedy_ids(run, capsys, monkeypatch):
     monkeypatch.setattr(generate_cli, "run_codec", lambda cfg: pytest.fail("--prompt-ids loaded a tokenizer"))
     outputs = {}
-    for flags in ([], ["--no-static"], ["--no-cache"]):
+    for flags in ([], ["--no-static"], ["--no-cache"], ["--no-compile"]):
         code = generate_cli.main([str(run), "--prompt-ids", "4,0,1,2", "--temperature", "0", "--max-new-tokens", "20",
                                   "--device", "cpu", *flags])
         assert code == 0
         outputs[tuple(flags)] = ids_printed(capsys)
-    assert outputs[()] == outputs[("--no-static",)] == outputs[("--no-cache",)] and len(outputs[()]) == 20
+    assert outputs[()] == outputs[("--no-static",)] == outputs[("--no-cache",)] == outputs[("--no-compile",)]
+    assert len(outputs[()]) == 20
+
+
+def test_decoder_line_names_the_path(monkeypatch):
+    """The speed line says which path decoded: on CUDA by default the compiled step, power's fused kernel and CUDA
+    graphs; `--no-compile` leaves the compilation out; on CPU the static buffers alone."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert generate_cli.parse_args(["RUN"]).compile is None
+    assert generate_cli.parse_args(["RUN", "--no-compile"]).compile is False
+    assert generate_cli.parse_args(["RUN", "--compile"]).compile is True
+    assert generate_cli.decoder_name(True, True, cpu, None) == "cached decoding, static buffers"
+    monkeypatch.setattr(generate_cli, "compile_available", lambda device: torch.device(device).type == "cuda")
+    assert generate_cli.decoder_name(True, True, cuda, None) == ("cached decoding, static buffers, compiled step, "
+                                                                 "CUDA graphs")
+    assert generate_cli.decoder_name(True, True, cuda, False) == "cached decoding, static buffers, CUDA graphs"
+    assert generate_cli.decoder_name(True, False, cuda) == "cached decoding, eager"
+    assert generate_cli.decoder_name(False, True, cuda) == "recomputing the prefix"
 
 
 def test_max_new_tokens_has_a_default(run, capsys):

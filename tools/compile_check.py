@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows
     python tools/compile_check.py 2,64,bf16 4,64,fp32      # p,d,dtype ...
     python tools/compile_check.py sym2,64                  # the p=2 kernels (chunk_p2.config.BLOCKS)
     python tools/compile_check.py attn,2,64,bf16           # the attention form (p,d,dtype)
+    python tools/compile_check.py decode,2,64,bf16         # the fused decoding step (p,d,dtype of q/k/v; fp32 state)
     python tools/compile_check.py --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
     python tools/compile_check.py --loops sym2,64 attn,2,64,bf16  # + instruction mix per loop
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import math
 import os
 import re
 import subprocess
@@ -33,6 +35,7 @@ from triton.compiler import ASTSource
 from longctx.kernels.power import chunk as tc
 from longctx.kernels.power import chunk_stages
 from longctx.kernels.power import config as power_config
+from longctx.kernels.power import decode_kernel as dk
 from longctx.kernels.power import gates
 from longctx.kernels.power import parallel as ta
 from longctx.kernels.power.chunk_p2 import config as p2cfg
@@ -345,6 +348,29 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     return out
 
 
+def compile_decode(p, d, dtype, *, rep=1, gated=True, arch=90, heads=12, sms=132):
+    """Compile the fused decoding step (decode_kernel.py) at (p, d, dtype of q/k/v/y; fp32 state) as a batch-1 launch
+    with `heads` key heads on `sms` SMs splits it, and as one program per head (SPLIT=1); normalized for even p and
+    gated by the gate's input (GATED=2), as the model runs it. Returns [(name, shared bytes, registers, spill stack
+    bytes)]."""
+    io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
+    ptrs = {"S": "*fp32", "Z": "*fp32", "IDX": "*i32", "W": "*fp32", "Q": io, "K": io, "V": io, "LOG_G": "*fp32",
+            "Y": io, "PART_N": "*fp32", "PART_D": "*fp32", "TICKET": "*i32", "GX": "*fp32", "GW": "*fp32",
+            "GB": "*fp32"}
+    scalars = {n: "i32" for n in ("stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh",
+                                  "stride_gb", "stride_gh", "stride_yb", "stride_yh", "stride_xb", "B", "HK", "D",
+                                  "DX", "BLOCKS_PER_SPLIT")}
+    scalars["scale"] = "fp32"
+    split = dk.split_for(p, tc.state_dim(p, d), d, heads, sms)[0]
+    out = []
+    for n_split in sorted({split, 1}, reverse=True):
+        consts = dict(P=p, REP=rep, REP_P2=1 << (rep - 1).bit_length(), DV=d, BLOCK_D=dk.block_rows(d), SPLIT=n_split,
+                      GATED=2 if gated else 0, NORM=p % 2 == 0, EPS_=dk.EPS, DEN_FLOOR=math.exp(dk.M_FLOOR))
+        k = _compile(dk._power_decode_step, ptrs, scalars, consts, dk.NUM_WARPS, 1, arch)
+        out.append((f"{k.name}_p{p}_split{n_split}", k.metadata.shared, *_usage(k)))
+    return out
+
+
 def _print_loops(name):
     for loop in loop_op_counts(PTX_OF.get(name, "")):
         print(f"      loop: " + " ".join(f"{op}={n}" for op, n in loop.items() if n), flush=True)
@@ -379,6 +405,12 @@ def main(argv):
                     top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:6]
                     print(f"    loop {loop['start']:#x}: {loop['instructions']} instructions, "
                           + ", ".join(f"{k} {v}" for k, v in top), flush=True)
+            continue
+        if case.startswith("decode"):
+            _, p, d, dtype = case.split(",")
+            print(f"fused decoding step p={p} d={d} {dtype} (fp32 state)", flush=True)
+            for name, shared, regs, stack in compile_decode(int(p), int(d), dtype):
+                print(f"  {name:34s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
             continue
         if case.startswith("attn"):
             _, p, d, dtype = case.split(",")

@@ -203,10 +203,10 @@ class LanguageModelMixin:
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  use_cache: bool = True, generator: torch.Generator | None = None, static: bool = True,
-                 compile: bool = False) -> torch.Tensor:
+                 compile: bool | None = None) -> torch.Tensor:
         """Continue idx (b, t) by max_new_tokens sampled tokens -> (b, t + max_new_tokens). See decoding.generate
         (static=True: preallocated decoding buffers and, on CUDA, one CUDA graph per step; compile: that step
-        compiled first)."""
+        compiled first, None = on CUDA where torch.compile is available)."""
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
                         generator=generator, static=static, compile=compile)
 

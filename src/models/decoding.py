@@ -10,12 +10,16 @@ Three paths, each the check of the next:
   state), then every cache moved into buffers allocated once (a KV cache of the whole length, a ring of the window,
   the recurrent states) that a one-token step updates in place, with the position a device tensor. Nothing in a
   step depends on the host, so on CUDA the whole step (every layer and the LM head) is captured once as a CUDA
-  graph and replayed per token; sampling runs on the device after it, and nothing syncs until the end. On CPU the
-  same step runs eagerly (tests/models/test_decoding.py checks it token for token against recomputation).
+  graph and replayed per token; sampling runs on the device after it, and nothing syncs until the end. On CUDA the
+  fast path is the default: every layer's step compiled before the capture (a failed compilation falls back on
+  the plain step, with a warning), power's state updated by one fused kernel a layer (kernels/power/
+  decode_kernel.py). On CPU the same step runs eagerly (tests/models/test_decoding.py checks it token for token
+  against recomputation).
 """
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -85,6 +89,15 @@ def autocast_weights(model: nn.Module) -> nn.Module:
     return twin.requires_grad_(False)
 
 
+def compile_available(device: torch.device) -> bool:
+    """Whether the decoding step is compiled by default on `device`: CUDA, with TorchDynamo supported on this Python
+    and Triton installed (inductor's CUDA backend). Elsewhere the static step runs uncompiled: on CPU compiling costs
+    more than it saves for the tiny models run there."""
+    device = torch.device(device)
+    return (device.type == "cuda" and torch._dynamo.is_dynamo_supported()
+            and importlib.util.find_spec("triton") is not None)
+
+
 class StaticDecoder:
     """Decoding with every layer's state in buffers allocated once, one token per step; on CUDA each step is a
     replay of one captured CUDA graph.
@@ -98,15 +111,20 @@ class StaticDecoder:
     a capture that fails is reported (`graph_error`, a warning) and the same step runs eagerly. compile:
     torch.compile every layer's one-token step (the residual blocks of the decoder's own copy of the model: one
     graph reused by every layer) before the capture, so the graph replays fused kernels instead of some fifty
-    launches a layer; seconds of compilation in the first step, worth it for long generations. A compilation
-    that fails is reported (`compile_error`, a warning), the buffers are restored and the plain step runs. The
-    returned logits are a buffer the next step overwrites. Runs under the caller's autocast (bf16 on GPU).
+    launches a layer; seconds of compilation in the first step. None (the default): on CUDA where it can
+    (`compile_available`), not on CPU. A compilation that fails is reported (`compile_error`, a warning), the
+    buffers are restored and the plain step runs. fused: power attention's state updated by its fused kernel on
+    CUDA (one launch a layer; opt-in until its GPU tests and benchmark have run on a card; False, the default:
+    the plain-torch step, compiled with the rest). The returned logits are a buffer the
+    next step overwrites. Runs under the caller's autocast (bf16 on GPU).
     """
 
-    def __init__(self, model: nn.Module, capacity: int, graphs: bool = True, warmup: int = 2, compile: bool = False):
+    def __init__(self, model: nn.Module, capacity: int, graphs: bool = True, warmup: int = 2,
+                 compile: bool | None = None, fused: bool = False):
         self.model = autocast_weights(model.eval())
         self.device = next(model.parameters()).device
-        self.compile = compile
+        self.compile = compile_available(self.device) if compile is None else compile
+        self.fused = fused
         if self.compile and self.model is model:  # compiled blocks belong to the decoder's copy, never the caller's
             self.model = copy.deepcopy(model)
         self.capacity, self.warmup = capacity, warmup
@@ -120,6 +138,17 @@ class StaticDecoder:
         """'cuda-graph' once the step is captured, else 'eager' (CPU, warm-up steps, or a failed capture)."""
         return "cuda-graph" if self.graph is not None else "eager"
 
+    def describe(self) -> str:
+        """The path the steps take, in words: 'static buffers, compiled step, fused power kernel, CUDA graphs'."""
+        parts = ["static buffers"]
+        if self.compile:
+            parts.append("compiled step")
+        if self.fused and self.device.type == "cuda" and any(hasattr(c.state, "fused") for c in self.cache or []):
+            parts.append("fused power kernel")
+        if self.graph is not None:
+            parts.append("CUDA graphs")
+        return ", ".join(parts)
+
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Run the prompt idx (b, t) and move every layer's state into static buffers -> (b, vocab) logits."""
@@ -132,6 +161,8 @@ class StaticDecoder:
         for layer, core in zip(cache, cores):
             layer.pos = torch.tensor(layer.pos, dtype=torch.int64, device=self.device)
             layer.state = core.static_state(layer.state, layer.pos, self.capacity)
+            if hasattr(layer.state, "fused"):  # power/linear: the fused kernel or the plain-torch step
+                layer.state.fused = self.fused
             layer.static = True
         self.cache, self.ids = cache, idx.new_zeros(idx.shape[0], 1)
         if self.compile:  # after the prompt: only the one-token step runs compiled
@@ -221,16 +252,17 @@ class StaticDecoder:
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              use_cache: bool = True, generator: torch.Generator | None = None, static: bool = True,
-             compile: bool = False) -> torch.Tensor:
+             compile: bool | None = None) -> torch.Tensor:
     """Continue idx (b, t) int64 by `max_new_tokens` tokens -> (b, t + max_new_tokens).
 
     temperature: softmax temperature; 0 = greedy (argmax). top_k: sample among the k most likely ids only.
     use_cache: decode with per-layer states (constant work per token for power/linear/window) instead of
     recomputing the whole prefix for every token. static: with use_cache, the StaticDecoder (preallocated buffers,
     CUDA graphs on CUDA; the default) instead of caches replaced at every call; compile: its one-token step
-    compiled first (StaticDecoder; seconds, worth it for long generations). generator: a torch.Generator for
-    reproducible sampling. Runs under the caller's autocast, if any; the model is put in eval mode and left there.
-    Sampling runs on the device: nothing waits for the host until the end.
+    compiled first (None, the default: on CUDA, where torch.compile is available; a failed compilation warns and
+    decodes uncompiled; False: never, True: on CPU too). On CUDA power attention's state takes its fused kernel.
+    generator: a torch.Generator for reproducible sampling. Runs under the caller's autocast, if any; the model is
+    put in eval mode and left there. Sampling runs on the device: nothing waits for the host until the end.
 
     Example:
         >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=0)

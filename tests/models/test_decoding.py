@@ -12,7 +12,7 @@ from longctx.models import ATTENTIONS, build_model
 from longctx.kernels import symmetric_power_indices
 from longctx.models.attention.power import StaticPowerState
 from longctx.models.attention.shared import KVCache, StaticKVCache
-from longctx.models.decoding import StaticDecoder, autocast_weights, sample_next
+from longctx.models.decoding import StaticDecoder, autocast_weights, compile_available, sample_next
 from longctx.models.rwkv7 import StaticRWKV7State, rwkv7_recurrent
 from longctx.models.spec import ARCHS
 from _checks import VOCAB, assert_cached_equals_full, perturb_, tiny_spec
@@ -52,13 +52,16 @@ def test_cached_logits_equal_full_forward(arch, case):
     torch.testing.assert_close(last, full[:, 8:9], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("static", [True, False], ids=["static", "cached"])
+@pytest.mark.parametrize("path", [{}, dict(static=True, compile=False), dict(static=False)],
+                         ids=["default", "static", "cached"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_generation_cached_equals_recomputed(arch, case, static):
+def test_greedy_generation_cached_equals_recomputed(arch, case, path):
+    """The default path (`generate` with no options: the static decoder, here on CPU uncompiled), the static
+    decoder and the eager cached path all generate the tokens recomputation does."""
     model = model_for(arch, case, seed=1, scale=0.2)  # weights far enough from init for varied continuations
     prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(8))
-    cached = model.generate(prompt, 14, temperature=0, use_cache=True, static=static)
+    cached = model.generate(prompt, 14, temperature=0, **path)
     naive = model.generate(prompt, 14, temperature=0, use_cache=False)
     assert cached.shape == (2, 20) and torch.equal(cached[:, :6], prompt)
     assert torch.equal(cached, naive)
@@ -340,3 +343,24 @@ def test_failed_compilation_restores_the_buffers_and_decodes_uncompiled(monkeypa
         parts += [decoder.step(x[:, i:i + 1]).clone() for i in range(7, 12)]
     assert decoder.compile_error == "RuntimeError: compiler broke" and not decoder.compile
     torch.testing.assert_close(torch.stack(parts, 1), full[:, 5:], rtol=0, atol=1e-4)
+
+
+def test_fast_path_defaults_and_their_fallback(monkeypatch):
+    """Compiled by default only where it can be (CUDA with TorchDynamo and Triton): not on CPU, not where Dynamo is
+    unsupported; the static decoder says which path it took; fused=False (the plain-torch power step) decodes the
+    same tokens."""
+    assert not compile_available(torch.device("cpu"))
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    assert not compile_available(torch.device("cuda"))
+    monkeypatch.undo()
+    model = model_for("gpt2", dict(attention="power", p=2), seed=1, scale=0.2)
+    x = torch.randint(0, VOCAB, (1, 10))
+    with torch.no_grad():
+        decoders = [StaticDecoder(model, capacity=10), StaticDecoder(model, capacity=10, fused=False)]
+        outs = []
+        for decoder in decoders:
+            logits = [decoder.prefill(x[:, :5])] + [decoder.step(x[:, i:i + 1]).clone() for i in range(5, 9)]
+            outs.append(torch.stack(logits, 1))
+    assert not decoders[0].compile and decoders[0].describe() == "static buffers"
+    assert [layer.state.fused for layer in decoders[1].cache] == [False] * len(decoders[1].cache)
+    assert torch.equal(outs[0], outs[1])

@@ -1,7 +1,7 @@
 """Power attention (Kerr et al., "Scaling Context Requires Rethinking Attention"): kernels + reference."""
 from .interface import default_chunk_size, power_attention, power_attention_step
-from .decode import power_state_step, symmetric_power_indices
+from .decode import power_decode_step, power_state_step, symmetric_power_indices
 from .reference import PowerState, state_dim
 
 __all__ = ["power_attention", "power_attention_step", "PowerState", "state_dim", "default_chunk_size",
-           "power_state_step", "symmetric_power_indices"]
+           "power_decode_step", "power_state_step", "symmetric_power_indices"]

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from longctx.kernels import (PowerState, default_chunk_size, power_attention, power_attention_step,  # CUDA -> Triton,
-                             power_state_step, state_dim, symmetric_power_indices)                    # CPU -> reference
+                             power_decode_step, state_dim, symmetric_power_indices)                   # CPU -> reference
 
 from .registry import boolean, int_in, positive_int, register
 from .shared import HeadGate, mean_keys_per_query
@@ -57,10 +57,12 @@ class PowerAttention(nn.Module):
         return power_attention(q, k, v, log_g, p=self.p, chunk_size=self.chunk_size, norm=self.norm)
 
     def decode(self, q, k, v, x, state: PowerState | StaticPowerState | None):
-        log_g = self.gate(x) if self.gate is not None else None
         if isinstance(state, StaticPowerState):  # one token into the preallocated state (decoding.StaticDecoder)
-            y = state.step(q, k, v, log_g, p=self.p, norm=self.norm, scale=self.head_dim ** -0.5)
+            # the gate's input and parameters, not its output: the fused kernel computes the gate itself
+            gate = None if self.gate is None else (x, self.gate.weight, self.gate.bias)
+            y = state.step(q, k, v, None, p=self.p, norm=self.norm, scale=self.head_dim ** -0.5, gate=gate)
             return (y if self.out_norm is None else self.out_norm(y)), state
+        log_g = self.gate(x) if self.gate is not None else None
         y, state = self._checked(power_attention_step, q, k, v, state, log_g, p=self.p, norm=self.norm)
         return (y if self.out_norm is None else self.out_norm(y)), state
 
@@ -102,17 +104,24 @@ class PowerAttention(nn.Module):
 
 class StaticPowerState:
     """A PowerState's buffers, s (b, hk, D, d) and z (b, hk, D) fp32, updated in place one token at a time by
-    `power_state_step` (the same on CPU, in a CUDA graph, or compiled), with the gather indices of phi."""
+    `power_decode_step` (CUDA: the fused kernel, one launch a layer; CPU: plain torch ops; the same in a CUDA graph or
+    compiled), with the gather indices of phi. fused=False (the default until the kernel has run on a card):
+    the plain-torch step on CUDA too; benchmarks compare the two)."""
 
-    def __init__(self, state: PowerState, p: int):
+    def __init__(self, state: PowerState, p: int, fused: bool = False):
         cdt = torch.float64 if state.s.dtype == torch.float64 else torch.float32
-        self.s, self.z = state.s.to(cdt), state.z.to(cdt)
-        self.index, self.weight = symmetric_power_indices(p, self.s.shape[-1], self.s.device)
+        self.s, self.z = state.s.to(cdt).contiguous(), state.z.to(cdt).contiguous()  # the fused kernel's layout
+        index, self.weight = symmetric_power_indices(p, self.s.shape[-1], self.s.device)
+        self.index = index.to(torch.int32)                      # int32: the kernel's gather offsets, and torch's index
         self.weight = self.weight.to(cdt)
+        self.ticket = torch.zeros(self.s.shape[0] * self.s.shape[1], dtype=torch.int32, device=self.s.device)
+        self.fused = fused
 
-    def step(self, q, k, v, log_g, *, p: int, norm: bool, scale: float):
-        """q (b, 1, hq, d), k, v (b, 1, hk, d), log_g (b, 1, hk) fp32 or None -> y (b, 1, hq, d) in q's dtype."""
-        return power_state_step(self.s, self.z, self.index, self.weight, q, k, v, log_g, p, norm, scale)
+    def step(self, q, k, v, log_g, *, p: int, norm: bool, scale: float, gate: tuple | None = None):
+        """q (b, 1, hq, d), k, v (b, 1, hk, d), log_g (b, 1, hk) fp32 or None -> y (b, 1, hq, d) in q's dtype; or gate
+        (x (b, 1, d_model), weight (hk, d_model), bias (hk,)) in place of log_g (power_decode_step)."""
+        return power_decode_step(self.s, self.z, self.index, self.weight, self.ticket, q, k, v, log_g, p, norm, scale,
+                                 fused=self.fused, gate=gate)
 
     def nbytes(self) -> int:
         return (self.s.numel() + self.z.numel()) * self.s.element_size()
