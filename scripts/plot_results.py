@@ -4,10 +4,9 @@
     python scripts/plot_results.py --dir out kernel_benchmark
     python scripts/plot_results.py --dir docs/results/experiments   # the experiment figures whose records are here
 
-In docs/results/experiments: some records draw a figure of their own (EXPERIMENT_PLOTS); the others are compact
-report records (`python -m longctx.report RUNS --out DIR --record NAME.json`: a JSON with "kind": "report" and the
-per-document npz beside it), whose figures longctx.report's own figure code redraws under the names the record
-gives them.
+In docs/results/experiments every record is a compact report record (`python -m longctx.report RUNS --out DIR
+--record NAME.json`: a JSON with "kind": "report" and the per-document npz beside it), whose figures longctx.report's
+own figure code redraws under the names the record gives them.
 Each JSON carries the command that measured it; README.md's "Results" quotes the same records.
 """
 from __future__ import annotations
@@ -156,26 +155,6 @@ def _script(name: str):
     return module
 
 
-def plot_icl_variant_gaps(record: dict, path: Path) -> Path:
-    """Experiment records of the form {"variants": {key: label}, key: {"stage2_ctx4096": final record}}: each
-    variant's gap to the optimum per ICL bin (loss minus the optimum's, same bins), log position axis."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.6))
-    for key, label in record["variants"].items():
-        final = record[key]["stage2_ctx4096"]
-        ends = [hi for _, hi, _ in final["icl_curve"]]
-        gaps = [got - best for (_, _, got), (_, _, best) in zip(final["icl_curve"], final["bayes_curve"])]
-        ax.plot(ends, gaps, marker="o", ms=3.5, label=f"{label} (update {final['step']})")
-    ax.axhline(0.0, color="black", lw=0.8)
-    ax.axhspan(-0.05, 0.05, color="grey", alpha=0.12, lw=0, label="within 0.05 nats of the optimum")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in the document (bin end, tokens; log scale)")
-    ax.set_ylabel("loss above the Bayes optimum (nats/token)")
-    ax.set_title(record.get("title", "Gap to the optimum per position bin"), fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7.5)
-    return _finish(fig, path)
-
-
 def plot_train_paths_loss(record: dict, path: Path) -> Path:
     """scripts/compare_train_paths.py's own figure (it draws it too; one drawing for both)."""
     return _script("compare_train_paths").plot_train_paths_loss(record, path)
@@ -193,8 +172,6 @@ def draw_compact(compact: dict, folder: Path) -> dict[str, Path]:
 PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "bench_train": plot_bench_train,
          "ddp_scaling": plot_ddp_scaling, "wsfr": plot_wsfr, "default_cpu_run": plot_default_cpu_run,
          "bench_decode": plot_bench_decode, "train_paths_loss": plot_train_paths_loss}
-# docs/results/experiments/ records drawn from the record itself (the others there are longctx.report's figures)
-EXPERIMENT_PLOTS = {"icl_softmax_blind_spot": plot_icl_variant_gaps}
 
 
 def main(argv=None) -> list[Path]:
@@ -203,7 +180,7 @@ def main(argv=None) -> list[Path]:
                                                   f"--dir; in docs/results: {', '.join(PLOTS)})")
     parser.add_argument("--dir", type=Path, default=RESULTS, help="folder holding <table>.json; PNGs go beside them")
     args = parser.parse_args(argv)
-    known = {**PLOTS, **EXPERIMENT_PLOTS}
+    known = dict(PLOTS)
     compact = sorted(p.stem for p in args.dir.glob("*.json") if _is_compact(p))
     unknown = [t for t in args.tables if t not in known and t not in compact]
     if unknown:
