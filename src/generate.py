@@ -6,7 +6,7 @@
 Prints the continuation and the decoding speed: with `--prompt TEXT` as text, through the tokenizer the run's data
 records (tiktoken GPT-2 for LongCrawl64, bytes for datasets prepared with the byte tokenizer); with `--prompt-ids`
 as ids (no tokenizer is loaded). Decoding uses the static decoder (preallocated states; on GPU the fast path: the
-step compiled, power's state updated by its fused kernel, one CUDA graph per token: models/decoding.py);
+step compiled, one CUDA graph per token: models/decoding.py);
 `--no-compile` skips the compilation (seconds before the first token), `--no-static` takes the per-layer caches of
 the eager path, `--no-cache` recomputes the whole prefix every token. Bad input gives one line `error: ...` and
 exit code 2.

@@ -53,7 +53,8 @@ def import_script():
 
 @pytest.fixture(scope="session")
 def tiny_overrides() -> tuple[str, ...]:
-    """TINY for module- and session-scoped fixtures (`from conftest import` would find tests/data/conftest.py)."""
+    """TINY for fixtures shared by a module or the whole test run (`from conftest import` would find
+    tests/data/conftest.py)."""
     return tuple(TINY)
 
 

@@ -276,3 +276,21 @@ def test_a_staged_run_is_reported_by_its_last_stage(tmp_path):
     fake_run(tmp_path / "plain", "exp", 512, 0.1, steps=(10,))
     assert [p.name for p in find_runs([tmp_path])] == ["plain", "stage2_ctx512"]
     assert [p.name for p in find_runs([tmp_path / "point" / "stage1_ctx256"])] == ["stage1_ctx256"]  # named: kept
+
+
+@pytest.mark.parametrize("flag, where", [("--out", ""), ("--out", "eval"), ("--record", "eval/step_00000020.json")])
+def test_report_refuses_to_write_into_a_runs_own_folders(tmp_path, capsys, flag, where):
+    """The report's icl_curves.png and a record's NAME.npz would land on the run's own files: refused, nothing
+    written, the run's files unchanged."""
+    run = fake_run(tmp_path / "run", "exp", 512, 0.1, doc_bins=True)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    args = [str(run), "--out", str(run / where) if flag == "--out" else str(tmp_path / "rep")]
+    if flag == "--record":
+        args += ["--record", str(run / where)]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} " in err[0] and "is a folder of the run" in err[0]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "rep").exists()

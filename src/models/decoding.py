@@ -12,9 +12,9 @@ Three paths, each the check of the next:
   step depends on the host, so on CUDA the whole step (every layer and the LM head) is captured once as a CUDA
   graph and replayed per token; sampling runs on the device after it, and nothing syncs until the end. On CUDA the
   fast path is the default: every layer's step compiled before the capture (a failed compilation falls back on
-  the plain step, with a warning), power's state updated by one fused kernel a layer (kernels/power/
-  decode_kernel.py). On CPU the same step runs eagerly (tests/models/test_decoding.py checks it token for token
-  against recomputation).
+  the plain step, with a warning); power's state can take its fused kernel, one launch a layer (kernels/power/
+  decode_kernel.py; `StaticDecoder(fused=True)`, opt-in). On CPU the same step runs eagerly
+  (tests/models/test_decoding.py checks it token for token against recomputation).
 """
 from __future__ import annotations
 
@@ -260,9 +260,10 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     recomputing the whole prefix for every token. static: with use_cache, the StaticDecoder (preallocated buffers,
     CUDA graphs on CUDA; the default) instead of caches replaced at every call; compile: its one-token step
     compiled first (None, the default: on CUDA, where torch.compile is available; a failed compilation warns and
-    decodes uncompiled; False: never, True: on CPU too). On CUDA power attention's state takes its fused kernel.
-    generator: a torch.Generator for reproducible sampling. Runs under the caller's autocast, if any; the model is
-    put in eval mode and left there. Sampling runs on the device: nothing waits for the host until the end.
+    decodes uncompiled; False: never, True: on CPU too). Power attention's state takes the plain-torch step
+    (its fused kernel is StaticDecoder(fused=True)). generator: a torch.Generator for reproducible sampling. Runs
+    under the caller's autocast, if any; the model is put in eval mode and left there. Sampling runs on the device:
+    nothing waits for the host until the end.
 
     Example:
         >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=0)

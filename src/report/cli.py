@@ -221,6 +221,7 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
 def write_report(paths: list[Path], out: Path, title: str | None = None, at_flops: float | None = None,
                  n_boot: int = DEFAULT_BOOTSTRAP, record: Path | None = None) -> Path:
     runs, left_out = load_runs(paths)
+    refuse_run_folders(runs, out, record)
     keys = label_runs(runs)
     groups = group_runs(runs)
     out = Path(out)
@@ -290,6 +291,16 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         write_record(runs, title, record, {name.removesuffix(".png"): f"{record.stem}_{name}"
                                            for _, name, _ in figs if name != "icl_over_training.png"})
     return report
+
+
+def refuse_run_folders(runs: list[Run], out: Path, record: Path | None) -> None:
+    """ValueError when --out or --record's folder is a run's own folder (its icl_curves.png, eval/*.npz and
+    checkpoints would be overwritten by the report's files of the same names)."""
+    owned = {(run.path / sub).resolve(): run.name for run in runs for sub in ("", "eval", "checkpoints")}
+    for flag, folder in (("--out", Path(out)), ("--record", None if record is None else Path(record).parent)):
+        if folder is not None and folder.resolve() in owned:
+            raise ValueError(f"{flag} {folder}: is a folder of the run {owned[folder.resolve()]}, whose files the "
+                             f"report would overwrite; give another folder")
 
 
 def check_out(out: Path) -> str | None:
