@@ -9,8 +9,8 @@ Rows, each written to the JSON as soon as it is measured (an out-of-memory row i
   (preallocated buffers, one CUDA graph per token: models/decoding.py), power and exp also with every layer's
   step compiled before the capture (path `compiled`, CUDA only), and power and exp on the eager cached path at
   the first and last prefix. Power's state step runs two ways, so one run compares them: paths `static+fused` and
-  `compiled+fused` take the fused Triton kernel (one launch a layer; opt-in, StaticDecoder(fused=True)), `static` and
-  `compiled` the plain-torch step (`compiled` is what `generate` runs by default on CUDA);
+  `compiled+fused` take the fused Triton kernel (one launch a layer; `compiled+fused` is what `generate` runs by
+  default on CUDA), `static` and `compiled` the plain-torch step (StaticDecoder(fused=False));
 - batched decoding (default batch 8 and 64 at a 4k prefix) on each model's first path (power and exp compiled,
   power with the fused kernel where it runs);
 - time to first token at the longest prefix: the prompt through the chunked kernels (power's final state handed to

@@ -6,7 +6,7 @@
 Prints the continuation and the decoding speed: with `--prompt TEXT` as text, through the tokenizer the run's data
 records (tiktoken GPT-2 for LongCrawl64, bytes for datasets prepared with the byte tokenizer); with `--prompt-ids`
 as ids (no tokenizer is loaded). Decoding uses the static decoder (preallocated states; on GPU the fast path: the
-step compiled, one CUDA graph per token: models/decoding.py);
+step compiled, power's state updated by its fused kernel, one CUDA graph per token: models/decoding.py);
 `--no-compile` skips the compilation (seconds before the first token), `--no-static` takes the per-layer caches of
 the eager path, `--no-cache` recomputes the whole prefix every token. Bad input gives one line `error: ...` and
 exit code 2.
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from longctx.data import dataset_info
-from longctx.models.decoding import compile_available
+from longctx.models.decoding import compile_available, takes_fused_state
 from longctx.runs import load_run
 from longctx.train.console import setup_logging
 
@@ -131,11 +131,13 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     new = out[0, len(ids):].tolist()
     return {"prompt_ids": ids, "ids": new, "text": text[1](new) if text else None, "seconds": seconds,
             "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache,
-            "decoder": decoder_name(use_cache, static, dev, compile)}
+            "decoder": decoder_name(use_cache, static, dev, compile, takes_fused_state(model))}
 
 
-def decoder_name(use_cache: bool, static: bool, device: torch.device, compile: bool | None = None) -> str:
-    """The decoding path in words; compile None: the static decoder's default on `device` (compile_available)."""
+def decoder_name(use_cache: bool, static: bool, device: torch.device, compile: bool | None = None,
+                 fused_state: bool = False) -> str:
+    """The decoding path in words; compile None: the static decoder's default on `device` (compile_available);
+    fused_state: the model keeps power states (`takes_fused_state`), which CUDA updates with the fused kernel."""
     if not use_cache:
         return "recomputing the prefix"
     if not static:
@@ -144,7 +146,7 @@ def decoder_name(use_cache: bool, static: bool, device: torch.device, compile: b
     if compile_available(device) if compile is None else compile:
         parts.append("compiled step")
     if device.type == "cuda":
-        parts += ["CUDA graphs"]
+        parts += ["fused power kernel", "CUDA graphs"] if fused_state else ["CUDA graphs"]
     return ", ".join(parts)
 
 

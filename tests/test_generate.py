@@ -54,6 +54,8 @@ def test_decoder_line_names_the_path(monkeypatch):
     assert generate_cli.decoder_name(True, True, cuda, None) == ("cached decoding, static buffers, compiled step, "
                                                                  "CUDA graphs")
     assert generate_cli.decoder_name(True, True, cuda, False) == "cached decoding, static buffers, CUDA graphs"
+    assert generate_cli.decoder_name(True, True, cuda, fused_state=True) == ("cached decoding, static buffers, compiled "
+                                                                       "step, fused power kernel, CUDA graphs")
     assert generate_cli.decoder_name(True, False, cuda) == "cached decoding, eager"
     assert generate_cli.decoder_name(False, True, cuda) == "recomputing the prefix"
 

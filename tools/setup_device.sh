@@ -4,13 +4,15 @@
 #   source tools/setup_device.sh
 set -e
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # once per machine: a second shell sourcing this (a background job) must not reinstall under a running one
+  [ "$(cat /tmp/site/.wheels 2>/dev/null)" = "$(ls .whl)" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && ls .whl > /tmp/site/.wheels
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   # vidrial (power-attention 1.4.4's dependency) clones cutlass at import unless this folder exists; its Triton
   # path never uses it
   [ -d /tmp/site/vidrial ] && mkdir -p /tmp/site/vidrial/cutlass/include
 fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
+python3 -c "import longctx" 2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 # Triton keeps autotune winners on disk, so a second process on this machine skips FLA's first-call benchmarking
 # (~90 s per kernel shape); winners kept by an earlier machine (tools/keep_autotune.sh ->

@@ -131,18 +131,17 @@ def haystacks(task: str, alphabet: Alphabet, length: int, trials: int, documents
 def score_prompts(model, prompts: torch.Tensor, digits: int, bos: int, micro_docs: int,
                   precision: str = "auto") -> torch.Tensor:
     """Whether the model's argmax predicts each of the last `digits` tokens of prompts (P, T), reading BOS and the
-    prompt before it -> (P, digits) bool."""
+    prompt before it -> (P, digits) bool. One causal forward over BOS + prompt[:-1] scores every key symbol (the
+    logits at a position see only the tokens before it), and every forward of a context has the same length."""
     device = model_device(model)
     P, T = prompts.shape
     correct = torch.zeros(P, digits, dtype=torch.bool)
     with_bos = torch.cat([torch.full((P, 1), bos, dtype=torch.long), prompts], 1)  # (P, T + 1)
     for s in range(0, P, micro_docs):
         rows = with_bos[s:s + micro_docs].to(device)
-        for j in range(digits):
-            end = T - digits + j + 1                        # BOS + prompt tokens before key symbol j
-            with autocast(device, precision):
-                logits = model(rows[:, :end], last_only=True)
-            correct[s:s + micro_docs, j] = (logits[:, -1].float().argmax(-1) == rows[:, end]).cpu()
+        with autocast(device, precision):
+            logits = model(rows[:, :T], last_only=digits)   # (b, digits, vocab): predictions of the key symbols
+        correct[s:s + micro_docs] = (logits.float().argmax(-1) == rows[:, T - digits + 1:]).cpu()
     return correct
 
 

@@ -124,7 +124,8 @@ class GPT2(LanguageModelMixin, nn.Module):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32, or with
         reduction="sum" its sum (the trainer's loss: a backward without recomputation, common.nll_sum).
         cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens.
-        last_only: logits of the last position only, (b, 1, vocab) (a 64k prompt's full logits are GBs)."""
+        last_only: True or n: logits of the last 1 or n positions only, (b, n, vocab) (a 64k prompt's full logits
+            are GBs)."""
         x = self.wte(input_ids)  # (b, t, d_model)
         start = 0 if cache is None else cache[0].pos  # position of the first input token
         rope = rotary_tables(input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start, x.device)
@@ -137,5 +138,5 @@ class GPT2(LanguageModelMixin, nn.Module):
                 x = block(x, rope)
         x = self.ln_f(x)
         if targets is None:
-            return self.lm_head(x[:, -1:] if last_only else x)  # (b, t or 1, vocab)
+            return self.lm_head(x[:, -int(last_only):] if last_only else x)  # (b, t or n, vocab)
         return loss_head(x, self.lm_head.weight, targets, reduction)  # (b, t) or () fp32

@@ -388,7 +388,8 @@ class RWKV7(LanguageModelMixin, nn.Module):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32, or with
         reduction="sum" its sum (the trainer's loss: a backward without recomputation, common.nll_sum).
         cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens.
-        last_only: logits of the last position only, (b, 1, vocab) (a 64k prompt's full logits are GBs)."""
+        last_only: True or n: logits of the last 1 or n positions only, (b, n, vocab) (a 64k prompt's full logits
+            are GBs)."""
         x = self.embeddings(input_ids)  # (b, t, d)
         v_first = torch.zeros_like(x)
         rope = None
@@ -404,7 +405,7 @@ class RWKV7(LanguageModelMixin, nn.Module):
                 x, v_first = block(x, v_first, rope)
         x = self.norm(x)
         if targets is None:
-            return self.lm_head(x[:, -1:] if last_only else x)  # (b, t or 1, vocab)
+            return self.lm_head(x[:, -int(last_only):] if last_only else x)  # (b, t or n, vocab)
         return loss_head(x, self.lm_head.weight, targets, reduction)  # (b, t) or () fp32
 
 

@@ -183,6 +183,24 @@ def test_train_cli_runs_on_the_source_corpus(source_dataset, train_env, tmp_path
     assert "tokens/s" in speed
 
 
+def test_corpus_attention_sweep_runs_at_cpu_size(source_dataset, train_env, tmp_path):
+    """`train.py -m experiment=corpus_attention` on a tiny source corpus (tiny model, ctx 256): its three points
+    train, each on the corpus's own vocabulary."""
+    _, out, summary = source_dataset
+    r = subprocess.run([sys.executable, str(REPO / "train.py"), "-m", "experiment=corpus_attention", f"data.path={out}",
+                        "model=tiny", "contexts.c8192=256", "docs_per_update.c8192=4", "window=32", "data.eval_docs=4",
+                        "trainer.max_steps=2", "trainer.eval_every=2", "optim.warmup_steps=1", "trainer.compile=false",
+                        "trainer.precision=auto", "logger.wandb.mode=disabled", "trainer.num_threads=2",
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                       env=train_env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "metrics.jsonl").is_file())
+    assert [name.split("_d64")[0] for name in runs] == ["gpt2_exp", "gpt2_power_p2", "gpt2_window32"], runs
+    for name in runs:
+        last = json.loads((tmp_path / "sweep" / name / "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["step"] == 2 and last["icl_curve"][-1][1] == 256 and np.isfinite(last["best_context_loss"])
+
+
 def test_package_mode_arguments(tmp_path, capsys):
     cli = load_cli()
     f = tmp_path / "file.py"

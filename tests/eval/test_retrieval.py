@@ -4,6 +4,7 @@ scores the closed-form chance level 1/base per key symbol. Both are real nn.Modu
 (forward(input_ids, targets=None, cache=None, last_only=False, reduction="none"))."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -40,7 +41,7 @@ class CopyAfterMarker(nn.Module):
 
     def forward(self, input_ids, targets=None, cache=None, last_only=False, reduction="none"):
         b, t = input_ids.shape
-        positions = [t - 1] if last_only else range(t)
+        positions = range(t - int(last_only), t) if last_only else range(t)
         logits = torch.zeros(b, len(positions), self.spec.vocab_size, device=input_ids.device)
         for r, row in enumerate(input_ids.tolist()):
             for k, i in enumerate(positions):
@@ -149,3 +150,38 @@ def test_alphabet_refuses_a_vocabulary_too_small():
         alphabet_for(3, 2, 64)
     with pytest.raises(ValueError, match="must occur nowhere else"):
         Alphabet(marker=(1, 2), digits=(1, 3), filler=(3,), bos=0).check()
+
+
+@pytest.mark.parametrize("attention", ["exp", "power", "window"])
+def test_one_forward_scores_as_the_forwards_of_each_prefix(attention):
+    """A real (causal) GPT-2 in fp32: the last `digits` logits of one forward over BOS + prompt equal the last logit
+    of a separate forward over each key symbol's prefix, and a final key written greedily from those prefixes (each
+    symbol the prefix's argmax) scores every symbol right, one symbol changed scores it wrong."""
+    from longctx.models import ATTENTIONS, build_model
+    from longctx.models.spec import ModelSpec
+
+    declared = {f.name for f in dataclasses.fields(ATTENTIONS[attention].Params)}
+    params = {k: v for k, v in dict(window=7, chunk_size=8).items() if k in declared}
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(arch="gpt2", attention=attention, vocab_size=VOCAB, d_model=32, n_layers=2,
+                                  n_heads=2, ctx=64, attention_params=params)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)     # sharp, varied predictions
+    a, digits = alphabet(), 5
+    prompts = torch.from_numpy(np.stack([build_prompt(np.asarray(haystacks("passkey", a, 40, 1, None)[0]), depth, a,
+                                                      np.asarray(a.digits[i:i + digits]))
+                                         for i, depth in enumerate([0.0, 0.5, 1.0])]))
+    T = prompts.shape[1]
+    with torch.no_grad():
+        for j in range(digits):                   # the final key, greedily: symbol j = argmax after its prefix
+            with_bos = torch.cat([torch.full((3, 1), BOS), prompts], 1)
+            prompts[:, T - digits + j] = model(with_bos[:, :T - digits + j + 1], last_only=True)[:, -1].argmax(-1)
+        with_bos = torch.cat([torch.full((3, 1), BOS), prompts], 1)
+        one = model(with_bos[:, :T], last_only=digits)
+        each = torch.stack([model(with_bos[:, :T - digits + j + 1], last_only=True)[:, -1] for j in range(digits)], 1)
+    torch.testing.assert_close(one, each, rtol=1e-5, atol=1e-5)
+    assert score_prompts(model, prompts, digits, BOS, micro_docs=2, precision="fp32").all()
+    prompts[1, T - 1] = (prompts[1, T - 1] + 1) % (VOCAB - 1)      # the last symbol of one key changed
+    got = score_prompts(model, prompts, digits, BOS, micro_docs=2, precision="fp32")
+    assert got.sum() == 3 * digits - 1 and not got[1, -1]

@@ -12,7 +12,8 @@ from longctx.models import ATTENTIONS, build_model
 from longctx.kernels import symmetric_power_indices
 from longctx.models.attention.power import StaticPowerState
 from longctx.models.attention.shared import KVCache, StaticKVCache
-from longctx.models.decoding import StaticDecoder, autocast_weights, compile_available, sample_next
+from longctx.models.decoding import (StaticDecoder, autocast_weights, compile_available, sample_next,
+                                     takes_fused_state)
 from longctx.models.rwkv7 import StaticRWKV7State, rwkv7_recurrent
 from longctx.models.spec import ARCHS
 from _checks import VOCAB, assert_cached_equals_full, perturb_, tiny_spec
@@ -347,8 +348,8 @@ def test_failed_compilation_restores_the_buffers_and_decodes_uncompiled(monkeypa
 
 def test_fast_path_defaults_and_their_fallback(monkeypatch):
     """Compiled by default only where it can be (CUDA with TorchDynamo and Triton): not on CPU, not where Dynamo is
-    unsupported; the static decoder says which path it took; fused=False (the plain-torch power step) decodes the
-    same tokens."""
+    unsupported; the static decoder says which path it took; power states take the fused kernel by default (on CPU
+    it dispatches to plain torch ops), and fused=False (the plain-torch power step) decodes the same tokens."""
     assert not compile_available(torch.device("cpu"))
     monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
     assert not compile_available(torch.device("cuda"))
@@ -362,5 +363,8 @@ def test_fast_path_defaults_and_their_fallback(monkeypatch):
             logits = [decoder.prefill(x[:, :5])] + [decoder.step(x[:, i:i + 1]).clone() for i in range(5, 9)]
             outs.append(torch.stack(logits, 1))
     assert not decoders[0].compile and decoders[0].describe() == "static buffers"
+    assert [layer.state.fused for layer in decoders[0].cache] == [True] * len(decoders[0].cache)
     assert [layer.state.fused for layer in decoders[1].cache] == [False] * len(decoders[1].cache)
+    assert takes_fused_state(model) and takes_fused_state(model_for("gpt2", dict(attention="linear")))
+    assert not takes_fused_state(model_for("gpt2", dict(attention="exp")))
     assert torch.equal(outs[0], outs[1])

@@ -25,7 +25,9 @@ EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml
 # bases the sweeps start from (no sweep of their own)
 RECIPES = ("paper", "icl_small", "paper_scale", "icl_curriculum", "icl_token_shift")
 SWEEPS = [e for e in EXPERIMENTS if e not in RECIPES]
-SMALL = [e for e in SWEEPS if not e.endswith("_paper")]
+# sweeps on a corpus the user prepares (real text): no ICL task, no staged recipe, no paper-scale twin
+REAL_TEXT = ("corpus_attention",)
+SMALL = [e for e in SWEEPS if not e.endswith("_paper") and e not in REAL_TEXT]
 # each small sweep's paper-scale counterpart
 PAPER_OF = {"attention_long_context": "attention_equal_state_paper"}
 # points of each small sweep (one seed)
@@ -144,6 +146,21 @@ def test_equal_state_arms_mean_what_they_say(compose):
     assert exp.ctx == 1024 and abs(_state(exp) - power) / power < 0.15
     arms = {p[0] for p in sweep_points("attention_equal_state")}
     assert "+experiment/arm=window_linear_state" in arms and "+experiment/arm=power_p4" in arms
+
+
+def test_corpus_attention_arms_hold_equal_state_and_tokens_per_update(compose):
+    """Real text: softmax, a window with power p=2's state, power p=2 at ctx 8192 (GPT-2 small); the 64k point
+    keeps 65,536 tokens per update and the updates."""
+    base = ("experiment=corpus_attention", "run_dir=unused")
+    assert sorted(p[0] for p in sweep_points("corpus_attention")) == [
+        "+experiment/arm=exp", "+experiment/arm=power_p2", "+experiment/arm=window"]
+    power, window = (compose(*base, f"+experiment/arm={arm}") for arm in ("power_p2", "window"))
+    assert (power.model.name, power.ctx, power.data.name, power.data.tag) == ("small", 8192, "longcrawl64",
+                                                                              "source_corpus")
+    assert abs(_state(window) - _state(power)) / _state(power) < 0.01 and window.window < window.ctx
+    long = compose(*base, "+experiment/arm=power_p2", "+experiment/ctx=c65536")
+    assert long.ctx * long.data.docs_per_batch == power.ctx * power.data.docs_per_batch == 65536
+    assert long.trainer.max_steps == power.trainer.max_steps
 
 
 def test_table_rows_at_the_papers_contexts_and_equal_tokens(compose):

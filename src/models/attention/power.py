@@ -105,10 +105,10 @@ class PowerAttention(nn.Module):
 class StaticPowerState:
     """A PowerState's buffers, s (b, hk, D, d) and z (b, hk, D) fp32, updated in place one token at a time by
     `power_decode_step` (CUDA: the fused kernel, one launch a layer; CPU: plain torch ops; the same in a CUDA graph or
-    compiled), with the gather indices of phi. fused=False (the default until the kernel has run on a card):
-    the plain-torch step on CUDA too; benchmarks compare the two)."""
+    compiled), with the gather indices of phi. fused=False: the plain-torch step on CUDA too (benchmarks compare
+    the two)."""
 
-    def __init__(self, state: PowerState, p: int, fused: bool = False):
+    def __init__(self, state: PowerState, p: int, fused: bool = True):
         cdt = torch.float64 if state.s.dtype == torch.float64 else torch.float32
         self.s, self.z = state.s.to(cdt).contiguous(), state.z.to(cdt).contiguous()  # the fused kernel's layout
         index, self.weight = symmetric_power_indices(p, self.s.shape[-1], self.s.device)
