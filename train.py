@@ -29,6 +29,7 @@ def main(cfg: DictConfig) -> None:
     from longctx.train.checkpoint import CheckpointWriteError
     from longctx.train.config import resolve_resume
     from longctx.train.stages import StagedRun
+    from longctx.train.stop import StopRequested
     from longctx.train.trainer import Trainer
 
     hydra_cfg = HydraConfig.get()
@@ -50,6 +51,9 @@ def main(cfg: DictConfig) -> None:
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+    except StopRequested as stopped:  # SIGTERM / SIGUSR1: the last step is checkpointed; exit as the signal would
+        print(stopped, file=sys.stderr)
+        sys.exit(128 + stopped.signum)
 
 
 def remove_if_empty(run_dir: str) -> None:

@@ -6,7 +6,8 @@ A checkpoint is one file `step_XXXXXXXX.pt` in `<run_dir>/checkpoints/`, a dict 
     model, optimizer, scheduler, data, rng, trainer    the state_dict() of each Stateful part of the run
     config, spec                                        the run's resolved config and ModelSpec (plain dicts)
 
-`trainer` holds the trainer's counters (step, tokens, elapsed, skipped_steps, wandb_id); `rng` every rank's RNG
+`trainer` holds the trainer's counters (step, tokens, elapsed, skipped_steps, wandb_id, and the training loss since
+the last evaluation: train_loss_sum, train_loss_steps); `rng` every rank's RNG
 states as tensors and plain numbers (train/rng.py). Files without `schema_version` are version 0 (the counters
 at the top level, numpy's RNG state an ndarray) and are read into version 1's layout by `upgrade`.
 
@@ -184,7 +185,8 @@ def upgrade(state: dict) -> dict:
     counters = {"step": 0, "tokens": 0, "elapsed": 0.0, "skipped_steps": 0, "wandb_id": None}
     trainer = {k: state.pop(k) for k in counters if k in state}
     if trainer:
-        state["trainer"] = trainer
+        # written only right after an evaluation, which starts the training loss's window anew
+        state["trainer"] = {**trainer, "train_loss_sum": 0.0, "train_loss_steps": 0}
     if isinstance(state.get("rng"), dict):
         ranks = state["rng"].get("per_rank", [state["rng"]])  # the oldest files hold one rank's states
         state["rng"] = {"per_rank": [plain_rng_state(r) for r in ranks]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from longctx.train.optim import Schedule, apply_hyperparameters, build_optimizer
 from longctx.train.resume import classify, config_changes, format_changes, refusal
 from longctx.train.rng import RNGState, seed_everything
 from longctx.train.run_dir import RunLock
+from longctx.train.stop import StopRequested, StopSignals
 
 
 INLINE_CURVE_MAX = 8192  # longer per-position curves go to <run_dir>/per_position_loss/step_*.npy
@@ -57,7 +59,10 @@ def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
 
 
 # The trainer's own counters, a Stateful part of every checkpoint (values: a fresh run's)
-COUNTERS = {"step": 0, "tokens": 0, "elapsed": 0.0, "skipped_steps": 0, "wandb_id": None}
+# train_loss_sum/_steps: the training loss since the last evaluation (its record's train_loss), kept in the
+# checkpoint so that a run stopped between evaluations (train.stop) logs the same train_loss as an uninterrupted one
+COUNTERS = {"step": 0, "tokens": 0, "elapsed": 0.0, "skipped_steps": 0, "wandb_id": None, "train_loss_sum": 0.0,
+            "train_loss_steps": 0}
 # ModelSpec fields that change how the model runs, not what it is: a resumed run may change them.
 RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 # The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
@@ -131,6 +136,7 @@ class Trainer:
         self.evaluation = HeldoutEvaluation(self.heldout, cfg.trainer.icl_bins)  # refuses bins too narrow to trust
 
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
+        self.train_loss_sum, self.train_loss_steps = 0.0, 0
         self.skipped_steps, self.consecutive_skips = 0, 0
         self.warned_data_wait = False
         self.wandb_id = None
@@ -521,7 +527,6 @@ class Trainer:
         cfg = self.cfg
         max_steps, eval_every, console_every = cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.logger.console_every
         batches = iter(self.reader)
-        budget = cfg.trainer.flops_budget
         if self.dist.is_main:
             params = sum(p.numel() for p in self.model.parameters())
             log.info(f"{cfg.run_name}: {params / 1e6:.2f}M parameters on {self.device_name} x{self.dist.world_size}; "
@@ -534,14 +539,31 @@ class Trainer:
         # A bar on a terminal only; in a log file (Slurm, CI) progress is the console_every lines.
         bar = progress_bar(self.dist.is_main, total=self.schedule.max_steps, initial=self.step, desc=cfg.run_name,
                            unit="step")
-        window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
-        line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
-        window_wait = window_time = line_wait = 0.0  # seconds waiting for the reader / training, this window
-        record = None
         probed = None  # the batch the checkpointing probe ran on: trained on next, as any other
         if self.step < max_steps and self.cfg.trainer.activation_checkpointing == "auto":
             probed = next(batches)
             self.choose_checkpointing(probed)
+        with StopSignals() as stop:
+            record = self._steps(batches, probed, bar, stop)
+        bar.close()
+        if self.dist.is_main:
+            log.info(self._final_summary(record) if record is not None else
+                     f"final (step {self.step}): no finite evaluation to report (trainer.on_nonfinite=skip)")
+            if self.wandb is not None:
+                log.info(self.wandb.describe())
+        shutdown(self.dist)
+        return record
+
+    def _steps(self, batches, probed, bar, stop: StopSignals) -> dict | None:
+        """The training steps from self.step to trainer.max_steps (or the FLOP budget) -> the last evaluation's record.
+        A stop signal ends them after the step in progress, with that step's checkpoint (raises StopRequested)."""
+        cfg = self.cfg
+        max_steps, eval_every, console_every = cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.logger.console_every
+        budget = cfg.trainer.flops_budget
+        record, saved = None, None
+        window_tokens, window_steps, window_start = 0, 0, time.time()
+        line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
+        window_wait = window_time = line_wait = 0.0  # seconds waiting for the reader / training, this window
         while self.step < max_steps:
             t_wait = time.time()
             batch = probed if probed is not None else next(batches)
@@ -554,7 +576,8 @@ class Trainer:
             self.tokens += step_tokens
             step_time = time.time() - t0
             self.elapsed += step_time
-            window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + step_tokens
+            self.train_loss_sum, self.train_loss_steps = self.train_loss_sum + loss, self.train_loss_steps + 1
+            window_tokens, window_steps = window_tokens + step_tokens, window_steps + 1
             line_loss, line_steps, line_tokens = line_loss + loss, line_steps + 1, line_tokens + step_tokens
             line_time += step_time
             line_wait, window_wait, window_time = line_wait + wait, window_wait + wait, window_time + wait + step_time
@@ -573,30 +596,41 @@ class Trainer:
             out_of_budget = self._out_of_budget()
             if self.step % eval_every == 0 or self.step == max_steps or out_of_budget:
                 tokens_per_s = window_tokens / max(1e-9, time.time() - window_start)
-                evaluated = self.evaluate(window_loss / window_steps, tokens_per_s,
-                                          window_wait / max(1e-9, window_time))
+                train_loss = self.train_loss_sum / self.train_loss_steps
+                self.train_loss_sum, self.train_loss_steps = 0.0, 0  # before the checkpoint: a resume starts anew
+                evaluated = self.evaluate(train_loss, tokens_per_s, window_wait / max(1e-9, window_time))
                 if evaluated is not None:  # a skipped non-finite evaluation leaves no checkpoint
                     record = evaluated
                     self.save()
+                    saved = self.step
                 if self.dist.is_main and evaluated is not None:
                     log.info(self._describe(record))
                     if record["data_wait"] >= DATA_WAIT_WARN and not self.warned_data_wait:
                         log.warning(self._data_wait_advice(record["data_wait"], window_steps))
                         self.warned_data_wait = True
-                window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.time()
+                window_tokens, window_steps, window_start = 0, 0, time.time()
                 window_wait = window_time = 0.0
             if out_of_budget:
                 if self.dist.is_main:
                     log.info(f"stopping at step {self.step}: trainer.flops_budget={budget:.3g} reached")
                 break
-        bar.close()
-        if self.dist.is_main:
-            log.info(self._final_summary(record) if record is not None else
-                     f"final (step {self.step}): no finite evaluation to report (trainer.on_nonfinite=skip)")
-            if self.wandb is not None:
-                log.info(self.wandb.describe())
-        shutdown(self.dist)
+            signum = self._stop_signal(stop)
+            if signum and self.step < max_steps:
+                if saved != self.step:
+                    self.save()
+                stopped = StopRequested(signum, self.step, self.run_dir)
+                if self.dist.is_main:
+                    log.info(str(stopped))
+                raise stopped
         return record
+
+    def _stop_signal(self, stop: StopSignals) -> int:
+        """The stop signal this rank received, or SIGTERM if only another did (0: none): with several ranks every
+        rank learns of a stop after the same step."""
+        if not self.dist.enabled:
+            return stop.received or 0
+        anyone = all_reduce_sum(torch.tensor([float(stop.received or 0)], device=self.device), self.dist).item()
+        return (stop.received or int(signal.SIGTERM)) if anyone else 0
 
     def _data_wait_advice(self, share: float, steps: int) -> str:
         """Why the reader may fall behind, from what it reads: chunks much longer than the context are decoded whole

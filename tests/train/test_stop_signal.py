@@ -1,0 +1,109 @@
+"""A stop signal (SIGTERM: a scheduler's time limit or scripts/run_points.py's deadline; SIGUSR1: Slurm's
+`--signal`) ends a run after the step in progress with that step's checkpoint, between evaluations too, and the
+relaunched run logs exactly what an uninterrupted one logs (train_loss included: the loss since the last
+evaluation is part of the checkpoint)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from longctx.train.checkpoint import list_checkpoints
+from longctx.train.stop import StopRequested, StopSignals
+from longctx.train.trainer import Trainer
+
+DETERMINISTIC = ("step", "tokens", "train_loss", "lr", "best_context_loss", "icl_curve", "per_position_loss",
+                 "last10_loss", "flops")
+
+
+def records(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _parent(proc_dir) -> int | None:
+    """The parent pid of a /proc/<pid> entry (None if it ended meanwhile)."""
+    try:
+        return int(proc_dir.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_stop_signals_set_a_flag_and_restore_the_handlers():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    with StopSignals() as stop:
+        assert stop.received is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == signal.SIGUSR1     # handled: the process lives on
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stopped_run_resumes_as_if_never_stopped(compose, tiny, tmp_path, monkeypatch, signum):
+    args = [*tiny, "trainer.max_steps=10", "trainer.eval_every=4"]
+    clean = tmp_path / "clean"
+    Trainer(compose(*args, f"run_dir={clean}")).fit()
+
+    stopped = tmp_path / "stopped"
+    trainer = Trainer(compose(*args, f"run_dir={stopped}"))
+    step = trainer.train_step
+
+    def train_step_signalled_at_6(batch):       # the signal arrives while step 6 trains (evaluations: 4, 8)
+        if trainer.step == 5:
+            os.kill(os.getpid(), signum)
+        return step(batch)
+
+    monkeypatch.setattr(trainer, "train_step", train_step_signalled_at_6)
+    with pytest.raises(StopRequested, match=f"stopped by {signal.Signals(signum).name} after step 6"):
+        trainer.fit()
+    assert [s for s, _ in list_checkpoints(stopped)][-1] == 6          # step 6 kept, not only step 4
+    assert [r["step"] for r in records(stopped)] == [4]
+    assert "final (step" not in (stopped / "train.log").read_text()    # a stopped run does not look finished
+
+    Trainer(compose(*args, "trainer.resume=true", f"run_dir={stopped}")).fit()
+    a, b = records(clean), records(stopped)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [4, 8, 10]
+    for ra, rb in zip(a, b):
+        for key in DETERMINISTIC:
+            assert ra[key] == rb[key], (ra["step"], key)
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(train_env, tiny, tmp_path):
+    """DDP (2 gloo processes): SIGTERM to rank 1 alone; both ranks stop after one step, whose checkpoint rank 0
+    writes, and the relaunch finishes the run."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    run = tmp_path / "ddp"
+    args = [*tiny, "trainer.num_threads=1", "trainer.max_steps=400", "trainer.eval_every=200",
+            "logger.console_every=1", f"hydra.run.dir={run}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(repo / "train.py"),
+           *args]
+    proc = subprocess.Popen(cmd, env=train_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = run / "train.log"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and "step      5/" in log.read_text():
+            break
+        time.sleep(0.05)
+    workers = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _parent(d) == proc.pid]
+    ranks = {}
+    for pid in workers:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next(int(v.split(b"=")[1]) for v in env if v.startswith(b"RANK="))
+        ranks[rank] = int(pid)
+    assert sorted(ranks) == [0, 1], workers
+    os.kill(ranks[1], signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0, "torchrun reports its workers' exit"
+    steps = [s for s, _ in list_checkpoints(run)]
+    assert len(steps) == 1 and 5 <= steps[0] < 200, steps               # the stopped step, not an evaluation's
+    assert f"stopped by SIGTERM after step {steps[0]}" in log.read_text()
+    again = subprocess.run([*cmd, "trainer.resume=true"], env=train_env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["step"] for r in records(run)] == [200, 400]
