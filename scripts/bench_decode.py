@@ -221,7 +221,8 @@ def plot(result: dict, path: Path) -> None:
     ax_mem.set_yscale("log")
     ax_mem.set_ylabel("decoding state (MiB, log scale)")
     names = {"power": "power p=2 (constant state)", "exp": "exp (KV cache)", "rwkv7": "RWKV-7"}
-    shown = ", ".join(names.get(m, m) for m in result.get("models", names))
+    measured = [m for m, rows in model_rows(result).items() if any("tokens_per_s" in r for r in rows)]
+    shown = ", ".join(names.get(m, m) for m in measured)  # a model whose rows were all skipped is not named
     fig.suptitle(f"Decoding after a prefix, {result['model']} models: {shown}, {result['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
