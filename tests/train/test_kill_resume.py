@@ -2,7 +2,6 @@
 corrupt, and the final metrics equal an uninterrupted run's exactly (deterministic CPU settings)."""
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
@@ -14,18 +13,17 @@ import pytest
 
 from longctx.train import checkpoint as ckpt
 from longctx.train.data import resolve_splits
+from _resumed import assert_same_records, records
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_KILLS = 6          # kills at random moments; then the run is let finish
 MAX_STEPS = 48
-DETERMINISTIC = ("step", "tokens", "train_loss", "lr", "best_context_loss", "icl_curve", "per_position_loss",
-                 "last10_loss", "bayes_curve", "flops")
 
 
 def last_record(run_dir: Path) -> dict:
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == sorted({r["step"] for r in records}), "duplicate or unordered evals"
-    return records
+    logged = records(run_dir)
+    assert [r["step"] for r in logged] == sorted({r["step"] for r in logged}), "duplicate or unordered evals"
+    return logged
 
 
 def newest_step(run_dir: Path) -> int:
@@ -73,8 +71,4 @@ def test_sigkill_anywhere_then_resume_equals_uninterrupted(train_env, tiny, comp
         resumed += "resuming from" in out
         break
     assert kills == MAX_KILLS, "an attempt finished before its kill; the schedule must interrupt every one"
-    a, b = last_record(tmp_path / "clean"), last_record(run)
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b):
-        for key in DETERMINISTIC:
-            assert ra[key] == rb[key], (ra["step"], key)
+    assert_same_records(last_record(tmp_path / "clean"), last_record(run))

@@ -4,7 +4,6 @@ take (seed, data, ...) is refused naming it, before anything is written. FLOP-bu
 The lrs are checked against the schedule's closed form, written out here independently of the code."""
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from longctx.train.trainer import Trainer
+from _resumed import records
 
 LR, MIN_LR, WARMUP = 3e-3, 1e-5, 2   # conf/optim/adamw.yaml's lr and min_lr; conftest's TINY warmup
 
@@ -22,10 +22,6 @@ def closed_form(step, lr=LR, min_lr=MIN_LR, warmup=WARMUP, max_steps=6):
         return lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def snapshot(folder: Path) -> dict:
