@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -344,13 +343,14 @@ def log_to_run_wandb(run_dir: Path, run_cfg: DictConfig, record: dict, png: Path
                      id=id_file.read_text().strip(), resume="allow", settings=wandb.Settings(silent=True))
     run.define_metric("retrieval/checkpoint_step")
     run.define_metric(f"retrieval/{task}/*", step_metric="retrieval/checkpoint_step")
-    rows = [[c, d, record["key_accuracy"][i][j], record["digit_accuracy"][i][j]]
+    rows = [[c, d, record["key_accuracy"][i][j], record["digit_accuracy"][i][j], record["choice_accuracy"][i][j]]
             for i, c in enumerate(record["contexts"]) for j, d in enumerate(record["depths"])]
     run.log({"retrieval/checkpoint_step": record["step"],
              f"retrieval/{task}/key_accuracy": record["mean_key_accuracy"],
              f"retrieval/{task}/digit_accuracy": record["mean_digit_accuracy"],
-             f"retrieval/{task}/table": wandb.Table(columns=["context", "depth", "key_accuracy", "digit_accuracy"],
-                                                    data=rows),
+             f"retrieval/{task}/choice_accuracy": record["mean_choice_accuracy"],
+             f"retrieval/{task}/table": wandb.Table(columns=["context", "depth", "key_accuracy", "digit_accuracy",
+                                                             "choice_accuracy"], data=rows),
              f"retrieval/{task}/heatmap": wandb.Image(str(png))})
     where = run.settings.sync_dir
     run.finish()

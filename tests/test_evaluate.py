@@ -313,8 +313,9 @@ def test_retrieval_cli_writes_accuracy_by_context_and_depth(run, tmp_path, task,
     rec = json.loads(out.read_text())
     assert (rec["task"], rec["contexts"], rec["depths"], rec["trials"], rec["digits"]) == (
         task, [40, 64], [0.0, 0.5, 1.0], 3, 4)
-    assert rec["base"] == 3 and rec["chance"] == {"digit": 1 / 3, "key": 3 ** -4}  # 4 Markov states: 1 marker lead
-    for grid in (rec["key_accuracy"], rec["digit_accuracy"]):
+    assert rec["base"] == 3 and rec["chance"] == {"digit": 1 / 3, "key": 3 ** -4, "choice": 1 / 3}  # 1 marker lead
+    assert rec["mean_choice_accuracy"] >= rec["mean_digit_accuracy"]  # a right free argmax is a right choice
+    for grid in (rec["key_accuracy"], rec["digit_accuracy"], rec["choice_accuracy"]):
         assert len(grid) == 2 and all(len(row) == 3 and all(0 <= v <= 1 for v in row) for row in grid)
         assert all(v * 3 == round(v * 3) for row in rec["key_accuracy"] for v in row)  # a share of 3 trials
     assert 4 not in rec["marker"] + rec["alphabet"]  # never BOS
@@ -362,8 +363,9 @@ def test_retrieval_is_added_to_the_runs_own_wandb_run(run, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     rec = {"task": "passkey", "step": 4, "contexts": [64], "depths": [0.0, 1.0], "key_accuracy": [[1.0, 0.5]],
-           "digit_accuracy": [[1.0, 0.75]], "mean_key_accuracy": 0.75, "mean_digit_accuracy": 0.875,
-           "chance": {"key": 0.01, "digit": 0.1}}
+           "digit_accuracy": [[1.0, 0.75]], "choice_accuracy": [[1.0, 0.8]], "mean_key_accuracy": 0.75,
+           "mean_digit_accuracy": 0.875, "mean_choice_accuracy": 0.9, "chance": {"key": 0.01, "digit": 0.1,
+                                                                                  "choice": 0.1}}
     png = plot_retrieval(rec, tmp_path / "passkey.png", "passkey")
     assert log_to_run_wandb(run_dir, cfg, rec, png) is None  # logger.wandb.mode=disabled: nothing
     cfg.logger.wandb.mode = "offline"

@@ -58,16 +58,19 @@ def plot_icl(records: list[dict], path: str | Path, title: str) -> Path:
 
 
 def retrieval_figure(rec: dict, title: str):
-    """(pyplot, figure, axes): key accuracy by context (rows) and needle depth (columns), each cell annotated."""
+    """(pyplot, figure, axes): key accuracy by context (rows) and needle depth (columns), each cell annotated with
+    it and, below, the forced-choice digit accuracy (which shows reading before whole keys come right)."""
     acc = np.asarray(rec["key_accuracy"], dtype=np.float64)
+    choice = np.asarray(rec["choice_accuracy"], dtype=np.float64)
     plt, fig, ax = _figure((1.6 + 0.9 * len(rec["depths"]), 1.6 + 0.5 * len(rec["contexts"])))
     image = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
     for i in range(acc.shape[0]):
         for j in range(acc.shape[1]):
-            ax.text(j, i, f"{acc[i, j]:.0%}", ha="center", va="center", fontsize=8)
+            ax.text(j, i, f"{acc[i, j]:.0%}\n({choice[i, j]:.0%})", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(rec["depths"])), [f"{d:g}" for d in rec["depths"]])
     ax.set_yticks(range(len(rec["contexts"])), [str(c) for c in rec["contexts"]])
-    ax.set_xlabel("needle depth (0 = start of the context)")
+    ax.set_xlabel(f"needle depth (0 = start of the context); in brackets: forced-choice digit accuracy "
+                  f"(chance {rec['chance']['choice']:.0%})")
     ax.set_ylabel("context (tokens)")
     fig.colorbar(image, ax=ax, label=f"key accuracy (chance {rec['chance']['key']:.2g})")
     ax.set_title(textwrap.fill(title, 60), fontsize=9)

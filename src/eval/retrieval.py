@@ -9,7 +9,10 @@ KEY is `digits` symbols drawn uniformly from an alphabet of `base` ids, MARKER a
 needle's depth (a fraction of the haystack: 0 = its start, the farthest from the question, 1 = its end). The model
 reads BOS + the prompt up to each key symbol of the final copy and its argmax prediction of that symbol is scored:
 `digit_accuracy` is the share of symbols predicted right, `key_accuracy` the share of keys with every symbol right,
-which is exactly the share of keys that greedy decoding after the final MARKER reproduces.
+which is exactly the share of keys that greedy decoding after the final MARKER reproduces. `choice_accuracy` scores
+a forced choice: the argmax among the alphabet's `base` symbols only, so a model that has not learned to answer
+with a key symbol at all (a weak or early one, whose free argmax lies outside the alphabet) still shows whether it
+reads the needle.
 
 - passkey (Mohtashami & Jaggi, 2023): the haystack is a short filler pattern repeated;
 - needle: the haystack is the start of a heldout document of the run's dataset (the corpus's own text); documents
@@ -18,13 +21,14 @@ which is exactly the share of keys that greedy decoding after the final MARKER r
 Exact by construction: MARKER's first id never appears in the key alphabet or in the filler, and no other id of
 MARKER is that id, so the needle's MARKER is its first occurrence in every prompt (a heldout haystack is checked).
 A model that cannot see the needle predicts each key symbol independently of it, so its expected digit accuracy is
-at most 1/base (`chance`), exactly 1/base when its predictions lie in the alphabet.
+at most 1/base (`chance`), exactly 1/base when its predictions lie in the alphabet, and its expected choice accuracy
+is exactly 1/base whatever it predicts.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -127,22 +131,34 @@ def haystacks(task: str, alphabet: Alphabet, length: int, trials: int, documents
     return np.stack(found[:trials]).astype(np.int64)
 
 
+class Scores(NamedTuple):
+    """Per key symbol of each prompt (P, digits) bool: the free argmax over the vocabulary was right (`free`), the
+    argmax among the key alphabet's symbols was right (`forced`)."""
+    free: torch.Tensor
+    forced: torch.Tensor
+
+
 @torch.no_grad()
-def score_prompts(model, prompts: torch.Tensor, digits: int, bos: int, micro_docs: int,
-                  precision: str = "auto") -> torch.Tensor:
+def score_prompts(model, prompts: torch.Tensor, digits: int, bos: int, micro_docs: int, choices: tuple[int, ...],
+                  precision: str = "auto") -> Scores:
     """Whether the model's argmax predicts each of the last `digits` tokens of prompts (P, T), reading BOS and the
-    prompt before it -> (P, digits) bool. One causal forward over BOS + prompt[:-1] scores every key symbol (the
-    logits at a position see only the tokens before it), and every forward of a context has the same length."""
+    prompt before it, over the whole vocabulary and among `choices` (the key's alphabet) only. One causal forward
+    over BOS + prompt[:-1] scores every key symbol (the logits at a position see only the tokens before it), and
+    every forward of a context has the same length."""
     device = model_device(model)
     P, T = prompts.shape
-    correct = torch.zeros(P, digits, dtype=torch.bool)
+    free = torch.zeros(P, digits, dtype=torch.bool)
+    forced = torch.zeros(P, digits, dtype=torch.bool)
+    symbols = torch.tensor(choices, dtype=torch.long)
     with_bos = torch.cat([torch.full((P, 1), bos, dtype=torch.long), prompts], 1)  # (P, T + 1)
     for s in range(0, P, micro_docs):
         rows = with_bos[s:s + micro_docs].to(device)
         with autocast(device, precision):
             logits = model(rows[:, :T], last_only=digits)   # (b, digits, vocab): predictions of the key symbols
-        correct[s:s + micro_docs] = (logits.float().argmax(-1) == rows[:, T - digits + 1:]).cpu()
-    return correct
+        logits, answer = logits.float().cpu(), rows[:, T - digits + 1:].cpu()
+        free[s:s + micro_docs] = logits.argmax(-1) == answer
+        forced[s:s + micro_docs] = symbols[logits[..., symbols].argmax(-1)] == answer
+    return Scores(free, forced)
 
 
 def run_retrieval(model, task: str, alphabet: Alphabet, contexts: list[int], depths: list[float], trials: int,
@@ -152,7 +168,7 @@ def run_retrieval(model, task: str, alphabet: Alphabet, contexts: list[int], dep
     key_accuracy and digit_accuracy as [context][depth] lists, their means, and the chance levels."""
     alphabet.check()
     rng = np.random.default_rng(seed)
-    key_acc, digit_acc = [], []
+    key_acc, digit_acc, choice_acc = [], [], []
     for ctx in contexts:
         length = ctx - prompt_length(alphabet, digits)
         if length < 1:
@@ -163,14 +179,16 @@ def run_retrieval(model, task: str, alphabet: Alphabet, contexts: list[int], dep
         keys = rng.choice(np.asarray(alphabet.digits), size=(len(depths), trials, digits))
         prompts = torch.from_numpy(np.stack([build_prompt(stacks[t], depth, alphabet, keys[i, t])
                                              for i, depth in enumerate(depths) for t in range(trials)]))
-        correct = score_prompts(model, prompts, digits, alphabet.bos, micro_docs, precision)
-        correct = correct.view(len(depths), trials, digits).double()
+        scores = score_prompts(model, prompts, digits, alphabet.bos, micro_docs, alphabet.digits, precision)
+        correct = scores.free.view(len(depths), trials, digits).double()
         key_acc.append(correct.all(-1).double().mean(1).tolist())
         digit_acc.append(correct.mean((1, 2)).tolist())
+        choice_acc.append(scores.forced.view(len(depths), trials, digits).double().mean((1, 2)).tolist())
         if on_context is not None:
             on_context(ctx)
     return {"task": task, "contexts": list(contexts), "depths": list(depths), "trials": trials, "digits": digits,
             "base": alphabet.base, "marker": list(alphabet.marker), "alphabet": list(alphabet.digits),
-            "chance": {"digit": 1 / alphabet.base, "key": alphabet.base ** -digits},
-            "key_accuracy": key_acc, "digit_accuracy": digit_acc,
-            "mean_key_accuracy": float(np.mean(key_acc)), "mean_digit_accuracy": float(np.mean(digit_acc))}
+            "chance": {"digit": 1 / alphabet.base, "key": alphabet.base ** -digits, "choice": 1 / alphabet.base},
+            "key_accuracy": key_acc, "digit_accuracy": digit_acc, "choice_accuracy": choice_acc,
+            "mean_key_accuracy": float(np.mean(key_acc)), "mean_digit_accuracy": float(np.mean(digit_acc)),
+            "mean_choice_accuracy": float(np.mean(choice_acc))}

@@ -21,5 +21,7 @@ def eval_line(rec: dict) -> str:
 def retrieval_line(rec: dict) -> str:
     """A retrieval evaluation in one line: mean accuracy over every context and depth, against chance."""
     return (f"{rec['task']}: key accuracy {rec['mean_key_accuracy']:.1%} (chance {rec['chance']['key']:.2g}), "
-            f"digit accuracy {rec['mean_digit_accuracy']:.1%} (chance {rec['chance']['digit']:.3g}) over contexts "
+            f"digit accuracy {rec['mean_digit_accuracy']:.1%} (chance {rec['chance']['digit']:.3g}), "
+            f"forced-choice digit accuracy {rec['mean_choice_accuracy']:.1%} (chance {rec['chance']['choice']:.3g}) "
+            f"over contexts "
             f"{', '.join(str(c) for c in rec['contexts'])} and depths {', '.join(f'{d:g}' for d in rec['depths'])}")

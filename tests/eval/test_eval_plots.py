@@ -39,13 +39,15 @@ def test_icl_plot_title_fits_and_every_curve_is_labelled():
 
 def test_retrieval_heatmap_axes_name_contexts_and_depths(tmp_path):
     rec = {"contexts": [1024, 4096], "depths": [0.0, 0.5, 1.0], "key_accuracy": [[1.0, 0.5, 0.0], [0.25, 1.0, 1.0]],
-           "chance": {"key": 1e-5, "digit": 0.1}}
+           "choice_accuracy": [[1.0, 0.7, 0.1], [0.3, 1.0, 1.0]], "chance": {"key": 1e-5, "digit": 0.1, "choice": 0.1}}
     plt, fig, ax = retrieval_figure(rec, LONG_TITLE)
     try:
         assert inside(fig, ax.title)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.5", "1"]
         assert [t.get_text() for t in ax.get_yticklabels()] == ["1024", "4096"]
-        assert sorted(t.get_text() for t in ax.texts) == sorted(["100%", "50%", "0%", "25%", "100%", "100%"])
+        assert sorted(t.get_text() for t in ax.texts) == sorted(
+            ["100%\n(100%)", "50%\n(70%)", "0%\n(10%)", "25%\n(30%)", "100%\n(100%)", "100%\n(100%)"])
+        assert "forced-choice digit accuracy (chance 10%)" in ax.get_xlabel()
         assert fig.axes[1].get_ylabel() == "key accuracy (chance 1e-05)"
     finally:
         plt.close(fig)

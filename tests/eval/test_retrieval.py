@@ -112,8 +112,9 @@ def test_a_model_that_reads_the_key_scores_every_prompt(task):
     reader = CopyAfterMarker(VOCAB, a.marker, guess=a.digits[0])
     rec = run_retrieval(reader, task, a, [80, 200], [0.0, 0.3, 1.0], trials=6, digits=4, micro_docs=5,
                         documents=documents() if task == "needle" else None)
-    assert rec["key_accuracy"] == [[1.0] * 3] * 2 and rec["digit_accuracy"] == [[1.0] * 3] * 2
-    assert rec["mean_key_accuracy"] == 1.0 and rec["chance"] == {"digit": 0.1, "key": 1e-4}
+    assert rec["key_accuracy"] == rec["digit_accuracy"] == rec["choice_accuracy"] == [[1.0] * 3] * 2
+    assert rec["mean_key_accuracy"] == rec["mean_choice_accuracy"] == 1.0
+    assert rec["chance"] == {"digit": 0.1, "key": 1e-4, "choice": 0.1}
 
 
 @pytest.mark.parametrize("task", ["passkey", "needle"])
@@ -131,6 +132,40 @@ def test_a_model_that_cannot_see_the_needle_scores_chance(task):
     assert abs(rec["mean_digit_accuracy"] - p) < 5 * math.sqrt(p * (1 - p) / symbols)
     keys = len(contexts) * len(depths) * trials
     assert rec["mean_key_accuracy"] * keys <= 2     # expected keys right: 400 x 1e-5
+    assert rec["mean_choice_accuracy"] == rec["mean_digit_accuracy"]   # its guesses lie in the alphabet
+
+
+@pytest.mark.parametrize("task", ["passkey", "needle"])
+def test_forced_choice_is_at_chance_for_a_blind_model_that_answers_outside_the_alphabet(task):
+    """A model that cannot see the needle and answers with an id outside the key alphabet: its free digit accuracy is
+    exactly 0, and its forced choice (the argmax among the alphabet's symbols) is right with probability exactly
+    1/base, whatever it predicts."""
+    a = alphabet()
+    outside = next(i for i in range(VOCAB) if i not in a.digits and i != BOS)
+    digits, contexts, depths, trials = 5, [96, 200], [0.0, 0.5, 1.0], 40
+    blind = CopyAfterMarker(VOCAB, a.marker, guess=outside, window=len(a.marker) + digits)
+    rec = run_retrieval(blind, task, a, contexts, depths, trials=trials, digits=digits, micro_docs=16,
+                        documents=documents() if task == "needle" else None, seed=2)
+    assert rec["mean_digit_accuracy"] == rec["mean_key_accuracy"] == 0.0
+    symbols, p = len(contexts) * len(depths) * trials * digits, 1 / a.base
+    assert abs(rec["mean_choice_accuracy"] - p) < 5 * math.sqrt(p * (1 - p) / symbols)
+
+
+def test_forced_choice_credits_a_reader_whose_top_token_lies_outside_the_alphabet():
+    """The reader ranks an outside id first and the needle's symbol second: every free prediction is wrong, every
+    forced choice right."""
+    a = alphabet()
+    outside = next(i for i in range(VOCAB) if i not in a.digits and i != BOS)
+
+    class SecondBest(CopyAfterMarker):
+        def forward(self, input_ids, targets=None, cache=None, last_only=False, reduction="none"):
+            logits = super().forward(input_ids, last_only=last_only)
+            logits[..., outside] = 20.0
+            return logits
+
+    reader = SecondBest(VOCAB, a.marker, guess=a.digits[0])
+    rec = run_retrieval(reader, "passkey", a, [80], [0.0, 1.0], trials=4, digits=4, micro_docs=4)
+    assert rec["digit_accuracy"] == [[0.0, 0.0]] and rec["choice_accuracy"] == [[1.0, 1.0]]
 
 
 def test_scoring_reads_only_what_comes_before_each_symbol():
@@ -140,9 +175,10 @@ def test_scoring_reads_only_what_comes_before_each_symbol():
     key = np.array(a.digits[1:6])
     prompt = torch.from_numpy(build_prompt(np.asarray(haystacks("passkey", a, 50, 1, None)[0]), 0.5, a, key))[None]
     reader = CopyAfterMarker(VOCAB, a.marker, guess=a.digits[0])
-    assert score_prompts(reader, prompt, 5, BOS, 1).tolist() == [[True] * 5]
+    assert score_prompts(reader, prompt, 5, BOS, 1, a.digits).free.tolist() == [[True] * 5]
     prompt[0, 25 + len(a.marker) + 2] = a.digits[0]     # the needle's third symbol altered: only it is missed
-    assert score_prompts(reader, prompt, 5, BOS, 1).tolist() == [[True, True, False, True, True]]
+    scores = score_prompts(reader, prompt, 5, BOS, 1, a.digits)
+    assert scores.free.tolist() == scores.forced.tolist() == [[True, True, False, True, True]]
 
 
 def test_alphabet_refuses_a_vocabulary_too_small():
@@ -181,7 +217,7 @@ def test_one_forward_scores_as_the_forwards_of_each_prefix(attention):
         one = model(with_bos[:, :T], last_only=digits)
         each = torch.stack([model(with_bos[:, :T - digits + j + 1], last_only=True)[:, -1] for j in range(digits)], 1)
     torch.testing.assert_close(one, each, rtol=1e-5, atol=1e-5)
-    assert score_prompts(model, prompts, digits, BOS, micro_docs=2, precision="fp32").all()
+    assert score_prompts(model, prompts, digits, BOS, 2, a.digits, precision="fp32").free.all()
     prompts[1, T - 1] = (prompts[1, T - 1] + 1) % (VOCAB - 1)      # the last symbol of one key changed
-    got = score_prompts(model, prompts, digits, BOS, micro_docs=2, precision="fp32")
+    got = score_prompts(model, prompts, digits, BOS, 2, a.digits, precision="fp32").free
     assert got.sum() == 3 * digits - 1 and not got[1, -1]
