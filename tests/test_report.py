@@ -294,3 +294,74 @@ def test_report_refuses_to_write_into_a_runs_own_folders(tmp_path, capsys, flag,
     assert len(err) == 1 and f"{flag} " in err[0] and "is a folder of the run" in err[0]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "rep").exists()
+
+
+def retrieval_result(run, task: str, step: int, choice: float) -> dict:
+    """A result as `python -m longctx.evaluate RUN --task TASK` writes it: 2 contexts x 2 depths x 10 trials x 5
+    digits = 200 key symbols."""
+    rec = {"task": task, "step": step, "contexts": [256, 512], "depths": [0.0, 1.0], "trials": 10, "digits": 5,
+           "base": 10, "chance": {"digit": 0.1, "key": 1e-5, "choice": 0.1},
+           "key_accuracy": [[0.0, 0.0], [0.0, 0.0]], "digit_accuracy": [[0.0, 0.0], [0.0, 0.0]],
+           "choice_accuracy": [[choice] * 2] * 2, "mean_key_accuracy": 0.0, "mean_digit_accuracy": 0.0,
+           "mean_choice_accuracy": choice}
+    (run / "eval").mkdir(exist_ok=True)
+    (run / "eval" / f"{task}-step{step}.json").write_text(json.dumps(rec))
+    return rec
+
+
+def test_retrieval_results_join_the_report_and_the_record_with_wilson_intervals(tmp_path):
+    from longctx.report.retrieval import wilson_interval
+
+    sweep = tmp_path / "sweep"
+    exp = fake_run(sweep / "exp", "exp", 512, 0.1)
+    fake_run(sweep / "power", "power", 512, 0.05)
+    retrieval_result(exp, "passkey", 10, 0.5)
+    newest = retrieval_result(exp, "passkey", 20, 0.1)         # the newest checkpoint's result is the one reported
+    retrieval_result(exp, "needle", 20, 0.3)
+    (exp / "eval" / "custom.json").write_text(json.dumps({"task": "passkey", "step": 99}))   # another name: ignored
+    record = tmp_path / "rec.json"
+    report = main([str(sweep), "--out", str(tmp_path / "out"), "--record", str(record)]).read_text()
+    rows = [line for line in report.split("## Retrieval")[1].splitlines() if line.startswith("| exp |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["passkey", "needle"]      # the power run has none
+    low, high = wilson_interval(20, 200)
+    assert rows[0].split("|")[7].strip() == f"10.0% [{low:.1%}, {high:.1%}]"
+    assert rows[0].split("|")[5].strip() == f"0.0% [0.0%, {wilson_interval(0, 40)[1]:.1%}]"   # 40 keys
+    kept = json.loads(record.read_text())["retrieval"]
+    assert [(e["label"], e["task"], e["step"]) for e in kept] == [("exp", "passkey", 20), ("exp", "needle", 20)]
+    assert kept[0]["choice_accuracy"] == newest["choice_accuracy"]
+    fake_run(tmp_path / "alone", "exp", 512, 0.1)
+    assert "## Retrieval" not in main([str(tmp_path / "alone"), "--out", str(tmp_path / "o2")]).read_text()
+
+
+def test_wilson_interval_against_its_closed_forms():
+    from longctx.report.retrieval import Z95, wilson_interval
+
+    z2 = Z95 ** 2
+    assert wilson_interval(0, 50) == pytest.approx((0.0, z2 / (50 + z2)))          # no success: [0, z^2/(n+z^2)]
+    assert wilson_interval(50, 50) == pytest.approx((50 / (50 + z2), 1.0))
+    low, high = wilson_interval(10, 100)                                               # the textbook example
+    assert (round(low, 4), round(high, 4)) == (0.0552, 0.1744)
+    assert wilson_interval(30, 80)[0] == pytest.approx(1 - wilson_interval(50, 80)[1])   # symmetric in k <-> n-k
+
+
+def test_labels_and_the_records_figures_are_chosen_on_the_command_line(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for seed in range(2):
+        fake_run(sweep / f"exp_s{seed}", "exp", 512, 0.1, seed=seed, doc_bins=True)
+    fake_run(sweep / "power_s0", "power", 512, 0.05, seed=0, doc_bins=True)
+    record = tmp_path / "rec.json"
+    report = main([str(sweep), "--out", str(tmp_path / "out"), "--record", str(record), "--label", "exp=softmax",
+                   "--label", "power_p2=power p=2", "--record-figures", "icl_curves"]).read_text()
+    kept = json.loads(record.read_text())
+    assert [(r["label"], r["seed_label"]) for r in kept["runs"]] == [
+        ("softmax, seed=0", "softmax"), ("softmax, seed=1", "softmax"), ("power p=2, seed=0", "power p=2")]
+    assert kept["figures"] == {"icl_curves": "rec_icl_curves.png"}
+    assert "| softmax (2 seeds) |" in report and "| softmax (2 seeds) | power p=2 |" in report
+    for argv, says in ((["--label", "nope=x"], "--label 'nope=x': give OLD=NEW, OLD one of the runs' labels (exp; "
+                                               "power_p2)"),
+                       (["--label", "exp"], "--label 'exp': give OLD=NEW"),
+                       (["--record-figures", "icl"], "--record-figures icl: not a figure kind"),
+                       (["--record-figures", "best_context_vs_context"], "best_context_vs_context not drawn for these")):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(sweep), "--out", str(tmp_path / "o3"), "--record", str(tmp_path / "r3.json"), *argv])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err

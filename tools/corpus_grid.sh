@@ -4,7 +4,8 @@
 #      (skipped once data/source_corpus/prepare.json exists);
 #   2. experiment=corpus_attention: softmax, window (power p=2's state) and power p=2 at ctx 8192 x SEEDS, plus
 #      power p=2 at ctx 65536, every point sharing the card (scripts/run_points.py, trainer.resume=auto);
-#   3. passkey and needle retrieval for every point as soon as it has finished (while the others train);
+#   3. passkey and needle retrieval for every point as soon as it has finished (while the others train; a point
+#      whose retrieval was cut by END gets it on the next call);
 #   4. the records a report needs (no checkpoints) -> $OUT/corpus_records.tgz, with prepare.json and the logs.
 #   END=$(( $(date +%s) + 480 )) bash tools/corpus_grid.sh      # END: epoch seconds by which to be done
 #   PHASE=prepare bash tools/corpus_grid.sh                     # step 1 alone
@@ -27,33 +28,37 @@ fi
 cp data/source_corpus/prepare.json "$OUT/"
 [ "${PHASE:-all}" = prepare ] && exit 0
 
-retrieval() {   # passkey and needle for one finished point (its train.log ends with "final (step ...")
+retrieval() {   # passkey and needle for one finished point (its train.log ends with "final (step ..."), side by side
   local run=$1 contexts=${CONTEXTS:-1024,4096,8192} task
   case "$run" in *ctx65536*) contexts=${CONTEXTS_64K:-1024,8192,65536};; esac
   for task in passkey needle; do
     ls "$run"/eval/$task-step*.json >/dev/null 2>&1 && continue
-    [ "$(left)" -gt 25 ] || return
+    [ "$(left)" -gt 25 ] || return 1
     timeout $(( $(left) - 20 )) python3 -m longctx.evaluate "$run" --task $task --contexts $contexts --no-wandb \
-      >> "$OUT/retrieval.log" 2>&1
+      >> "$OUT/retrieval_$(basename "$run").log" 2>&1 &
   done
+  wait
+  ls "$run"/eval/passkey-step*.json "$run"/eval/needle-step*.json >/dev/null 2>&1
 }
-watch_retrieval() {   # while the points train: evaluate each one as soon as it has finished; a last pass after
-  local over
+watch_retrieval() {   # while the points train: each finished point's retrieval starts at once (they share the card)
+  local over run
   while [ "$(left)" -gt 30 ]; do
     over=0; [ -e "$DIR/.training_over" ] && over=1
     for run in $DIR/*/; do
-      grep -q "final (step" "$run/train.log" 2>/dev/null && [ ! -e "$run/.retrieval_done" ] || continue
-      retrieval "$run" && touch "$run/.retrieval_done"
+      grep -q "final (step" "$run/train.log" 2>/dev/null && [ ! -e "$run/.retrieval_started" ] || continue
+      touch "$run/.retrieval_started"
+      (retrieval "$run" || rm -f "$run/.retrieval_started") &
     done
-    [ $over = 1 ] && return
+    [ $over = 1 ] && break
     sleep 5
   done
+  wait
 }
 
 # 30 s kept for packing; points that finish early get their retrieval while the others train
 train_s=$(( $(left) - 30 ))
 if [ "$train_s" -gt 30 ]; then
-  mkdir -p $DIR; rm -f "$DIR/.training_over"
+  mkdir -p $DIR; rm -f "$DIR/.training_over" $DIR/*/.retrieval_started
   watch_retrieval & watcher=$!
   common=(experiment=corpus_attention logger.wandb.mode=disabled trainer.keep_checkpoints=1 trainer.eval_every=50 "${EXTRA[@]}")
   python3 scripts/run_points.py --jobs 6 --dir $DIR --deadline-s "$train_s" "${common[@]}" \

@@ -13,7 +13,8 @@ the per-document records an evaluation writes (eval/step_XXXXXXXX.npz; see longc
 bootstrap over heldout documents; differences between runs evaluated on the same documents are paired. DIR gets:
 
     report.md                  the table (each run's final evaluation, numbers as in its metrics.jsonl), the
-                               intervals, the paired differences, provenance that differs, and the figures
+                               intervals, the paired differences, the runs' retrieval results (passkey, needle;
+                               longctx.report.retrieval), provenance that differs, and the figures
     icl_curves.png             final ICL curves overlaid (bands: 95% intervals), each data's Bayes optimum dashed
                                (with --at-flops: each run's last evaluation within that FLOP budget instead)
     gap_to_optimum.png         the same curves minus the Bayes optimum, bin by bin, against the 0.05-nat line
@@ -38,7 +39,8 @@ import numpy as np
 from longctx.report import figures
 from longctx.report.runs import (Group, Run, describe_comparison, group_runs, label_runs, load_runs,
                                  provenance_differences)
-from longctx.report.record import write_record
+from longctx.report.record import FIGURES, write_record
+from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
                                   seed_pairs_agreeing)
 
@@ -219,10 +221,12 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
 # ----- the report -------------------------------------------------------------------------------------------
 
 def write_report(paths: list[Path], out: Path, title: str | None = None, at_flops: float | None = None,
-                 n_boot: int = DEFAULT_BOOTSTRAP, record: Path | None = None) -> Path:
+                 n_boot: int = DEFAULT_BOOTSTRAP, record: Path | None = None, labels: list[str] | None = None,
+                 record_figures: list[str] | None = None) -> Path:
     runs, left_out = load_runs(paths)
     refuse_run_folders(runs, out, record)
     keys = label_runs(runs)
+    relabel(runs, labels or [])
     groups = group_runs(runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -275,6 +279,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         text += [paired_table(prows), ""] if prows else []
         text += [f"- not paired: {line}" for line in refused] + ([""] if refused else [])
     (out / "intervals.json").write_text(json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n")
+    retrieval = retrieval_entries(runs)
+    text += retrieval_section(retrieval)
     provenance = provenance_differences(runs)
     if provenance:
         text += ["## Provenance that differs", ""]
@@ -288,9 +294,33 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     report = out / "report.md"
     report.write_text("\n".join(text) + "\n")
     if record is not None:
-        write_record(runs, title, record, {name.removesuffix(".png"): f"{record.stem}_{name}"
-                                           for _, name, _ in figs if name != "icl_over_training.png"})
+        kinds = [name.removesuffix(".png") for _, name, _ in figs if name != "icl_over_training.png"]
+        missing = [kind for kind in record_figures or [] if kind not in kinds]
+        if missing:
+            raise ValueError(f"--record-figures: {', '.join(missing)} not drawn for these runs "
+                             f"(drawn: {', '.join(kinds)})")
+        write_record(runs, title, record, {kind: f"{record.stem}_{kind}.png" for kind in kinds
+                                           if record_figures is None or kind in record_figures}, retrieval)
     return report
+
+
+def relabel(runs: list[Run], items: list[str]) -> None:
+    """--label OLD=NEW items: the runs labelled OLD (their label without the seed, as the report writes it) are shown as
+    NEW. Labels hold 'key=value' parts themselves, so OLD is the part before the '=' that leaves a known label;
+    ValueError naming an item that matches none."""
+    known = {run.seed_label for run in runs}
+    labels = {}
+    for item in items:
+        splits = [(item[:i], item[i + 1:]) for i, c in enumerate(item) if c == "=" and item[:i] in known]
+        if not splits or not splits[-1][1]:
+            raise ValueError(f"--label {item!r}: give OLD=NEW, OLD one of the runs' labels "
+                             f"({'; '.join(sorted(known))})")
+        old, new = splits[-1]
+        labels[old] = new
+    for run in runs:
+        if run.seed_label in labels:
+            run.seed_label = labels[run.seed_label]
+            run.label = ", ".join([run.seed_label] + [p for p in run.label.split(", ") if p.startswith("seed=")])
 
 
 def refuse_run_folders(runs: list[Run], out: Path, record: Path | None) -> None:
@@ -331,6 +361,13 @@ def main(argv=None) -> Path:
     parser.add_argument("--record", type=Path, default=None, metavar="FILE.json",
                         help="also write the figures' compact record (JSON + per-document npz beside it) for "
                              "scripts/plot_results.py to redraw them without the run folders")
+    parser.add_argument("--label", action="append", default=[], metavar="OLD=NEW",
+                        help="show the runs labelled OLD (the label without its seed, as the report writes it) as NEW; "
+                             "repeatable")
+    parser.add_argument("--record-figures", default=None, metavar="KIND,...",
+                        help="the figures the record lists (default: all drawn but icl_over_training; kinds: "
+                             "icl_curves, gap_to_optimum, paired_differences, best_context_vs_flops, "
+                             "best_context_vs_context)")
     args = parser.parse_args(argv)
     if args.record is not None and (args.record.suffix != ".json" or args.record.is_dir()
                                     or not args.record.parent.is_dir()):
@@ -340,8 +377,13 @@ def main(argv=None) -> Path:
     problem = check_out(args.out)
     if problem:
         parser.exit(2, f"error: {problem}\n")
+    kinds = None if args.record_figures is None else [k for k in args.record_figures.split(",") if k]
+    unknown = [k for k in kinds or [] if k not in FIGURES]
+    if unknown:
+        parser.exit(2, f"error: --record-figures {unknown[0]}: not a figure kind (kinds: {', '.join(FIGURES)})\n")
     try:
-        report = write_report(args.paths, args.out, args.title, args.at_flops, args.bootstrap, args.record)
+        report = write_report(args.paths, args.out, args.title, args.at_flops, args.bootstrap, args.record,
+                              args.label, kinds)
     except (FileNotFoundError, ValueError) as err:
         parser.exit(2, f"error: {err}\n")
     print(report)

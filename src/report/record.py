@@ -5,7 +5,9 @@
      "runs": [{"name", "label", "seed_label", "seed", "ctx", "heldout", "status",
                "records": [{"step", "flops", "best_context_loss", "icl_curve", "bayes_curve"}, ...],
                "doc_bins": "NAME.npz#r<i>_" (the final evaluation's per-document record: arrays r<i>_loss, ...
-                            of one compressed file beside the JSON for all runs, when small)}]}
+                            of one compressed file beside the JSON for all runs, when small)}],
+     "retrieval": [{"run", "label", "seed", "task", "step", "key_accuracy", ...}, ...]  (report.retrieval; only
+                  when a run has a retrieval result)}
 
 `heldout` names the runs' heldout data (runs sharing it share documents and optimum); `seed_label` groups seeds.
 """
@@ -29,8 +31,10 @@ def _heldout_name(run: Run) -> str:
     return ", ".join(f"{k}={v}" for k, v in run.heldout_key[1:])  # the context is the entry's own ctx
 
 
-def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str, str]) -> Path:
-    """The compact record of labelled runs (label_runs first), with each final per-document record beside it."""
+def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str, str],
+                 retrieval: list[dict] | None = None) -> Path:
+    """The compact record of labelled runs (label_runs first), with each final per-document record beside it, and
+    the runs' retrieval results (report.retrieval.retrieval_entries) when there are any."""
     path = Path(path)
     out = {"kind": "report", "title": title, "figures": figure_names, "runs": []}
     npz, arrays = path.with_suffix(".npz"), {}
@@ -54,6 +58,8 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
             for entry in out["runs"]:
                 entry.pop("doc_bins", None)
                 entry["records"][-1].pop("doc_bins", None)
+    if retrieval:
+        out["retrieval"] = retrieval
     path.write_text(json.dumps(out, indent=1) + "\n")
     return path
 
