@@ -9,6 +9,7 @@
 #   4. the records a report needs (no checkpoints) -> $OUT/corpus_records.tgz, with prepare.json and the logs.
 #   END=$(( $(date +%s) + 480 )) bash tools/corpus_grid.sh      # END: epoch seconds by which to be done
 #   PHASE=prepare bash tools/corpus_grid.sh                     # step 1 alone
+#   DIR=multirun/corpus_3000 EXTRA="trainer.max_steps=3000" END=... bash tools/corpus_grid.sh   # longer, own folder
 # Run it again on the same machine and every point continues from its newest checkpoint.
 source tools/setup_device.sh >/dev/null
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -16,7 +17,7 @@ END=${END:-$(( $(date +%s) + 480 ))}
 SEEDS=${SEEDS:-0,1}
 read -r -a EXTRA <<< "${EXTRA:-}"     # more train.py overrides for every point (CONTEXTS: the retrieval's)
 INPUTS=${INPUTS:-"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') /usr/share/doc"}
-DIR=multirun/corpus_attention
+DIR=${DIR:-multirun/corpus_attention}   # the runs' folder: another one for another recipe (EXTRA)
 left() { echo $(( END - $(date +%s) )); }
 
 if [ ! -f data/source_corpus/prepare.json ]; then
