@@ -16,7 +16,8 @@ Rows, each written to the JSON as soon as it is measured (an out-of-memory row i
 - time to first token at the longest prefix: the prompt through the chunked kernels (power's final state handed to
   the decoder), flash/cuDNN attention (exp), FLA's chunked RWKV-7, timed on a second run (the first compiles);
 - `state_step` (CUDA, with power): power's state step alone, GPT-2 small's 12 layers of 12 heads as one CUDA graph,
-  microseconds per layer of the fused kernel and of the plain-torch step, at batch 1 and the batched rows' batches.
+  microseconds per layer of the fused kernel and of the plain-torch step, at batch 1 and the batched rows' batches,
+  and of the fused kernel at each of its tuning knobs (STATE_STEP_VARIANTS: same numbers, other launch shapes).
 A prompt of L random tokens runs once (prefill), then `--new-tokens` tokens are decoded greedily, timed with CUDA
 synchronization after a few untimed steps (the static decoder's warm-up and graph capture); tokens/s = batch x new
 tokens / decoding time. Memory: the bytes the decoding states hold (summed over layers; the KV cache's buffers as
@@ -146,13 +147,39 @@ def bench_ttft(model, prefix: int, device: torch.device, repeats: int = 2) -> di
             "prefill_tokens_per_s": round(prefix / t.seconds, 1)}
 
 
+STATE_STEP_VARIANTS = {   # the fused kernel's tuning knobs (decode_kernel.power_decode_step_kernel), same numbers
+    "state_first": dict(state_first=True), "reduce_chunk64": dict(reduce_chunk=64),
+    "state_first+reduce_chunk64": dict(state_first=True, reduce_chunk=64), "block_d32": dict(block_d=32),
+    "block_d128": dict(block_d=128)}
+
+
+def graph_us_per_call(steps, calls: int, device: torch.device, replays: int) -> float:
+    """Microseconds per call of `steps` (which makes `calls` calls), captured once as a CUDA graph and replayed."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        steps()                                               # compiles the kernels outside the capture
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        steps()
+    graph.replay()
+    with Timer(device) as t:
+        for _ in range(replays):
+            graph.replay()
+    del graph
+    return round(1e6 * t.seconds / replays / calls, 2)
+
+
 @torch.no_grad()
 def bench_state_step(batch: int, device: torch.device, p: int = 2, heads: int = 12, d: int = 64, layers: int = 12,
-                     replays: int = 200) -> dict:
+                     replays: int = 200, variants: bool = True) -> dict:
     """Power's state step alone, as GPT-2 small runs it (12 layers of 12 heads, d=64, bf16 q/k/v, fp32 state, gated):
     microseconds per layer of the fused kernel and of the plain-torch step, each as one CUDA graph of `layers`
-    steps replayed `replays` times (the graph's launch gaps included, nothing else of the model)."""
+    steps replayed `replays` times (the graph's launch gaps included, nothing else of the model); with variants, the
+    fused kernel at each of STATE_STEP_VARIANTS' tuning knobs too (`fused_variants_us_per_layer`)."""
     from longctx.kernels import power_decode_step, symmetric_power_indices
+    from longctx.kernels.power.decode_kernel import power_decode_step_kernel
     index, weight = symmetric_power_indices(p, d, device)
     index = index.int()                                       # as StaticPowerState keeps it
     states = [(torch.zeros(batch, heads, index.shape[1], d, device=device),
@@ -167,20 +194,16 @@ def bench_state_step(batch: int, device: torch.device, p: int = 2, heads: int = 
             for s, z, ticket in states:
                 power_decode_step(s, z, index, weight, ticket, q, k, v, None, p, p % 2 == 0, d ** -0.5,
                                   fused=fused, gate=gate)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            steps()                                           # compiles the kernel outside the capture
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            steps()
-        graph.replay()
-        with Timer(device) as t:
-            for _ in range(replays):
-                graph.replay()
-        row["fused_us_per_layer" if fused else "plain_us_per_layer"] = round(1e6 * t.seconds / replays / layers, 2)
-        del graph
+        row["fused_us_per_layer" if fused else "plain_us_per_layer"] = graph_us_per_call(steps, layers, device,
+                                                                                         replays)
+    if variants:
+        row["fused_variants_us_per_layer"] = {}
+        for name, knobs in STATE_STEP_VARIANTS.items():
+            def steps():
+                for s, z, ticket in states:
+                    power_decode_step_kernel(s, z, index, weight, ticket, q, k, v, None, p, p % 2 == 0, d ** -0.5,
+                                             gate=gate, **knobs)
+            row["fused_variants_us_per_layer"][name] = graph_us_per_call(steps, layers, device, replays)
     return row
 
 

@@ -27,7 +27,10 @@ QUICK += [(2, 16, True, True, 1, 2, 2, 1, None, torch.float32),     # one progra
           (3, 16, True, False, 1, 2, 2, 20, 32, torch.float32),     # 20 shares a head: two chunks of 16 to add
           (1, 32, "x", False, 1, 2, 2, 1, None, torch.float32),
           (2, 32, True, True, 2, 6, 2, None, 32, torch.float32),    # 3 query heads a key head (REP not a power of 2)
-          (2, 16, True, True, 2, 2, 1, 4, 16, torch.float16)]       # half inputs: y in fp16
+          (2, 16, True, True, 2, 2, 1, 4, 16, torch.float16),       # half inputs: y in fp16
+          # the tuning knobs: 20 shares read in one load of 32, the state loaded first; 3 shares in loads of 2
+          (3, 16, True, False, 1, 2, 2, 20, 32, torch.float32, dict(reduce_chunk=32, state_first=True)),
+          (2, 32, "x", True, 2, 4, 2, 3, 0, torch.float32, dict(reduce_chunk=2, state_first=True))]
 FULL = [(p, d, gated, norm, 2, 2 * rep, 2, 3, 0, torch.float32)
         for p in (1, 2, 3, 4) for d in (16, 32) for gated in (True, "x", False) for norm in (True, False)
         for rep in (1, 2)]
@@ -39,7 +42,7 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
 
 
-def run(p, d, gated, norm, b, hq, hk, split, block_d, dtype, g):
+def run(p, d, gated, norm, b, hq, hk, split, block_d, dtype, knobs, g):
     index, weight = symmetric_power_indices(p, d)
     D = index.shape[1]
     block_d = max(16, triton.next_power_of_2(D // 7)) if block_d == 0 else block_d
@@ -67,7 +70,7 @@ def run(p, d, gated, norm, b, hq, hk, split, block_d, dtype, g):
                                  None if log_g is None else log_g.double(), p, norm, d ** -0.5)
         y32 = power_state_step(s32, z32, index, weight, q.float(), k.float(), v.float(), log_g, p, norm, d ** -0.5)
         y = power_decode_step_kernel(s, z, index.int(), weight, ticket, q, k, v, None if gate else log_g, p, norm,
-                                     d ** -0.5, split=split, block_d=block_d, gate=gate)
+                                     d ** -0.5, split=split, block_d=block_d, gate=gate, **knobs)
         assert y.dtype == dtype and y.shape == (b, 1, hq, d) and torch.isfinite(y).all()
         assert ticket.eq(0).all(), ticket                                   # reset for the next launch
         worst = max(worst, rel(y, y_ref), rel(s, s64), rel(z, z64))
@@ -113,14 +116,14 @@ def main():
     g = torch.Generator().manual_seed(0)
     failed = run_models() if sys.argv[1:] != ["full"] else 0
     for case in FULL if sys.argv[1:] == ["full"] else QUICK:
-        err, floor = run(*case, g)
+        err, floor = run(*case[:10], case[10] if len(case) > 10 else {}, g)
         # within a few times what the plain-torch step loses in fp32 (even p: (q.k)^p summed over signed features
         # cancels, most at p=4) or 2e-6; fp16 inputs: the output's rounding
         tol = 2e-3 if case[-1] == torch.float16 else max(2e-6, 4 * floor)
         ok = err < tol
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} p={case[0]} d={case[1]} gated={case[2]} norm={case[3]} b={case[4]} "
-              f"hq={case[5]} hk={case[6]} split={case[7]} block_d={case[8]} {case[9]}: rel err {err:.2e} "
+              f"hq={case[5]} hk={case[6]} split={case[7]} block_d={case[8]} {case[9]} {case[10:]}: rel err {err:.2e} "
               f"(fp32 plain-torch step {floor:.2e})", flush=True)
     sys.exit(1 if failed else 0)
 

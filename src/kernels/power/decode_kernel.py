@@ -45,7 +45,7 @@ def _power_decode_step(
     stride_xb, B, HK, D, DX, BLOCKS_PER_SPLIT, scale,
     P: tl.constexpr, REP: tl.constexpr, REP_P2: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, EPS_: tl.constexpr, DEN_FLOOR: tl.constexpr,
-    BLOCK_X: tl.constexpr = 256, SPLIT_CHUNK: tl.constexpr = 16,
+    BLOCK_X: tl.constexpr = 256, SPLIT_CHUNK: tl.constexpr = 16, STATE_FIRST: tl.constexpr = False,
 ):
     # GATED: 0 no gate; 1 log_g given; 2 log_g = logsigmoid(x . w_h + b_h) computed here (a per-head forget gate:
     # its matmul and activation need no launches of their own), so the decay exp(log_g) = sigmoid(x . w_h + b_h)
@@ -81,6 +81,11 @@ def _power_decode_step(
     for blk in range(first, last):
         offs_d = blk * BLOCK_D + tl.arange(0, BLOCK_D)          # (BLOCK_D,) feature rows
         mask_d = offs_d < D
+        s_ptrs = S + (state_row0 + offs_d[:, None]) * DV + offs_v[None, :]                   # (BLOCK_D, DV)
+        z_ptrs = Z + state_row0 + offs_d
+        if STATE_FIRST:   # the state's loads issued before the feature gathers, so their latencies overlap
+            s = tl.load(s_ptrs, mask=mask_d[:, None], other=0.0)
+            zz = tl.load(z_ptrs, mask=mask_d, other=0.0)
         phi_k = tl.load(W + offs_d, mask=mask_d, other=0.0).to(tl.float32)
         phi_q = tl.full((REP_P2, BLOCK_D), 1.0, dtype=tl.float32)
         for z in tl.static_range(P):
@@ -89,10 +94,9 @@ def _power_decode_step(
             q_g = tl.load(q_rows[:, None] + idx[None, :], mask=mask_r[:, None], other=0.0)   # (REP_P2, BLOCK_D)
             phi_q *= q_g.to(tl.float32) * scale
 
-        s_ptrs = S + (state_row0 + offs_d[:, None]) * DV + offs_v[None, :]                   # (BLOCK_D, DV)
-        s = tl.load(s_ptrs, mask=mask_d[:, None], other=0.0)
-        z_ptrs = Z + state_row0 + offs_d
-        zz = tl.load(z_ptrs, mask=mask_d, other=0.0)
+        if not STATE_FIRST:
+            s = tl.load(s_ptrs, mask=mask_d[:, None], other=0.0)
+            zz = tl.load(z_ptrs, mask=mask_d, other=0.0)
         if GATED != 0:
             s = s * decay
             zz = zz * decay
@@ -170,7 +174,8 @@ def split_for(p: int, D: int, d: int, heads: int, sms: int, block_d: Optional[in
 
 def power_decode_step_kernel(s, z, index, weight, ticket, q, k, v, log_g: Optional[torch.Tensor], p: int,
                              norm: bool, scale: float, split: Optional[int] = None,
-                             block_d: Optional[int] = None, gate: Optional[tuple] = None) -> torch.Tensor:
+                             block_d: Optional[int] = None, gate: Optional[tuple] = None,
+                             reduce_chunk: int = 16, state_first: bool = False) -> torch.Tensor:
     """Launch the fused step: s (b, hk, D, d), z (b, hk, D) fp32, contiguous, updated in place; index (p, D) int32,
     weight (D,) fp32; ticket (b*hk,) int32 zeros (left zero after the launch); q (b, 1, hq, d), k, v (b, 1, hk, d);
     log_g (b, 1, hk) or None -> y (b, 1, hq, d) in q's dtype; or gate (x (b, 1, dx), w (hk, dx), bias (hk,)) in
@@ -204,5 +209,6 @@ def power_decode_step_kernel(s, z, index, weight, ticket, q, k, v, log_g: Option
         *((log_g.stride(0), log_g.stride(2)) if log_g is not None else (0, 0)), y.stride(0), y.stride(2),
         x_stride, b, hk, D, dx, per, scale,
         P=p, REP=rep, REP_P2=triton.next_power_of_2(rep), DV=d, BLOCK_D=block_d, SPLIT=split,
-        GATED=mode, NORM=norm, EPS_=EPS, DEN_FLOOR=math.exp(M_FLOOR), num_warps=NUM_WARPS)
+        GATED=mode, NORM=norm, EPS_=EPS, DEN_FLOOR=math.exp(M_FLOOR), SPLIT_CHUNK=reduce_chunk,
+        STATE_FIRST=state_first, num_warps=NUM_WARPS)
     return y
