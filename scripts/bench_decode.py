@@ -10,7 +10,8 @@ Rows, each written to the JSON as soon as it is measured (an out-of-memory row i
   step compiled before the capture (path `compiled`, CUDA only), and power and exp on the eager cached path at
   the first and last prefix. Power's state step runs two ways, so one run compares them: paths `static+fused` and
   `compiled+fused` take the fused Triton kernel (one launch a layer; `compiled+fused` is what `generate` runs by
-  default on CUDA), `static` and `compiled` the plain-torch step (StaticDecoder(fused=False));
+  default on CUDA), `static` and `compiled` the plain-torch step (StaticDecoder(fused=False)); `compiled-model`
+  paths compile the whole one-token forward as one graph (StaticDecoder(compile_scope="model")), for power and exp;
 - batched decoding (default batch 8 and 64 at a 4k prefix) on each model's first path (power and exp compiled,
   power with the fused kernel where it runs);
 - time to first token at the longest prefix: the prompt through the chunked kernels (power's final state handed to
@@ -46,7 +47,8 @@ MODELS = {"power": ("gpt2", "power", {"p": 2}), "exp": ("gpt2", "exp", {}), "rwk
 EAGER_MODELS = ("power", "exp")       # also timed on the eager cached path (first and last prefix): before/after
 COMPILED_MODELS = ("power", "exp")    # also with each layer's step compiled (StaticDecoder(compile=True), CUDA)
 FUSED_MODELS = ("power",)             # also with the fused state-step kernel (`+fused` paths, CUDA)
-STATIC_PATHS = ("compiled+fused", "static+fused", "compiled", "static")   # StaticDecoder rows; the rest: eager
+# StaticDecoder rows (the rest: eager); `compiled-model`: the whole one-token forward as one compiled graph
+STATIC_PATHS = ("compiled+fused", "static+fused", "compiled", "static", "compiled-model+fused", "compiled-model")
 UNTIMED_STEPS = 4                     # the static decoder's eager warm-up steps and its capture come first
 
 
@@ -103,7 +105,8 @@ def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, dev
     with autocast(device):
         if path in STATIC_PATHS:
             decoder = StaticDecoder(model, capacity=prefix + UNTIMED_STEPS + new_tokens + 1,
-                                    compile=path.startswith("compiled"), fused=path.endswith("+fused"))
+                                    compile=path.startswith("compiled"), fused=path.endswith("+fused"),
+                                    compile_scope="model" if path.startswith("compiled-model") else "blocks")
             prefill, step = decoder.prefill, decoder.step
         else:
             cache = model.new_cache()

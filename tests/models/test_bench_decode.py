@@ -43,18 +43,20 @@ def test_bench_decode_tiny(import_script, tmp_path):
 
 
 def test_bench_decode_plans_the_fused_and_plain_paths(import_script):
-    """On CUDA power's batch-1 rows compare four static paths (the fused kernel's and the plain-torch step's, each
-    compiled and not) at every prefix, exp two, RWKV-7 one; batched rows run each model's default path; --paths
+    """On CUDA power's batch-1 rows compare six static paths (the fused kernel's and the plain-torch step's, each
+    compiled by blocks, as a whole model, and not) at every prefix, exp three, RWKV-7 one; batched rows run each model's default path; --paths
     and --no-compile narrow the list; on CPU one static path each."""
     bench = import_script("bench_decode")
     args = (["power", "exp", "rwkv7"], list(bench.STATIC_PATHS), [1024, 65536], [8], 4096)
     plan = bench.plan_rows(*args, cuda=True, compiled=True)
     power = [row[1:] for row in plan if row[0] == "power"]
-    assert power[:8] == [(path, 1, prefix) for prefix in (1024, 65536)
-                         for path in ("compiled+fused", "static+fused", "compiled", "static")]
-    assert power[8:] == [("prefill", 1, 65536), ("compiled+fused", 8, 4096), ("eager", 1, 1024), ("eager", 1, 65536)]
+    assert power[:12] == [(path, 1, prefix) for prefix in (1024, 65536)
+                          for path in ("compiled+fused", "static+fused", "compiled", "static", "compiled-model+fused",
+                                       "compiled-model")]
+    assert power[12:] == [("prefill", 1, 65536), ("compiled+fused", 8, 4096), ("eager", 1, 1024), ("eager", 1, 65536)]
     exp = [row[1:] for row in plan if row[0] == "exp"]
-    assert [p for p, b, _ in exp if b == 1 and p not in ("eager", "prefill")] == ["compiled", "static"] * 2
+    assert [p for p, b, _ in exp if b == 1 and p not in ("eager", "prefill")] == ["compiled", "static",
+                                                                                  "compiled-model"] * 2
     assert ("compiled", 8, 4096) in exp
     assert [row[1:3] for row in plan if row[0] == "rwkv7"] == [("static", 1)] * 2 + [("prefill", 1), ("static", 8)]
     no_compile = bench.plan_rows(*args, cuda=True, compiled=False)

@@ -368,3 +368,22 @@ def test_fast_path_defaults_and_their_fallback(monkeypatch):
     assert takes_fused_state(model) and takes_fused_state(model_for("gpt2", dict(attention="linear")))
     assert not takes_fused_state(model_for("gpt2", dict(attention="exp")))
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("arch, case", [("gpt2", dict(attention="power", p=2)), ("gpt2", dict(attention="exp")),
+                                        ("rwkv7", dict(attention="linear"))], ids=["gpt2-power", "gpt2-exp", "rwkv7"])
+def test_whole_model_compiled_step_equals_full_forward(arch, case):
+    """compile_scope="model": the whole one-token forward (embedding, every block, LM head) compiled as one graph
+    (CPU inductor here), the logits of every step equal a full forward, and the blocks stay uncompiled."""
+    model = model_for(arch, case)
+    x = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():
+        full = model(x)
+        decoder = StaticDecoder(model, capacity=16, compile=True, compile_scope="model")
+        parts = [decoder.prefill(x[:, :9])] + [decoder.step(x[:, i:i + 1]).clone() for i in range(9, 16)]
+    assert decoder.compile_error is None and decoder.compiled_forward is not None
+    assert "compiled model step" in decoder.describe()
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in decoder.model.residual_blocks)
+    torch.testing.assert_close(torch.stack(parts, 1), full[:, 8:], rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="compile_scope='layers': expected 'blocks' or 'model'"):
+        StaticDecoder(model, capacity=16, compile_scope="layers")

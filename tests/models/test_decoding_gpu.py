@@ -113,17 +113,18 @@ def test_bench_decode_rows_run_on_graphs(import_script, tmp_path):
 
 
 @pytest.mark.slow  # compiles for seconds: `-m gpu` runs it, `-m "gpu and not slow"` leaves it out
+@pytest.mark.parametrize("scope", ["blocks", "model"])
 @pytest.mark.parametrize("attention", ["power", "exp"])
-def test_compiled_step_matches_eager_cached_path_bf16(attention):
-    """StaticDecoder(compile=True): every layer's step compiled, then captured in the graph; the same check as
-    above over 64 steps, and no compile error."""
+def test_compiled_step_matches_eager_cached_path_bf16(attention, scope):
+    """StaticDecoder(compile=True): every layer's step compiled (or the whole one-token forward: scope "model"),
+    then captured in the graph; the same check as above over 64 steps, and no compile error."""
     model = gpu_model("gpt2", attention, {})
     x = torch.randint(0, VOCAB, (2, 129), device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         cache = model.new_cache()
         ref = [model(x[:, :64], cache=cache, last_only=True)[:, -1]]
         ref += [model(x[:, i:i + 1], cache=cache)[:, -1] for i in range(64, 128)]
-        decoder = StaticDecoder(model, capacity=129, compile=True)
+        decoder = StaticDecoder(model, capacity=129, compile=True, compile_scope=scope)
         got = [decoder.prefill(x[:, :64])] + [decoder.step(x[:, i:i + 1]).clone() for i in range(64, 128)]
     assert decoder.mode == "cuda-graph" and decoder.graph_error is None and decoder.compile_error is None
     assert max(rel(g.float(), r.float()) for g, r in zip(got, ref)) < 3e-2
