@@ -370,8 +370,10 @@ def test_fast_path_defaults_and_their_fallback(monkeypatch):
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("arch, case", [("gpt2", dict(attention="power", p=2)), ("gpt2", dict(attention="exp")),
-                                        ("rwkv7", dict(attention="linear"))], ids=["gpt2-power", "gpt2-exp", "rwkv7"])
+@pytest.mark.parametrize("arch, case", [("gpt2", dict(attention="power", p=2)),
+                                        pytest.param("gpt2", dict(attention="exp"), marks=pytest.mark.slow),
+                                        pytest.param("rwkv7", dict(attention="linear"), marks=pytest.mark.slow)],
+                         ids=["gpt2-power", "gpt2-exp", "rwkv7"])
 def test_whole_model_compiled_step_equals_full_forward(arch, case):
     """compile_scope="model": the whole one-token forward (embedding, every block, LM head) compiled as one graph
     (CPU inductor here), the logits of every step equal a full forward, and the blocks stay uncompiled."""
