@@ -39,6 +39,7 @@ import numpy as np
 from longctx.report import figures
 from longctx.report.runs import (Group, Run, describe_comparison, group_runs, label_runs, load_runs,
                                  provenance_differences)
+from longctx.report.markdown import table_head
 from longctx.report.record import FIGURES, write_record
 from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
@@ -80,7 +81,7 @@ def _num(value, fmt: str) -> str:
 def markdown_table(rows: list[dict]) -> str:
     head = ("| run | attention | ctx | steps | training FLOPs | best-context loss | best-context position | "
             "last-10% loss | gap to optimum | largest gap over the curve | state size | WSFR | tokens/s | status |")
-    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    lines = table_head(head)
     for r in rows:
         lines.append(f"| {r['run']} | {r['attention']} | {r['ctx']} | {r['step']} | {_num(r['flops'], '.3g')} | "
                      f"{r['best_context_loss']:.3f} | {_num(r['best_context_position'], 'd')} | "
@@ -126,7 +127,7 @@ def interval_rows(groups: list[Group], n_boot: int) -> list[dict]:
 def interval_table(rows: list[dict]) -> str:
     head = ("| runs | seeds | steps | documents | " + " | ".join(name for _, name, _ in INTERVAL_STATS)
             + " | best-context loss across seeds (sd; min-max) |")
-    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    lines = table_head(head)
     for r in rows:
         seeds = r["best_context_loss_seeds"]
         spread = ("-" if len(seeds) < 2 else
@@ -179,7 +180,7 @@ def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]
 def paired_table(rows: list[dict]) -> str:
     head = ("| run | minus run | " + " | ".join(name for _, name in PAIRED_STATS)
             + " | best-context loss, seeds resampled too | seed pairs agreeing |")
-    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    lines = table_head(head)
     for r in rows:
         k, n = r["seed_pairs"]
         lines.append(f"| {r['a']} | {r['b']} | " + " | ".join(fmt_interval(r[s], "+.4f") for s, _ in PAIRED_STATS)

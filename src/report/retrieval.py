@@ -14,6 +14,7 @@ import math
 import re
 from pathlib import Path
 
+from longctx.report.markdown import table_head
 from longctx.report.runs import Run
 
 RESULT_FILE = re.compile(r"^(passkey|needle)-step(\d+)\.json$")
@@ -70,7 +71,7 @@ def retrieval_table(entries: list[dict]) -> str:
     """Markdown: one row per run and task, mean accuracies over every context and depth with Wilson intervals."""
     head = ("| run | task | step | contexts | key accuracy | digit accuracy | forced-choice digit accuracy | "
             "chance (digit, key) |")
-    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    lines = table_head(head)
     for e in entries:
         lines.append(f"| {e['label']} | {e['task']} | {e['step']} | {', '.join(str(c) for c in e['contexts'])} | "
                      f"{_share(e, 'key')} | {_share(e, 'digit')} | {_share(e, 'choice')} | "
