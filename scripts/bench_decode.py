@@ -6,14 +6,13 @@ growing KV cache and RWKV-7's own state (GPT-2 small / RWKV-7 of the same size, 
 
 Rows, each written to the JSON as soon as it is measured (an out-of-memory row is recorded and the run goes on):
 - batch 1 at every prefix (default 1k, 4k, 16k, 64k): power p=2, exp (softmax) and RWKV-7 on the static decoder
-  (preallocated buffers, one CUDA graph per token: models/decoding.py), power and exp also with every layer's
-  step compiled before the capture (path `compiled`, CUDA only), and power and exp on the eager cached path at
-  the first and last prefix. Power's state step runs two ways, so one run compares them: paths `static+fused` and
-  `compiled+fused` take the fused Triton kernel (one launch a layer; `compiled+fused` is what `generate` runs by
-  default on CUDA), `static` and `compiled` the plain-torch step (StaticDecoder(fused=False)); `compiled-model`
-  paths compile the whole one-token forward as one graph (StaticDecoder(compile_scope="model")), for power and exp;
-- batched decoding (default batch 8 and 64 at a 4k prefix) on each model's first path (power and exp compiled,
-  power with the fused kernel where it runs);
+  (preallocated buffers, one CUDA graph per token, greedy tokens chosen inside the graph: models/decoding.py), and
+  power and exp on the eager cached path (`eager`) at the first and last prefix. Power and exp also compiled before
+  the capture (CUDA only): `compiled-model` paths compile the whole one-token forward as one graph (what `generate`
+  runs by default on CUDA), `compiled` paths each residual block. Power's state step runs two ways, so one run
+  compares them: `+fused` paths take the fused Triton kernel (one launch a layer; `compiled-model+fused` is the
+  default), the others the plain-torch step (StaticDecoder(fused=False));
+- batched decoding (default batch 8 and 64 at a 4k prefix) on each model's first path (its default);
 - time to first token at the longest prefix: the prompt through the chunked kernels (power's final state handed to
   the decoder), flash/cuDNN attention (exp), FLA's chunked RWKV-7, timed on a second run (the first compiles);
 - `state_step` (CUDA, with power): power's state step alone, GPT-2 small's 12 layers of 12 heads as one CUDA graph,
@@ -48,7 +47,8 @@ EAGER_MODELS = ("power", "exp")       # also timed on the eager cached path (fir
 COMPILED_MODELS = ("power", "exp")    # also with each layer's step compiled (StaticDecoder(compile=True), CUDA)
 FUSED_MODELS = ("power",)             # also with the fused state-step kernel (`+fused` paths, CUDA)
 # StaticDecoder rows (the rest: eager); `compiled-model`: the whole one-token forward as one compiled graph
-STATIC_PATHS = ("compiled+fused", "static+fused", "compiled", "static", "compiled-model+fused", "compiled-model")
+STATIC_PATHS = ("compiled-model+fused", "compiled+fused", "static+fused", "compiled-model", "compiled", "static")
+PATHS = STATIC_PATHS + ("eager",)     # eager: the cached path with no static buffers (EAGER_MODELS only)
 UNTIMED_STEPS = 4                     # the static decoder's eager warm-up steps and its capture come first
 
 
@@ -104,24 +104,34 @@ def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, dev
     row = {"path": path, "batch": batch, "prefix": prefix, "new_tokens": new_tokens}
     with autocast(device):
         if path in STATIC_PATHS:
+            if path.startswith("compiled"):
+                torch._dynamo.reset()   # every compiled row built as in a fresh process, from nothing an earlier row left
             decoder = StaticDecoder(model, capacity=prefix + UNTIMED_STEPS + new_tokens + 1,
                                     compile=path.startswith("compiled"), fused=path.endswith("+fused"),
-                                    compile_scope="model" if path.startswith("compiled-model") else "blocks")
-            prefill, step = decoder.prefill, decoder.step
+                                    compile_scope="model" if path.startswith("compiled-model") else "blocks",
+                                    greedy=True)   # each token chosen inside its step's graph, as generate does
+            with Timer(device) as t:
+                first = sample_next(decoder.prefill(prompt), 0, None)
+            row["prefill_s"] = round(t.seconds, 4)
+            decoder.greedy(UNTIMED_STEPS, first=first)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            with Timer(device) as t:
+                decoder.greedy(new_tokens)
         else:
             cache = model.new_cache()
             prefill = lambda ids: model(ids, cache=cache, last_only=True)[:, -1]  # noqa: E731
             step = lambda ids: model(ids, cache=cache)[:, -1]                     # noqa: E731
-        with Timer(device) as t:
-            logits = prefill(prompt)
-        row["prefill_s"] = round(t.seconds, 4)
-        for _ in range(UNTIMED_STEPS):
-            logits = step(sample_next(logits, 0, None))
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        with Timer(device) as t:
-            for _ in range(new_tokens):
-                logits = step(sample_next(logits, 0, None))   # sampled on the device: no sync until the end
+            with Timer(device) as t:
+                logits = prefill(prompt)
+            row["prefill_s"] = round(t.seconds, 4)
+            for _ in range(UNTIMED_STEPS):
+                logits = step(sample_next(logits, 0, None))
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            with Timer(device) as t:
+                for _ in range(new_tokens):
+                    logits = step(sample_next(logits, 0, None))   # sampled on the device: no sync until the end
     row.update(decode_s=round(t.seconds, 4), tokens_per_s=round(batch * new_tokens / t.seconds, 1),
                ms_per_token=round(1e3 * t.seconds / new_tokens, 3))
     if path in STATIC_PATHS:
@@ -151,9 +161,8 @@ def bench_ttft(model, prefix: int, device: torch.device, repeats: int = 2) -> di
 
 
 STATE_STEP_VARIANTS = {   # the fused kernel's tuning knobs (decode_kernel.power_decode_step_kernel), same numbers
-    "state_first": dict(state_first=True), "reduce_chunk64": dict(reduce_chunk=64),
-    "state_first+reduce_chunk64": dict(state_first=True, reduce_chunk=64), "block_d32": dict(block_d=32),
-    "block_d128": dict(block_d=128)}
+    "state_first": dict(state_first=True), "reduce_chunk16": dict(reduce_chunk=16),
+    "state_first+reduce_chunk16": dict(state_first=True, reduce_chunk=16), "block_d64": dict(block_d=64)}
 
 
 def graph_us_per_call(steps, calls: int, device: torch.device, replays: int) -> float:
@@ -293,7 +302,8 @@ def plan_rows(names, paths, prefixes, batches, batch_prefix, cuda: bool, compile
         plan += [(name, path, 1, p) for p in prefixes for path in fast]
         plan += [(name, "prefill", 1, prefixes[-1])]
         plan += [(name, fast[0], b, batch_prefix) for b in batches]
-        plan += [(name, "eager", 1, p) for p in sorted({prefixes[0], prefixes[-1]}) if name in EAGER_MODELS]
+        if "eager" in paths and name in EAGER_MODELS:
+            plan += [(name, "eager", 1, p) for p in sorted({prefixes[0], prefixes[-1]})]
     return plan
 
 
@@ -319,7 +329,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--budget-s", type=float, default=270.0, help="rows not started by then are skipped")
     parser.add_argument("--no-compile", action="store_true", help="no `compiled` rows (they compile for seconds)")
     parser.add_argument("--paths", help=f"static-decoder paths to time (default: all that apply, among "
-                                        f"{','.join(STATIC_PATHS)}); `+fused` paths apply to power only")
+                                        f"{','.join(PATHS)}); `+fused` paths apply to power only, eager to "
+                                        f"{','.join(EAGER_MODELS)}")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -330,9 +341,9 @@ def main(argv=None) -> dict:
     batch_prefix = args.batch_prefix or (16 if args.tiny else 4096)
     new_tokens = args.new_tokens or (4 if args.tiny else 128)
     names = [n for n in args.models.split(",") if n]
-    paths = [p for p in (args.paths or ",".join(STATIC_PATHS)).split(",") if p]
-    if not paths or any(p not in STATIC_PATHS for p in paths):
-        raise SystemExit(f"error: --paths={args.paths!r}: expected names among {','.join(STATIC_PATHS)}")
+    paths = [p for p in (args.paths or ",".join(PATHS)).split(",") if p]
+    if not paths or any(p not in PATHS for p in paths):
+        raise SystemExit(f"error: --paths={args.paths!r}: expected names among {','.join(PATHS)}")
     unknown = [n for n in names if n not in MODELS]
     if unknown or not names:
         raise SystemExit(f"error: --models={args.models!r}: expected names among {','.join(MODELS)}")

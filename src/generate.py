@@ -144,7 +144,7 @@ def decoder_name(use_cache: bool, static: bool, device: torch.device, compile: b
         return "cached decoding, eager"
     parts = ["cached decoding, static buffers"]
     if compile_available(device) if compile is None else compile:
-        parts.append("compiled step")
+        parts.append("compiled model step")                     # StaticDecoder's default compile_scope="model"
     if device.type == "cuda":
         parts += ["fused power kernel", "CUDA graphs"] if fused_state else ["CUDA graphs"]
     return ", ".join(parts)

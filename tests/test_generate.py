@@ -43,7 +43,7 @@ def test_every_decoding_path_prints_the_same_greedy_ids(run, capsys, monkeypatch
 
 
 def test_decoder_line_names_the_path(monkeypatch):
-    """The speed line says which path decoded: on CUDA by default the compiled step, power's fused kernel and CUDA
+    """The speed line says which path decoded: on CUDA by default the compiled whole step, power's fused kernel and CUDA
     graphs; `--no-compile` leaves the compilation out; on CPU the static buffers alone."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert generate_cli.parse_args(["RUN"]).compile is None
@@ -51,11 +51,11 @@ def test_decoder_line_names_the_path(monkeypatch):
     assert generate_cli.parse_args(["RUN", "--compile"]).compile is True
     assert generate_cli.decoder_name(True, True, cpu, None) == "cached decoding, static buffers"
     monkeypatch.setattr(generate_cli, "compile_available", lambda device: torch.device(device).type == "cuda")
-    assert generate_cli.decoder_name(True, True, cuda, None) == ("cached decoding, static buffers, compiled step, "
-                                                                 "CUDA graphs")
+    assert generate_cli.decoder_name(True, True, cuda, None) == ("cached decoding, static buffers, compiled model "
+                                                                 "step, CUDA graphs")
     assert generate_cli.decoder_name(True, True, cuda, False) == "cached decoding, static buffers, CUDA graphs"
     assert generate_cli.decoder_name(True, True, cuda, fused_state=True) == ("cached decoding, static buffers, compiled "
-                                                                       "step, fused power kernel, CUDA graphs")
+                                                                       "model step, fused power kernel, CUDA graphs")
     assert generate_cli.decoder_name(True, False, cuda) == "cached decoding, eager"
     assert generate_cli.decoder_name(False, True, cuda) == "recomputing the prefix"
 

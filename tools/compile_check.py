@@ -351,7 +351,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
 def compile_decode(p, d, dtype, *, rep=1, gated=True, arch=90, heads=12, sms=132, **knobs):
     """Compile the fused decoding step (decode_kernel.py) at (p, d, dtype of q/k/v/y; fp32 state) as a batch-1 launch
     with `heads` key heads on `sms` SMs splits it, and as one program per head (SPLIT=1); normalized for even p and
-    gated by the gate's input (GATED=2), as the model runs it; knobs: its tuning constants (SPLIT_CHUNK=64,
+    gated by the gate's input (GATED=2), as the model runs it; knobs: its tuning constants (SPLIT_CHUNK=16,
     STATE_FIRST=True). Returns [(name, shared bytes, registers, spill stack bytes)]."""
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     ptrs = {"S": "*fp32", "Z": "*fp32", "IDX": "*i32", "W": "*fp32", "Q": io, "K": io, "V": io, "LOG_G": "*fp32",
@@ -361,10 +361,11 @@ def compile_decode(p, d, dtype, *, rep=1, gated=True, arch=90, heads=12, sms=132
                                   "stride_gb", "stride_gh", "stride_yb", "stride_yh", "stride_xb", "B", "HK", "D",
                                   "DX", "BLOCKS_PER_SPLIT")}
     scalars["scale"] = "fp32"
-    split = dk.split_for(p, tc.state_dim(p, d), d, heads, sms)[0]
+    split = dk.split_for(p, tc.state_dim(p, d), d, heads, sms, dk.block_rows(d, rep))[0]
     out = []
     for n_split in sorted({split, 1}, reverse=True):
-        consts = dict(P=p, REP=rep, REP_P2=1 << (rep - 1).bit_length(), DV=d, BLOCK_D=dk.block_rows(d), SPLIT=n_split,
+        consts = dict(P=p, REP=rep, REP_P2=1 << (rep - 1).bit_length(), DV=d, BLOCK_D=dk.block_rows(d, rep),
+                      SPLIT=n_split,
                       GATED=2 if gated else 0, NORM=p % 2 == 0, EPS_=dk.EPS, DEN_FLOOR=math.exp(dk.M_FLOOR),
                       **knobs)
         k = _compile(dk._power_decode_step, ptrs, scalars, consts, dk.NUM_WARPS, 1, arch)

@@ -34,7 +34,9 @@ class LayerCache:
     pos: int = 0                                  # tokens consumed: the position (rotary offset) of the next one
     state: object = None                          # the attention core's own state (None before the first token)
     shift: dict = field(default_factory=dict)     # the architecture's extras (RWKV7: its token-shift inputs)
-    static: bool = False                          # StaticDecoder's: pos a device tensor, buffers written in place
+    # StaticDecoder's: buffers written in place; pos one 0-dim device tensor shared by every layer, advanced once a
+    # step by the decoder (not by each layer: one kernel a token instead of one a layer)
+    static: bool = False
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
@@ -113,38 +115,43 @@ class StaticDecoder:
         logits = decoder.prefill(prompt)          # (b, vocab): the prompt's last position
         logits = decoder.step(next_ids)           # (b, vocab): next_ids (b, 1) fed at the next position
 
+        decoder = StaticDecoder(model, capacity=prompt_len + new_tokens, greedy=True)
+        first = decoder.prefill(prompt).argmax(-1, keepdim=True)
+        tokens = decoder.greedy(n, first=first)   # (b, n): the n tokens after `first`, each chosen in its step
+
     capacity: the most positions the sequence will hold (the KV cache's length; power/linear/RWKV7 states do not
-    grow). graphs: capture the step on CUDA after `warmup` eager steps (which compile and autotune the kernels);
-    a capture that fails is reported (`graph_error`, a warning) and the same step runs eagerly. compile:
-    torch.compile every layer's one-token step (the residual blocks of the decoder's own copy of the model: one
-    graph reused by every layer) before the capture, so the graph replays fused kernels instead of some fifty
-    launches a layer; seconds of compilation in the first step. None (the default): on CUDA where it can
-    (`compile_available`), not on CPU. A compilation that fails is reported (`compile_error`, a warning), the
-    buffers are restored and the plain step runs. compile_scope: "blocks" (the default: each residual block compiled,
-    one graph for all layers, seconds to build) or "model" (the whole one-token forward as one graph, embedding and
-    LM head included, so a block's last residual add can fuse with the next one's norm; longer to build). fused:
-    power attention's state updated by its fused kernel on
-    CUDA (one launch a layer; the default, 1.3x the compiled plain step's tokens/s at batch 1 on an H200); False:
-    the plain-torch step, compiled with the rest. The returned logits are a buffer the
-    next step overwrites. Runs under the caller's autocast (bf16 on GPU).
+    grow); a step past it is refused. graphs: capture the step on CUDA after `warmup` eager steps (which compile and
+    autotune the kernels); a capture that fails is reported (`graph_error`, a warning) and the same step runs
+    eagerly. compile: torch.compile the one-token step before the capture; seconds of compilation in the first step.
+    None (the default): on CUDA where it can (`compile_available`), not on CPU. A compilation that fails is reported
+    (`compile_error`, a warning), the buffers are restored and the plain step runs. compile_scope: "model" (the
+    default: the whole one-token forward as one graph, embedding and LM head included, so a block's last residual
+    add fuses with the next one's norm; 1.05x the tokens/s of "blocks" for GPT-2 small power p=2 at batch 1 on an
+    H200) or "blocks" (each residual block compiled, one graph reused by every layer; quicker to build). fused:
+    power attention's state updated by its fused kernel on CUDA (one launch a layer; the default, 1.3x the compiled
+    plain step's tokens/s at batch 1 on an H200); False: the plain-torch step, compiled with the rest. greedy: every
+    step also takes its logits' argmax as the next input and records it, inside the step (so inside its CUDA graph:
+    between two tokens nothing is launched but the replay); `greedy(n)` runs n such steps. The returned logits are a
+    buffer the next step overwrites. Runs under the caller's autocast (bf16 on GPU).
     """
 
     def __init__(self, model: nn.Module, capacity: int, graphs: bool = True, warmup: int = 2,
-                 compile: bool | None = None, fused: bool = True, compile_scope: str = "blocks"):
+                 compile: bool | None = None, fused: bool = True, compile_scope: str = "model", greedy: bool = False):
         if compile_scope not in ("blocks", "model"):
             raise ValueError(f"compile_scope={compile_scope!r}: expected 'blocks' or 'model'")
         self.compile_scope, self.compiled_forward = compile_scope, None
         self.model = autocast_weights(model.eval())
         self.device = next(model.parameters()).device
         self.compile = compile_available(self.device) if compile is None else compile
-        self.fused = fused
+        self.fused, self.use_greedy = fused, greedy
         if self.compile and self.model is model:  # compiled blocks belong to the decoder's copy, never the caller's
             self.model = copy.deepcopy(model)
         self.capacity, self.warmup = capacity, warmup
         self.use_graphs = graphs and self.device.type == "cuda"
         self.graph = self.graph_error = self.compile_error = None
-        self.cache = self.ids = self.logits = None
-        self.eager_steps = 0
+        self.cache = self.ids = self.logits = self.pos = None
+        self.tokens = self.written = None            # greedy: the chosen ids (b, room) and how many (1,), on device
+        self.eager_steps = self.steps = self.room = 0
 
     @property
     def mode(self) -> str:
@@ -171,45 +178,70 @@ class StaticDecoder:
         logits = self.model(idx, cache=cache, last_only=True)[:, -1]
         cores = [m for m in self.model.modules() if hasattr(m, "static_state")]  # one per layer, in layer order
         assert len(cores) == len(cache), (len(cores), len(cache))
+        self.pos = torch.tensor(idx.shape[1], dtype=torch.int64, device=self.device)
+        assert all(layer.pos == idx.shape[1] for layer in cache), [layer.pos for layer in cache]
         for layer, core in zip(cache, cores):
-            layer.pos = torch.tensor(layer.pos, dtype=torch.int64, device=self.device)
+            layer.pos = self.pos
             layer.state = core.static_state(layer.state, layer.pos, self.capacity)
             if hasattr(layer.state, "fused"):  # power/linear: the fused kernel or the plain-torch step
                 layer.state.fused = self.fused
             layer.static = True
         self.cache, self.ids = cache, idx.new_zeros(idx.shape[0], 1)
+        self.steps, self.room = 0, self.capacity - idx.shape[1]
+        if self.use_greedy:
+            self.tokens = idx.new_zeros(idx.shape[0], self.room)
+            self.written = torch.zeros(1, dtype=torch.int64, device=self.device)
         if self.compile:  # after the prompt: only the one-token step runs compiled
             self._set_compiled(True)
         return logits
 
     def _set_compiled(self, on: bool) -> None:
+        # dynamic=False: a decoder of another length (another KV cache shape) gets kernels specialized to it; with
+        # torch's default a second shape would recompile the step as shape-generic kernels for every later length
         if self.compile_scope == "model":
-            self.compiled_forward = torch.compile(self._plain_forward) if on else None
+            self.compiled_forward = torch.compile(self._plain_forward, dynamic=False) if on else None
             return
         for block in self.model.residual_blocks:
             if on:
-                block.compile()
+                block.compile(dynamic=False)
             else:
                 block._compiled_call_impl = None  # what nn.Module.compile set: back to the plain forward
 
     def _buffers(self) -> list[torch.Tensor]:
         """Every tensor the static caches hold (states, KV caches, token-shift inputs, positions)."""
-        out = []
+        out = [self.pos]
         for layer in self.cache:
-            out += [layer.pos, *layer.shift.values()]
+            out += [*layer.shift.values()]
             out += [t for t in vars(layer.state).values() if isinstance(t, torch.Tensor)]
-        return out
+        return out + ([self.ids, self.tokens, self.written] if self.use_greedy else [])
 
     def _plain_forward(self) -> torch.Tensor:
-        return self.model(self.ids, cache=self.cache)[:, -1]                   # (b, vocab)
+        logits = self.model(self.ids, cache=self.cache)[:, -1]                 # (b, vocab)
+        self.pos += 1                                        # every layer's position: the layers leave it to us
+        if self.use_greedy:  # the next input chosen and recorded on the device, in the step's own graph
+            nxt = logits.argmax(-1, keepdim=True)
+            self.ids.copy_(nxt)
+            self.tokens.index_copy_(1, self.written, nxt)
+            self.written += 1
+        return logits
 
     def _forward(self) -> torch.Tensor:
         return (self.compiled_forward or self._plain_forward)()
 
     @torch.no_grad()
-    def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed ids (b, 1) at the next position -> (b, vocab) logits (a buffer the next step overwrites)."""
-        self.ids.copy_(ids)
+    def step(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed ids (b, 1) at the next position -> (b, vocab) logits (a buffer the next step overwrites); ids None
+        (greedy=True only): the previous step's argmax, already in place."""
+        if self.cache is None:
+            raise ValueError("step() before prefill(): the decoder holds no prompt yet")
+        if self.steps >= self.room:
+            raise ValueError(f"capacity={self.capacity} is full: the prompt and {self.steps} steps fill it")
+        if ids is None:
+            if not self.use_greedy:
+                raise ValueError("step(ids=None) continues from the previous argmax: only StaticDecoder(greedy=True)")
+        else:
+            self.ids.copy_(ids)
+        self.steps += 1
         if self.graph is None and self.use_graphs and self.graph_error is None and self.eager_steps >= self.warmup:
             self._capture()
         if self.graph is not None:
@@ -219,6 +251,20 @@ class StaticDecoder:
         if self.compile and self.eager_steps == 1:
             return self._first_compiled_step()
         return self._eager_step()
+
+    @torch.no_grad()
+    def greedy(self, n: int, first: torch.Tensor | None = None) -> torch.Tensor:
+        """n greedy steps (greedy=True): the first fed `first` (b, 1) (None: the previous step's argmax), each later
+        one its predecessor's argmax -> (b, n) the argmax of each step's logits, the tokens that follow `first`.
+        Between two tokens the host launches only the step's replay and reads nothing back."""
+        if not self.use_greedy:
+            raise ValueError("greedy() needs StaticDecoder(greedy=True)")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n={n!r}: expected a whole number of steps >= 0")
+        start = self.steps
+        for i in range(n):
+            self.step(first if i == 0 else None)
+        return self.tokens[:, start:start + n].clone()
 
     def _first_compiled_step(self) -> torch.Tensor:
         """The step that compiles: if compilation fails, the buffers it may have touched are restored and the plain
@@ -282,7 +328,8 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     decodes uncompiled; False: never, True: on CPU too). On CUDA power attention's state takes its fused
     kernel. generator: a torch.Generator for reproducible sampling. Runs
     under the caller's autocast, if any; the model is put in eval mode and left there. Sampling runs on the device:
-    nothing waits for the host until the end.
+    nothing waits for the host until the end; greedy decoding on the static path chooses each token inside its
+    step (StaticDecoder(greedy=True)), so between tokens only the step's graph is launched.
 
     Example:
         >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=0)
@@ -297,6 +344,10 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             logits = model(idx, last_only=True)[:, -1]                   # the whole prefix, every token
             idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
         return idx
+    if static and temperature == 0:  # every token after the first chosen inside its step's graph
+        decoder = StaticDecoder(model, capacity=idx.shape[1] + max_new_tokens, compile=compile, greedy=True)
+        first = sample_next(decoder.prefill(idx), 0, None)
+        return torch.cat([idx, first, decoder.greedy(max_new_tokens - 1, first=first)], dim=1)
     if static:
         decoder = StaticDecoder(model, capacity=idx.shape[1] + max_new_tokens, compile=compile)
         prefill, step = decoder.prefill, decoder.step

@@ -49,7 +49,8 @@ class SelfAttention(nn.Module):
             y = self.core(q, k, v, x)                                               # (b, t, h, d)
         else:
             y, cache.state = self.core.decode(q, k, v, x, cache.state)
-            cache.pos += t
+            if not cache.static:  # a static cache's position is shared by all layers: the decoder advances it
+                cache.pos += t
         return self.proj(y.reshape(b, t, -1))                                       # (b, t, d_model)
 
     def project(self, x, cache=None):

@@ -307,7 +307,7 @@ class TimeMix(nn.Module):
             else:
                 o, cache.state = self.core.decode(q, k, heads(v).to(q.dtype), x, cache.state)
             o = self.g_norm(o.reshape(b * t, d)).view(b, t, d).to(q.dtype) * g
-        if cache is not None:
+        if cache is not None and not cache.static:  # a static cache's shared position: the decoder advances it
             cache.pos += t
         return self.o_proj(o), v_first
 

@@ -44,25 +44,30 @@ def test_bench_decode_tiny(import_script, tmp_path):
 
 def test_bench_decode_plans_the_fused_and_plain_paths(import_script):
     """On CUDA power's batch-1 rows compare six static paths (the fused kernel's and the plain-torch step's, each
-    compiled by blocks, as a whole model, and not) at every prefix, exp three, RWKV-7 one; batched rows run each model's default path; --paths
-    and --no-compile narrow the list; on CPU one static path each."""
+    compiled as a whole model, by blocks, and not) at every prefix, exp three, RWKV-7 one; batched rows run each
+    model's default (first) path; the eager rows come last and only where `eager` is among the paths; --paths and
+    --no-compile narrow the list; on CPU one static path each."""
     bench = import_script("bench_decode")
-    args = (["power", "exp", "rwkv7"], list(bench.STATIC_PATHS), [1024, 65536], [8], 4096)
+    args = (["power", "exp", "rwkv7"], list(bench.PATHS), [1024, 65536], [8], 4096)
     plan = bench.plan_rows(*args, cuda=True, compiled=True)
     power = [row[1:] for row in plan if row[0] == "power"]
     assert power[:12] == [(path, 1, prefix) for prefix in (1024, 65536)
-                          for path in ("compiled+fused", "static+fused", "compiled", "static", "compiled-model+fused",
-                                       "compiled-model")]
-    assert power[12:] == [("prefill", 1, 65536), ("compiled+fused", 8, 4096), ("eager", 1, 1024), ("eager", 1, 65536)]
+                          for path in ("compiled-model+fused", "compiled+fused", "static+fused", "compiled-model",
+                                       "compiled", "static")]
+    assert power[12:] == [("prefill", 1, 65536), ("compiled-model+fused", 8, 4096), ("eager", 1, 1024),
+                          ("eager", 1, 65536)]
     exp = [row[1:] for row in plan if row[0] == "exp"]
-    assert [p for p, b, _ in exp if b == 1 and p not in ("eager", "prefill")] == ["compiled", "static",
-                                                                                  "compiled-model"] * 2
-    assert ("compiled", 8, 4096) in exp
+    assert [p for p, b, _ in exp if b == 1 and p not in ("eager", "prefill")] == ["compiled-model", "compiled",
+                                                                                  "static"] * 2
+    assert ("compiled-model", 8, 4096) in exp
     assert [row[1:3] for row in plan if row[0] == "rwkv7"] == [("static", 1)] * 2 + [("prefill", 1), ("static", 8)]
     no_compile = bench.plan_rows(*args, cuda=True, compiled=False)
     assert [r[1] for r in no_compile if r[0] == "power" and r[3] == 1024][:2] == ["static+fused", "static"]
-    only = bench.plan_rows(["power"], ["compiled+fused"], [1024], [8], 4096, cuda=True, compiled=True)
+    only = bench.plan_rows(["power"], ["compiled+fused", "eager"], [1024], [8], 4096, cuda=True, compiled=True)
     assert [r[1] for r in only] == ["compiled+fused", "prefill", "compiled+fused", "eager"]
+    no_eager = bench.plan_rows(["power", "exp"], ["compiled+fused", "compiled"], [1024], [8], 4096, cuda=True,
+                               compiled=True)
+    assert "eager" not in {r[1] for r in no_eager}
     cpu = bench.plan_rows(*args, cuda=False, compiled=False)
     assert {r[1] for r in cpu} == {"static", "prefill", "eager"}
 

@@ -305,13 +305,13 @@ def test_failed_graph_capture_is_reported_and_decoding_goes_on():
 @pytest.mark.parametrize("arch, case", [("gpt2", dict(attention="power", p=2)), ("gpt2", dict(attention="exp")),
                                         ("rwkv7", dict(attention="linear"))], ids=["gpt2-power", "gpt2-exp", "rwkv7"])
 def test_compiled_static_step_equals_full_forward(arch, case):
-    """StaticDecoder(compile=True) (CPU inductor here; on CUDA the compiled step is then captured): every layer's
-    one-token step compiled, the logits of every step equal a full forward, the caller's model stays uncompiled."""
+    """StaticDecoder(compile=True, compile_scope="blocks") (CPU inductor here; on CUDA the compiled step is then
+    captured): every layer's one-token step compiled, the logits of every step equal a full forward, the caller's model stays uncompiled."""
     model = model_for(arch, case)
     x = torch.randint(0, VOCAB, (2, 16))
     with torch.no_grad():
         full = model(x)
-        decoder = StaticDecoder(model, capacity=16, compile=True)
+        decoder = StaticDecoder(model, capacity=16, compile=True, compile_scope="blocks")
         parts = [decoder.prefill(x[:, :9])] + [decoder.step(x[:, i:i + 1]).clone() for i in range(9, 16)]
     assert decoder.compile_error is None and decoder.model is not model
     assert all(b._compiled_call_impl is not None for b in decoder.model.residual_blocks)
@@ -376,7 +376,8 @@ def test_fast_path_defaults_and_their_fallback(monkeypatch):
                          ids=["gpt2-power", "gpt2-exp", "rwkv7"])
 def test_whole_model_compiled_step_equals_full_forward(arch, case):
     """compile_scope="model": the whole one-token forward (embedding, every block, LM head) compiled as one graph
-    (CPU inductor here), the logits of every step equal a full forward, and the blocks stay uncompiled."""
+    (CPU inductor here), the logits of every step equal a full forward, and the blocks stay uncompiled; with
+    greedy=True the compiled steps choose the tokens recomputation does."""
     model = model_for(arch, case)
     x = torch.randint(0, VOCAB, (2, 16))
     with torch.no_grad():
@@ -387,5 +388,59 @@ def test_whole_model_compiled_step_equals_full_forward(arch, case):
     assert "compiled model step" in decoder.describe()
     assert all(getattr(b, "_compiled_call_impl", None) is None for b in decoder.model.residual_blocks)
     torch.testing.assert_close(torch.stack(parts, 1), full[:, 8:], rtol=0, atol=1e-4)
+    with torch.no_grad():  # greedy: the argmax and its bookkeeping compiled into the same graph
+        greedy = StaticDecoder(model, capacity=16, compile=True, greedy=True)
+        first = greedy.prefill(x[:, :9]).argmax(-1, keepdim=True)
+        tokens = torch.cat([x[:, :9], first, greedy.greedy(6, first=first)], dim=1)
+    assert greedy.compile_error is None
+    assert torch.equal(tokens, model.generate(x[:, :9], 7, temperature=0, use_cache=False))
     with pytest.raises(ValueError, match="compile_scope='layers': expected 'blocks' or 'model'"):
         StaticDecoder(model, capacity=16, compile_scope="layers")
+
+
+@pytest.mark.parametrize("arch, case", [("gpt2", dict(attention="power", p=2)), ("gpt2", dict(attention="window",
+                                        window=5)), ("rwkv7", dict(attention="linear"))], ids=["power", "window", "rwkv7"])
+def test_greedy_steps_choose_the_argmax_of_their_own_logits(arch, case):
+    """StaticDecoder(greedy=True): each step's token is the argmax of that step's logits (checked against a second
+    decoder fed those tokens by hand), they are recorded in order, and a later greedy() call continues the same
+    sequence; greedy() and step(None) without greedy=True, and a step past the capacity, are refused by name."""
+    model = model_for(arch, case, seed=1, scale=0.2)
+    prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        decoder = StaticDecoder(model, capacity=16, greedy=True)
+        first = decoder.prefill(prompt).argmax(-1, keepdim=True)
+        tokens = torch.cat([decoder.greedy(4, first=first), decoder.greedy(5)], dim=1)
+        by_hand = StaticDecoder(model, capacity=16)
+        logits, fed = by_hand.prefill(prompt), first
+        for i in range(9):
+            logits = by_hand.step(fed)
+            fed = logits.argmax(-1, keepdim=True)
+            assert torch.equal(tokens[:, i:i + 1], fed), i
+        with pytest.raises(ValueError, match="capacity=16 is full: the prompt and 10 steps fill it"):
+            decoder.greedy(2)           # one step fits (position 15), the second does not
+        with pytest.raises(ValueError, match=r"greedy\(\) needs StaticDecoder\(greedy=True\)"):
+            by_hand.greedy(1)
+        with pytest.raises(ValueError, match="only StaticDecoder\\(greedy=True\\)"):
+            by_hand.step()
+        with pytest.raises(ValueError, match="n=-1: expected a whole number"):
+            decoder.greedy(-1)
+    assert len(set(tokens.flatten().tolist())) > 3
+    # one position for every layer, advanced once a step: the prompt's 6 and 10 steps
+    assert all(layer.pos is decoder.pos for layer in decoder.cache) and int(decoder.pos) == 16
+
+
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_compiled_steps_are_specialized_to_their_shapes(monkeypatch, scope):
+    """Both compile scopes ask for static shapes (dynamic=False): decoders of other lengths get kernels of their own
+    instead of shape-generic ones."""
+    asked = []
+
+    def spy(fn=None, **kwargs):
+        asked.append(kwargs)
+        return fn
+    monkeypatch.setattr(torch, "compile", spy)
+    model = model_for("gpt2", dict(attention="exp"))
+    with torch.no_grad():
+        decoder = StaticDecoder(model, capacity=12, compile=True, compile_scope=scope)
+        decoder.prefill(torch.zeros(1, 4, dtype=torch.long))
+    assert asked and all(kwargs.get("dynamic") is False for kwargs in asked), asked

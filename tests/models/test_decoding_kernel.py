@@ -41,8 +41,8 @@ def test_fused_step_under_interpreter_every_case():
                                pytest.param(4, marks=pytest.mark.slow)])
 def test_fused_step_compiles_for_sm90(p):
     """d=64, bf16 inputs, fp32 state: as a batch-1 GPT-2 small launch splits it and with one program per head; it
-    fits the H100/H200 shared memory, a register file of 255 and spills nothing; p <= 2 within 128 registers (4
-    programs an SM: programs_per_sm)."""
+    fits the H100/H200 shared memory, a register file of 255 and spills nothing, within the registers that
+    programs_per_sm's programs an SM leave a thread."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from tools.compile_check import H100_SHARED, compile_decode
     built = compile_decode(p, 64, "bf16")
@@ -53,13 +53,26 @@ def test_fused_step_compiles_for_sm90(p):
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_fused_step_tuning_knobs_compile_without_spills():
-    """The bench's state-step variants (one load for all 36 shares, the state loaded first) still fit 4 programs an
-    SM at p=2 with no spills."""
+@pytest.mark.parametrize("rep", [4, pytest.param(2, marks=pytest.mark.slow)])
+def test_fused_step_with_grouped_queries_compiles_without_spills(rep):
+    """GQA (rep query heads a key head): block_rows shrinks the state tile by rep, so p=2 still fits
+    programs_per_sm's programs an SM with no spills (the whole tile at 4 query heads spills)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from tools.compile_check import H100_SHARED, compile_decode
-    for name, shared, regs, stack in compile_decode(2, 64, "bf16", SPLIT_CHUNK=64, STATE_FIRST=True):
-        assert shared <= H100_SHARED and not stack and (regs is None or regs <= 65536 // (4 * 128)), (name, regs)
+    assert block_rows(64, rep) * rep == block_rows(64)
+    for name, shared, regs, stack in compile_decode(2, 64, "bf16", rep=rep):
+        assert shared <= H100_SHARED and not stack and (regs is None or regs <= 65536 // (programs_per_sm(2) * 128)), (
+            name, regs, stack)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_fused_step_tuning_knobs_compile_without_spills():
+    """The bench's state-step variants (the shares read 16 at a time, the state loaded first) still fit
+    programs_per_sm's programs an SM at p=2 with no spills."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from tools.compile_check import H100_SHARED, compile_decode
+    for name, shared, regs, stack in compile_decode(2, 64, "bf16", SPLIT_CHUNK=16, STATE_FIRST=True):
+        assert shared <= H100_SHARED and not stack and (regs is None or regs <= 65536 // (programs_per_sm(2) * 128)), (name, regs)
 
 
 @pytest.mark.parametrize("p, D, d, heads, sms", [(2, 2304, 64, 12, 132), (2, 2304, 64, 768, 132), (1, 64, 64, 1, 132),
@@ -71,8 +84,8 @@ def test_split_covers_every_block_once_in_one_wave(p, D, d, heads, sms):
     blocks = -(-D // block_rows(d))
     assert 1 <= split <= blocks and (split - 1) * per < blocks <= split * per
     assert split * heads <= max(programs_per_sm(p) * sms, heads)
-    if (p, D, heads) == (2, 2304, 12):  # GPT-2 small at batch 1 on an H200: a block a program, 432 programs
-        assert (split, per) == (36, 1)
+    if (p, D, heads) == (2, 2304, 12):  # GPT-2 small at batch 1 on an H200: a block a program, 216 programs
+        assert (split, per) == (18, 1)
 
 
 def test_dispatch_on_cpu_is_the_plain_torch_step():
