@@ -126,8 +126,8 @@ class StaticDecoder:
     None (the default): on CUDA where it can (`compile_available`), not on CPU. A compilation that fails is reported
     (`compile_error`, a warning), the buffers are restored and the plain step runs. compile_scope: "model" (the
     default: the whole one-token forward as one graph, embedding and LM head included, so a block's last residual
-    add fuses with the next one's norm; 1.05x the tokens/s of "blocks" for GPT-2 small power p=2 at batch 1 on an
-    H200) or "blocks" (each residual block compiled, one graph reused by every layer; quicker to build). fused:
+    add fuses with the next one's norm; 1.05-1.07x the tokens/s of "blocks" for GPT-2 small power p=2 at batch 1
+    on an H200) or "blocks" (each residual block compiled, one graph reused by every layer; quicker to build). fused:
     power attention's state updated by its fused kernel on CUDA (one launch a layer; the default, 1.3x the compiled
     plain step's tokens/s at batch 1 on an H200); False: the plain-torch step, compiled with the rest. greedy: every
     step also takes its logits' argmax as the next input and records it, inside the step (so inside its CUDA graph:
@@ -191,6 +191,8 @@ class StaticDecoder:
         if self.use_greedy:
             self.tokens = idx.new_zeros(idx.shape[0], self.room)
             self.written = torch.zeros(1, dtype=torch.int64, device=self.device)
+            if self.compile and self.room > 1:  # the one shape a constant-state decoder of another length changes:
+                torch._dynamo.mark_dynamic(self.tokens, 1)  # symbolic, so such decoders share one compiled step
         if self.compile:  # after the prompt: only the one-token step runs compiled
             self._set_compiled(True)
         return logits
@@ -208,7 +210,7 @@ class StaticDecoder:
                 block._compiled_call_impl = None  # what nn.Module.compile set: back to the plain forward
 
     def _buffers(self) -> list[torch.Tensor]:
-        """Every tensor the static caches hold (states, KV caches, token-shift inputs, positions)."""
+        """Every tensor a step writes (the position, states, KV caches, token-shift inputs; greedy: ids and tokens)."""
         out = [self.pos]
         for layer in self.cache:
             out += [*layer.shift.values()]

@@ -444,3 +444,29 @@ def test_compiled_steps_are_specialized_to_their_shapes(monkeypatch, scope):
         decoder = StaticDecoder(model, capacity=12, compile=True, compile_scope=scope)
         decoder.prefill(torch.zeros(1, 4, dtype=torch.long))
     assert asked and all(kwargs.get("dynamic") is False for kwargs in asked), asked
+
+
+def test_constant_state_decoders_of_any_length_share_one_compiled_step(monkeypatch):
+    """Greedy power decoders of three lengths compile the step once (their states do not grow; the token buffer's
+    length is symbolic), one with room for a single step once more (torch specializes sizes of 1); exp decoders of
+    two capacities compile it twice, each for its own KV cache (static shapes)."""
+    from torch._dynamo.testing import CompileCounter
+    compile_ = torch.compile
+    counters = [CompileCounter()]  # one backend for every decoder, as inductor's equal wrappers are
+
+    def counting(fn=None, **kwargs):
+        return compile_(fn, backend=counters[0], **kwargs)
+    monkeypatch.setattr(torch, "compile", counting)
+    torch._dynamo.reset()
+    for case, shapes, compiles in ((dict(attention="power", p=2), [(5, 12), (7, 20), (4, 9), (3, 4)], 2),
+                                   (dict(attention="exp"), [(5, 12), (7, 300)], 2)):
+        model = model_for("gpt2", case)
+        with torch.no_grad():
+            for prompt, capacity in shapes:
+                decoder = StaticDecoder(model, capacity=capacity, compile=True, greedy=True)
+                first = decoder.prefill(torch.randint(0, VOCAB, (1, prompt))).argmax(-1, keepdim=True)
+                decoder.greedy(capacity - prompt, first=first)
+                assert decoder.compile_error is None, decoder.compile_error
+        assert counters[0].frame_count == compiles, (case, counters[0].frame_count)
+        counters[0] = CompileCounter()
+        torch._dynamo.reset()
