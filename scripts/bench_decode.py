@@ -104,8 +104,6 @@ def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, dev
     row = {"path": path, "batch": batch, "prefix": prefix, "new_tokens": new_tokens}
     with autocast(device):
         if path in STATIC_PATHS:
-            if path.startswith("compiled"):
-                torch._dynamo.reset()   # every compiled row built as in a fresh process, from nothing an earlier row left
             decoder = StaticDecoder(model, capacity=prefix + UNTIMED_STEPS + new_tokens + 1,
                                     compile=path.startswith("compiled"), fused=path.endswith("+fused"),
                                     compile_scope="model" if path.startswith("compiled-model") else "blocks",

@@ -5,9 +5,10 @@
 #   paths  scripts/compare_train_paths.py: 200 steps of the recipe's path vs the eager path vs another seed
 #   bench  scripts/bench_train.py: every arch x row in one process, the recipe and the eager path
 #   decode the decoding GPU tests alone (every arch x attention, fused kernel, graphs), each result in the log as it
-#          lands (-v), so a cut call keeps what finished; then scripts/bench_decode.py's RWKV-7 rows
+#          lands (-v), so a cut call keeps what finished
+#   decode-bench  scripts/bench_decode.py, every model, path and batch in one run (README's decoding table)
 # Logs and results land in $OUT (or ./gpu_out); the autotune winners are kept for the next machine.
-#   bash tools/model_checks.sh [tests] [train] [paths] [bench] [decode]
+#   bash tools/model_checks.sh [tests] [train] [paths] [bench] [decode] [decode-bench]
 source tools/setup_device.sh
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 stages=${*:-tests train paths bench}
@@ -25,11 +26,15 @@ for stage in $stages; do
           cache_dir=/tmp/lcache hydra.run.dir=/tmp/runs/$arch 2>&1 | tee "$OUT/train_$arch.log" | tail -8
         cp /tmp/runs/$arch/metrics.jsonl "$OUT/metrics_$arch.jsonl" 2>/dev/null
       done ;;
-    decode)
-      timeout 420 python3 -m pytest -v -o addopts="" tests/models/test_decoding_gpu.py -m gpu 2>&1 \
-        | tee "$OUT/decode_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -60
-      timeout 150 python3 scripts/bench_decode.py --models rwkv7 --out "$OUT/bench_decode_rwkv7" --budget-s 120 2>&1 \
-        | tee "$OUT/bench_decode_rwkv7.log" | tail -20 ;;
+    decode) # three xdist workers on each GPU: the cases compile on the CPU side by side (correctness, not timing)
+      n=$(nvidia-smi -L | wc -l)
+      LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n $((3 * n)) -v -o addopts="" -p no:cacheprovider \
+        tests/models/test_decoding_gpu.py -m gpu 2>&1 | tee "$OUT/decode_tests.log" \
+        | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -70 ;;
+    decode-bench) # README's decoding table: every model, path and batch in one run
+      timeout 580 python3 scripts/bench_decode.py --out "$OUT/bench_decode" --budget-s 500 \
+        --paths compiled-model+fused,compiled+fused,compiled-model,compiled,static,eager > "$OUT/bench_decode.log" 2>&1
+      grep -E '^\{|wrote' "$OUT/bench_decode.log" | cut -c1-260 | tail -60 ;;
     paths) timeout 580 python3 scripts/compare_train_paths.py --out "$OUT" 2>&1 | tee "$OUT/paths.log" | tail -12 ;;
     bench) timeout 580 python3 scripts/bench_train.py --out "$OUT" --variant recipe= \
              --variant before="trainer.compile=false trainer.activation_checkpointing=true" 2>&1 \
