@@ -24,13 +24,15 @@ QUICK = [(p, d, gated, norm, 2, 4, 2, 3, 0, torch.float32)
 QUICK += [(2, 16, True, True, 1, 2, 2, 1, None, torch.float32),     # one program per head, the default block
           (2, 32, True, True, 2, 2, 2, 3, 0, torch.float32),        # one query head a key head, split
           (2, 16, "x", True, 2, 4, 2, 3, 0, torch.float32),         # the gate from its input, in the kernel
-          (3, 16, True, False, 1, 2, 2, 20, 32, torch.float32),     # 20 shares a head: two chunks of 16 to add
+          (3, 16, True, False, 1, 2, 2, 20, 32, torch.float32),     # 20 shares a head, read in one load of 64
           (1, 32, "x", False, 1, 2, 2, 1, None, torch.float32),
           (2, 32, True, True, 2, 6, 2, None, 32, torch.float32),    # 3 query heads a key head (REP not a power of 2)
           (2, 16, True, True, 2, 2, 1, 4, 16, torch.float16),       # half inputs: y in fp16
-          # the tuning knobs: 20 shares read in one load of 32, the state loaded first; 3 shares in loads of 2
-          (3, 16, True, False, 1, 2, 2, 20, 32, torch.float32, dict(reduce_chunk=32, state_first=True)),
-          (2, 32, "x", True, 2, 4, 2, 3, 0, torch.float32, dict(reduce_chunk=2, state_first=True))]
+          # the tuning knobs: 20 shares read in two loads of 16, the state loaded first; 3 shares in loads of 2 and
+          # the in-kernel gate after the first block's loads; one program a head with the gate after its first block
+          (3, 16, True, False, 1, 2, 2, 20, 32, torch.float32, dict(reduce_chunk=16, state_first=True)),
+          (2, 32, "x", True, 2, 4, 2, 3, 0, torch.float32, dict(reduce_chunk=2, state_first=True)),
+          (2, 16, "x", True, 2, 4, 2, 1, 16, torch.float32, dict(state_first=True))]
 FULL = [(p, d, gated, norm, 2, 2 * rep, 2, 3, 0, torch.float32)
         for p in (1, 2, 3, 4) for d in (16, 32) for gated in (True, "x", False) for norm in (True, False)
         for rep in (1, 2)]

@@ -27,7 +27,7 @@ def run_interpreted(*args):
 
 def test_fused_step_under_interpreter_quick_set():
     out = run_interpreted()
-    assert out.count("ok  ") == 14 + 5 and "FAIL" not in out    # 14 kernel cases, 5 models decoding on the kernel
+    assert out.count("ok  ") == 15 + 5 and "FAIL" not in out    # 15 kernel cases, 5 models decoding on the kernel
 
 
 @pytest.mark.slow  # every p x d x gated x norm x (1, 2 query heads a key head): minutes in the interpreter

@@ -63,13 +63,10 @@ def _power_decode_step(
     if GATED == 1:
         decay = tl.exp(tl.load(LOG_G + i_b * stride_gb + i_h * stride_gh).to(tl.float32))
     if GATED == 2:
-        acc = tl.zeros((BLOCK_X,), dtype=tl.float32)
-        for c in range(0, DX, BLOCK_X):
-            offs_x = c + tl.arange(0, BLOCK_X)
-            mask_x = offs_x < DX
-            xv = tl.load(GX + i_b * stride_xb + offs_x, mask=mask_x, other=0.0).to(tl.float32)
-            acc += xv * tl.load(GW + i_h * DX + offs_x, mask=mask_x, other=0.0).to(tl.float32)
-        decay = tl.sigmoid(tl.sum(acc, axis=0) + tl.load(GB + i_h).to(tl.float32))
+        if STATE_FIRST:  # computed after the first block's state loads are issued (below)
+            decay = tl.full((), 1.0, dtype=tl.float32)
+        else:
+            decay = _gate_decay(GX, GW, GB, i_b, i_h, stride_xb, DX, BLOCK_X)
 
     state_row0 = pid_bh.to(tl.int64) * D                        # this head's first feature row
     num = tl.zeros((REP_P2, DV), dtype=tl.float32)              # sum_e phi(q)[r, e] S[e, :]
@@ -82,9 +79,12 @@ def _power_decode_step(
         mask_d = offs_d < D
         s_ptrs = S + (state_row0 + offs_d[:, None]) * DV + offs_v[None, :]                   # (BLOCK_D, DV)
         z_ptrs = Z + state_row0 + offs_d
-        if STATE_FIRST:   # the state's loads issued before the feature gathers, so their latencies overlap
+        if STATE_FIRST:   # the state's loads issued before the gate and the feature gathers: latencies overlap
             s = tl.load(s_ptrs, mask=mask_d[:, None], other=0.0)
             zz = tl.load(z_ptrs, mask=mask_d, other=0.0)
+            if GATED == 2:
+                if blk == first:
+                    decay = _gate_decay(GX, GW, GB, i_b, i_h, stride_xb, DX, BLOCK_X)
         phi_k = tl.load(W + offs_d, mask=mask_d, other=0.0).to(tl.float32)
         phi_q = tl.full((REP_P2, BLOCK_D), 1.0, dtype=tl.float32)
         for z in tl.static_range(P):
@@ -141,6 +141,18 @@ def _power_decode_step(
 
 
 @triton.jit
+def _gate_decay(GX, GW, GB, i_b, i_h, stride_xb, DX, BLOCK_X: tl.constexpr):
+    """The head's forget-gate decay sigmoid(x . w_h + b_h), fp32, from the gate's input row and parameters."""
+    acc = tl.zeros((BLOCK_X,), dtype=tl.float32)
+    for c in range(0, DX, BLOCK_X):
+        offs_x = c + tl.arange(0, BLOCK_X)
+        mask_x = offs_x < DX
+        xv = tl.load(GX + i_b * stride_xb + offs_x, mask=mask_x, other=0.0).to(tl.float32)
+        acc += xv * tl.load(GW + i_h * DX + offs_x, mask=mask_x, other=0.0).to(tl.float32)
+    return tl.sigmoid(tl.sum(acc, axis=0) + tl.load(GB + i_h).to(tl.float32))
+
+
+@triton.jit
 def _finish(y_ptrs, num, den, mask_r, NORM: tl.constexpr, EPS_: tl.constexpr, DEN_FLOOR: tl.constexpr):
     """y = num / (den + EPS max(den, e^M_FLOOR)) (the reference's guard; an all-zero row gives 0), or num."""
     if NORM:
@@ -185,7 +197,8 @@ def power_decode_step_kernel(s, z, index, weight, ticket, q, k, v, log_g: Option
     place of log_g: log_g = logsigmoid(x w^T + bias) in fp32, computed in the kernel. split: programs per head
     (default: split_for); block_d: feature rows per block (default: block_rows; tests take small ones to split tiny
     states); reduce_chunk: programs' shares the head's last program reads per load; state_first: the state's loads
-    issued before the feature gathers (the last two: launch-shape knobs the benchmark times, same numbers)."""
+    issued before the gate's and the feature gathers (the last two: launch-shape knobs the benchmark times, same
+    numbers)."""
     b, _, hq, d = q.shape
     hk, D = k.shape[2], s.shape[2]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
