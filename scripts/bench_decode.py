@@ -108,28 +108,26 @@ def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, dev
                                     compile=path.startswith("compiled"), fused=path.endswith("+fused"),
                                     compile_scope="model" if path.startswith("compiled-model") else "blocks",
                                     greedy=True)   # each token chosen inside its step's graph, as generate does
-            with Timer(device) as t:
-                first = sample_next(decoder.prefill(prompt), 0, None)
-            row["prefill_s"] = round(t.seconds, 4)
-            decoder.greedy(UNTIMED_STEPS, first=first)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            with Timer(device) as t:
-                decoder.greedy(new_tokens)
+            prefill = decoder.prefill
+
+            def decode(nxt, n):  # n greedy steps after nxt (None: after the previous step's own argmax)
+                decoder.greedy(n, first=nxt)
         else:
             cache = model.new_cache()
             prefill = lambda ids: model(ids, cache=cache, last_only=True)[:, -1]  # noqa: E731
-            step = lambda ids: model(ids, cache=cache)[:, -1]                     # noqa: E731
-            with Timer(device) as t:
-                logits = prefill(prompt)
-            row["prefill_s"] = round(t.seconds, 4)
-            for _ in range(UNTIMED_STEPS):
-                logits = step(sample_next(logits, 0, None))
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            with Timer(device) as t:
-                for _ in range(new_tokens):
-                    logits = step(sample_next(logits, 0, None))   # sampled on the device: no sync until the end
+
+            def decode(nxt, n):  # sampled on the device: no sync until the end
+                for _ in range(n):
+                    nxt = sample_next(model(nxt, cache=cache)[:, -1], 0, None)
+                return nxt
+        with Timer(device) as t:
+            logits = prefill(prompt)
+        row["prefill_s"] = round(t.seconds, 4)
+        nxt = decode(sample_next(logits, 0, None), UNTIMED_STEPS)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        with Timer(device) as t:
+            decode(nxt, new_tokens)
     row.update(decode_s=round(t.seconds, 4), tokens_per_s=round(batch * new_tokens / t.seconds, 1),
                ms_per_token=round(1e3 * t.seconds / new_tokens, 3))
     if path in STATIC_PATHS:

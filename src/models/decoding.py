@@ -346,12 +346,12 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             logits = model(idx, last_only=True)[:, -1]                   # the whole prefix, every token
             idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
         return idx
-    if static and temperature == 0:  # every token after the first chosen inside its step's graph
-        decoder = StaticDecoder(model, capacity=idx.shape[1] + max_new_tokens, compile=compile, greedy=True)
-        first = sample_next(decoder.prefill(idx), 0, None)
-        return torch.cat([idx, first, decoder.greedy(max_new_tokens - 1, first=first)], dim=1)
     if static:
-        decoder = StaticDecoder(model, capacity=idx.shape[1] + max_new_tokens, compile=compile)
+        decoder = StaticDecoder(model, capacity=idx.shape[1] + max_new_tokens, compile=compile,
+                                greedy=temperature == 0)
+        if temperature == 0:  # every token after the first chosen inside its step's graph
+            first = sample_next(decoder.prefill(idx), 0, None)
+            return torch.cat([idx, first, decoder.greedy(max_new_tokens - 1, first=first)], dim=1)
         prefill, step = decoder.prefill, decoder.step
     else:
         cache = model.new_cache()
