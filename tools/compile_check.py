@@ -361,7 +361,7 @@ def compile_decode(p, d, dtype, *, rep=1, gated=True, arch=90, heads=12, sms=132
                                   "stride_gb", "stride_gh", "stride_yb", "stride_yh", "stride_xb", "B", "HK", "D",
                                   "DX", "BLOCKS_PER_SPLIT")}
     scalars["scale"] = "fp32"
-    split = dk.split_for(p, tc.state_dim(p, d), d, heads, sms, dk.block_rows(d, rep))[0]
+    split = dk.split_for(tc.state_dim(p, d), d, heads, sms, dk.block_rows(d, rep))[0]
     out = []
     for n_split in sorted({split, 1}, reverse=True):
         consts = dict(P=p, REP=rep, REP_P2=1 << (rep - 1).bit_length(), DV=d, BLOCK_D=dk.block_rows(d, rep),

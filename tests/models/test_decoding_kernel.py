@@ -13,7 +13,7 @@ import torch
 from longctx.kernels import power_decode_step, power_state_step, symmetric_power_indices
 from longctx.kernels.power.decode import gate_log
 from longctx.models.attention.shared import HeadGate
-from longctx.kernels.power.decode_kernel import block_rows, programs_per_sm, split_for
+from longctx.kernels.power.decode_kernel import PROGRAMS_PER_SM, block_rows, split_for
 
 
 def run_interpreted(*args):
@@ -42,37 +42,38 @@ def test_fused_step_under_interpreter_every_case():
 def test_fused_step_compiles_for_sm90(p):
     """d=64, bf16 inputs, fp32 state: as a batch-1 GPT-2 small launch splits it and with one program per head; it
     fits the H100/H200 shared memory, a register file of 255 and spills nothing, within the registers that
-    programs_per_sm's programs an SM leave a thread."""
+    PROGRAMS_PER_SM programs an SM leave a thread."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from tools.compile_check import H100_SHARED, compile_decode
     built = compile_decode(p, 64, "bf16")
     assert len(built) == (1 if p == 1 else 2), built       # p=1: D = d = 64 rows, one block, never split
     for name, shared, regs, stack in built:
         assert shared <= H100_SHARED and (regs is None or regs <= 255) and not stack, (name, shared, regs, stack)
-        assert regs is None or regs <= 65536 // (programs_per_sm(p) * 128), (name, regs)
+        assert regs is None or regs <= 65536 // (PROGRAMS_PER_SM * 128), (name, regs)
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("rep", [4, pytest.param(2, marks=pytest.mark.slow)])
 def test_fused_step_with_grouped_queries_compiles_without_spills(rep):
     """GQA (rep query heads a key head): block_rows shrinks the state tile by rep, so p=2 still fits
-    programs_per_sm's programs an SM with no spills (the whole tile at 4 query heads spills)."""
+    PROGRAMS_PER_SM programs an SM with no spills (the whole tile at 4 query heads spills)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from tools.compile_check import H100_SHARED, compile_decode
     assert block_rows(64, rep) * rep == block_rows(64)
     for name, shared, regs, stack in compile_decode(2, 64, "bf16", rep=rep):
-        assert shared <= H100_SHARED and not stack and (regs is None or regs <= 65536 // (programs_per_sm(2) * 128)), (
+        assert shared <= H100_SHARED and not stack and (regs is None or regs <= 65536 // (PROGRAMS_PER_SM * 128)), (
             name, regs, stack)
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_fused_step_tuning_knobs_compile_without_spills():
     """The bench's state-step variants (the shares read 16 at a time, the state loaded first) still fit
-    programs_per_sm's programs an SM at p=2 with no spills."""
+    PROGRAMS_PER_SM programs an SM at p=2 with no spills."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from tools.compile_check import H100_SHARED, compile_decode
     for name, shared, regs, stack in compile_decode(2, 64, "bf16", SPLIT_CHUNK=16, STATE_FIRST=True):
-        assert shared <= H100_SHARED and not stack and (regs is None or regs <= 65536 // (programs_per_sm(2) * 128)), (name, regs)
+        assert shared <= H100_SHARED and not stack and (regs is None or regs <= 65536 // (PROGRAMS_PER_SM * 128)), (
+            name, regs)
 
 
 @pytest.mark.parametrize("p, D, d, heads, sms", [(2, 2304, 64, 12, 132), (2, 2304, 64, 768, 132), (1, 64, 64, 1, 132),
@@ -80,10 +81,10 @@ def test_fused_step_tuning_knobs_compile_without_spills():
 def test_split_covers_every_block_once_in_one_wave(p, D, d, heads, sms):
     """Every block of a head's rows in exactly one program, none empty, and no more programs than one wave (or one
     a head where the heads alone are more)."""
-    split, per = split_for(p, D, d, heads, sms)
+    split, per = split_for(D, d, heads, sms)
     blocks = -(-D // block_rows(d))
     assert 1 <= split <= blocks and (split - 1) * per < blocks <= split * per
-    assert split * heads <= max(programs_per_sm(p) * sms, heads)
+    assert split * heads <= max(PROGRAMS_PER_SM * sms, heads)
     if (p, D, heads) == (2, 2304, 12):  # GPT-2 small at batch 1 on an H200: a block a program, 216 programs
         assert (split, per) == (18, 1)
 

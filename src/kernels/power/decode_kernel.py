@@ -28,10 +28,9 @@ from .reference import EPS, M_FLOOR
 NUM_WARPS = 4
 
 
-def programs_per_sm(p: int) -> int:
-    """Programs the split puts on an SM at once (compiled for sm_90 at d=64 with 128-row blocks: every p takes about
-    165 registers a thread, so 3 programs of 4 warps fit): one wave, every program's loads in flight together."""
-    return 3
+# Programs the split puts on an SM at once (compiled for sm_90 at d=64 with block_rows' blocks: every p takes about
+# 165 registers a thread, so 3 programs of 4 warps fit): one wave, every program's loads in flight together.
+PROGRAMS_PER_SM = 3
 
 
 @triton.jit
@@ -179,10 +178,10 @@ def block_rows(d: int, rep: int = 1) -> int:
     return max(16, 8192 // (d * triton.next_power_of_2(rep)))
 
 
-def split_for(p: int, D: int, d: int, heads: int, sms: int, block_d: Optional[int] = None) -> tuple[int, int]:
-    """(programs per head, blocks per program): at most one wave of programs_per_sm(p) on every SM, none empty."""
+def split_for(D: int, d: int, heads: int, sms: int, block_d: Optional[int] = None) -> tuple[int, int]:
+    """(programs per head, blocks per program): at most one wave of PROGRAMS_PER_SM on every SM, none empty."""
     n_blocks = triton.cdiv(D, block_d or block_rows(d))
-    split = max(1, min(n_blocks, programs_per_sm(p) * sms // heads))
+    split = max(1, min(n_blocks, PROGRAMS_PER_SM * sms // heads))
     per = triton.cdiv(n_blocks, split)
     return triton.cdiv(n_blocks, per), per
 
@@ -205,7 +204,7 @@ def power_decode_step_kernel(s, z, index, weight, ticket, q, k, v, log_g: Option
     y = torch.empty_like(q, memory_format=torch.contiguous_format)
     block_d = block_d or block_rows(d, hq // hk)
     if split is None:
-        split = split_for(p, D, d, b * hk, _sm_count(q.device) if q.is_cuda else 1, block_d)[0]
+        split = split_for(D, d, b * hk, _sm_count(q.device) if q.is_cuda else 1, block_d)[0]
     n_blocks = triton.cdiv(D, block_d)
     per = triton.cdiv(n_blocks, split)
     split = triton.cdiv(n_blocks, per)
