@@ -44,23 +44,25 @@ def test_bench_decode_tiny(import_script, tmp_path):
 
 def test_bench_decode_plans_the_fused_and_plain_paths(import_script):
     """On CUDA power's batch-1 rows compare six static paths (the fused kernel's and the plain-torch step's, each
-    compiled as a whole model, by blocks, and not) at every prefix, exp three, RWKV-7 one; batched rows run each
-    model's default (first) path; the eager rows come last and only where `eager` is among the paths; --paths and
-    --no-compile narrow the list; on CPU one static path each."""
+    compiled as a whole model, by blocks, and not) at every prefix, exp three, RWKV-7 one. The rows that decide the
+    headline come first across models (each model's default path and its compiled candidates for fastest), then the
+    TTFTs, the batched rows on each model's default (first) path, the other paths, and the eager rows, only where
+    `eager` is among the paths; --paths and --no-compile narrow the list; on CPU one static path each."""
     bench = import_script("bench_decode")
     args = (["power", "exp", "rwkv7"], list(bench.PATHS), [1024, 65536], [8], 4096)
     plan = bench.plan_rows(*args, cuda=True, compiled=True)
-    power = [row[1:] for row in plan if row[0] == "power"]
-    assert power[:12] == [(path, 1, prefix) for prefix in (1024, 65536)
-                          for path in ("compiled-model+fused", "compiled+fused", "static+fused", "compiled-model",
-                                       "compiled", "static")]
-    assert power[12:] == [("prefill", 1, 65536), ("compiled-model+fused", 8, 4096), ("eager", 1, 1024),
-                          ("eager", 1, 65536)]
-    exp = [row[1:] for row in plan if row[0] == "exp"]
-    assert [p for p, b, _ in exp if b == 1 and p not in ("eager", "prefill")] == ["compiled-model", "compiled",
-                                                                                  "static"] * 2
-    assert ("compiled-model", 8, 4096) in exp
-    assert [row[1:3] for row in plan if row[0] == "rwkv7"] == [("static", 1)] * 2 + [("prefill", 1), ("static", 8)]
+    at = (1024, 65536)
+    headline = [("power", "compiled-model+fused", 1, x) for x in at] + [("power", "compiled+fused", 1, x) for x in at]
+    headline += [("exp", "compiled-model", 1, x) for x in at] + [("exp", "compiled", 1, x) for x in at]
+    headline += [("rwkv7", "static", 1, x) for x in at]
+    assert plan[:10] == headline
+    assert plan[10:16] == [("power", "prefill", 1, 65536), ("exp", "prefill", 1, 65536), ("rwkv7", "prefill", 1, 65536),
+                           ("power", "compiled-model+fused", 8, 4096), ("exp", "compiled-model", 8, 4096),
+                           ("rwkv7", "static", 8, 4096)]
+    others = [(name, path, 1, x) for name, path in [("power", "static+fused"), ("power", "compiled-model"),
+                                                    ("power", "compiled"), ("power", "static"), ("exp", "static")]
+              for x in at]
+    assert plan[16:] == others + [("power", "eager", 1, x) for x in at] + [("exp", "eager", 1, x) for x in at]
     no_compile = bench.plan_rows(*args, cuda=True, compiled=False)
     assert [r[1] for r in no_compile if r[0] == "power" and r[3] == 1024][:2] == ["static+fused", "static"]
     only = bench.plan_rows(["power"], ["compiled+fused", "eager"], [1024], [8], 4096, cuda=True, compiled=True)
