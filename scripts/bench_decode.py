@@ -228,25 +228,29 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1.5, 1]})
+    shades = {"power": plt.cm.Blues, "exp": plt.cm.Oranges, "rwkv7": plt.cm.Greens}   # a family of colors a model
     for name, rows in model_rows(result).items():
         memory_drawn = False
-        for p in (*STATIC_PATHS, "eager"):
+        drawn = [p for p in (*STATIC_PATHS, "eager")
+                 if any(r.get("path") == p and r.get("batch") == 1 and "tokens_per_s" in r for r in rows)]
+        for i, p in enumerate(drawn):
             ok = [r for r in rows if r.get("path") == p and r.get("batch") == 1 and "tokens_per_s" in r]
-            if not ok:
-                continue
             xs = [r["prefix"] for r in ok]
-            ax_speed.plot(xs, [r["tokens_per_s"] for r in ok], marker="o",
+            color = shades.get(name, plt.cm.Greys)(0.9 - 0.55 * i / max(1, len(drawn) - 1))
+            ax_speed.plot(xs, [r["tokens_per_s"] for r in ok], marker="o", color=color,
                           ls=":" if p == "eager" else "--" if "fused" not in p and name in FUSED_MODELS else "-",
                           label=f"{name} ({p})")
             if not memory_drawn:  # the same state on every path
-                ax_mem.plot(xs, [r["state_bytes"] / 2 ** 20 for r in ok], marker="o", label=f"{name}: decoding state")
+                ax_mem.plot(xs, [r["state_bytes"] / 2 ** 20 for r in ok], marker="o", color=color,
+                            label=f"{name}: decoding state")
                 memory_drawn = True
     for ax in (ax_speed, ax_mem):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("prefix length (tokens, log scale)")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+    ax_speed.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax_mem.legend(fontsize=8)
     ax_speed.set_yscale("log")
     ax_speed.set_ylabel("decoding speed (tokens/s, batch 1, log scale)")
     ax_mem.set_yscale("log")

@@ -1,6 +1,8 @@
 """scripts/bench_decode.py at tiny size on CPU: every row is there and written, power attention's decoding state is
 constant in the prefix length while the KV cache of exp grows with it, and bad flags are one line."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +92,36 @@ def test_bench_decode_redraws_a_record_of_the_earlier_layout(import_script, tmp_
     record = {"model": "small", "device": "NVIDIA H200", "attentions": {"power": rows, "exp": rows}}
     import_script("bench_decode").plot(record, tmp_path / "old.png")
     assert (tmp_path / "old.png").stat().st_size > 10_000
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_record_is_what_its_figure_and_the_readme_show(import_script, tmp_path, monkeypatch):
+    """docs/results/bench_decode.json: every speed line of its figure is the record's batch-1 rows of that model and
+    path, and each row of README's decoding table is the record's fastest path per model at that prefix."""
+    import matplotlib.pyplot as plt
+    bench = import_script("bench_decode")
+    record = json.loads((ROOT / "docs" / "results" / "bench_decode.json").read_text())
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    bench.plot(record, tmp_path / "d.png")
+    lines = kept[-1].axes[0].get_lines()
+    assert len(lines) >= 10
+    for line in lines:
+        name, path = line.get_label().rstrip(")").split(" (")
+        rows = [r for r in record["models"][name] if r["path"] == path and r["batch"] == 1]
+        assert list(zip(line.get_xdata(), line.get_ydata())) == [(r["prefix"], r["tokens_per_s"]) for r in rows]
+
+    def fastest(name, prefix):
+        return max(r["tokens_per_s"] for r in record["models"][name]
+                   if r["batch"] == 1 and r["prefix"] == prefix and "tokens_per_s" in r and r["path"] != "eager")
+    readme = (ROOT / "README.md").read_text().split("### Decoding (H200)")[1].split("![decoding]")[0]
+    table = [line.split("|")[1:-1] for line in readme.splitlines() if re.match(r"\| \d+k \|", line)]
+    assert [cells[0].strip() for cells in table] == [f"{p // 1024}k" for p in record["prefixes"]]
+    number = lambda cell: float(cell.strip(" *x").replace(",", ""))  # noqa: E731
+    for cells, prefix in zip(table, record["prefixes"]):
+        power, exp, rwkv7 = (fastest(name, prefix) for name in ("power", "exp", "rwkv7"))
+        assert [number(cells[i]) for i in (1, 4, 7)] == [round(power), round(exp), round(rwkv7)]
+        assert number(cells[8]) == round(power / exp, 2)
+    assert number(table[-1][8]) == round(record["summary"]["power_over_exp_tokens_per_s"], 2)

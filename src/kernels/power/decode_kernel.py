@@ -85,12 +85,13 @@ def _power_decode_step(
                 if blk == first:
                     decay = _gate_decay(GX, GW, GB, i_b, i_h, stride_xb, DX, BLOCK_X)
         phi_k = tl.load(W + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-        phi_q = tl.full((REP_P2, BLOCK_D), 1.0, dtype=tl.float32)
+        phi_q = tl.full((REP_P2, BLOCK_D), 1.0, dtype=tl.float32)   # one query head a key head (GQA: below)
         for z in tl.static_range(P):
             idx = tl.load(IDX + z * D + offs_d, mask=mask_d, other=0)                       # (BLOCK_D,) i32
             phi_k *= tl.load(k_row + idx).to(tl.float32)
-            q_g = tl.load(q_rows[:, None] + idx[None, :], mask=mask_r[:, None], other=0.0)   # (REP_P2, BLOCK_D)
-            phi_q *= q_g.to(tl.float32) * scale
+            if REP_P2 == 1:
+                q_g = tl.load(q_rows[:, None] + idx[None, :], mask=mask_r[:, None], other=0.0)   # (1, BLOCK_D)
+                phi_q *= q_g.to(tl.float32) * scale
 
         if not STATE_FIRST:
             s = tl.load(s_ptrs, mask=mask_d[:, None], other=0.0)
@@ -108,9 +109,17 @@ def _power_decode_step(
             if NORM:
                 den += tl.sum(phi_q1 * zz, axis=0)
         else:
-            num += tl.sum(phi_q[:, :, None] * s[None, :, :], axis=1)                        # (REP_P2, DV)
-            if NORM:
-                den += tl.sum(phi_q * zz[None, :], axis=1)
+            # GQA: each query head's features gathered as a vector of their own and 2-D products, into its row of
+            # num and den (a 3-D (heads, rows, d) product miscompiled on sm_90 with Triton 3.6 at p=4, 2 heads)
+            for r in tl.static_range(REP):
+                phi_r = tl.full((BLOCK_D,), 1.0, dtype=tl.float32)
+                for z in tl.static_range(P):
+                    idx = tl.load(IDX + z * D + offs_d, mask=mask_d, other=0)
+                    phi_r *= tl.load(Q + i_b * stride_qb + (i_h * REP + r) * stride_qh + idx).to(tl.float32) * scale
+                row = offs_r == r                                                           # (REP_P2,)
+                num += tl.where(row[:, None], tl.sum(phi_r[:, None] * s, axis=0)[None, :], 0.0)
+                if NORM:
+                    den += tl.where(row, tl.sum(phi_r * zz, axis=0), 0.0)
 
     y_ptrs = Y + i_b * stride_yb + heads_q[:, None] * stride_yh + offs_v[None, :]          # (REP_P2, DV)
     if SPLIT == 1:
