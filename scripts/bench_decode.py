@@ -24,6 +24,8 @@ tokens / decoding time. Memory: the bytes the decoding states hold (summed over 
 allocated) and the peak allocated memory while decoding. Softmax on its best path here: a static KV cache, fp32
 scores from bf16 keys, the values read in blocks side by side (flash decoding), the whole step in a CUDA graph.
 A capture that fails is reported in the row (`mode`, `graph_error`), never silent.
+`--profile` adds `profile`: power's default path at the first prefix under torch.profiler, each kernel's time per
+token (the largest 25) and their total, to show where a token's time goes.
 """
 from __future__ import annotations
 
@@ -97,6 +99,12 @@ def autocast(device: torch.device):
     return torch.autocast("cpu", enabled=False)
 
 
+def static_decoder(model, path: str, capacity: int) -> StaticDecoder:
+    """The static decoder of a STATIC_PATHS path, greedy: each token chosen inside its step's graph, as generate does."""
+    return StaticDecoder(model, capacity=capacity, compile=path.startswith("compiled"), fused=path.endswith("+fused"),
+                         compile_scope="model" if path.startswith("compiled-model") else "blocks", greedy=True)
+
+
 @torch.no_grad()
 def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, device: torch.device) -> dict:
     """One row: prefill a random prompt, then time `new_tokens` greedy steps on `path` ('static' or 'eager')."""
@@ -104,10 +112,7 @@ def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, dev
     row = {"path": path, "batch": batch, "prefix": prefix, "new_tokens": new_tokens}
     with autocast(device):
         if path in STATIC_PATHS:
-            decoder = StaticDecoder(model, capacity=prefix + UNTIMED_STEPS + new_tokens + 1,
-                                    compile=path.startswith("compiled"), fused=path.endswith("+fused"),
-                                    compile_scope="model" if path.startswith("compiled-model") else "blocks",
-                                    greedy=True)   # each token chosen inside its step's graph, as generate does
+            decoder = static_decoder(model, path, prefix + UNTIMED_STEPS + new_tokens + 1)
             prefill = decoder.prefill
 
             def decode(nxt, n):  # n greedy steps after nxt (None: after the previous step's own argmax)
@@ -154,6 +159,30 @@ def bench_ttft(model, prefix: int, device: torch.device, repeats: int = 2) -> di
         del decoder, first
     return {"path": "prefill", "batch": 1, "prefix": prefix, "ttft_s": round(t.seconds, 4),
             "prefill_tokens_per_s": round(prefix / t.seconds, 1)}
+
+
+@torch.no_grad()
+def profile_step(model, path: str, prefix: int, device: torch.device, tokens: int = 50, top: int = 25) -> dict:
+    """Where a decoded token's time goes on `path` at batch 1: torch.profiler over `tokens` greedy steps after the
+    warm-up, the self time per token of each CUDA kernel (on CPU: of each op), the `top` largest and the total."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.type == "cuda"
+    prompt = torch.randint(0, model.spec.vocab_size, (1, prefix), device=device)
+    with autocast(device):
+        decoder = static_decoder(model, path, prefix + UNTIMED_STEPS + tokens + 1)
+        decoder.greedy(UNTIMED_STEPS, first=sample_next(decoder.prefill(prompt), 0, None))
+        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+            decoder.greedy(tokens)
+            if cuda:
+                torch.cuda.synchronize(device)
+
+    def self_us(event):
+        return event.self_device_time_total if cuda else event.self_cpu_time_total
+    events = sorted((e for e in prof.key_averages() if self_us(e) > 0), key=self_us, reverse=True)
+    return {"path": path, "prefix": prefix, "tokens": tokens, "decoder": decoder.describe(),
+            "total_us_per_token": round(sum(map(self_us, events)) / tokens, 2),
+            "kernels": [{"name": e.key, "us_per_token": round(self_us(e) / tokens, 2),
+                         "calls_per_token": round(e.count / tokens, 2)} for e in events[:top]]}
 
 
 STATE_STEP_VARIANTS = {   # the fused kernel's tuning knobs (decode_kernel.power_decode_step_kernel), same numbers
@@ -336,6 +365,8 @@ def main(argv=None) -> dict:
                                         f"{','.join(PATHS)}); `+fused` paths apply to power only, eager to "
                                         f"{','.join(EAGER_MODELS)}")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile power's default path at the first prefix: time per token of each kernel")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -400,6 +431,14 @@ def main(argv=None) -> dict:
         result["summary"] = summary(result)
         write()
     write()
+    if args.profile and "power" in names:  # a few seconds: run past --budget-s too
+        path = next(row[1] for row in plan if row[0] == "power" and row[1] != "prefill")
+        result["profile"] = profile_step(model_for("power"), path, prefixes[0], device)
+        print(json.dumps({k: v for k, v in result["profile"].items() if k != "kernels"}), flush=True)
+        for kernel in result["profile"]["kernels"]:
+            print(f"  {kernel['us_per_token']:9.2f} us/token  {kernel['calls_per_token']:6.2f}/token  "
+                  f"{kernel['name'][:100]}", flush=True)
+        write()
     models.clear()
     gc.collect()
     if device.type == "cuda" and "power" in names:  # a few seconds: run past --budget-s too

@@ -125,3 +125,17 @@ def test_committed_record_is_what_its_figure_and_the_readme_show(import_script, 
         assert [number(cells[i]) for i in (1, 4, 7)] == [round(power), round(exp), round(rwkv7)]
         assert number(cells[8]) == round(power / exp, 2)
     assert number(table[-1][8]) == round(record["summary"]["power_over_exp_tokens_per_s"], 2)
+
+
+def test_bench_decode_profile_lists_where_a_token_goes(import_script, tmp_path):
+    """--profile: power's default path at the first prefix, each op's self time per token (CPU here), largest first,
+    none beyond the total; it runs past --budget-s, and the record keeps it."""
+    result = import_script("bench_decode").main(["--tiny", "--out", str(tmp_path), "--device", "cpu", "--models",
+                                                  "power", "--prefixes", "16", "--new-tokens", "2", "--profile"])
+    profile = result["profile"]
+    assert profile["path"] == "static" and profile["prefix"] == 16 and profile["tokens"] == 50
+    times = [k["us_per_token"] for k in profile["kernels"]]
+    assert times == sorted(times, reverse=True) and times[0] > 0 and sum(times) <= profile["total_us_per_token"] + 1
+    assert all(k["calls_per_token"] > 0 for k in profile["kernels"])
+    assert any("mm" in k["name"] or "linear" in k["name"] for k in profile["kernels"])
+    assert json.loads((tmp_path / "bench_decode.json").read_text())["profile"] == profile
