@@ -100,7 +100,7 @@ def autocast(device: torch.device):
 
 
 def static_decoder(model, path: str, capacity: int) -> StaticDecoder:
-    """The static decoder of a STATIC_PATHS path, greedy: each token chosen inside its step's graph, as generate does."""
+    """A STATIC_PATHS path's static decoder, greedy: each token chosen inside its step's graph, as generate does."""
     return StaticDecoder(model, capacity=capacity, compile=path.startswith("compiled"), fused=path.endswith("+fused"),
                          compile_scope="model" if path.startswith("compiled-model") else "blocks", greedy=True)
 
