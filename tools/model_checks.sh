@@ -33,8 +33,9 @@ for stage in $stages; do
         | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -70 ;;
     decode-bench) # README's decoding table: every model, path and batch in one run
       timeout 580 python3 scripts/bench_decode.py --out "$OUT/bench_decode" --budget-s 500 \
-        --paths compiled-model+fused,compiled+fused,compiled-model,compiled,static,eager > "$OUT/bench_decode.log" 2>&1
-      grep -E '^\{|wrote' "$OUT/bench_decode.log" | cut -c1-260 | tail -60 ;;
+        --paths compiled-model+fused,compiled+fused,compiled-model,compiled,static,eager --profile \
+        > "$OUT/bench_decode.log" 2>&1
+      grep -E '^\{|^  |wrote' "$OUT/bench_decode.log" | cut -c1-260 | tail -90 ;;
     paths) timeout 580 python3 scripts/compare_train_paths.py --out "$OUT" 2>&1 | tee "$OUT/paths.log" | tail -12 ;;
     bench) timeout 580 python3 scripts/bench_train.py --out "$OUT" --variant recipe= \
              --variant before="trainer.compile=false trainer.activation_checkpointing=true" 2>&1 \

@@ -179,7 +179,7 @@ def test_fused_step_matches_plain_torch_step(p, gated, b):
 def test_fused_step_equals_float64_step_from_a_random_state(p):
     """d=64 from a random state with a positive normalizer (S ~ 0.01 N(0, 1), z ~ U(0, 1)): 3 tokens through the
     fused kernel are the float64 step's within bf16 rounding, for 1, 2 and 4 query heads a key head, gated or not,
-    batch 1 and 8 (GQA at p=4 once returned wrong outputs from a miscompiled 3-D product)."""
+    batch 1 and 8 (a joint 3-D product of the query heads gave wrong outputs here at p=4, 2 query heads a key head)."""
     d, hk = 64, 2
     index, weight = symmetric_power_indices(p, d, "cuda")
     for rep, gated, b in [(1, False, 1), (2, False, 1), (4, False, 1), (1, True, 1), (2, True, 1), (4, True, 1),

@@ -110,7 +110,7 @@ def _power_decode_step(
                 den += tl.sum(phi_q1 * zz, axis=0)
         else:
             # GQA: each query head's features gathered as a vector of their own and 2-D products, into its row of
-            # num and den (a 3-D (heads, rows, d) product miscompiled on sm_90 with Triton 3.6 at p=4, 2 heads)
+            # num and den (a joint 3-D (heads, rows, d) product gave wrong outputs on sm_90, Triton 3.6, p=4, 2 heads)
             for r in tl.static_range(REP):
                 phi_r = tl.full((BLOCK_D,), 1.0, dtype=tl.float32)
                 for z in tl.static_range(P):
