@@ -85,13 +85,12 @@ def _power_decode_step(
                 if blk == first:
                     decay = _gate_decay(GX, GW, GB, i_b, i_h, stride_xb, DX, BLOCK_X)
         phi_k = tl.load(W + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-        phi_q = tl.full((REP_P2, BLOCK_D), 1.0, dtype=tl.float32)   # one query head a key head (GQA: below)
+        phi_q = tl.full((REP_P2, BLOCK_D), 1.0, dtype=tl.float32)
         for z in tl.static_range(P):
             idx = tl.load(IDX + z * D + offs_d, mask=mask_d, other=0)                       # (BLOCK_D,) i32
             phi_k *= tl.load(k_row + idx).to(tl.float32)
-            if REP_P2 == 1:
-                q_g = tl.load(q_rows[:, None] + idx[None, :], mask=mask_r[:, None], other=0.0)   # (1, BLOCK_D)
-                phi_q *= q_g.to(tl.float32) * scale
+            q_g = tl.load(q_rows[:, None] + idx[None, :], mask=mask_r[:, None], other=0.0)   # (REP_P2, BLOCK_D)
+            phi_q *= q_g.to(tl.float32) * scale
 
         if not STATE_FIRST:
             s = tl.load(s_ptrs, mask=mask_d[:, None], other=0.0)
@@ -109,14 +108,11 @@ def _power_decode_step(
             if NORM:
                 den += tl.sum(phi_q1 * zz, axis=0)
         else:
-            # GQA: each query head's features gathered as a vector of their own and 2-D products, into its row of
-            # num and den (a joint 3-D (heads, rows, d) product gave wrong outputs on sm_90, Triton 3.6, p=4, 2 heads)
+            # GQA: 2-D products one query head at a time, each into its row of num and den (a joint 3-D (heads,
+            # rows, d) product gave wrong outputs on sm_90 with Triton 3.6 at p=4, 2 heads)
             for r in tl.static_range(REP):
-                phi_r = tl.full((BLOCK_D,), 1.0, dtype=tl.float32)
-                for z in tl.static_range(P):
-                    idx = tl.load(IDX + z * D + offs_d, mask=mask_d, other=0)
-                    phi_r *= tl.load(Q + i_b * stride_qb + (i_h * REP + r) * stride_qh + idx).to(tl.float32) * scale
                 row = offs_r == r                                                           # (REP_P2,)
+                phi_r = tl.sum(tl.where(row[:, None], phi_q, 0.0), axis=0)                  # (BLOCK_D,) head r's
                 num += tl.where(row[:, None], tl.sum(phi_r[:, None] * s, axis=0)[None, :], 0.0)
                 if NORM:
                     den += tl.where(row, tl.sum(phi_r * zz, axis=0), 0.0)
