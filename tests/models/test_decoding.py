@@ -12,7 +12,7 @@ from longctx.models import ATTENTIONS, build_model
 from longctx.kernels import symmetric_power_indices
 from longctx.models.attention.power import StaticPowerState
 from longctx.models.attention.shared import KVCache, StaticKVCache
-from longctx.models.decoding import (StaticDecoder, autocast_weights, compile_available, sample_next,
+from longctx.models.decoding import (RowLinear, StaticDecoder, autocast_weights, compile_available, sample_next,
                                      takes_fused_state)
 from longctx.models.rwkv7 import StaticRWKV7State, rwkv7_recurrent
 from longctx.models.spec import ARCHS
@@ -454,7 +454,7 @@ def test_constant_state_decoders_of_any_length_share_one_compiled_step(monkeypat
     compile_ = torch.compile
     counters = [CompileCounter()]  # one backend for every decoder, as inductor's equal wrappers are
 
-    def counting(fn=None, **kwargs):
+    def counting(fn=None, options=None, **kwargs):  # options: inductor's, which a counting backend takes none of
         return compile_(fn, backend=counters[0], **kwargs)
     monkeypatch.setattr(torch, "compile", counting)
     torch._dynamo.reset()
@@ -470,3 +470,48 @@ def test_constant_state_decoders_of_any_length_share_one_compiled_step(monkeypat
         assert counters[0].frame_count == compiles, (case, counters[0].frame_count)
         counters[0] = CompileCounter()
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_row_linear_computes_what_linear_computes(bias):
+    """RowLinear (the decoder's one-row torch.mm form) against x W^T + b in float64 for one row in any leading shape
+    and for many rows (nn.Linear's own path); under bf16 autocast it returns what nn.Linear returns, in its dtype."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 24, bias=bias, dtype=torch.float64)
+    row = RowLinear(16, 24, bias=bias, dtype=torch.float64)
+    row.load_state_dict(linear.state_dict())
+    for shape in [(16,), (1, 16), (1, 1, 16), (3, 16), (2, 5, 16)]:
+        x = torch.randn(shape, dtype=torch.float64)
+        truth = x @ linear.weight.T + (linear.bias if bias else 0)
+        y = row(x)
+        assert y.shape == shape[:-1] + (24,)
+        torch.testing.assert_close(y, truth, rtol=0, atol=1e-12)
+    x = torch.randn(1, 1, 16)
+    linear, row = linear.float(), row.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = linear(x), row(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_compiled_decoders_run_row_linears_on_their_own_copy(monkeypatch):
+    """compile=True swaps every nn.Linear of the decoder's copy for RowLinear and leaves the caller's model alone;
+    uncompiled or row_gemv=False decoders keep nn.Linear. A batch-1 greedy decode through the swapped copy (compiled
+    by torch's eager backend here, so the test is quick) chooses the tokens recomputation does."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn=None, options=None, **kw: compile_(fn, backend="eager", **kw))
+    torch._dynamo.reset()
+    model = model_for("gpt2", dict(attention="power", p=2))
+    linear_types = lambda m: {type(x) for x in m.modules() if isinstance(x, torch.nn.Linear)}  # noqa: E731
+    assert linear_types(model) == {torch.nn.Linear}
+    assert linear_types(StaticDecoder(model, capacity=8, compile=False).model) == {torch.nn.Linear}
+    assert linear_types(StaticDecoder(model, capacity=8, compile=True, row_gemv=False).model) == {torch.nn.Linear}
+    x = torch.randint(0, VOCAB, (1, 6))
+    with torch.no_grad():
+        decoder = StaticDecoder(model, capacity=14, compile=True, greedy=True)
+        first = decoder.prefill(x).argmax(-1, keepdim=True)
+        tokens = torch.cat([x, first, decoder.greedy(7, first=first)], dim=1)
+    assert decoder.compile_error is None and linear_types(decoder.model) == {RowLinear}
+    assert linear_types(model) == {torch.nn.Linear}
+    assert torch.equal(tokens, model.generate(x, 8, temperature=0, use_cache=False))
+    torch._dynamo.reset()
