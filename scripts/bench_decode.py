@@ -25,7 +25,9 @@ allocated) and the peak allocated memory while decoding. Softmax on its best pat
 scores from bf16 keys, the values read in blocks side by side (flash decoding), the whole step in a CUDA graph.
 A capture that fails is reported in the row (`mode`, `graph_error`), never silent.
 `--profile` adds `profile`: power's default path at the first prefix under torch.profiler, each kernel's time per
-token (the largest 25) and their total, to show where a token's time goes.
+token (the largest 25) and their total, to show where a token's time goes. `--no-row-gemv` and `--no-tuning`
+compile the steps as torch would by default (nn.Linear's cuBLAS GEMV; no coordinate-descent tuning), to measure
+what RowLinear and the tuning give; `step_options` records which.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import torch
 import yaml
 
 from longctx.models import ModelSpec, build_model
-from longctx.models.decoding import StaticDecoder, sample_next
+from longctx.models.decoding import COMPILE_OPTIONS, StaticDecoder, sample_next
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # name -> (arch, attention, attention parameters)
@@ -99,20 +101,23 @@ def autocast(device: torch.device):
     return torch.autocast("cpu", enabled=False)
 
 
-def static_decoder(model, path: str, capacity: int) -> StaticDecoder:
-    """A STATIC_PATHS path's static decoder, greedy: each token chosen inside its step's graph, as generate does."""
+def static_decoder(model, path: str, capacity: int, options: dict | None = None) -> StaticDecoder:
+    """A STATIC_PATHS path's static decoder, greedy: each token chosen inside its step's graph, as generate does.
+    options: more StaticDecoder arguments (--no-row-gemv, --no-tuning: row_gemv, compile_options)."""
     return StaticDecoder(model, capacity=capacity, compile=path.startswith("compiled"), fused=path.endswith("+fused"),
-                         compile_scope="model" if path.startswith("compiled-model") else "blocks", greedy=True)
+                         compile_scope="model" if path.startswith("compiled-model") else "blocks", greedy=True,
+                         **(options or {}))
 
 
 @torch.no_grad()
-def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, device: torch.device) -> dict:
+def bench_decode(model, path: str, batch: int, prefix: int, new_tokens: int, device: torch.device,
+                 options: dict | None = None) -> dict:
     """One row: prefill a random prompt, then time `new_tokens` greedy steps on `path` ('static' or 'eager')."""
     prompt = torch.randint(0, model.spec.vocab_size, (batch, prefix), device=device)
     row = {"path": path, "batch": batch, "prefix": prefix, "new_tokens": new_tokens}
     with autocast(device):
         if path in STATIC_PATHS:
-            decoder = static_decoder(model, path, prefix + UNTIMED_STEPS + new_tokens + 1)
+            decoder = static_decoder(model, path, prefix + UNTIMED_STEPS + new_tokens + 1, options)
             prefill = decoder.prefill
 
             def decode(nxt, n):  # n greedy steps after nxt (None: after the previous step's own argmax)
@@ -162,14 +167,15 @@ def bench_ttft(model, prefix: int, device: torch.device, repeats: int = 2) -> di
 
 
 @torch.no_grad()
-def profile_step(model, path: str, prefix: int, device: torch.device, tokens: int = 50, top: int = 25) -> dict:
+def profile_step(model, path: str, prefix: int, device: torch.device, tokens: int = 50, top: int = 25,
+                 options: dict | None = None) -> dict:
     """Where a decoded token's time goes on `path` at batch 1: torch.profiler over `tokens` greedy steps after the
     warm-up, the self time per token of each CUDA kernel (on CPU: of each op), the `top` largest and the total."""
     from torch.profiler import ProfilerActivity, profile
     cuda = device.type == "cuda"
     prompt = torch.randint(0, model.spec.vocab_size, (1, prefix), device=device)
     with autocast(device):
-        decoder = static_decoder(model, path, prefix + UNTIMED_STEPS + tokens + 1)
+        decoder = static_decoder(model, path, prefix + UNTIMED_STEPS + tokens + 1, options)
         decoder.greedy(UNTIMED_STEPS, first=sample_next(decoder.prefill(prompt), 0, None))
         with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
             decoder.greedy(tokens)
@@ -364,6 +370,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--paths", help=f"static-decoder paths to time (default: all that apply, among "
                                         f"{','.join(PATHS)}); `+fused` paths apply to power only, eager to "
                                         f"{','.join(EAGER_MODELS)}")
+    parser.add_argument("--no-row-gemv", action="store_true",
+                        help="compiled steps keep nn.Linear (cuBLAS GEMV) instead of RowLinear")
+    parser.add_argument("--no-tuning", action="store_true",
+                        help="compiled steps without coordinate-descent tuning (torch's default inductor options)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--profile", action="store_true",
                         help="also profile power's default path at the first prefix: time per token of each kernel")
@@ -389,6 +399,8 @@ def main(argv=None) -> dict:
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": "bf16 autocast" if device.type == "cuda" else "fp32",
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "models": {}}
+    options = {"row_gemv": not args.no_row_gemv, "compile_options": {} if args.no_tuning else dict(COMPILE_OPTIONS)}
+    result["step_options"] = options     # how the compiled rows compile
 
     def write():
         (out / "bench_decode.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -420,7 +432,7 @@ def main(argv=None) -> dict:
             if path == "prefill":
                 row = bench_ttft(model, prefix, device)
             else:
-                row = bench_decode(model, path, batch, prefix, new_tokens, device)
+                row = bench_decode(model, path, batch, prefix, new_tokens, device, options)
         except torch.cuda.OutOfMemoryError:
             row = {"path": path, "batch": batch, "prefix": prefix, "error": "out of memory"}
         rows.append(row)
@@ -433,7 +445,7 @@ def main(argv=None) -> dict:
     write()
     if args.profile and "power" in names:  # a few seconds: run past --budget-s too
         path = next(row[1] for row in plan if row[0] == "power" and row[1] != "prefill")
-        result["profile"] = profile_step(model_for("power"), path, prefixes[0], device)
+        result["profile"] = profile_step(model_for("power"), path, prefixes[0], device, options=options)
         print(json.dumps({k: v for k, v in result["profile"].items() if k != "kernels"}), flush=True)
         for kernel in result["profile"]["kernels"]:
             print(f"  {kernel['us_per_token']:9.2f} us/token  {kernel['calls_per_token']:6.2f}/token  "

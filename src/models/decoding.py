@@ -152,8 +152,10 @@ class StaticDecoder:
     power attention's state updated by its fused kernel on CUDA (one launch a layer; the default, 1.25x the compiled
     plain step's tokens/s at batch 1 on an H200); False: the plain-torch step, compiled with the rest. row_gemv:
     when compiled, the decoder's copy runs its linear layers as `RowLinear` (a one-row input through torch.mm, which
-    inductor fuses with bias and activation as a tuned reduction; 1.2x the tokens/s of cuBLAS's GEMV for GPT-2 small
-    power p=2 at batch 1 on an H200); the caller's model keeps its own. greedy: every
+    inductor fuses with bias and activation as a reduction); the caller's model keeps its own. compile_options:
+    inductor's options for the compiled step (None: COMPILE_OPTIONS, coordinate-descent tuning; {}: torch's
+    defaults). Either alone gains ~1% over cuBLAS's GEMV; together they give 1.14x the tokens/s of GPT-2 small power
+    p=2 at batch 1 on an H200 (the reductions tuned to the card). greedy: every
     step also takes its logits' argmax as the next input and records it, inside the step (so inside its CUDA graph:
     between two tokens nothing is launched but the replay); `greedy(n)` runs n such steps. The returned logits are a
     buffer the next step overwrites. Runs under the caller's autocast (bf16 on GPU).
@@ -161,10 +163,11 @@ class StaticDecoder:
 
     def __init__(self, model: nn.Module, capacity: int, graphs: bool = True, warmup: int = 2,
                  compile: bool | None = None, fused: bool = True, compile_scope: str = "model", greedy: bool = False,
-                 row_gemv: bool = True):
+                 row_gemv: bool = True, compile_options: dict | None = None):
         if compile_scope not in ("blocks", "model"):
             raise ValueError(f"compile_scope={compile_scope!r}: expected 'blocks' or 'model'")
         self.compile_scope, self.compiled_forward = compile_scope, None
+        self.compile_options = dict(COMPILE_OPTIONS if compile_options is None else compile_options)
         self.model = autocast_weights(model.eval())
         self.device = next(model.parameters()).device
         self.compile = compile_available(self.device) if compile is None else compile
@@ -232,11 +235,11 @@ class StaticDecoder:
         # torch's default a second shape would recompile the step as shape-generic kernels for every later length
         if self.compile_scope == "model":
             self.compiled_forward = torch.compile(self._plain_forward, dynamic=False,
-                                                  options=dict(COMPILE_OPTIONS)) if on else None
+                                                  options=dict(self.compile_options)) if on else None
             return
         for block in self.model.residual_blocks:
             if on:
-                block.compile(dynamic=False, options=dict(COMPILE_OPTIONS))
+                block.compile(dynamic=False, options=dict(self.compile_options))
             else:
                 block._compiled_call_impl = None  # what nn.Module.compile set: back to the plain forward
 

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from longctx.kernels import state_dim
 
@@ -42,6 +43,29 @@ def test_bench_decode_tiny(import_script, tmp_path):
         assert r["state_bytes"] == -(-positions // 256) * 256 * per_position
     assert select("exp", "eager")[-1]["state_bytes"] > select("exp", "eager")[0]["state_bytes"]
     assert "power_over_exp_tokens_per_s" in result["summary"] and "power_ttft_s" in result["summary"]
+
+
+def test_bench_decode_step_options_reach_the_decoders_and_the_record(import_script, tmp_path, monkeypatch):
+    """--no-row-gemv / --no-tuning: the record's step_options say how compiled rows compile, and every decoder the
+    run builds gets them (row_gemv=False keeps nn.Linear; compile_options {} is torch's default); without the flags
+    the decoders' defaults (RowLinear, COMPILE_OPTIONS)."""
+    bench = import_script("bench_decode")
+    from longctx.models.decoding import COMPILE_OPTIONS
+    built = []
+    real = bench.StaticDecoder
+    monkeypatch.setattr(bench, "StaticDecoder", lambda *a, **kw: built.append(kw) or real(*a, **kw))
+    flags = ["--tiny", "--device", "cpu", "--models", "power", "--prefixes", "16", "--new-tokens", "2"]
+    for extra, want in (([], {"row_gemv": True, "compile_options": COMPILE_OPTIONS}),
+                        (["--no-row-gemv", "--no-tuning"], {"row_gemv": False, "compile_options": {}})):
+        built.clear()
+        result = bench.main(flags + extra + ["--out", str(tmp_path / str(len(extra)))])
+        assert result["step_options"] == want
+        static = [kw for kw in built if kw.get("greedy")]   # the timed decoders (the TTFT's is prefill only)
+        assert static and all({k: kw[k] for k in want} == want for kw in static)
+    decoder = bench.static_decoder(bench.build("power", "tiny", 256, torch.device("cpu")), "compiled-model", 8,
+                                   {"row_gemv": False, "compile_options": {}})
+    assert decoder.compile_options == {} and not decoder.row_gemv
+    assert {type(m) for m in decoder.model.modules() if isinstance(m, torch.nn.Linear)} == {torch.nn.Linear}
 
 
 def test_bench_decode_plans_the_fused_and_plain_paths(import_script):
