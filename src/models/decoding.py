@@ -92,8 +92,8 @@ def autocast_weights(model: nn.Module) -> nn.Module:
 
 
 class RowLinear(nn.Linear):
-    """nn.Linear whose one-row input (batch 1, one position: a decoding step) is multiplied by torch.mm, x W^T + b
-    as before. Compiled with COMPILE_OPTIONS' coordinate-descent tuning, inductor writes the mm of one row as a
+    """nn.Linear whose one-row input (batch 1, one position: a decoding step) is multiplied by torch.mm: the same
+    x W^T + b. Compiled with COMPILE_OPTIONS' coordinate-descent tuning, inductor writes the mm of one row as a
     tuned Triton reduction (its decomposition of a one-row mm) with the bias and what follows (GELU, the residual
     add) fused into it, in place of a cuBLAS GEMV launch (split-K and a reduce for the MLP's output projection)
     and separate bias and activation kernels. Other inputs take nn.Linear's own forward."""
@@ -235,11 +235,11 @@ class StaticDecoder:
         # torch's default a second shape would recompile the step as shape-generic kernels for every later length
         if self.compile_scope == "model":
             self.compiled_forward = torch.compile(self._plain_forward, dynamic=False,
-                                                  options=dict(self.compile_options)) if on else None
+                                                  options=self.compile_options) if on else None
             return
         for block in self.model.residual_blocks:
             if on:
-                block.compile(dynamic=False, options=dict(self.compile_options))
+                block.compile(dynamic=False, options=self.compile_options)
             else:
                 block._compiled_call_impl = None  # what nn.Module.compile set: back to the plain forward
 
