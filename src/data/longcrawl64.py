@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ._array import GPT2_EOT, array_attrs, bayes_path, check_chunks_present, info, open_tokens, read_region
+from ._array import GPT2_EOT, array_attrs, array_dir, bayes_path, check_chunks_present, info, open_tokens, read_region
 
 
 def _positive_int(name: str, v) -> int:
@@ -344,7 +344,36 @@ def heldout_batch(path, context_length: int, num_docs: int, *, bos_id: int | Non
         import zarr
         nll = read_region(zarr.open_array(str(bp), mode="r"), slice(0, n), slice(0, T), field=f"{field} (bayes_nll)")
         bayes = torch.from_numpy(np.asarray(nll, dtype=np.float32))
-    return {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets), "bayes_nll": bayes}
+    batch = {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets), "bayes_nll": bayes}
+    queries = array_attrs(arr).get("queries")  # recall data (MQAR): where its answers are, measured there only
+    if queries is not None:
+        batch.update(_queries(arr, queries, n, T, field))
+    return batch
+
+
+def _queries(arr, name: str, n: int, T: int, field: str) -> dict:
+    """The first n documents' queries (n, 2, Q) int64 (value positions, distances), all within the first T
+    positions, and the number of values a query's answer is drawn from."""
+    import zarr
+
+    folder = array_dir(arr)
+    if folder is None:
+        raise ValueError(f"{field}: the heldout array names its queries ({name!r}) but is not in a folder")
+    where = folder.parent / name
+    if not where.exists():
+        raise FileNotFoundError(f"{field}: the heldout queries {str(where)!r} are missing")
+    try:
+        queries = np.asarray(zarr.open_array(str(where), mode="r")[:n], dtype=np.int64)
+    except Exception as err:  # zarr's errors name no file
+        raise ValueError(f"{field}: the heldout queries {str(where)!r} cannot be read ({type(err).__name__})") from None
+    if queries.ndim != 3 or queries.shape[:2] != (n, 2):
+        raise ValueError(f"{field}: the heldout queries {str(where)!r} have shape {queries.shape}, expected ({n}, 2, Q)")
+    last = int(queries[:, 0].max())
+    if last >= T:
+        raise ValueError(f"ctx={T}: the heldout documents ask queries up to position {last}; recall data is "
+                         f"evaluated at the context it was generated for (ctx >= {last + 1})")
+    generator = array_attrs(arr).get("generator") or {}
+    return {"queries": torch.from_numpy(queries), "n_values": generator.get("n_values")}
 
 
 def dataset_info(path) -> dict:

@@ -14,8 +14,10 @@ import numpy as np
 import torch
 
 from .metrics import bin_docs, check_bins, icl_summary
+from .recall import logits_and_nll, query_hits, recall_summary
 
 PRECISIONS = ("auto", "bf16", "fp32")
+RECALL_LOGITS_ELEMENTS = 1 << 27  # logits held at once when recall is measured (documents x positions x vocab)
 
 
 def autocast(device: torch.device | str, precision: str):
@@ -64,7 +66,8 @@ class HeldoutLoss:
     """One evaluation's numbers: the per-position curve and each document's mean NLL within each ICL bin."""
     per_position: np.ndarray   # (T,) float64: mean over documents at each position
     doc_loss: np.ndarray       # (n_docs, n_bins) float64: each document's mean within each bin
-    summary: dict              # icl_summary of the curve (and of the optimum where known)
+    summary: dict              # icl_summary of the curve (and of the optimum where known), recall where measured
+    hits: np.ndarray | None = None  # (n_docs, Q) bool: each query answered right (data with query positions)
 
     @property
     def finite(self) -> bool:
@@ -84,6 +87,8 @@ class HeldoutEvaluation:
         bayes = heldout.get("bayes_nll")  # (n, T) float32, the exact optimum of every token, where known
         self.bayes_curve = None if bayes is None else bayes.double().mean(0).numpy()
         self.bayes_doc_loss = None if bayes is None else bin_docs(bayes.numpy(), self.edges)
+        self.queries = heldout.get("queries")  # (n, 2, Q) int64: recall data's value positions and distances
+        self.n_values = heldout.get("n_values")  # the values a query's answer is drawn from (its chance level)
 
     @property
     def n_docs(self) -> int:
@@ -104,7 +109,9 @@ class HeldoutEvaluation:
         widths = torch.tensor([b - a for a, b in self.edges], dtype=torch.float64, device=device)
         total = torch.zeros(ctx, dtype=torch.float64, device=device)
         doc_loss = torch.zeros(n, len(self.edges), dtype=torch.float64, device=device)
-        for s, e, nll in nll_batches(model, self.inputs, self.targets, micro_docs, precision, docs):
+        hits = None if self.queries is None else torch.zeros(n, self.queries.shape[-1], dtype=torch.float64,
+                                                               device=device)
+        for s, e, nll in self._batches(model, micro_docs, precision, docs, hits):
             total += nll.sum(0)
             doc_loss[s:e] = torch.zeros(e - s, len(self.edges), dtype=torch.float64,
                                         device=device).index_add_(1, bin_of, nll) / widths
@@ -112,6 +119,28 @@ class HeldoutEvaluation:
                 on_batch(e - s)
         if reduce is not None:
             total, doc_loss = reduce(total), reduce(doc_loss)
+            hits = None if hits is None else reduce(hits)
         per_position = (total / n).cpu().numpy()
         summary = icl_summary(per_position, self.num_bins, self.bayes_curve, key=self.bins_key)
-        return HeldoutLoss(per_position=per_position, doc_loss=doc_loss.cpu().numpy(), summary=summary)
+        if hits is not None:
+            hits = hits.cpu().numpy() > 0.5
+            summary.update(recall_summary(hits, self.queries[:, 1].numpy(), self.n_values))
+        return HeldoutLoss(per_position=per_position, doc_loss=doc_loss.cpu().numpy(), summary=summary, hits=hits)
+
+    def _batches(self, model, micro_docs: int, precision: str, docs: range | None, hits: torch.Tensor | None):
+        """nll_batches, or on recall data one forward for the logits (fewer documents a forward: the logits of
+        every position are held) that fills `hits` at the queries and gives the same NLL."""
+        if hits is None:
+            yield from nll_batches(model, self.inputs, self.targets, micro_docs, precision, docs)
+            return
+        docs = range(self.n_docs) if docs is None else docs
+        vocab = int(self.inputs.max()) + 1  # the BOS id, the largest of recall data's ids, + 1: the logits' width
+        step = max(1, min(micro_docs, RECALL_LOGITS_ELEMENTS // (self.targets.shape[1] * max(vocab, 1))))
+        device = model_device(model)
+        for s in range(docs.start, docs.stop, step):
+            e = min(s + step, docs.stop)
+            targets = self.targets[s:e].to(device)
+            with autocast(device, precision):
+                logits, nll = logits_and_nll(model, self.inputs[s:e].to(device), targets)
+            hits[s:e] = query_hits(logits, targets, self.queries[s:e]).double()
+            yield s, e, nll

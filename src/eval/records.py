@@ -8,6 +8,8 @@ Arrays (np.load(path, allow_pickle=False)):
     bayes      float32 (n_docs, n_bins)  the per-document Bayes-optimal NLL binned the same way (only where the
                                          data has an exact optimum)
     doc_index  int64 (n_docs,)           the heldout documents' indices in the heldout split
+    hits       bool (n_docs, Q)          recall data only (MQAR): whether each query was answered right
+    distance   int64 (n_docs, Q)         recall data only: each query's distance to its pair, in tokens
 The mean over documents of `loss` is the record's icl_curve (every document has the same length).
 """
 from __future__ import annotations
@@ -33,6 +35,9 @@ def doc_record(evaluation: HeldoutEvaluation, result: HeldoutLoss) -> dict[str, 
               "doc_index": evaluation.doc_index.astype(np.int64)}
     if evaluation.bayes_doc_loss is not None:
         arrays["bayes"] = evaluation.bayes_doc_loss.astype(np.float32)
+    if result.hits is not None:  # recall data: each query answered right, and its distance to its pair
+        arrays["hits"] = result.hits.astype(bool)
+        arrays["distance"] = evaluation.queries[:, 1].numpy().astype(np.int64)
     return arrays
 
 

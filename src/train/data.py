@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
+from longctx.data.mqar import ensure_mqar
 
 log = logging.getLogger("longctx")
 
@@ -25,7 +26,8 @@ def icl_doc_len(data_cfg: DictConfig, ctx: int) -> int:
 
 
 def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
-    """Locate (and for icl_markov, generate on first use) the train and heldout arrays."""
+    """Locate (and for the generated tasks, icl_markov and mqar, generate on first use) the train and heldout
+    arrays. An MQAR document is as long as the context (its queries are asked within it)."""
     if data_cfg.name == "icl_markov":
         doc_len = icl_doc_len(data_cfg, ctx)
         root = ensure_icl_markov(
@@ -35,6 +37,13 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
             disjoint_sizes=data_cfg.get("disjoint_sizes", False),
             progress=sys.stderr.isatty(),  # a bar's redraws would flood a log file
         )
+        train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
+    elif data_cfg.name == "mqar":
+        root = ensure_mqar(
+            data_cfg.cache_dir, n_keys=data_cfg.n_keys, n_values=data_cfg.n_values, n_pairs=data_cfg.n_pairs,
+            n_queries=data_cfg.n_queries, doc_len=ctx, n_train=max(1, data_cfg.train_tokens // ctx),
+            n_heldout=data_cfg.n_heldout, distance=data_cfg.distance, power_a=data_cfg.power_a,
+            seed=data_cfg.gen_seed, progress=sys.stderr.isatty())
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     else:
         if OmegaConf.is_missing(data_cfg, "path") or data_cfg.path in (None, ""):
@@ -49,11 +58,15 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
     return DataSplits(train_path=train, heldout_path=heldout, info=info)
 
 
-def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank: int, world_size: int,
-                       vocab_size: int) -> LongCrawl64:
+def check_batch_fits(splits: DataSplits, data_cfg: DictConfig) -> None:
     if data_cfg.docs_per_batch > splits.info["num_docs"]:
         raise ValueError(f"data.docs_per_batch={data_cfg.docs_per_batch} is more than the "
                          f"{splits.info['num_docs']} documents of {splits.train_path}")
+
+
+def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank: int, world_size: int,
+                       vocab_size: int) -> LongCrawl64:
+    check_batch_fits(splits, data_cfg)
     reader = LongCrawl64(str(splits.train_path), ctx, data_cfg.docs_per_batch, rank=rank, world_size=world_size,
                          reshape_block=data_cfg.reshape_block, vocab_limit=vocab_size)
     check_vocab(reader, vocab_size)  # BOS and a sample of chunks now; every block the reader decodes later
