@@ -8,7 +8,10 @@ warnings.filterwarnings("ignore", message="Triton is not supported on current pl
 
 from longctx.naming import register as _register_run_name  # noqa: E402
 
+from longctx.state import register as _register_state  # noqa: E402
+
 _register_run_name()  # conf/config.yaml's run_name is ${longctx.run_name:}
+_register_state()  # experiment configs' equal-state windows: ${longctx.equal_state_window:p,head_dim}
 
 
 def load_run(run_dir, step=None, device="auto"):
