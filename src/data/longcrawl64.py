@@ -367,7 +367,8 @@ def _queries(arr, name: str, n: int, T: int, field: str) -> dict:
     except Exception as err:  # zarr's errors name no file
         raise ValueError(f"{field}: the heldout queries {str(where)!r} cannot be read ({type(err).__name__})") from None
     if queries.ndim != 3 or queries.shape[:2] != (n, 2):
-        raise ValueError(f"{field}: the heldout queries {str(where)!r} have shape {queries.shape}, expected ({n}, 2, Q)")
+        raise ValueError(f"{field}: the heldout queries {str(where)!r} have shape {queries.shape}, "
+                         f"expected ({n}, 2, Q)")
     last = int(queries[:, 0].max())
     if last >= T:
         raise ValueError(f"ctx={T}: the heldout documents ask queries up to position {last}; recall data is "

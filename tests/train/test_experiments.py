@@ -27,7 +27,9 @@ RECIPES = ("paper", "icl_small", "paper_scale", "icl_curriculum", "icl_token_shi
 SWEEPS = [e for e in EXPERIMENTS if e not in RECIPES]
 # sweeps on a corpus the user prepares (real text): no ICL task, no staged recipe, no paper-scale twin
 REAL_TEXT = ("corpus_attention",)
-SMALL = [e for e in SWEEPS if not e.endswith("_paper") and e not in REAL_TEXT]
+# recall sweeps (data=mqar): one stage at their own context, no ICL recipe, no paper-scale twin (the paper has none)
+RECALL = ("recall_state", "recall_state_long", "recall_state_cpu")
+SMALL = [e for e in SWEEPS if not e.endswith("_paper") and e not in REAL_TEXT + RECALL]
 # each small sweep's paper-scale counterpart
 PAPER_OF = {"attention_long_context": "attention_equal_state_paper"}
 # points of each small sweep (one seed)
@@ -450,3 +452,48 @@ def test_sweep_launcher_prints_the_command(tmp_path):
     assert "hydra.launcher.partition=gpu" in out.stdout and out.stdout.strip().endswith("seed=1")
     bad = subprocess.run([str(script), "no_such_experiment"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "no conf/experiment/no_such_experiment.yaml" in bad.stderr
+
+
+# ----- recall against state (data=mqar) ------------------------------------------------------------------------
+def test_recall_arms_hold_the_states_longctx_state_gives(compose):
+    """The window arm holds power p=2's state and window_linear_state linear's, by the paper's definitions."""
+    from longctx.state import state_per_layer
+
+    def state(arm):
+        cfg = compose("experiment=recall_state", f"+experiment/arm={arm}", "run_dir=/r")
+        h, d = cfg.model.n_heads, cfg.model.d_model
+        window = cfg.attention.get("window")
+        return state_per_layer(cfg.attention.name, d_model=d, n_heads=h, ctx=cfg.ctx, p=cfg.p, window=window)
+
+    assert abs(state("window") - state("power_p2")) / state("power_p2") < 1e-3
+    assert state("window_linear_state") == state("linear")
+    assert state("exp") > state("power_p2") > state("linear")
+    assert state("power_p4") > state("power_p3") > state("exp")     # at ctx 4096, head_dim 64
+
+
+def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
+    for name in ("recall_state", "recall_state_long"):
+        points = sweep_points(name)
+        names = set()
+        for point in points:
+            cfg = compose(f"experiment={name}", "run_dir=/r", *point)
+            validate(cfg)
+            assert cfg.data.name == "mqar" and cfg.logger.wandb.group == name
+            assert 4 * cfg.data.n_pairs <= cfg.ctx and cfg.data.n_pairs <= cfg.data.n_keys
+            names.add(cfg.run_name)
+        assert len(names) == len(points)
+
+
+def test_recall_sweep_runs_on_cpu_and_logs_recall(train_env, tmp_path):
+    """`train.py -m experiment=recall_state_cpu`: every point trains and logs its accuracy at the queries."""
+    sweep_dir = tmp_path / "sweep"
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "-m", "experiment=recall_state_cpu",
+                          f"hydra.sweep.dir={sweep_dir}", "+experiment/arm=exp,power_p2", "data.n_pairs=4"],
+                         cwd=tmp_path, env=train_env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = sorted(p.parent for p in sweep_dir.glob("*/metrics.jsonl"))
+    assert [r.name for r in runs] == ["gpt2_exp_d128l2_mqar_n4_ctx64_s0", "gpt2_power_p2_d128l2_mqar_n4_ctx64_s0"]
+    for run in runs:
+        final = _metrics(run)[-1]
+        assert 0 <= final["recall_accuracy"] <= 1 and final["recall_queries"] == 4 * 4
+        assert final["recall_chance"] == 1 / 16
