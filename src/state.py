@@ -25,10 +25,9 @@ def power_dim(p: int, head_dim: int, definition: str = "paper") -> int:
     _check(p=p, head_dim=head_dim, definition=definition)
     if definition == "paper":
         return comb(head_dim + p - 1, p)
-    from longctx.kernels.power.reference import state_tile  # torch-free below: the count, not the features
+    from longctx.kernels.power import state_dim  # imported on use: configs resolve the paper's without torch
 
-    tile = state_tile(p, head_dim)
-    return comb(head_dim // tile + p - 1, p) * tile ** p
+    return state_dim(p, head_dim)
 
 
 def state_per_layer(attention: str, *, d_model: int, n_heads: int, ctx: int, p: int = 2, window: int | None = None,
