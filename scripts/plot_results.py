@@ -7,12 +7,15 @@
 In docs/results/experiments every record is a compact report record (`python -m longctx.report RUNS --out DIR
 --record NAME.json`: a JSON with "kind": "report" and the per-document npz beside it), whose figures longctx.report's
 own figure code redraws under the names the record gives them.
-Each JSON carries the command that measured it; README.md's "Results" quotes the same records.
+Each JSON carries the command that measured it; README.md's "Results" quotes the same records. Figures are written
+inside --dir only; a record cut short (JSON or npz) or a --dir that cannot be written is one line and exit 2, before
+anything is drawn.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import matplotlib
@@ -20,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from longctx.plotting import attention_label, save_figure  # noqa: E402
 from longctx.train.loggers import plot_icl_curves  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
@@ -33,9 +37,7 @@ def _ctx_label(t: int) -> str:
 
 def _finish(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_kernel_benchmark(record: dict, path: Path) -> Path:
@@ -114,7 +116,8 @@ def plot_wsfr(record: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for attention in dict.fromkeys(r["attention"] for r in record["rows"]):
         rows = sorted((r for r in record["rows"] if r["attention"] == attention), key=lambda r: r["ctx"])
-        line, = ax.plot([r["ctx"] for r in rows], [r["wsfr_no_lm_head"] for r in rows], marker="o", label=attention)
+        line, = ax.plot([r["ctx"] for r in rows], [r["wsfr_no_lm_head"] for r in rows], marker="o",
+                        label=attention_label(attention))
         paper = [(r["ctx"], _ratio(r["paper_wsfr"])) for r in rows if r.get("paper_wsfr")]
         if paper:
             ax.plot(*zip(*paper), "x", color=line.get_color(), ms=9, mew=2)
@@ -180,36 +183,89 @@ def main(argv=None) -> list[Path]:
                                                   f"--dir; in docs/results: {', '.join(PLOTS)})")
     parser.add_argument("--dir", type=Path, default=RESULTS, help="folder holding <table>.json; PNGs go beside them")
     args = parser.parse_args(argv)
+    if not args.dir.is_dir():
+        parser.exit(2, f"error: --dir {args.dir}: not a folder\n")
     known = dict(PLOTS)
-    compact = sorted(p.stem for p in args.dir.glob("*.json") if _is_compact(p))
+    try:
+        records = read_records(args.dir)
+    except ValueError as err:
+        parser.exit(2, f"error: {err}\n")
+    compact = sorted(t for t, record in records.items() if _kind(record) == "report")
     unknown = [t for t in args.tables if t not in known and t not in compact]
     if unknown:
         parser.error(f"unknown table {unknown[0]!r}; tables: {', '.join([*known, *compact])}")
-    chosen = args.tables or [t for t in [*known, *compact] if (args.dir / f"{t}.json").exists()]
+    chosen = args.tables or [t for t in [*known, *compact] if t in records]
     try:
-        written = _draw(chosen, known, compact, args.dir)
-    except ValueError as err:  # a compact record naming a figure kind the report does not draw
+        targets = [args.dir / name for t in chosen for name in figure_names(t, records[t], t in compact)]
+        check_writable(targets)
+        written = _draw(chosen, known, compact, records, args.dir)
+    except ValueError as err:  # a record that cannot be drawn, or a figure that cannot be written: named
         parser.exit(2, f"error: {err}\n")
     for path in written:
         print(path)
     return written
 
 
-def _draw(chosen: list[str], known: dict, compact: list[str], folder: Path) -> list[Path]:
+def read_records(folder: Path) -> dict[str, dict]:
+    """{table: record} of every <table>.json in `folder`; ValueError naming a file that is not whole JSON (a cut
+    record is an error, never skipped)."""
+    records = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            records[path.stem] = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err.msg}, line {err.lineno}); cut short?") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: unreadable ({type(err).__name__})") from None
+    return records
+
+
+def _kind(record) -> str | None:
+    return record.get("kind") if isinstance(record, dict) else None
+
+
+def figure_names(table: str, record: dict, compact: bool) -> list[str]:
+    """The PNG names a table draws; a compact record's must be plain names (the figures go inside --dir only)."""
+    if not compact:
+        return [f"{table}.png"]
+    figs = record.get("figures")
+    if not isinstance(figs, dict):
+        raise ValueError(f"{table}.json: no 'figures' table naming the PNGs to draw")
+    for name in figs.values():
+        if not (isinstance(name, str) and name.endswith(".png") and Path(name).name == name
+                and name not in (".png", "..png")):
+            raise ValueError(f"{table}.json: figure name {name!r} is not a .png file name in --dir; "
+                             f"figures are drawn inside --dir only")
+    return list(figs.values())
+
+
+def check_writable(paths: list[Path]) -> None:
+    """ValueError naming the first figure that cannot be written, before any is drawn."""
+    for path in paths:
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ValueError(f"{path}: is read-only; nothing drawn")
+        if not path.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
+            raise ValueError(f"{path.parent}: not writable; nothing drawn")
+
+
+def _draw(chosen: list[str], known: dict, compact: list[str], records: dict, folder: Path) -> list[Path]:
     written = []
     for table in chosen:
-        if table in compact:
-            written += draw_compact(json.loads((folder / f"{table}.json").read_text()), folder).values()
-        else:
-            record = json.loads((folder / f"{table}.json").read_text())
-            written.append(known[table](record, folder / f"{table}.png"))
+        try:
+            if table in compact:
+                written += draw_compact(records[table], folder).values()
+            else:
+                written.append(known[table](records[table], folder / f"{table}.png"))
+        except (KeyError, TypeError, IndexError) as err:  # a field missing or of the wrong kind
+            raise ValueError(f"{folder / f'{table}.json'}: not a complete {table} record "
+                             f"({type(err).__name__}: {err})") from None
     return written
 
 
 def _is_compact(path: Path) -> bool:
     try:
-        return json.loads(path.read_text()).get("kind") == "report"
-    except (json.JSONDecodeError, AttributeError):
+        return _kind(json.loads(path.read_text())) == "report"
+    except json.JSONDecodeError:
         return False
 
 

@@ -38,7 +38,8 @@ def _shown(fig) -> dict[str, np.ndarray]:
 
 def _expected(compact: dict, kind: str) -> dict[str, np.ndarray]:
     """What the figure must show, straight from the record: each group's mean final curve over its seeds (minus
-    the optimum for a gap figure)."""
+    the optimum for a gap figure), under the group's label in words."""
+    from longctx.plotting import readable_label
     groups: dict[str, list] = {}
     for run in compact["runs"]:
         final = run["records"][-1]
@@ -49,7 +50,7 @@ def _expected(compact: dict, kind: str) -> dict[str, np.ndarray]:
     out = {}
     for label, members in groups.items():
         seeds = f" ({len(members)} seeds)" if len(members) > 1 else ""
-        out[f"{label}{seeds} (step {members[0][1]})"] = np.mean([c for c, _ in members], axis=0)
+        out[f"{readable_label(label)}{seeds} (step {members[0][1]})"] = np.mean([c for c, _ in members], axis=0)
     return out
 
 
@@ -121,8 +122,10 @@ def test_results_figures_show_their_records_numbers(tmp_path, import_script, mon
     record, draw = _drawn(plot_results, monkeypatch, "wsfr")
     fig = draw(tmp_path / "w.png")
     for line in fig.axes[0].get_lines():
-        if line.get_linestyle() == "-" and line.get_label() in {r["attention"] for r in record["rows"]}:
-            rows = sorted((r for r in record["rows"] if r["attention"] == line.get_label()), key=lambda r: r["ctx"])
+        named = {plot_results.attention_label(r["attention"]): r["attention"] for r in record["rows"]}  # exp: softmax
+        if line.get_linestyle() == "-" and line.get_label() in named:
+            rows = sorted((r for r in record["rows"] if r["attention"] == named[line.get_label()]),
+                          key=lambda r: r["ctx"])
             assert list(line.get_ydata()) == [r["wsfr_no_lm_head"] for r in rows]
 
     record, draw = _drawn(plot_results, monkeypatch, "default_cpu_run")

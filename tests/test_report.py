@@ -326,6 +326,7 @@ def test_retrieval_results_join_the_report_and_the_record_with_wilson_intervals(
     low, high = wilson_interval(20, 200)
     assert rows[0].split("|")[7].strip() == f"10.0% [{low:.1%}, {high:.1%}]"
     assert rows[0].split("|")[5].strip() == f"0.0% [0.0%, {wilson_interval(0, 40)[1]:.1%}]"   # 40 keys
+    assert rows[0].split("|")[8].strip() == "10%, 0.001%"       # chance (digit, key) in percent, as the accuracies
     kept = json.loads(record.read_text())["retrieval"]
     assert [(e["label"], e["task"], e["step"]) for e in kept] == [("exp", "passkey", 20), ("exp", "needle", 20)]
     assert kept[0]["choice_accuracy"] == newest["choice_accuracy"]

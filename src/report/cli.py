@@ -8,9 +8,13 @@ folder is searched for run directories below it (a multirun sweep). A run with n
 out; one still training is marked unfinished; a cut last line of metrics.jsonl is skipped with a warning.
 
 Runs are labelled by their attention and every config key that differs between them; runs that differ only in
-their seed form one row (seed mean, interval, spread across seeds) and one curve with a band. Intervals come from
-the per-document records an evaluation writes (eval/step_XXXXXXXX.npz; see longctx.report.stats): 95% percentile
-bootstrap over heldout documents; differences between runs evaluated on the same documents are paired. DIR gets:
+their seed (the same data, longctx.report.evaldata, and the same init_from) form one row (seed mean, interval, spread
+across seeds) and one curve with a band; two runs of a row with one seed or identical records (a copy) are refused.
+Intervals come from the per-document records an evaluation writes (eval/step_XXXXXXXX.npz; see
+longctx.report.stats): 95% percentile bootstrap over heldout documents; differences between runs evaluated on the
+same documents are paired (runs on other data never are: report.md says why). Nothing is written in any run's
+folder, over a file read or over another output, and every output is checked writable before the first is written.
+DIR gets:
 
     report.md                  the table (each run's final evaluation, numbers as in its metrics.jsonl), the
                                intervals, the paired differences, the runs' retrieval results (passkey, needle;
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from itertools import combinations
 from pathlib import Path
@@ -37,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from longctx.report import figures
-from longctx.report.runs import (Group, Run, describe_comparison, group_runs, label_runs, load_runs,
-                                 provenance_differences)
+from longctx.report.runs import (Group, Run, data_difference, describe_comparison, group_runs, label_runs,
+                                 load_runs, log, provenance_differences, refuse_duplicate_seeds)
 from longctx.report.markdown import table_head
 from longctx.report.record import FIGURES, write_record
 from longctx.report.retrieval import retrieval_entries, retrieval_section
@@ -46,6 +51,7 @@ from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_diffe
                                   seed_pairs_agreeing)
 
 MAX_PAIRS = 15  # more groups than this: each compared with the first of its data only
+MAX_BOOTSTRAP = 100_000  # resamples: ~0.8 GB of weights per 1,000 documents
 
 
 # ----- tables -----------------------------------------------------------------------------------------------
@@ -155,13 +161,16 @@ def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]
     with_docs = [(g, _final_docs(g)) for g in groups]
     with_docs = [(g, d) for g, d in with_docs if d is not None]
     pairs = list(combinations(with_docs, 2))
+    refused = [f"{a.label} and {b.label}: evaluated on different data ({data_difference(a.first, b.first)}); a "
+               f"paired difference needs the same documents" for (a, _), (b, _) in pairs
+               if _documents_key(a) != _documents_key(b)]
     pairs = [(a, b) for a, b in pairs if _documents_key(a[0]) == _documents_key(b[0])]
     if len(pairs) > MAX_PAIRS:
         firsts = {}
         for g, d in with_docs:
             firsts.setdefault(_documents_key(g), (g, d))
         pairs = [(a, b) for a, b in pairs if a is firsts[_documents_key(a[0])]]
-    rows, refused = [], []
+    rows = []
     for (ga, da), (gb, db) in pairs:
         try:
             row = {"a": ga.label, "b": gb.label}
@@ -174,6 +183,8 @@ def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]
             rows.append(row)
         except ValueError as err:
             refused.append(str(err))
+    for line in refused:
+        log.warning(f"warning: not paired: {line}")
     return rows, refused
 
 
@@ -224,13 +235,14 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
 def write_report(paths: list[Path], out: Path, title: str | None = None, at_flops: float | None = None,
                  n_boot: int = DEFAULT_BOOTSTRAP, record: Path | None = None, labels: list[str] | None = None,
                  record_figures: list[str] | None = None) -> Path:
+    out = Path(out)
     runs, left_out = load_runs(paths)
-    refuse_run_folders(runs, out, record)
+    outputs = output_files(out, record)
+    refuse_overwrites(runs, outputs)
     keys = label_runs(runs)
     relabel(runs, labels or [])
     groups = group_runs(runs)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    refuse_duplicate_seeds(groups)
     title = title or describe_comparison(runs, keys)
     figs = [("ICL curves", "icl_curves.png", figures.draw_icl_overlay(groups, runs, title, at_flops, n_boot))]
     if any("bayes_curve" in run.final for run in runs):
@@ -253,8 +265,15 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         figs.append(("Best-context loss vs context", "best_context_vs_context.png", by_context))
     figs.append(("ICL curves through training", "icl_over_training.png",
                  figures.draw_icl_over_training(runs, title)))
-    for _, name, fig in figs:
-        figures.save(fig, out / name)
+    record_names = None
+    if record is not None:
+        kinds = [name.removesuffix(".png") for _, name, _ in figs if name != "icl_over_training.png"]
+        missing = [kind for kind in record_figures or [] if kind not in kinds]
+        if missing:
+            raise ValueError(f"--record-figures: {', '.join(missing)} not drawn for these runs "
+                             f"(drawn: {', '.join(kinds)})")
+        record_names = {kind: f"{Path(record).stem}_{kind}.png" for kind in kinds
+                        if record_figures is None or kind in record_figures}
 
     text = [f"# {title}", "", f"{len(runs)} runs: " + ", ".join(f"`{r.name}` ({r.label})" for r in runs), ""]
     if left_out:
@@ -279,7 +298,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
                  "when its intervals exclude 0 and every seed pair agrees.", ""]
         text += [paired_table(prows), ""] if prows else []
         text += [f"- not paired: {line}" for line in refused] + ([""] if refused else [])
-    (out / "intervals.json").write_text(json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n")
+    intervals = json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n"
     retrieval = retrieval_entries(runs)
     text += retrieval_section(retrieval)
     provenance = provenance_differences(runs)
@@ -292,16 +311,15 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     for name, png, _ in figs:
         text += [f"## {name}", "", f"![{name}]({png})", ""]
     text += notes
+    check_writable(outputs)  # every output, before the first is written
+    out.mkdir(parents=True, exist_ok=True)
+    for _, name, fig in figs:
+        figures.save(fig, out / name)
+    (out / "intervals.json").write_text(intervals)
     report = out / "report.md"
     report.write_text("\n".join(text) + "\n")
     if record is not None:
-        kinds = [name.removesuffix(".png") for _, name, _ in figs if name != "icl_over_training.png"]
-        missing = [kind for kind in record_figures or [] if kind not in kinds]
-        if missing:
-            raise ValueError(f"--record-figures: {', '.join(missing)} not drawn for these runs "
-                             f"(drawn: {', '.join(kinds)})")
-        write_record(runs, title, record, {kind: f"{record.stem}_{kind}.png" for kind in kinds
-                                           if record_figures is None or kind in record_figures}, retrieval)
+        write_record(runs, title, Path(record), record_names, retrieval)
     return report
 
 
@@ -324,14 +342,59 @@ def relabel(runs: list[Run], items: list[str]) -> None:
             run.label = ", ".join([run.seed_label] + [p for p in run.label.split(", ") if p.startswith("seed=")])
 
 
-def refuse_run_folders(runs: list[Run], out: Path, record: Path | None) -> None:
-    """ValueError when --out or --record's folder is a run's own folder (its icl_curves.png, eval/*.npz and
-    checkpoints would be overwritten by the report's files of the same names)."""
-    owned = {(run.path / sub).resolve(): run.name for run in runs for sub in ("", "eval", "checkpoints")}
-    for flag, folder in (("--out", Path(out)), ("--record", None if record is None else Path(record).parent)):
-        if folder is not None and folder.resolve() in owned:
-            raise ValueError(f"{flag} {folder}: is a folder of the run {owned[folder.resolve()]}, whose files the "
-                             f"report would overwrite; give another folder")
+REPORT_FILES = ("report.md", "intervals.json", "icl_over_training.png") + tuple(f"{kind}.png" for kind in FIGURES)
+
+
+def output_files(out: Path, record: Path | None) -> list[tuple[Path, str]]:
+    """[(a file the report may write, the flag that chose it)]."""
+    files = [(Path(out) / name, "--out") for name in REPORT_FILES]
+    if record is not None:
+        files += [(Path(record), "--record"), (Path(record).with_suffix(".npz"), "--record")]
+    return files
+
+
+def run_folder_of(folder: Path) -> Path | None:
+    """The run folder holding `folder` (itself or a folder above it), in the report or not: one with config.yaml
+    and metrics.jsonl, a run lock or checkpoints/ (a run just started has no metrics yet)."""
+    for candidate in [folder, *folder.parents]:
+        if (candidate / "config.yaml").is_file() and any(
+                (candidate / name).exists() for name in ("metrics.jsonl", ".lock", "checkpoints")):
+            return candidate
+    return None
+
+
+def refuse_overwrites(runs: list[Run], outputs: list[tuple[Path, str]]) -> None:
+    """ValueError, before anything is written, when an output would land in a run's folder (its figures, eval/
+    records and checkpoints share the report's names), on a file the report reads, or on another output."""
+    inputs = {p.resolve() for run in runs for p in [*run.path.rglob("*"), run.path.parent / "stages.json"]
+              if p.is_file()}
+    seen: dict[Path, Path] = {}
+    for path, flag in outputs:
+        resolved = path.resolve()
+        owner = run_folder_of(resolved.parent)
+        if owner is not None:
+            raise ValueError(f"{flag} {path.parent if flag == '--out' else path}: is a folder of the run {owner}, "
+                             f"whose files the report would overwrite; give a folder outside every run")
+        if resolved in inputs:
+            raise ValueError(f"{flag} {path}: is a file the report reads; give another path")
+        if resolved in seen:
+            raise ValueError(f"{flag} {path}: is also {seen[resolved]}, another of the report's outputs; "
+                             f"give another path")
+        seen[resolved] = path
+
+
+def check_writable(outputs: list[tuple[Path, str]]) -> None:
+    """ValueError naming the first output that cannot be written (its folder or the file itself read-only)."""
+    for path, flag in outputs:
+        folder = path.parent
+        while not folder.exists():
+            folder = folder.parent
+        if path.is_dir():
+            raise ValueError(f"{flag} {path}: is a folder, where the report writes a file; nothing written")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ValueError(f"{flag} {path}: is read-only; nothing written")
+        if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {path}: {folder} is not writable; nothing written")
 
 
 def check_out(out: Path) -> str | None:
@@ -373,8 +436,10 @@ def main(argv=None) -> Path:
     if args.record is not None and (args.record.suffix != ".json" or args.record.is_dir()
                                     or not args.record.parent.is_dir()):
         parser.exit(2, f"error: --record {args.record}: give a .json file in an existing folder\n")
-    if args.bootstrap < 1:
-        parser.exit(2, f"error: --bootstrap {args.bootstrap}: must be >= 1\n")
+    if not 1 <= args.bootstrap <= MAX_BOOTSTRAP:
+        parser.exit(2, f"error: --bootstrap {args.bootstrap}: must be between 1 and {MAX_BOOTSTRAP}\n")
+    if args.at_flops is not None and not (math.isfinite(args.at_flops) and args.at_flops > 0):
+        parser.exit(2, f"error: --at-flops {args.at_flops}: must be a finite number of FLOPs > 0\n")
     problem = check_out(args.out)
     if problem:
         parser.exit(2, f"error: {problem}\n")

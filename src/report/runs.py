@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from longctx.models.attention import CONF_ONLY_KEYS, attention_class
+from longctx.report.evaldata import data_items
 from longctx.report.stats import DocBins, load_doc_bins
 
 log = logging.getLogger("longctx.report")
@@ -22,7 +23,8 @@ IGNORED_KEYS = {"run_dir", "run_name", "cache_dir", "data.cache_dir", "data.path
                 "attention.tag", "trainer.resume", "trainer.keep_checkpoints", "trainer.num_threads"}
 IGNORED_PREFIXES = ("logger.", "hydra.")
 # data keys that change how training reads the data, not which heldout documents the evaluation sees
-TRAINING_ONLY_DATA_KEYS = {"data.docs_per_batch", "data.reshape_block", "data.train_tokens"}
+# (data.id covers the training split too: the heldout documents are compared by their own digest)
+TRAINING_ONLY_DATA_KEYS = {"data.docs_per_batch", "data.reshape_block", "data.train_tokens", "data.id"}
 UNSET = "(unset)"
 
 
@@ -36,6 +38,8 @@ class Run:
     label: str = ""       # its attention and every config key that differs from another run's
     seed_label: str = ""  # the label without the seed: runs sharing it differ only in their seed
     status: str = "complete"
+    eval_items: tuple = ()   # (key, value) items telling its heldout documents apart beyond the config (evaldata)
+    group_key: tuple = ()    # the full config but the seed: runs sharing it (and the label) are seeds of one group
 
     @property
     def attention(self) -> str:
@@ -61,7 +65,8 @@ class Run:
     def heldout_key(self) -> tuple:
         """Runs sharing it were evaluated on the same heldout documents with the same bins (their optimum is one)."""
         return (self.ctx,) + tuple(sorted((k, _hashable(v)) for k, v in self.flat.items()
-                                          if k.startswith("data.") and k not in TRAINING_ONLY_DATA_KEYS))
+                                          if k.startswith("data.") and k not in TRAINING_ONLY_DATA_KEYS)) \
+            + self.eval_items
 
     def at_flops(self, budget: float | None) -> dict | None:
         """The last evaluation within `budget` training FLOPs (the final one when budget is None)."""
@@ -134,8 +139,35 @@ def read_metrics(path: Path) -> list[dict]:
         if missing:
             log.warning(f"warning: {path}:{number}: not an evaluation record (no {missing[0]!r}); skipped")
             continue
+        check_record(record, f"{path}:{number}")
         records.append(record)
     return records
+
+
+class RecordError(ValueError):
+    """A complete evaluation record holding a value of the wrong kind: the run's files are damaged, not still
+    being written, so the report stops rather than leave the run out."""
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_record(record: dict, where: str) -> None:
+    """RecordError naming `where` and the field when a record's step, best-context loss or ICL curve is not
+    numbers (NaN, which a diverged run writes, is a number: the table shows it as nan)."""
+    if not _is_number(record["step"]):
+        raise RecordError(f"{where}: step is {json.dumps(record['step'])}, not a number")
+    for key in ("best_context_loss", "last10_loss", "flops", "tokens", "best_context_gap", "max_bin_gap"):
+        if key in record and record[key] is not None and not _is_number(record[key]):
+            raise RecordError(f"{where}: {key} is {json.dumps(record[key])}, not a number")
+    if not _is_number(record["best_context_loss"]):
+        raise RecordError(f"{where}: best_context_loss is {json.dumps(record['best_context_loss'])}, not a number")
+    for key in ("icl_curve", "bayes_curve"):
+        curve = record.get(key)
+        if key in record and not (isinstance(curve, list) and curve and all(
+                isinstance(b, list) and len(b) == 3 and all(_is_number(x) for x in b) for b in curve)):
+            raise RecordError(f"{where}: {key} is not a list of [start, end, loss] bins")
 
 
 def load_run(path: Path) -> Run:
@@ -151,6 +183,9 @@ def load_run(path: Path) -> Run:
         raise ValueError(f"{path / 'config.yaml'}: not a run config (no attention group or ctx)")
     run = Run(path=path, config=config, records=read_metrics(path / "metrics.jsonl"))
     run.flat = flat_config(config)
+    entries, run.eval_items = data_items(path, config, run.flat, run.ctx)
+    run.flat.update(entries)
+    run.group_key = tuple(sorted((k, _hashable(v)) for k, v in run.flat.items() if k != "seed"))
     run.status = run_status(run)
     return run
 
@@ -175,6 +210,8 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
     for path in find_runs(paths):
         try:
             run = load_run(path)
+        except RecordError:
+            raise
         except (FileNotFoundError, ValueError) as err:
             left_out.append(str(err))
             continue
@@ -289,15 +326,36 @@ def differing_keys(runs: list[Run]) -> list[str]:
             continue  # the label starts with the attention's tag
         values: dict[str, set] = {}
         for r in runs:
-            values.setdefault(_partition(key, r), set()).add(show(key, r.flat.get(key, UNSET)))
+            values.setdefault(_partition(key, r), set()).add(_compared(key, r.flat.get(key, UNSET)))
         if any(len(v) > 1 for v in values.values()):
             out.append(key)
     return out
 
 
-def _label_part(run: Run, key: str) -> str:
+def _compared(key: str, value) -> str:
+    """A value as runs are told apart by it: an init_from source by its whole path (two runs' checkpoints share
+    their file names), every other value as shown."""
+    return str(value) if key == "trainer.init_from" else show(key, value)
+
+
+def source_names(runs: list[Run]) -> dict[str, str]:
+    """{trainer.init_from: the shortest tail of its path that no other run's source shares}."""
+    sources = {str(r.flat.get("trainer.init_from")) for r in runs if r.flat.get("trainer.init_from")}
+    names = {}
+    for source in sources:
+        parts = Path(source).parts
+        depth = 1
+        while depth < len(parts) and any(Path(o).parts[-depth:] == parts[-depth:] for o in sources if o != source):
+            depth += 1
+        names[source] = "/".join(parts[-depth:])
+    return names
+
+
+def _label_part(run: Run, key: str, sources: dict[str, str] | None = None) -> str:
     group, _, rest = key.partition(".")
     value = show(key, run.flat.get(key, UNSET))
+    if key == "trainer.init_from" and sources:
+        value = sources.get(str(run.flat.get(key)), value)
     if group in CONF_GROUPS and key == _identity_key(group, run.flat):
         return f"{group}={value}"          # as the override is typed: data=icl_markov_long
     return f"{rest}={value}" if group == "attention" else f"{key}={value}"
@@ -307,9 +365,11 @@ def label_runs(runs: list[Run]) -> list[str]:
     """Label each run by its attention plus every config key that differs between the runs; return those keys."""
     name_runs(runs)
     keys = differing_keys(runs)
+    sources = source_names(runs)
     for run in runs:
-        parts = [_label_part(run, k) for k in keys
-                 if len({show(k, r.flat.get(k, UNSET)) for r in runs if _partition(k, r) == _partition(k, run)}) > 1]
+        parts = [_label_part(run, k, sources) for k in keys
+                 if len({_compared(k, r.flat.get(k, UNSET)) for r in runs
+                         if _partition(k, r) == _partition(k, run)}) > 1]
         run.label = ", ".join([run.tag] + parts)
         run.seed_label = ", ".join([run.tag] + [p for p in parts if not p.startswith("seed=")])
     return keys
@@ -332,12 +392,46 @@ class Group:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    groups: dict[str, list[Run]] = {}
+    """Runs sharing their label without the seed and their whole config but the seed (init source and data
+    included) form one group of seeds."""
+    groups: dict[tuple, list[Run]] = {}
     for run in runs:
-        groups.setdefault(run.seed_label, []).append(run)
+        groups.setdefault((run.seed_label, run.group_key), []).append(run)
     return [Group(runs=members, index=i,
                   label=label + (f" ({len(members)} seeds)" if len(members) > 1 else ""))
-            for i, (label, members) in enumerate(groups.items())]
+            for i, ((label, _), members) in enumerate(groups.items())]
+
+
+def refuse_duplicate_seeds(groups: list[Group]) -> None:
+    """ValueError naming both run folders when two runs of a group are not independent seeds: the same seed (one
+    run twice, e.g. a copied folder), or the same evaluation records (a copy given another seed)."""
+    for group in groups:
+        for i, a in enumerate(group.runs):
+            for b in group.runs[i + 1:]:
+                if a.seed == b.seed and a.seed is not None:  # (a config without a seed: its records tell)
+                    raise ValueError(f"{a.path} and {b.path}: the same config and seed={show('seed', a.seed)}, "
+                                     f"not two seeds (a copied run?); report one of them")
+                if same_records(a, b):
+                    raise ValueError(f"{a.path} and {b.path}: identical evaluation records under seeds "
+                                     f"{show('seed', a.seed)} and {show('seed', b.seed)} (a copied run?); report one "
+                                     f"of them")
+
+
+def same_records(a: Run, b: Run) -> bool:
+    """Whether two runs' final evaluations are identical: the same curve, and the same per-document losses where
+    both wrote them (independent trainings never agree to the last bit)."""
+    fa, fb = a.final, b.final
+    if fa["step"] != fb["step"] or fa["icl_curve"] != fb["icl_curve"]:
+        return False
+    da, db = a.doc_bins(fa), b.doc_bins(fb)
+    return da is None or db is None or (da.loss.shape == db.loss.shape and bool((da.loss == db.loss).all()))
+
+
+def data_difference(a: Run, b: Run) -> str:
+    """What tells two runs' heldout data apart, as 'key: value vs value' parts."""
+    ka, kb = dict(a.heldout_key[1:]), dict(b.heldout_key[1:])
+    return "; ".join(f"{k}: {show(k, ka.get(k, UNSET))} vs {show(k, kb.get(k, UNSET))}"
+                     for k in dict.fromkeys([*ka, *kb]) if ka.get(k, UNSET) != kb.get(k, UNSET))
 
 
 def describe_comparison(runs: list[Run], keys: list[str]) -> str:

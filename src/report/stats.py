@@ -27,6 +27,7 @@ n_a x n_b seed pairs differ in the estimate's direction. Statistics that are one
 from __future__ import annotations
 
 import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -38,6 +39,8 @@ from longctx.eval.metrics import min_positions_for
 DEFAULT_BOOTSTRAP = 2000
 DEFAULT_SEED = 0
 LEVEL = 0.95
+# resamples x documents: the weights and the draws take 8 bytes each per entry (3 arrays: ~2.4 GiB)
+MAX_RESAMPLED_DOCS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -56,15 +59,25 @@ class DocBins:
 def load_doc_bins(path: str | Path, prefix: str = "") -> DocBins:
     """Read a per-document record (no pickles); a missing array or a shape that disagrees names the file. prefix:
     the record's arrays are `<prefix>loss`, ... (a compact report record keeps every run's in one file)."""
-    with np.load(path, allow_pickle=False) as f:
-        missing = [k for k in ("loss", "edges", "doc_index") if prefix + k not in f.files]
-        if missing:
-            raise ValueError(f"{path}: no {prefix + missing[0]!r} array (a per-document record holds loss, edges, "
-                             f"doc_index)")
-        rec = DocBins(loss=np.asarray(f[prefix + "loss"], np.float64),
-                      edges=np.asarray(f[prefix + "edges"], np.int64),
-                      doc_index=np.asarray(f[prefix + "doc_index"], np.int64),
-                      bayes=np.asarray(f[prefix + "bayes"], np.float64) if prefix + "bayes" in f.files else None)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[prefix + k] for k in ("loss", "edges", "doc_index", "bayes") if prefix + k in f.files}
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as err:  # cut or corrupt
+        raise ValueError(f"{path}: unreadable per-document record ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else 'cut short'})") from None
+    missing = [k for k in ("loss", "edges", "doc_index") if k not in arrays]
+    if missing:
+        raise ValueError(f"{path}: no {prefix + missing[0]!r} array (a per-document record holds loss, edges, "
+                         f"doc_index)")
+    rec = DocBins(loss=np.asarray(arrays["loss"], np.float64), edges=np.asarray(arrays["edges"], np.int64),
+                  doc_index=np.asarray(arrays["doc_index"], np.int64),
+                  bayes=np.asarray(arrays["bayes"], np.float64) if "bayes" in arrays else None)
+    for name in ("loss", "bayes"):
+        values = getattr(rec, name)
+        if values is not None and not np.isfinite(values).all():
+            bad = values[~np.isfinite(values)][0]
+            raise ValueError(f"{path}: {prefix + name} holds {np.sum(~np.isfinite(values))} non-finite value(s) "
+                             f"({bad}); a per-document record must hold finite losses")
     n_docs, n_bins = rec.loss.shape if rec.loss.ndim == 2 else (None, None)
     if n_docs is None or rec.edges.shape != (n_bins, 2) or rec.doc_index.shape != (n_docs,) or (
             rec.bayes is not None and rec.bayes.shape != rec.loss.shape):
@@ -93,6 +106,9 @@ def resample_weights(n_docs: int, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = D
         raise ValueError(f"n_docs must be >= 1, got {n_docs}")
     if n_boot < 1:
         raise ValueError(f"--bootstrap must be >= 1, got {n_boot}")
+    if n_boot * n_docs > MAX_RESAMPLED_DOCS:
+        raise ValueError(f"--bootstrap {n_boot}: {n_boot} resamples of {n_docs} documents need "
+                         f"{3 * 8 * n_boot * n_docs / 2**30:.1f} GiB; at most {MAX_RESAMPLED_DOCS // n_docs} here")
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, n_docs, size=(n_boot, n_docs))
     flat = (draws + n_docs * np.arange(n_boot)[:, None]).ravel()
