@@ -46,6 +46,7 @@ from longctx.report.runs import (Group, Run, data_difference, describe_compariso
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds)
 from longctx.report.markdown import table_head
 from longctx.report.record import FIGURES, write_record
+from longctx.report.recall import recall_section
 from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
                                   seed_pairs_agreeing)
@@ -301,6 +302,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     intervals = json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n"
     retrieval = retrieval_entries(runs)
     text += retrieval_section(retrieval)
+    text += recall_section(groups, n_boot)
     provenance = provenance_differences(runs)
     if provenance:
         text += ["## Provenance that differs", ""]

@@ -511,3 +511,14 @@ def test_recall_sweep_runs_on_cpu_and_logs_recall(train_env, tmp_path):
         final = _metrics(run)[-1]
         assert 0 <= final["recall_accuracy"] <= 1 and final["recall_queries"] == 4 * 4
         assert final["recall_chance"] == 1 / 16
+        hits = np.load(run / final["doc_bins"])["hits"]
+        assert hits.shape == (4, 4) and hits.mean() == pytest.approx(final["recall_accuracy"])
+    # the report tables each arm's accuracy (the per-document record's) and pairs the arms on the same queries
+    from longctx.report.cli import main as report
+
+    text = report([str(sweep_dir), "--out", str(tmp_path / "report"), "--bootstrap", "50"]).read_text()
+    section = text[text.index("## Recall at the queries"):]
+    for run in runs:
+        accuracy = _metrics(run)[-1]["recall_accuracy"]
+        assert f"| {100 * accuracy:.1f}% [" in section
+    assert "| exp" in section and "minus run" in section and "6.2% | 16 |" in section
