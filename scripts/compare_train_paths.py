@@ -26,7 +26,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from longctx.plotting import save_figure  # noqa: E402
 from longctx.train.console import close_logging  # noqa: E402
+from longctx.train.launch import check_overrides  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -101,9 +103,7 @@ def plot_train_paths_loss(record: dict, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None):
@@ -117,6 +117,11 @@ def main(argv=None):
                     help="a train_paths_loss.json of a stopped comparison with the same settings: its finished runs "
                          "are kept, the others trained")
     args = ap.parse_args(argv)
+    try:  # a mistyped train.py key or option: named as train.py names it, before anything is made
+        check_overrides(shlex.split(args.overrides), CONF)
+    except ValueError as err:
+        print(f"error: --overrides: {err}", file=sys.stderr)
+        sys.exit(2)
     scratch = Path(tempfile.mkdtemp(prefix="train_paths_"))
     base = ["experiment=paper", "data=icl_markov_long", f"ctx={args.ctx}", f"data.doc_len={args.ctx}",
             f"data.train_tokens={(args.steps + 2) * args.docs * args.ctx}", "data.n_heldout=2", "data.eval_docs=2",

@@ -28,6 +28,7 @@ import torch
 
 from longctx.data.icl_markov import bayes_nll_mixture, recency_classes, recency_names
 from longctx.eval import per_token_loss
+from longctx.plotting import save_figure
 from longctx.runs import load_run
 from longctx.train.data import build_heldout, resolve_splits
 
@@ -115,9 +116,7 @@ def plot(rows: list[dict], path: Path, positions: int) -> Path:
     fig.suptitle(f"Excess loss by the newest evidence about the current state's row (positions 1-{positions - 1})",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def parse_args(argv):

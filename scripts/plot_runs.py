@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from longctx.plotting import save_figure, widen_for_legend  # noqa: E402
+
 AXES = ("flops", "tokens", "step")
 
 
@@ -41,7 +43,7 @@ def plot(run_dirs: list[Path], x: str, y: str, out: Path) -> Path:
     for run_dir, records in loaded:
         if records and y not in records[0]:
             raise ValueError(f"--y={y!r}: not a key of {run_dir}/metrics.jsonl (keys: {', '.join(records[0])})")
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")  # room for the legend right of the axes
     for run_dir, records in loaded:
         points = [(r[x], r[y]) for r in records if x in r and y in r]
         if points:
@@ -52,10 +54,8 @@ def plot(run_dirs: list[Path], x: str, y: str, out: Path) -> Path:
     ax.set_ylabel(y)
     ax.grid(alpha=0.3, which="both")
     if ax.get_legend_handles_labels()[0]:   # right of the axes: never over a curve or the axis label
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return out
+        widen_for_legend(fig, ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0))
+    return save_figure(fig, out)
 
 
 def main(argv=None) -> Path:

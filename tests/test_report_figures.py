@@ -9,6 +9,7 @@ import pytest
 from matplotlib.colors import to_rgb
 from report_fixtures import fake_run
 
+from longctx.plotting import readable_label
 from longctx.report import figures, label_runs, load_run, main
 from longctx.report.runs import group_runs
 
@@ -46,7 +47,7 @@ def test_each_group_its_own_style_and_label_and_legends_outside(runs):
     fig = figures.draw_icl_overlay(groups, runs, "t", n_boot=100)
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     for group in groups:
-        (label,) = [k for k in lines if k.startswith(group.label + " (step")]
+        (label,) = [k for k in lines if k.startswith(readable_label(group.label) + " (step")]
         means = np.mean([[v for *_, v in r.final["icl_curve"]] for r in group.runs], axis=0)
         np.testing.assert_allclose(lines[label].get_ydata(), means)
         assert lines[label].get_color() == figures.style(group)["color"]
@@ -56,8 +57,26 @@ def test_each_group_its_own_style_and_label_and_legends_outside(runs):
     _legend_clear_of_xlabel(gap)
     _legend_clear_of_xlabel(figures.draw_best_vs_flops(groups, "t"))
     by_ctx = figures.draw_best_vs_context(groups, "t")
-    assert sorted(t.get_text() for t in by_ctx.axes[0].get_legend().get_texts()) == ["exp", "power_p2"]
+    assert sorted(t.get_text() for t in by_ctx.axes[0].get_legend().get_texts()) == ["power p=2", "softmax"]
     _legend_clear_of_xlabel(by_ctx)
+
+
+def test_seeds_in_the_flops_figure_are_told_apart(runs):
+    """Best-context loss per FLOP: a group's seeds share its colour and line style, each with its own marker and
+    legend entry naming its seed, its line its own records' numbers."""
+    groups = group_runs(runs)
+    fig = figures.draw_best_vs_flops(groups, "t")
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    seeds = groups[2].runs
+    names = [f"power p=2, ctx=512, seed={run.seed}" for run in seeds]
+    assert legend == ["softmax, ctx=512", "softmax, ctx=1024", *names, "power p=2, ctx=1024"]
+    assert len({lines[n].get_marker() for n in names}) == 3
+    assert {(lines[n].get_color(), lines[n].get_linestyle()) for n in names} == {
+        (figures.style(groups[2])["color"], "-.")}
+    for name, run in zip(names, seeds):
+        assert list(lines[name].get_ydata()) == [r["best_context_loss"] for r in run.records]
+        assert list(lines[name].get_xdata()) == [r["flops"] for r in run.records]
 
 
 def test_the_band_is_the_seed_aggregate_interval(runs):
@@ -116,9 +135,10 @@ def test_paired_differences_figure_and_intervals_json(runs, tmp_path):
     power = groups[2]
     docs = lambda g: [r.doc_bins(r.final) for r in g.runs]  # noqa: E731
     iv = paired_seed_difference(docs(power), docs(ref), "curve", n_boot=100)
-    np.testing.assert_allclose(shown[f"{power.label} minus {ref.label}"], iv.estimate)
-    assert set(shown) == {f"{g.label} minus {groups[0].label}" for g in groups[2:3]} | {
-        f"{groups[3].label} minus {groups[1].label}"}            # ctx 1024: power minus exp, on their own bins
+    words = readable_label
+    np.testing.assert_allclose(shown[f"{words(power.label)} minus {words(ref.label)}"], iv.estimate)
+    assert set(shown) == {f"{words(g.label)} minus {words(groups[0].label)}" for g in groups[2:3]} | {
+        f"{words(groups[3].label)} minus {words(groups[1].label)}"}  # ctx 1024: power minus exp, on their own bins
     _legend_clear_of_xlabel(fig)
     main([str(tmp_path), "--out", str(tmp_path / "out"), "--bootstrap", "100"])
     saved = json.loads((tmp_path / "out" / "intervals.json").read_text())

@@ -18,10 +18,17 @@ def eval_line(rec: dict) -> str:
     return f"{text} | {gaps}" if gaps else text
 
 
+def percent(share: float) -> str:
+    """A share (the records keep fractions) as a percentage with two significant digits: 0.0041 -> 0.41%."""
+    return f"{share * 100:.2g}%"
+
+
 def retrieval_line(rec: dict) -> str:
-    """A retrieval evaluation in one line: mean accuracy over every context and depth, against chance."""
-    return (f"{rec['task']}: key accuracy {rec['mean_key_accuracy']:.1%} (chance {rec['chance']['key']:.2g}), "
-            f"digit accuracy {rec['mean_digit_accuracy']:.1%} (chance {rec['chance']['digit']:.3g}), "
-            f"forced-choice digit accuracy {rec['mean_choice_accuracy']:.1%} (chance {rec['chance']['choice']:.3g}) "
+    """A retrieval evaluation in one line: mean accuracy over every context and depth, against chance (both in
+    percent)."""
+    chance = rec["chance"]
+    return (f"{rec['task']}: key accuracy {rec['mean_key_accuracy']:.1%} (chance {percent(chance['key'])}), "
+            f"digit accuracy {rec['mean_digit_accuracy']:.1%} (chance {percent(chance['digit'])}), "
+            f"forced-choice digit accuracy {rec['mean_choice_accuracy']:.1%} (chance {percent(chance['choice'])}) "
             f"over contexts "
             f"{', '.join(str(c) for c in rec['contexts'])} and depths {', '.join(f'{d:g}' for d in rec['depths'])}")

@@ -1,7 +1,9 @@
 """The report's figures. Each `draw_*` returns the matplotlib figure (tests read its lines and labels back);
 `save` writes it. Colours and line styles: one pair per group of runs (runs differing only in seed share one,
 drawn as their mean with a band); the Bayes optimum of each heldout data dashed in black, behind the runs.
-Legends sit outside the axes, right of the plot, where they cannot cover a curve or an axis label."""
+Legends sit outside the axes, right of the plot, where they cannot cover a curve or an axis label (the figure
+widens to hold them), and name the attention in words (longctx.plotting.readable_label: "power p=2, ctx=512", not
+"power_p2, p=2, ctx=512")."""
 from __future__ import annotations
 
 import math
@@ -9,19 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from longctx.plotting import fill_title, new_figure, pyplot, readable_label, save_figure, widen_for_legend
 from longctx.report.runs import Group, Run, show
 from longctx.report.stats import DEFAULT_BOOTSTRAP, check_paired, paired_seed_difference, seed_aggregate
 
 LINESTYLES = ["-", "--", "-.", ":"]
 OPTIMUM_STYLES = ["--", (0, (5, 2, 1, 2)), ":", (0, (8, 3))]
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+SEED_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]  # the seeds of one group: one colour, a marker each
+TITLE_INCHES = 6.4  # the axes' width in an 8-inch figure (the legend widens it)
 
 
 def style(group: Group) -> dict:
@@ -32,13 +29,13 @@ def style(group: Group) -> dict:
 def legend_outside(ax, **kw):
     if not ax.get_legend_handles_labels()[0]:
         return None
-    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
+    legend = ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
+    widen_for_legend(ax.figure, legend)
+    return legend
 
 
 def save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    _plt().close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def centers(curve) -> list[float]:
@@ -49,7 +46,7 @@ def _axes(ax, xlabel: str, ylabel: str, title: str, base: int = 10) -> None:
     ax.set_xscale("log", base=base)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(fill_title(title, TITLE_INCHES, 10), fontsize=10)
     ax.grid(alpha=0.3, which="both")
 
 
@@ -88,7 +85,8 @@ def _draw_groups(ax, groups: list[Group], budget, gap: bool, n_boot: int) -> boo
             continue
         bins, mean, low, high, steps = got
         xs = centers(bins)
-        ax.plot(xs, mean, marker=".", lw=1.6, zorder=3, label=f"{group.label} ({_steps(steps)})", **style(group))
+        ax.plot(xs, mean, marker=".", lw=1.6, zorder=3, label=f"{readable_label(group.label)} ({_steps(steps)})",
+                **style(group))
         if low is not None:
             ax.fill_between(xs, low, high, color=style(group)["color"], alpha=0.2, lw=0, zorder=2)
             banded = True
@@ -132,8 +130,7 @@ def _band_note(banded: bool) -> str:
 
 def draw_icl_overlay(groups: list[Group], runs: list[Run], title: str, budget: float | None = None,
                      n_boot: int = DEFAULT_BOOTSTRAP):
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure((8, 5))
     banded = _draw_groups(ax, groups, budget, False, n_boot)
     _draw_optima(ax, runs, budget)
     _axes(ax, "position in context (tokens, log scale; bin centres)", "heldout loss (nats/token)",
@@ -150,8 +147,7 @@ def gap_curve(record: dict) -> list[tuple[int, int, float]]:
 
 def draw_gap_to_optimum(groups: list[Group], title: str, budget: float | None = None,
                         n_boot: int = DEFAULT_BOOTSTRAP, target: float = 0.05):
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure((8, 5))
     banded = _draw_groups(ax, groups, budget, True, n_boot)
     ax.axhline(target, color="black", linestyle="--", lw=1, zorder=1, label=f"{target} nats above the optimum")
     ax.axhline(0.0, color="black", lw=0.8, zorder=1)
@@ -190,12 +186,11 @@ def draw_paired_differences(groups: list[Group], title: str, n_boot: int = DEFAU
     pairs = paired_curves(groups, n_boot)
     if not pairs:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure((8, 5))
     for group, ref, iv in pairs:
         xs = centers(group.first.final["icl_curve"])
-        ax.plot(xs, iv.estimate, marker=".", lw=1.6, zorder=3, label=f"{group.label} minus {ref.label}",
-                **style(group))
+        ax.plot(xs, iv.estimate, marker=".", lw=1.6, zorder=3,
+                label=f"{readable_label(group.label)} minus {readable_label(ref.label)}", **style(group))
         ax.fill_between(xs, iv.low, iv.high, color=style(group)["color"], alpha=0.2, lw=0, zorder=2)
     ax.axhline(0.0, color="black", lw=0.8, zorder=1)
     _axes(ax, "position in context (tokens, log scale; bin centres)", "loss difference (nats/token)",
@@ -205,17 +200,18 @@ def draw_paired_differences(groups: list[Group], title: str, n_boot: int = DEFAU
 
 
 def draw_best_vs_flops(groups: list[Group], title: str):
-    """Best-context loss through training, every seed its own line in its group's colour; None when no record
-    holds its training FLOPs (records older than the FLOP count)."""
+    """Best-context loss through training, every seed its own line in its group's colour and line style, told
+    apart by its marker and its own legend entry (seeds' lines cross); None when no record holds its training
+    FLOPs (records older than the FLOP count)."""
     if not any("flops" in r for g in groups for run in g.runs for r in run.records):
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure((8, 5))
     for group in groups:
         for i, run in enumerate(group.runs):
             points = [(r["flops"], r["best_context_loss"]) for r in run.records if "flops" in r]
             if points:
-                ax.plot(*zip(*points), marker="o", ms=3, lw=1.4, label=group.label if i == 0 else None,
+                label = readable_label(run.label if group.n_seeds > 1 else group.label)
+                ax.plot(*zip(*points), marker=SEED_MARKERS[i % len(SEED_MARKERS)], ms=4, lw=1.4, label=label,
                         **style(group))
     _axes(ax, "training FLOPs (3x forward, charged with the form that runs; log scale)",
           "heldout best-context loss (nats/token)", f"{title}\nbest-context loss per FLOP")
@@ -237,16 +233,15 @@ def draw_best_vs_context(groups: list[Group], title: str):
     None when the runs span fewer than two contexts (a one-point plot says nothing)."""
     if len({g.first.ctx for g in groups}) < 2:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure((8, 5))
     for key, members in context_lines(groups).items():
         members = sorted(members, key=lambda g: g.first.ctx)
         xs = [g.first.ctx for g in members]
         finals = [[r.final["best_context_loss"] for r in g.runs] for g in members]
         mean = [float(np.mean(f)) for f in finals]
         err = np.array([[m - min(f), max(f) - m] for m, f in zip(mean, finals)]).T
-        ax.errorbar(xs, mean, yerr=err if err.any() else None, marker="o", lw=1.4, capsize=3, label=key,
-                    **style(members[0]))
+        ax.errorbar(xs, mean, yerr=err if err.any() else None, marker="o", lw=1.4, capsize=3,
+                    label=readable_label(key), **style(members[0]))
     _axes(ax, "training context (tokens, log scale)", "final heldout best-context loss (nats/token)",
           f"{title}\nbest-context loss vs context", base=2)
     legend_outside(ax)
@@ -254,10 +249,10 @@ def draw_best_vs_context(groups: list[Group], title: str):
 
 
 def draw_icl_over_training(runs: list[Run], title: str):
-    plt = _plt()
+    plt = pyplot()
     cols = min(3, len(runs))
     rows = math.ceil(len(runs) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.6 * rows), squeeze=False, sharey=True)
+    fig, axes = new_figure((4.4 * cols, 3.6 * rows), nrows=rows, ncols=cols, squeeze=False, sharey=True)
     cmap = plt.get_cmap("viridis")
     for ax, run in zip(axes.flat, runs):
         steps = [rec["step"] for rec in run.records]
@@ -269,13 +264,13 @@ def draw_icl_over_training(runs: list[Run], title: str):
                     zorder=1, label="Bayes-optimal")
             ax.legend(fontsize=6, loc="upper right")
         ax.set_xscale("log")
-        ax.set_title(f"{run.label}\n(steps {steps[0]}-{steps[-1]}: dark to light)", fontsize=7)
+        ax.set_title(fill_title(f"{readable_label(run.label)}\n(steps {steps[0]}-{steps[-1]}: dark to light)", 3.4, 7),
+                     fontsize=7)
         ax.set_xlabel("position (tokens, log)", fontsize=8)
         ax.grid(alpha=0.3, which="both")
     for ax in axes[:, 0]:
         ax.set_ylabel("heldout loss (nats/token)", fontsize=8)
     for ax in list(axes.flat)[len(runs):]:
         ax.set_visible(False)
-    fig.suptitle(f"{title}: ICL curves through training", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(fill_title(f"{title}: ICL curves through training", 4.4 * cols - 0.4, 10), fontsize=10)
     return fig

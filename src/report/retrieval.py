@@ -14,6 +14,7 @@ import math
 import re
 from pathlib import Path
 
+from longctx.eval.summary import percent
 from longctx.report.markdown import table_head
 from longctx.report.runs import Run
 
@@ -75,7 +76,7 @@ def retrieval_table(entries: list[dict]) -> str:
     for e in entries:
         lines.append(f"| {e['label']} | {e['task']} | {e['step']} | {', '.join(str(c) for c in e['contexts'])} | "
                      f"{_share(e, 'key')} | {_share(e, 'digit')} | {_share(e, 'choice')} | "
-                     f"{e['chance']['digit']:.3g}, {e['chance']['key']:.2g} |")
+                     f"{percent(e['chance']['digit'])}, {percent(e['chance']['key'])} |")
     return "\n".join(lines)
 
 

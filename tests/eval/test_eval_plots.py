@@ -37,6 +37,19 @@ def test_icl_plot_title_fits_and_every_curve_is_labelled():
         plt.close(fig)
 
 
+def test_icl_plot_marks_the_training_context_inside_a_longer_evaluation():
+    """Evaluated at twice the training context: a vertical line at the training context, named in the legend; none
+    where the evaluation ends at it."""
+    plt, fig, ax = icl_curve_figure([record(512, 400)], "t", train_ctx=256)
+    (marker,) = [line for line in ax.get_lines() if line.get_label() == "training context (256)"]
+    assert list(marker.get_xdata()) == [256, 256]
+    assert "training context (256)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(fig)
+    plt, fig, ax = icl_curve_figure([record(256, 400)], "t", train_ctx=256)
+    assert not [line for line in ax.get_lines() if line.get_label().startswith("training context")]
+    plt.close(fig)
+
+
 def test_retrieval_heatmap_axes_name_contexts_and_depths(tmp_path):
     rec = {"contexts": [1024, 4096], "depths": [0.0, 0.5, 1.0], "key_accuracy": [[1.0, 0.5, 0.0], [0.25, 1.0, 1.0]],
            "choice_accuracy": [[1.0, 0.7, 0.1], [0.3, 1.0, 1.0]], "chance": {"key": 1e-5, "digit": 0.1, "choice": 0.1}}
@@ -48,7 +61,7 @@ def test_retrieval_heatmap_axes_name_contexts_and_depths(tmp_path):
         assert sorted(t.get_text() for t in ax.texts) == sorted(
             ["100%\n(100%)", "50%\n(70%)", "0%\n(10%)", "25%\n(30%)", "100%\n(100%)", "100%\n(100%)"])
         assert "forced-choice digit accuracy (chance 10%)" in ax.get_xlabel()
-        assert fig.axes[1].get_ylabel() == "key accuracy (chance 1e-05)"
+        assert fig.axes[1].get_ylabel() == "key accuracy (chance 0.001%)"  # in percent, as the cells
     finally:
         plt.close(fig)
     assert plot_retrieval(rec, tmp_path / "r.png", "t").stat().st_size > 5_000
