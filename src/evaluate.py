@@ -11,11 +11,14 @@ trainer's per-document record) and FILE.png (the ICL curve). A retrieval task wr
 and depth) and FILE.png (its heatmap), and logs both to the run's wandb run when the run logs to wandb. FILE
 defaults to a new file in RUN_DIR/eval/; nothing is ever overwritten. Data overrides are the trainer's: `data=NAME`
 (conf/data/NAME.yaml), `data.KEY=VALUE`; without them the run's own data is used. Every argument is checked before
-any work: bad input gives one line `error: ...` and exit code 2, and nothing is written.
+any work, a context's memory estimate included: bad input gives one line `error: ...` and exit code 2, and nothing is
+written. A failed write (a full disk) is one line and exit code 1; the records are written whole or not at all, and
+a figure that cannot be written leaves them whole. Progress goes to stderr (train/console.py's command_progress).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -30,13 +33,15 @@ from longctx import provenance
 from longctx.data import dataset_info, heldout_batch
 from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, eval_line, retrieval_line,
                           run_retrieval, write_doc_record)
+from longctx.eval.loss import model_device
 from longctx.eval.plots import plot_icl, plot_retrieval
 from longctx.eval.retrieval import prompt_length
 from longctx.generate import codec, tokenizer_name
-from longctx.runs import load_run
-from longctx.train.config import check_set, check_types, schema
-from longctx.train.console import setup_logging
+from longctx.runs import check_device, load_run
+from longctx.train.config import check_set, check_types, did_you_mean, schema
+from longctx.train.console import command_progress, setup_logging
 from longctx.train.data import build_heldout, resolve_splits
+from longctx.train.estimate import check_evaluation_fits, forward_memory
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
@@ -73,23 +78,6 @@ def depth_list(text: str | None) -> list[float] | None:
     if not values or any(not 0 <= v <= 1 for v in values):
         raise ValueError(f"--depths={text!r}: expected one or more fractions in [0, 1] (0 = start of the context)")
     return sorted(set(values))
-
-
-def check_device(name: str) -> str:
-    """auto, cpu, cuda or cuda:N, and the device must exist."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device={name!r}: expected auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device={name!r}: no CUDA device is available (use --device cpu)")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device={name!r}: only {torch.cuda.device_count()} CUDA device(s)")
-    return name
 
 
 def outputs_of(path: Path, task: str) -> list[Path]:
@@ -176,7 +164,8 @@ def compose_data(run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
     if option is not None:
         known = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
         if option not in known:
-            raise ValueError(f"data={option}: no such data config; known: {', '.join(known)}")
+            raise ValueError(f"data={option}: no such data config; known: {', '.join(known)}"
+                             f"{did_you_mean(option, known)}")
         from hydra import compose, initialize_config_dir
 
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -187,7 +176,8 @@ def compose_data(run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
     present = list(OmegaConf.to_container(cfg.data, resolve=False))  # `in` is False for a `???` value
     for key, value in keys:
         if key.split(".")[0] not in present:
-            raise ValueError(f"data.{key}: not a key of the {cfg.data.name} data config (keys: {', '.join(present)})")
+            raise ValueError(f"data.{key}: not a key of the {cfg.data.name} data config (keys: {', '.join(present)})"
+                             f"{did_you_mean(key.split('.')[0], present)}")
         OmegaConf.update(cfg, f"data.{key}", value, merge=False)
     data_only = OmegaConf.create({"data": OmegaConf.to_container(cfg.data, resolve=False)})
     check_set(data_only)
@@ -203,6 +193,17 @@ def data_vocab_fits(splits, model) -> None:
                          f"model's vocabulary {vocab}: the run was trained on other data")
 
 
+def fits_memory(flag: str, contexts: list[int], model, cfg: DictConfig, micro_docs: int, precision: str,
+                held_per_token: int, held_what: str, advice: str) -> None:
+    """Refuse, before anything is built, a context at which the forward or the token arrays held on the host
+    (`held_per_token` bytes per token of context) cannot fit: one line (longctx.train.estimate)."""
+    device = model_device(model)
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    for ctx in sorted(contexts):
+        forward = forward_memory(model, cfg, ctx, micro_docs, device.type, bf16)
+        check_evaluation_fits(flag, ctx, forward, device, held_per_token * ctx, held_what, advice)
+
+
 def run_facts(run_dir, model, run_cfg, cfg, splits) -> dict:
     return {"run_dir": str(run_dir), "checkpoint": str(model.checkpoint_path), "step": model.checkpoint_step,
             "train_ctx": int(run_cfg.ctx), "data": {"name": cfg.data.name, "heldout": str(splits.heldout_path)},
@@ -214,6 +215,39 @@ def write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "x") as f:  # never overwrites: a file that appeared since the checks is an error
         f.write(json.dumps(record, indent=1) + "\n")
+
+
+class OutputError(OSError):
+    """Writing an evaluation's files failed (a full disk): one line, exit 1."""
+
+
+@contextlib.contextmanager
+def records_whole(paths: list[Path]):
+    """The records (JSON, NPZ) are written all or none: when a write fails, those this block made, partial ones and
+    temporaries included, are removed (a file that was there before is never touched)."""
+    made_here = [p for p in paths if not p.exists()]
+    try:
+        yield
+    except FileExistsError:
+        raise
+    except OSError as err:
+        for p in made_here:
+            p.unlink(missing_ok=True)
+            p.with_name(p.name + ".tmp").unlink(missing_ok=True)
+        raise OutputError(f"{err.filename or paths[0]}: {err.strerror or err}; nothing was written") from None
+
+
+@contextlib.contextmanager
+def figure_or_error(png: Path, records: list[Path]):
+    """The figure comes last: when it cannot be written, a partial one is removed and the records stay, whole."""
+    made_here = not png.exists()
+    try:
+        yield
+    except OSError as err:
+        if made_here:
+            png.unlink(missing_ok=True)
+        raise OutputError(f"{png}: {err.strerror or err}; the figure was not written, the records were "
+                          f"({', '.join(map(str, records))})") from None
 
 
 # ----- the heldout task -----------------------------------------------------------------------------------
@@ -237,26 +271,34 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
         cfg.data.eval_docs = docs
     splits = resolve_splits(cfg.data, ctx)  # refuses ctx longer than the documents
     data_vocab_fits(splits, model)
+    held = min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"])  # inputs and targets, int64
+    fits_memory("--ctx", [ctx], model, cfg, min(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch,
+                                                held), precision, 16 * held, f"{held} heldout documents held",
+                "evaluate at a shorter --ctx, or with fewer --docs or --micro-docs")
     evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size),
                                    bins or int(run_cfg.trainer.icl_bins), bins_key="--bins")
     out = out or default_out(run_dir, f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}",
                              "heldout")
-    start = time.time()
-    result = evaluation.run(model, micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision)
+    start = time.perf_counter()
+    with command_progress(evaluation.n_docs, f"evaluate ctx {ctx}", "doc") as progress:
+        result = evaluation.run(model, micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision,
+                                on_batch=progress.update)
     if not result.finite:
         raise FloatingPointError(f"non-finite heldout loss ({int((~np.isfinite(result.per_position)).sum())} of "
                                  f"{ctx} positions) from {model.checkpoint_path}: its weights are not usable; "
                                  f"nothing written")
     record = {**run_facts(run_dir, model, run_cfg, cfg, splits), "task": "heldout", "ctx": ctx,
-              "docs": evaluation.n_docs, "seconds": round(time.time() - start, 2)}
+              "docs": evaluation.n_docs, "seconds": round(time.perf_counter() - start, 2)}
     record.update(result.summary)
     record["per_position_loss"] = [round(float(x), 5) for x in result.per_position]
     record["doc_bins"] = out.with_suffix(".npz").name  # beside the JSON
-    write_json(out, record)  # first: created only if absent
-    write_doc_record(out.with_suffix(".npz"), doc_record(evaluation, result))
+    with records_whole([out, out.with_suffix(".npz")]):
+        write_json(out, record)  # first: created only if absent
+        write_doc_record(out.with_suffix(".npz"), doc_record(evaluation, result))
     title = (f"{run_dir.name}: step {record['step']} evaluated at ctx {ctx} (trained at {record['train_ctx']}), "
              f"{cfg.data.name}, {record['docs']} heldout documents")
-    plot_icl([record], out.with_suffix(".png"), title)
+    with figure_or_error(out.with_suffix(".png"), [out, out.with_suffix(".npz")]):
+        plot_icl([record], out.with_suffix(".png"), title, record["train_ctx"])
     return record | {"out": str(out)}
 
 
@@ -294,22 +336,31 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
         raise ValueError(f"--contexts: {too_short[0]} is shorter than a prompt's two copies of marker "
                          f"({len(alphabet.marker)} tokens) + key ({digits}) + 1 token of haystack; use contexts "
                          f">= {shortest}")
+    prompts = len(depths or DEFAULT_DEPTHS) * trials  # of one context, int64, held twice (+ BOS) with the haystacks
+    needle_docs = min(dataset_info(splits.heldout_path)["num_docs"], 2 * trials + 16) if task == "needle" else 0
+    fits_memory("--contexts", contexts, model, cfg, min(micro_docs or run_cfg.trainer.micro_docs
+                                                        or cfg.data.docs_per_batch, prompts), precision,
+                8 * (2 * prompts + trials + needle_docs), f"{prompts} prompts of a context held",
+                "evaluate shorter --contexts, or with fewer --trials, --depths or --micro-docs")
     documents = None
     if task == "needle":
         available = dataset_info(splits.heldout_path)["num_docs"]
         documents = heldout_batch(str(splits.heldout_path), max(contexts), min(available, 2 * trials + 16))
         documents = documents["targets"].numpy()
     out = out or default_out(run_dir, f"{task}-step{model.checkpoint_step}", task)
-    start = time.time()
-    result = run_retrieval(model, task, alphabet, contexts, depths or list(DEFAULT_DEPTHS), trials, digits,
-                           micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision,
-                           documents, seed)
+    start = time.perf_counter()
+    with command_progress(len(contexts), task, "context") as progress:
+        result = run_retrieval(model, task, alphabet, contexts, depths or list(DEFAULT_DEPTHS), trials, digits,
+                               micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision,
+                               documents, seed, on_context=lambda _ctx: progress.update(1))
     record = {**run_facts(run_dir, model, run_cfg, cfg, splits), **result, "seed": seed,
-              "seconds": round(time.time() - start, 2)}
-    write_json(out, record)
+              "seconds": round(time.perf_counter() - start, 2)}
+    with records_whole([out]):
+        write_json(out, record)
     title = (f"{run_dir.name}: {task}, step {record['step']} (trained at ctx {record['train_ctx']}), "
              f"{trials} trials per cell, {digits}-symbol keys of base {alphabet.base}")
-    png = plot_retrieval(record, out.with_suffix(".png"), title)
+    with figure_or_error(out.with_suffix(".png"), [out]):
+        png = plot_retrieval(record, out.with_suffix(".png"), title)
     if wandb:
         record["wandb"] = log_to_run_wandb(run_dir, run_cfg, record, png)
     return record | {"out": str(out)}
@@ -410,7 +461,7 @@ def main(argv=None) -> int:
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)  # bad input: one line naming what is wrong, no traceback
         return 2
-    except FloatingPointError as err:
+    except (FloatingPointError, OutputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     out = Path(rec["out"])

@@ -24,7 +24,8 @@ import torch
 
 from longctx.data import dataset_info
 from longctx.models.decoding import compile_available, takes_fused_state
-from longctx.runs import load_run
+from longctx.runs import check_device, load_run
+from longctx.train.estimate import available_memory
 from longctx.train.console import setup_logging
 
 
@@ -63,21 +64,49 @@ def codec(name: str | None):
     return None
 
 
-def run_codec(cfg):
-    """The run's text tokenizer as (encode, decode), or None where its data has no text (loaded only for --prompt):
-    the dataset's own (a prepared corpus's BPE `tokenizer.json`, bytes; `longctx.data.load_tokenizer`, offline)
-    where the data is on this machine, else the one its data's name implies."""
-    path = cfg.data.get("path") if cfg.data.name != "icl_markov" else None
+def run_codec(cfg, run_dir=None):
+    """The run's text tokenizer as (encode, decode), or None where its data has no text (loaded only for --prompt),
+    from what the run itself recorded first: the tokenizer file it keeps (a prepared corpus's BPE, copied into the
+    run folder at launch); the dataset's own where the data is on this machine (`longctx.data.load_tokenizer`,
+    offline); the tokenizer name the run recorded with its data (data_identity.json); for a run that recorded none,
+    the one its data's name implies (LongCrawl64: GPT-2)."""
+    from longctx.data.tokenizer import TOKENIZER_FILE, BPETokenizer, NotText
+
+    if cfg.data.name == "icl_markov":
+        return None
+    kept = Path(run_dir).expanduser() / TOKENIZER_FILE if run_dir is not None else None
+    if kept is not None and kept.is_file():
+        tok = BPETokenizer.from_file(kept)  # a damaged file: one line naming it
+        return tok.encode, tok.decode
+    path = cfg.data.get("path")
     if path and Path(str(path)).expanduser().is_dir():
         from longctx.data import load_tokenizer
         try:
             tok = load_tokenizer(Path(str(path)).expanduser())
-        except ValueError:  # synthetic data: ids without text
+        except NotText:  # synthetic data: ids without text
             return None
         except RuntimeError as err:  # GPT-2's tiktoken vocabulary not on this machine: one line, with the way out
             raise ValueError(f"--prompt: {err}; or give --prompt-ids") from None
         return tok.encode, tok.decode
-    return codec(tokenizer_name(cfg))
+    name = recorded_tokenizer(run_dir)
+    if name is not None and name not in ("bytes", "tiktoken-gpt2"):  # a BPE of the dataset's own: only its file
+        raise ValueError(f"--prompt: the run's tokenizer {name} is a file of its dataset, data.path={str(path)!r}, "
+                         f"which does not exist here; give --prompt-ids")
+    if name is None and cfg.data.get("tag", cfg.data.name) != "longcrawl64":  # nothing says which tokenizer
+        raise ValueError(f"--prompt: the run's dataset, data.path={str(path)!r}, does not exist here and the run "
+                         f"records no tokenizer of its own; give --prompt-ids")
+    return codec(name or tokenizer_name(cfg))
+
+
+def recorded_tokenizer(run_dir) -> str | None:
+    """The tokenizer name a run recorded with its data at its first launch (longctx.data.identity), None without a
+    record (runs older than it) or for data without a tokenizer."""
+    if run_dir is None:
+        return None
+    from longctx.data.identity import read_identity
+
+    record = read_identity(run_dir)
+    return (record or {}).get("train", {}).get("attrs", {}).get("tokenizer")
 
 
 def parse_ids(text: str) -> list[int]:
@@ -101,9 +130,10 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
         raise ValueError(f"--max-new-tokens={max_new_tokens}: must be a positive integer")
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
+    device = check_device(device, "--device")
     model, cfg = load_run(run_dir, step=step, device=device)
     vocab = model.spec.vocab_size
-    text = run_codec(cfg) if prompt is not None else None   # ids in, ids out: no tokenizer (nor its download)
+    text = run_codec(cfg, run_dir) if prompt is not None else None  # ids in, ids out: no tokenizer (nor its download)
     if prompt is not None:
         if text is None:
             raise ValueError(f"--prompt: the run's data ({cfg.data.name}) has no tokenizer; give --prompt-ids")
@@ -116,6 +146,7 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     if bad:
         raise ValueError(f"--prompt-ids: id {bad[0]} is outside the model's vocabulary 0..{vocab - 1}")
     dev = next(model.parameters()).device
+    check_decoding_memory(model, len(ids), max_new_tokens, dev)
     idx = torch.tensor([ids], device=dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -132,6 +163,20 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     return {"prompt_ids": ids, "ids": new, "text": text[1](new) if text else None, "seconds": seconds,
             "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache,
             "decoder": decoder_name(use_cache, static, dev, compile, takes_fused_state(model))}
+
+
+def check_decoding_memory(model, prompt_len: int, max_new_tokens: int, device: torch.device) -> None:
+    """--max-new-tokens that cannot fit, refused before anything is allocated: the token buffers (the sequence and its
+    copy) and the model's decoding state at the full length (an exp attention's KV cache grows with it; power's and
+    RWKV-7's states do not), against the memory available on `device` (train/estimate.py's figure)."""
+    total = prompt_len + max_new_tokens
+    state_bytes = model.state_size(total) * (2 if device.type == "cuda" else 4)  # bf16 under CUDA autocast, else fp32
+    need = 2 * 8 * total + state_bytes
+    available = available_memory(device)
+    if available is not None and need > available:
+        raise ValueError(f"--max-new-tokens={max_new_tokens}: {prompt_len} + {max_new_tokens} tokens need about "
+                         f"{need / 2 ** 30:.3g} GiB for the tokens and the model's decoding state, more than the "
+                         f"{available / 2 ** 30:.3g} GiB available on {device}; ask for fewer tokens")
 
 
 def decoder_name(use_cache: bool, static: bool, device: torch.device, compile: bool | None = None,

@@ -9,7 +9,9 @@ seed. Every other command-line override that changes what is trained (optim.lr=1
 data.docs_per_batch=8) is appended as `<last key part><value>`, sorted by key, so the jobs of any sweep get
 distinct names and a relaunch with the same overrides (in any order) lands in the same folder. Overrides that
 change only how or how long it runs (trainer.max_steps, logger.*, device, ...) are left out: raising max_steps
-continues the same run.
+continues the same run. A multirun that sweeps trainer.max_steps or trainer.flops_budget (`trainer.max_steps=5,10`,
+or the sweeper's params) trains one run per value, so there they are appended (`_max_steps5`): without them the jobs
+would share one folder, the second resuming the first.
 """
 from __future__ import annotations
 
@@ -23,12 +25,15 @@ RESOLVER = "longctx.run_name"
 # Override keys the name already shows, or that do not change what is trained (prefixes end with a dot).
 NOT_IN_SUFFIX = (
     "arch", "attention", "p", "window", "model", "model.name", "model.d_model", "model.n_layers", "data",
-    "data.tag", "data.path", "data.cache_dir", "data.eval_docs", "data.n_heldout", "ctx", "seed", "run_name",
+    "data.tag", "data.n_pairs", "data.path", "data.cache_dir", "data.eval_docs", "data.n_heldout", "ctx", "seed",
+    "run_name",
     "run_dir", "cache_dir", "device", "experiment", "hydra.", "logger.", "trainer.max_steps", "trainer.eval_every",
     "trainer.resume", "trainer.num_threads", "trainer.compile", "trainer.keep_checkpoints", "trainer.micro_docs",
     "trainer.activation_checkpointing", "trainer.icl_bins", "trainer.on_nonfinite", "trainer.max_skipped_steps",
     "trainer.flops_budget",
 )
+# Keys of NOT_IN_SUFFIX that name the jobs of a sweep over them (a run length: each value its own run)
+SWEEP_NAMED = ("trainer.max_steps", "trainer.flops_budget")
 
 
 def data_name(data: DictConfig) -> str:
@@ -43,18 +48,21 @@ def data_name(data: DictConfig) -> str:
     return folder.name or folder.resolve().name or str(data.tag)  # "." -> the folder's own name
 
 
-def _named(key: str) -> bool:
+def _named(key: str, swept=()) -> bool:
     key = key.lstrip("+~")
+    if key in swept:
+        return False
     return "/" in key or any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_IN_SUFFIX)
 
 
-def override_suffix(overrides: list[str]) -> str:
+def override_suffix(overrides: list[str], swept=()) -> str:
     """`_lr0.001_gatingfalse` from ["optim.lr=0.001", "attention.gating=false", "ctx=64"]: the overrides that the
-    name's other parts do not show, sorted by key; characters a folder name should not hold become '-'."""
+    name's other parts do not show, sorted by key; characters a folder name should not hold become '-'. `swept`:
+    keys of SWEEP_NAMED that the sweep varies, shown too."""
     parts = []
     for item in sorted(o for o in overrides if "=" in o):
         key, value = item.split("=", 1)
-        if _named(key):
+        if _named(key, swept):
             continue
         parts.append(re.sub(r"[^A-Za-z0-9._\-]+", "-", key.lstrip("+~").split(".")[-1] + value).strip("-"))
     return "".join(f"_{p}" for p in parts if p)
@@ -69,10 +77,39 @@ def task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
-def run_name(cfg: DictConfig, overrides: list[str] | None = None) -> str:
+def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:
+    """The keys of SWEEP_NAMED that a multirun varies: on its command line (`trainer.max_steps=5,10`, range(...))
+    or in its sweeper's params."""
+    from longctx.train.launch import _swept
+
+    swept = {o.split("=", 1)[0].lstrip("+~") for o in sweep_overrides if _swept(o)}
+    swept |= {k for k, v in (sweeper_params or {}).items() if _swept(f"{k}={v}")}
+    return swept & set(SWEEP_NAMED)
+
+
+def job_swept_keys() -> set[str]:
+    """swept_keys of the multirun this Hydra job belongs to (its sweep folder's multirun.yaml, written before any
+    job starts); empty outside a multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return set()
+    try:
+        saved = OmegaConf.load(Path(str(HydraConfig.get().sweep.dir)) / "multirun.yaml").hydra
+        overrides = [str(o) for o in saved.overrides.task]
+        params = OmegaConf.to_container(saved.sweeper.params) if OmegaConf.select(saved, "sweeper.params") else {}
+    except Exception:  # no record (a launcher that writes none): the job's own overrides name it
+        return set()
+    return swept_keys(overrides, params)
+
+
+def run_name(cfg: DictConfig, overrides: list[str] | None = None, swept=None) -> str:
     model = f"d{cfg.model.d_model}l{cfg.model.n_layers}"
     base = f"{cfg.arch.name}_{cfg.attention.tag}_{model}_{data_name(cfg.data)}_ctx{cfg.ctx}_s{cfg.seed}"
-    return base + override_suffix(task_overrides() if overrides is None else overrides)
+    if overrides is None:
+        overrides, swept = task_overrides(), job_swept_keys() if swept is None else swept
+    return base + override_suffix(overrides, swept or ())
 
 
 def _resolve(*, _root_: DictConfig) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import platform
 import shlex
@@ -24,6 +25,8 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from longctx.train.run_files import write_atomic
 
 FILE = "provenance.json"
 CODE_DIR = Path(__file__).resolve().parent  # the installed longctx package: its git tree is the code that runs
@@ -95,13 +98,13 @@ def read(run_dir: str | Path) -> dict | None:
     path = Path(run_dir) / FILE
     if not path.exists():
         return None
-    return json.loads(path.read_text())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a provenance record (unreadable JSON: {type(err).__name__})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not a provenance record (a JSON {type(record).__name__}, not an object)")
+    return record
 
 
 def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -> dict:
@@ -111,17 +114,18 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -
     record, diff = _collect(device, world_size)
     try:
         earlier = read(run_dir)
-    except (ValueError, OSError):  # cut short by a crash mid-write elsewhere: kept aside, never lost, never fatal
+    except (ValueError, OSError) as err:  # cut short or not a record: kept aside, never lost, never fatal
         os.replace(run_dir / FILE, run_dir / f"{FILE}.unreadable")
+        logging.getLogger("longctx").warning(f"{err}; kept as {FILE}.unreadable, a new record starts")
         earlier = None
     launches = earlier.get("launches", [earlier]) if earlier else []
     if diff is not None:
         name = "provenance.diff" if not launches else f"provenance.launch{len(launches)}.diff"
-        _atomic_write(run_dir / name, diff)
+        write_atomic(run_dir / name, diff)
         record["git"]["diff_file"] = name
     whole = {k: v for k, v in earlier.items() if k != "launches"} if earlier else dict(record)
     whole["launches"] = [*launches, record]
-    _atomic_write(run_dir / FILE, json.dumps(whole, indent=1) + "\n")
+    write_atomic(run_dir / FILE, json.dumps(whole, indent=1) + "\n")
     return whole
 
 

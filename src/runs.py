@@ -1,14 +1,17 @@
 """Trained runs as models: `load_run(run_dir)` -> (model, cfg) from the newest (or a given) checkpoint.
 
     from longctx import load_run
-    model, cfg = load_run("runs/gpt2_power_p2_tiny_icl_markov_ctx128_s0")
+    model, cfg = load_run("runs/gpt2_power_p2_d64l3_icl_markov_ctx128_s0")
     out = model.generate(prompt_ids, max_new_tokens=50, temperature=0)
 
 The model is rebuilt from the run's own config (the one saved in the checkpoint, else `<run_dir>/config.yaml`)
 exactly as the trainer built it (`models.spec.model_spec`), so configs written before the attention parameters
 moved into the core load unchanged: their conf/attention keys are the core's parameters; keys newer than a
 config take their defaults. Checkpoints are read by train/checkpoint.py (no code runs; the newest unreadable one is
-skipped with a warning when no step is asked for).
+skipped with a warning when no step is asked for). A checkpoint that is not the run's model (copied in from another
+run: its config differs from config.yaml in a key that defines the model, or its weights from the model built) or
+whose weights are not finite is refused, naming the file and the key or tensor: evaluate and generate load through
+here.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from longctx.models import build_model
 from longctx.models.spec import model_spec
 from longctx.train import checkpoint as ckpt
+from longctx.train.resume import MODEL_GROUPS, MODEL_SHORTCUTS, classify, config_changes
 
 log = logging.getLogger("longctx")
 
@@ -67,6 +71,46 @@ def run_config(run_dir: Path, state: dict) -> DictConfig:
     return cfg
 
 
+def check_run_model(run_dir: Path, path: Path, state: dict) -> None:
+    """A checkpoint copied in from another run (another attention, shape, ctx): the model its saved config builds
+    is not the one of the run's config.yaml. Refused naming the file and the first differing key (the keys a resume
+    refuses to change that define the model: longctx.train.resume)."""
+    own = run_dir / "config.yaml"
+    if state.get("config") is None or not own.is_file():
+        return
+    try:
+        now = OmegaConf.to_container(OmegaConf.load(own), resolve=True)
+    except Exception:  # a config.yaml that does not read says nothing against the checkpoint's own config
+        return
+    if not isinstance(now, dict):
+        return
+    _, _, refused = classify(config_changes(state["config"], now))
+    differing = {k: v for k, v in refused.items() if k.startswith(MODEL_GROUPS) or k in (*MODEL_SHORTCUTS, "ctx")}
+    if differing:
+        key, (theirs, ours) = next(iter(differing.items()))
+        more = f"; and {len(differing) - 1} more" if len(differing) > 1 else ""
+        raise RunError(f"{path}: a checkpoint of another model than {own} describes ({key}: {theirs!r} in the "
+                       f"checkpoint, {ours!r} in the run{more}); it was copied in from another run?")
+
+
+def check_device(name, flag: str = "--device") -> str:
+    """auto, cpu, cuda or cuda:N, and the device must exist: the name to use ("auto" resolved); `flag` names it in
+    the error."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{flag}={name!r}: expected auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{flag}={name!r}: no CUDA device is available (use {flag} cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{flag}={name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return name if isinstance(name, str) else str(device)
+
+
 def vocab_size_of(state: dict) -> int:
     """The model's vocabulary: the checkpoint's spec, else the embedding's rows."""
     spec = state.get("spec") or {}
@@ -91,8 +135,10 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str | torch.d
     Raises:
         RunError (a ValueError) naming the path: missing directory, no checkpoint, a step that is not there, a
         checkpoint that cannot be read (none readable when no step is asked for), a config that no longer builds a
-        model (e.g. an attention that no longer exists, a required key missing).
+        model (e.g. an attention that no longer exists, a required key missing), a checkpoint of another model
+        than the run's, or non-finite weights.
     """
+    device = check_device(device, "device")
     run_dir = Path(run_dir).expanduser()
     step, path, state = pick_checkpoint(run_dir, step)
     cfg = run_config(run_dir, state)
@@ -100,14 +146,17 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str | torch.d
         spec = model_spec(cfg, vocab_size_of(state))
     except ValueError as err:
         raise RunError(f"{run_dir}: its config does not build a model: {err}") from err
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_run_model(run_dir, path, state)
     model = build_model(spec)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:  # names or shapes that the config's model does not have
-        first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
-        raise RunError(f"{path}: its weights do not fit the model its config builds ({first})") from None
+    differences = ckpt.weight_differences(model.state_dict(), state["model"])
+    if differences:
+        raise RunError(f"{path}: its weights do not fit the model its config builds ({differences[0]}"
+                       f"{f'; and {len(differences) - 1} more' if len(differences) > 1 else ''})")
+    bad = ckpt.first_non_finite(state["model"])
+    if bad is not None:
+        raise RunError(f"{path}: non-finite weights ({bad} holds NaN or infinite values): the checkpoint is not "
+                       f"usable; pick an earlier step (--step / step=)")
+    model.load_state_dict(state["model"])
     model = model.to(device).eval()
     model.checkpoint_step, model.checkpoint_path = step, path
     return model, cfg

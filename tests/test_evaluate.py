@@ -112,9 +112,14 @@ def test_load_run_errors_name_the_problem(run, tmp_path):
 
 # -- evaluate -----------------------------------------------------------------------------------------------
 
-def test_evaluate_at_twice_the_training_context(run, tmp_path, capsys):
+def test_evaluate_at_twice_the_training_context(run, tmp_path, capsys, monkeypatch):
+    import matplotlib.pyplot as plt
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # the ICL figure kept open to be read
     out = tmp_path / "eval" / "ctx128.json"
     assert evaluate_main([str(run), "--ctx", "128", "--docs", "6", "--out", str(out), "--device", "cpu"]) == 0
+    (marker,) = [line for line in drawn[-1].axes[0].get_lines() if line.get_label() == "training context (64)"]
+    assert list(marker.get_xdata()) == [64, 64]
     rec = json.loads(out.read_text())
     assert (rec["ctx"], rec["train_ctx"], rec["docs"], rec["step"]) == (128, 64, 6, 4)
     assert len(rec["per_position_loss"]) == 128
@@ -201,6 +206,8 @@ BAD = {  # extra arguments -> the words of the one error line
     "data vocabulary too large": (["data.vocab=9"], "data vocabulary 10"),
     "unknown data key": (["data.vocabb=9"], "data.vocabb: not a key of the icl_markov data config"),
     "unknown data config": (["data=nodata"], "data=nodata: no such data config; known: icl_markov"),
+    "mistyped data key": (["data.vocabb=9"], "); did you mean vocab?"),
+    "mistyped data config": (["data=longcrawl"], "source_corpus; did you mean longcrawl64?"),
     "data null": (["data=null"], "'data=null': expected data=NAME, the name of a conf/data config"),
     "not a data override": (["model.d_model=8"], "'model.d_model=8': expected a data override"),
     "data path missing": (["data=longcrawl64"], "config: data.path is mandatory and not set"),
@@ -271,9 +278,9 @@ def test_evaluate_non_finite_checkpoint_is_one_line_and_writes_nothing(run, tmp_
     state["model"] = {k: v.float().fill_(float("nan")) if v.is_floating_point() else v for k, v in state["model"].items()}
     torch.save(state, run_dir / "checkpoints" / "step_00000004.pt")
     before = files_under(run_dir)
-    assert evaluate_main([str(run_dir), "--device", "cpu", "--docs", "2"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: non-finite heldout loss (64 of 64 positions)"), err
+    assert evaluate_main([str(run_dir), "--device", "cpu", "--docs", "2"]) == 2  # refused before evaluating
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"error: {run_dir / 'checkpoints' / 'step_00000004.pt'}: non-finite weights (wte.weight"), err
     assert files_under(run_dir) == before
 
 
@@ -304,6 +311,22 @@ def test_evaluate_out_in_a_read_only_folder_is_refused_first(run, tmp_path, caps
     one_error_line(capsys, code, "cannot write into")
 
 
+@pytest.mark.parametrize("task, args, first, last", [
+    ("heldout", ["--docs", "2"], "evaluate ctx 64: started (2 docs)", r"evaluate ctx 64: done, 2/2 docs in \d+s"),
+    ("passkey", ["--task", "passkey", "--contexts", "40,64", "--trials", "2"], "passkey: started (2 contexts)",
+     r"passkey: done, 2/2 contexts in \d+s")])
+def test_evaluate_says_its_progress_on_stderr_when_not_a_terminal(run, tmp_path, capsys, task, args, first, last):
+    """No bar in a pipe or log file (stderr is not a terminal under pytest): a start line and a done line with the
+    time it took; stdout keeps the result."""
+    import re
+
+    assert evaluate_main([str(run), *args, "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines[0] == first and re.fullmatch(last, lines[-1]), lines
+    assert "started" not in out and "done," not in out
+
+
 @pytest.mark.parametrize("task", ["passkey", "needle"])
 def test_retrieval_cli_writes_accuracy_by_context_and_depth(run, tmp_path, task, capsys):
     out = tmp_path / f"{task}.json"
@@ -321,6 +344,7 @@ def test_retrieval_cli_writes_accuracy_by_context_and_depth(run, tmp_path, task,
     assert 4 not in rec["marker"] + rec["alphabet"]  # never BOS
     assert out.with_suffix(".png").stat().st_size > 5_000
     assert f"{task}: key accuracy" in stdout and "wandb" not in stdout  # the run logs to no wandb run
+    assert f"key accuracy {rec['mean_key_accuracy']:.1%} (chance 1.2%)" in stdout  # 3^-4 in percent, as the accuracy
 
 
 # -- generate -----------------------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ line naming the file and the cause (CheckpointWriteError).
 
 Reading: `torch.load(weights_only=True)`: tensors and plain Python values only (and, for version-0 files, numpy's
 ndarray), so a crafted file cannot run code. `read` checks the schema and upgrades it; `read_newest` takes the
-newest readable checkpoint of a run, saying which ones it skipped (cut short, a directory, a bad schema).
+newest readable checkpoint of a run, saying which ones it skipped (cut short, a directory, a bad schema); one of a
+newer schema version is never skipped (an older longctx would train over it): it stops the read, naming both versions.
+Temp files are created exclusively under fresh names (run_files), so a link in the folder is never written through.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from longctx.train.rng import plain_rng_state
+from longctx.train.run_files import open_new, temp_name
 
 try:
     from numpy._core.multiarray import _reconstruct  # numpy >= 2
@@ -40,7 +43,7 @@ except ImportError:
 SCHEMA_VERSION = 1
 PARTS = ("model", "optimizer", "scheduler", "data", "rng", "trainer")  # what a resume restores
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
-_TEMP = ".step_*.pt.tmp*"
+_TEMP = ".step_*.pt.tmp*"  # run_files.temp_name's names of a checkpoint's temp file
 log = logging.getLogger("longctx")
 # numpy's RNG state in version-0 files is an ndarray: these globals rebuild one (and nothing else), under the
 # name numpy 2 pickles it by and numpy 1's
@@ -55,6 +58,10 @@ class Stateful(Protocol):
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: the message names the file and why (one line)."""
+
+
+class NewerSchemaError(CheckpointError):
+    """A checkpoint written by a newer longctx: never skipped for an older one (a resume would train over it)."""
 
 
 class CheckpointWriteError(RuntimeError):
@@ -135,10 +142,10 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, keep: int) -> P
     """Write `state` as the checkpoint of `step` (atomically), then keep only the newest `keep` checkpoint files."""
     folder = checkpoint_dir(run_dir)
     final = folder / f"step_{step:08d}.pt"
-    tmp = folder / f".step_{step:08d}.pt.tmp{os.getpid()}"
+    tmp = temp_name(final)  # a fresh name, created exclusively: never an existing file or link
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
@@ -206,6 +213,10 @@ def read(path: str | Path, needs: Iterable[str] = ()) -> dict:
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} is unreadable (it holds a {type(state).__name__}, not a dict)")
     version = state.get("schema_version", 0)
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise NewerSchemaError(f"checkpoint {path} has schema version {version}, newer than this longctx's "
+                               f"{SCHEMA_VERSION}: a newer longctx wrote it; use that version (this one neither "
+                               f"reads it nor trains over it)")
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= SCHEMA_VERSION:
         raise CheckpointError(f"checkpoint {path} is unreadable (schema_version={version!r}; this longctx reads "
                               f"versions 0 to {SCHEMA_VERSION}: a newer longctx wrote it?)")
@@ -219,7 +230,30 @@ def read(path: str | Path, needs: Iterable[str] = ()) -> dict:
         if not isinstance(state.get(key), (dict, type(None))):
             raise CheckpointError(f"checkpoint {path} is unreadable (its {key} is a {type(state[key]).__name__}, "
                                   f"not a mapping)")
+    if "trainer" in needs:
+        step = state["trainer"].get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"checkpoint {path} is unreadable (its trainer state has no step count: "
+                                  f"step={step!r})")
     return state
+
+
+def weight_differences(expected: dict, found: dict) -> list[str]:
+    """How the weights `found` (a checkpoint's model state) differ from `expected` (a model's state_dict): a line per
+    tensor whose shape differs, that is missing, or that the model does not have."""
+    ours = {k: tuple(v.shape) for k, v in expected.items()}
+    theirs = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in found.items()}
+    return ([f"{k}: {theirs[k]} -> {ours[k]}" for k in ours if k in theirs and ours[k] != theirs[k]]
+            + [f"{k}: missing from the checkpoint" for k in ours if k not in theirs]
+            + [f"{k}: not in this model" for k in theirs if k not in ours])
+
+
+def first_non_finite(weights: dict) -> str | None:
+    """The name of the first floating-point tensor of `weights` holding a NaN or an infinity (None: all finite)."""
+    for name, value in weights.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return name
+    return None
 
 
 def read_newest(candidates: list[tuple[int, Path]], needs: Iterable[str] = (),
@@ -232,6 +266,8 @@ def read_newest(candidates: list[tuple[int, Path]], needs: Iterable[str] = (),
     for i, (step, path) in enumerate(newest_first):
         try:
             return step, path, read(path, needs)
+        except NewerSchemaError:
+            raise
         except CheckpointError as err:
             if i + 1 == len(newest_first):
                 raise CheckpointError(f"none of the {len(candidates)} checkpoint(s) in {path.parent} is readable: "

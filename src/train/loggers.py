@@ -2,24 +2,36 @@
 from __future__ import annotations
 
 import json
+import logging
 import netrc
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 
+from longctx.plotting import fill_title, new_figure, pyplot, save_figure
 from longctx.train import dashboards
+from longctx.train.run_files import open_append, write_atomic
+
+log = logging.getLogger("longctx")
+WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what wandb accepts as a run id (no '/', ':', spaces, ...)
 
 
 class JsonlLogger:
-    """One JSON object per evaluation, appended to <run_dir>/metrics.jsonl."""
+    """One JSON object per evaluation, appended to <run_dir>/metrics.jsonl.
+
+    A process killed while appending can leave the last line cut short: reading drops that line (said once; its
+    evaluation had no checkpoint yet, so a resume redoes it). Any other line that is not a record is an error
+    naming the file and line."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self._said_cut = False
 
     def log(self, record: dict) -> None:
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -27,18 +39,30 @@ class JsonlLogger:
     def records(self) -> list[dict]:
         if not self.path.exists():
             return []
-        with open(self.path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        with open(self.path, "rb") as f:
+            lines = [(n, line) for n, line in enumerate(f.read().split(b"\n"), 1) if line.strip()]
+        out = []
+        for i, (n, line) in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                out.append(record)
+            elif i == len(lines) - 1 and record is None:  # cut short by a kill mid-append
+                if not self._said_cut:
+                    log.warning(f"{self.path}: line {n} is cut short (a process killed while writing it); "
+                                f"dropped")
+                    self._said_cut = True
+            else:
+                raise ValueError(f"{self.path}: line {n} is not an evaluation record (a JSON object with an integer "
+                                 f"step); fix or remove that line")
+        return out
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop evaluations newer than the checkpoint (they are redone identically), atomically."""
         kept = [r for r in self.records() if r["step"] <= step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def new_wandb_id() -> str:
@@ -54,13 +78,30 @@ def wandb_id_for(run_dir: str | Path, from_checkpoint: str | None = None) -> str
     """The run's one wandb id, kept in <run_dir>/wandb_id from its first launch on: every relaunch (resume,
     requeue, even one killed before its first checkpoint) continues the same wandb run."""
     path = Path(run_dir) / "wandb_id"
-    if path.exists() and path.read_text().strip():
-        return path.read_text().strip()
+    stored = read_wandb_id(run_dir)
+    if stored is not None:
+        return stored
     run_id = from_checkpoint if from_checkpoint is not None else new_wandb_id()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(run_id + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, run_id + "\n")
     return run_id
+
+
+def read_wandb_id(run_dir: str | Path) -> str | None:
+    """The wandb id stored in <run_dir>/wandb_id (None when there is none); one that wandb would refuse is an error
+    naming the file."""
+    path = Path(run_dir) / "wandb_id"
+    if not path.exists():
+        return None
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: unreadable wandb id ({type(err).__name__})") from None
+    if not text:
+        return None
+    if not WANDB_ID.fullmatch(text):
+        raise ValueError(f"{path}: {text[:40]!r} is not a wandb run id (letters, digits, '_' and '-', at most 64); "
+                         f"fix it, or remove the file to start a new wandb run")
+    return text
 
 
 def has_wandb_key(environ=os.environ) -> bool:
@@ -155,14 +196,9 @@ FINAL_CURVE_COLOR = "#d62728"  # red: apart from every colour of viridis (earlie
 
 def plot_icl_curves(records: list[dict], path: str | Path, title: str) -> Path:
     """ICL curves of every evaluation (thin, colour = training step), the final one thick in red on top, the
-    Bayes-optimal curve dashed behind them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    Bayes-optimal curve dashed behind them; a long title (the run's name) wrapped to the figure's width."""
+    plt = pyplot()
+    fig, ax = new_figure((7, 4.5))
     cmap = plt.get_cmap("viridis")
     steps = [r["step"] for r in records]
     for i, rec in enumerate(records):
@@ -180,15 +216,10 @@ def plot_icl_curves(records: list[dict], path: str | Path, title: str) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("position in context (log scale; bin centres)")
     ax.set_ylabel("heldout loss (nats)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(fill_title(title, 5.2, 10), fontsize=10)  # the axes' width, less the colourbar's
     if len(steps) > 1:
         sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(min(steps), max(steps)))
         fig.colorbar(sm, ax=ax, label="training step (earlier evaluations)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return save_figure(fig, path)

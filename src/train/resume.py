@@ -21,6 +21,9 @@ RUNTIME_KEYS = ("run_name", "run_dir", "cache_dir", "device", "data.cache_dir", 
                 "attention.chunk_size")
 RUNTIME_PREFIXES = ("logger.",)
 UNREMARKABLE = ("trainer.resume", "run_dir", "run_name")  # differ between launches of one run by design
+# The keys that say what the model is (a stage or a loaded checkpoint must keep them)
+MODEL_GROUPS = ("model.", "arch.", "attention.")
+MODEL_SHORTCUTS = ("p", "window")   # top-level keys the attention configs read
 
 
 def _leaves(node, prefix: str = ""):

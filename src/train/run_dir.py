@@ -9,6 +9,7 @@ the file it locked is still the one in the folder).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -77,7 +78,7 @@ class RunLock:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.created = missing
             while True:
-                handle = open(self.path, "a+")
+                handle = self._open_lock_file()
                 try:
                     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -103,6 +104,18 @@ class RunLock:
                                  "start": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
         handle.flush()
         self.file = handle
+
+    def _open_lock_file(self):
+        """The lock file, opened without following a link: a `.lock` that is a symbolic link is refused (taking it
+        would truncate and write the link's target)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"run_dir={str(self.run_dir)!r}: its lock file {self.path} is a symbolic link (to "
+                             f"{os.readlink(self.path)!r}); remove it and relaunch. Nothing was written.") from None
+        return os.fdopen(fd, "r+")
 
     def release(self, undo: bool = False) -> None:
         """Drop the lock (removing its file); `undo`: a launch that failed its checks also removes the folders

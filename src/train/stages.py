@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.train.config import CONF_DIR, check_keys, check_set, check_types, check_values, schema
+from longctx.train.resume import MODEL_GROUPS, MODEL_SHORTCUTS
+from longctx.train.run_files import write_atomic
 
-# A stage starts from the previous stage's weights, so it cannot change what the model is.
-MODEL_GROUPS = ("model.", "arch.", "attention.")
-MODEL_SHORTCUTS = ("p", "window")   # top-level keys the attention configs read
+# A stage starts from the previous stage's weights, so it cannot change what the model is (resume.MODEL_GROUPS,
+# MODEL_SHORTCUTS).
 # Keys the stages themselves set (or that would nest stages).
 RESERVED_KEYS = ("run_dir", "trainer.stages", "trainer.init_from")
 INDEX = "stages.json"
@@ -120,18 +122,39 @@ class StagedRun:
         if path.exists() and json.loads(path.read_text()) != self.index:
             raise ValueError(f"config: trainer.stages: {self.run_dir} was trained with other stages (see {path}); "
                              f"relaunch it with the same stages, or start another run_name")
-        # the first stage's own checks (resume, data, an earlier run in its folder) before anything is written
+        # the later stages' data and memory, then the first stage's own checks (resume, data, an earlier run in its
+        # folder), before anything is written
+        for i, (_, stage_cfg) in enumerate(self.stages[1:], 1):
+            check_stage_fits(i, stage_cfg)
         self.first = self.make_trainer(self.stages[0][1])
 
     def fit(self) -> dict:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / INDEX
         if not path.exists():
-            path.write_text(json.dumps(self.index, indent=1) + "\n")
+            write_atomic(path, json.dumps(self.index, indent=1) + "\n")
         record = self.first.fit()
         for _, stage_cfg in self.stages[1:]:
             record = self.make_trainer(stage_cfg).fit()
         return record
+
+
+def check_stage_fits(index: int, stage_cfg: DictConfig) -> None:
+    """What a stage's trainer checks of its data and memory when it starts (ctx against the documents' length,
+    data.docs_per_batch against their number, the memory estimate), for a stage after the first: a stage that
+    cannot run fails before any stage trains, naming trainer.stages[index]."""
+    from longctx.models.spec import model_spec, model_vocab_size
+    from longctx.train.data import check_batch_fits, resolve_splits
+    from longctx.train.estimate import check_fits
+    from longctx.train.trainer import pick_device
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the trainer's process group has the same
+    try:
+        check_fits(stage_cfg, pick_device(stage_cfg.device),
+                   lambda vocab: model_spec(stage_cfg, model_vocab_size(vocab)), world_size)
+        check_batch_fits(resolve_splits(stage_cfg.data, stage_cfg.ctx), stage_cfg.data)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"trainer.stages[{index}]: {err}") from None
 
 
 def final_stage_dir(run_dir: str | Path) -> Path | None:

@@ -5,6 +5,10 @@ config -> distributed -> data description -> model -> optimizer -> scheduler -> 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
+import io
+import json
 import math
 import signal
 import time
@@ -14,6 +18,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from longctx.data.identity import IDENTITY_FILE, data_identity, read_identity
+from longctx.data.tokenizer import keep_tokenizer_file
 from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
                           write_doc_record)
 from longctx.models import ModelSpec, build_model
@@ -21,22 +27,28 @@ from longctx.models.spec import model_spec, model_vocab_size
 from longctx import provenance
 from longctx.train import checkpoint as ckpt
 from longctx.train.config import validate
-from longctx.train.console import close_logging, is_terminal, log, log_to_file, progress_bar, setup_logging
+from longctx.train.console import (close_logging, eta, format_duration, is_terminal, log, log_to_file, progress_bar,
+                                   setup_logging)
 from longctx.train.estimate import check_fits
 from longctx.train.data import build_heldout, build_train_reader, resolve_splits
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.loggers import check_wandb
 from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
-from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, wandb_id_for
-from longctx.train.optim import Schedule, apply_hyperparameters, build_optimizer, build_scheduler, saved_schedule
+from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, read_wandb_id, wandb_id_for
+from longctx.train.paths import resolve_run_paths
+from longctx.train.optim import (WARMUP_FRACTION, Schedule, apply_hyperparameters, build_optimizer, build_scheduler,
+                                  saved_schedule)
 from longctx.train.resume import classify, config_changes, format_changes, refusal
 from longctx.train.rng import RNGState, seed_everything
 from longctx.train.run_dir import RunLock
-from longctx.train.stop import StopRequested, StopSignals
+from longctx.train.run_files import check_no_links, write_atomic
+from longctx.train.stop import StopRequested, StopSignals, resume_command
 
 
 INLINE_CURVE_MAX = 8192  # longer per-position curves go to <run_dir>/per_position_loss/step_*.npy
 DATA_WAIT_WARN = 0.1     # waiting for the reader this share of the training time is said on the console
+MEASURED_STEPS = 3       # after this launch's first steps its step time is measured and said (the first one, with its
+                         # warm-up, is left out of the measure)
 
 
 def pick_device(name: str) -> torch.device:
@@ -86,7 +98,7 @@ class Trainer:
 
     def _build(self, cfg: DictConfig, choices: dict | None) -> None:
         validate(cfg, choices, for_run=True)
-        self.cfg = cfg
+        self.cfg = resolve_run_paths(cfg)  # recorded absolute: the run works from any folder
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.device = pick_device(cfg.device)
@@ -103,8 +115,13 @@ class Trainer:
             raise ValueError(f"data.docs_per_batch={cfg.data.docs_per_batch} is not divisible by the "
                              f"world size {self.dist.world_size}")
         self._lock_run_dir()
+        check_no_links(self.run_dir)
         candidates = self._check_run_dir()
+        metrics = JsonlLogger(self.run_dir)
+        metrics.records()  # a line that is not a record: named now, before anything is written
         check_wandb(cfg.logger)
+        if cfg.logger.wandb.mode != "disabled":
+            read_wandb_id(self.run_dir)  # a stored id wandb would refuse: named now, not as wandb's traceback
         self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, model_vocab_size(vocab)),
                                    self.dist.world_size)  # before any data is generated or read
         seed_everything(cfg.seed)
@@ -147,18 +164,22 @@ class Trainer:
              "trainer": ckpt.Attributes(self, COUNTERS)},
             meta=lambda: {"config": OmegaConf.to_container(self.cfg, resolve=True), "spec": dict(self.spec.__dict__)})
         if candidates:
-            self._load(candidates)
+            self._load(candidates)  # a changed config key is named first, then changed data of unchanged keys
         elif cfg.trainer.get("init_from"):
             self._init_weights(cfg.trainer.init_from)
+        self.new_identity = self._check_data_identity(bool(candidates) or self.restart)
         # A relaunched finished run (a requeued sweep job, a resubmitted script) has nothing to do
         self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget()
 
         # Every check passed: from here on the run directory is written to
-        self.jsonl = JsonlLogger(self.run_dir) if self.dist.is_main else None
+        self.jsonl = metrics if self.dist.is_main else None
         self.wandb = None
         if self.dist.is_main and not self.complete:
             ckpt.remove_stale_temps(self.run_dir)  # left by a process killed mid-write
+            if self.new_identity is not None:
+                write_atomic(self.run_dir / IDENTITY_FILE, json.dumps(self.new_identity, indent=1) + "\n")
             self._write_config()
+            keep_tokenizer_file(self.splits.train_path, self.run_dir)  # decodes text even without its dataset
             provenance.write(self.run_dir, self.device_name, self.dist.world_size)
             log_to_file(self.run_dir)
             if candidates or self.restart:
@@ -203,12 +224,13 @@ class Trainer:
         budget_steps = self._budget_steps()
         if budget_steps is not None and budget_steps < end:
             end = budget_steps
-            if cfg.optim.warmup_steps > end:
-                raise ValueError(f"config: optim.warmup_steps={cfg.optim.warmup_steps}: longer than the run: "
-                                 f"trainer.flops_budget={cfg.trainer.flops_budget:.4g} stops it at step {end} "
-                                 f"({self.flops['train_flops_per_token'] * self._tokens_per_step():.4g} FLOPs per "
-                                 f"step)")
-        return Schedule.from_config(cfg.optim, end)
+        schedule = Schedule.from_config(cfg.optim, end)
+        if schedule.warmup_steps != cfg.optim.warmup_steps and self.dist.is_main:
+            stops = "trainer.max_steps" if end == cfg.trainer.max_steps else "trainer.flops_budget"
+            steps = f"{schedule.warmup_steps} step{'s' * (schedule.warmup_steps != 1)}"
+            log.info(f"optim.warmup_steps={cfg.optim.warmup_steps} is longer than the run ({end} steps, {stops}): "
+                     f"warming up over {steps} instead ({WARMUP_FRACTION:.0%} of it)")
+        return schedule
 
     def _tokens_per_step(self) -> int:
         return self.cfg.data.docs_per_batch * self.cfg.ctx
@@ -246,6 +268,30 @@ class Trainer:
             log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet; starting it from step 0")
         return [path for _, path in reversed(found)]
 
+    def _check_data_identity(self, resuming: bool) -> dict | None:
+        """The data this launch reads (longctx.data.identity) against what the run recorded at its first launch: a
+        resume on other data (a dataset replaced under its path, a data.path to other data) is refused, naming
+        both ids; the same data at another path (a moved folder) goes on, said once. Returns the record to write
+        (this launch's identity) when the run has none yet, else None."""
+        identity = data_identity(self.splits.train_path, self.splits.heldout_path)
+        recorded = read_identity(self.run_dir)
+        where = self.splits.train_path.parent
+        if recorded is None:
+            if resuming and self.dist.is_main:
+                log.info(f"{self.run_dir} has no record of its data ({IDENTITY_FILE}: a run made before runs recorded "
+                         f"one); recording the data of this launch, {where} (id {identity['id']})")
+            return identity
+        if recorded["id"] != identity["id"]:
+            then = Path(str(recorded["train"].get("path", "?"))).parent
+            raise ValueError(f"data.path: {where} holds other data (id {identity['id']}) than {self.run_dir} was "
+                             f"trained on ({then}, id {recorded['id']}, recorded in {IDENTITY_FILE}); resume on "
+                             f"that data, or start a new run_name (trainer.init_from={self.run_dir} starts one from "
+                             f"its weights). Nothing was written.")
+        if recorded["train"].get("path") != identity["train"]["path"] and self.dist.is_main:
+            log.info(f"data.path: the run's data (id {identity['id']}) is now read from {where} (it was at "
+                     f"{Path(str(recorded['train'].get('path'))).parent}); the same tokens, so the run goes on")
+        return None
+
     def _out_of_budget(self) -> bool:
         budget = self.cfg.trainer.flops_budget
         return budget is not None and self.tokens * self.flops["train_flops_per_token"] >= budget
@@ -255,7 +301,7 @@ class Trainer:
         name = "config.yaml" if self.step == 0 else f"config.resume_step{self.step}.yaml"
         path = self.run_dir / name
         if not path.exists():
-            path.write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+            write_atomic(path, OmegaConf.to_yaml(self.cfg, resolve=True))
 
     def state_dict(self) -> dict:
         return self.checkpointer.state_dict()  # collective (RNG gather): every rank takes part
@@ -266,6 +312,8 @@ class Trainer:
         try:
             _, path, state = ckpt.read_newest(ckpt.list_checkpoints(self.run_dir), ckpt.PARTS,
                                               log.warning if self.dist.is_main else None)
+        except ckpt.NewerSchemaError as err:
+            raise ValueError(f"trainer.resume: {err}. Nothing was written.") from None
         except ckpt.CheckpointError as err:
             raise ValueError(f"trainer.resume: {err}; move them away to start over") from None
         try:
@@ -299,6 +347,9 @@ class Trainer:
         old = saved_schedule(state.get("scheduler") or {})
         if old is None:  # a checkpoint older than the schedule record: its config's schedule
             old = Schedule.from_config(OmegaConf.create(saved["optim"]), saved["trainer"]["max_steps"])
+        if "optim.warmup_steps" not in schedule and step >= old.warmup_steps:
+            # a warmup the run has done (fitted to its length, optim.fitted_warmup) is not redone when it gets longer
+            self.schedule = dataclasses.replace(self.schedule, warmup_steps=old.warmup_steps)
         self.schedule = old.resumed(step, self.schedule)
         if schedule or not old.same_curve(self.schedule):
             what = (format_changes(schedule) if schedule
@@ -351,11 +402,7 @@ class Trainer:
         changed = [f"{SPEC_KEYS.get(k, k)}: {saved[k]!r} -> {now[k]!r}" for k in now
                    if k in saved and k not in RUNTIME_SPEC_FIELDS + tuple(may_differ) and saved[k] != now[k]]
         if not changed:  # the spec agrees (or predates it): the weights' names and shapes must too
-            ours = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
-            theirs = {k: tuple(v.shape) for k, v in state["model"].items()}
-            changed = ([f"{k}: {theirs[k]} -> {ours[k]}" for k in ours if k in theirs and ours[k] != theirs[k]]
-                       + [f"{k}: missing from the checkpoint" for k in ours if k not in theirs]
-                       + [f"{k}: not in this model" for k in theirs if k not in ours])
+            changed = ckpt.weight_differences(self.model.state_dict(), state["model"])
         if changed:
             shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
             hint = ("resume with the run's own config (" + str(self.run_dir / "config.yaml") + ") or start a new "
@@ -483,7 +530,9 @@ class Trainer:
             else:
                 folder = self.run_dir / "per_position_loss"
                 folder.mkdir(exist_ok=True)
-                np.save(folder / f"step_{self.step:08d}.npy", curve.astype(np.float32))
+                buffer = io.BytesIO()
+                np.save(buffer, curve.astype(np.float32))
+                write_atomic(folder / f"step_{self.step:08d}.npy", buffer.getvalue())
             record["doc_bins"] = step_record_path(self.step)  # each document's binned loss (paired comparisons)
             write_doc_record(self.run_dir / record["doc_bins"], doc_record(self.evaluation, result))
             self.jsonl.log(record)
@@ -526,6 +575,7 @@ class Trainer:
     def _fit(self) -> dict:
         cfg = self.cfg
         max_steps, eval_every, console_every = cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.logger.console_every
+        self.launch_start, self.launch_step = time.perf_counter(), self.step  # durations: a monotonic clock
         batches = iter(self.reader)
         if self.dist.is_main:
             params = sum(p.numel() for p in self.model.parameters())
@@ -547,8 +597,9 @@ class Trainer:
             record = self._steps(batches, probed, bar, stop)
         bar.close()
         if self.dist.is_main:
-            log.info(self._final_summary(record) if record is not None else
-                     f"final (step {self.step}): no finite evaluation to report (trainer.on_nonfinite=skip)")
+            took = self._launch_time()
+            log.info(self._final_summary(record, took) if record is not None else
+                     f"final (step {self.step}, {took}): no finite evaluation to report (trainer.on_nonfinite=skip)")
             if self.wandb is not None:
                 log.info(self.wandb.describe())
         shutdown(self.dist)
@@ -561,20 +612,22 @@ class Trainer:
         max_steps, eval_every, console_every = cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.logger.console_every
         budget = cfg.trainer.flops_budget
         record, saved = None, None
-        window_tokens, window_steps, window_start = 0, 0, time.time()
+        end = min(max_steps, self._budget_steps() or max_steps)  # the step this launch trains to
+        window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
         line_loss, line_steps, line_tokens, line_time = 0.0, 0, 0, 0.0
         window_wait = window_time = line_wait = 0.0  # seconds waiting for the reader / training, this window
+        measured = 0.0  # seconds of this launch's steps 2..MEASURED_STEPS
         while self.step < max_steps:
-            t_wait = time.time()
+            t_wait = time.perf_counter()
             batch = probed if probed is not None else next(batches)
             probed = None
-            t0 = time.time()
+            t0 = time.perf_counter()
             wait = t0 - t_wait  # > 0 only when the read-ahead falls behind the steps
             loss = self.train_step(batch)
             self.step += 1
             step_tokens = batch["targets"].numel() * self.dist.world_size
             self.tokens += step_tokens
-            step_time = time.time() - t0
+            step_time = time.perf_counter() - t0
             self.elapsed += step_time
             self.train_loss_sum, self.train_loss_steps = self.train_loss_sum + loss, self.train_loss_steps + 1
             window_tokens, window_steps = window_tokens + step_tokens, window_steps + 1
@@ -582,6 +635,11 @@ class Trainer:
             line_time += step_time
             line_wait, window_wait, window_time = line_wait + wait, window_wait + wait, window_time + wait + step_time
             lr = self.scheduler.get_last_lr()[0]
+            launched = self.step - self.launch_step
+            if 1 < launched <= MEASURED_STEPS:
+                measured += wait + step_time
+                if launched == MEASURED_STEPS and self.step < end and self.dist.is_main:
+                    log.info(self._measured_line(measured / (MEASURED_STEPS - 1), end))
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
             if self.wandb is not None:
@@ -590,12 +648,14 @@ class Trainer:
                 line_total = max(1e-9, line_time + line_wait)  # training steps only, evaluations excluded
                 rate, waited = line_tokens / line_total, line_wait / line_total
                 waiting = f" | waiting for data {waited:.0%}" if waited >= DATA_WAIT_WARN else ""
+                since = time.perf_counter() - self.launch_start  # evaluations included: what the user waits
                 log.info(f"step {self.step:>6d}/{max_steps} | train {line_loss / line_steps:.4f} | lr {lr:.2e} | "
-                         f"{rate:,.0f} tok/s{waiting}")
+                         f"{rate:,.0f} tok/s{waiting} | elapsed {format_duration(since)} | "
+                         f"eta {eta(since, launched, end - self.launch_step)}")
                 line_loss, line_steps, line_tokens, line_time, line_wait = 0.0, 0, 0, 0.0, 0.0
             out_of_budget = self._out_of_budget()
             if self.step % eval_every == 0 or self.step == max_steps or out_of_budget:
-                tokens_per_s = window_tokens / max(1e-9, time.time() - window_start)
+                tokens_per_s = window_tokens / max(1e-9, time.perf_counter() - window_start)
                 train_loss = self.train_loss_sum / self.train_loss_steps
                 self.train_loss_sum, self.train_loss_steps = 0.0, 0  # before the checkpoint: a resume starts anew
                 evaluated = self.evaluate(train_loss, tokens_per_s, window_wait / max(1e-9, window_time))
@@ -608,7 +668,7 @@ class Trainer:
                     if record["data_wait"] >= DATA_WAIT_WARN and not self.warned_data_wait:
                         log.warning(self._data_wait_advice(record["data_wait"], window_steps))
                         self.warned_data_wait = True
-                window_tokens, window_steps, window_start = 0, 0, time.time()
+                window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
                 window_wait = window_time = 0.0
             if out_of_budget:
                 if self.dist.is_main:
@@ -618,7 +678,8 @@ class Trainer:
             if signum and self.step < max_steps:
                 if saved != self.step:
                     self.save()
-                stopped = StopRequested(signum, self.step, self.run_dir)
+                stopped = StopRequested(signum, self.step, self.run_dir,
+                                        resume_command(self.run_dir) if self.dist.is_main else None)
                 if self.dist.is_main:
                     log.info(str(stopped))
                 raise stopped
@@ -649,8 +710,22 @@ class Trainer:
     def _describe(rec: dict) -> str:
         return f"step {rec['step']:>6d} | train {rec['train_loss']:.4f} | {eval_line(rec)}"
 
-    def _final_summary(self, rec: dict) -> str:
-        lines = [f"final (step {rec['step']}, {rec['tokens']:,} tokens) -> {self.run_dir}", f"  {eval_line(rec)}"]
+    def _launch_time(self) -> str:
+        """This launch's wall time so far, in words ("this launch": a resumed run's earlier launches took more)."""
+        took = format_duration(time.perf_counter() - self.launch_start)
+        return f"time this launch {took}" if self.launch_step else f"total time {took}"
+
+    def _measured_line(self, per_step: float, end: int) -> str:
+        """The measured step time and what it makes of the steps left: the start-up estimate only assumed a rate."""
+        left = per_step * (end - self.step)
+        finish = (datetime.datetime.now().astimezone() + datetime.timedelta(seconds=left)).strftime("%H:%M %Z")
+        steps = f"{end - self.step} step{'s' if end - self.step > 1 else ''}"
+        return (f"measured {per_step:.3g} s/step -> ~{format_duration(left)} for the {steps} left, evaluations not "
+                f"counted (ETA {finish})")
+
+    def _final_summary(self, rec: dict, took: str | None = None) -> str:
+        lines = [f"final (step {rec['step']}, {rec['tokens']:,} tokens{', ' + took if took else ''}) -> {self.run_dir}",
+                 f"  {eval_line(rec)}"]
         lines.append(f"  metrics: {self.run_dir / 'metrics.jsonl'}  plot: {self.run_dir / 'icl_curves.png'}")
         return "\n".join(lines)
 

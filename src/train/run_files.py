@@ -1,0 +1,74 @@
+"""Writing files in a run folder without following links.
+
+A run folder may be shared, copied or tampered with: a file name in it that is a symbolic link must never make a
+launch write where the link points. New files are created with `O_EXCL | O_NOFOLLOW` (a link or any existing entry
+of that name is refused by the kernel) under a fresh name, then renamed over the final name: a rename replaces a
+link itself, never its target. Appends open with `O_NOFOLLOW`.
+
+    write_atomic(run_dir / "config.yaml", text)          # whole or not at all, even after a kill -9
+    with open_new(tmp_path) as f: torch.save(state, f)   # a fresh file of exactly this name
+    with open_append(run_dir / "metrics.jsonl") as f: f.write(line)
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+# The files a launch writes or appends to at the top of its run folder under their own names (train.log: the
+# console's copy); a link there is refused rather than replaced
+RUN_FILES = (".lock", "config.yaml", "provenance.json", "provenance.diff", "metrics.jsonl", "wandb_id", "train.log",
+             "icl_curves.png", "data_identity.json", "stages.json")
+
+
+def open_new(path: str | Path, mode: str = "wb"):
+    """A new file at `path`, opened for writing: fails (FileExistsError) if anything, a link included, is there."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    return os.fdopen(fd, mode)
+
+
+def open_append(path: str | Path, mode: str = "a"):
+    """`path` opened for appending (created if absent); a link there raises OSError (ELOOP) instead of being
+    followed."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    return os.fdopen(fd, mode)
+
+
+def temp_name(path: str | Path) -> Path:
+    """A fresh hidden name beside `path` for its temporary copy."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` to `path` whole or not at all: a new temp file beside it, fsync, renamed over `path` (a link
+    there is replaced, its target untouched)."""
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        with open_new(tmp) as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def linked_run_files(run_dir: str | Path) -> list[Path]:
+    """The entries of RUN_FILES in `run_dir` that are symbolic links."""
+    return [Path(run_dir) / name for name in RUN_FILES if (Path(run_dir) / name).is_symlink()]
+
+
+def check_no_links(run_dir: str | Path) -> None:
+    """Refuse a run folder whose files a launch writes are symbolic links (one line, naming the first)."""
+    linked = linked_run_files(run_dir)
+    if linked:
+        raise ValueError(f"run_dir={str(run_dir)!r}: {linked[0]} is a symbolic link (to {os.readlink(linked[0])!r}); "
+                         f"a run never writes through links: replace it by the file itself, or remove it. Nothing "
+                         f"was written.")
