@@ -42,15 +42,22 @@ def doc_record(evaluation: HeldoutEvaluation, result: HeldoutLoss) -> dict[str, 
 
 
 def write_doc_record(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Write the arrays to `path` (.npz) through a temporary file, so a reader never meets half a record."""
+    """Write the arrays to `path` (.npz) through a fresh temporary file renamed into place, so a reader never meets
+    half a record."""
+    from longctx.train.run_files import open_new, temp_name
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = temp_name(path)  # a fresh name, created exclusively: a link planted beside the record is never followed
+    try:
+        with open_new(tmp) as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return path
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from longctx.data import heldout_batch
 from longctx.data.icl_markov import bayes_nll, bayes_nll_mixture
 from longctx.eval import bin_docs, read_doc_record
+from longctx.eval.records import write_doc_record
 from longctx.runs import load_run
 from longctx.train import checkpoint as ckpt
 from longctx.train.trainer import Trainer
@@ -134,3 +135,15 @@ def test_non_finite_evaluation_skipped_is_warned_and_not_checkpointed(compose, t
     assert "non-finite heldout loss at step 2" in err
     assert ckpt.list_checkpoints(run_dir) == []
     assert not (run_dir / "eval").exists()
+
+
+def test_a_record_written_over_a_link_replaces_the_link_not_its_target(tmp_path):
+    target = tmp_path / "elsewhere.npz"
+    target.write_bytes(b"not to be touched")
+    link = tmp_path / "eval" / "step_00000001.npz"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    write_doc_record(link, {"loss": np.zeros((2, 1), np.float32)})
+    assert target.read_bytes() == b"not to be touched" and not link.is_symlink()
+    assert read_doc_record(link)["loss"].shape == (2, 1)
+    assert sorted(p.name for p in link.parent.iterdir()) == [link.name]  # no temporary file left
