@@ -31,7 +31,7 @@ def ids_printed(capsys) -> list[int]:
 
 
 def test_every_decoding_path_prints_the_same_greedy_ids(run, capsys, monkeypatch):
-    monkeypatch.setattr(generate_cli, "run_codec", lambda cfg: pytest.fail("--prompt-ids loaded a tokenizer"))
+    monkeypatch.setattr(generate_cli, "run_codec", lambda *a: pytest.fail("--prompt-ids loaded a tokenizer"))
     outputs = {}
     for flags in ([], ["--no-static"], ["--no-cache"], ["--no-compile"]):
         code = generate_cli.main([str(run), "--prompt-ids", "4,0,1,2", "--temperature", "0", "--max-new-tokens", "20",

@@ -9,17 +9,25 @@ Three kinds, each with `name`, `eot_id` (also the BOS id), `vocab_size`, `encode
   from text (a file that contains the string is encoded as its characters).
 - `tiktoken-gpt2`: GPT-2 BPE via tiktoken (LongCrawl64's tokenizer; needs its vocabulary file, downloaded once).
 - `bytes`: the UTF-8 bytes as ids 0..255, EOT 256 (nothing to download).
+
+A run keeps a copy of its dataset's own tokenizer file in its folder (`keep_tokenizer_file`), so it decodes text
+wherever it is, with or without its dataset.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 
 EOT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
+
+
+class NotText(ValueError):
+    """A dataset whose tokens are not text (synthetic data): it has no text tokenizer."""
 
 
 class ByteTokenizer:
@@ -86,7 +94,12 @@ class BPETokenizer:
     @classmethod
     def from_file(cls, path) -> "BPETokenizer":
         from tokenizers import Tokenizer
-        return cls(Tokenizer.from_file(str(path)))
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception (cut short, not JSON)
+            reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            raise ValueError(f"{path}: not a readable tokenizer file ({reason})") from None
+        return cls(tok)
 
     def save(self, path) -> None:
         self.tok.save(str(path))
@@ -132,8 +145,8 @@ def load_tokenizer(dataset_path):
         return ByteTokenizer()
     if name in (None, "tiktoken-gpt2"):
         if attrs.get("generator") is not None:
-            raise ValueError(f"dataset_path: {str(root)!r} is synthetic ({json.dumps(attrs['generator'])[:80]}...): "
-                             "its tokens are not text")
+            raise NotText(f"dataset_path: {str(root)!r} is synthetic ({json.dumps(attrs['generator'])[:80]}...): "
+                          "its tokens are not text")
         try:
             return TiktokenGPT2()
         except Exception as e:  # offline without a cached vocabulary
@@ -141,3 +154,21 @@ def load_tokenizer(dataset_path):
                                f"vocabulary ({type(e).__name__}); copy a tiktoken cache and set TIKTOKEN_CACHE_DIR "
                                f"to it") from None
     raise ValueError(f"dataset_path: {str(root)!r} records tokenizer {name!r}, which is unknown")
+
+
+def keep_tokenizer_file(split_path, run_dir) -> Path | None:
+    """Copy the tokenizer file a dataset's split records (a prepared corpus's BPE `tokenizer.json`, beside its
+    splits) into `run_dir`, once: the run then decodes text without its dataset. Returns the copy (None for data
+    without such a file)."""
+    from ._array import array_attrs, open_tokens
+
+    split = Path(os.path.expanduser(str(split_path)))
+    name = array_attrs(open_tokens(split, field="data.path")).get("tokenizer_file")
+    if not name or not (split.parent / name).is_file():
+        return None
+    kept = Path(run_dir) / TOKENIZER_FILE
+    if not kept.exists():  # a run's files are never overwritten
+        tmp = kept.with_name(kept.name + ".tmp")
+        shutil.copyfile(split.parent / name, tmp)
+        os.replace(tmp, kept)
+    return kept

@@ -4,13 +4,15 @@ One `logging` logger ("longctx"): INFO lines go to stdout, warnings and errors t
 and all of them, time-stamped, to train.log once the run directory exists (lines said before that, e.g.
 "resuming from ...", are kept and written first). Progress bars (tqdm) are drawn only on a terminal: in a log
 file (Slurm, CI) a bar is a redraw per update, so there the run reports progress with plain lines instead
-(`logger.console_every`). While a bar is drawn, tqdm's `logging_redirect_tqdm` routes the console lines through
-`tqdm.write`, so a bar is never torn (warnings keep their `warning:` prefix there too).
+(`logger.console_every`, with the elapsed time and an ETA). While a bar is drawn, tqdm's `logging_redirect_tqdm`
+routes the console lines through `tqdm.write`, so a bar is never torn (warnings keep their `warning:` prefix there
+too). Other long commands (evaluate) report the same way through `command_progress`.
 """
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -121,3 +123,63 @@ class _Bar(tqdm):
 def progress_bar(enabled: bool = True, **kwargs) -> tqdm:
     """A tqdm bar on a terminal; nothing (a disabled bar) in a log file, where plain lines report progress."""
     return _Bar(disable=not (enabled and is_terminal()), dynamic_ncols=True, mininterval=0.5, **kwargs)
+
+
+def format_duration(seconds: float) -> str:
+    """42s, 3m05s, 2h07m: a duration as a console line states it."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def eta(elapsed: float, done: float, total: float) -> str:
+    """The time left at the rate so far ("?" before anything is done)."""
+    return format_duration(elapsed / done * max(0.0, total - done)) if done > 0 else "?"
+
+
+class ProgressLines:
+    """Progress of a long command where no bar can be drawn (stderr a pipe or a file): a start line, a line at most
+    every `every` seconds, and a done line, on stderr (stdout keeps the command's result), each with the elapsed time
+    (a monotonic clock) and, once something is done, the ETA. The same update()/close() as a tqdm bar."""
+
+    def __init__(self, total: int, desc: str, unit: str, every: float = 10.0):
+        self.total, self.desc, self.unit, self.every = total, desc, unit, every
+        self.n = 0
+        self.start = self.last = time.perf_counter()
+        self._say(f"started ({total} {unit}s)")
+
+    def _say(self, text: str) -> None:
+        print(f"{self.desc}: {text}", file=sys.stderr, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if now - self.last >= self.every and self.n < self.total:
+            self.last = now
+            elapsed = now - self.start
+            self._say(f"{self.n}/{self.total} {self.unit}s | elapsed {format_duration(elapsed)} | "
+                      f"eta {eta(elapsed, self.n, self.total)}")
+
+    def close(self) -> None:
+        if self.start is not None:
+            took = format_duration(time.perf_counter() - self.start)
+            self._say(f"done, {self.n}/{self.total} {self.unit}s in {took}")
+            self.start = None
+
+    def __enter__(self) -> "ProgressLines":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if exc[0] is None:
+            self.close()
+        return False
+
+
+def command_progress(total: int, desc: str, unit: str):
+    """A long command's progress: a tqdm bar (elapsed and ETA in it) on a terminal, else ProgressLines on stderr."""
+    if is_terminal():
+        return _Bar(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5, leave=False)
+    return ProgressLines(total, desc, unit)

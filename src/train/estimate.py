@@ -21,9 +21,16 @@ input is kept (`d_model` elements per token per layer) plus one block's activati
 Memory available: CUDA, 90% of the card's memory (the activation_checkpointing=auto probe's margin); CPU, the
 host's available memory (/proc/meminfo MemAvailable).
 
+An evaluation (`python -m longctx.evaluate`) runs forwards without gradients: the fp32 weights (+ their bf16 copies
+under autocast), one block's activations of a micro-batch at a time, one loss chunk (`forward_memory`), and on the
+host the token arrays it holds (heldout documents, or the retrieval prompts of one context).
+
 Time: trainer.max_steps * tokens per step * training FLOPs per token (longctx.train.flops) over an assumed rate:
 CUDA, 35% of the card's bf16 peak (the README's measured MFUs are 25-42%); CPU, half this machine's fp32 matmul
-rate measured at start (the default run reaches about that on 2 idle cores). An estimate to catch the impossible, not a benchmark.
+rate measured at start (the default run reaches about that on 2 idle cores). An estimate to catch the impossible, not a
+promise: a loaded machine, or a form that runs far below the matmul rate (the CPU power reference at ctx 512 took
+several times the estimate on 2 cores), takes longer, so the trainer measures its first steps and says the time they
+make (trainer.py, MEASURED_STEPS).
 """
 from __future__ import annotations
 
@@ -69,6 +76,8 @@ def data_vocab(cfg: DictConfig) -> int:
     dataset's recorded vocab_size (its array metadata), GPT-2's when it cannot be read yet (its own check says why)."""
     if cfg.data.name == "icl_markov":
         return int(cfg.data.vocab) + 1
+    if cfg.data.name == "mqar":  # keys, values, the filler and BOS
+        return int(cfg.data.n_keys) + int(cfg.data.n_values) + 2
     try:
         from pathlib import Path
 
@@ -189,7 +198,8 @@ def describe(est: Estimate, device_name: str) -> str:
     return (f"estimate: peak memory ~{_gib(est.total_bytes)}{avail} on {device_name} ({est.parameters / 1e6:.2f}M "
             f"parameters with AdamW {_gib(est.model_bytes)}, activations {_gib(est.activation_bytes)} per micro-batch "
             f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}); training time "
-            f"{_duration(est.seconds)} (formulas: longctx.train.estimate)")
+            f"{_duration(est.seconds)} at an assumed rate, measured after the first steps (formulas: "
+            f"longctx.train.estimate)")
 
 
 def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
@@ -223,3 +233,41 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
     least = estimate(cfg, device, spec_for, world_size, micro_docs=1, checkpointing=True, **kwargs)
     raise ValueError(f"{need}; even trainer.micro_docs=1 with trainer.activation_checkpointing=true needs "
                      f"~{_gib(least.total_bytes)}: a smaller ctx or model")
+
+
+# ----- evaluation: forwards without gradients ------------------------------------------------------------------
+def forward_memory(model, cfg: DictConfig, ctx: int, micro_docs: int, device_type: str, bf16: bool) -> dict:
+    """Peak bytes of an evaluation forward (no gradients) of `micro_docs` documents of `ctx` tokens, by part:
+    `weights` (fp32, plus the bf16 copies autocast makes), `activations` (nothing is kept for a backward: per token
+    the residual stream and its normed copy, the MLP's hidden pre- and post-activation, and what the attention form
+    holds, as counted for training), `loss` (one chunk of the fused loss, and the float64 per-token losses). On CPU
+    this is 1.1-1.3x the peak resident memory measured for GPT-2 forwards at ctx 16k-64k (exp and power)."""
+    from omegaconf import OmegaConf
+
+    spec = model.spec
+    at = OmegaConf.merge(cfg, {"ctx": ctx, "trainer": {"precision": "bf16" if bf16 else "fp32"}})
+    _, block = saved_per_token_layer(model, at, device_type, checkpointing=True)
+    form = block - spec.d_model * (ARCH_SAVED.get(spec.arch, 16) + 2 * spec.mlp_ratio)  # the attention form's own
+    per_token = spec.d_model * (2 + 2 * spec.mlp_ratio) + form
+    params = sum(p.numel() for p in model.parameters())
+    tokens = micro_docs * ctx
+    return {"weights": params * (6 if bf16 else 4), "activations": tokens * per_token * (2 if bf16 else 4),
+            "loss": 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4 + tokens * 8}
+
+
+def check_evaluation_fits(flag: str, ctx: int, forward: dict, device: torch.device, held: float, held_what: str,
+                          advice: str) -> None:
+    """Raise ValueError, one line naming `flag`, the context, the estimate and the memory available, when an
+    evaluation at `ctx` cannot fit: its forward (`forward_memory`) on `device`, and the `held` bytes of token arrays
+    it keeps on the host (the same memory on a CPU). `advice` ends the line."""
+    cpu = available_memory(torch.device("cpu"))
+    parts = ", ".join(f"{k} {_gib(v)}" for k, v in forward.items())
+    if device.type == "cpu":
+        needs = [("cpu", sum(forward.values()) + held, cpu, f"forward: {parts}; {held_what} {_gib(held)}")]
+    else:
+        needs = [(str(device), sum(forward.values()), available_memory(device), f"forward: {parts}"),
+                 ("the host", held, cpu, f"{held_what} {_gib(held)}")]
+    for where, need, available, detail in needs:
+        if available is not None and need > available:
+            raise ValueError(f"{flag}: {ctx} needs ~{_gib(need)} of memory on {where} but {_gib(available)} is "
+                             f"available ({detail}; formulas: longctx.train.estimate); {advice}")

@@ -1,10 +1,14 @@
 """Stopping a run on request. SIGTERM (a scheduler's time limit, `kill`, the deadline of scripts/run_points.py) or
 SIGUSR1 (Slurm's `--signal=USR1@90`) ends the run after the step in progress, with a checkpoint of that step, so
-relaunching the same command continues exactly where it stopped instead of at the last evaluation."""
+relaunching it with trainer.resume=true continues exactly where it stopped instead of at the last evaluation. The
+stop message gives that command (`resume_command`)."""
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import threading
+from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -12,10 +16,39 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class StopRequested(Exception):
     """The run stopped at a stop signal, after saving the checkpoint of its last step."""
 
-    def __init__(self, signum: int, step: int, run_dir):
-        self.signum, self.step = signum, step
+    def __init__(self, signum: int, step: int, run_dir, command: str | None = None):
+        self.signum, self.step, self.command = signum, step, command
+        how = (f"continue it with: {command}" if command else
+               "continue it by relaunching its command with trainer.resume=true")
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}, its checkpoint saved in "
-                         f"{run_dir}; relaunch the same command to continue from it")
+                         f"{run_dir}; {how}")
+
+
+def resume_command(run_dir) -> str | None:
+    """The command that continues this launch's run: its command (provenance.format_command of the launch's record)
+    with trainer.resume=true, and the run folder when the launch chose one with hydra.run.dir or was a sweep's job
+    (whose relaunch as one run would otherwise go to runs/<run_name>). None outside a Hydra launch (a Trainer built in
+    Python), without a record, or under a distributed launcher (whose own command line the record does not hold)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from longctx import provenance
+
+    try:
+        record = provenance.read(run_dir)
+    except (ValueError, OSError):
+        return None
+    launch = (record or {}).get("launches", [record])[-1]
+    if (not launch or launch.get("overrides") is None or not HydraConfig.initialized()
+            or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        return None
+    argv = [a for a in provenance.command_line(launch) if not a.lstrip("+").startswith("trainer.resume=")]
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:
+        argv.append(f"hydra.run.dir={Path(hydra.runtime.output_dir).resolve()}")
+    else:
+        argv += [o for o in hydra.overrides.hydra if o.startswith("hydra.run.dir=")]
+    return shlex.join([*argv, "trainer.resume=true"])
 
 
 class StopSignals:

@@ -59,6 +59,40 @@ def test_a_stopped_run_resumes_as_if_never_stopped(compose, tiny, tmp_path, monk
 
 
 @pytest.mark.slow
+def test_the_stop_message_gives_the_command_that_resumes(train_env, tiny, tmp_path):
+    """train.py stopped by SIGTERM names the command that continues it; that command, run as printed from the same
+    folder, resumes the run and finishes it (the launch's own command alone is refused: the folder holds a run)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+    args = [*tiny, "trainer.num_threads=1", "trainer.max_steps=200", "trainer.eval_every=100",
+            "logger.console_every=1", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen([sys.executable, str(repo / "train.py"), *args], env=train_env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = run / "train.log"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and "step      5/" in log.read_text():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    line = next(line for line in err.splitlines() if line.startswith("stopped by SIGTERM after step "))
+    command = line.split("; continue it with: ", 1)[1]
+    assert command.endswith(" trainer.resume=true") and f"hydra.run.dir={run}" in command
+    env = {**train_env, "PATH": f"{Path(sys.executable).parent}:{train_env['PATH']}"}  # `python`: this interpreter
+    again = subprocess.run(command, shell=True, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stdout
+    assert [r["step"] for r in records(run)] == [100, 200]
+
+
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(train_env, tiny, tmp_path):
     """DDP (2 gloo processes): SIGTERM to rank 1 alone; both ranks stop after one step, whose checkpoint rank 0
     writes, and the relaunch finishes the run."""
