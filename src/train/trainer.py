@@ -340,7 +340,9 @@ class Trainer:
         if saved is None:
             return []
         step = state["trainer"]["step"]
-        schedule, applied, refused = classify(config_changes(saved, OmegaConf.to_container(self.cfg, resolve=True)))
+        # paths of a run recorded before they were stored absolute: resolved as this launch's are
+        schedule, applied, refused = classify(config_changes(resolve_run_paths(saved),
+                                                             OmegaConf.to_container(self.cfg, resolve=True)))
         if refused:
             raise ValueError(refusal(self.run_dir, step, refused))
         notes = []
