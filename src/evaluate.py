@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 import tempfile
 import time
@@ -36,7 +37,7 @@ from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, ev
 from longctx.eval.loss import model_device
 from longctx.eval.plots import plot_icl, plot_retrieval
 from longctx.eval.retrieval import prompt_length
-from longctx.generate import codec, tokenizer_name
+from longctx.generate import run_codec
 from longctx.runs import check_device, load_run
 from longctx.train.config import check_set, check_types, did_you_mean, schema
 from longctx.train.console import command_progress, setup_logging
@@ -327,7 +328,9 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     longest = max(wanted)
     splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
     data_vocab_fits(splits, model)
-    alphabet = alphabet_for(splits.info["vocab_size"], splits.info["bos_id"], longest, encode_of(cfg), seed)
+    text = text_codec_of(cfg, None if data_overrides else run_dir)
+    alphabet = alphabet_for(splits.info["vocab_size"], splits.info["bos_id"], longest,
+                            None if text is None else text[0], seed)
     shortest = prompt_length(alphabet, digits) + 1
     if contexts is None:
         contexts = [c for c in wanted if c >= shortest] or [train_ctx]
@@ -355,6 +358,8 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
                                documents, seed, on_context=lambda _ctx: progress.update(1))
     record = {**run_facts(run_dir, model, run_cfg, cfg, splits), **result, "seed": seed,
               "seconds": round(time.perf_counter() - start, 2)}
+    if text is not None and tuple(text[0](str(i))[0] for i in range(alphabet.base)) == alphabet.digits:
+        record.update(alphabet_text(alphabet, text[1]))  # a word alphabet: say the words
     with records_whole([out]):
         write_json(out, record)
     title = (f"{run_dir.name}: {task}, step {record['step']} (trained at ctx {record['train_ctx']}), "
@@ -366,17 +371,24 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     return record | {"out": str(out)}
 
 
-def encode_of(cfg: DictConfig):
-    """The run's tokenizer's encoder (text data), or None (ids without text, e.g. the ICL Markov states, or a
-    tokenizer this machine cannot load: tiktoken fetches its tables on first use)."""
-    name = tokenizer_name(cfg)
+def text_codec_of(cfg: DictConfig, run_dir: Path | None):
+    """(encode, decode) of the tokenizer the evaluated data uses, or None (ids without text: the ICL Markov states,
+    or a tokenizer this machine cannot load, said in a note). The run's own data: the tokenizer the run used
+    (generate's `run_codec`: its kept copy, the dataset's, or the name it recorded); other data (`run_dir=None`,
+    data overrides given): that dataset's own."""
     try:
-        text = codec(name)
-    except Exception as err:  # offline without tiktoken's cache: requests/OSError; any failure leaves ids
-        print(f"note: tokenizer {name} unavailable ({type(err).__name__}); the retrieval prompts use an id alphabet "
-              f"(recorded in the JSON)", file=sys.stderr)
+        return run_codec(cfg, run_dir)
+    except Exception as err:  # noqa: BLE001 - offline without tiktoken's cache, a tokenizer not on this machine
+        cause = re.sub(r";? (or )?give --prompt-ids$", "", str(err).removeprefix("--prompt: "))  # generate's advice
+        print(f"note: the data's tokenizer is unavailable ({type(err).__name__}: {cause}); the retrieval prompts "
+              f"use an id alphabet (recorded in the JSON)", file=sys.stderr)
         return None
-    return None if text is None else text[0]
+
+
+def alphabet_text(alphabet, decode) -> dict:
+    """The prompt's marker and key symbols as the text the tokenizer reads them as (for the JSON record)."""
+    return {"marker_text": decode(list(alphabet.marker)), "digits_text": [decode([d]) for d in alphabet.digits],
+            "filler_text": decode(list(alphabet.filler))}
 
 
 def log_to_run_wandb(run_dir: Path, run_cfg: DictConfig, record: dict, png: Path) -> str | None:

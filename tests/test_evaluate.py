@@ -404,10 +404,12 @@ def test_retrieval_without_the_tokenizer_uses_ids(monkeypatch, capsys):
     """tiktoken fetches its tables on first use: offline, the prompts are made of ids (and a note says so)."""
     import longctx.evaluate as evaluate_module
 
-    def offline(name):
-        raise ConnectionError("no network")
+    def offline(cfg, run_dir):
+        raise ValueError("--prompt: the run's tokenizer (tiktoken GPT-2) could not load its vocabulary "
+                         "(ConnectionError); set TIKTOKEN_CACHE_DIR to a tiktoken cache or give --prompt-ids")
 
-    monkeypatch.setattr(evaluate_module, "tokenizer_name", lambda cfg: "tiktoken-gpt2")
-    monkeypatch.setattr(evaluate_module, "codec", offline)
-    assert evaluate_module.encode_of(None) is None
-    assert "tokenizer tiktoken-gpt2 unavailable (ConnectionError)" in capsys.readouterr().err
+    monkeypatch.setattr(evaluate_module, "run_codec", offline)
+    assert evaluate_module.text_codec_of(None, None) is None
+    err = capsys.readouterr().err
+    assert "the data's tokenizer is unavailable (ValueError: the run's tokenizer (tiktoken GPT-2) could not load its " \
+           "vocabulary (ConnectionError)" in err and "id alphabet" in err and "--prompt" not in err

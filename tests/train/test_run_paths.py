@@ -141,3 +141,20 @@ def test_resume_naming_the_data_folder_another_way_is_no_change(launched, compos
     out = capsys.readouterr().out
     assert "resuming from" in out and "data.path" not in out, out
     assert ckpt.latest_checkpoint(copy)[0] == 4
+
+
+@pytest.mark.parametrize("kind", ["bpe", "bytes"])
+def test_retrieval_prompts_are_the_runs_own_text(launched, tmp_path, kind):
+    """Passkey prompts on a prepared corpus are made of its tokenizer's words: the record holds the marker, digits
+    and filler decoded as the text the docs describe."""
+    import json
+
+    from longctx.eval.retrieval import FILLER_TEXT, MARKER_TEXT
+
+    _, run = launched[kind]
+    out = tmp_path / "passkey.json"
+    assert evaluate_main([str(run), "--task", "passkey", "--contexts", "64", "--depths", "0,1", "--trials", "2",
+                          "--device", "cpu", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["marker_text"] == MARKER_TEXT and record["filler_text"] == FILLER_TEXT
+    assert record["digits_text"] == [str(i) for i in range(10)]
