@@ -366,3 +366,18 @@ def test_labels_and_the_records_figures_are_chosen_on_the_command_line(tmp_path,
         with pytest.raises(SystemExit) as exit_:
             main([str(sweep), "--out", str(tmp_path / "o3"), "--record", str(tmp_path / "r3.json"), *argv])
         assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_equal_flops_count_every_stage_of_the_weights():
+    """A later stage's evaluation is placed by the FLOPs its weights cost in every stage (flops_all_stages); a record
+    from before that count by its own stage's FLOPs."""
+    from pathlib import Path
+
+    from longctx.report.runs import Run, training_flops
+
+    stage2 = Run(path=Path("."), config={"attention": {"name": "exp"}, "ctx": 64},
+                 records=[{"step": 1, "flops": 10.0, "flops_all_stages": 110.0, "best_context_loss": 2.0},
+                          {"step": 2, "flops": 20.0, "flops_all_stages": 120.0, "best_context_loss": 1.5}])
+    assert stage2.at_flops(115.0)["step"] == 1 and stage2.at_flops(125.0)["step"] == 2
+    assert stage2.at_flops(100.0) is None            # its first stage alone cost more
+    assert training_flops({"flops": 5.0}) == 5.0 and training_flops({}) is None

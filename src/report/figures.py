@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from longctx.plotting import fill_title, new_figure, pyplot, readable_label, save_figure, widen_for_legend
-from longctx.report.runs import Group, Run, show
+from longctx.report.runs import Group, Run, show, training_flops
 from longctx.report.stats import DEFAULT_BOOTSTRAP, check_paired, paired_seed_difference, seed_aggregate
 
 LINESTYLES = ["-", "--", "-.", ":"]
@@ -208,12 +208,12 @@ def draw_best_vs_flops(groups: list[Group], title: str):
     fig, ax = new_figure((8, 5))
     for group in groups:
         for i, run in enumerate(group.runs):
-            points = [(r["flops"], r["best_context_loss"]) for r in run.records if "flops" in r]
+            points = [(training_flops(r), r["best_context_loss"]) for r in run.records if "flops" in r]
             if points:
                 label = readable_label(run.label if group.n_seeds > 1 else group.label)
                 ax.plot(*zip(*points), marker=SEED_MARKERS[i % len(SEED_MARKERS)], ms=4, lw=1.4, label=label,
                         **style(group))
-    _axes(ax, "training FLOPs (3x forward, charged with the form that runs; log scale)",
+    _axes(ax, "training FLOPs, every stage (3x forward, charged with the form that runs; log scale)",
           "heldout best-context loss (nats/token)", f"{title}\nbest-context loss per FLOP")
     legend_outside(ax)
     return fig

@@ -22,7 +22,8 @@ import numpy as np
 from longctx.report import figures
 from longctx.report.runs import Run, group_runs
 
-RECORD_KEYS = ("step", "flops", "tokens", "best_context_loss", "last10_loss", "icl_curve", "bayes_curve")
+RECORD_KEYS = ("step", "flops", "tokens", "flops_all_stages", "tokens_all_stages", "epochs", "heldout_minus_train",
+               "best_context_loss", "last10_loss", "icl_curve", "bayes_curve")
 MAX_DOC_BINS_BYTES = 4 * 1024 * 1024   # larger per-document records stay in the run folders
 FIGURES = ("icl_curves", "gap_to_optimum", "paired_differences", "best_context_vs_flops", "best_context_vs_context")
 

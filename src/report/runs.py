@@ -69,10 +69,11 @@ class Run:
             + self.eval_items
 
     def at_flops(self, budget: float | None) -> dict | None:
-        """The last evaluation within `budget` training FLOPs (the final one when budget is None)."""
+        """The last evaluation within `budget` training FLOPs, every stage before counted (the final one when budget
+        is None)."""
         if budget is None:
             return self.final
-        within = [r for r in self.records if r.get("flops", float("inf")) <= budget]
+        within = [r for r in self.records if training_flops(r, float("inf")) <= budget]
         return within[-1] if within else None
 
     def doc_bins(self, record: dict) -> DocBins | None:
@@ -86,6 +87,12 @@ class Run:
                         f"no interval for that evaluation")
             return None
         return load_doc_bins(path, prefix)
+
+
+def training_flops(record: dict, default=None):
+    """The training FLOPs behind an evaluation's weights, every stage before included (records older than
+    `flops_all_stages` hold their own stage's `flops` only)."""
+    return record.get("flops_all_stages", record.get("flops", default))
 
 
 # ----- loading ----------------------------------------------------------------------------------------------

@@ -59,6 +59,22 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def prior_training(checkpoint: Path, step: int | None) -> tuple[int, float]:
+    """(tokens, FLOPs) the weights of `checkpoint` were trained on, every stage before included: its run's
+    metrics.jsonl record at the checkpoint's step (its tokens_all_stages, or its tokens where it predates them);
+    (0, 0.0) when the run keeps no such record (a bare checkpoint file: the counts then start at this run)."""
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    try:
+        records = [r for r in JsonlLogger(run_dir).records() if step is None or r["step"] <= step]
+    except (OSError, ValueError):
+        records = []
+    if not records:
+        return 0, 0.0
+    last = records[-1]
+    return (int(last.get("tokens_all_stages", last.get("tokens", 0))),
+            float(last.get("flops_all_stages", last.get("flops", 0.0))))
+
+
 def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
     """trainer.compile: false (eager), blocks or true (each residual block compiled in place: one graph, traced once and
     reused by every layer, in seconds; the weights keep their names), or model (torch.compile of the whole model,
@@ -73,8 +89,9 @@ def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
 # The trainer's own counters, a Stateful part of every checkpoint (values: a fresh run's)
 # train_loss_sum/_steps: the training loss since the last evaluation (its record's train_loss), kept in the
 # checkpoint so that a run stopped between evaluations (train.stop) logs the same train_loss as an uninterrupted one
+# prior_tokens/_flops: what the runs this one's weights came from (trainer.init_from, every stage before) trained
 COUNTERS = {"step": 0, "tokens": 0, "elapsed": 0.0, "skipped_steps": 0, "wandb_id": None, "train_loss_sum": 0.0,
-            "train_loss_steps": 0}
+            "train_loss_steps": 0, "prior_tokens": 0, "prior_flops": 0.0}
 # ModelSpec fields that change how the model runs, not what it is: a resumed run may change them.
 RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 # The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
@@ -134,6 +151,7 @@ class Trainer:
         if not self.dist.is_main:
             self.splits = resolve_splits(cfg.data, cfg.ctx)
         self.spec: ModelSpec = model_spec(cfg, model_vocab_size(self.splits.info["vocab_size"]))
+        self.train_tokens = self.splits.info["num_docs"] * self.splits.info["doc_len"]  # one pass over the split
 
         self.model = build_model(self.spec).to(self.device)
         bf16 = cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and self.device.type == "cuda")
@@ -154,6 +172,7 @@ class Trainer:
 
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.train_loss_sum, self.train_loss_steps = 0.0, 0
+        self.prior_tokens, self.prior_flops, self.said_epochs = 0, 0.0, False
         self.skipped_steps, self.consecutive_skips = 0, 0
         self.warned_data_wait = False
         self.wandb_id = None
@@ -394,9 +413,12 @@ class Trainer:
             raise ValueError(f"trainer.init_from={str(source)!r}: {err}") from None
         self._check_same_model(state, path, key="trainer.init_from", may_differ=("ctx",))
         self.model.load_state_dict(state["model"])
+        step = state.get("trainer", {}).get("step")
+        self.prior_tokens, self.prior_flops = prior_training(path, step)
         if self.dist.is_main:
-            step = state.get("trainer", {}).get("step", "unknown")
-            log.info(f"weights from {path} (step {step}); optimizer, schedule and step count start fresh")
+            log.info(f"weights from {path} (step {step if step is not None else 'unknown'}); optimizer, schedule and "
+                     f"step count start fresh; {self.prior_tokens:,} tokens and {self.prior_flops:.3g} FLOPs trained "
+                     f"before (tokens_all_stages, flops_all_stages)")
 
     def _check_same_model(self, state: dict, path: Path, key: str = "trainer.resume", may_differ=()) -> None:
         """A checkpoint only continues the model that wrote it: name what changed, in config terms."""
@@ -522,8 +544,18 @@ class Trainer:
         record.update({k: self.flops[k] for k in ("weight_flops_per_token", "state_flops_per_token",
                                                       "executed_state_flops_per_token", "wsfr", "state_size")})
         record["flops"] = self.tokens * self.flops["train_flops_per_token"]
+        record["tokens_all_stages"] = self.prior_tokens + self.tokens  # the weights' whole training (init_from)
+        record["flops_all_stages"] = self.prior_flops + record["flops"]
+        record["epochs"] = round(self.tokens / self.train_tokens, 4)  # passes over the training split
         record["mfu"] = mfu(tokens_per_s, self.flops["train_flops_per_token"], self.device_name, self.dist.world_size)
         record.update(result.summary)
+        record["heldout_loss"] = float(curve.mean())
+        record["heldout_minus_train"] = record["heldout_loss"] - train_loss  # train_loss: since the last evaluation
+        if record["epochs"] > 1 and not self.said_epochs and self.dist.is_main:
+            self.said_epochs = True  # once a launch: the data repeats from here on
+            log.info(f"step {self.step}: {record['epochs']:.2f} passes over the {self.train_tokens:,} training tokens "
+                     f"so far; heldout minus train loss {record['heldout_minus_train']:+.4f} (metrics.jsonl: epochs, "
+                     f"heldout_minus_train)")
         if self.dist.is_main:
             # The raw per-position curve: inline for short contexts, beside the log for long ones (a 64k
             # curve is ~0.5 MB of JSON per evaluation).

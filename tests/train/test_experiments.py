@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from longctx.data import dataset_info
 from longctx.models import build_model
 from longctx.train.config import validate
 from longctx.train.stages import INDEX, StagedRun, final_stage_dir, plan
@@ -329,6 +330,16 @@ def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_pat
     final = _metrics(s2)[-1]
     assert record["step"] == final["step"] == 2 and record["best_context_loss"] == final["best_context_loss"]
     assert final["tokens"] == 2 * 4 * 64  # the step and token counts start fresh
+    # ... and the record carries the weights' whole training: every stage's tokens and FLOPs
+    first = _metrics(s1)[-1]
+    assert first["tokens_all_stages"] == first["tokens"] and first["flops_all_stages"] == first["flops"]
+    assert final["tokens_all_stages"] == first["tokens"] + final["tokens"]
+    assert final["flops_all_stages"] == pytest.approx(first["flops"] + final["flops"], rel=1e-12)
+    # passes over the training split, and the heldout loss against the training loss
+    info = dataset_info(_train_split(s2))
+    assert final["epochs"] == pytest.approx(final["tokens"] / (info["num_docs"] * info["doc_len"]), abs=1e-4)
+    assert final["heldout_minus_train"] == pytest.approx(final["heldout_loss"] - final["train_loss"])
+    assert final["heldout_loss"] == pytest.approx(np.mean(final["per_position_loss"]), abs=1e-4)
     c1, c2 = OmegaConf.load(s1 / "config.yaml"), OmegaConf.load(s2 / "config.yaml")
     assert (c1.ctx, c1.trainer.init_from, c1.trainer.stages) == (32, None, None)
     assert (c2.ctx, c2.trainer.init_from, c2.run_dir) == (64, str(s1), str(s2))
@@ -336,6 +347,11 @@ def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_pat
     stage1_final = ckpt.load_checkpoint(ckpt.latest_checkpoint(s1)[1])["model"]
     assert all((built[1][k] == v).all() for k, v in stage1_final.items())
     assert any((built[0][k] != v).any() for k, v in stage1_final.items())
+
+
+def _train_split(run: Path) -> Path:
+    """The training split a run read (its recorded data identity)."""
+    return Path(json.loads((run / "data_identity.json").read_text())["train"]["path"])
 
 
 def test_relaunch_resumes_the_interrupted_stage_and_refuses_other_stages(compose, tmp_path):
