@@ -11,10 +11,15 @@ def optimum_gaps(rec: dict) -> str:
 
 
 def eval_line(rec: dict) -> str:
-    """One line per evaluation: best-context loss (and its bin), last-10% loss, the gaps to the optimum."""
+    """One line per evaluation: best-context loss (and its bin), last-10% loss, recall at the queries (recall data),
+    the gaps to the optimum."""
     text = (f"best-context loss {rec['best_context_loss']:.4f} (bin {rec['best_context_bin'][0]}-"
             f"{rec['best_context_bin'][1]}) | last-10% loss {rec['last10_loss']:.4f}")
     gaps = optimum_gaps(rec)
+    if "recall_accuracy" in rec:  # recall data: the measure is the accuracy at the queries
+        low, high = rec["recall_ci"]
+        text += (f" | recall {rec['recall_accuracy']:.1%} [{low:.1%}, {high:.1%}] of {rec['recall_queries']} queries"
+                 + (f" (chance {percent(rec['recall_chance'])})" if rec.get("recall_chance") else ""))
     return f"{text} | {gaps}" if gaps else text
 
 

@@ -94,3 +94,12 @@ def test_a_context_shorter_than_the_queries_is_refused(heldout, tmp_path):
     last = int(heldout["queries"][:4, 0].max())  # the first 4 documents' last query
     with pytest.raises(ValueError, match=f"ctx={last}: the heldout documents ask queries up to position {last}"):
         heldout_batch(root / "heldout.zarr", last, 4)
+
+
+def test_the_evaluation_line_says_the_recall(heldout):
+    from longctx.eval import eval_line
+
+    result = HeldoutEvaluation(heldout, num_bins=4).run(Oracle(), micro_docs=16)
+    rec = {**result.summary}
+    line = eval_line(rec)
+    assert f"recall 100.0% [{rec['recall_ci'][0]:.1%}, 100.0%] of 160 queries (chance 8.3%)" in line
