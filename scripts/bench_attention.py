@@ -22,7 +22,8 @@ from triton.testing import do_bench
 os.environ["TRITON_CACHE_AUTOTUNING"] = "0"
 
 from longctx.kernels.bench import (DEV, inputs, make_ours, make_ours_chunked, make_sdpa, profile,  # noqa: E402
-                                   run_once)
+                                   require_cuda, run_once)
+from longctx.plotting import save_figure  # noqa: E402
 
 
 def matmul_tflops():
@@ -95,7 +96,7 @@ def plot(rows, path):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def merged_rows(specs):
@@ -134,6 +135,7 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         plot(merged_rows(args.replot), os.path.join(args.out, "bench.png"))
         return
+    require_cuda("bench_attention.py (without --replot)")
     if args.keep_autotune:
         os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     os.makedirs(args.out, exist_ok=True)

@@ -41,8 +41,10 @@ from pathlib import Path
 import torch
 import yaml
 
+from longctx.kernels.bench import require_cuda
 from longctx.models import ModelSpec, build_model
 from longctx.models.decoding import COMPILE_OPTIONS, StaticDecoder, sample_next
+from longctx.plotting import save_figure
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # name -> (arch, attention, attention parameters)
@@ -295,8 +297,7 @@ def plot(result: dict, path: Path) -> None:
     shown = ", ".join(names.get(m, m) for m in measured)  # a model whose rows were all skipped is not named
     fig.suptitle(f"Decoding after a prefix, {result['model']} models: {shown}, {result['device']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def summary(result: dict) -> dict:
@@ -356,6 +357,22 @@ def parse_ints(text: str, flag: str) -> list[int]:
     return values
 
 
+def parse_device(name: str) -> torch.device:
+    """--device: auto (CUDA when there is one), cpu, cuda or cuda:N; a CUDA device must exist."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        print(f"error: --device={name!r}: expected auto, cpu, cuda or cuda:N", file=sys.stderr)
+        raise SystemExit(2)
+    if device.type == "cuda":
+        require_cuda(f"--device={name}")
+    return device
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for bench_decode.json and bench_decode.png")
@@ -379,7 +396,7 @@ def main(argv=None) -> dict:
                         help="also profile power's default path at the first prefix: time per token of each kernel")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    device = parse_device(args.device)
     size, vocab = ("tiny", 256) if args.tiny else ("small", 50304)
     prefixes = parse_ints(args.prefixes or ("16,64,256" if args.tiny else "1024,4096,16384,65536"), "--prefixes")
     batches = parse_ints(args.batches or ("2" if args.tiny else "8,64"), "--batches")

@@ -23,7 +23,8 @@ Streams: the corpus is never held in memory (--group-by package holds the packag
 
 Every argument and path is checked before any work (one error line, exit 2, nothing written). An existing --out
 is refused unless --overwrite, which replaces only a dataset this script wrote (never a folder of other files,
-nor the input or a folder around it). A text file that is not UTF-8 is named in a warning and skipped.
+nor the input or a folder around it). A text file that is not UTF-8 is named in a warning and skipped. A failed
+write (a full disk) is one error line and exit 1, with nothing left behind and an --overwrite target untouched.
 See docs/data.md and `longctx.data.prepare` for the details.
 """
 from __future__ import annotations
@@ -81,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         print(f"prepare_dataset: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the machine, not the arguments (a full disk): the temporary folder is already removed
+        where = f": {e.filename}" if e.filename else ""
+        print(f"prepare_dataset: error: {e.strerror or e}{where}; nothing was written to {a.out!r}",
+              file=sys.stderr)
+        return 1
     print(json.dumps({k: v for k, v in summary.items() if k not in ("params", "package_tokens")}, indent=2))
     return 0
 

@@ -14,8 +14,10 @@ deadline checkpoints the step it was on (SIGTERM: docs/resume.md), so it continu
 Positional arguments are train.py overrides shared by every point; each `--grid KEY=V1,V2,...` adds an axis (the
 points are every combination). Each point's console goes to `<dir>/logs/<point>.log`; one line per start and end
 here, and a table of every point's outcome at the end. `--deadline-s S` stops the points still running after S
-seconds (SIGTERM, then SIGKILL): they continue from their newest checkpoint next time. Exit status 0 when every
-point finished, 1 otherwise.
+seconds (SIGTERM, then SIGKILL): they continue from their newest checkpoint next time. SIGTERM or SIGINT (Ctrl-C)
+to this script stops the running points the same way, prints the table and exits 128 + the signal's number. Exit
+status 0 when every point finished, 1 otherwise. Paths (`--dir`, and any in the overrides) mean what they mean in
+the folder this script is started from: the points run there.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,7 +79,7 @@ def start(point: Point, command: list[str]) -> None:
     with open(point.log, "a") as log:
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
-        point.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        point.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                       env={**os.environ, **point.extra_env}, start_new_session=True)
     point.started = time.monotonic()
     point.outcome = "running"
@@ -87,7 +90,7 @@ def last_line(path: Path) -> str:
     return lines[-1].strip()[:160] if lines else ""
 
 
-def stop(points: list[Point], grace_s: float = 30.0) -> None:
+def stop(points: list[Point], grace_s: float = 30.0, why: str = "at the deadline") -> None:
     """SIGTERM every running point's process group, SIGKILL what is left after grace_s."""
     running = [p for p in points if p.proc is not None and p.proc.poll() is None]
     for p in running:
@@ -99,13 +102,22 @@ def stop(points: list[Point], grace_s: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.proc.pid, signal.SIGKILL)
             p.proc.wait()
-        p.outcome, p.seconds = "stopped at the deadline (run again to continue)", time.monotonic() - p.started
+        p.outcome, p.seconds = f"stopped {why} (run again to continue)", time.monotonic() - p.started
 
 
 def run(points: list[Point], commands: list[list[str]], jobs: int, deadline_s: float | None,
-        poll_s: float = 1.0) -> None:
+        poll_s: float = 1.0, signalled: Callable[[], int | None] = lambda: None) -> None:
+    """Run the points, at most `jobs` at once, until all ended, the deadline passed, or `signalled()` names a
+    signal this process received (then the running points are stopped as at the deadline)."""
     t0, queue, active = time.monotonic(), list(range(len(points))), []
     while queue or active:
+        signum = signalled()
+        if signum is not None:
+            name = signal.Signals(signum).name
+            stop([points[i] for i in active], why=f"by {name}")
+            for i in queue:
+                points[i].outcome = f"not started ({name})"
+            return
         if deadline_s is not None and time.monotonic() - t0 > deadline_s:
             stop([points[i] for i in active])
             for i in queue:
@@ -152,7 +164,7 @@ def main(argv=None) -> int:
     gpus = [g for g in (args.gpus or "").split(",") if g]
     if args.gpus is not None and not all(g.isdigit() for g in gpus):
         parser.error(f"--gpus={args.gpus!r}: expected a comma list of GPU ids, e.g. 0,1")
-    out = Path(args.dir)
+    out = Path(args.dir).expanduser().absolute()  # the caller's folder, whatever the points' working folder
     points = [Point(ov, out / "logs" / f"{point_name(ov)}.log",
                     extra_env={"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {})
               for i, ov in enumerate(grid)]
@@ -162,14 +174,20 @@ def main(argv=None) -> int:
             print(" ".join(f"{k}={v}" for k, v in p.extra_env.items()), *c)
         return 0
     print(f"{len(points)} points, {args.jobs} at a time, into {out}/", flush=True)
+    received: list[int] = []  # SIGTERM/SIGINT: stop the points (they checkpoint), then the table, not orphans
+    handlers = {s: signal.signal(s, lambda signum, _frame: received.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        run(points, commands, args.jobs, args.deadline_s)
-    except KeyboardInterrupt:
-        stop(points)
+        run(points, commands, args.jobs, args.deadline_s, signalled=lambda: received[0] if received else None)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     width = max(len(p.label) for p in points)
     print("\n" + "point".ljust(width) + "  seconds  outcome")
     for p in points:
         print(f"{p.label.ljust(width)}  {p.seconds:7.0f}  {p.outcome}")
+    if received:
+        return 128 + received[0]
     return 0 if all(p.outcome == "finished" for p in points) else 1
 
 

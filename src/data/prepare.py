@@ -30,6 +30,7 @@ parameters, and `tokenizer_file` when the dataset carries its own tokenizer (`lo
 """
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import logging
@@ -52,6 +53,7 @@ TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".md": "text", ".json": "json"
 TOKENIZERS = ("auto", "gpt2", "bytes", "bpe")
 WRITTEN_BY = "longctx.data.prepare"
 LEGACY_FILES = {"train.zarr", "heldout.zarr", "prepare.json"}  # what versions without a manifest wrote
+READ_CHARS = 1 << 16   # a text file is read this many characters at a time: its size never sets the memory
 log = logging.getLogger("longctx.data.prepare")
 
 __all__ = ["PrepareConfig", "prepare_dataset", "check_config", "get_tokenizer", "open_source",
@@ -84,9 +86,10 @@ def get_tokenizer(name: str = "auto"):
 
 # ----- sources -----------------------------------------------------------------------------------------
 def open_source(source: str, *, text_field: str = "text", split: str = "train", hf_config: str | None = None,
-                sample_by: str = "document", skipped: list | None = None):
+                sample_by: str = "document", skipped: list | None = None, max_chars: int | None = None):
     """A streaming iterable of raw text documents and a short description of where they come from. Text files
-    that are not UTF-8 are skipped with a warning naming them (and appended to `skipped`)."""
+    that are not UTF-8 are skipped with a warning naming them (and appended to `skipped`). Text files are read a
+    block at a time; a document of one is cut at `max_chars` characters (None: never)."""
     p = Path(os.path.expanduser(source))
     if p.is_dir():
         files = sorted(f for f in glob.glob(str(p / "**" / "*"), recursive=True)
@@ -113,30 +116,67 @@ def open_source(source: str, *, text_field: str = "text", split: str = "train", 
         return _texts(ds, text_field, source), f"hub:{source}" + (f"/{hf_config}" if hf_config else "")
     described = f"{builder}:{len(files)} file(s) under {source}"
     if builder == "text":
-        return _text_files(files, sample_by, [] if skipped is None else skipped), described
+        return _text_files(files, sample_by, [] if skipped is None else skipped, max_chars), described
     import datasets
     ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
     return _texts(ds, text_field, source), described
 
 
-def _text_files(files: list[str], sample_by: str, skipped: list):
+def _text_files(files: list[str], sample_by: str, skipped: list, max_chars: int | None = None):
     """Documents of text files, read as the `datasets` text builder reads them (universal newlines; a paragraph
-    ends at a blank line), but a file that is not UTF-8 is named and skipped instead of ending the corpus."""
+    ends at a blank line), but a file that is not UTF-8 is named and skipped instead of ending the corpus. Each
+    file is read twice, a block at a time: once to check it is UTF-8 (a bad byte anywhere skips the whole file),
+    once for its documents."""
+    sep = {"document": None, "paragraph": "\n\n", "line": "\n"}[sample_by]
     for f in files:
-        data = Path(f).read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
+        bad = _first_non_utf8(f)
+        if bad is not None:
             skipped.append(f)
-            log.warning(f"input: skipping {f!r}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start})")
+            log.warning(f"input: skipping {f!r}: not UTF-8 (byte {bad[1]:#04x} at offset {bad[0]})")
             continue
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-        if sample_by == "document":
-            yield text
-        elif sample_by == "paragraph":
-            yield from (t for t in text.split("\n\n") if t)
-        else:
-            yield from text.split("\n")
+        pieces = _pieces(f, sep, max_chars)
+        yield from (t for t in pieces if t) if sample_by == "paragraph" else pieces
+
+
+def _first_non_utf8(path: str) -> tuple[int, int] | None:
+    """(offset, value) of the first byte of `path` that is not UTF-8, or None."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # bytes handed to the decoder; it holds back an incomplete sequence at a block's end
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(READ_CHARS)
+            held = len(decoder.getstate()[0])
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:  # e.object is the held bytes + this block
+                return offset - held + e.start, e.object[e.start]
+            if not block:
+                return None
+            offset += len(block)
+
+
+def _pieces(path: str, sep: str | None, max_chars: int | None):
+    """The text of `path` (UTF-8, universal newlines) split at `sep` as `str.split` splits (None: one piece), read
+    READ_CHARS at a time; a piece longer than `max_chars` is cut there (the rest is read past, never held)."""
+    with open(path, encoding="utf-8", newline=None) as f:
+        if sep is None:
+            yield f.read(-1 if max_chars is None else max_chars)
+            return
+        head, tail = None, ""  # head: the kept start of a piece that outgrew max_chars; tail: text not yet split
+        while True:
+            block = f.read(READ_CHARS)
+            parts = (tail + block).split(sep)
+            done = parts if not block else parts[:-1]
+            for part in done:
+                piece = part if head is None else head + part
+                yield piece if max_chars is None else piece[:max_chars]
+                head = None
+            if not block:
+                return
+            tail = parts[-1]
+            if max_chars is not None and len(tail) > max_chars + len(sep):
+                head = head if head is not None else tail[:max_chars]
+                tail = tail[len(tail) - len(sep) + 1:]  # the start of a separator that the next block completes
 
 
 def _looks_local(source: str) -> bool:
@@ -305,7 +345,8 @@ def prepare_dataset(cfg: PrepareConfig) -> dict:
     skipped: list[str] = []
     if cfg.group_by == "file":  # open the source first: a bad Hub name fails before anything is written
         sources = [open_source(s, text_field=cfg.text_field, split=cfg.split, hf_config=cfg.hf_config,
-                               sample_by=cfg.sample_by, skipped=skipped) for s in cfg.inputs]
+                               sample_by=cfg.sample_by, skipped=skipped, max_chars=_read_chars(cfg.doc_len))
+                   for s in cfg.inputs]
         tok = get_tokenizer(cfg.tokenizer)
     else:  # bpe is trained later, on the training packages
         tok = get_tokenizer(cfg.tokenizer) if cfg.tokenizer in ("gpt2", "bytes") else None
@@ -358,7 +399,7 @@ def _prepare_files(tmp: Path, sources, tok, cfg: PrepareConfig, skipped: list) -
 def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, int]:
     L = cfg.doc_len
     seen = kept = 0
-    cut = 8 * L + 64
+    cut = _prefix_chars(L)
     bar = tqdm(desc="tokenizing", unit="doc", disable=not cfg.progress)
     with open(flat, "wb") as f, bar:
         batch: list[str] = []
@@ -392,6 +433,17 @@ def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, 
     if cfg.max_docs is not None:
         kept = min(kept, cfg.max_docs)
     return seen, kept
+
+
+def _prefix_chars(doc_len: int) -> int:
+    """Characters of a text tokenized first: doc_len tokens unless they average more than 8 characters."""
+    return 8 * doc_len + 64
+
+
+def _read_chars(doc_len: int) -> int:
+    """Characters of a text file's document read at most (the rest is never held): 4 prefixes, for the texts whose
+    prefix holds fewer than doc_len tokens."""
+    return 4 * _prefix_chars(doc_len)
 
 
 def _dtype(tok) -> np.dtype:

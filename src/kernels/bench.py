@@ -6,11 +6,22 @@ implementation is a call `(q, k, v, log_g) -> y`.
 """
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
 DEV = "cuda"
+
+
+def require_cuda(what: str) -> None:
+    """One line `error: WHAT needs a CUDA device ...` on stderr and exit 2 where torch sees no CUDA device (before
+    the benchmark writes anything): its timings are of CUDA kernels."""
+    if torch.cuda.is_available():
+        return
+    why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+    print(f"error: {what} needs a CUDA device; {why} (torch {torch.__version__})", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def inputs(b, t, h, d, grad):

@@ -238,21 +238,18 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
 # ----- evaluation: forwards without gradients ------------------------------------------------------------------
 def forward_memory(model, cfg: DictConfig, ctx: int, micro_docs: int, device_type: str, bf16: bool) -> dict:
     """Peak bytes of an evaluation forward (no gradients) of `micro_docs` documents of `ctx` tokens, by part:
-    `weights` (fp32, plus the bf16 copies autocast makes), `activations` (nothing is kept for a backward: per token
-    the residual stream and its normed copy, the MLP's hidden pre- and post-activation, and what the attention form
-    holds, as counted for training), `loss` (one chunk of the fused loss, and the float64 per-token losses). On CPU
-    this is 1.1-1.3x the peak resident memory measured for GPT-2 forwards at ctx 16k-64k (exp and power)."""
+    `weights` (fp32, plus the bf16 copies autocast makes), `activations` (one block's at a time, since nothing is
+    kept for a backward: the training count of one block, attention form included), `loss` (one chunk of the fused
+    loss, and the float64 per-token losses). An upper bound: on CPU, 1.3-1.8x the peak resident memory measured for
+    GPT-2 forwards at ctx 8k-64k (exp and power)."""
     from omegaconf import OmegaConf
 
-    spec = model.spec
     at = OmegaConf.merge(cfg, {"ctx": ctx, "trainer": {"precision": "bf16" if bf16 else "fp32"}})
     _, block = saved_per_token_layer(model, at, device_type, checkpointing=True)
-    form = block - spec.d_model * (ARCH_SAVED.get(spec.arch, 16) + 2 * spec.mlp_ratio)  # the attention form's own
-    per_token = spec.d_model * (2 + 2 * spec.mlp_ratio) + form
     params = sum(p.numel() for p in model.parameters())
     tokens = micro_docs * ctx
-    return {"weights": params * (6 if bf16 else 4), "activations": tokens * per_token * (2 if bf16 else 4),
-            "loss": 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4 + tokens * 8}
+    return {"weights": params * (6 if bf16 else 4), "activations": tokens * block * (2 if bf16 else 4),
+            "loss": 3 * min(tokens, LOSS_CHUNK) * model.spec.vocab_size * 4 + tokens * 8}
 
 
 def check_evaluation_fits(flag: str, ctx: int, forward: dict, device: torch.device, held: float, held_what: str,
