@@ -5,4 +5,4 @@ from .reference import PowerState, state_dim
 from .context_parallel import context_parallel_power_attention
 
 __all__ = ["power_attention", "power_attention_step", "PowerState", "state_dim", "default_chunk_size",
-           "power_decode_step", "power_state_step", "symmetric_power_indices"]
+           "power_decode_step", "power_state_step", "symmetric_power_indices", "context_parallel_power_attention"]
