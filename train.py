@@ -65,9 +65,10 @@ def remove_if_empty(run_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    from longctx.train.launch import check_shown_config
+    from longctx.train.launch import check_command_line
 
-    check_shown_config(sys.argv[1:], Path(__file__).resolve().parent / "conf")  # --cfg prints a config: check it
+    # a mistyped key or option, a bad value that --cfg would only print: one line, exit 2, before Hydra writes
+    sys.argv[1:] = check_command_line(sys.argv[1:], Path(__file__).resolve().parent / "conf")
     try:
         main()
     except BrokenPipeError:  # `python train.py --help | head`: the reader left; no traceback

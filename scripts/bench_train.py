@@ -46,6 +46,7 @@ from longctx.data.prepare import PrepareConfig  # noqa: E402
 from longctx.kernels.power import switches  # noqa: E402
 from longctx.train.console import close_logging  # noqa: E402
 from longctx.train.flops import flops_report, mfu  # noqa: E402
+from longctx.train.launch import check_overrides  # noqa: E402
 from longctx.train.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,6 +249,11 @@ def main(argv=None):
             switches.parse(split_kernel_switches(extra)[1])
         except switches.SwitchError as err:
             raise SystemExit(f"--variant {name}: kernel {err}") from None
+        try:                                # a mistyped train.py key or option too, as train.py names it
+            check_overrides(split_kernel_switches(extra)[0], CONF)
+        except ValueError as err:
+            print(f"error: --variant {name}: {err}", file=sys.stderr)
+            sys.exit(2)
     rows_wanted = []
     for spec in args.rows:
         attention, _, ctx = spec.partition("@")

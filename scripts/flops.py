@@ -2,8 +2,11 @@
 
     python scripts/flops.py arch=gpt2 model=small attention=exp ctx=1024
 
-Prints a table; the last line is one JSON object with weight_flops_per_token, state_flops_per_token, wsfr.
+Prints a table; the last line is one JSON object with weight_flops_per_token, state_flops_per_token, wsfr and
+wsfr_no_lm_head. WSFR is printed both ways, labelled: with the LM head's weight FLOPs (the model's full count, what
+training records carry) and without them (as the paper's table appears to count, and README.md's WSFR table does).
 The vocabulary is the data's: icl_markov's `vocab + 1`, LongCrawl64's GPT-2 50257 (padded to 50304).
+Bad overrides are one line naming the key (`error: config: ...`), exit code 2, as train.py answers them.
 """
 from __future__ import annotations
 
@@ -22,9 +25,11 @@ def main(overrides: list[str]) -> dict:
 
     from longctx.models import build_model
     from longctx.train.config import validate
+    from longctx.train.launch import check_overrides
     from longctx.train.flops import flops_report, format_ratio
     from longctx.train.trainer import model_spec, model_vocab_size
 
+    check_overrides(list(overrides), CONF)  # a mistyped key or option: named, before Hydra composes
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["run_dir=unused", *overrides])
     validate(cfg)
@@ -33,7 +38,7 @@ def main(overrides: list[str]) -> dict:
     with torch.device("meta"):  # shapes only: no memory, no init time, even for large models
         model = build_model(spec)
     report = flops_report(model, cfg.ctx)
-    # The paper's WSFR table appears to count weight FLOPs without the LM head (see README): report both.
+    # The paper's WSFR table appears to count weight FLOPs without the LM head (README's table does too): both.
     lm_head = 2.0 * spec.d_model * spec.vocab_size
     report["weight_flops_per_token_no_lm_head"] = report["weight_flops_per_token"] - lm_head
     report["wsfr_no_lm_head"] = report["weight_flops_per_token_no_lm_head"] / report["state_flops_per_token"]
@@ -42,8 +47,8 @@ def main(overrides: list[str]) -> dict:
             ("ctx", cfg.ctx), ("parameters", f"{params / 1e6:.1f}M"), ("vocab", spec.vocab_size),
             ("weight FLOPs/token (fwd)", f"{report['weight_flops_per_token']:.4g}"),
             ("state FLOPs/token (fwd)", f"{report['state_flops_per_token']:.4g}"),
-            ("WSFR (weight:state)", format_ratio(report["wsfr"])),
-            ("WSFR without the LM head", format_ratio(report["wsfr_no_lm_head"])),
+            ("WSFR with the LM head (weight:state)", format_ratio(report["wsfr"])),
+            ("WSFR without the LM head (README's table)", format_ratio(report["wsfr_no_lm_head"])),
             ("state size (floats, all layers)", f"{report['state_size']:.4g}"),
             ("train FLOPs/token (3x fwd)", f"{report['train_flops_per_token']:.4g}")]
     width = max(len(k) for k, _ in rows)
@@ -64,4 +69,8 @@ def parse_args(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    main(parse_args(sys.argv[1:]))
+    try:
+        main(parse_args(sys.argv[1:]))
+    except ValueError as err:  # a bad override or value: one line naming it, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

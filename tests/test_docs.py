@@ -115,3 +115,38 @@ def test_at_most_forty_files_under_docs():
         pytest.skip("not a git checkout")
     files = tracked.stdout.split()
     assert len(files) <= 40, f"docs/ holds {len(files)} tracked files (at most 40): merge or drop some"
+
+
+RUN_NAME_EXAMPLE = re.compile(r"\b(?:gpt2|rwkv7)_[\w.-]*?_ctx\d+[\w.-]*")  # a run name as the docs write one
+RUN_NAME_PARTS = re.compile(r"(?P<arch>gpt2|rwkv7)_(?P<tag>exp|linear|power_p\d+|window\d+)_d(?P<d>\d+)l(?P<l>\d+)_"
+                            r"(?P<data>\w+?)_ctx(?P<ctx>\d+)_s(?P<seed>\d+)(?:_[\w.-]+)?")
+
+
+def run_name_examples():
+    sources = [*DOCS, *sorted(p for folder in ("src", "scripts") for p in (REPO / folder).rglob("*.py"))]
+    for path in sources:
+        for name in sorted(set(RUN_NAME_EXAMPLE.findall(path.read_text()))):
+            yield pytest.param(path, name, id=f"{path.relative_to(REPO)}:{name}")
+
+
+@pytest.mark.parametrize("path, name", list(run_name_examples()))
+def test_run_name_examples_are_names_the_naming_gives(compose, path, name):
+    """Every run name written in the docs and docstrings is <arch>_<attention tag>_d<d_model>l<layers>_<data>_ctx<ctx>
+    _s<seed>[_<overrides>] and is the name src/naming.py gives the config it describes."""
+    from longctx.naming import run_name
+
+    parts = RUN_NAME_PARTS.fullmatch(name)
+    assert parts, (f"{path.relative_to(REPO)}: {name} is not "
+                   f"<arch>_<attention>_d<d_model>l<layers>_<data>_ctx<ctx>_s<seed>")
+    tag = parts["tag"]
+    attention = (["attention=power", f"p={tag[len('power_p'):]}"] if tag.startswith("power_p") else
+                 ["attention=window", f"window={tag[len('window'):]}"] if tag.startswith("window") else
+                 [f"attention={tag}"])
+    data = [f"data={parts['data']}"] if (REPO / "conf" / "data" / f"{parts['data']}.yaml").exists() else []
+    cfg = compose(f"arch={parts['arch']}", *attention, f"model.d_model={parts['d']}", f"model.n_layers={parts['l']}",
+                  *data, f"ctx={parts['ctx']}", f"seed={parts['seed']}")
+    base = name[:parts.end("seed")]
+    if data:
+        assert run_name(cfg, overrides=[]) == base
+    else:  # a prepared dataset's folder name: the other parts must still be the naming's
+        assert run_name(cfg, overrides=[]).replace(f"_{cfg.data.tag}_", f"_{parts['data']}_") == base

@@ -2,7 +2,8 @@
 
 Three passes, each raising `ValueError("config: <key>=<value>: <why>")` (train.py prints it as one line):
 1. keys: every key must be one the config files define (conf/config.yaml and the chosen option of each
-   group) -- Hydra refuses `trainer.max_stepz=3`, but `+trainer.max_stepz=3` adds it; this catches both;
+   group) -- train.py names a mistyped key or group option before Hydra composes (launch.check_overrides, with or
+   without `+`); this pass catches a key of another option than the chosen one, or one added otherwise;
    mandatory values (`???`, e.g. data.path of data=longcrawl64) must be set;
 2. types: a key whose defaults are numbers, booleans or lists takes only those (optim.lr=abc is refused);
 3. values: ranges and choices, below.
@@ -17,7 +18,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from longctx.models.attention import AttentionParamError, params_from_conf, parse_params
 from longctx.train.run_dir import check_run_name
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -104,13 +104,23 @@ def _kind(value) -> str:
     return "str"
 
 
+def did_you_mean(name: str, names) -> str:
+    """"; did you mean X?" naming the closest of `names` to a mistyped `name`; "" if none is close."""
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def unknown_key(key: str, known) -> str:
+    """Why `key` is refused: no config file defines it, and the closest known key (of its own group first)."""
+    group = key.split(".")[0]
+    hint = did_you_mean(key, [k for k in known if k.split(".")[0] == group]) or did_you_mean(key, known)
+    return f"unknown key (no config file defines it{hint})"
+
+
 def check_keys(cfg: DictConfig, known: dict[str, set]) -> None:
     for key, value in _leaves(OmegaConf.to_container(cfg, resolve=False)):
         if key not in known:
-            group = key.split(".")[0]
-            close = difflib.get_close_matches(key, [k for k in known if k.startswith(group)], n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            _fail(key, value, f"unknown key (no config file defines it{hint})")
+            _fail(key, value, unknown_key(key, known))
 
 
 def check_set(cfg: DictConfig) -> None:
@@ -153,6 +163,8 @@ def _positive_int(cfg: DictConfig, key: str, allow_none: bool = False) -> None:
 def _check_attention(cfg: DictConfig) -> None:
     """The attention's parameters, checked by its own core (models/attention/). The key named is the one the user
     typed: `p` for a top-level shortcut that conf/attention/<name>.yaml interpolates (p: ${p}), else attention.<key>."""
+    from longctx.models.attention import AttentionParamError, params_from_conf, parse_params  # torch: on use only
+
     try:
         parse_params(cfg.attention.name, params_from_conf(cfg.attention))
     except AttentionParamError as err:
@@ -165,8 +177,8 @@ def _check_attention(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF_DIR, for_run: bool = False) -> None:
-    """Check the keys, types and values a typo or a bad sweep can produce (unknown group options are
-    Hydra's own `Could not find` error). `choices`: Hydra's group -> chosen option, when known. `for_run`:
+    """Check the keys, types and values a typo or a bad sweep can produce (unknown group options never compose:
+    launch.check_overrides names them first). `choices`: Hydra's group -> chosen option, when known. `for_run`:
     also require every mandatory value (data.path of data=longcrawl64)."""
     known = schema(conf_dir, choices)
     check_keys(cfg, known)
@@ -232,10 +244,6 @@ def check_values(cfg: DictConfig) -> None:
     _finite(cfg, "optim.grad_clip", 0, strict=True, allow_none=True)
     if isinstance(optim.warmup_steps, bool) or not isinstance(optim.warmup_steps, int) or optim.warmup_steps < 0:
         _fail("optim.warmup_steps", optim.warmup_steps, "must be an integer >= 0")
-    if optim.warmup_steps > cfg.trainer.max_steps:
-        _fail("optim.warmup_steps", optim.warmup_steps, f"longer than the run (trainer.max_steps="
-              f"{cfg.trainer.max_steps}): the lr would never reach optim.lr; set optim.warmup_steps<="
-              f"{cfg.trainer.max_steps}")
     betas = list(optim.betas)
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
                                   for b in betas):

@@ -90,16 +90,126 @@ def check_slurm(config: DictConfig) -> None:
                          "login node, or drop hydra/launcher to run the sweep on this machine")
 
 
-def check_shown_config(argv: list[str], conf_dir: Path) -> None:
-    """`python train.py --cfg job ...` prints the config without running anything: check it first, as a run would
-    (keys, types, values), so a bad value is named instead of printed."""
+def check_overrides(overrides: list[str], conf_dir: Path) -> None:
+    """Every override sets a key that a config file defines, or picks an option of a config group that exists
+    (each value of a sweep too); else ValueError naming it and the closest valid name. Hydra's own answers span
+    several lines, and for a mistyped key advise adding `+`, which only adds the typo. A key counts if any option
+    of any group defines it (the composed config's keys are checked again by validate); `hydra.*`, Hydra's
+    groups and `group@package` overrides are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from longctx.train.config import schema, unknown_key
+
+    parser, known = OverridesParser.create(), None
+    searchpath = any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides)  # options from elsewhere
+    for item in overrides:
+        try:
+            override = parser.parse_overrides([item])[0]
+        except Exception:  # Hydra's parse errors span several lines
+            raise ValueError(f"config: {item!r}: not an override (expected key=value, group=option, +key=value or "
+                             f"~key)") from None
+        name = override.key_or_group
+        if name.split("/")[0].split(".")[0] == "hydra" or override.package is not None:
+            continue
+        if (conf_dir / name).is_dir():
+            if not searchpath:
+                _check_options(override, conf_dir)
+            continue
+        known = known if known is not None else schema(conf_dir)
+        if not _defined(name, known):
+            raise ValueError(f"config: {item.lstrip('+')}: {unknown_key(name, known)}")
+        if override.is_add() or override.is_force_add() or override.is_delete():
+            continue
+        _check_chosen_option_has(name, item, overrides, conf_dir)
+
+
+def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir: Path) -> None:
+    """`data.path=/x` under data=icl_markov: a key of another option of the group (Hydra would only say to add `+`).
+    Checked when the chosen option is plain to see: on the command line or conf/config.yaml's default, with no
+    experiment (whose recipes pick options of their own)."""
+    from longctx.train.config import schema
+
+    group = key.split(".")[0]
+    if not (conf_dir / group).is_dir():
+        return
+    chosen = _chosen_option(group, overrides, conf_dir)
+    if chosen is None or _defined(key, schema(conf_dir, {group: chosen})):
+        return
+    having = [path.stem for path in sorted((conf_dir / group).glob("*.yaml"))
+              if _defined(key, schema(conf_dir, {group: path.stem}))]
+    raise ValueError(f"config: {item}: {group}={chosen} has no key {key[len(group) + 1:]} (only {group}="
+                     f"{', '.join(having)}; pick one, e.g. {group}={having[0]} {item})")
+
+
+def _chosen_option(group: str, overrides: list[str], conf_dir: Path) -> str | None:
+    """The option of `group` a run composes, when plain: a single `group=option`, else the default of
+    conf/config.yaml; None when an experiment may pick another or a sweep varies it."""
+    picked = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in overrides if "=" in o}
+    if picked.get("experiment", "null") != "null" or any(k.startswith("experiment/") for k in picked):
+        return None
+    if group in picked:
+        value = picked[group]
+        return value if (conf_dir / group / f"{value}.yaml").exists() else None
+    for entry in OmegaConf.load(conf_dir / "config.yaml").get("defaults") or []:
+        if isinstance(entry, DictConfig) and group in entry:
+            return entry[group]
+    return None
+
+
+def _defined(key: str, known) -> bool:
+    """A key of a config file, a node holding some (`optim`, `logger.wandb`), or a key inside one (a dict value)."""
+    parts = key.split(".")
+    return (key in known or any(k.startswith(key + ".") for k in known)
+            or any(".".join(parts[:i]) in known for i in range(1, len(parts))))
+
+
+def _check_options(override, conf_dir: Path) -> None:
+    from longctx.train.config import did_you_mean
+
+    group = override.key_or_group
+    if override.is_sweep_override():
+        if "glob" in override.value_type.name.lower():
+            return  # a glob picks among the options that exist
+        values = list(override.sweep_string_iterator())
+    else:
+        value = override.value()
+        values = value if isinstance(value, list) else [value]
+    options = sorted(p.relative_to(conf_dir / group).with_suffix("").as_posix()
+                     for p in (conf_dir / group).rglob("*.yaml"))
+    for value in values:
+        if value is None or isinstance(value, dict) or str(value) in (*options, "null"):
+            continue
+        raise ValueError(f"config: {group}={value}: no such {group} option{did_you_mean(str(value), options)} "
+                         f"(options: {', '.join(o for o in options if '/' not in o)})")
+
+
+def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
+    """train.py's arguments, checked before Hydra sees them: its overrides (check_overrides), and the config that
+    `--cfg` prints. Returns them, with `--resolve` added to `--cfg job` / `--cfg all`, so that the printed config
+    shows the values a run gets (`p: 2`, the run name) rather than their `${...}` interpolations."""
     from hydra._internal.utils import get_args_parser
 
     try:
         args = get_args_parser().parse_args(argv)
     except SystemExit:
-        return  # Hydra's own parser reports it
-    if not args.cfg or args.multirun or args.help or args.hydra_help:
+        return argv  # Hydra's own parser reports it
+    if args.help or args.hydra_help or args.info is not None or args.shell_completion:
+        return argv
+    try:
+        check_overrides(list(args.overrides), conf_dir)
+    except ValueError as err:
+        fail(str(err))
+    if args.cfg:
+        check_shown_config(list(args.overrides), conf_dir, args.multirun)
+    if args.cfg in ("job", "all") and not (args.resolve or args.multirun):
+        argv = [*argv, "--resolve"]
+    return argv
+
+
+def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = False) -> None:
+    """`python train.py --cfg job ...` prints the config without running anything: check it first, as a run would
+    (keys, types, values), so a bad value is named instead of printed."""
+    if multirun:
         return
     from hydra import compose, initialize_config_dir
 
@@ -107,7 +217,7 @@ def check_shown_config(argv: list[str], conf_dir: Path) -> None:
 
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = compose("config", overrides=list(args.overrides), return_hydra_config=True)
+            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
     except Exception:
         return  # a composition error: Hydra reports it as it prints
     choices = {g: o for g, o in cfg.hydra.runtime.choices.items() if "/" not in g}

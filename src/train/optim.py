@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 SCHEDULE_ATTR = "longctx_schedule"  # the Schedule, kept on the scheduler so its state_dict() carries it
+WARMUP_FRACTION = 0.1  # a warmup longer than the run is scaled to this fraction of it (fitted_warmup)
 
 
 def build_optimizer(model: torch.nn.Module, optim_cfg: DictConfig) -> torch.optim.AdamW:
@@ -33,6 +34,15 @@ def apply_hyperparameters(optimizer: torch.optim.Optimizer, optim_cfg: DictConfi
     for i, group in enumerate(optimizer.param_groups):
         group["betas"], group["eps"] = tuple(optim_cfg.betas), optim_cfg.eps
         group["weight_decay"] = optim_cfg.weight_decay if i == 0 else 0.0
+
+
+def fitted_warmup(warmup_steps: int, run_steps: int) -> int:
+    """The warmup a run of `run_steps` steps gets: optim.warmup_steps, or when that is longer than the run (whose lr
+    would then never reach optim.lr), WARMUP_FRACTION of the run, at least 1 step. A function of the config alone, so
+    that a resumed run recomputes the same warmup."""
+    if warmup_steps <= run_steps:
+        return warmup_steps
+    return max(1, int(WARMUP_FRACTION * run_steps))
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
@@ -56,7 +66,9 @@ class Schedule:
 
     @classmethod
     def from_config(cls, optim_cfg: DictConfig, max_steps: int) -> "Schedule":
-        return cls(float(optim_cfg.lr), float(optim_cfg.min_lr), int(optim_cfg.warmup_steps), int(max_steps))
+        """The config's schedule for a run ending at `max_steps`, its warmup fitted to the run (fitted_warmup)."""
+        warmup = fitted_warmup(int(optim_cfg.warmup_steps), int(max_steps))
+        return cls(float(optim_cfg.lr), float(optim_cfg.min_lr), warmup, int(max_steps))
 
     @property
     def cosine_steps(self) -> int:

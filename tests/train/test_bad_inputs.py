@@ -36,8 +36,6 @@ def snapshot(folder: Path) -> dict:
 @pytest.mark.parametrize("override,message", [
     ("logger.console_every=0", "config: logger.console_every=0: must be a positive integer"),
     ("optim.eps=-1", "config: optim.eps=-1: must be > 0"),
-    ("optim.warmup_steps=2000", "config: optim.warmup_steps=2000: longer than the run (trainer.max_steps=1000): the "
-                                "lr would never reach optim.lr; set optim.warmup_steps<=1000"),
     ("run_name=../../x", "config: run_name='../../x': has a '.', '..' or '\\' path component; the run folder must stay "
                          "inside runs/ (use a plain name such as my_run, or hydra.run.dir=<folder> for another place)"),
     ("+trainer.max_stepz=3", "config: trainer.max_stepz=3: unknown key (no config file defines it; did you mean "
@@ -66,7 +64,7 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(train_env, tmp_path, o
     # every numeric field of conf/trainer, conf/optim, conf/logger and conf/config.yaml, at its bad edge
     ("logger.console_every=0", "logger.console_every"), ("logger.console_every=-5", "logger.console_every"),
     ("trainer.max_skipped_steps=-1", "trainer.max_skipped_steps"), ("window=0", "window"),
-    ("optim.warmup_steps=1001", "optim.warmup_steps"), ("optim.warmup_steps=-1", "optim.warmup_steps"),
+    ("optim.warmup_steps=-1", "optim.warmup_steps"),
     ("optim.weight_decay=-0.1", "optim.weight_decay"), ("optim.eps=0", "optim.eps"), ("optim.eps=-1", "optim.eps"),
     ("optim.lr=0", "optim.lr"), ("optim.lr=inf", "optim.lr"), ("optim.lr=nan", "optim.lr"),
     ("optim.min_lr=-1e-5", "optim.min_lr"), ("optim.min_lr=1", "optim.min_lr"), ("optim.grad_clip=0", "optim.grad_clip"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import runpy
 import shutil
@@ -219,3 +220,99 @@ def test_train_keeps_autotune_winners_unless_told(monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "0")
     runpy.run_path(str(REPO / "train.py"), run_name="train_module")
     assert os.environ["TRITON_CACHE_AUTOTUNING"] == "0"
+
+
+OPTIONS = {group: ", ".join(sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml")))
+           for group in ("attention", "model", "arch")}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["trainer.max_stepz=3"], "config: trainer.max_stepz=3: unknown key (no config file defines it; did you mean "
+                              "trainer.max_steps?)"),
+    (["+trainer.max_stepz=3"], "config: trainer.max_stepz=3: unknown key (no config file defines it; did you mean "
+                               "trainer.max_steps?)"),
+    (["attention=powr"], f"config: attention=powr: no such attention option; did you mean power? (options: "
+                         f"{OPTIONS['attention']})"),
+    (["model=huge"], f"config: model=huge: no such model option (options: {OPTIONS['model']})"),
+    (["arch=rwkv"], f"config: arch=rwkv: no such arch option; did you mean rwkv7? (options: {OPTIONS['arch']})"),
+    (["-m", "seed=0,1", "attention=exp,powr"], f"config: attention=powr: no such attention option; did you mean "
+                                               f"power? (options: {OPTIONS['attention']})"),
+    (["-m", "seed=0,1", "optim.lrr=1e-3,3e-3"], "config: optim.lrr=1e-3,3e-3: unknown key (no config file defines "
+                                                "it; did you mean optim.lr?)"),
+    (["~trainer.compil"], "config: ~trainer.compil: unknown key (no config file defines it; did you mean "
+                          "trainer.compile?)"),
+    (["data.path=/x"], "config: data.path=/x: data=icl_markov has no key path (only data=longcrawl64, source_corpus; "
+                       "pick one, e.g. data=longcrawl64 data.path=/x)"),
+    (["attention=power", "attention.sink=true"], "config: attention.sink=true: attention=power has no key sink (only "
+                                                 "attention=exp; pick one, e.g. attention=exp attention.sink=true)"),
+])
+def test_mistyped_override_is_one_line_with_the_closest_name(train_env, tmp_path, args, message):
+    """A typo in a key or a group option (with or without `+`, in a sweep too) is named in one line with the closest
+    valid name, exit 2, before Hydra makes a run or sweep folder."""
+    folders = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    out = run_cli([*args, *folders], train_env, tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_valid_overrides_of_every_kind_pass_the_override_check():
+    """Sweeps, `~key` deletion, `hydra.*` and Hydra's groups, lists, dict values and null options are Hydra's valid
+    syntax and keys: the check lets them through (a refusal would raise)."""
+    from longctx.train.launch import check_overrides
+
+    check_overrides(["seed=0,1,2", "attention=exp,power", "data=choice(icl_markov,longcrawl64)", "seed=range(3)",
+                     "~trainer.stages", "hydra.run.dir=x", "hydra/launcher=basic", "+hydra.job.env_set.A=1",
+                     "optim.betas=[0.9,0.95]", "experiment=null", "experiment=paper", "experiment/arm=power_p2",
+                     "logger.wandb={mode:disabled}", "+trainer.stages=[{ctx:64},{}]", "optim=adamw",
+                     "data=glob(icl_*)"], REPO / "conf")
+    check_overrides(["data=longcrawl64", "data.path=/x"], REPO / "conf")    # a key of the chosen option
+    check_overrides(["experiment=paper", "data.path=/x"], REPO / "conf")    # the recipe picks data=longcrawl64
+
+
+def test_cfg_job_prints_resolved_values(train_env, tmp_path):
+    """`--cfg job` shows what a run gets: the attention's degree and the run name, not their `${...}` sources."""
+    out = run_cli(["--cfg", "job", "attention=power", "p=3"], train_env, tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "${" not in out.stdout
+    import yaml
+    shown = yaml.safe_load(out.stdout)
+    assert shown["attention"]["p"] == 3 and shown["attention"]["tag"] == "power_p3"
+    assert shown["run_name"] == "gpt2_power_p3_d64l3_icl_markov_ctx128_s0"
+
+
+def test_default_run_shorter_than_its_warmup_trains_with_a_scaled_warmup(train_env, tmp_path):
+    """`python train.py trainer.max_steps=20` (warmup 50 by default): the warmup is scaled to 10% of the run, said
+    in one line, and the recorded lrs follow that schedule's closed form."""
+    def closed_form(step, lr=3e-3, min_lr=1e-5, warmup=2, max_steps=20):  # conf/optim/adamw.yaml; 10% of 20
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (max_steps - warmup))))
+
+    run = tmp_path / "run"
+    out = run_cli(["trainer.max_steps=20", "trainer.eval_every=10", "logger.wandb.mode=disabled",
+                   "data.eval_docs=32", "trainer.num_threads=2", f"hydra.run.dir={run}"], train_env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [line for line in out.stdout.splitlines() if "optim.warmup_steps=50" in line]
+    assert said == ["optim.warmup_steps=50 is longer than the run (20 steps, trainer.max_steps): warming up over 2 "
+                    "steps instead (10% of it)"]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [10, 20]
+    for r in records:  # the lr of the step after each evaluation (docs/resume.md)
+        assert r["lr"] == pytest.approx(closed_form(r["step"]), rel=1e-9)
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("compare_train_paths.py", ["--overrides", "attention=powr"], "error: --overrides: config: attention=powr: no "
+                                                                   "such attention option; did you mean power?"),
+    ("bench_train.py", ["--variant", "x=trainer.max_stepz=3", "--out", "{tmp}/out"],
+     "error: --variant x: config: trainer.max_stepz=3: unknown key (no config file defines it; did you mean "
+     "trainer.max_steps?)"),
+])
+def test_scripts_composing_configs_name_a_mistyped_override(tmp_path, script, args, message):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / script), *args], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith(message), out.stderr
+    assert list(tmp_path.iterdir()) == []

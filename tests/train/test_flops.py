@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +240,39 @@ def test_training_flops_use_the_executed_form_wsfr_the_architecture_count():
     assert r["train_flops_per_token"] == pytest.approx(3 * (r["weight_flops_per_token"]
                                                             + r["executed_state_flops_per_token"]))
     assert r["wsfr"] == pytest.approx(r["weight_flops_per_token"] / r["state_flops_per_token"])
+
+
+def test_flops_script_prints_both_wsfr_definitions_and_readme_uses_the_one_without_the_lm_head():
+    """The script labels both ratios (with the LM head's weight FLOPs, without them); README's WSFR table is the one
+    without, and its text quotes the one with, for the command it names (exp at 65,536)."""
+    d, layers, vocab, ctx = 768, 12, 50304, 65536
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "flops.py"), "arch=gpt2", "model=small",
+                          "data=longcrawl64", "attention=exp", f"ctx={ctx}"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in out.stdout.splitlines()[:-1])
+    state = layers * 4 * d * (ctx + 1) / 2                       # q.K and A.V over the causal mean of keys
+    with_head = 2 * (layers * 12 * d * d + d * vocab) / state    # 12 d^2 per layer plus the LM head, 2 per MAC
+    without_head = 2 * layers * 12 * d * d / state
+    assert rows["WSFR with the LM head (weight:state)"] == f"1:{1 / with_head:.3g}" == "1:4.89"
+    assert rows["WSFR without the LM head (README's table)"] == f"1:{1 / without_head:.3g}" == "1:7.11"
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("### WSFR of GPT-2 small", 1)[1]
+    exp_row = next(line for line in table.splitlines() if line.startswith("| exp |"))
+    assert exp_row.split("|")[4].strip() == rows["WSFR without the LM head (README's table)"]  # the 65,536 column
+    assert "1:4.89" in table.split("| attention |", 1)[0]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("p=7", "config: p=7: power attention supports integer degrees 1..4"),
+    ("ctx=0", "config: ctx=0: must be a positive integer"),
+    ("+foo=1", "config: foo=1: unknown key (no config file defines it)"),
+    ("attention=powr", "config: attention=powr: no such attention option; did you mean power? (options: exp, linear, "
+                       "power, window)"),
+])
+def test_flops_script_bad_override_is_one_line(override, message):
+    extra = ["attention=power"] if override.startswith("p=") else []
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "flops.py"), *extra, override],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [f"error: {message}"]

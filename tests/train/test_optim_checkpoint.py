@@ -98,6 +98,68 @@ def test_resumed_schedule_recomputes_from_the_current_step():
     assert lrs == pytest.approx([longer.lr_at(t) for t in range(12, 40)], rel=1e-12)
 
 
+@pytest.mark.parametrize("warmup,max_steps,fitted", [(50, 20, 2), (50, 9, 1), (7, 5, 1), (20, 20, 20), (0, 3, 0),
+                                                     (2000, 1000, 100)])
+def test_a_warmup_longer_than_the_run_is_a_tenth_of_it(warmup, max_steps, fitted):
+    """optim.warmup_steps longer than the run becomes 10% of it (at least 1 step); the lrs are the closed form of
+    that warmup, written out here, and torch's schedulers follow them."""
+    from omegaconf import OmegaConf
+
+    schedule = Schedule.from_config(OmegaConf.create({"lr": 3e-3, "min_lr": 1e-5, "warmup_steps": warmup}), max_steps)
+    assert schedule.warmup_steps == fitted
+
+    def closed_form(t):
+        if t < fitted:
+            return 3e-3 * (t + 1) / fitted
+        progress = min(1.0, (t - fitted) / max(1, max_steps - fitted))
+        return 1e-5 + 0.5 * (3e-3 - 1e-5) * (1 + math.cos(math.pi * progress))
+
+    assert [schedule.lr_at(t) for t in range(max_steps + 1)] == pytest.approx(
+        [closed_form(t) for t in range(max_steps + 1)], rel=1e-13)
+    if fitted:
+        assert schedule.lr_at(fitted - 1) == pytest.approx(3e-3)  # the peak is reached
+    lrs, _ = _run(schedule, 0, max_steps)
+    assert lrs == pytest.approx([closed_form(t) for t in range(max_steps)], rel=1e-12)
+
+
+def test_resume_of_a_run_with_a_scaled_warmup(compose, tiny, tmp_path, capsys):
+    """The scaled warmup is recomputed the same way on resume: a run killed after its step-3 checkpoint records the
+    lrs of an uninterrupted one; raising max_steps then continues its cosine, never warming up again."""
+    import json
+    import shutil
+
+    from longctx.train.trainer import Trainer
+
+    def lrs(run):
+        return [json.loads(line)["lr"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    args = [*tiny, "optim.warmup_steps=50", "trainer.keep_checkpoints=5"]  # 6 steps: warmup 50 -> 1
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    Trainer(compose(*args, f"run_dir={full}")).fit()
+    assert "warming up over 1 step instead" in capsys.readouterr().out
+    shutil.copytree(full, cut)
+    (cut / "checkpoints" / "step_00000006.pt").unlink()
+    (cut / "metrics.jsonl").write_text((cut / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    Trainer(compose(*args, "trainer.resume=true", f"run_dir={cut}")).fit()
+    assert lrs(cut) == lrs(full)
+    assert "the schedule is recomputed" not in capsys.readouterr().out  # the same schedule: nothing to say
+
+    # max_steps 6 -> 40 at step 3: warmup 50 would now be scaled to 4, a re-warming; the run's own warmup (1 step)
+    # is kept and its cosine continues to 40 (docs/resume.md's formula, with w = 1, T = 40, s = 3)
+    longer = tmp_path / "longer"
+    shutil.copytree(full, longer)
+    (longer / "checkpoints" / "step_00000006.pt").unlink()
+    (longer / "metrics.jsonl").write_text((longer / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    Trainer(compose(*args, "trainer.resume=true", "trainer.max_steps=40", "trainer.eval_every=10",
+                    f"run_dir={longer}")).fit()
+    at_3 = lrs(full)[0]
+
+    def continued(t):
+        return 1e-5 + (at_3 - 1e-5) * (1 + math.cos(math.pi * (t - 1) / 39)) / (1 + math.cos(math.pi * 2 / 39))
+
+    assert lrs(longer) == pytest.approx([at_3] + [continued(t) for t in (10, 20, 30, 40)], rel=1e-9)
+
+
 def test_checkpointer_collects_stateful_parts_and_gives_each_its_own_back(tmp_path):
     """Each part's state_dict() is saved under its name beside schema_version and the meta values; reading the file
     (weights_only) and loading it restores every part, RNG draws included."""
