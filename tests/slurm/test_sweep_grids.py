@@ -120,7 +120,7 @@ def test_shell_scripts_parse(script):
 # ----- the small experiments' grids (scripts/slurm/sweep_experiment.sh NAME: `train.py -m experiment=NAME`) -----
 EXPERIMENT_SWEEP = REPO / "scripts" / "slurm" / "sweep_experiment.sh"
 # experiment -> points with one seed; every point runs the staged recipe (its last stage's context)
-EXPERIMENT_GRIDS = {"attention_equal_state": (6, {4096}), "best_context_table": (3, {1024, 4096}),
+EXPERIMENT_GRIDS = {"attention_equal_state": (7, {4096}), "best_context_table": (3, {1024, 4096}),
                     "attention_long_context": (4, {16384}), "flops_frontier": (6, {16384}),
                     "context_scaling": (12, {1024, 4096, 16384}), "reshape_ablation": (6, {1024, 2048, 4096}),
                     "icl_vs_batch": (3, {4096}), "icl_vs_params": (3, {4096})}
