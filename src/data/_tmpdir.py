@@ -84,3 +84,36 @@ def one_writer(parent: Path, name: str):
         yield
     finally:
         os.close(fd)
+
+
+def generate_once(cache_dir, name: str, params: dict, generate) -> Path:
+    """`cache_dir/name`, a generated dataset, made on first use: `generate(folder, params)` writes it into a
+    temporary folder that gets `params.json` and is renamed into place, so an interrupted generation leaves nothing
+    under the real name and runs started together generate it once (the others wait, then read it)."""
+    import json
+
+    cache = Path(os.path.expanduser(str(cache_dir)))
+    root = cache / name
+    if (root / "params.json").exists():
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    with one_writer(cache, root.name):
+        if (root / "params.json").exists():
+            return root
+        with writing_dir(cache, root.name) as tmp:  # also removes what a killed generation left in cache
+            generate(tmp, params)
+            (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
+            release(tmp)
+            try:
+                os.rename(tmp, root)
+                os.chmod(root, 0o777 & ~_umask())  # mkdtemp made it private
+            except OSError:
+                if not (root / "params.json").exists():  # not a concurrent writer that finished first
+                    raise
+    return root
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

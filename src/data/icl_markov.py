@@ -47,7 +47,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +54,7 @@ import zarr
 from tqdm.auto import tqdm
 
 from ._array import WRITE_EVERY_CHUNK
-from ._tmpdir import one_writer, release, writing_dir
+from ._tmpdir import generate_once
 
 GENERATOR = "icl_markov"
 VERSION = 2  # bump when the sampling procedure changes: a new folder is generated, nothing overwritten
@@ -309,31 +308,8 @@ def ensure_icl_markov(cache_dir, *, vocab: int = 4, alpha: float = 1.0, doc_len:
     params = generator_params(vocab=vocab, alpha=alpha, doc_len=doc_len, n_train=n_train,
                               n_heldout=n_heldout, seed=seed, state_counts=state_counts,
                               disjoint_sizes=disjoint_sizes)
-    cache = Path(os.path.expanduser(str(cache_dir)))
-    root = cache / dataset_dirname(params)
-    if (root / "params.json").exists():
-        return root
-    cache.mkdir(parents=True, exist_ok=True)
-    with one_writer(cache, root.name):  # runs started together generate it once; the others wait, then read it
-        if (root / "params.json").exists():
-            return root
-        with writing_dir(cache, root.name) as tmp:  # also removes what a killed generation left in cache
-            _generate(tmp, params, progress=progress)
-            (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
-            release(tmp)
-            try:
-                os.rename(tmp, root)
-                os.chmod(root, 0o777 & ~_umask())  # mkdtemp made it private
-            except OSError:
-                if not (root / "params.json").exists():  # not a concurrent writer that finished first
-                    raise
-    return root
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return generate_once(cache_dir, dataset_dirname(params), params,
+                         lambda folder, p: _generate(folder, p, progress=progress))
 
 
 def _generate(out: Path, params: dict, *, progress: bool) -> None:

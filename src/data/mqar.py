@@ -32,7 +32,6 @@ after the query key is the key's value (`query_accuracy`); the chance level of a
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +39,7 @@ import zarr
 from tqdm.auto import tqdm
 
 from ._array import WRITE_EVERY_CHUNK
-from ._tmpdir import one_writer, release, writing_dir
-from .icl_markov import _umask
+from ._tmpdir import generate_once
 
 GENERATOR = "mqar"
 VERSION = 1  # bump when the sampling procedure changes: a new folder is generated, nothing overwritten
@@ -138,25 +136,8 @@ def ensure_mqar(cache_dir, *, progress: bool = True, **kwargs) -> Path:
     generating it on first use: deterministic from `seed`, written to a temporary folder and renamed into place,
     generated once by runs started together (the others wait, then read it)."""
     params = generator_params(**kwargs)
-    cache = Path(os.path.expanduser(str(cache_dir)))
-    root = cache / dataset_dirname(params)
-    if (root / "params.json").exists():
-        return root
-    cache.mkdir(parents=True, exist_ok=True)
-    with one_writer(cache, root.name):
-        if (root / "params.json").exists():
-            return root
-        with writing_dir(cache, root.name) as tmp:
-            _generate(tmp, params, progress=progress)
-            (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
-            release(tmp)
-            try:
-                os.rename(tmp, root)
-                os.chmod(root, 0o777 & ~_umask())  # mkdtemp made it private
-            except OSError:
-                if not (root / "params.json").exists():  # not a concurrent writer that finished first
-                    raise
-    return root
+    return generate_once(cache_dir, dataset_dirname(params), params,
+                         lambda folder, p: _generate(folder, p, progress=progress))
 
 
 def _generate(out: Path, params: dict, *, progress: bool) -> None:

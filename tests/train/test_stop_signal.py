@@ -58,13 +58,23 @@ def test_a_stopped_run_resumes_as_if_never_stopped(compose, tiny, tmp_path, monk
     assert_same_records(records(clean), records(stopped))
 
 
+def wait_for_step(proc, log, step: int, timeout: float = 300) -> None:
+    """Until the run's console log shows `step` (or the process ends, or `timeout` seconds pass)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and f"step {step:>6d}/" in log.read_text():
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_the_stop_message_gives_the_command_that_resumes(train_env, tiny, tmp_path):
     """train.py stopped by SIGTERM names the command that continues it; that command, run as printed from the same
     folder, resumes the run and finishes it (the launch's own command alone is refused: the folder holds a run)."""
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
@@ -73,12 +83,7 @@ def test_the_stop_message_gives_the_command_that_resumes(train_env, tiny, tmp_pa
             "logger.console_every=1", f"hydra.run.dir={run}"]
     proc = subprocess.Popen([sys.executable, str(repo / "train.py"), *args], env=train_env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    log = run / "train.log"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and "step      5/" in log.read_text():
-            break
-        time.sleep(0.05)
+    wait_for_step(proc, run / "train.log", 5)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
@@ -98,7 +103,6 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(train_env, ti
     writes, and the relaunch finishes the run."""
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
@@ -108,12 +112,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(train_env, ti
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(repo / "train.py"),
            *args]
     proc = subprocess.Popen(cmd, env=train_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    log = run / "train.log"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and "step      5/" in log.read_text():
-            break
-        time.sleep(0.05)
+    wait_for_step(proc, run / "train.log", 5)
     workers = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _parent(d) == proc.pid]
     ranks = {}
     for pid in workers:
@@ -126,7 +125,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(train_env, ti
     assert proc.returncode != 0, "torchrun reports its workers' exit"
     steps = [s for s, _ in list_checkpoints(run)]
     assert len(steps) == 1 and 5 <= steps[0] < 200, steps               # the stopped step, not an evaluation's
-    assert f"stopped by SIGTERM after step {steps[0]}" in log.read_text()
+    assert f"stopped by SIGTERM after step {steps[0]}" in (run / "train.log").read_text()
     again = subprocess.run([*cmd, "trainer.resume=true"], env=train_env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [r["step"] for r in records(run)] == [200, 400]
