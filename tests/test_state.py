@@ -36,7 +36,6 @@ def test_equal_state_arms_hold_equal_state():
 
 def test_tiled_counts_what_the_models_report():
     torch = pytest.importorskip("torch")
-    from longctx.models.attention import build_attention  # noqa: F401
     from longctx.models.attention.power import PowerAttention
 
     core = PowerAttention.__new__(PowerAttention)
