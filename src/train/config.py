@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from longctx.train.run_dir import check_run_name
 
@@ -185,7 +186,12 @@ def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF
     if for_run:
         check_set(cfg)
     check_types(cfg, known)
-    check_values(cfg)
+    try:
+        check_values(cfg)
+    except (ConfigAttributeError, ConfigKeyError) as err:  # a key every run reads, deleted (`~trainer.compile`)
+        key = getattr(err, "full_key", None) or str(err).splitlines()[0]
+        raise ValueError(f"config: {key}: missing, and every run needs it (deleted with ~{key}?); set it to a "
+                         f"value instead") from None
 
 
 def _finite(cfg: DictConfig, key: str, low: float | None = None, strict: bool = False, allow_none: bool = False):

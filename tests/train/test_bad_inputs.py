@@ -88,6 +88,13 @@ def test_power_degree_outside_the_kernels_set_names_p(compose, override, key):
         validate(compose("attention=power", override))
 
 
+@pytest.mark.parametrize("key", ["trainer.compile", "trainer.on_nonfinite"])
+def test_a_deleted_key_every_run_reads_is_named(compose, key):
+    with pytest.raises(ValueError, match=f"config: {key.replace('.', '[.]')}: missing, and every run needs it "
+                                         f"[(]deleted with ~{key.replace('.', '[.]')}[?][)]"):
+        validate(compose(f"~{key}"))
+
+
 def test_valid_edges_pass(compose):
     validate(compose("optim.warmup_steps=1000", "optim.weight_decay=0", "optim.min_lr=0", "run_name=group/run1",
                      "trainer.max_skipped_steps=0"))
