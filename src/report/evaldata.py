@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+from omegaconf import OmegaConf
+
 from longctx.data.icl_markov import dataset_dirname, generator_params
 from longctx.data.identity import data_identity, read_identity
-from longctx.train.data import icl_doc_len
+from longctx.train.data import icl_doc_len, icl_markov_params
 
 ICL_MARKOV = "icl_markov"
 
@@ -40,14 +42,10 @@ def _icl_root(config: dict, flat: dict, ctx: int) -> Path | None:
     cache = data.get("cache_dir") or config.get("cache_dir")
     if not isinstance(cache, str) or "${" in cache:
         return None
-    doc_len = effective_doc_len(flat, ctx)
-    try:
-        params = generator_params(
-            vocab=flat["data.vocab"], alpha=flat["data.alpha"], doc_len=doc_len,
-            n_train=max(1, int(flat["data.train_tokens"]) // doc_len), n_heldout=flat["data.n_heldout"],
-            seed=flat["data.gen_seed"], state_counts=flat.get("data.state_counts"),
-            disjoint_sizes=flat.get("data.disjoint_sizes", False))
-    except (KeyError, TypeError, ValueError):
+    try:  # the generator's arguments exactly as the trainer derives them (train.data.icl_markov_params)
+        fields = {k[len("data."):]: v for k, v in flat.items() if k.startswith("data.")}
+        params = generator_params(**icl_markov_params(OmegaConf.create(fields), ctx))
+    except Exception:  # keys missing or of the wrong kind in an old or damaged config: the config stands for it
         return None
     return Path(os.path.expanduser(cache)) / dataset_dirname(params)
 

@@ -25,18 +25,22 @@ def icl_doc_len(data_cfg: DictConfig, ctx: int) -> int:
     return data_cfg.doc_len if data_cfg.doc_len is not None else max(1024, ctx)
 
 
+def icl_markov_params(data_cfg, ctx: int) -> dict:
+    """The generator's arguments (`ensure_icl_markov`, `icl_markov.generator_params`) an ICL Markov data config
+    and context stand for: the dataset a run at this ctx trains and evaluates on."""
+    doc_len = icl_doc_len(data_cfg, ctx)
+    return dict(vocab=data_cfg.vocab, alpha=data_cfg.alpha, doc_len=doc_len,
+                n_train=max(1, int(data_cfg.train_tokens) // doc_len), n_heldout=data_cfg.n_heldout,
+                seed=data_cfg.gen_seed, state_counts=data_cfg.get("state_counts"),
+                disjoint_sizes=data_cfg.get("disjoint_sizes", False))
+
+
 def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
     """Locate (and for the generated tasks, icl_markov and mqar, generate on first use) the train and heldout
     arrays. An MQAR document is as long as the context (its queries are asked within it)."""
     if data_cfg.name == "icl_markov":
-        doc_len = icl_doc_len(data_cfg, ctx)
-        root = ensure_icl_markov(
-            data_cfg.cache_dir, vocab=data_cfg.vocab, alpha=data_cfg.alpha, doc_len=doc_len,
-            n_train=max(1, data_cfg.train_tokens // doc_len), n_heldout=data_cfg.n_heldout,
-            seed=data_cfg.gen_seed, state_counts=data_cfg.get("state_counts"),
-            disjoint_sizes=data_cfg.get("disjoint_sizes", False),
-            progress=sys.stderr.isatty(),  # a bar's redraws would flood a log file
-        )
+        root = ensure_icl_markov(data_cfg.cache_dir, **icl_markov_params(data_cfg, ctx),
+                                 progress=sys.stderr.isatty())  # a bar's redraws would flood a log file
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     elif data_cfg.name == "mqar":
         root = ensure_mqar(
