@@ -10,14 +10,13 @@ Three kinds, each with `name`, `eot_id` (also the BOS id), `vocab_size`, `encode
 - `tiktoken-gpt2`: GPT-2 BPE via tiktoken (LongCrawl64's tokenizer; needs its vocabulary file, downloaded once).
 - `bytes`: the UTF-8 bytes as ids 0..255, EOT 256 (nothing to download).
 
-A run keeps a copy of its dataset's own tokenizer file in its folder (`keep_tokenizer_file`), so it decodes text
+A run keeps a copy of its dataset's own tokenizer file (`tokenizer_file_of`) in its folder, so it decodes text
 wherever it is, with or without its dataset.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -156,19 +155,11 @@ def load_tokenizer(dataset_path):
     raise ValueError(f"dataset_path: {str(root)!r} records tokenizer {name!r}, which is unknown")
 
 
-def keep_tokenizer_file(split_path, run_dir) -> Path | None:
-    """Copy the tokenizer file a dataset's split records (a prepared corpus's BPE `tokenizer.json`, beside its
-    splits) into `run_dir`, once: the run then decodes text without its dataset. Returns the copy (None for data
-    without such a file)."""
+def tokenizer_file_of(split_path) -> Path | None:
+    """The tokenizer file a dataset's split records (a prepared corpus's BPE `tokenizer.json`, beside its splits),
+    None for data without one."""
     from ._array import array_attrs, open_tokens
 
     split = Path(os.path.expanduser(str(split_path)))
     name = array_attrs(open_tokens(split, field="data.path")).get("tokenizer_file")
-    if not name or not (split.parent / name).is_file():
-        return None
-    kept = Path(run_dir) / TOKENIZER_FILE
-    if not kept.exists():  # a run's files are never overwritten
-        tmp = kept.with_name(kept.name + ".tmp")
-        shutil.copyfile(split.parent / name, tmp)
-        os.replace(tmp, kept)
-    return kept
+    return split.parent / name if name and (split.parent / name).is_file() else None

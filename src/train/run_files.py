@@ -18,7 +18,7 @@ from pathlib import Path
 # The files a launch writes or appends to at the top of its run folder under their own names (train.log: the
 # console's copy); a link there is refused rather than replaced
 RUN_FILES = (".lock", "config.yaml", "provenance.json", "provenance.diff", "metrics.jsonl", "wandb_id", "train.log",
-             "icl_curves.png", "data_identity.json", "stages.json")
+             "icl_curves.png", "data_identity.json", "stages.json", "tokenizer.json")
 
 
 def open_new(path: str | Path, mode: str = "wb"):

@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.data.identity import IDENTITY_FILE, data_identity, read_identity
-from longctx.data.tokenizer import keep_tokenizer_file
+from longctx.data.tokenizer import TOKENIZER_FILE, tokenizer_file_of
 from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
                           write_doc_record)
 from longctx.models import ModelSpec, build_model
@@ -198,7 +198,7 @@ class Trainer:
             if self.new_identity is not None:
                 write_atomic(self.run_dir / IDENTITY_FILE, json.dumps(self.new_identity, indent=1) + "\n")
             self._write_config()
-            keep_tokenizer_file(self.splits.train_path, self.run_dir)  # decodes text even without its dataset
+            self._keep_tokenizer()
             provenance.write(self.run_dir, self.device_name, self.dist.world_size)
             log_to_file(self.run_dir)
             if candidates or self.restart:
@@ -310,6 +310,13 @@ class Trainer:
             log.info(f"data.path: the run's data (id {identity['id']}) is now read from {where} (it was at "
                      f"{Path(str(recorded['train'].get('path'))).parent}); the same tokens, so the run goes on")
         return None
+
+    def _keep_tokenizer(self) -> None:
+        """A copy of the dataset's own tokenizer file in the run folder, once (never overwritten, never written
+        through a link): the run decodes text even without its dataset."""
+        source, kept = tokenizer_file_of(self.splits.train_path), self.run_dir / TOKENIZER_FILE
+        if source is not None and not kept.exists():
+            write_atomic(kept, source.read_bytes())
 
     def _out_of_budget(self) -> bool:
         budget = self.cfg.trainer.flops_budget

@@ -158,3 +158,17 @@ def test_retrieval_prompts_are_the_runs_own_text(launched, tmp_path, kind):
     record = json.loads(out.read_text())
     assert record["marker_text"] == MARKER_TEXT and record["filler_text"] == FILLER_TEXT
     assert record["digits_text"] == [str(i) for i in range(10)]
+
+
+def test_the_kept_tokenizer_is_never_written_through_a_link(tmp_path, train_run):
+    """A run folder whose tokenizer.json is a link (to a file the run must not touch) is refused before anything is
+    written; the copy is otherwise written under a fresh name and renamed into place."""
+    make_corpus(tmp_path / "corpus", "bpe")
+    precious = tmp_path / "precious.json"
+    precious.write_text("keep me\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.json").symlink_to(precious)
+    with pytest.raises(ValueError, match="tokenizer.json is a symbolic link"):
+        train_run(run, [*TRAIN, f"data.path={tmp_path / 'corpus'}"])
+    assert precious.read_text() == "keep me\n" and sorted(p.name for p in run.iterdir()) == ["tokenizer.json"]
