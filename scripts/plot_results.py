@@ -165,11 +165,11 @@ def plot_train_paths_loss(record: dict, path: Path) -> Path:
 
 def draw_compact(compact: dict, folder: Path) -> dict[str, Path]:
     """Draw a compact report record's figures into `folder` -> {png name: path}."""
-    from longctx.report.figures import save
     from longctx.report.record import draw_record
 
     drawn = draw_record(compact, folder)
-    return {compact["figures"][kind]: save(fig, folder / compact["figures"][kind]) for kind, fig in drawn.items()}
+    return {compact["figures"][kind]: save_figure(fig, folder / compact["figures"][kind])
+            for kind, fig in drawn.items()}
 
 
 PLOTS = {"kernel_benchmark": plot_kernel_benchmark, "bench_train": plot_bench_train,

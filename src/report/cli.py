@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from longctx.plotting import save_figure
 from longctx.report import figures
 from longctx.report.runs import (Group, Run, data_difference, describe_comparison, group_runs, label_runs,
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
@@ -316,7 +317,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     check_writable(outputs)  # every output, before the first is written
     out.mkdir(parents=True, exist_ok=True)
     for _, name, fig in figs:
-        figures.save(fig, out / name)
+        save_figure(fig, out / name)
     (out / "intervals.json").write_text(intervals)
     report = out / "report.md"
     report.write_text("\n".join(text) + "\n")

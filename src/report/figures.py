@@ -7,11 +7,10 @@ widens to hold them), and name the attention in words (longctx.plotting.readable
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
-from longctx.plotting import fill_title, new_figure, pyplot, readable_label, save_figure, widen_for_legend
+from longctx.plotting import fill_title, new_figure, pyplot, readable_label, widen_for_legend
 from longctx.report.runs import Group, Run, show, training_flops
 from longctx.report.stats import DEFAULT_BOOTSTRAP, check_paired, paired_seed_difference, seed_aggregate
 
@@ -32,10 +31,6 @@ def legend_outside(ax, **kw):
     legend = ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
     widen_for_legend(ax.figure, legend)
     return legend
-
-
-def save(fig, path: Path) -> Path:
-    return save_figure(fig, path)
 
 
 def centers(curve) -> list[float]:
