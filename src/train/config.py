@@ -11,6 +11,7 @@ Three passes, each raising `ValueError("config: <key>=<value>: <why>")` (train.p
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import re
@@ -49,12 +50,22 @@ def _leaves(node, prefix: str = ""):
             yield full, value
 
 
-def _file_leaves(path: Path, group: str | None):
+@functools.lru_cache(maxsize=1024)
+def _parsed(path: str, mtime_ns: int) -> tuple[dict, bool]:
+    """A config file's content as a plain dict and whether it is a `@package _global_` file: each file is parsed
+    once per change (the override checks and validate ask for the same files again and again)."""
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
-    raw.pop("defaults", None)
-    raw.pop("hydra", None)
-    is_global = group is None or "@package _global_" in path.read_text()
-    return _leaves(raw, "" if is_global else f"{group}.")
+    return raw, "@package _global_" in Path(path).read_text()
+
+
+def _config_file(path: Path) -> tuple[dict, bool]:
+    return _parsed(str(path), path.stat().st_mtime_ns)
+
+
+def _file_leaves(path: Path, group: str | None):
+    raw, is_global = _config_file(path)
+    raw = {k: v for k, v in raw.items() if k not in ("defaults", "hydra")}
+    return _leaves(raw, "" if group is None or is_global else f"{group}.")
 
 
 def schema(conf_dir: Path = CONF_DIR, choices: dict | None = None) -> dict[str, set]:
@@ -70,7 +81,7 @@ def schema(conf_dir: Path = CONF_DIR, choices: dict | None = None) -> dict[str, 
     def add_file(path: Path, group: str) -> None:
         """A group option's keys, and those of the options of its own group it extends (its defaults list)."""
         add(_file_leaves(path, group.replace("/", ".")))
-        for entry in (OmegaConf.load(path).get("defaults") or []):
+        for entry in (_config_file(path)[0].get("defaults") or []):
             if isinstance(entry, str) and entry != "_self_" and (path.parent / f"{entry}.yaml").exists():
                 add_file(path.parent / f"{entry}.yaml", group)
 
