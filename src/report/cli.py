@@ -73,7 +73,8 @@ def table_rows(runs: list[Run]) -> list[dict]:
         rec = run.final
         rows.append({
             "run": run.name or run.path.name, "attention": run.tag, "ctx": run.ctx, "step": rec["step"],
-            "tokens": rec.get("tokens_all_stages", rec.get("tokens")), "flops": training_flops(rec), "best_context_loss": rec["best_context_loss"],
+            "tokens": rec.get("tokens_all_stages", rec.get("tokens")), "flops": training_flops(rec),
+            "best_context_loss": rec["best_context_loss"],
             "best_context_position": rec.get("best_context_position", (rec.get("best_context_bin") or [None, None])[1]),
             "last10_loss": rec.get("last10_loss"), "best_context_gap": rec.get("best_context_gap"),
             "max_bin_gap": rec.get("max_bin_gap"), "state_size": rec.get("state_size"), "wsfr": rec.get("wsfr"),
@@ -87,8 +88,8 @@ def _num(value, fmt: str) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| run | attention | ctx | steps | training FLOPs (every stage) | best-context loss | best-context position | "
-            "last-10% loss | gap to optimum | largest gap over the curve | state size | WSFR | tokens/s | status |")
+    head = ("| run | attention | ctx | steps | training FLOPs (every stage) | best-context loss | "
+            "best-context position | last-10% loss | gap to optimum | largest gap over the curve | state size | WSFR | tokens/s | status |")
     lines = table_head(head)
     for r in rows:
         lines.append(f"| {r['run']} | {r['attention']} | {r['ctx']} | {r['step']} | {_num(r['flops'], '.3g')} | "

@@ -27,9 +27,10 @@ Steps per rank:
 
 Backward: autograd through all of it. The all-gather is differentiable, so the gradients reaching a gathered state
 return, summed over the ranks that read it, to the rank that made it; `power_attention` is differentiable in
-`initial_state` (reference path: torch autograd; CUDA chunked form: dS_0, not tested here). Every rank must run the all-gather's backward: rank 0's output does not depend on the gathered states, so it
-is tied to them (_Tie, zero gradient), and the last rank's zeros are tied to its k, v, log_g, so the collective's
-node exists on each rank exactly when the states need gradients (k, v or log_g require grad on every rank alike).
+`initial_state` (reference path: torch autograd; CUDA chunked form: dS_0, not tested here). Every rank must run
+the all-gather's backward: rank 0's output does not depend on the gathered states, so it is tied to them (_Tie,
+zero gradient), and the last rank's zeros are tied to its k, v, log_g, so the collective's node exists on each rank
+exactly when the states need gradients (k, v or log_g require grad on every rank alike).
 
 Ranks must agree on batch, heads, head dim, dtype, p, norm, scale and gating: one small all-gather checks that (and
 that every rank's own inputs passed the checks) before the state exchange, so a bad input raises a ValueError on
