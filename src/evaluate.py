@@ -223,16 +223,17 @@ class OutputError(OSError):
 
 @contextlib.contextmanager
 def records_whole(paths: list[Path]):
-    """The records (JSON, NPZ) are written all or none: when a write fails, those this block made, partial ones
-    included, are removed (a file that was there before is never touched)."""
+    """The records (JSON, NPZ) are written all or none: when a write fails, those this block made, partial ones and
+    temporaries included, are removed (a file that was there before is never touched)."""
     made_here = [p for p in paths if not p.exists()]
     try:
         yield
     except FileExistsError:
         raise
     except OSError as err:
-        for p in made_here:  # write_doc_record removes its own temporary file
+        for p in made_here:
             p.unlink(missing_ok=True)
+            p.with_name(p.name + ".tmp").unlink(missing_ok=True)
         raise OutputError(f"{err.filename or paths[0]}: {err.strerror or err}; nothing was written") from None
 
 
