@@ -41,7 +41,7 @@ def test_same_run_name_launched_twice_the_second_fails_naming_the_first(train_en
     try:
         deadline = time.monotonic() + 300
         # the first launch's last line before its (far) first evaluation: its step time measured after 3 steps
-        while "measured " not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
+        while " s/step -> " not in ((run / "train.log").read_text() if (run / "train.log").exists() else ""):
             assert first.poll() is None and time.monotonic() < deadline, "the first launch never started training"
             time.sleep(0.2)
         before = snapshot(run)
