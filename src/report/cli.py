@@ -47,7 +47,7 @@ from longctx.report.runs import (Group, Run, data_difference, describe_compariso
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
 from longctx.report.markdown import table_head
 from longctx.report.record import FIGURES, write_record
-from longctx.report.recall import recall_section
+from longctx.report.recall import draw_recall_vs_state, recall_points, recall_section
 from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
                                   seed_pairs_agreeing)
@@ -266,6 +266,9 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
                      f"({groups[0].first.ctx}); it needs two or more.")
     else:
         figs.append(("Best-context loss vs context", "best_context_vs_context.png", by_context))
+    recall = recall_points(groups)
+    if recall:
+        figs.append(("Recall vs state", "recall_vs_state.png", draw_recall_vs_state(recall, title)))
     figs.append(("ICL curves through training", "icl_over_training.png",
                  figures.draw_icl_over_training(runs, title)))
     record_names = None
@@ -323,7 +326,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     report = out / "report.md"
     report.write_text("\n".join(text) + "\n")
     if record is not None:
-        write_record(runs, title, Path(record), record_names, retrieval)
+        write_record(runs, title, Path(record), record_names, retrieval, recall)
     return report
 
 

@@ -8,14 +8,22 @@ Seed-level intervals (Welch's t over the seeds' own accuracies, `longctx.report.
 """
 from __future__ import annotations
 
+import math
 from itertools import combinations
 
 import numpy as np
 
+from longctx.plotting import fill_title, new_figure
 from longctx.report.markdown import table_head
 from longctx.report.runs import Group, Run
 from longctx.report.stats import DocBins, paired_seed_difference, seed_aggregate
-from longctx.report.verdict import welch_interval
+from longctx.report.verdict import t_quantile, welch_interval
+from longctx.state import state_per_layer
+
+# each attention in words, as the recall-vs-state figure's legend names it (a window's points differ by w, power's
+# by p: one line each, each point labelled)
+FAMILIES = {"exp": "softmax (KV cache of the context)", "window": "sliding window (w tokens)",
+            "linear": "linear attention", "power": "power attention (degree p)"}
 
 
 def accuracy_docs(run: Run) -> DocBins | None:
@@ -36,6 +44,102 @@ def accuracy_docs(run: Run) -> DocBins | None:
                    doc_index=np.asarray(doc_index, np.int64))
 
 
+def run_state(run: Run) -> int | None:
+    """Floats of state one layer holds for one sequence at the run's context, by the paper's definition
+    (`longctx.state.state_per_layer`: power's D = C(d+p-1, p)); None when the config does not say (an old record)."""
+    attention, model = run.config.get("attention") or {}, run.config.get("model") or {}
+    try:
+        return state_per_layer(attention.get("name"), d_model=int(model["d_model"]), n_heads=int(model["n_heads"]),
+                               ctx=run.ctx, p=int(attention.get("p") or 2), window=attention.get("window"))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def recall_points(groups: list[Group]) -> list[dict]:
+    """One point per group whose runs measured recall at a known state: what the recall-vs-state figure draws and
+    the compact record keeps (each seed's own accuracy, so the figure's seed-level interval redraws from it)."""
+    points = []
+    for g in groups:
+        docs = [accuracy_docs(r) for r in g.runs]
+        state = run_state(g.first)
+        if state is None or any(d is None for d in docs):
+            continue
+        attention = g.first.config["attention"]
+        points.append({"label": g.label, "attention": attention["name"], "tag": g.first.tag,
+                       "p": attention.get("p"), "window": attention.get("window"), "state": state,
+                       "n_pairs": (g.first.config.get("data") or {}).get("n_pairs"), "ctx": g.first.ctx,
+                       "chance": g.first.final.get("recall_chance"),
+                       "seeds": [float(d.loss.mean()) for d in docs], "runs": [r.name for r in g.runs]})
+    return points
+
+
+def seed_interval(values) -> tuple[float, float, float]:
+    """Mean and 95% t interval over the seeds (n - 1 degrees of freedom); a single seed: no interval."""
+    x = np.asarray(values, dtype=np.float64)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, mean, mean
+    half = t_quantile(0.975, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, mean - half, mean + half
+
+
+def _point_note(point: dict) -> str:
+    if point["attention"] == "power":
+        return f"p={point['p']}"
+    if point["attention"] == "window":
+        return f"w={point['window']}"
+    return ""
+
+
+def draw_recall_vs_state(points: list[dict], title: str):
+    """Accuracy at the queries against the state one layer holds (log scale), one panel per number of pairs N and
+    one line per attention family; seed means with 95% t intervals over the seeds (none for a single seed), chance
+    dotted. None when no point is known."""
+    if not points:
+        return None
+    panels = sorted({p["n_pairs"] for p in points}, key=lambda n: (n is None, n or 0))
+    fig, axes = new_figure((4.6 * len(panels), 4.2), ncols=len(panels), squeeze=False, sharey=True)
+    families = [f for f in FAMILIES if any(p["attention"] == f for p in points)]
+    for ax, n_pairs in zip(axes[0], panels):
+        here = [p for p in points if p["n_pairs"] == n_pairs]
+        for i, family in enumerate(families):
+            line = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
+            if not line:
+                continue
+            stats = [seed_interval(p["seeds"]) for p in line]
+            xs, mean = [p["state"] for p in line], [m for m, _, _ in stats]
+            err = np.array([[m - lo, hi - m] for m, lo, hi in stats]).T
+            ax.errorbar(xs, mean, yerr=err if err.any() else None, marker="o", capsize=3, lw=1.3, color=f"C{i}",
+                        label=FAMILIES[family])
+            for p, m in zip(line, mean):
+                if _point_note(p):
+                    ax.annotate(_point_note(p), (p["state"], m), textcoords="offset points", xytext=(4, 4),
+                                fontsize=7, color=f"C{i}")
+        chance = sorted({p["chance"] for p in here if p["chance"] is not None})
+        for c in chance:
+            ax.axhline(c, color="k", ls=":", lw=1, label="chance (one value in n_values)" if c == chance[0] else None)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.08)  # room for the labels of points at 1
+        ax.set_xlabel("state per layer (floats, log scale)", fontsize=8)
+        ax.set_title(f"N = {n_pairs} key-value pairs" if n_pairs is not None else "recall", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0, 0].set_ylabel("accuracy at the queries")
+    handles, labels = axes[0, -1].get_legend_handles_labels()
+    for ax in axes[0, :-1]:  # the families a panel lacks are named by the others'
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles, labels = [*handles, h], [*labels, label]
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)), fontsize=7)
+    seeds = sorted({len(p["seeds"]) for p in points})
+    fig.suptitle(fill_title(f"{title}: recall vs state (seed means, 95% t intervals over "
+                            f"{'/'.join(map(str, seeds))} seeds)", 4.6 * len(panels) - 0.4, 10), fontsize=10)
+    return fig
+
+
+def _floats(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -48,15 +152,17 @@ def recall_section(groups: list[Group], n_boot: int) -> list[str]:
         return []
     lines = ["## Recall at the queries", "",
              f"Accuracy at the query positions only (the value after each query key), seed means with 95% bootstrap "
-             f"intervals over the heldout documents ({n_boot} resamples); chance is one value in n_values.", ""]
-    lines += table_head("| runs | seeds | accuracy | seeds' range | chance | queries a seed |")
+             f"intervals over the heldout documents ({n_boot} resamples); chance is one value in n_values; state per "
+             f"layer in floats for one sequence, by the paper's definition (power: D = C(d+p-1, p) times v).", ""]
+    lines += table_head("| runs | seeds | accuracy | seeds' range | chance | queries a seed | state per layer |")
     for g, docs in measured:
         iv = seed_aggregate(docs, "curve", n_boot)
         own = [float(d.loss.mean()) for d in docs]
         chance = g.first.final.get("recall_chance")
         lines.append(f"| {g.label} | {g.n_seeds} | {_pct(float(iv.estimate[0]))} [{_pct(float(iv.low[0]))}, "
                      f"{_pct(float(iv.high[0]))}] | {_pct(min(own))}-{_pct(max(own))} | "
-                     f"{'-' if chance is None else _pct(chance)} | {g.first.final.get('recall_queries', '-')} |")
+                     f"{'-' if chance is None else _pct(chance)} | {g.first.final.get('recall_queries', '-')} | "
+                     f"{_floats(run_state(g.first))} |")
     rows = []
     for (ga, da), (gb, db) in combinations(measured, 2):
         if ga.first.heldout_key[1:] != gb.first.heldout_key[1:]:

@@ -7,7 +7,9 @@
                "doc_bins": "NAME.npz#r<i>_" (the final evaluation's per-document record: arrays r<i>_loss, ...
                             of one compressed file beside the JSON for all runs, when small)}],
      "retrieval": [{"run", "label", "seed", "task", "step", "key_accuracy", ...}, ...]  (report.retrieval; only
-                  when a run has a retrieval result)}
+                  when a run has a retrieval result),
+     "recall": [{"label", "attention", "p", "window", "state", "n_pairs", "chance", "seeds": [accuracy, ...]}, ...]
+               (report.recall.recall_points: one per group of seeds that measured recall)}
 
 `heldout` names the runs' heldout data (runs sharing it share documents and optimum); `seed_label` groups seeds.
 """
@@ -25,7 +27,8 @@ from longctx.report.runs import Run, group_runs
 RECORD_KEYS = ("step", "flops", "tokens", "flops_all_stages", "tokens_all_stages", "epochs", "heldout_minus_train",
                "best_context_loss", "last10_loss", "icl_curve", "bayes_curve")
 MAX_DOC_BINS_BYTES = 4 * 1024 * 1024   # larger per-document records stay in the run folders
-FIGURES = ("icl_curves", "gap_to_optimum", "paired_differences", "best_context_vs_flops", "best_context_vs_context")
+FIGURES = ("icl_curves", "gap_to_optimum", "paired_differences", "best_context_vs_flops", "best_context_vs_context",
+           "recall_vs_state")
 
 
 def _heldout_name(run: Run) -> str:
@@ -33,9 +36,10 @@ def _heldout_name(run: Run) -> str:
 
 
 def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str, str],
-                 retrieval: list[dict] | None = None) -> Path:
+                 retrieval: list[dict] | None = None, recall: list[dict] | None = None) -> Path:
     """The compact record of labelled runs (label_runs first), with each final per-document record beside it, and
-    the runs' retrieval results (report.retrieval.retrieval_entries) when there are any."""
+    the runs' retrieval results (report.retrieval.retrieval_entries) and recall points (report.recall.recall_points)
+    when there are any."""
     path = Path(path)
     out = {"kind": "report", "title": title, "figures": figure_names, "runs": []}
     npz, arrays = path.with_suffix(".npz"), {}
@@ -61,6 +65,8 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
                 entry["records"][-1].pop("doc_bins", None)
     if retrieval:
         out["retrieval"] = retrieval
+    if recall:
+        out["recall"] = recall
     path.write_text(json.dumps(out, indent=1) + "\n")
     return path
 
@@ -90,6 +96,12 @@ def draw_record(record: dict, folder: Path, n_boot: int = 2000) -> dict:
             drawn[kind] = figures.draw_icl_overlay(groups, runs, title, None, n_boot)
         elif kind == "gap_to_optimum":
             drawn[kind] = figures.draw_gap_to_optimum(groups, title, None, n_boot)
+        elif kind == "recall_vs_state":
+            from longctx.report.recall import draw_recall_vs_state
+
+            drawn[kind] = draw_recall_vs_state(record.get("recall", []), title)
+            if drawn[kind] is None:
+                raise ValueError(f"figures: recall_vs_state needs the record's recall points; {title!r} has none")
         elif kind in ("paired_differences", "best_context_vs_flops", "best_context_vs_context"):
             fig = {"paired_differences": lambda: figures.draw_paired_differences(groups, title, n_boot),
                    "best_context_vs_flops": lambda: figures.draw_best_vs_flops(groups, title),

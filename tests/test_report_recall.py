@@ -1,0 +1,121 @@
+"""The report's recall-vs-state view: each group's state from longctx.state, its seeds' accuracies and their t
+interval, drawn per number of pairs, kept in the compact record and redrawn from it alone by plot_results."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from longctx.report.cli import main as report
+from longctx.report.recall import draw_recall_vs_state, seed_interval
+from longctx.state import state_per_layer
+from tests.report_fixtures import N_DOCS, fake_run
+
+N_QUERIES = 8
+ARMS = {  # attention conf -> accuracy a document recalls on average (seeds move it a little)
+    "exp": ({"name": "exp", "tag": "exp"}, 0.9),
+    "window8": ({"name": "window", "tag": "window8", "window": 8}, 0.3),
+    "power_p2": ({"name": "power", "tag": "power_p2", "p": 2}, 0.6),
+}
+
+
+def recall_run(folder, arm: str, n_pairs: int, seed: int):
+    """A fake run on MQAR data whose final evaluation recorded `hits` (documents x queries) and the accuracy."""
+    attention, level = ARMS[arm]
+    run = fake_run(folder, attention["name"], 64, 0.1, seed=seed, doc_bins=True,
+                   change={"attention": attention, "model": {"d_model": 32, "n_heads": 2},
+                           "data": {"name": "mqar", "tag": f"mqar_n{n_pairs}", "n_pairs": n_pairs}})
+    rng = np.random.default_rng(1000 * seed + n_pairs + len(arm))
+    hits = rng.random((N_DOCS, N_QUERIES)) < level - 0.002 * n_pairs + 0.02 * seed
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lines[-1].update(recall_accuracy=float(hits.mean()), recall_chance=1 / 16, recall_queries=N_DOCS * N_QUERIES)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    npz = run / lines[-1]["doc_bins"]
+    with np.load(npz) as f:
+        arrays = dict(f)
+    np.savez(npz, **arrays, hits=hits)
+    return run, float(hits.mean())
+
+
+@pytest.fixture(scope="module")
+def recall_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("recall")
+    accuracy = {}
+    for arm in ARMS:
+        for n_pairs in (4, 16):
+            for seed in (0, 1):
+                _, accuracy[arm, n_pairs, seed] = recall_run(root / f"{arm}_n{n_pairs}_s{seed}", arm, n_pairs, seed)
+    return root, accuracy
+
+
+def test_seed_interval_is_students_t():
+    mean, low, high = seed_interval([0.2, 0.4])
+    # two seeds: mean +- t(0.975, 1) * s / sqrt(2), t = 12.7062 (a table value), s = 0.1414
+    assert mean == pytest.approx(0.3)
+    assert high - mean == pytest.approx(12.7062 * np.std([0.2, 0.4], ddof=1) / np.sqrt(2), rel=1e-4)
+    assert seed_interval([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_report_tables_state_and_draws_accuracy_against_it(recall_runs, tmp_path):
+    root, accuracy = recall_runs
+    record = tmp_path / "recall.json"
+    text = report([str(root), "--out", str(tmp_path / "out"), "--bootstrap", "50", "--record", str(record)]
+                  ).read_text()
+    section = text[text.index("## Recall at the queries"):]
+    states = {"exp": state_per_layer("exp", d_model=32, n_heads=2, ctx=64),
+              "window8": state_per_layer("window", d_model=32, n_heads=2, ctx=64, window=8),
+              "power_p2": state_per_layer("power", d_model=32, n_heads=2, ctx=64, p=2)}
+    assert states["power_p2"] == 2 * 136 * 16   # D = C(17, 2) = 136 at head dim 16, times v = 16, two heads
+    for state in states.values():
+        assert f"| {state:,} |" in section
+    assert (tmp_path / "out" / "recall_vs_state.png").is_file() and "![Recall vs state]" in text
+
+    points = json.loads(record.read_text())["recall"]
+    assert len(points) == len(ARMS) * 2
+    for point in points:
+        arm = point["tag"]
+        assert point["state"] == states[arm]
+        assert point["seeds"] == pytest.approx([accuracy[arm, point["n_pairs"], s] for s in (0, 1)])
+
+    fig = draw_recall_vs_state(points, "t")
+    panels = [ax for ax in fig.axes if ax.get_title().startswith("N = ")]
+    assert [ax.get_title() for ax in panels] == ["N = 4 key-value pairs", "N = 16 key-value pairs"]
+    for ax, n_pairs in zip(panels, (4, 16)):
+        drawn = {bars.get_label(): bars.lines[0] for bars in ax.containers}   # errorbar containers
+        assert set(drawn) == {"softmax (KV cache of the context)", "sliding window (w tokens)",
+                              "power attention (degree p)"}
+        softmax = drawn["softmax (KV cache of the context)"]
+        assert list(softmax.get_xdata()) == [states["exp"]]
+        assert softmax.get_ydata()[0] == pytest.approx(np.mean([accuracy["exp", n_pairs, s] for s in (0, 1)]))
+        assert "chance (one value in n_values)" in [line.get_label() for line in ax.get_lines()]
+
+
+def test_plot_results_redraws_the_figure_from_the_record_alone(recall_runs, tmp_path):
+    root, _ = recall_runs
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy)
+    results = tmp_path / "results"
+    results.mkdir()
+    report([str(copy), "--out", str(tmp_path / "out"), "--bootstrap", "50", "--record",
+            str(results / "recall.json"), "--record-figures", "recall_vs_state"])
+    shutil.rmtree(copy)  # the record and its npz are all the redraw has
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "scripts"))
+    try:
+        from plot_results import main as plot_results
+    finally:
+        sys.path.pop(0)
+    first = plot_results(["--dir", str(results)])
+    assert [p.name for p in first] == ["recall_recall_vs_state.png"]
+    drawn = first[0].read_bytes()
+    second = plot_results(["--dir", str(results)])
+    assert second[0].read_bytes() == drawn  # redrawn byte for byte
+
+
+def test_a_record_without_recall_points_cannot_draw_the_figure(tmp_path):
+    from longctx.report.record import draw_record
+
+    with pytest.raises(ValueError, match="recall_vs_state needs the record's recall points"):
+        draw_record({"kind": "report", "title": "t", "figures": {"recall_vs_state": "x.png"}, "runs": []}, tmp_path)
