@@ -163,11 +163,12 @@ def plot_train_paths_loss(record: dict, path: Path) -> Path:
     return _script("compare_train_paths").plot_train_paths_loss(record, path)
 
 
-def draw_compact(compact: dict, folder: Path) -> dict[str, Path]:
-    """Draw a compact report record's figures into `folder` -> {png name: path}."""
+def draw_compact(compact: dict, folder: Path, name: str | None = None) -> dict[str, Path]:
+    """Draw a compact report record's figures into `folder` -> {png name: path} (`name`: the record's file name,
+    which keys the paper's claims it tests)."""
     from longctx.report.record import draw_record
 
-    drawn = draw_record(compact, folder)
+    drawn = draw_record(compact, folder, name=name)
     return {compact["figures"][kind]: save_figure(fig, folder / compact["figures"][kind])
             for kind, fig in drawn.items()}
 
@@ -253,7 +254,7 @@ def _draw(chosen: list[str], known: dict, compact: list[str], records: dict, fol
     for table in chosen:
         try:
             if table in compact:
-                written += draw_compact(records[table], folder).values()
+                written += draw_compact(records[table], folder, table).values()
             else:
                 written.append(known[table](records[table], folder / f"{table}.png"))
         except (KeyError, TypeError, IndexError) as err:  # a field missing or of the wrong kind

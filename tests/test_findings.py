@@ -47,3 +47,26 @@ def test_the_command_prints_the_table_and_names_a_bad_input(capsys, tmp_path):
     assert "no findings for the record 'other'" in capsys.readouterr().err
     assert main([str(RESULTS / "equal_state_seeds.json"), "--bootstrap", "0"]) == 2
     assert PAPER_FINDINGS.exists()
+
+
+def test_the_claims_figure_shows_each_difference_its_intervals_and_verdict(capsys, tmp_path):
+    """--figure draws a row per claim: the seed means' difference, the document-level interval and the seed-level
+    Welch interval as judged, the verdict in words beside it; an existing file is never overwritten."""
+    from longctx.report.findings import draw_claims
+
+    judged = judge(RESULTS / "equal_state_seeds.json", n_boot=200)
+    ax = draw_claims(judged, "t").axes[0]
+    lines = ax.get_lines()
+    points = [line.get_xdata()[0] for line in lines if line.get_marker() == "o"]
+    assert points == pytest.approx([j["difference"][0] for j in judged])
+    spans = sorted(tuple(line.get_xdata()) for line in lines if len(line.get_xdata()) == 2 and line.get_xdata()[0] != 0)
+    expected = sorted([tuple(j["difference"][1:]) for j in judged] + [tuple(j["seed_interval"][1:]) for j in judged])
+    np.testing.assert_allclose(spans, expected, rtol=1e-12)
+    shown = [t.get_text() for t in ax.texts]
+    assert [text.split(" (")[0] for text in shown] == [j["verdict"].label for j in judged]
+    out = tmp_path / "claims.png"
+    assert main([str(RESULTS / "equal_state_seeds.json"), "--bootstrap", "100", "--figure", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert main([str(RESULTS / "equal_state_seeds.json"), "--figure", str(out)]) == 2
+    assert "exists; nothing is overwritten" in capsys.readouterr().err

@@ -159,7 +159,12 @@ def test_every_committed_report_record_redraws_with_its_numbers(tmp_path, import
         assert all("doc_bins" in r for r in compact["runs"]), f"{path.name}: runs without per-document records"
         for kind, png in compact["figures"].items():
             assert (path.parent / png).exists(), f"{path.name}: {png} is not committed"
-            fig = draw_record(compact, path.parent, n_boot=50)[kind]
+            fig = draw_record(compact, path.parent, n_boot=50, name=path.stem)[kind]
+            if kind == "claims":  # each claim's difference of the seed means, one row a claim, in the file's order
+                from longctx.report.findings import judge
+
+                points = [line.get_xdata()[0] for line in fig.axes[0].get_lines() if line.get_marker() == "o"]
+                assert points == pytest.approx([j["difference"][0] for j in judge(path, n_boot=50)], abs=1e-9)
             if kind in ("icl_curves", "gap_to_optimum"):
                 shown = _shown(fig)
                 for label, values in _expected(compact, kind).items():

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from longctx.report.record import runs_from_record
 from longctx.report.stats import DEFAULT_BOOTSTRAP, paired_seed_difference
-from longctx.report.verdict import Finding, decide
+from longctx.report.verdict import Finding, decide, welch_interval
 
 PAPER_FINDINGS = Path(__file__).with_name("paper_findings.yaml")
 FIELDS = {"claim", "source", "a", "b", "sign", "reference", "axes"}
@@ -53,26 +53,34 @@ def _arm(run) -> str:
 
 
 def judge(record_path: Path, findings_path: Path = PAPER_FINDINGS, n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
-    """[{finding fields..., "verdict": Verdict, "difference": (estimate, low, high)}] for the record's findings."""
+    """[{finding fields..., "verdict": Verdict, "difference": (estimate, low, high), "seed_interval": (...)}] for
+    the record's findings."""
     record_path = Path(record_path)
     try:
         record = json.loads(record_path.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"{record_path}: not a readable record ({type(err).__name__})") from None
-    runs = runs_from_record(record, record_path.parent)
+    return judge_record(record, record_path.parent, record_path.stem, findings_path, n_boot)
+
+
+def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PAPER_FINDINGS,
+                 n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
+    """judge() of a record already read: `name` is its file name without .json, `folder` holds its arrays."""
+    where = Path(folder) / f"{name}.json"
+    runs = runs_from_record(record, Path(folder))
     arms: dict[str, list] = {}
     for run in runs:
         arms.setdefault(_arm(run), []).append(run)
     out = []
-    for spec in load_findings(Path(findings_path), record_path.stem):
+    for spec in load_findings(Path(findings_path), name):
         missing = [arm for arm in (spec["a"], spec["b"], spec["reference"]) if arm not in arms]
         if missing:
-            raise ValueError(f"{record_path}: no arm {missing[0]!r} for the finding {spec['claim']!r} "
+            raise ValueError(f"{where}: no arm {missing[0]!r} for the finding {spec['claim']!r} "
                              f"(arms: {', '.join(sorted(arms))})")
         a, b = arms[spec["a"]], arms[spec["b"]]
         docs_a, docs_b = [r.doc_bins(r.final) for r in a], [r.doc_bins(r.final) for r in b]
         if any(d is None for d in docs_a + docs_b):
-            raise ValueError(f"{record_path}: the finding {spec['claim']!r} needs every run's per-document record")
+            raise ValueError(f"{where}: the finding {spec['claim']!r} needs every run's per-document record")
         ci = paired_seed_difference(docs_a, docs_b, "best_context_loss", spec["a"], spec["b"], n_boot=n_boot,
                                     same_bins=all(r.ctx == a[0].ctx for r in a + b))
         curves = {f"{arm} seed {r.seed}": [e["best_context_loss"] for e in r.records]
@@ -82,11 +90,45 @@ def judge(record_path: Path, findings_path: Path = PAPER_FINDINGS, n_boot: int =
             if all(r.final.get("bayes_curve") for r in ref) else None
         finding = Finding(spec["claim"], int(spec["sign"]), {k: tuple(v) for k, v in spec["axes"].items()},
                           **{k: float(spec[k]) for k in OPTIONAL if k in spec})
-        verdict = decide(finding, [r.final["best_context_loss"] for r in a],
-                         [r.final["best_context_loss"] for r in b],
-                         (float(ci.estimate), float(ci.low), float(ci.high)), curves, gap)
-        out.append({**spec, "verdict": verdict, "difference": (float(ci.estimate), float(ci.low), float(ci.high))})
+        seeds_a, seeds_b = [r.final["best_context_loss"] for r in a], [r.final["best_context_loss"] for r in b]
+        verdict = decide(finding, seeds_a, seeds_b, (float(ci.estimate), float(ci.low), float(ci.high)), curves, gap)
+        seed = welch_interval(seeds_a, seeds_b)
+        out.append({**spec, "verdict": verdict, "difference": (float(ci.estimate), float(ci.low), float(ci.high)),
+                    "seed_interval": (seed.estimate, seed.low, seed.high), "seeds": (len(a), len(b))})
     return out
+
+
+def draw_claims(judged: list[dict], title: str):
+    """The claims themselves: one row a claim, its difference a - b of the final best-context loss with the
+    document-level paired interval (thick) and the seed-level Welch interval (thin), and the verdict with the
+    conditions that failed beside it (the claim's words say which side the paper has)."""
+    from longctx.plotting import attention_label, fill_title, new_figure
+
+    fig, ax = new_figure((10, 1.3 + 1.05 * len(judged)))
+    rows = list(range(len(judged)))[::-1]
+    for y, j in zip(rows, judged):
+        est, lo, hi = j["difference"]
+        s_est, s_lo, s_hi = j["seed_interval"]
+        ax.plot([s_lo, s_hi], [y, y], color="C0", lw=1.2, marker="|", ms=10,
+                label="seed-level 95% interval (Welch t over the seeds)" if y == rows[0] else None)
+        ax.plot([lo, hi], [y, y], color="C1", lw=5, solid_capstyle="butt", alpha=0.8,
+                label="document-level 95% paired interval (heldout documents)" if y == rows[0] else None)
+        ax.plot([est], [y], "o", color="k", ms=5, label="difference of the seed means" if y == rows[0] else None)
+        failing = j["verdict"].failing()
+        why = f"{j['verdict'].label}" + (f" ({', '.join(failing)} failed)" if failing else "")
+        ax.annotate(why, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=7)
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.set_yticks(rows)
+    ax.set_yticklabels([fill_title(f"{j['claim']} ({j['source']}): {attention_label(j['a'])} minus "
+                                   f"{attention_label(j['b'])}, {j['seeds'][0]} vs {j['seeds'][1]} seeds", 3.6, 7)
+                        for j in judged], fontsize=7)
+    ax.set_ylim(-0.7, len(judged) - 0.3)
+    ax.set_xlabel("a minus b, final best-context loss (nats/token; below 0: a lower)")
+    ax.set_title(fill_title(f"{title}: the paper's claims, each difference with its intervals and verdict", 5.5, 10),
+                 fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    fig.legend(loc="outside lower center", ncols=3, fontsize=7)
+    return fig
 
 
 def markdown(judged: list[dict]) -> str:
@@ -108,11 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("record", type=Path, help="a compact record written by longctx.report --record")
     parser.add_argument("--findings", type=Path, default=PAPER_FINDINGS, help="the claims to judge (YAML)")
     parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, help="document resamples")
+    parser.add_argument("--figure", type=Path, help="also draw the claims figure into this PNG (never overwritten)")
     args = parser.parse_args(argv)
     try:
         if not 1 <= args.bootstrap <= 100_000:
             raise ValueError(f"--bootstrap={args.bootstrap}: must be between 1 and 100000")
-        print(markdown(judge(args.record, args.findings, args.bootstrap)))
+        if args.figure is not None and args.figure.exists():
+            raise ValueError(f"--figure {str(args.figure)!r}: exists; nothing is overwritten")
+        judged = judge(args.record, args.findings, args.bootstrap)
+        print(markdown(judged))
+        if args.figure is not None:
+            from longctx.plotting import save_figure
+
+            title = json.loads(Path(args.record).read_text()).get("title", Path(args.record).stem)
+            print(save_figure(draw_claims(judged, title), args.figure))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

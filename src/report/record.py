@@ -85,8 +85,9 @@ def runs_from_record(record: dict, folder: Path) -> list[Run]:
     return runs
 
 
-def draw_record(record: dict, folder: Path, n_boot: int = 2000) -> dict:
-    """{figure kind: matplotlib figure} of the kinds the record lists (a kind with nothing to show is left out)."""
+def draw_record(record: dict, folder: Path, n_boot: int = 2000, name: str | None = None) -> dict:
+    """{figure kind: matplotlib figure} of the kinds the record lists (a kind with nothing to show is left out).
+    `claims` (the paper's claims this record tests, `longctx.report.findings`) needs the record's file name."""
     runs = runs_from_record(record, folder)
     groups = group_runs(runs)
     title = record["title"]
@@ -96,6 +97,12 @@ def draw_record(record: dict, folder: Path, n_boot: int = 2000) -> dict:
             drawn[kind] = figures.draw_icl_overlay(groups, runs, title, None, n_boot)
         elif kind == "gap_to_optimum":
             drawn[kind] = figures.draw_gap_to_optimum(groups, title, None, n_boot)
+        elif kind == "claims":
+            from longctx.report.findings import draw_claims, judge_record
+
+            if name is None:
+                raise ValueError("figures: claims needs the record's file name (its findings are keyed by it)")
+            drawn[kind] = draw_claims(judge_record(record, folder, name, n_boot=n_boot), title)
         elif kind == "recall_vs_state":
             from longctx.report.recall import draw_recall_vs_state
 
@@ -109,5 +116,5 @@ def draw_record(record: dict, folder: Path, n_boot: int = 2000) -> dict:
             if fig is not None:
                 drawn[kind] = fig
         else:
-            raise ValueError(f"figures: unknown kind {kind!r} (kinds: {', '.join(FIGURES)})")
+            raise ValueError(f"figures: unknown kind {kind!r} (kinds: {', '.join(FIGURES)}, claims)")
     return drawn
