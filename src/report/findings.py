@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from longctx.report.record import runs_from_record
+from longctx.report.runs import runs_from_record
 from longctx.report.stats import DEFAULT_BOOTSTRAP, paired_seed_difference
 from longctx.report.verdict import Finding, decide, welch_interval
 

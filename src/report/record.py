@@ -16,13 +16,12 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
 from longctx.report import figures
-from longctx.report.runs import Run, group_runs
+from longctx.report.runs import Run, group_runs, runs_from_record
 
 RECORD_KEYS = ("step", "flops", "tokens", "flops_all_stages", "tokens_all_stages", "epochs", "heldout_minus_train",
                "best_context_loss", "last10_loss", "icl_curve", "bayes_curve")
@@ -69,20 +68,6 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
         out["recall"] = recall
     path.write_text(json.dumps(out, indent=1) + "\n")
     return path
-
-
-def runs_from_record(record: dict, folder: Path) -> list[Run]:
-    """Run objects the figure functions draw, from a compact record (per-document files relative to `folder`)."""
-    runs = []
-    for entry in record["runs"]:
-        run = Run(path=Path(folder), config={"attention": {"name": entry["attention"], "tag": entry["attention"]},
-                                             "ctx": entry["ctx"]},
-                  records=entry["records"], flat={"data.heldout": re.sub(r", ctx=\d+$", "", entry["heldout"]),
-                                                 "seed": entry.get("seed")},
-                  name=entry["name"], label=entry["label"], seed_label=entry.get("seed_label", entry["label"]),
-                  status=entry.get("status", "complete"))
-        runs.append(run)
-    return runs
 
 
 def draw_record(record: dict, folder: Path, n_boot: int = 2000, name: str | None = None) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -497,3 +498,17 @@ def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
 def _hashable(value):
     """A config value as a dict key part: lists (e.g. data.state_counts) become tuples."""
     return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def runs_from_record(record: dict, folder: Path) -> list[Run]:
+    """Run objects the figure functions draw, from a compact record (per-document files relative to `folder`)."""
+    runs = []
+    for entry in record["runs"]:
+        run = Run(path=Path(folder), config={"attention": {"name": entry["attention"], "tag": entry["attention"]},
+                                             "ctx": entry["ctx"]},
+                  records=entry["records"], flat={"data.heldout": re.sub(r", ctx=\d+$", "", entry["heldout"]),
+                                                 "seed": entry.get("seed")},
+                  name=entry["name"], label=entry["label"], seed_label=entry.get("seed_label", entry["label"]),
+                  status=entry.get("status", "complete"))
+        runs.append(run)
+    return runs
