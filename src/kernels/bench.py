@@ -52,7 +52,7 @@ def make_sdpa(backend):
 
 
 def make_ours(p, impl="auto"):
-    """The public API; impl sets LONGCTX_POWER_IMPL for the call (auto: the default routing of dispatch.py, called
+    """The public API; impl sets LONGCTX_POWER_IMPL for the call (auto: the default routing of plan.py, called
     as a user would). Waits for the short-sequence C++ launcher's one-time build (native/launcher.py) first."""
     from longctx.kernels import power_attention
     from longctx.kernels.power.native import launcher as native

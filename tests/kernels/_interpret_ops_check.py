@@ -11,8 +11,9 @@ import torch  # noqa: E402
 
 from longctx.kernels.power import autograd as ops  # noqa: E402
 from longctx.kernels.power.chunk_p2 import config as p2_config  # noqa: E402
-from longctx.kernels.power.dispatch import IMPL_ENV, power_attention_cuda  # noqa: E402
-from longctx.kernels.power.interface import _check, default_chunk_size  # noqa: E402
+from longctx.kernels.power.dispatch import run  # noqa: E402
+from longctx.kernels.power.interface import _check  # noqa: E402
+from longctx.kernels.power.plan import IMPL_ENV, make_plan  # noqa: E402
 from longctx.kernels.power.autograd import attention_form  # noqa: E402
 from longctx.kernels.power.autograd import chunked_form  # noqa: E402
 
@@ -36,9 +37,8 @@ def call(form, p, norm, chunk):
     def f(q, k, v, lg):
         if form.startswith("public"):      # interface.power_attention's steps for a CUDA tensor
             _, t, _, _, d = _check(q, k, v, lg, p, None, None, norm, None)
-            c = default_chunk_size(t, p, d, True, q.dtype)
-            return power_attention_cuda(q, k, v, lg, p=p, scale=0.25, chunk_size=c, norm=norm, initial_state=None,
-                                        return_state=False)
+            plan = make_plan(t, p, d, q.dtype, "cuda", norm=norm)
+            return run(plan, q, k, v, lg, scale=0.25, norm=norm, initial_state=None, return_state=False)
         if form == "attention":
             return attention_form(q, k, v, lg, p=p, scale=0.25, norm=norm)
         return chunked_form(q, k, v, lg, p=p, scale=0.25, chunk_size=chunk, norm=norm)
@@ -69,7 +69,8 @@ def main():
             if form == "attention":
                 op = lambda q, k, v, lg: ops.attention_form_op(q, k, v, lg, 0.25, p, norm)  # noqa: E731
             elif form.startswith("chunked") and t % chunk == 0:
-                op = lambda q, k, v, lg: ops.chunked_form_op(q, k, v, lg, 0.25, p, norm, chunk)  # noqa: E731
+                family = make_plan(t, p, d, q.dtype, form="chunked").family
+                op = lambda q, k, v, lg: ops.chunked_form_op(q, k, v, lg, 0.25, p, norm, chunk, family)  # noqa: E731
             errs = {}
             if op is not None:
                 errs["op"] = max(rel(a, b) for a, b in zip(outputs(op, leaves, i), ref))
@@ -84,7 +85,8 @@ def main():
             if form == "attention":
                 torch.library.opcheck(ops._attention_fwd, (q, k, v, lg, 0.25, p, norm))
             elif chunk is not None and t % chunk == 0:
-                torch.library.opcheck(ops._chunked_fwd, (q, k, v, lg, 0.25, p, norm, chunk))
+                family = make_plan(t, p, d, q.dtype, form="chunked").family
+                torch.library.opcheck(ops._chunked_fwd, (q, k, v, lg, 0.25, p, norm, chunk, family))
         ok = max(errs.values()) <= 1e-6
         failed += not ok
         print(f"{form:12s} p={p} norm={norm} gated={gated} hq={hq} hk={hk} t={t} chunk={chunk} "

@@ -227,12 +227,12 @@ def test_chunked_pieces_equal_one_call(p, norm, dtype):
 
 def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monkeypatch):
     """t >= chunked_min_t, bf16, p=2: chunk_size=None takes the chunked form; it agrees with the attention form."""
-    from longctx.kernels.power import config, dispatch
+    from longctx.kernels.power import config, plan
     t = config.dispatch.current().chunked_min_t
-    assert dispatch.cuda_chunk_size(t, 2, 64, torch.bfloat16) == dispatch.default_chunk(2, 64, torch.bfloat16)
+    assert plan.cuda_chunk_size(t, 2, 64, torch.bfloat16) == plan.default_chunk(2, 64, torch.bfloat16)
     q, k, v, lg = make(1, t, 2, 2, 64, torch.bfloat16, True)
     y = power_attention(q, k, v, lg, p=2)
-    monkeypatch.setenv(dispatch.IMPL_ENV, "attention")
+    monkeypatch.setenv(plan.IMPL_ENV, "attention")
     y_attn = power_attention(q, k, v, lg, p=2)
     assert rel_err(y, y_attn) < 1e-2
 

@@ -142,37 +142,6 @@ def test_bad_inputs_raise_value_error(case, name):
         power_attention(**kwargs)
 
 
-def test_cuda_routing_and_impl_env(monkeypatch):
-    """Which form a stateless CUDA call with chunk_size=None takes (dispatch.py), and the override variable."""
-    from longctx.kernels.power import config, dispatch
-    cfg = config.dispatch.current()
-    long, short = cfg.chunked_min_t, cfg.chunked_min_t - 1
-    monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
-    assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) == cfg.chunk_p2        # p=2 bf16: chunked
-    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) is None                       # short: attention
-    assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) is None                         # no fast kernels
-    assert dispatch.cuda_chunk_size(long, 4, 64, torch.bfloat16) is None
-    assert dispatch.cuda_chunk_size(long, 1, 64, torch.float32) == cfg.default_chunk    # p=1: any dtype
-    linear = cfg.chunked_min_t_linear                                                      # p=1: earlier
-    assert linear < short and dispatch.cuda_chunk_size(linear, 1, 64, torch.bfloat16) == cfg.default_chunk
-    assert dispatch.cuda_chunk_size(linear - 1, 1, 64, torch.bfloat16) is None
-    assert dispatch.cuda_chunk_size(long, 2, 128, torch.bfloat16) is None                       # d=128: later
-    assert dispatch.cuda_chunk_size(cfg.chunked_min_t_wide, 2, 128, torch.bfloat16) == cfg.default_chunk
-    assert dispatch.default_chunk(2, 32, torch.bfloat16) == cfg.chunk_p2 < cfg.default_chunk
-    with config.dispatch.override(chunked_min_t=long + 1):                                 # the threshold is read
-        assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) is None                    # at each call
-    monkeypatch.setenv(dispatch.IMPL_ENV, "chunked")
-    assert dispatch.cuda_chunk_size(long, 2, 64, torch.float32) == cfg.default_chunk
-    assert dispatch.cuda_chunk_size(short, 2, 64, torch.bfloat16) == cfg.chunk_p2       # any t
-    assert dispatch.cuda_chunk_size(long, 3, 64, torch.bfloat16) is None                        # p >= 3
-    for impl in ("attention", "reference"):
-        monkeypatch.setenv(dispatch.IMPL_ENV, impl)
-        assert dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16) is None
-    monkeypatch.setenv(dispatch.IMPL_ENV, "bogus")
-    with pytest.raises(ValueError, match=dispatch.IMPL_ENV):
-        dispatch.cuda_chunk_size(long, 2, 64, torch.bfloat16)
-
-
 def test_attention_form_tiles_per_kernel():
     """Each attention-form kernel takes its own tiles: an override of one backward kernel leaves the other and the
     forward alone, "bwd" sets both, and a bad kernel name is an error naming it."""

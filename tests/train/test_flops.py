@@ -105,14 +105,15 @@ def _recurrent(h: int, d: int, D: int, normalized: bool) -> float:
 
 
 def test_dispatch_thresholds_pinned():
-    """The accounting asks the dispatch itself; pin the routing it relies on so a changed threshold shows here."""
-    from longctx.kernels.power import config, dispatch
+    """The accounting asks the routing itself (the call's plan); pin the routing it relies on so a changed threshold
+    shows here."""
+    from longctx.kernels.power import config, plan
     cfg = config.dispatch.current()
-    assert dispatch.cuda_chunk_size(cfg.chunked_min_t - 1, 2, 64, torch.bfloat16) is None
-    assert dispatch.cuda_chunk_size(cfg.chunked_min_t, 2, 64, torch.bfloat16) == cfg.chunk_p2
-    assert dispatch.cuda_chunk_size(65536, 4, 64, torch.bfloat16) is None  # p=4: always the attention form
-    assert dispatch.cuda_chunk_size(cfg.chunked_min_t_linear, 1, 64, torch.bfloat16) == cfg.default_chunk
-    assert dispatch.cuda_chunk_size(65536, 2, 64, torch.float32) is None  # p=2 outside bf16: attention form
+    assert plan.cuda_chunk_size(cfg.chunked_min_t - 1, 2, 64, torch.bfloat16) is None
+    assert plan.cuda_chunk_size(cfg.chunked_min_t, 2, 64, torch.bfloat16) == cfg.chunk_p2
+    assert plan.cuda_chunk_size(65536, 4, 64, torch.bfloat16) is None  # p=4: always the attention form
+    assert plan.cuda_chunk_size(cfg.chunked_min_t_linear, 1, 64, torch.bfloat16) == cfg.default_chunk
+    assert plan.cuda_chunk_size(65536, 2, 64, torch.float32) is None  # p=2 outside bf16: attention form
 
 
 @pytest.mark.parametrize("ctx", [1024, 4096, 6143])

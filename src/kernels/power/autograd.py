@@ -18,9 +18,10 @@ from typing import Optional
 import torch
 
 from . import gates
-from .chunk import chunked_backward, chunked_forward, state_dtype
+from .chunk import chunked_backward, chunked_forward
 from .native import launcher as native
 from .parallel import attention_backward, attention_forward
+from .plan import Plan, make_plan, state_dtype
 from .reference import PowerState, state_dim
 
 _F32 = torch.float32
@@ -86,20 +87,20 @@ def attention_form_op(q, k, v, log_g, scale: float, p: int, norm: bool) -> torch
 # chunked form (stateless; t a multiple of the chunk C: chunked_form pads before calling)
 @torch.library.custom_op("longctx::power_chunked_form_fwd", mutates_args=())
 def _chunked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Optional[torch.Tensor], scale: float,
-                 p: int, norm: bool, C: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                     torch.Tensor]:
+                 p: int, norm: bool, C: int, family: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor, torch.Tensor]:
     gl = None if log_g is None else gates.segment_scan(log_g, C)                    # chunk-local G
     y, S, Z, lse, G = chunked_forward(q.contiguous(), k.contiguous(), v.contiguous(), gl, None, None, scale, p, norm,
-                                      C)
+                                      C, family)
     return y, S, Z, lse, G.clone() if G is lse else G      # ungated and not norm: one dummy; op outputs may not alias
 
 
 @_chunked_fwd.register_fake
-def _(q, k, v, log_g, scale, p, norm, C):
+def _(q, k, v, log_g, scale, p, norm, C, family):
     b, T, hq, d = q.shape
     d = int(d)                                    # the head dim is static (kernel constexpr); state_dim caches
     hk, ds = k.shape[2], state_dim(p, d)
-    S = q.new_empty((b, hk, T // C + 1, ds, d), dtype=state_dtype(p, d, q.dtype))
+    S = q.new_empty((b, hk, T // C + 1, ds, d), dtype=state_dtype(family, q.dtype))
     Z = q.new_empty((b, hk, T // C + 1, ds), dtype=_F32)
     lse = q.new_empty((b, T, hq) if norm else (1,), dtype=_F32)
     G = q.new_empty((b, T, hk) if log_g is not None else (1,), dtype=_F32)
@@ -109,40 +110,40 @@ def _(q, k, v, log_g, scale, p, norm, C):
 @torch.library.custom_op("longctx::power_chunked_form_bwd", mutates_args=())
 def _chunked_bwd(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor,
                  S: torch.Tensor, Z: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, scale: float, p: int,
-                 norm: bool, gated: bool, C: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 norm: bool, gated: bool, C: int,
+                 family: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # the final state is not an output here: its gradients are None (zeros in the kernels' slot)
     dq, dk, dv, dgl, _, _ = chunked_backward(dy, None, None, q.contiguous(), k.contiguous(), v.contiguous(), G, S, Z,
-                                             y, lse, scale, p, norm, gated, C, False)
+                                             y, lse, scale, p, norm, gated, C, False, family)
     dlog_g = gates.segment_scan(dgl, C, reverse=True) if gated else q.new_empty(0, dtype=_F32)
     return dq, dk, dv, dlog_g
 
 
 @_chunked_bwd.register_fake
-def _(dy, q, k, v, G, S, Z, y, lse, scale, p, norm, gated, C):
+def _(dy, q, k, v, G, S, Z, y, lse, scale, p, norm, gated, C, family):
     dlog_g = G.new_empty(G.shape if gated else (0,))
     return (*(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v)), dlog_g)
 
 
 def _chunked_setup(ctx, inputs, output):
-    q, k, v, log_g, scale, p, norm, C = inputs
+    q, k, v, log_g, scale, p, norm, C, family = inputs
     y, S, Z, lse, G = output
     ctx.save_for_backward(q, k, v, G, S, Z, y, lse)
-    ctx.cfg = (scale, p, norm, log_g is not None, C)
+    ctx.cfg = (scale, p, norm, log_g is not None, C, family)
 
 
 def _chunked_grad(ctx, dy, *_unused):
     q, k, v, G, S, Z, y, lse = ctx.saved_tensors
-    scale, p, norm, gated, C = ctx.cfg
-    dq, dk, dv, dlog_g = _chunked_bwd(dy, q, k, v, G, S, Z, y, lse, scale, p, norm, gated, C)
-    return dq, dk, dv, dlog_g if gated else None, None, None, None, None
+    dq, dk, dv, dlog_g = _chunked_bwd(dy, q, k, v, G, S, Z, y, lse, *ctx.cfg)
+    return dq, dk, dv, dlog_g if ctx.cfg[3] else None, None, None, None, None, None
 
 
 _chunked_fwd.register_autograd(_chunked_grad, setup_context=_chunked_setup)
 
 
-def chunked_form_op(q, k, v, log_g, scale: float, p: int, norm: bool, C: int) -> torch.Tensor:
-    """ChunkedForm (stateless) with the chunk-local gate scan, as custom ops; t % C == 0."""
-    return _chunked_fwd(q, k, v, log_g, scale, p, norm, C)[0]
+def chunked_form_op(q, k, v, log_g, scale: float, p: int, norm: bool, C: int, family: str) -> torch.Tensor:
+    """ChunkedForm (stateless) with the chunk-local gate scan, as custom ops; t % C == 0; family: the plan's."""
+    return _chunked_fwd(q, k, v, log_g, scale, p, norm, C, family)[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -174,15 +175,18 @@ class AttentionForm(torch.autograd.Function):
         return dq, dk, dv, dlog_g, None, None, None, None
 
 
-def attention_form(q, k, v, log_g, *, p, scale, norm):
-    """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None. On CUDA the C++ node
-    (native/launcher.py) runs it once the extension is built and this specialization's kernels are known."""
-    if torch.compiler.is_compiling():      # dynamo cannot trace the launches: one opaque op per pass
+def attention_form(q, k, v, log_g, *, p, scale, norm, plan: Optional[Plan] = None):
+    """Triton attention form (no incoming/outgoing state). log_g (b,t,hk) or None. plan: the call's (power_attention
+    makes it; None: the attention form's plan for these inputs). On CUDA the C++ node (native/launcher.py) runs it once
+    the extension is built and this specialization's kernels are known."""
+    if plan is None:
+        plan = make_plan(q.shape[1], p, q.shape[-1], q.dtype, q.device.type, norm=norm, form="attention")
+    if plan.launcher == "custom_op":      # dynamo cannot trace the launches: one opaque op per pass
         return attention_form_op(q, k, v, log_g, float(scale), int(p), bool(norm))
     scale, p, norm = float(scale), int(p), bool(norm)
-    plan, record = native.lookup(q, k, v, log_g, p, norm)
-    if plan is not None:
-        return native.run(plan, q, k, v, log_g, scale, p)
+    node, record = native.lookup(q, k, v, log_g, p, norm)      # the C++ node's launch plan, once recorded
+    if node is not None:
+        return native.run(node, q, k, v, log_g, scale, p)
     return AttentionForm.apply(q, k, v, log_g, scale, p, norm, record)
 
 
@@ -196,14 +200,15 @@ def states_in_place() -> bool:
 class ChunkedForm(torch.autograd.Function):
     """(y, s_final, z_final) of power attention, chunked form. q (b,T,hq,d), k/v (b,T,hk,d) with T % C == 0
     (the caller pads with zeros), gl (b,T,hk) fp32 chunk-local cumulative log-gates or None, s0 (b,hk,D_s,d)
-    / z0 (b,hk,D_s) fp32 or None. Under torch.compile a stateless call runs as the custom ops above instead."""
+    / z0 (b,hk,D_s) fp32 or None; family: the plan's state kernels ("p2" or "generic"). Under torch.compile a
+    stateless call runs as the custom ops above instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C, want_state=True):
+    def forward(ctx, q, k, v, gl, s0, z0, scale, p, norm, C, want_state, family):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        y, S, Z, lse, G = chunked_forward(q, k, v, gl, s0, z0, scale, p, norm, C)
+        y, S, Z, lse, G = chunked_forward(q, k, v, gl, s0, z0, scale, p, norm, C, family)
         ctx.save_for_backward(q, k, v, G, S, Z, y, lse)
-        ctx.cfg = (scale, p, norm, gl is not None, C, s0 is not None)
+        ctx.cfg = (scale, p, norm, gl is not None, C, s0 is not None, family)
         # unused gradients arrive as None, not materialized zeros (the final state's: (b, hk, D_s, d) fp32)
         ctx.set_materialize_grads(False)
         if not want_state:      # a stateless call: no fp32 copy of the final state
@@ -217,15 +222,20 @@ class ChunkedForm(torch.autograd.Function):
         if dy is None:                   # only the final state was used
             dy = torch.zeros_like(saved[-2])
         grads = chunked_backward(dy, dsf, dzf, *saved, *ctx.cfg, states_in_place=states_in_place())
-        return (*grads, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None)
 
 
-def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=None, return_state=False):
+def chunked_form(q, k, v, log_g, *, p, scale, chunk_size=None, norm, initial_state=None, return_state=False,
+                 plan: Optional[Plan] = None):
     """Triton chunked form: any t (zero-padded to a multiple of the chunk), GQA, optional incoming state
     (PowerState or (s, z)), optionally returns the final PowerState (float32). Same semantics as
-    reference.power_attention_reference with the same chunk_size."""
+    reference.power_attention_reference with the same chunk_size. plan: the call's (power_attention makes it; its
+    chunk and family run); None: the chunked form's plan for these inputs and chunk_size."""
     b, t, hq, d = q.shape
-    C = min(int(chunk_size), t)
+    if plan is None:
+        plan = make_plan(t, p, d, q.dtype, q.device.type, chunk_size=chunk_size, norm=norm,
+                         state_in=initial_state is not None, state_out=return_state, form="chunked")
+    C = plan.chunk
     NC = -(-t // C)
     pad = NC * C - t
     if pad:
@@ -233,14 +243,14 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size, norm, initial_state=No
     lg = log_g
     if log_g is not None and pad:
         lg = torch.nn.functional.pad(log_g, (0, 0, 0, pad))
-    if torch.compiler.is_compiling() and initial_state is None and not return_state:
-        # dynamo cannot trace the launches: one opaque op per pass
-        y = chunked_form_op(q, k, v, lg, float(scale), int(p), bool(norm), C)
+    if plan.launcher == "custom_op":     # dynamo cannot trace the launches: one opaque op per pass
+        y = chunked_form_op(q, k, v, lg, float(scale), int(p), bool(norm), C, plan.family)
         return y[:, :t] if pad else y
     gl = None if lg is None else gates.gate_cumsum(lg, C)                            # chunk-local G
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)
-    y, s, z = ChunkedForm.apply(q, k, v, gl, s0, z0, float(scale), int(p), bool(norm), C, bool(return_state))
+    y, s, z = ChunkedForm.apply(q, k, v, gl, s0, z0, float(scale), int(p), bool(norm), C, bool(return_state),
+                                plan.family)
     y = y[:, :t] if pad else y
     return (y, PowerState(s, z)) if return_state else y

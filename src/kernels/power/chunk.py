@@ -1,7 +1,8 @@
 """Chunked form of power attention in Triton (forward + backward), with the tiled symmetric-power expansion done
 on the fly inside the matmuls ("expand-MMA": phi(K) / phi(Q) never exist in HBM): every p, dtype and head dim. Where
-the p=2 family applies (chunk_p2.applies) chunked_forward / chunked_backward hand the call to chunk_p2.forward /
-chunk_p2.backward; both compose the shared stages of chunk_stages.py (intra-chunk attention, scans, gate gradients).
+the call's plan names the p=2 family (plan.p2_family decides it) chunked_forward / chunked_backward hand the call to
+chunk_p2.forward / chunk_p2.backward; both compose the shared stages of chunk_stages.py (intra-chunk attention, scans,
+gate gradients).
 
 Math (reference.py `_block`, docs/kernels.md). Chunk n covers tokens [nC, nC + C); g = chunk-local
 cumulative log-gate (g_i = sum of log_g from the chunk start to i), gt_n = g at the chunk's last token, s = scale:
@@ -365,12 +366,6 @@ def _chunk_blocks(F, d, dot_dt):
     return 32, 32, 8, 2
 
 
-def state_dtype(p: int, d: int, dtype) -> torch.dtype:
-    """The dtype of the per-chunk states S a forward saves: bf16 where the p=2 family runs on bf16 inputs (bf16
-    matmul operands anyway; sums stay fp32 in registers), else fp32."""
-    return torch.bfloat16 if chunk_p2.applies(p, d, dtype) and dtype == torch.bfloat16 else torch.float32
-
-
 def _state_launch(p, d, dtype, device):
     """The generic state kernels' shared constexprs and launch options, and their (rows, BD, L, IDX, MULT)."""
     IDX, MULT, TILE, F, L = _tables(p, d, device)
@@ -380,12 +375,12 @@ def _state_launch(p, d, dtype, device):
     return sizes, rows, BD, L, IDX, MULT
 
 
-def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int):
+def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: int, family: str):
     """The chunked form's forward launches: (y, S, Z, lse, G) with S / Z the states entering each chunk and the
     final one (b, hk, NC+1, D_s, d) / (b, hk, NC+1, D_s), G the contiguous gl or a dummy. Arguments as
-    autograd.ChunkedForm's; q, k, v contiguous. The p=2 family (chunk_p2.applies) runs its own stages."""
+    autograd.ChunkedForm's; q, k, v contiguous. family: the plan's ("p2" runs chunk_p2's own stages)."""
     b, T, hq, d = q.shape
-    if chunk_p2.applies(p, d, q.dtype):
+    if family == "p2":
         return chunk_p2.forward(q, k, v, gl, s0, z0, scale, norm, C)
     hk, NC, dev = k.shape[2], T // C, q.device
     gated = gl is not None
@@ -413,13 +408,13 @@ def chunked_forward(q, k, v, gl, s0, z0, scale: float, p: int, norm: bool, C: in
 
 
 def chunked_backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale: float, p: int, norm: bool, gated: bool, C: int,
-                     has_s0: bool, states_in_place: bool = False):
+                     has_s0: bool, family: str, states_in_place: bool = False):
     """The chunked form's backward launches: (dq, dk, dv, dgl, ds0, dz0) from the forward's tensors
     (chunked_forward) and the gradients of y and of the final state (dsf, dzf: fp32, or None where unused: zeros).
     states_in_place: the state gradients may be written over the forward's states S (the caller will not run this
-    backward again: autograd.states_in_place); only the p=2 family does."""
+    backward again: autograd.states_in_place); only the p=2 family does. family: as chunked_forward's."""
     b, T, hq, d = q.shape
-    if chunk_p2.applies(p, d, q.dtype):
+    if family == "p2":
         return chunk_p2.backward(dy, dsf, dzf, q, k, v, G, S, Z, y, lse, scale, norm, gated, C, has_s0,
                                  states_in_place)
     hk, NC = k.shape[2], T // C

@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch
 
+from .plan import make_plan
 from .reference import PowerState, power_attention_reference, state_dim
 
 CUDA_HEAD_DIMS = (32, 64, 128)
@@ -81,19 +82,14 @@ def _check(q, k, v, log_g, p, scale, chunk_size, norm, initial_state):
 
 def default_chunk_size(t: int, p: int, d: int, on_cuda: bool, dtype=None) -> Optional[int]:
     """The form a stateless call with chunk_size=None runs for (t, p, head dim d, device, dtype): None for the
-    attention form (short sequences), else the chunk length of the chunked form. Public so that FLOP accounting
-    can charge the form that runs without knowing the dispatch.
+    attention form (short sequences), else the chunk length of the chunked form (its plan's chunk: plan.make_plan).
+    Public so that FLOP accounting can charge the form that runs without knowing the routing.
 
     Example:
         >>> default_chunk_size(65536, 2, 64, on_cuda=False)      # the CPU reference chunks long sequences
         256
     """
-    if on_cuda:
-        from .dispatch import cuda_chunk_size
-        return cuda_chunk_size(t, p, d, dtype)
-    if p >= 3 or t <= 1024:       # p>=3 states are large (D = 45k+ at d=64): stay quadratic on CPU
-        return None
-    return 256
+    return make_plan(t, p, d, dtype, "cuda" if on_cuda else "cpu", compiling=False).chunk
 
 
 def power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Optional[torch.Tensor] = None,
@@ -120,8 +116,9 @@ def power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Op
         y (b, t, hq, d) in q's dtype, or (y, PowerState) if return_state.
 
     On CUDA everything runs Triton kernels: stateless calls with chunk_size=None take the attention form, or the
-    chunked form for long bf16 p=2 sequences (dispatch.py, docs/kernels.md); chunk_size / states / decoding take
-    the chunked kernels. LONGCTX_POWER_IMPL=auto|chunked|attention|reference overrides the choice.
+    chunked form for long bf16 p=2 sequences; chunk_size / states / decoding take the chunked kernels. The route is
+    one plan per call (plan.make_plan; `python -m longctx.kernels.plan t=65536 p=2 d=64` prints it).
+    LONGCTX_POWER_IMPL=auto|chunked|attention|reference overrides the choice.
 
     Example:
         >>> q = k = v = torch.randn(1, 16, 2, 32)
@@ -130,14 +127,13 @@ def power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Op
     b, t, hq, hk, d = _check(q, k, v, log_g, p, scale, chunk_size, norm, initial_state)
     if initial_state is not None:
         initial_state = PowerState(*initial_state)
-    if chunk_size is None:
-        chunk_size = default_chunk_size(t, p, d, q.is_cuda, q.dtype)
-    if q.is_cuda:
-        from .dispatch import power_attention_cuda
-        return power_attention_cuda(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, norm=norm,
-                                    initial_state=initial_state, return_state=return_state)
-    return power_attention_reference(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, norm=norm,
-                                     initial_state=initial_state, return_state=return_state)
+    plan = make_plan(t, p, d, q.dtype, q.device.type, chunk_size=chunk_size, norm=norm,
+                     state_in=initial_state is not None, state_out=return_state)
+    if plan.form == "reference":       # CPU tensors, or LONGCTX_POWER_IMPL=reference
+        return power_attention_reference(q, k, v, log_g, p=p, scale=scale, chunk_size=plan.chunk, norm=norm,
+                                         initial_state=initial_state, return_state=return_state)
+    from .dispatch import run
+    return run(plan, q, k, v, log_g, scale=scale, norm=norm, initial_state=initial_state, return_state=return_state)
 
 
 def power_attention_step(q, k, v, state: Optional[PowerState], log_g=None, *, p=2, scale=None, norm=True):

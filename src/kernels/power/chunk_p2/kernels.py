@@ -785,8 +785,13 @@ def gluon_outer_applies(X, d: int, C: int) -> bool:
     chunk's state written there; the query side reads each forward state S_n before it writes slot n), else as
     Triton's _sym2_outer per chunk and chunk_stages' scan: bf16 on CUDA, its rows per step (gluon_outer_block) a
     multiple of 16 dividing the chunk, a Triton with its Gluon."""
+    return gluon_outer_runs(X.is_cuda, X.dtype, d, C)
+
+
+def gluon_outer_runs(on_cuda: bool, dtype, d: int, C: int) -> bool:
+    """gluon_outer_applies for inputs on CUDA (on_cuda) of `dtype` (plan.Plan.kernels asks it without tensors)."""
     bk = gluon_outer_block(d, C)[1]
-    return (X.is_cuda and X.dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0 and d in GLUON_OUTER_DIMS
+    return (on_cuda and dtype == torch.bfloat16 and bk % 16 == 0 and C % bk == 0 and d in GLUON_OUTER_DIMS
             and gluon_available())
 
 
@@ -810,7 +815,12 @@ def gluon_rows_regs(kernel: str) -> dict:
 def gluon_rows_apply(x, d: int) -> bool:
     """Whether the row-scaled kernels (query forward and backward, key dv and dk) run as their Gluon versions in
     gluon_rows: bf16 on CUDA, d = 32 or 64, a Triton with its Gluon."""
-    return x.is_cuda and x.dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
+    return gluon_rows_run(x.is_cuda, x.dtype, d)
+
+
+def gluon_rows_run(on_cuda: bool, dtype, d: int) -> bool:
+    """gluon_rows_apply for inputs on CUDA (on_cuda) of `dtype` (plan.Plan.kernels asks it without tensors)."""
+    return on_cuda and dtype == torch.bfloat16 and d in (32, 64) and gluon_available()
 
 
 def _transposed(X, T, hx, d):

@@ -1,5 +1,5 @@
-"""The p=2 chunked form as named stages, one entry per direction (chunk.py calls `forward` / `backward` where
-`applies`): the shared intra-chunk attention (chunk_stages.py), then
+"""The p=2 chunked form as named stages, one entry per direction (chunk.py calls `forward` / `backward` where the
+call's plan names this family: plan.p2_family decides it): the shared intra-chunk attention (chunk_stages.py), then
 
     forward:   update_states (outer products + scan over chunks) -> query_states (queries against each S_n)
     backward:  intra dq -> state_grads (query-side outer products + reverse scan) -> key_backward (dk, dv)
@@ -18,13 +18,6 @@ from ..chunk_stages import (gate_grads, intra_backward_dkdv, intra_backward_dq, 
 from ..reference import state_dim
 from . import config, kernels
 from .config import TILE2
-
-
-def applies(p: int, d: int, dtype) -> bool:
-    """Whether a p=2 call runs these stages (config enabled; bf16, or any dtype with config force): the one place that
-    decides it (dispatch, autograd's shapes, chunk.py)."""
-    cfg = config.current()
-    return cfg.enabled and p == 2 and d % TILE2 == 0 and (cfg.force or dtype == torch.bfloat16)
 
 
 def _copy_in_attention(x, d: int, C: int) -> bool:

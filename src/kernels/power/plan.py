@@ -1,0 +1,253 @@
+"""The route of one power-attention call, decided once. `make_plan` turns what a call is (t, p, head dim d, dtype,
+device, state in / out, chunk_size, torch.compile) into a frozen `Plan`: the form (attention, chunked or the PyTorch
+reference), the chunked form's state-kernel family (the p=2 kernels of chunk_p2/ or the generic ones of chunk.py), the
+launcher (eager autograd.Function or torch.library custom ops) and the chunk length. The entry point makes the plan;
+dispatch, autograd and chunk.py take its fields and ask nothing again. The numbers behind the choices are
+config.dispatch's (the crossings measured in docs/kernels.md); `launches()` shows what the plan launches (kernel and
+tile per stage), from the same lookups the launches make.
+
+    >>> print(make_plan(65536, 2, 64, torch.bfloat16))        # also: python -m longctx.kernels.plan t=65536 p=2 d=64
+
+`LONGCTX_POWER_IMPL=auto|chunked|attention|reference` (read once per call, here) overrides the form of a stateless
+call: `chunked` at every t for p <= 2 (A/B timing), `attention` always, `reference` the PyTorch reference on CUDA
+tensors (a debugging aid, slow and memory-hungry).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+import torch
+
+from . import config
+from .chunk_p2 import config as p2_config
+
+FORMS = ("attention", "chunked", "reference")
+FAMILIES = ("p2", "generic")
+LAUNCHERS = ("function", "custom_op", "reference")
+IMPL_ENV = "LONGCTX_POWER_IMPL"
+IMPLS = ("auto", "chunked", "attention", "reference")
+TILE2 = p2_config.TILE2
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def impl() -> str:
+    """LONGCTX_POWER_IMPL, checked."""
+    value = os.environ.get(IMPL_ENV, "auto")
+    if value not in IMPLS:
+        raise ValueError(f"{IMPL_ENV}={value!r}: expected one of {IMPLS}")
+    return value
+
+
+def p2_family(p: int, d: int, dtype) -> bool:
+    """Whether a chunked p=2 call runs the p=2 state kernels (chunk_p2/): config enabled; bf16, or any dtype with config
+    force (the interpreter tests run them in fp32); head dims of whole tiles. The one place that decides it."""
+    cfg = p2_config.current()
+    return (cfg.enabled and p == 2 and d % TILE2 == 0 and dtype is not None
+            and (cfg.force or dtype == torch.bfloat16))
+
+
+def min_chunked_t(p: int, d: int) -> int:
+    """Shortest t at which a stateless CUDA call takes the chunked form."""
+    cfg = config.dispatch.current()
+    if p == 1:
+        return cfg.chunked_min_t_linear
+    return cfg.chunked_min_t_wide if p == 2 and d >= 128 else cfg.chunked_min_t
+
+
+def default_chunk(p: int, d: int, dtype=None) -> int:
+    """The chunk length of every CUDA call that gives none (stateless or with a state): config.dispatch's chunk_p2 for
+    the p=2 family at d <= 64, else its default_chunk."""
+    cfg = config.dispatch.current()
+    if d <= 64 and p2_family(p, d, dtype):
+        return cfg.chunk_p2
+    return cfg.default_chunk
+
+
+def cuda_chunk_size(t: int, p: int, d: int, dtype=None, impl_: Optional[str] = None) -> Optional[int]:
+    """Chunk length of a stateless CUDA call with chunk_size=None, or None for the attention form: the chunked form
+    where it is the faster one, t >= min_chunked_t and either p = 1 (a d x d state: cheap at any dtype) or the p=2
+    family (bf16); else the attention form (fastest at short t; the faster form for p >= 3 and for p = 2 in fp16 /
+    fp32, where only the generic chunked kernels exist). impl_: LONGCTX_POWER_IMPL (None: read it)."""
+    impl_ = impl() if impl_ is None else impl_
+    if impl_ in ("attention", "reference"):
+        return None
+    if impl_ == "chunked" and p <= 2:
+        return default_chunk(p, d, dtype)
+    if t < min_chunked_t(p, d):
+        return None
+    if p == 1 or p2_family(p, d, dtype):
+        return default_chunk(p, d, dtype)
+    return None
+
+
+def cpu_chunk_size(t: int, p: int) -> Optional[int]:
+    """The CPU reference's chunk for a call with chunk_size=None: quadratic for short t and for p >= 3 (states of
+    D = 45k+ at d=64), else 256."""
+    return None if p >= 3 or t <= 1024 else 256
+
+
+def state_dtype(family: str, dtype) -> torch.dtype:
+    """The dtype of the per-chunk states a chunked forward saves: bf16 where the p=2 family runs on bf16 inputs (bf16
+    matmul operands anyway; sums stay fp32 in registers), else fp32."""
+    return torch.bfloat16 if family == "p2" and dtype == torch.bfloat16 else torch.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The route of one call: what it is (t .. compiling) and what runs it (form .. chunk; launches())."""
+    t: int
+    p: int
+    d: int
+    dtype: torch.dtype
+    device: str                 # "cuda" or "cpu"
+    norm: bool
+    state_in: bool
+    state_out: bool
+    compiling: bool
+    form: str                   # FORMS
+    family: str                 # the chunked form's state kernels (FAMILIES); "" for the other forms
+    launcher: str               # LAUNCHERS: custom ops under torch.compile (stateless), else autograd.Functions
+    chunk: Optional[int]        # the chunk the chunked form runs (at most t) or the reference's; None: quadratic
+
+    def launches(self) -> dict:
+        """{stage: (kernel, tile entry or None)} of what this plan launches, from the lookups the launches make (tiles
+        as (BM, BN, warps, stages[, maxnreg]), the p=2 tables' (JG, rows, ...), a Gluon row kernel's (rows, warps,
+        ring slots)). The p=2 family runs its Gluon kernels on CUDA with bf16 and a Triton that has Gluon, their
+        Triton versions elsewhere (the interpreter, fp32 under force)."""
+        from . import chunk as generic, parallel
+        from .chunk_p2 import kernels as p2_kernels
+        from .chunk_stages import state_operands
+        if self.form == "reference":
+            return {"all": ("reference.power_attention_reference", None)}
+        chunked = self.form == "chunked"
+        out = {}
+        for kernel, name in (("fwd", "_attn_fwd"), ("dq", "_attn_bwd_dq"), ("dkdv", "_attn_bwd_dkdv")):
+            dot_dt = parallel._dot_dtype(self.dtype, self.norm, kernel != "fwd")[0]
+            tile = parallel._blocks(self.d, kernel, dot_dt, chunked, None if chunked else self.t)
+            out[("intra_" if chunked else "") + kernel] = (f"parallel.{name}", tile)
+        if self.family == "generic":
+            tile = generic._chunk_blocks(generic.state_tile(self.p, self.d) ** self.p, self.d,
+                                         state_operands(self.dtype)[0])
+            out["states"] = ("chunk._update_state_fwd + chunk_stages._discumsum", tile)
+            out["query_states"] = ("chunk._query_state_fwd", tile)
+            out["state_grads"] = ("chunk._query_grad_state + chunk_stages._discumsum", tile)
+            out["query_bwd"] = ("chunk._query_state_bwd", tile)
+            out["key_bwd"] = ("chunk._update_state_bwd", tile)
+        elif self.family == "p2":
+            cfg, d, cuda = p2_config.current(), self.d, self.device == "cuda"
+            entry = p2_kernels.block_entry
+            if p2_kernels.gluon_outer_runs(cuda, self.dtype, d, self.chunk):
+                outer = ("gluon_outer (scanning)", (*p2_kernels.gluon_outer_block(d, self.chunk), cfg.outer_stages))
+            else:
+                outer = ("_sym2_outer + chunk_stages._discumsum", entry("outer", d))
+            rows = p2_kernels.gluon_rows_run(cuda, self.dtype, d)
+            out["states"] = out["state_grads"] = outer
+            out["query_states"] = (("gluon_query_fwd_rows", cfg.qfwd_block) if rows
+                                   else ("_sym2_query_fwd_rows", entry("qfwd_rows", d)))
+            if not p2_kernels.row_scaled_qbwd(d):
+                out["query_bwd"] = ("_sym2_query_bwd", entry("qbwd", d))
+            else:
+                out["query_bwd"] = (("gluon_query_bwd_rows", cfg.qbwd_block) if rows
+                                    else ("_sym2_query_bwd_rows", entry("qbwd_rows", d)))
+            if rows:
+                out["key_dk"], out["key_dv"] = ("gluon_key_dk_rows", cfg.kdk_block), ("gluon_key_dv_rows",
+                                                                                      cfg.kdv_block)
+            else:
+                out["key_dk"], out["key_dv"] = ("_sym2_key_bwd", entry("kbwd", d)), ("_sym2_key_dv_rows",
+                                                                                    entry("kdv_rows", d))
+        return out
+
+    def __str__(self) -> str:
+        names = {v: k for k, v in _DTYPES.items()}
+        name = names.get(self.dtype, str(self.dtype))
+        state = "+".join(x for x, on in (("in", self.state_in), ("out", self.state_out)) if on) or "none"
+        lines = [f"call     t={self.t} p={self.p} d={self.d} dtype={name} device={self.device} norm={self.norm} "
+                 f"state={state} compiling={self.compiling}",
+                 f"form     {self.form}" + (f" ({self.family} state kernels)" if self.family else ""),
+                 f"launcher {self.launcher}",
+                 f"chunk    {self.chunk}"]
+        if self.family:
+            lines.append(f"states   {names[state_dtype(self.family, self.dtype)]}, one per chunk")
+        lines += [f"  {stage:13s} {kernel:52s} {tile or ''}".rstrip()
+                  for stage, (kernel, tile) in self.launches().items()]
+        return "\n".join(lines)
+
+
+def make_plan(t: int, p: int, d: int, dtype, device: str = "cuda", *, chunk_size: Optional[int] = None,
+              norm: bool = True, state_in: bool = False, state_out: bool = False, compiling: Optional[bool] = None,
+              form: Optional[str] = None) -> Plan:
+    """The plan of a call on (b, t, h, d) inputs of `dtype` on `device` ("cuda" or "cpu"). chunk_size: the caller's
+    (None: the default for the shape). state_in / state_out: initial_state given / return_state. compiling: under
+    torch.compile (None: ask torch). form: "attention" or "chunked" forces that form on any device (the form
+    functions called directly, the interpreter tests); None routes as power_attention does:
+
+    * CPU tensors (or LONGCTX_POWER_IMPL=reference): the reference, chunked with chunk_size or cpu_chunk_size;
+    * CUDA, stateless, chunk_size=None: the form cuda_chunk_size picks;
+    * CUDA with chunk_size, initial_state or return_state: the chunked form, chunk default_chunk where none is given.
+
+    Example:
+        >>> make_plan(65536, 2, 64, torch.bfloat16).chunk
+        512
+    """
+    device = torch.device(device).type
+    if compiling is None:
+        compiling = torch.compiler.is_compiling()
+    stateless = not state_in and not state_out
+    chunk = chunk_size
+    if form is None:
+        if device != "cuda":
+            form, chunk = "reference", chunk if chunk is not None else cpu_chunk_size(t, p)
+        else:
+            impl_ = impl()
+            if chunk is None:
+                chunk = cuda_chunk_size(t, p, d, dtype, impl_)
+            form = ("reference" if impl_ == "reference" else "attention" if chunk is None and stateless
+                    else "chunked")
+    elif form not in ("attention", "chunked"):
+        raise ValueError(f"form={form!r}: expected 'attention', 'chunked' or None")
+    family, launcher = "", "reference"
+    if form == "attention":
+        chunk, launcher = None, "custom_op" if compiling else "function"
+    elif form == "chunked":
+        chunk = min(int(chunk or default_chunk(p, d, dtype)), t)
+        family = "p2" if p2_family(p, d, dtype) else "generic"
+        # dynamo cannot trace the launches: a stateless call under torch.compile is one opaque op per pass
+        launcher = "custom_op" if compiling and stateless else "function"
+    return Plan(t=t, p=p, d=d, dtype=dtype, device=device, norm=norm, state_in=state_in, state_out=state_out,
+                compiling=bool(compiling), form=form, family=family, launcher=launcher, chunk=chunk)
+
+
+def parse_args(argv) -> dict:
+    """make_plan's keyword arguments from 'NAME=VALUE' items: t, p, d (ints), dtype (bf16, fp16, fp32), device,
+    chunk_size, norm / state_in / state_out / compiling (0 or 1), form. Defaults: p=2, d=64, bf16 on cuda."""
+    out = dict(p=2, d=64, dtype=torch.bfloat16, device="cuda")
+    for item in argv:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{item!r}: expected NAME=VALUE")
+        if name in ("t", "p", "d", "chunk_size"):
+            out[name] = int(value)
+        elif name == "dtype":
+            if value not in _DTYPES:
+                raise ValueError(f"dtype={value!r}: expected one of {sorted(_DTYPES)}")
+            out[name] = _DTYPES[value]
+        elif name in ("norm", "state_in", "state_out", "compiling"):
+            if value not in ("0", "1"):
+                raise ValueError(f"{name}={value!r}: expected 0 or 1")
+            out[name] = value == "1"
+        elif name in ("device", "form"):
+            out[name] = value
+        else:
+            raise ValueError(f"{item!r}: no argument {name!r} (t, p, d, dtype, device, chunk_size, norm, state_in, "
+                             "state_out, compiling, form)")
+    if "t" not in out:
+        raise ValueError("t=... is required")
+    return out
+
+
+def plan_of(argv) -> Plan:
+    """make_plan of command-line items (parse_args)."""
+    kw = parse_args(argv)
+    return make_plan(kw.pop("t"), kw.pop("p"), kw.pop("d"), kw.pop("dtype"), kw.pop("device"), **kw)
