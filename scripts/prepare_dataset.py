@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-file-bytes", type=int, default=1 << 20,
                     help="--group-by package: skip larger files (mostly generated tables)")
     ap.add_argument("--no-roll", dest="rolled", action="store_false", help="store documents unrotated")
+    ap.add_argument("--pack", action="store_true",
+                    help="pack documents of any length into rows (each its tokens then EOT; not rolled; --max-docs "
+                         "counts rows); train with data.pack=true")
     ap.add_argument("--seed", type=int, default=0, help="shuffle and roll seed")
     ap.add_argument("--chunk-docs", type=int, default=2048)
     ap.add_argument("--chunk-len", type=int, default=2048)
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                         force=True)
     cfg = PrepareConfig(source=a.input, group_by=a.group_by, vocab_size=a.vocab_size, max_file_bytes=a.max_file_bytes,
                         out=a.out, doc_len=a.doc_len, heldout_frac=a.heldout_frac,
-                        heldout_docs=a.heldout_docs, tokenizer=a.tokenizer, rolled=a.rolled, seed=a.seed,
+                        heldout_docs=a.heldout_docs, tokenizer=a.tokenizer, rolled=a.rolled, pack=a.pack, seed=a.seed,
                         chunk_docs=a.chunk_docs, chunk_len=a.chunk_len, zarr_format=a.zarr_format,
                         text_field=a.text_field, split=a.split, hf_config=a.hf_config, sample_by=a.sample_by,
                         max_docs=a.max_docs, overwrite=a.overwrite, progress=not a.quiet)

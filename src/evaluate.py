@@ -4,6 +4,7 @@
     python -m longctx.evaluate RUN_DIR --ctx 65536 data=longcrawl64 data.path=/data/lc64 --docs 16 --out lc64.json
     python -m longctx.evaluate RUN_DIR --task passkey --contexts 1024,4096 --depths 0,0.5,1 --trials 20
     python -m longctx.evaluate RUN_DIR --task needle
+    python -m longctx.evaluate RUN_DIR --harness --tasks heldout,passkey     # lm-eval-harness (longctx.hf.harness)
 
 The heldout task (default) writes FILE.json (the per-position heldout loss, the binned ICL curve, best-context loss,
 last-10% loss, and the Bayes-optimal curve where the data has one), FILE.npz (each document's binned loss, the
@@ -31,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from longctx import provenance
 from longctx.data import dataset_info, heldout_batch
+from longctx.data.longcrawl64 import joined_documents
 from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, eval_line, retrieval_line,
                           run_retrieval, write_doc_record)
 from longctx.eval.loss import model_device
@@ -82,6 +84,8 @@ def depth_list(text: str | None) -> list[float] | None:
 
 def outputs_of(path: Path, task: str) -> list[Path]:
     """Every file an evaluation writes for the JSON `path`."""
+    if task == "harness":  # the results, and the folder of the export and the tasks lm-eval read
+        return [path, path.with_suffix("")]
     return [path, path.with_suffix(".png")] + ([path.with_suffix(".npz")] if task == "heldout" else [])
 
 
@@ -347,8 +351,11 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     documents = None
     if task == "needle":
         available = dataset_info(splits.heldout_path)["num_docs"]
-        documents = heldout_batch(str(splits.heldout_path), max(contexts), min(available, 2 * trials + 16))
-        documents = documents["targets"].numpy()
+        if dataset_info(splits.heldout_path)["packed"]:  # rows of several documents: haystacks of their text alone
+            documents = joined_documents(str(splits.heldout_path), max(contexts), min(available, 2 * trials + 16))
+        else:
+            documents = heldout_batch(str(splits.heldout_path), max(contexts), min(available, 2 * trials + 16))
+            documents = documents["targets"].numpy()
     out = out or default_out(run_dir, f"{task}-step{model.checkpoint_step}", task)
     start = time.perf_counter()
     with command_progress(len(contexts), task, "context") as progress:
@@ -419,6 +426,39 @@ def log_to_run_wandb(run_dir: Path, run_cfg: DictConfig, record: dict, png: Path
     return str(where)
 
 
+# ----- lm-eval-harness ------------------------------------------------------------------------------------
+def evaluate_harness(run_dir: str | Path, tasks: str | None = None, out: str | Path | None = None,
+                     data_overrides=(), step: int | None = None, device: str = "auto", limit: int | None = None,
+                     **options) -> dict:
+    """Export the run, write its lm-eval tasks (longctx.hf.harness: `options` are its generate's) and run lm-eval on
+    them; writes lm-eval's results as the JSON (`out`, default a new file in RUN_DIR/eval/) and keeps the export and
+    the tasks in the folder of the same name beside it. Returns the record."""
+    if data_overrides:
+        raise ValueError(f"{data_overrides[0]}: --harness reads the run's own data (or --text FILE)")
+    positive_int("--step", step, least=0)
+    positive_int("--limit", limit)
+    device = check_device(device)
+    out = check_out(str(out), "harness") if out is not None else None
+    run_dir = Path(run_dir).expanduser()
+    try:
+        from longctx.hf.configuration import require
+        require("lm_eval", what="longctx.evaluate --harness")
+        from longctx.hf.harness import evaluate_run
+    except ImportError as err:  # the hf extra is not installed: one line naming it
+        raise ValueError(str(err)) from None
+    from longctx.runs import pick_checkpoint
+
+    step = pick_checkpoint(run_dir, step)[0]
+    out = out or default_out(run_dir, f"harness-step{step}", "harness")
+    start = time.perf_counter()
+    record = {"run_dir": str(run_dir), "step": step,
+              **evaluate_run(run_dir, out.with_suffix(""), tasks, step=step, device=device, limit=limit, **options),
+              "seconds": round(time.perf_counter() - start, 2)}
+    with records_whole([out]):
+        write_json(out, record)
+    return record | {"out": str(out)}
+
+
 # ----- command line ---------------------------------------------------------------------------------------
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m longctx.evaluate", description=__doc__.split("\n\n")[0])
@@ -444,10 +484,34 @@ def parse_args(argv):
     ret.add_argument("--digits", type=int, default=5, help="symbols per key (default 5)")
     ret.add_argument("--seed", type=int, default=0, help="seed of the keys and of an id alphabet (default 0)")
     ret.add_argument("--no-wandb", action="store_true", help="do not add the result to the run's wandb run")
+    harness = parser.add_argument_group("lm-eval-harness (--harness: needs pip install 'longctx[hf]')")
+    harness.add_argument("--harness", action="store_true", help="export the run, write its lm-eval tasks and run "
+                         "lm-eval on them (docs/huggingface.md); takes --docs, --bins, --contexts, --depths, "
+                         "--trials, --digits, --seed")
+    harness.add_argument("--tasks", help="harness tasks, comma-separated: heldout, passkey, needle, mqar (default: "
+                         "heldout, passkey, needle; heldout, mqar for an MQAR run)")
+    harness.add_argument("--text", help="a UTF-8 text file as the harness's documents (default: the heldout split)")
+    harness.add_argument("--limit", type=int, help="lm-eval's limit: the first LIMIT documents of each task")
     return parser.parse_intermixed_args(argv)
 
 
 def run_command(args) -> dict:
+    if not args.harness:
+        given = [flag for flag, value in (("--tasks", args.tasks), ("--text", args.text), ("--limit", args.limit))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{given[0]}: an option of --harness")
+    if args.harness:
+        if args.task != "heldout" or args.ctx is not None:
+            raise ValueError("--harness: runs its own --tasks (give no --task, --ctx)")
+        if args.micro_docs is not None or args.precision != "auto":  # lm-eval: one document a forward, fp32
+            raise ValueError(f"{'--micro-docs' if args.micro_docs is not None else '--precision'}: not an option of "
+                             f"--harness")
+        options = {k: v for k, v in (("docs", args.docs), ("bins", args.bins)) if v is not None}
+        return evaluate_harness(args.run_dir, args.tasks, args.out, args.overrides, step=args.step,
+                                device=args.device, limit=args.limit, text=args.text,
+                                contexts=int_list("--contexts", args.contexts), depths=depth_list(args.depths),
+                                trials=args.trials, digits=args.digits, seed=args.seed, **options)
     if args.task == "heldout":
         given = [flag for flag, value in (("--contexts", args.contexts), ("--depths", args.depths)) if value]
         if given:
@@ -482,7 +546,11 @@ def main(argv=None) -> int:
         differs = {}
     for key, (then, now) in differs.items():  # a result today may owe something to code the run was not trained with
         print(f"note: the run was trained with {key}={then}; this evaluation runs {now}")
-    if rec["task"] == "heldout":
+    if rec["task"] == "harness":
+        from longctx.hf.harness import result_lines
+        print("\n".join(f"step {rec['step']}, {line}" for line in result_lines(rec)))
+        print(f"wrote {out} (lm-eval's results); the export and the tasks: {out.with_suffix('')}")
+    elif rec["task"] == "heldout":
         print(f"step {rec['step']} at ctx {rec['ctx']} (trained at {rec['train_ctx']}), {rec['docs']} docs: "
               f"{eval_line(rec)}")
         print(f"wrote {out}, {out.with_suffix('.npz')} and {out.with_suffix('.png')}")

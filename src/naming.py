@@ -30,7 +30,7 @@ NOT_IN_SUFFIX = (
     "run_dir", "cache_dir", "device", "experiment", "hydra.", "logger.", "trainer.max_steps", "trainer.eval_every",
     "trainer.resume", "trainer.num_threads", "trainer.compile", "trainer.keep_checkpoints", "trainer.micro_docs",
     "trainer.activation_checkpointing", "trainer.icl_bins", "trainer.on_nonfinite", "trainer.max_skipped_steps",
-    "trainer.flops_budget",
+    "trainer.flops_budget", "trainer.context_parallel",
 )
 # Keys of NOT_IN_SUFFIX that name the jobs of a sweep over them (a run length: each value its own run)
 SWEEP_NAMED = ("trainer.max_steps", "trainer.flops_budget")

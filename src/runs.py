@@ -11,7 +11,8 @@ config take their defaults. Checkpoints are read by train/checkpoint.py (no code
 skipped with a warning when no step is asked for). A checkpoint that is not the run's model (copied in from another
 run: its config differs from config.yaml in a key that defines the model, or its weights from the model built) or
 whose weights are not finite is refused, naming the file and the key or tensor: evaluate and generate load through
-here.
+here. A step kept only as its safetensors weights (checkpoints/step_XXXXXXXX.safetensors, a run folder shared without
+its pickled checkpoints) loads from them; where both files are there the .pt is read.
 """
 from __future__ import annotations
 
@@ -39,19 +40,27 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path, dict]:
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r} does not exist")
     found = ckpt.list_checkpoints(run_dir)
-    if not found:
+    # steps kept only as safetensors weights (a run folder shared without its pickled checkpoints)
+    pt_steps = {s for s, _ in found}
+    weights_only = [(s, p) for s, p in ckpt.list_weights(run_dir) if s not in pt_steps]
+    if not found and not weights_only:
         raise RunError(f"{run_dir} holds no checkpoint (looked in {ckpt.checkpoint_dir(run_dir)}); a run writes one "
                        f"at every evaluation (trainer.eval_every)")
     try:
-        if step is None:
+        if step is None and (not weights_only or found and found[-1][0] > weights_only[-1][0]):
             return ckpt.read_newest(found, ("model",), log.warning)
+        if step is None:
+            step = weights_only[-1][0]
         for s, path in found:
             if s == step:
                 return s, path, ckpt.read(path, ("model",))
+        for s, path in weights_only:
+            if s == step:
+                return s, path, ckpt.read_weights(path)
     except ckpt.CheckpointError as err:
         raise RunError(str(err)) from None
     raise RunError(f"step={step}: {run_dir} has no checkpoint of that step; it has steps "
-                   f"{', '.join(str(s) for s, _ in found)}")
+                   f"{', '.join(str(s) for s, _ in sorted(found + weights_only))}")
 
 
 def run_config(run_dir: Path, state: dict) -> DictConfig:

@@ -3,7 +3,7 @@ nvidia backend + the bundled ptxas), and print shared memory, registers and spil
 TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows, before any device time.
 
     python tools/compile_check.py 2,64,bf16 4,64,fp32      # p,d,dtype ...
-    python tools/compile_check.py sym2,64                  # the p=2 kernels (chunk_p2.config.BLOCKS)
+    python tools/compile_check.py sym2,64                  # the p=2 kernels (the tunables table's sym2_* rows)
     python tools/compile_check.py attn,2,64,bf16           # the attention form (p,d,dtype)
     python tools/compile_check.py decode,2,64,bf16         # the fused decoding step (p,d,dtype of q/k/v; fp32 state)
     python tools/compile_check.py --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
@@ -38,9 +38,11 @@ from longctx.kernels.power import config as power_config
 from longctx.kernels.power import decode_kernel as dk
 from longctx.kernels.power import gates
 from longctx.kernels.power import parallel as ta
+from longctx.kernels.power import tunables
 from longctx.kernels.power.chunk_p2 import config as p2cfg
 from longctx.kernels.power.chunk_p2 import kernels as s2
 
+SYM2_KERNELS = ("outer", "qbwd", "kbwd", "qfwd_rows", "kdv_rows", "qbwd_rows")   # chunk_p2.kernels.block_entry's
 H100_SHARED = 232448        # bytes of shared memory a block may use on sm_90
 
 
@@ -157,8 +159,9 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
     {'bf16','fp16','fp32'}); returns [(name, shared bytes, registers, spill stack bytes)]."""
     tile = tc.state_tile(p, d)
     F = tile ** p
-    sdt, prec = (tl.bfloat16, "tf32") if dtype == "bf16" else (tl.float32, "tf32x3")
-    rows, BD, warps, stages = tc._chunk_blocks(F, d, sdt)
+    torch_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    sdt, prec = chunk_stages.state_operands(torch_dt)
+    rows, BD, warps, stages = tunables.TABLE[tc.state_tile_key(p, d, torch_dt)]
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     base = dict(D=d, P=p, TILE=tile, F=F, C=chunk, GATED=gated, DOT_DT=sdt, PREC=prec)
     ints = {n: "i32" for n in ("T", "NC", "DS", "L", "NU", "M")} | {"scale_p": "fp32"}
@@ -197,7 +200,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     for fn, kernel, ptrs in ((ta._attn_fwd, "fwd", {"Q": io, "K": io, "V": io, "O": io}),
                              (ta._attn_bwd_dkdv, "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
                              (ta._attn_bwd_dq, "dq", {"Q": io, "K": io, "V": io, "DO": io, "O": io})):
-        cfg = ta._launch_cfg(d, kernel, *ta._dot_dtype(torch_dt, norm, kernel != "fwd"), chunked=xt)
+        cfg = ta.launch_config(d, kernel, *ta.dot_dtype(torch_dt, norm, kernel != "fwd"), chunked=xt)
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
         if kernel == "dq":
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
@@ -337,9 +340,9 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
                      dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=cfg.norm_sums_bk, WEIGHTED=not keys,
                           CPP=s2.norm_sums_chunks(chunk, 65536 // chunk)),
-                     p2cfg.NORM_SUMS_WARPS if d <= 64 else 8, p2cfg.NORM_SUMS_STAGES, arch)
+                     *s2.norm_sums_options(d).values(), arch)
         out.append((f"_norm_chunk_sums{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
-        bi = min(p2cfg.NORM_SCAN_BI, d)
+        bi = s2.norm_scan_rows(d)
         k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
                      ints, dict(HK=hk, D=d, C=chunk, NT=d // s2.TILE2, TW=s2.TILE2, BI=bi, KEYS=keys, GATED=True,
                                 DU_MULT=not keys, SUMS=True, AHEAD=cfg.norm_scan_ahead), 4, 3,
@@ -392,7 +395,7 @@ def main(argv):
         PTX_TAG = case.replace(",", "-")
         if case.startswith("sym2"):
             d = int(case.split(",")[1])
-            print(f"sym2 d={d} {p2cfg.BLOCKS_WIDE if d >= 128 else p2cfg.BLOCKS}", flush=True)
+            print(f"sym2 d={d} {({k: s2.block_entry(k, d) for k in SYM2_KERNELS})}", flush=True)
             for name, shared, regs, stack in compile_sym2(d):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
                 if loops:

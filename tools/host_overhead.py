@@ -56,7 +56,7 @@ def main():
     G = gate_cumsum(lgd)
     o = torch.empty_like(qd)
     lse = torch.empty(qd.shape[:3], device="cuda")
-    BM, BN, w, s, *_ = ta._blocks(64, "fwd", triton.language.bfloat16)
+    BM, BN, w, s, *_ = ta.blocks(64, "fwd", triton.language.bfloat16)
 
     def raw_launch():
         ta._attn_fwd[(triton.cdiv(args.t, BM), 96)](qd, kd, vd, G, o, lse, 0.125, 0.0156, args.t, HQ=12, HK=12, D=64,
@@ -74,8 +74,10 @@ def main():
         run_once(ours, q, k, v, lg, True)
 
     cudnn = make_sdpa("cudnn")
-    from longctx.kernels.power.interface import _check
+    from longctx.kernels.power.interface import check_inputs
+    from longctx.kernels.power.plan import make_plan
     scale = 64 ** -0.5
+    plan = make_plan(args.t, 2, 64, q.dtype, "cuda", form="attention")
     o_, lse_, G_ = ta.attention_forward(qd, kd, vd, lgd, scale, 2, True)
     do_ = torch.ones_like(o_)
 
@@ -86,12 +88,12 @@ def main():
         ta.attention_backward(do_, qd, kd, vd, G_, o_, lse_, scale, 2, True, True)
 
     def form_apply():            # the autograd node's forward (graph recorded, no backward)
-        autograd.AttentionForm.apply(q, k, v, lg, scale, 2, True)
+        autograd.python_node(plan, q, k, v, lg, scale)
 
     extra_ = lgd.clone()
 
     def form_fwd_bwd():          # the autograd node directly (no checks, no dispatch)
-        y = autograd.AttentionForm.apply(q, k, v, lg, scale, 2, True)
+        y = autograd.python_node(plan, q, k, v, lg, scale)
         y.backward(torch.ones_like(y))
 
     def empty_fwd_bwd():          # the floor of a Python autograd node over the same four leaves
@@ -131,11 +133,11 @@ def main():
     for name, fn in (("torch.empty_like", empty_like), ("gate_cumsum", lambda: gate_cumsum(lgd)),
                      ("segment_scan fwd", lambda: gates.segment_scan(lgd, args.t)),
                      ("segment_scan reverse + extra", scan_rev),
-                     ("_check", lambda: _check(q, k, v, lg, 2, None, None, True, None)),
+                     ("check_inputs", lambda: check_inputs(q, k, v, lg, 2, None, None, True, None)),
                      ("attention_forward raw", attn_fwd_raw), ("attention_backward raw", attn_bwd_raw),
-                     ("AttentionForm.apply (grad, no backward)", form_apply),
+                     ("python_node (grad, no backward)", form_apply),
                      ("_attn_fwd launch", raw_launch), ("power_attention fwd (no grad)", fwd_nograd),
-                     ("fwd+bwd", fwd_bwd), ("AttentionForm.apply fwd+bwd", form_fwd_bwd),
+                     ("fwd+bwd", fwd_bwd), ("python_node fwd+bwd", form_fwd_bwd),
                      ("empty autograd node fwd+bwd (4 leaves)", empty_fwd_bwd),
                      ("raw backward inside an autograd node", raw_inside_fwd_bwd),
                      ("raw fwd + raw bwd, main thread", raw_fwd_then_bwd), ("SDPA cuDNN fwd+bwd", cudnn_fwd_bwd),

@@ -14,7 +14,8 @@ import torch
 from longctx.kernels.power import gates
 from longctx.kernels.power import autograd
 from longctx.kernels.power import parallel as ta
-from longctx.kernels.power.interface import _check
+from longctx.kernels.power.interface import check_inputs
+from longctx.kernels.power.plan import make_plan
 
 
 class EmptyNode(torch.autograd.Function):
@@ -59,8 +60,10 @@ def main():
     o, lse, G = ta.attention_forward(qd, kd, vd, lgd, scale, 2, True)
     do = torch.ones_like(o)
 
+    plan = make_plan(t, 2, d, q.dtype, "cuda", form="attention")
+
     def form_fwd_bwd():
-        autograd.AttentionForm.apply(q, k, v, lg, scale, 2, True).backward(do)
+        autograd.python_node(plan, q, k, v, lg, scale).backward(do)
 
     def empty_fwd_bwd():
         EmptyNode.apply(q, k, v, lg).backward(do)
@@ -68,8 +71,8 @@ def main():
     def cpp_fwd_bwd():
         (q * 1.0).backward(do)
 
-    pieces = (("_check", lambda: _check(q, k, v, lg, 2, None, None, True, None)),
-              ("_launch_cfg", lambda: ta._launch_cfg(d, "dkdv", *ta._dot_dtype(q.dtype, True, True))),
+    pieces = (("check_inputs", lambda: check_inputs(q, k, v, lg, 2, None, None, True, None)),
+              ("launch_config", lambda: ta.launch_config(d, "dkdv", *ta.dot_dtype(q.dtype, True, True))),
               ("attention_forward, no launches", lambda: ta.attention_forward(qd, kd, vd, lgd, scale, 2, True)),
               ("attention_backward, no launches",
                lambda: ta.attention_backward(do, qd, kd, vd, G, o, lse, scale, 2, True, True)),

@@ -11,6 +11,7 @@ Attributes we read when present (all optional; real LongCrawl64 has none):
     generator     dict of the parameters that generated the data (synthetic datasets)
     tokenizer     name of the tokenizer (prepared datasets)
     rolled        whether each document was cyclically rotated by a random offset (LongCrawl64: true)
+    packed        rows of packed variable-length documents, each its tokens then bos_id (prepare_dataset --pack)
     bayes_nll     path, relative to the array's parent folder, of a float32 [num_docs, doc_len] array
                   holding the Bayes-optimal per-token NLL of this split
 """
@@ -95,6 +96,7 @@ def info(arr: zarr.Array) -> dict:
         "vocab_size": int(attrs.get("vocab_size", GPT2_VOCAB)),
         "max_token_id": attrs.get("max_token_id"),
         "rolled": attrs.get("rolled"),
+        "packed": bool(attrs.get("packed", False)),
         "tokenizer": attrs.get("tokenizer"),
         "generator": attrs.get("generator"),
         "bayes_nll": None,

@@ -45,6 +45,14 @@ def _bos(bos_id, arr) -> int:
     return int(bos_id)
 
 
+def packed_doc_ids(inputs, bos_id: int):
+    """Packed rows (prepare_dataset --pack): each document is stored as its tokens then the EOT/BOS id, so in the
+    inputs (targets shifted right, bos at position 0) every document starts at a bos. (n, T) -> (n, T) int64
+    numbering the documents of each row, 0 first (numpy or torch in, the same out)."""
+    starts = inputs == bos_id
+    return starts.cumsum(1) - 1
+
+
 def _shift_right(targets: np.ndarray, bos_id: int) -> np.ndarray:
     """(n, T) -> (n, T): inputs[:, 0] = bos_id, inputs[:, t] = targets[:, t - 1]."""
     inputs = np.empty_like(targets)
@@ -65,6 +73,9 @@ class LongCrawl64:
         reshape_block: None, or K dividing T: the paper's "no long context" ablation. The same
             `B x T` rectangles are read, then each row is cut into T/K rows of K tokens, each with bos at
             position 0; batches are `(B/W * T/K, K)`.
+        packed: the array holds packed documents (prepare_dataset --pack): each batch also carries
+            `doc_ids` (packed_doc_ids). A column after the first starts inside a document: that part of it is
+            a document of the batch, from its bos on, as the unpacked reader's columns are.
         prefetch: batches assembled ahead by the background thread. Default 2.
         max_block_bytes: cap on one cached block (this rank's rows of a chunk-row x one column). Default 512 MiB.
         num_threads: threads decoding blocks. Default 2.
@@ -83,8 +94,10 @@ class LongCrawl64:
 
     def __init__(self, path, context_length: int, docs_per_batch: int, rank: int = 0, world_size: int = 1, *,
                  bos_id: int | None = None, reshape_block: int | None = None, prefetch: int = 2,
-                 max_block_bytes: int = 512 << 20, num_threads: int = 2, vocab_limit: int | None = None):
+                 max_block_bytes: int = 512 << 20, num_threads: int = 2, vocab_limit: int | None = None,
+                 packed: bool = False):
         self.array = open_tokens(path)
+        self.packed = bool(packed)
         self.path = str(path)
         T = _positive_int("context_length (ctx)", context_length)
         B = _positive_int("docs_per_batch", docs_per_batch)
@@ -199,7 +212,10 @@ class LongCrawl64:
         if self.reshape_block is not None:
             targets = targets.reshape(-1, self.reshape_block)
         inputs = _shift_right(targets, self.bos_id)
-        return {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets)}
+        batch = {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets)}
+        if self.packed:
+            batch["doc_ids"] = torch.from_numpy(packed_doc_ids(inputs, self.bos_id))
+        return batch
 
     # blocks: key (c, i_col) -> this rank's rows of documents [c*S, (c+1)*S) x column i_col
     def _block_keys(self, batches: np.ndarray) -> list[tuple[int, int]]:
@@ -320,13 +336,14 @@ class LongCrawl64:
 
 
 def heldout_batch(path, context_length: int, num_docs: int, *, bos_id: int | None = None,
-                  field: str = "data.path") -> dict:
+                  field: str = "data.path", packed: bool = False) -> dict:
     """The fixed evaluation subset: the first `num_docs` documents, positions [0, context_length).
 
     Returns dict(inputs=int64 (num_docs, T), targets=int64 (num_docs, T), bayes_nll=float32 (num_docs, T)
     or None). `bayes_nll` is the Bayes-optimal per-token NLL (nats) when the dataset has one (the
     array's `bayes_nll` attribute names it; the in-context Markov dataset does). A missing or undecodable chunk
-    raises `ChunkError` naming it.
+    raises `ChunkError` naming it. packed: rows of packed documents (prepare_dataset --pack): the batch also
+    holds `doc_ids` (n, T) int64 (packed_doc_ids).
     """
     arr = open_tokens(path, field=field)
     T = _positive_int("context_length (ctx)", context_length)
@@ -345,10 +362,30 @@ def heldout_batch(path, context_length: int, num_docs: int, *, bos_id: int | Non
         nll = read_region(zarr.open_array(str(bp), mode="r"), slice(0, n), slice(0, T), field=f"{field} (bayes_nll)")
         bayes = torch.from_numpy(np.asarray(nll, dtype=np.float32))
     batch = {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets), "bayes_nll": bayes}
+    if packed:
+        batch["doc_ids"] = torch.from_numpy(packed_doc_ids(inputs, _bos(bos_id, arr)))
     queries = array_attrs(arr).get("queries")  # recall data (MQAR): where its answers are, measured there only
     if queries is not None:
         batch.update(_queries(arr, queries, n, T, field))
     return batch
+
+
+def joined_documents(path, length: int, num_rows: int, *, field: str = "data.path") -> np.ndarray:
+    """A packed split's documents (prepare_dataset --pack) joined without their EOT/BOS ids and cut into up to
+    `num_rows` rows of `length` tokens (fewer where the split runs out): int64 text holding no document boundary,
+    e.g. the needle task's haystacks, which a model trained on packed rows reads as one document."""
+    arr = open_tokens(path, field=field)
+    bos = _bos(None, arr)
+    N, L = (int(s) for s in arr.shape)
+    need = _positive_int("length", length) * _positive_int("num_rows", num_rows)
+    parts, have, r = [], 0, 0
+    while have < need and r < N:
+        step = max(1, -(-(need - have) // L))  # rows that would do if they held no EOT
+        block = read_region(arr, slice(r, min(N, r + step)), slice(0, L), field=field).reshape(-1)
+        parts.append(block[block != bos])
+        have, r = have + len(parts[-1]), r + step
+    flat = np.concatenate(parts)[:min(have, need) // length * length]
+    return flat.astype(np.int64).reshape(-1, length)
 
 
 def _queries(arr, name: str, n: int, T: int, field: str) -> dict:

@@ -20,6 +20,15 @@ EOT/BOS id appended, and is then rotated left by a random offset k, so the store
 `doc[k:] + [EOT] + doc[:k]`-shaped: the document's start sits at a uniformly random position and the EOT
 marks the seam. `rolled=False` stores the first `doc_len` tokens as they are.
 
+Pack (`pack=True`, group_by="file"): documents of any length instead of those of at least `doc_len` tokens. Each
+non-empty document becomes its first `doc_len - 1` tokens then the EOT/BOS id, and documents are laid one after
+another into rows of `doc_len` tokens; one that does not fit in what is left of a row is cut at the row's end (the
+rest dropped) and the next starts a new row, so every row starts with a document's first token and no document
+spans two rows. Rows are not rolled. In the inputs (targets shifted right, BOS first) every document then starts at
+a BOS: the loader's `data.pack=true` numbers them (`longcrawl64.packed_doc_ids`) and the models keep them apart.
+The heldout split is whole rows; a last row that the documents do not fill is dropped. The arrays' `packed`
+attribute records it.
+
 Safety: every argument and path is checked before any work. The output is built in a hidden temporary folder
 beside `out` and renamed into place; `overwrite` replaces only a folder that this module wrote (its
 `prepare.json` manifest lists every entry, and the folder holds nothing else), and never one that is, contains
@@ -231,6 +240,7 @@ class PrepareConfig:
     group_by: str = "file"           # file | package (longctx.data.corpus)
     vocab_size: int = 16384          # of the bpe tokenizer
     max_file_bytes: int = 1 << 20    # group_by=package: larger files are skipped
+    pack: bool = False               # rows of packed variable-length documents (module docstring)
     inputs: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self):
@@ -269,6 +279,11 @@ def check_config(cfg: PrepareConfig) -> Path:
         raise ValueError(f"group_by (--group-by): must be file or package, got {cfg.group_by!r}")
     if cfg.sample_by not in ("document", "paragraph", "line"):
         raise ValueError(f"sample_by (--sample-by): must be document, paragraph or line, got {cfg.sample_by!r}")
+    if not isinstance(cfg.pack, bool):
+        raise ValueError(f"pack (--pack): must be true or false, got {cfg.pack!r}")
+    if cfg.pack and cfg.group_by != "file":
+        raise ValueError(f"pack (--pack): needs --group-by file (documents of their own lengths); got --group-by "
+                         f"{cfg.group_by}")
     if cfg.tokenizer == "bpe" and cfg.group_by != "package":
         raise ValueError("tokenizer=bpe: needs --group-by package (the tokenizer is trained on the training split, "
                          "which that mode fixes before tokenizing)")
@@ -380,7 +395,9 @@ def _prepare_files(tmp: Path, sources, tok, cfg: PrepareConfig, skipped: list) -
     flat = tmp / "kept.tokens"
     texts = (t for it, _ in sources for t in it)
     described = "; ".join(d for _, d in sources)
-    seen, kept = _tokenize_to_flat(texts, tok, cfg, flat)
+    seen, kept, packed = (_pack_to_flat if cfg.pack else _tokenize_to_flat)(texts, tok, cfg, flat)
+    if kept == 0 and cfg.pack:
+        raise ValueError(f"no document of {described} holds a token ({seen} documents read)")
     if kept == 0:
         raise ValueError(f"no document of {described} has >= doc_len={cfg.doc_len} tokens "
                          f"({seen} documents read, tokenizer {tok.name})")
@@ -393,10 +410,61 @@ def _prepare_files(tmp: Path, sources, tok, cfg: PrepareConfig, skipped: list) -
     summary = _shuffle_roll_write(tmp, flat, kept, order[:n_held], order[n_held:], tok, cfg, described)
     flat.unlink()
     summary.update(documents_read=seen, documents_kept=kept, files_not_utf8=skipped)
+    if cfg.pack:  # documents_kept counts rows; these the documents packed into them
+        summary.update(packed_documents=packed)
     return summary
 
 
-def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, int]:
+def _pack_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, int, int]:
+    """pack=True: every non-empty document (its first doc_len - 1 tokens, then EOT) laid into rows of doc_len
+    tokens, cut at a row's end (module docstring). Returns (documents read, rows written, documents packed)."""
+    L = cfg.doc_len
+    cut = _prefix_chars(L)
+    seen = rows = docs = 0
+    row, fill = np.empty(L, dtype=_dtype(tok)), 0
+    bar = tqdm(desc="tokenizing", unit="doc", disable=not cfg.progress)
+    with open(flat, "wb") as f, bar:
+        batch: list[str] = []
+
+        def flush() -> bool:
+            """Pack the batch; False once max_docs rows are written."""
+            nonlocal rows, docs, fill
+            for text, ids in zip(batch, tok.encode_batch([t[:cut] for t in batch])):
+                if len(ids) < L - 1 and len(text) > cut:  # unusually long tokens: tokenize the whole text
+                    ids = tok.encode_batch([text])[0]
+                if len(ids) == 0:
+                    continue
+                doc = np.append(np.asarray(ids[:L - 1]), tok.eot_id)
+                n = min(len(doc), L - fill)
+                row[fill:fill + n] = doc[:n]
+                fill += n
+                docs += 1
+                if fill == L:
+                    f.write(row.tobytes())
+                    rows, fill = rows + 1, 0
+                    if cfg.max_docs is not None and rows >= cfg.max_docs:
+                        return False
+            batch.clear()
+            bar.set_postfix(rows=rows)
+            return True
+
+        for text in texts:
+            seen += 1
+            bar.update(1)
+            if text.strip():
+                batch.append(text)
+            if len(batch) >= cfg.batch_docs and not flush():
+                return seen, rows, docs
+        flush()  # a last row left partly filled is dropped (padding would be documents of EOT alone)
+    return seen, rows, docs - (fill > 0) * _docs_in(row[:fill], tok.eot_id)
+
+
+def _docs_in(tokens: np.ndarray, eot_id: int) -> int:
+    """Documents that begin in a packed row's first tokens (each ends at an EOT, the last one maybe cut)."""
+    return int((tokens == eot_id).sum()) + int(len(tokens) > 0 and tokens[-1] != eot_id)
+
+
+def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, int, int]:
     L = cfg.doc_len
     seen = kept = 0
     cut = _prefix_chars(L)
@@ -432,7 +500,7 @@ def _tokenize_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, 
         flush()
     if cfg.max_docs is not None:
         kept = min(kept, cfg.max_docs)
-    return seen, kept
+    return seen, kept, kept
 
 
 def _prefix_chars(doc_len: int) -> int:
@@ -543,7 +611,8 @@ def _shuffle_roll_write(root: Path, flat: Path, kept: int, heldout_idx: np.ndarr
     offsets = rng.integers(0, L, size=kept)
     params = {k: v for k, v in asdict(cfg).items() if k not in ("overwrite", "progress", "out", "source")}
     attrs = {"bos_id": int(tok.eot_id), "vocab_size": int(tok.vocab_size), "tokenizer": tok.name,
-             "rolled": bool(cfg.rolled), "prepare": params, "source": described}
+             "rolled": bool(cfg.rolled and not cfg.pack), "packed": bool(cfg.pack), "prepare": params,
+             "source": described}
     if isinstance(tok, BPETokenizer):
         attrs["tokenizer_file"] = TOKENIZER_FILE
     max_id = 0
@@ -561,7 +630,7 @@ def _shuffle_roll_write(root: Path, flat: Path, kept: int, heldout_idx: np.ndarr
             for lo in range(0, len(idx), chunks[0]):
                 rows = idx[lo:lo + chunks[0]]
                 block = docs[np.sort(rows)][np.argsort(np.argsort(rows))]  # sorted reads from disk, original order
-                if cfg.rolled:
+                if cfg.rolled and not cfg.pack:  # packed rows keep their documents in place
                     block[:, -1] = tok.eot_id           # seam marker: doc[:L-1] + [EOT], then rotate left by k
                     for r, k in enumerate(offsets[rows].tolist()):
                         block[r] = np.concatenate([block[r, k:], block[r, :k]])
@@ -575,7 +644,8 @@ def _shuffle_roll_write(root: Path, flat: Path, kept: int, heldout_idx: np.ndarr
             zarr.open_array(str(root / f"{split}.zarr"), mode="r+").attrs["max_token_id"] = max_id
     summary = {"source": described, "train_docs": int(len(splits["train"])), "heldout_docs": int(len(heldout_idx)),
                "doc_len": L, "tokenizer": tok.name, "bos_id": int(tok.eot_id), "vocab_size": int(tok.vocab_size),
-               "max_token_id": max_id, "rolled": bool(cfg.rolled), "params": params}
+               "max_token_id": max_id, "rolled": bool(cfg.rolled and not cfg.pack), "packed": bool(cfg.pack),
+               "params": params}
     if isinstance(tok, BPETokenizer):
         summary["tokenizer_file"] = TOKENIZER_FILE
     return summary

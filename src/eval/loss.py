@@ -41,17 +41,20 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 @torch.no_grad()
 def nll_batches(model, inputs: torch.Tensor, targets: torch.Tensor, micro_docs: int, precision: str = "auto",
-                docs: range | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+                docs: range | None = None,
+                doc_ids: torch.Tensor | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(start, end, nll) for every `micro_docs` documents of `docs` (default all rows) of inputs/targets (n, T):
-    nll (end - start, T) float64 on the model's device, the next-token NLL of each token."""
+    nll (end - start, T) float64 on the model's device, the next-token NLL of each token. doc_ids (n, T): rows of
+    packed documents (the model's `doc_ids`)."""
     if isinstance(micro_docs, bool) or not isinstance(micro_docs, int) or micro_docs < 1:
         raise ValueError(f"micro_docs={micro_docs!r}: must be a positive integer")
     device = model_device(model)
     docs = range(inputs.shape[0]) if docs is None else docs
     for s in range(docs.start, docs.stop, micro_docs):
         e = min(s + micro_docs, docs.stop)
+        packed = {} if doc_ids is None else {"doc_ids": doc_ids[s:e].to(device)}
         with autocast(device, precision):
-            nll = model(inputs[s:e].to(device), targets[s:e].to(device))
+            nll = model(inputs[s:e].to(device), targets[s:e].to(device), **packed)
         yield s, e, nll.double()
 
 
@@ -66,12 +69,16 @@ class HeldoutLoss:
     """One evaluation's numbers: the per-position curve and each document's mean NLL within each ICL bin."""
     per_position: np.ndarray   # (T,) float64: mean over documents at each position
     doc_loss: np.ndarray       # (n_docs, n_bins) float64: each document's mean within each bin
+    # packed rows: positions are within each document; per_position and doc_loss are NaN where no token falls
+    # (no document that long; no document of the row reaching the bin), and `reached` marks the positions with tokens
     summary: dict              # icl_summary of the curve (and of the optimum where known), recall where measured
     hits: np.ndarray | None = None  # (n_docs, Q) bool: each query answered right (data with query positions)
+    reached: np.ndarray | None = None  # (T,) bool, packed rows only
 
     @property
     def finite(self) -> bool:
-        return bool(np.isfinite(self.per_position).all())
+        curve = self.per_position if self.reached is None else self.per_position[self.reached]
+        return bool(np.isfinite(curve).all())
 
 
 class HeldoutEvaluation:
@@ -87,6 +94,9 @@ class HeldoutEvaluation:
         bayes = heldout.get("bayes_nll")  # (n, T) float32, the exact optimum of every token, where known
         self.bayes_curve = None if bayes is None else bayes.double().mean(0).numpy()
         self.bayes_doc_loss = None if bayes is None else bin_docs(bayes.numpy(), self.edges)
+        self.doc_ids = heldout.get("doc_ids")  # (n, T) int64: rows of packed documents (data.pack)
+        if self.doc_ids is not None and bayes is not None:
+            raise ValueError("heldout: packed rows (doc_ids) with a per-token optimum (bayes_nll): no dataset has both")
         self.queries = heldout.get("queries")  # (n, 2, Q) int64: recall data's value positions and distances
         self.n_values = heldout.get("n_values")  # the values a query's answer is drawn from (its chance level)
 
@@ -111,27 +121,46 @@ class HeldoutEvaluation:
         doc_loss = torch.zeros(n, len(self.edges), dtype=torch.float64, device=device)
         hits = None if self.queries is None else torch.zeros(n, self.queries.shape[-1], dtype=torch.float64,
                                                                device=device)
+        count = None if self.doc_ids is None else torch.zeros(ctx, dtype=torch.float64, device=device)
         for s, e, nll in self._batches(model, micro_docs, precision, docs, hits):
-            total += nll.sum(0)
-            doc_loss[s:e] = torch.zeros(e - s, len(self.edges), dtype=torch.float64,
-                                        device=device).index_add_(1, bin_of, nll) / widths
+            if count is not None:  # packed rows: by position within each document
+                self._packed_sums(nll, self.doc_ids[s:e].to(device), bin_of, total, count, doc_loss[s:e])
+            else:
+                total += nll.sum(0)
+                doc_loss[s:e] = torch.zeros(e - s, len(self.edges), dtype=torch.float64,
+                                            device=device).index_add_(1, bin_of, nll) / widths
             if on_batch is not None:
                 on_batch(e - s)
         if reduce is not None:
             total, doc_loss = reduce(total), reduce(doc_loss)
             hits = None if hits is None else reduce(hits)
-        per_position = (total / n).cpu().numpy()
-        summary = icl_summary(per_position, self.num_bins, self.bayes_curve, key=self.bins_key)
+            count = None if count is None else reduce(count)
+        per_position = (total / (n if count is None else count)).cpu().numpy()  # packed: 0 / 0 = NaN, not reached
+        reached = None if count is None else (count > 0).cpu().numpy()
+        summary = icl_summary(per_position, self.num_bins, self.bayes_curve, key=self.bins_key, reached=reached)
         if hits is not None:
             hits = hits.cpu().numpy() > 0.5
             summary.update(recall_summary(hits, self.queries[:, 1].numpy(), self.n_values))
-        return HeldoutLoss(per_position=per_position, doc_loss=doc_loss.cpu().numpy(), summary=summary, hits=hits)
+        return HeldoutLoss(per_position=per_position, doc_loss=doc_loss.cpu().numpy(), summary=summary, hits=hits,
+                           reached=reached)
+
+    @staticmethod
+    def _packed_sums(nll, doc_ids, bin_of, total, count, doc_loss):
+        """Add packed rows' NLL (m, T) into total and count (T,) by position within each document, and write each
+        row's mean within each bin of those positions into doc_loss (m, n_bins) (NaN where no token falls)."""
+        from longctx.models.common import doc_positions
+        pos = doc_positions(doc_ids)                                              # (m, T)
+        total.index_add_(0, pos.flatten(), nll.flatten())
+        count.index_add_(0, pos.flatten(), torch.ones_like(nll).flatten())
+        bins = bin_of[pos]                                                        # (m, T)
+        sums = torch.zeros_like(doc_loss).scatter_add_(1, bins, nll)
+        doc_loss.copy_(sums / torch.zeros_like(doc_loss).scatter_add_(1, bins, torch.ones_like(nll)))
 
     def _batches(self, model, micro_docs: int, precision: str, docs: range | None, hits: torch.Tensor | None):
         """nll_batches, or on recall data one forward for the logits (fewer documents a forward: the logits of
         every position are held) that fills `hits` at the queries and gives the same NLL."""
         if hits is None:
-            yield from nll_batches(model, self.inputs, self.targets, micro_docs, precision, docs)
+            yield from nll_batches(model, self.inputs, self.targets, micro_docs, precision, docs, self.doc_ids)
             return
         docs = range(self.n_docs) if docs is None else docs
         vocab = int(self.inputs.max()) + 1  # the BOS id, the largest of recall data's ids, + 1: the logits' width

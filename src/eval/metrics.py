@@ -58,10 +58,17 @@ def check_bins(ctx: int, num_bins: int, key: str = "trainer.icl_bins",
     return bins
 
 
-def bin_curve(per_position: np.ndarray, bins: list[tuple[int, int]]) -> np.ndarray:
-    """Mean of a per-position curve (ctx,) inside each bin -> (num_bins,)."""
+def bin_curve(per_position: np.ndarray, bins: list[tuple[int, int]], reached: np.ndarray | None = None) -> np.ndarray:
+    """Mean of a per-position curve (ctx,) inside each bin -> (num_bins,). reached (ctx,) bool: the positions that
+    hold a loss (packed documents: positions no document reaches are left out; a bin of none is NaN)."""
     per_position = np.asarray(per_position, dtype=np.float64)
-    return np.array([per_position[a:b].mean() for a, b in bins])
+    if reached is None:
+        return np.array([per_position[a:b].mean() for a, b in bins])
+    return np.array([_mean(per_position[a:b][reached[a:b]]) for a, b in bins])
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(x.mean()) if len(x) else math.nan
 
 
 def bin_docs(per_token: np.ndarray, bins: list[tuple[int, int]]) -> np.ndarray:
@@ -70,39 +77,44 @@ def bin_docs(per_token: np.ndarray, bins: list[tuple[int, int]]) -> np.ndarray:
     return np.stack([per_token[:, a:b].mean(1, dtype=np.float64) for a, b in bins], axis=1)
 
 
-def last_fraction_mean(per_position: np.ndarray, fraction: float = 0.1) -> float:
-    """Mean loss over the last `fraction` of the context (at least one position)."""
+def last_fraction_mean(per_position: np.ndarray, fraction: float = 0.1, reached: np.ndarray | None = None) -> float:
+    """Mean loss over the last `fraction` of the context (at least one position); reached: as bin_curve's."""
     per_position = np.asarray(per_position, dtype=np.float64)
     n = max(1, int(math.ceil(len(per_position) * fraction)))
-    return float(per_position[-n:].mean())
+    return float(per_position[-n:].mean()) if reached is None else _mean(per_position[-n:][reached[-n:]])
 
 
-def best_bin(binned: np.ndarray, bins: list[tuple[int, int]], min_positions: int) -> int:
-    """Index of the lowest bin among those holding >= min_positions positions (check_bins makes sure one does)."""
+def best_bin(binned: np.ndarray, bins: list[tuple[int, int]], min_positions: int, skip_nan: bool = False) -> int:
+    """Index of the lowest bin among those holding >= min_positions positions (check_bins makes sure one does).
+    skip_nan: leave out NaN bins (packed documents: bins no document reaches), unless every candidate is NaN."""
     widths = np.array([b - a for a, b in bins])
-    candidates = np.flatnonzero(widths >= min_positions)
+    wide = widths >= min_positions
+    reached = wide & ~np.isnan(np.asarray(binned, dtype=np.float64))
+    candidates = np.flatnonzero(reached if skip_nan and reached.any() else wide)
     if not len(candidates):
         raise ValueError(f"no bin holds {min_positions} positions (widest {widths.max()}): too many bins")
     return int(candidates[np.argmin(np.asarray(binned)[candidates])])
 
 
 def icl_summary(per_position: np.ndarray, num_bins: int, bayes_per_position: np.ndarray | None = None,
-                min_bin_positions: int | None = None, key: str = "trainer.icl_bins") -> dict:
+                min_bin_positions: int | None = None, key: str = "trainer.icl_bins",
+                reached: np.ndarray | None = None) -> dict:
     """Everything logged per evaluation, from one per-position loss curve (and the optimum if known).
-    min_bin_positions: the width a best-context bin needs (default `min_positions_for(ctx)`)."""
+    min_bin_positions: the width a best-context bin needs (default `min_positions_for(ctx)`). reached (ctx,) bool:
+    packed documents' positions that hold a loss (by position within each document); the others are left out."""
     per_position = np.asarray(per_position, dtype=np.float64)
     ctx = len(per_position)
     need = min_positions_for(ctx) if min_bin_positions is None else min_bin_positions
     bins = check_bins(ctx, num_bins, key, need)
-    binned = bin_curve(per_position, bins)
-    best = best_bin(binned, bins, need)
+    binned = bin_curve(per_position, bins, reached)
+    best = best_bin(binned, bins, need, skip_nan=reached is not None)
     out = {
         "icl_curve": [[a, b, float(v)] for (a, b), v in zip(bins, binned)],
         "best_context_loss": float(binned[best]),
         "best_context_bin": list(bins[best]),
         "best_context_position": int(bins[best][1]),
-        "last10_loss": last_fraction_mean(per_position),
-        "mean_loss": float(per_position.mean()),
+        "last10_loss": last_fraction_mean(per_position, reached=reached),
+        "mean_loss": float(per_position.mean()) if reached is None else _mean(per_position[reached]),
     }
     if bayes_per_position is not None:
         bayes_binned = bin_curve(bayes_per_position, bins)

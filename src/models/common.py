@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import HeadGate
+from .attention.shared import doc_starts
 from .decoding import LayerCache, generate
 
 
@@ -23,9 +24,12 @@ def _fla_cross_entropy():
     return cross_entropy_loss
 
 
-def token_shift(x, prev=None):
+def token_shift(x, prev=None, doc_ids=None):
     """(b, t, c) -> x_{t-1} - x_t, with x_{-1} = prev (b, c): the previous call's last token when decoding, else 0.
-    RWKV's token shift (Peng et al. 2023); FLA's Triton op on CUDA."""
+    RWKV's token shift (Peng et al. 2023); FLA's Triton op on CUDA. doc_ids (b, t): packed documents, each
+    document's first token sees 0 before it, as at position 0."""
+    if doc_ids is not None:
+        return torch.where(doc_starts(doc_ids)[..., None], -x, token_shift(x, prev))
     if prev is not None:
         return torch.cat([prev[:, None].to(x.dtype), x[:, :-1]], dim=1) - x
     if x.is_cuda:
@@ -34,17 +38,35 @@ def token_shift(x, prev=None):
     return F.pad(x, (0, 0, 1, -1)) - x
 
 
-def cached_token_shift(x, cache, key: str):
+def cached_token_shift(x, cache, key: str, doc_ids=None):
     """token_shift of x; when decoding (`cache`: the layer's LayerCache) it continues from the token the cache kept
-    under `key`, and keeps x's last token there for the next call."""
+    under `key`, and keeps x's last token there for the next call. doc_ids: packed documents (token_shift)."""
     if cache is None:
-        return token_shift(x)
+        return token_shift(x, doc_ids=doc_ids)
     delta = token_shift(x, cache.shift.get(key))
     if cache.static:  # the buffer a CUDA graph reads: written in place
         cache.shift[key].copy_(x[:, -1])
     else:
         cache.shift[key] = x[:, -1].clone()
     return delta
+
+
+# ----------------------------------------------------------------------------------------------------------
+# packed documents: `doc_ids` (b, t) numbers the documents of each row (non-decreasing along a row); a packed row's
+# outputs equal those of its documents run one by one
+
+def doc_positions(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(b, t) int64: each token's position within its document."""
+    idx = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand(doc_ids.shape)
+    return idx - torch.where(doc_starts(doc_ids), idx, 0).cummax(1).values
+
+
+def model_positions(doc_ids, t: int, d: int, base: float, start, device):
+    """The rotary tables a model hands its layers: positions start.. (rotary_tables), or with doc_ids the positions
+    within each document."""
+    if doc_ids is None:
+        return rotary_tables(t, d, base, start, device)
+    return rotary_tables_at(doc_positions(doc_ids), d, base)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -65,12 +87,21 @@ def rotary_tables(t: int, d: int, base: float, offset: int | torch.Tensor = 0,
     return angles.cos(), angles.sin()
 
 
+def rotary_tables_at(positions: torch.Tensor, d: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (b, t, d/2) fp32 of per-row positions (b, t) (packed documents: positions within each document)."""
+    inv_freq = base ** -(torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)  # (d/2,)
+    angles = positions.float()[..., None] * inv_freq                                    # (b, t, d/2)
+    return angles.cos(), angles.sin()
+
+
 def rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate (b, t, h, d) queries or keys by the positions of `tables` (rotary_tables(t, r, ...), r even, r <= d):
-    the first r dims are rotated, the rest pass unchanged (partial rotary, as in GPT-NeoX)."""
+    """Rotate (b, t, h, d) queries or keys by the positions of `tables` (rotary_tables(t, r, ...), r even, r <= d,
+    or rotary_tables_at's per-row (b, t, r/2)): the first r dims are rotated, the rest pass unchanged (partial
+    rotary, as in GPT-NeoX)."""
     r = 2 * tables[0].shape[-1]
-    cos = tables[0][None, :, None, :].to(x.dtype)                                         # (1, t, 1, r/2)
-    sin = tables[1][None, :, None, :].to(x.dtype)
+    lead = (slice(None), slice(None)) if tables[0].dim() == 3 else (None, slice(None))
+    cos = tables[0][(*lead, None)].to(x.dtype)                                            # (1 or b, t, 1, r/2)
+    sin = tables[1][(*lead, None)].to(x.dtype)
     x1, x2 = x[..., : r // 2], x[..., r // 2: r]
     turned = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
     return torch.cat(turned if r == x.shape[-1] else turned + [x[..., r:]], dim=-1)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, cached_token_shift, loss_head, rotary, rotary_tables
+from .common import LanguageModelMixin, cached_token_shift, doc_starts, loss_head, model_positions, rotary
 from .registry import native_mixing, register_architecture, register_native_mixing
 from .spec import ModelSpec
 
@@ -141,13 +141,34 @@ class RWKV7Rule(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim = spec.n_heads, spec.head_dim
 
-    def forward(self, r, w, k, v, a, b):  # all (b, t, h, d)
+    def forward(self, r, w, k, v, a, b, doc_ids=None):  # all (b, t, h, d); doc_ids (b, t): packed documents
+        if doc_ids is not None:
+            return self._documents(r, w, k, v, a, b, doc_ids)
         if r.is_cuda:
             from fla.ops.rwkv7 import chunk_rwkv7
             o, _ = chunk_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, safe_gate=True,
                                lower_bound=LOG_DECAY_MIN, chunk_size=64)
             return o
         return rwkv7_chunked(r, w, k, v, a, b)
+
+    def _documents(self, r, w, k, v, a, b, doc_ids):
+        """The rule restarted from S = 0 at each document's first token. CUDA: FLA's variable-length form (the
+        rows laid end to end, `cu_seqlens` at every document start); CPU: each document on its own."""
+        B, T = doc_ids.shape
+        starts = doc_starts(doc_ids)
+        if r.is_cuda:
+            from fla.ops.rwkv7 import chunk_rwkv7
+            cu_seqlens = F.pad(starts.flatten().nonzero().flatten(), (0, 1), value=B * T)
+            flat = (z.reshape(1, B * T, *z.shape[2:]) for z in (r, w, k, v, a, b))
+            o, _ = chunk_rwkv7(*flat, scale=1.0, cu_seqlens=cu_seqlens, safe_gate=True, lower_bound=LOG_DECAY_MIN,
+                               chunk_size=64)
+            return o.view(B, T, *o.shape[2:])
+        out = []
+        for row, row_starts in enumerate(starts.tolist()):
+            bounds = [i for i, s in enumerate(row_starts) if s] + [T]
+            out.append(torch.cat([rwkv7_chunked(*(z[row:row + 1, lo:hi] for z in (r, w, k, v, a, b)))
+                                  for lo, hi in zip(bounds[:-1], bounds[1:])], dim=1))
+        return torch.cat(out)
 
     def decode(self, r, w, k, v, a, b, state):
         """The next tokens after the state S (b, h, d, d) fp32 (None: zeros) -> (o, new S)."""
@@ -268,14 +289,15 @@ class TimeMix(nn.Module):
         else:
             nn.init.orthogonal_(self.k_proj.weight)             # attention cores: keys like queries
 
-    def forward(self, x, v_first, rope, cache=None):
+    def forward(self, x, v_first, rope, cache=None, doc_ids=None):
         """x (b, t, d) normalized block input; v_first (b, t, d) layer 0's values -> (out (b, t, d), v_first).
         rope: the model's rotary tables of x's positions (attention cores only; None for the native rule).
-        cache: this layer's LayerCache when decoding (x continues its tokens), updated in place."""
+        cache: this layer's LayerCache when decoding (x continues its tokens), updated in place.
+        doc_ids (b, t) int: packed documents (RWKV7.forward)."""
         b, t, d = x.shape
         h, hd = self.n_heads, self.head_dim
         heads = lambda z: z.view(b, t, h, hd)  # noqa: E731
-        delta = cached_token_shift(x, cache, "attn")                              # (b, t, d)
+        delta = cached_token_shift(x, cache, "attn", doc_ids)                     # (b, t, d)
         if self.native:
             xr, xw, xk, xv, xa, xg = mix(x, delta, self.x_r, self.x_w, self.x_k, self.x_v, self.x_a, self.x_g)
         else:
@@ -295,7 +317,7 @@ class TimeMix(nn.Module):
             r, w, k, a, v = map(heads, (r, w, k, a, v))
             r, w, k, v, kk, kka = (z.to(r.dtype) for z in (r, w, k, v, kk, kk * a))  # one dtype under autocast
             if cache is None:
-                o = self.core(r, w, k, v, -kk, kka)                                # (b, t, h, hd)
+                o = self.core(r, w, k, v, -kk, kka, doc_ids=doc_ids)               # (b, t, h, hd)
             else:
                 o, cache.state = self.core.decode(r, w, k, v, -kk, kka, cache.state)
             o = self.g_norm(o.reshape(b * t, d)).view(b, t, d).to(r.dtype)
@@ -303,7 +325,8 @@ class TimeMix(nn.Module):
         else:
             q, k = rotary(heads(r), rope), rotary(heads(k), rope)
             if cache is None:
-                o = self.core(q, k, heads(v).to(q.dtype), x)                      # (b, t, h, hd)
+                packed = {} if doc_ids is None else {"doc_ids": doc_ids}  # a core may take only (q, k, v, x)
+                o = self.core(q, k, heads(v).to(q.dtype), x, **packed)            # (b, t, h, hd)
             else:
                 o, cache.state = self.core.decode(q, k, heads(v).to(q.dtype), x, cache.state)
             o = self.g_norm(o.reshape(b * t, d)).view(b, t, d).to(q.dtype) * g
@@ -339,8 +362,8 @@ class ChannelMix(nn.Module):
         nn.init.orthogonal_(self.key.weight)
         nn.init.zeros_(self.value.weight)
 
-    def forward(self, x, cache=None):
-        k = self.key(x.addcmul(cached_token_shift(x, cache, "ffn"), self.x_k))
+    def forward(self, x, cache=None, doc_ids=None):
+        k = self.key(x.addcmul(cached_token_shift(x, cache, "ffn", doc_ids), self.x_k))
         return self.value(F.relu(k) ** 2)
 
 
@@ -356,12 +379,12 @@ class Block(nn.Module):
         self.ffn_norm = nn.LayerNorm(d, eps=1e-5)
         self.ffn = ChannelMix(spec, layer_idx)
 
-    def forward(self, x, v_first, rope=None, cache=None):
+    def forward(self, x, v_first, rope=None, cache=None, doc_ids=None):
         if hasattr(self, "pre_norm"):
             x = self.pre_norm(x)
-        o, v_first = self.attn(self.attn_norm(x), v_first, rope, cache)
+        o, v_first = self.attn(self.attn_norm(x), v_first, rope, cache, doc_ids)
         x = x + o
-        x = x + self.ffn(self.ffn_norm(x), cache)
+        x = x + self.ffn(self.ffn_norm(x), cache, doc_ids)
         return x, v_first
 
 
@@ -384,25 +407,28 @@ class RWKV7(LanguageModelMixin, nn.Module):
     def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
         return self.layers
 
-    def forward(self, input_ids, targets=None, cache=None, last_only=False, reduction="none"):
+    def forward(self, input_ids, targets=None, cache=None, last_only=False, reduction="none", doc_ids=None):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32, or with
         reduction="sum" its sum (the trainer's loss: a backward without recomputation, common.nll_sum).
         cache: per-layer decoding caches (`new_cache()`), updated in place; input_ids continue their tokens.
         last_only: True or n: logits of the last 1 or n positions only, (b, n, vocab) (a 64k prompt's full logits
-            are GBs)."""
+            are GBs).
+        doc_ids: None, or (b, t) int numbering packed documents along each row: every document runs as if alone
+            (positions restart, token shifts and states reset at its first token)."""
         x = self.embeddings(input_ids)  # (b, t, d)
         v_first = torch.zeros_like(x)
         rope = None
         if not self.native:  # the attention cores rotate r and k; positions continue a cache's
             start = 0 if cache is None else cache[0].pos
-            rope = rotary_tables(input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start, x.device)
+            rope = model_positions(doc_ids, input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start,
+                                   x.device)
         for i, block in enumerate(self.layers):
             if cache is not None:
                 x, v_first = block(x, v_first, rope, cache[i])
             elif self.spec.checkpoint_activations and torch.is_grad_enabled():
-                x, v_first = checkpoint(block, x, v_first, rope, use_reentrant=False)
+                x, v_first = checkpoint(block, x, v_first, rope, None, doc_ids, use_reentrant=False)
             else:
-                x, v_first = block(x, v_first, rope)
+                x, v_first = block(x, v_first, rope, doc_ids=doc_ids)
         x = self.norm(x)
         if targets is None:
             return self.lm_head(x[:, -int(last_only):] if last_only else x)  # (b, t or n, vocab)

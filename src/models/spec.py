@@ -21,6 +21,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+POSITIONS = ("rotary", "learned")
+ACTIVATIONS = ("gelu", "gelu_tanh")
+# Fields only one architecture reads -> that architecture (elsewhere they must keep their defaults)
+ARCH_OPTIONS = {"positions": "gpt2", "activation": "gpt2", "n_kv_heads": "llama", "d_ff": "llama",
+                "norm_eps": "llama", "tie_embeddings": "llama", "qkv_bias": "llama"}
+
 # Flat fields of specs saved before `attention_params` existed (old checkpoints), mapped by `from_dict`.
 LEGACY_ATTENTION_FIELDS = ("p", "window", "chunk_size", "gating")
 
@@ -39,6 +45,13 @@ class ModelSpec:
     rope_base: float = 10000.0
     rope_dims: int | None = None       # head dims rotated by the rotary embedding (the first ones); None = all
     token_shift: bool = False          # GPT-2: q/k/v read a learned mix of each position and its predecessor
+    positions: str = "rotary"          # GPT-2: rotary, or learned (a table of ctx absolute positions, as GPT-2's own)
+    activation: str = "gelu"           # GPT-2's MLP: gelu (exact) or gelu_tanh (GPT-2's own, HF's gelu_new)
+    n_kv_heads: int | None = None      # Llama: key/value heads (grouped-query attention); None = n_heads
+    d_ff: int | None = None            # Llama: SwiGLU width; None = 2/3 * mlp_ratio * d_model, rounded up to 64
+    norm_eps: float = 1e-5             # Llama: the RMSNorms' epsilon
+    tie_embeddings: bool = True        # Llama: the LM head is the input embedding (GPT-2's always is)
+    qkv_bias: bool = False             # Llama: biases on q, k, v (Qwen2's layout)
     checkpoint_activations: bool = False
 
     def __post_init__(self):
@@ -68,6 +81,27 @@ class ModelSpec:
             bad("token_shift", f"is GPT-2's option; the {self.arch} block shifts tokens in its own way")
         if not isinstance(self.checkpoint_activations, bool):
             bad("checkpoint_activations", "must be true or false")
+        self._check_arch_options(bad)
+
+    def _check_arch_options(self, bad):
+        """The options one architecture reads: each in range, and left at its default on the others."""
+        if self.positions not in POSITIONS:
+            bad("positions", f"expected one of {', '.join(POSITIONS)}")
+        if self.activation not in ACTIVATIONS:
+            bad("activation", f"expected one of {', '.join(ACTIVATIONS)}")
+        if self.n_kv_heads is not None and (isinstance(self.n_kv_heads, bool) or not isinstance(self.n_kv_heads, int)
+                                            or self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            bad("n_kv_heads", f"must be null or a positive integer dividing n_heads={self.n_heads}")
+        if self.d_ff is not None and (isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff < 1):
+            bad("d_ff", "must be null or a positive integer")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not 0 < self.norm_eps < 1:
+            bad("norm_eps", "must be a number in (0, 1)")
+        for name in ("tie_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be true or false")
+        for name, arch in ARCH_OPTIONS.items():
+            if getattr(self, name) != DEFAULTS[name] and self.arch != arch:
+                bad(name, f"is the {arch} architecture's option (arch={self.arch} has none)")
 
     @property
     def head_dim(self) -> int:
@@ -76,6 +110,14 @@ class ModelSpec:
     @property
     def rotary_dims(self) -> int:
         return self.head_dim if self.rope_dims is None else self.rope_dims
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ffn_dim(self) -> int:  # Llama's SwiGLU width: 3 matrices of 2/3 the width hold GPT-2's MLP's parameters
+        return self.d_ff if self.d_ff is not None else 64 * -(-2 * self.mlp_ratio * self.d_model // (3 * 64))
 
     @classmethod
     def from_dict(cls, fields: dict) -> "ModelSpec":
@@ -102,7 +144,9 @@ def model_vocab_size(data_vocab: int) -> int:
 
 # Config keys newer than some saved runs: a config.yaml without one built the model with the field's default
 OPTIONAL_KEYS = {"model.mlp_ratio": "mlp_ratio", "arch.rope_base": "rope_base", "arch.rope_dims": "rope_dims",
-                 "arch.token_shift": "token_shift"}
+                 "arch.token_shift": "token_shift", "arch.positions": "positions", "arch.activation": "activation",
+                 "arch.n_kv_heads": "n_kv_heads", "arch.d_ff": "d_ff", "arch.norm_eps": "norm_eps",
+                 "arch.tie_embeddings": "tie_embeddings", "arch.qkv_bias": "qkv_bias"}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.default is not dataclasses.MISSING}
 
 

@@ -20,9 +20,17 @@ ndarray), so a crafted file cannot run code. `read` checks the schema and upgrad
 newest readable checkpoint of a run, saying which ones it skipped (cut short, a directory, a bad schema); one of a
 newer schema version is never skipped (an older longctx would train over it): it stops the read, naming both versions.
 Temp files are created exclusively under fresh names (run_files), so a link in the folder is never written through.
+
+Beside each `step_XXXXXXXX.pt` the model's weights are also written as `step_XXXXXXXX.safetensors` (after the .pt,
+with the same temp-file-and-rename pattern): tensors only, each tied parameter once (GPT-2's lm_head.weight is
+wte.weight; the alias is in the file's metadata), with the run's config and spec as JSON metadata, so the weights
+read without unpickling anything and with any safetensors reader. `read_weights` reads one back; a run folder shared
+with only these files (and config.yaml) loads through longctx.runs.load_run. Checkpoints written before carry no
+such file and load as before.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -43,7 +51,8 @@ except ImportError:
 SCHEMA_VERSION = 1
 PARTS = ("model", "optimizer", "scheduler", "data", "rng", "trainer")  # what a resume restores
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
-_TEMP = ".step_*.pt.tmp*"  # run_files.temp_name's names of a checkpoint's temp file
+_WEIGHTS = re.compile(r"^step_(\d{8})\.safetensors$")
+_TEMPS = (".step_*.pt.tmp*", ".step_*.safetensors.tmp*")  # run_files.temp_name's names of a checkpoint's temp files
 log = logging.getLogger("longctx")
 # numpy's RNG state in version-0 files is an ndarray: these globals rebuild one (and nothing else), under the
 # name numpy 2 pickles it by and numpy 1's
@@ -88,6 +97,19 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def weights_path(path: str | Path) -> Path:
+    """The safetensors file of the model weights beside checkpoint `path` (step_XXXXXXXX.safetensors)."""
+    return Path(path).with_suffix(".safetensors")
+
+
+def list_weights(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every step_XXXXXXXX.safetensors of the run, oldest first."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    return sorted((int(m.group(1)), folder / name) for name in os.listdir(folder) if (m := _WEIGHTS.match(name)))
+
+
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every entry named like a checkpoint, oldest first (readable or not: see `read`)."""
     folder = checkpoint_dir(run_dir)
@@ -105,7 +127,7 @@ def latest_checkpoint(run_dir: str | Path) -> tuple[int, Path] | None:
 def remove_stale_temps(run_dir: str | Path) -> list[Path]:
     """Delete the temp files of writes a killed process left behind; returns them."""
     folder = checkpoint_dir(run_dir)
-    stale = sorted(folder.glob(_TEMP)) if folder.is_dir() else []
+    stale = sorted(p for pattern in _TEMPS for p in folder.glob(pattern)) if folder.is_dir() else []
     _remove(stale, "a temp file of an interrupted write")
     return stale
 
@@ -161,9 +183,72 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, keep: int) -> P
             cause += f": {err.filename}"
         raise CheckpointWriteError(f"could not write checkpoint {final}: {cause}; nothing was written there "
                                    f"(older checkpoints are kept)") from None
+    if isinstance(state.get("model"), dict):
+        save_weights(weights_path(final), state)
     remove_stale_temps(run_dir)
-    _remove([p for _, p in list_checkpoints(run_dir) if p.is_file()][:-keep], f"beyond the newest {keep} kept")
+    old = [p for _, p in list_checkpoints(run_dir) if p.is_file()][:-keep]
+    _remove(old + [weights_path(p) for p in old if weights_path(p).is_file()], f"beyond the newest {keep} kept")
     return final
+
+
+def _tensor_key(t: torch.Tensor):
+    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype
+
+
+def save_weights(path: Path, state: dict) -> None:
+    """The model part of checkpoint `state` as safetensors at `path` (atomically): each tensor once, a tied one
+    recorded in the metadata under "tied" ({name: name of the tensor it is}), with "config" and "spec" as JSON."""
+    try:
+        from safetensors.torch import save
+    except ImportError:  # transformers (FLA's dependency) brings it; without it the .pt alone is the checkpoint
+        log.warning(f"{path.name} not written: writing checkpoint weights as safetensors needs the safetensors "
+                    f"package (pip install 'longctx[hf]')")
+        return
+    first, tensors, tied = {}, {}, {}
+    for name, value in state["model"].items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        key = _tensor_key(value)
+        if key in first:
+            tied[name] = first[key]
+        else:
+            first[key], tensors[name] = name, value.detach().cpu().contiguous()
+    meta = {"format": "pt", "schema_version": str(SCHEMA_VERSION), "tied": json.dumps(tied),
+            "config": json.dumps(state.get("config"), default=str), "spec": json.dumps(state.get("spec"), default=str)}
+    tmp = temp_name(path)
+    try:
+        with open_new(tmp) as f:
+            f.write(save(tensors, metadata=meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"could not write checkpoint weights {path}: {err.strerror or err}; the "
+                                   f"checkpoint {path.with_suffix('.pt').name} beside it is complete") from None
+
+
+def read_weights(path: str | Path) -> dict:
+    """A step_XXXXXXXX.safetensors as a checkpoint state with only what a loader needs: {"schema_version", "model"
+    (tied names restored), "config", "spec"}. Nothing is unpickled. Raises CheckpointError naming the file."""
+    path = Path(path)
+    try:
+        from safetensors import safe_open
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+        tied = json.loads(meta.get("tied", "{}"))
+        config, spec = json.loads(meta.get("config", "null")), json.loads(meta.get("spec", "null"))
+    except ImportError:
+        raise CheckpointError(f"checkpoint weights {path}: reading them needs the safetensors package "
+                              f"(pip install 'longctx[hf]')") from None
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own errors (cut short, not a safetensors file)
+        raise CheckpointError(f"checkpoint weights {path} are unreadable ({_why_unreadable(err)})") from None
+    if not isinstance(tied, dict) or any(source not in weights for source in tied.values()):
+        raise CheckpointError(f"checkpoint weights {path} are unreadable (its tied names {tied!r} name no tensor)")
+    weights.update({alias: weights[source] for alias, source in tied.items()})
+    return {"schema_version": SCHEMA_VERSION, "model": weights, "config": config, "spec": spec}
 
 
 # ----- reading ----------------------------------------------------------------------------------------------

@@ -188,6 +188,60 @@ def _check_attention(cfg: DictConfig) -> None:
         _fail(key, err.value, err.why)
 
 
+def check_context_parallel(cfg: DictConfig, world_size: int | None = None) -> None:
+    """trainer.context_parallel=N: a positive integer dividing ctx (equal slices), an architecture and attention with
+    a context-parallel form (models.context_parallel); with the world size known, N divides it and the
+    data-parallel ranks (world / N) divide data.docs_per_batch."""
+    key = "trainer.context_parallel"
+    if "context_parallel" not in cfg.trainer:  # a config saved before the key: no CP
+        return
+    _positive_int(cfg, key)
+    n = cfg.trainer.context_parallel
+    if world_size is not None and world_size % n:
+        _fail(key, n, f"must divide the world size {world_size} (data-parallel x context-parallel ranks)")
+    if world_size is not None and cfg.data.docs_per_batch % (world_size // n):
+        _fail("data.docs_per_batch", cfg.data.docs_per_batch, f"must be divisible by the {world_size // n} "
+              f"data-parallel ranks (world size {world_size} / {key}={n})")
+    if n == 1:
+        return
+    if cfg.ctx % n:
+        _fail(key, n, f"must divide ctx={cfg.ctx} (each rank holds an equal slice of the context)")
+    block = cfg.data.get("reshape_block")
+    if block is not None and block % n:
+        _fail(key, n, f"must divide data.reshape_block={block} (the training sequences' length)")
+    from longctx.models import architecture_class
+    from longctx.models.attention import attention_class
+
+    if "context_parallel" not in vars(architecture_class(cfg.arch.name)):
+        _fail(key, n, f"arch={cfg.arch.name} has no context-parallel form (its recurrence runs over the whole "
+                      f"sequence in one process); use arch=gpt2 or {key}=1")
+    if not hasattr(attention_class(cfg.attention.name), "context_parallel"):
+        _fail(key, n, f"attention={cfg.attention.name} has no context-parallel form; use {key}=1")
+
+
+def _check_pack(cfg: DictConfig) -> None:
+    """data.pack=true: a dataset prepared with --pack (checked on its arrays, train.data.resolve_splits), an
+    architecture whose forward takes `doc_ids`, and nothing that cuts the rows (reshape_block, context slices)."""
+    pack = cfg.data.get("pack", False)
+    if not isinstance(pack, bool):
+        _fail("data.pack", pack, "expected true or false")
+    if not pack:
+        return
+    if cfg.data.name in ("icl_markov", "mqar"):
+        _fail("data.pack", pack, f"data={cfg.data.name} generates fixed-length documents, with no boundaries to "
+                                 f"pack; packing needs a dataset prepared with scripts/prepare_dataset.py --pack")
+    if cfg.data.get("reshape_block") is not None:
+        _fail("data.pack", pack, f"cannot be combined with data.reshape_block={cfg.data.reshape_block} (it cuts "
+                                 f"rows without regard to documents)")
+    if cfg.trainer.get("context_parallel", 1) != 1:
+        _fail("data.pack", pack, f"cannot be combined with trainer.context_parallel={cfg.trainer.context_parallel}")
+    import inspect
+
+    from longctx.models import architecture_class
+    if "doc_ids" not in inspect.signature(architecture_class(cfg.arch.name).forward).parameters:
+        _fail("data.pack", pack, f"arch={cfg.arch.name} does not take packed documents (no doc_ids in its forward)")
+
+
 def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF_DIR, for_run: bool = False) -> None:
     """Check the keys, types and values a typo or a bad sweep can produce (unknown group options never compose:
     launch.check_overrides names them first). `choices`: Hydra's group -> chosen option, when known. `for_run`:
@@ -237,6 +291,8 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         _fail("model.d_model", cfg.model.d_model, f"must be divisible by model.n_heads={cfg.model.n_heads}")
     _check_attention(cfg)
+    check_context_parallel(cfg)
+    _check_pack(cfg)
     if cfg.device not in DEVICES:
         _fail("device", cfg.device, f"expected one of {DEVICES}")
     if cfg.trainer.precision not in PRECISIONS:

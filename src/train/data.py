@@ -57,8 +57,15 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
             raise FileNotFoundError(f"data.path={str(root)!r}: does not exist")
         train, heldout = root / data_cfg.train_split, root / data_cfg.heldout_split
     info = dataset_info(train)
+    if data_cfg.get("pack", False) and not info["packed"]:
+        raise ValueError(f"data.pack=true: {train} holds no document boundaries (one document per row, not "
+                         f"prepared with --pack); prepare it with scripts/prepare_dataset.py --pack, or set "
+                         f"data.pack=false")
     if ctx > info["doc_len"]:
         raise ValueError(f"ctx={ctx} is larger than the documents of {train} (doc_len={info['doc_len']})")
+    if info["packed"] and not data_cfg.get("pack", False):
+        log.warning(f"data.pack=false: {train} holds packed documents; they attend to each other across their "
+                    f"boundaries (set data.pack=true to keep them apart)")
     return DataSplits(train_path=train, heldout_path=heldout, info=info)
 
 
@@ -72,9 +79,40 @@ def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank:
                        vocab_size: int) -> LongCrawl64:
     check_batch_fits(splits, data_cfg)
     reader = LongCrawl64(str(splits.train_path), ctx, data_cfg.docs_per_batch, rank=rank, world_size=world_size,
-                         reshape_block=data_cfg.reshape_block, vocab_limit=vocab_size)
+                         reshape_block=data_cfg.reshape_block, vocab_limit=vocab_size,
+                         packed=data_cfg.get("pack", False))
     check_vocab(reader, vocab_size)  # BOS and a sample of chunks now; every block the reader decodes later
     return reader
+
+
+class ContextSlices:
+    """A reader's batches cut along the context for context parallelism: rank `rank` of `world` gets positions
+    [rank * T / world, (rank + 1) * T / world) of every (docs, T) tensor, inputs and targets alike, so a slice's
+    first input is the previous slice's last target (the documents' own token). Everything else (the batch order,
+    state_dict, the array) is the reader's: a checkpoint does not depend on the split. Each rank reads its
+    documents whole and keeps its slice (the reader decodes whole chunks anyway)."""
+
+    def __init__(self, reader: LongCrawl64, rank: int, world: int):
+        self.reader, self.rank, self.world = reader, rank, world
+
+    def __iter__(self):
+        for batch in self.reader:
+            yield {k: self._slice(v) for k, v in batch.items()}
+
+    def _slice(self, x):
+        t = x.shape[1] // self.world
+        return x[:, self.rank * t:(self.rank + 1) * t]
+
+    def state_dict(self) -> dict:
+        return self.reader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reader.load_state_dict(state)
+
+    def __getattr__(self, name):  # the reader's other attributes (path, array, ...)
+        if name == "reader":
+            raise AttributeError(name)
+        return getattr(self.reader, name)
 
 
 def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int, vocab_size: int) -> dict:
@@ -87,7 +125,11 @@ def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int, vocab_size
         log.warning(f"data.eval_docs={n} but {splits.heldout_path} holds {available} documents: evaluating on all "
                     f"{available} (set data.eval_docs={available} to silence this)")
         n = available
-    heldout = heldout_batch(str(splits.heldout_path), ctx, n)
+    packed = data_cfg.get("pack", False)
+    if packed and not dataset_info(splits.heldout_path)["packed"]:
+        raise ValueError(f"data.pack=true: the heldout split {splits.heldout_path} holds no document boundaries "
+                         f"(not prepared with --pack)")
+    heldout = heldout_batch(str(splits.heldout_path), ctx, n, packed=packed)
     bos = int(heldout["inputs"][0, 0])
     if bos >= vocab_size:
         raise ValueError(f"data.heldout_split: bos_id={bos} of {splits.heldout_path} >= model vocab_size={vocab_size}, "

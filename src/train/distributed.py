@@ -48,10 +48,37 @@ def init_distributed(device_type: str) -> DistInfo:
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank)
 
 
-def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo, group=None) -> torch.Tensor:
     if info.enabled:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Data parallel x context parallel (trainer.context_parallel=N): global rank r is context rank r % N of the CP
+    group of ranks [N * (r // N), ..., N * (r // N) + N - 1] (consecutive ranks, one node where N <= GPUs a node),
+    and data-parallel rank r // N of W / N; each DP rank reads its own documents, the N ranks of its CP group each
+    a slice of them along the context. `dp_group` joins the ranks holding the same slice (they sum the evaluation's
+    documents); gradients are averaged over the whole world by DDP, which is right: every rank's loss is a mean over
+    the same number of tokens. N = 1: plain DDP (cp None, the default group)."""
+    dp_rank: int = 0
+    dp_world: int = 1
+    cp: object = None        # models.context_parallel.ContextParallel, None without CP
+    dp_group: object = None  # None: the default group
+
+
+def context_parallel_layout(info: DistInfo, n: int) -> Layout:
+    """The groups of trainer.context_parallel=n (n must divide the world size: config.check_context_parallel).
+    Every rank creates every group, in the same order, as torch.distributed requires."""
+    if n == 1:
+        return Layout(info.rank, info.world_size)
+    from longctx.models.context_parallel import ContextParallel
+
+    cp_groups = [dist.new_group(list(range(i * n, (i + 1) * n))) for i in range(info.world_size // n)]
+    dp_groups = [dist.new_group(list(range(j, info.world_size, n))) for j in range(n)]
+    cp = ContextParallel(cp_groups[info.rank // n], info.rank % n, n)
+    return Layout(info.rank // n, info.world_size // n, cp, dp_groups[info.rank % n])
 
 
 def barrier(info: DistInfo) -> None:

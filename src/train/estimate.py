@@ -8,7 +8,8 @@ Peak memory of one rank (bytes):
 
 `a`, the elements saved per token per layer, is `d_model * (c_arch + 2 * mlp_ratio)` (c_arch = 8 for GPT-2: the
 two norms' inputs and outputs, q, k, v and the attention output; 16 for RWKV7's time mixing; 2 * mlp_ratio: the
-MLP's hidden pre- and post-activation; Korthikanti et al. 2022 count the same tensors) plus what the attention
+MLP's hidden pre- and post-activation; Korthikanti et al. 2022 count the same tensors; Llama: 12 d_model + 4 d_ff,
+its SwiGLU keeping four hidden tensors) plus what the attention
 form keeps: `n_heads * ctx * 5` for the attention form of the CPU power/linear reference (scores, powers,
 normalizer over every key), `n_heads * 2 * window * 2` for the CPU window's masked blocks, a chunked form's states
 (`state_size / chunk` per token), RWKV7's time mixing `46 * d_model` (CPU chunked form) or `d_model` (FLA's
@@ -17,6 +18,12 @@ checks them within 30%). Against the README's measured CUDA peaks (experiment=pa
 within 5%; RWKV7 small ~25% above the estimate (tensors autocast keeps in fp32). Softmax through SDPA (flash/cuDNN on CUDA, the flash kernel on CPU) and FlexAttention
 keep no score matrix. `bytes` is 2 under bf16 autocast, else 4. With activation checkpointing only each block's
 input is kept (`d_model` elements per token per layer) plus one block's activations while it is recomputed.
+
+Context parallelism (trainer.context_parallel=N, docs/context_parallel.md): a rank holds micro_docs * ctx / N
+tokens of activations, plus what its attention's exchange keeps for the backward, per document and layer (the
+last rank's, the most): exp the gathered keys and values, 2 * d_model * ctx elements; window the halo,
+2 * d_model * (window - 1); power / linear the N gathered states, N * state_size fp32 floats. The longest context
+that fits N GPUs: `python -m longctx.train.estimate --gpus N --memory-gib M [config overrides]`.
 
 Memory available: CUDA, 90% of the card's memory (the activation_checkpointing=auto probe's margin); CPU, the
 host's available memory (/proc/meminfo MemAvailable).
@@ -45,7 +52,7 @@ from omegaconf import DictConfig
 log = logging.getLogger("longctx")
 
 GIB = 2 ** 30
-ARCH_SAVED = {"gpt2": 10, "rwkv7": 19}
+ARCH_SAVED = {"gpt2": 10, "llama": 12, "rwkv7": 19}
 LOSS_CHUNK = 8192          # tokens per chunk of the fused loss (models.common.nll_sum's chunk_tokens)
 CUDA_MFU, CPU_EFFICIENCY, CUDA_MEMORY_SHARE = 0.35, 0.5, 0.9
 GPT2_VOCAB = 50257
@@ -97,7 +104,9 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
     PowerAttention = attention_class("power")
 
     spec, ctx = model.spec, cfg.ctx
-    block = spec.d_model * (ARCH_SAVED.get(spec.arch, 16) + 2 * spec.mlp_ratio)
+    # the MLP's hidden activations: pre- and post-GELU, or SwiGLU's gate, up, silu(gate) and their product
+    mlp = 4 * spec.ffn_dim if spec.arch == "llama" else 2 * spec.mlp_ratio * spec.d_model
+    block = spec.d_model * ARCH_SAVED.get(spec.arch, 16) + mlp
     cores = list(state_cores(model))  # RWKV7: its time mixing, then the attention core inside it
     core = next((c for c in cores if isinstance(c, PowerAttention)), cores[0] if cores else None)
     if isinstance(core, PowerAttention):
@@ -114,6 +123,28 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
     if checkpointing:
         return spec.d_model, block
     return block, 0.0
+
+
+def context_parallel(cfg: DictConfig) -> int:
+    return int(cfg.trainer.get("context_parallel") or 1)
+
+
+def context_parallel_saved(model, cfg: DictConfig, n: int, device_type: str, bytes_per: int) -> float:
+    """Bytes per document the context-parallel exchange keeps for the backward, all layers, on the rank that keeps
+    the most (the last): exp the gathered keys and values of all N slices (2 * d_model * ctx per layer); window the
+    halo (2 * d_model * (window - 1)); power / linear the N gathered states (fp32, state_size floats each).
+    Zero without CP."""
+    if n == 1:
+        return 0.0
+    spec = model.spec
+    if spec.attention == "exp":
+        per_layer = 2 * spec.d_model * cfg.ctx * bytes_per
+    elif spec.attention == "window":
+        per_layer = 2 * spec.d_model * min(cfg.window - 1, cfg.ctx) * bytes_per
+    else:
+        from longctx.models.common import state_cores
+        per_layer = n * state_cores(model)[0].state_size(cfg.ctx) * 4
+    return float(spec.n_layers * per_layer)
 
 
 def _bf16(cfg: DictConfig, device_type: str) -> bool:
@@ -158,14 +189,18 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     with torch.device("meta"):  # shapes only: nothing allocated, no init time
         model = build_model(spec)
     params = sum(p.numel() for p in model.parameters())
-    local_docs = max(1, cfg.data.docs_per_batch // world_size)
+    n = context_parallel(cfg)
+    local_docs = max(1, cfg.data.docs_per_batch // max(1, world_size // n))
     micro = min(micro_docs or cfg.trainer.micro_docs or local_docs, local_docs)
     if checkpointing is None:
         checkpointing = cfg.trainer.activation_checkpointing is True
     bytes_per = 2 if _bf16(cfg, device.type) else 4
     kept, recomputed = saved_per_token_layer(model, cfg, device.type, checkpointing)
-    tokens = micro * cfg.ctx
-    activations = tokens * (spec.n_layers * kept + recomputed) * bytes_per
+    tokens = micro * cfg.ctx // n  # this rank's slice of its documents
+    exchanged = context_parallel_saved(model, cfg, n, device.type, bytes_per)
+    if checkpointing:  # only the block being recomputed holds its exchange
+        exchanged /= spec.n_layers
+    activations = tokens * (spec.n_layers * kept + recomputed) * bytes_per + micro * exchanged
     logits = 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4
     seconds = None
     if rate is None:
@@ -222,7 +257,7 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
             f"parameters)")
     if with_ckpt.fits:
         raise ValueError(f"{need}; set trainer.activation_checkpointing=true (~{_gib(with_ckpt.total_bytes)})")
-    local_docs = max(1, cfg.data.docs_per_batch // world_size)
+    local_docs = max(1, cfg.data.docs_per_batch // max(1, world_size // context_parallel(cfg)))
     smaller_micros = [m for m in range(est.micro_docs - 1, 0, -1) if local_docs % m == 0]
     for micro in smaller_micros:  # the largest micro-batch that fits, without recomputation if it can
         for ckpt in dict.fromkeys((est.checkpointing, True)):
@@ -268,3 +303,69 @@ def check_evaluation_fits(flag: str, ctx: int, forward: dict, device: torch.devi
         if available is not None and need > available:
             raise ValueError(f"{flag}: {ctx} needs ~{_gib(need)} of memory on {where} but {_gib(available)} is "
                              f"available ({detail}; formulas: longctx.train.estimate); {advice}")
+
+
+# ----- command line: the longest context that fits N GPUs ---------------------------------------------------------
+def longest_context(cfg: DictConfig, gpus: int, memory_gib: float, max_log2: int = 24) -> list[tuple]:
+    """(ctx, Estimate without checkpointing, Estimate with it) for ctx = 2^k, 1024 <= ctx <= 2^max_log2 (a multiple of
+    `gpus`, a power of two)
+    on `gpus` CUDA ranks of one CP group (trainer.context_parallel=gpus) of `memory_gib` GiB each (90% usable)."""
+    from omegaconf import OmegaConf
+
+    from longctx.models.spec import model_spec, model_vocab_size
+
+    rows = []
+    for k in range(max(10, (gpus - 1).bit_length()), max_log2 + 1):
+        at = OmegaConf.merge(cfg, {"ctx": 2 ** k, "trainer": {"context_parallel": gpus}})
+
+        def spec_for(vocab, at=at):
+            return model_spec(at, model_vocab_size(vocab))
+
+        kw = dict(world_size=gpus, available=CUDA_MEMORY_SHARE * memory_gib * GIB, rate=0.0)
+        rows.append((2 ** k, estimate(at, torch.device("cuda"), spec_for, checkpointing=False, **kw),
+                     estimate(at, torch.device("cuda"), spec_for, checkpointing=True, **kw)))
+    return rows
+
+
+def main(argv=None) -> int:
+    """python -m longctx.train.estimate --gpus N --memory-gib M [train.py overrides]: the memory of one rank at
+    each power-of-two context, and the longest that fits, with and without activation checkpointing."""
+    import argparse
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    from longctx.train.config import CONF_DIR, validate
+
+    parser = argparse.ArgumentParser(prog="python -m longctx.train.estimate", description=main.__doc__.split(":")[0])
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of one context-parallel group (its N)")
+    parser.add_argument("--memory-gib", type=float, default=141.0, help="memory of one GPU, GiB (H200: 141)")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. attention=power p=2 model=small")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.gpus < 1 or args.gpus & (args.gpus - 1) or args.memory_gib <= 0:
+            raise ValueError(f"--gpus={args.gpus} --memory-gib={args.memory_gib}: a power of two and a positive size")
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=list(args.overrides))
+        validate(cfg)
+        from omegaconf import OmegaConf
+        validate(OmegaConf.merge(cfg, {"trainer": {"context_parallel": args.gpus}, "ctx": 2 ** 24}))
+        rows = longest_context(cfg, args.gpus, args.memory_gib)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    micro = rows[0][1].micro_docs
+    print(f"{' '.join(args.overrides) or 'the default config'}: one rank of trainer.context_parallel={args.gpus}, "
+          f"{micro} document(s) a micro-batch, {args.memory_gib:g} GiB a GPU ({CUDA_MEMORY_SHARE:.0%} usable)")
+    print(f"{'ctx':>10} {'peak GiB':>10} {'checkpointed':>13}")
+    for ctx, plain, ckpt in rows:
+        print(f"{ctx:>10} {plain.total_bytes / GIB:>10.3g} {ckpt.total_bytes / GIB:>13.3g}")
+    for name, col in (("without activation checkpointing", 1), ("with trainer.activation_checkpointing=true", 2)):
+        fits = [row[0] for row in rows if row[col].fits]
+        at_least = "at least " if fits and fits[-1] == rows[-1][0] else ""
+        print(f"longest ctx that fits {name}: {at_least}{fits[-1] if fits else 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,14 +26,16 @@ from longctx.models import ModelSpec, build_model
 from longctx.models.spec import model_spec, model_vocab_size
 from longctx import provenance
 from longctx.train import checkpoint as ckpt
-from longctx.train.config import validate
+from longctx.train.config import check_context_parallel, validate
 from longctx.train.console import (close_logging, eta, format_duration, is_terminal, log, log_to_file, progress_bar,
                                    setup_logging)
 from longctx.train.estimate import check_fits
-from longctx.train.data import build_heldout, build_train_reader, resolve_splits
+from longctx.train.data import ContextSlices, build_heldout, build_train_reader, resolve_splits
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.loggers import check_wandb
-from longctx.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
+from longctx.models.context_parallel import ContextParallelModel, set_context_parallel
+from longctx.train.distributed import (DistInfo, all_reduce_sum, barrier, context_parallel_layout, init_distributed,
+                                       shutdown)
 from longctx.train.loggers import JsonlLogger, WandbLogger, plot_icl_curves, read_wandb_id, wandb_id_for
 from longctx.train.paths import resolve_run_paths
 from longctx.train.optim import (WARMUP_FRACTION, Schedule, apply_hyperparameters, build_optimizer, build_scheduler,
@@ -75,6 +77,35 @@ def prior_training(checkpoint: Path, step: int | None) -> tuple[int, float]:
             float(last.get("flops_all_stages", last.get("flops", 0.0))))
 
 
+def is_hf_folder(source) -> bool:
+    """Whether trainer.init_from names a Hugging Face checkpoint folder (config.json; a run folder holds config.yaml).
+    Decided here: importing longctx.hf loads transformers, which only runs from such a folder need."""
+    path = Path(str(source)).expanduser()
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def model_vocab(cfg: DictConfig, depth: int = 0):
+    """The model's vocabulary as a function of the data's: padded to a multiple of 64 (model_vocab_size), or a
+    Hugging Face checkpoint's own when the run starts from one (trainer.init_from), directly or through the runs
+    that started from it (a later stage, a run from such a run's weights; their config.yaml name their source). A
+    resumed run decides the same way, so that its model is the one its checkpoints hold."""
+    source = cfg.trainer.get("init_from") if "trainer" in cfg else None
+    if not source:
+        return model_vocab_size
+    if is_hf_folder(source):
+        from longctx.hf.import_weights import checkpoint_vocab
+        return lambda vocab: checkpoint_vocab(source, vocab)
+    path = Path(str(source)).expanduser()
+    run_dir = path if path.is_dir() else path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    import yaml
+
+    try:
+        parent = OmegaConf.load(run_dir / "config.yaml")
+    except (OSError, ValueError, yaml.YAMLError):  # no readable config there: the source's checks name the problem
+        return model_vocab_size
+    return model_vocab(parent, depth + 1) if depth < 64 else model_vocab_size  # 64: a chain that loops
+
+
 def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
     """trainer.compile: false (eager), blocks or true (each residual block compiled in place: one graph, traced once and
     reused by every layer, in seconds; the weights keep their names), or model (torch.compile of the whole model,
@@ -98,7 +129,10 @@ RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size (from the data)",
              "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
              "mlp_ratio": "model.mlp_ratio", "ctx": "ctx", "attention_params": "attention.*",
-             "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims", "token_shift": "arch.token_shift"}
+             "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims", "token_shift": "arch.token_shift",
+             "positions": "arch.positions", "activation": "arch.activation", "n_kv_heads": "arch.n_kv_heads",
+             "d_ff": "arch.d_ff", "norm_eps": "arch.norm_eps", "tie_embeddings": "arch.tie_embeddings",
+             "qkv_bias": "arch.qkv_bias"}
 
 
 class Trainer:
@@ -128,9 +162,8 @@ class Trainer:
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
         self.run_dir = Path(cfg.run_dir)
-        if cfg.data.docs_per_batch % self.dist.world_size:
-            raise ValueError(f"data.docs_per_batch={cfg.data.docs_per_batch} is not divisible by the "
-                             f"world size {self.dist.world_size}")
+        check_context_parallel(cfg, self.dist.world_size)  # N | world, DP ranks | the batch
+        self.layout = context_parallel_layout(self.dist, cfg.trainer.get("context_parallel", 1))
         self._lock_run_dir()
         check_no_links(self.run_dir)
         candidates = self._check_run_dir()
@@ -139,7 +172,8 @@ class Trainer:
         check_wandb(cfg.logger)
         if cfg.logger.wandb.mode != "disabled":
             read_wandb_id(self.run_dir)  # a stored id wandb would refuse: named now, not as wandb's traceback
-        self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, model_vocab_size(vocab)),
+        vocab_of = model_vocab(cfg)
+        self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, vocab_of(vocab)),
                                    self.dist.world_size)  # before any data is generated or read
         seed_everything(cfg.seed)
 
@@ -150,10 +184,10 @@ class Trainer:
         barrier(self.dist)
         if not self.dist.is_main:
             self.splits = resolve_splits(cfg.data, cfg.ctx)
-        self.spec: ModelSpec = model_spec(cfg, model_vocab_size(self.splits.info["vocab_size"]))
+        self.spec: ModelSpec = model_spec(cfg, vocab_of(self.splits.info["vocab_size"]))
         self.train_tokens = self.splits.info["num_docs"] * self.splits.info["doc_len"]  # one pass over the split
 
-        self.model = build_model(self.spec).to(self.device)
+        self.model = set_context_parallel(build_model(self.spec).to(self.device), self.layout.cp)
         bf16 = cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and self.device.type == "cuda")
         self.flops = flops_report(self.model, cfg.ctx, self.device.type, torch.bfloat16 if bf16 else torch.float32)
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -165,8 +199,11 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
 
-        self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.dist.rank, self.dist.world_size,
+        # the DP rank's documents; with CP, each rank of its CP group keeps its slice of their context
+        self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.layout.dp_rank, self.layout.dp_world,
                                          self.spec.vocab_size)
+        if self.layout.cp is not None:
+            self.reader = ContextSlices(self.reader, self.layout.cp.rank, self.layout.cp.world)
         self.heldout = build_heldout(self.splits, cfg.data, cfg.ctx, self.spec.vocab_size)
         self.evaluation = HeldoutEvaluation(self.heldout, cfg.trainer.icl_bins)  # refuses bins too narrow to trust
 
@@ -403,8 +440,18 @@ class Trainer:
 
     def _init_weights(self, source: str) -> None:
         """A new run from another run's weights (trainer.init_from): the model only; optimizer, schedule,
-        data order and step count start fresh. The model must be the same (ctx and data may differ)."""
+        data order and step count start fresh. The model must be the same (ctx and data may differ). A Hugging Face
+        checkpoint folder (config.json + safetensors) maps onto the model: longctx.hf.import_weights."""
         path = Path(str(source)).expanduser()
+        if is_hf_folder(path):
+            from longctx.hf.import_weights import load_checkpoint
+            kept = load_checkpoint(self.model, path)  # names of the attention cores' own tensors, left as initialised
+            kinds = sorted({name.split(".", 2)[-1] if name.startswith("blocks.") else name for name in kept})
+            if self.dist.is_main:
+                log.info(f"weights from the Hugging Face checkpoint {path}; as the attention initialises them: "
+                         f"{', '.join(kinds) or 'none'}; the tokens and FLOPs trained before are not known "
+                         f"(tokens_all_stages counts from here)")
+            return
         try:
             if path.is_dir():
                 found = ckpt.list_checkpoints(path)
@@ -453,6 +500,7 @@ class Trainer:
     def train_step(self, batch: dict) -> float:
         """One optimizer step over the local batch, in micro-batches of trainer.micro_docs documents."""
         inputs, targets = batch["inputs"].to(self.device), batch["targets"].to(self.device)
+        doc_ids = batch["doc_ids"].to(self.device) if "doc_ids" in batch else None  # data.pack: packed documents
         local_docs = inputs.shape[0]
         micro = self.cfg.trainer.micro_docs or local_docs
         starts = list(range(0, local_docs, micro))
@@ -462,7 +510,9 @@ class Trainer:
             no_sync = (self.train_model.no_sync() if self.dist.enabled and not sync else contextlib.nullcontext())
             with no_sync, self.autocast():
                 # summed NLL (fp32): its backward scales gradients the forward formed (models.common.nll_sum)
-                loss = self.train_model(inputs[s:s + micro], targets[s:s + micro], reduction="sum") / targets.numel()
+                packed = {} if doc_ids is None else {"doc_ids": doc_ids[s:s + micro]}
+                loss = self.train_model(inputs[s:s + micro], targets[s:s + micro], reduction="sum",
+                                        **packed) / targets.numel()
             loss.backward()
             loss_sum += loss.detach().double()
         loss_value = float(all_reduce_sum(loss_sum, self.dist).item()) / self.dist.world_size
@@ -488,12 +538,13 @@ class Trainer:
             return
         micro = self.cfg.trainer.micro_docs or batch["inputs"].shape[0]
         inputs, targets = batch["inputs"][:micro].to(self.device), batch["targets"][:micro].to(self.device)
+        packed = {"doc_ids": batch["doc_ids"][:micro].to(self.device)} if "doc_ids" in batch else {}  # data.pack
         torch.cuda.reset_peak_memory_stats(self.device)
         no_sync = self.train_model.no_sync() if self.dist.enabled else contextlib.nullcontext()
         try:
             with no_sync:
                 with self.autocast():
-                    loss = self.train_model(inputs, targets, reduction="sum")
+                    loss = self.train_model(inputs, targets, reduction="sum", **packed)
                 loss.backward()
             del loss
             peak = torch.cuda.max_memory_allocated(self.device)
@@ -528,13 +579,17 @@ class Trainer:
         """The heldout evaluation (all ranks together), logged with its per-document record. A non-finite heldout loss
         follows trainer.on_nonfinite: stop raises; skip warns and returns None (nothing logged, no checkpoint).
         data_wait: the fraction of the training time since the last evaluation spent waiting for the reader."""
-        n = self.evaluation.n_docs
-        share = range(self.dist.rank * n // self.dist.world_size, (self.dist.rank + 1) * n // self.dist.world_size)
+        n, layout = self.evaluation.n_docs, self.layout
+        share = range(layout.dp_rank * n // layout.dp_world, (layout.dp_rank + 1) * n // layout.dp_world)
+        # with CP, each CP group evaluates its share of whole documents (every rank gets their whole per-token
+        # losses), summed over the ranks holding the same slice: what one process computes, counted once
+        model = self.model if layout.cp is None else ContextParallelModel(self.model, layout.cp)
         self.model.eval()
         with progress_bar(self.dist.is_main, total=n, desc=f"eval step {self.step}", unit="doc", leave=False) as bar:
-            result = self.evaluation.run(self.model, self.cfg.trainer.micro_docs or self.cfg.data.docs_per_batch,
-                                         self.cfg.trainer.precision, share, lambda t: all_reduce_sum(t, self.dist),
-                                         lambda done: bar.update(done * self.dist.world_size))
+            result = self.evaluation.run(model, self.cfg.trainer.micro_docs or self.cfg.data.docs_per_batch,
+                                         self.cfg.trainer.precision, share,
+                                         lambda t: all_reduce_sum(t, self.dist, layout.dp_group),
+                                         lambda done: bar.update(done * layout.dp_world))
         self.model.train()
         if not result.finite:
             what = (f"non-finite heldout loss at step {self.step} (mean {result.per_position.mean()}, "

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from longctx.kernels.power import autograd as ops  # noqa: E402
 from longctx.kernels.power.chunk_p2 import config as p2_config  # noqa: E402
 from longctx.kernels.power.dispatch import run  # noqa: E402
-from longctx.kernels.power.interface import _check  # noqa: E402
+from longctx.kernels.power.interface import check_inputs  # noqa: E402
 from longctx.kernels.power.plan import IMPL_ENV, make_plan  # noqa: E402
 from longctx.kernels.power.autograd import attention_form  # noqa: E402
 from longctx.kernels.power.autograd import chunked_form  # noqa: E402
@@ -36,7 +36,7 @@ def rel(a, b):
 def call(form, p, norm, chunk):
     def f(q, k, v, lg):
         if form.startswith("public"):      # interface.power_attention's steps for a CUDA tensor
-            _, t, _, _, d = _check(q, k, v, lg, p, None, None, norm, None)
+            _, t, _, _, d = check_inputs(q, k, v, lg, p, None, None, norm, None)
             plan = make_plan(t, p, d, q.dtype, "cuda", norm=norm)
             return run(plan, q, k, v, lg, scale=0.25, norm=norm, initial_state=None, return_state=False)
         if form == "attention":

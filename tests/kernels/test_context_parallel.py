@@ -54,7 +54,7 @@ def bounds(world, uneven):
     return [r * T // world for r in range(world + 1)]
 
 
-def run_case(rank, world, case, dtype):
+def run_case(rank, world, case, dtype, group=None):
     p, norm, gated, hq, hk, d, chunk, uneven = case
     g = torch.Generator().manual_seed(p * 100 + hq)
     full = [torch.randn(2, T, h, d, generator=g, dtype=torch.float64) for h in (hq, hk, hk)]
@@ -65,10 +65,10 @@ def run_case(rank, world, case, dtype):
     (yt * dy).sum().backward()
     lo, hi = bounds(world, uneven)[rank:rank + 2]
     mine = [x[:, lo:hi].to(getattr(torch, dtype)).requires_grad_() if x is not None else None for x in full]
-    y = context_parallel_power_attention(*mine, p=p, norm=norm, chunk_size=chunk)
+    y = context_parallel_power_attention(*mine, p=p, norm=norm, chunk_size=chunk, group=group)
     (y.double() * dy[:, lo:hi]).sum().backward()
     with torch.no_grad():                       # inference: no collective in a backward to line up
-        y_ng = context_parallel_power_attention(*mine, p=p, norm=norm, chunk_size=chunk)
+        y_ng = context_parallel_power_attention(*mine, p=p, norm=norm, chunk_size=chunk, group=group)
     errs = errors(y, mine, yt, leaves, gated, lo, hi)
     errs["y_no_grad"] = errors(y_ng, [], yt, [], False, lo, hi)["y"]
     base = dict.fromkeys(errs, 0.0)
@@ -121,6 +121,13 @@ def worker(rank, world, rdv, out):
                 res[f"{name}-{dtype}"] = run_case(rank, world, case, dtype)
             finally:
                 reference.EPS = eps
+    if world == 4:  # two groups of 2 (a DP x CP layout's CP groups): gradients return within the group
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        eps, reference.EPS = reference.EPS, 0.0
+        try:
+            res["subgroup"] = run_case(rank % 2, 2, CASES["p2-norm-gated-gqa-chunk4"], "float64", groups[rank // 2])
+        finally:
+            reference.EPS = eps
     res["bad"] = bad_inputs(rank)
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(res, f)
@@ -144,6 +151,14 @@ def test_matches_one_process(results, case, dtype):
         # TOL to one process's own error, no more
         worst = {n: (e, b) for n, (e, b) in errs.items() if not e <= TOL[dtype] + b}     # NaN fails too
         assert not worst, f"rank {rank}: (error, one process's) {worst} (tolerance {TOL[dtype]} + one process's)"
+
+
+def test_a_group_that_does_not_start_at_rank_0(results):
+    if len(results) != 4:
+        pytest.skip("the world of 4 holds two groups of 2")
+    for rank, res in enumerate(results):
+        worst = {n: e for n, (e, _) in res["subgroup"].items() if not e <= TOL["float64"]}
+        assert not worst, f"rank {rank} (group {rank // 2}): {worst}"
 
 
 def test_bad_inputs_raise_on_every_rank(results):

@@ -140,8 +140,7 @@ def test_plan_key_changes_with_every_attention_switch():
     later included) or the gate scan's tile must give a new key, or a stale plan would run."""
     q = torch.randn(1, 16, 2, 32)
     base = native.plan_key(q, q, None, 2, True)
-    flips = {"block_override": {"fwd": (64, 64, 4, 3)}, "short_fwd_t": 1, "short_fwd_block": (32, 32, 4, 1),
-             "offdiag_precision": "tf32"}
+    flips = {"block_override": {"fwd": (64, 64, 4, 3)}, "short_fwd_t": 1, "offdiag_precision": "tf32"}
     for f in dataclasses.fields(config.AttentionConfig):
         value = flips.get(f.name, not getattr(config.attention.current(), f.name))
         with config.attention.override(**{f.name: value}):

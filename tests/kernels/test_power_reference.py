@@ -148,39 +148,40 @@ def test_attention_form_tiles_per_kernel():
     import triton.language as tl
     from longctx.kernels.power import config
     from longctx.kernels.power import parallel as ta
-    default = {kernel: ta._blocks(64, kernel, tl.bfloat16) for kernel in ta.KERNELS}
+    default = {kernel: ta.blocks(64, kernel, tl.bfloat16) for kernel in ta.KERNELS}
     with config.attention.override(block_override={"dq": (128, 32, 8, 2)}):
-        assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)
-        assert ta._blocks(64, "dkdv", tl.bfloat16) == default["dkdv"]
-        assert ta._blocks(64, "fwd", tl.bfloat16) == default["fwd"]
+        assert ta.blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)
+        assert ta.blocks(64, "dkdv", tl.bfloat16) == default["dkdv"]
+        assert ta.blocks(64, "fwd", tl.bfloat16) == default["fwd"]
     with config.attention.override(block_override={"dq": (128, 32, 8, 2), "bwd": (32, 32, 4, 2),
                                                    "fwd": (64, 64, 4, 2, 128)}):
-        assert ta._blocks(64, "dkdv", tl.bfloat16) == (32, 32, 4, 2)
-        assert ta._blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)           # its own override wins
-        cfg = ta._launch_cfg(64, "dq", tl.bfloat16, "tf32")
+        assert ta.blocks(64, "dkdv", tl.bfloat16) == (32, 32, 4, 2)
+        assert ta.blocks(64, "dq", tl.bfloat16) == (128, 32, 8, 2)           # its own override wins
+        cfg = ta.launch_config(64, "dq", tl.bfloat16, "tf32")
         assert (cfg["BM"], cfg["BN"], cfg["num_warps"], cfg["num_stages"], cfg["FAST"]) == (128, 32, 8, 2, True)
         assert "maxnreg" not in cfg                                           # 4 entries: no register cap
-        assert ta._launch_cfg(64, "fwd", tl.bfloat16, "tf32")["maxnreg"] == 128   # a 5th entry caps the registers
-    assert {kernel: ta._blocks(64, kernel, tl.bfloat16) for kernel in ta.KERNELS} == default   # restored
+        assert ta.launch_config(64, "fwd", tl.bfloat16, "tf32")["maxnreg"] == 128   # a 5th entry caps the registers
+    assert {kernel: ta.blocks(64, kernel, tl.bfloat16) for kernel in ta.KERNELS} == default   # restored
     with pytest.raises(TypeError, match="'block_overide'"):
         with config.attention.override(block_overide={}):
             pass
     with pytest.raises(ValueError, match="kernel='bwd'"):
-        ta._blocks(64, "bwd", tl.bfloat16)
+        ta.blocks(64, "bwd", tl.bfloat16)
 
 
 def test_attention_form_short_forward_tile():
-    """The attention form's forward takes short_fwd_block up to short_fwd_t tokens (d=64, bf16), its default tile
-    above; the chunked form's intra-chunk forward, the backward kernels and other head dims never take it."""
+    """The attention form's forward takes the tunables table's attn_fwd_short tile up to short_fwd_t tokens (d=64,
+    bf16), its default tile above; the chunked form's intra-chunk forward, the backward kernels and other head dims
+    never take it."""
     import triton.language as tl
     from longctx.kernels.power import config
-    from longctx.kernels.power import parallel as ta
+    from longctx.kernels.power import parallel as ta, tunables
     cfg = config.attention.current()
     short, long_ = cfg.short_fwd_t, cfg.short_fwd_t + 1
-    default = ta._blocks(64, "fwd", tl.bfloat16)
-    assert ta._blocks(64, "fwd", tl.bfloat16, t=short) == cfg.short_fwd_block != default
-    assert ta._blocks(64, "fwd", tl.bfloat16, t=long_) == default
-    assert ta._blocks(64, "fwd", tl.bfloat16, chunked=True, t=short) == ta._blocks(64, "fwd", tl.bfloat16, chunked=True)
-    assert ta._blocks(64, "dq", tl.bfloat16, t=short) == ta._blocks(64, "dq", tl.bfloat16)
-    assert ta._blocks(32, "fwd", tl.bfloat16, t=short) == ta._blocks(32, "fwd", tl.bfloat16)
-    assert ta._blocks(64, "fwd", tl.float32, t=short) == ta._blocks(64, "fwd", tl.float32)
+    default = ta.blocks(64, "fwd", tl.bfloat16)
+    assert ta.blocks(64, "fwd", tl.bfloat16, t=short) == tunables.tile("attn_fwd_short", 64, "bf16") != default
+    assert ta.blocks(64, "fwd", tl.bfloat16, t=long_) == default
+    assert ta.blocks(64, "fwd", tl.bfloat16, chunked=True, t=short) == ta.blocks(64, "fwd", tl.bfloat16, chunked=True)
+    assert ta.blocks(64, "dq", tl.bfloat16, t=short) == ta.blocks(64, "dq", tl.bfloat16)
+    assert ta.blocks(32, "fwd", tl.bfloat16, t=short) == ta.blocks(32, "fwd", tl.bfloat16)
+    assert ta.blocks(64, "fwd", tl.float32, t=short) == ta.blocks(64, "fwd", tl.float32)

@@ -23,16 +23,29 @@ def tiny_spec(default_arch: str, **kw) -> ModelSpec:
     return ModelSpec(**spec, attention_params=params)
 
 
+# Architectures whose pairs run in the slow suite but for attention=exp: llama holds the cores as GPT-2 does (its
+# checks against transformers' own model, GQA included, are tests/hf/test_import.py)
+SLOW_ARCHS = ("llama",)
+
+
+def arch_params() -> list:
+    """Every registered architecture as a pytest param, those of SLOW_ARCHS in the slow suite."""
+    return [pytest.param(arch, id=arch, marks=[pytest.mark.slow] if arch in SLOW_ARCHS else [])
+            for arch in sorted(ARCHITECTURES)]
+
+
 def model_cases() -> list:
     """Every (arch, attention) pair of the registries as pytest params: each registered attention on each registered
     architecture. Where an architecture serves an attention name with a native mixing of its own, the id says so
-    (rwkv7-linear[native rwkv7])."""
+    (rwkv7-linear[native rwkv7]). Pairs of SLOW_ARCHS but exp run in the slow suite."""
     cases = []
     for arch in sorted(ARCHITECTURES):
         for attention in sorted(ATTENTIONS):
             native = native_mixing(arch, attention)
+            slow = arch in SLOW_ARCHS and attention != "exp"
             cases.append(pytest.param(arch, attention, id=f"{arch}-{attention}"
-                                      + (f"[native {native.name}]" if native else "")))
+                                      + (f"[native {native.name}]" if native else ""),
+                                      marks=[pytest.mark.slow] if slow else []))
     return cases
 
 

@@ -15,8 +15,7 @@ from longctx.models.attention.shared import KVCache, StaticKVCache
 from longctx.models.decoding import (RowLinear, StaticDecoder, autocast_weights, compile_available, sample_next,
                                      takes_fused_state)
 from longctx.models.rwkv7 import StaticRWKV7State, rwkv7_recurrent
-from longctx.models.spec import ARCHS
-from _checks import VOCAB, assert_cached_equals_full, perturb_, tiny_spec
+from _checks import VOCAB, arch_params, assert_cached_equals_full, perturb_, tiny_spec
 
 CASES = [pytest.param(dict(attention="exp"), id="exp"),
          pytest.param(dict(attention="exp", sink=True), id="exp-sink"),
@@ -39,7 +38,7 @@ def model_for(arch, case, seed=0, scale=0.05):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", arch_params())
 def test_cached_logits_equal_full_forward(arch, case):
     """A 9-token prompt (longer than the window of 5), then one token at a time: every position's logits equal
     those of one forward over the whole sequence (rotary positions, gates, states, token shifts all continue)."""
@@ -56,7 +55,7 @@ def test_cached_logits_equal_full_forward(arch, case):
 @pytest.mark.parametrize("path", [{}, dict(static=True, compile=False), dict(static=False)],
                          ids=["default", "static", "cached"])
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", arch_params())
 def test_greedy_generation_cached_equals_recomputed(arch, case, path):
     """The default path (`generate` with no options: the static decoder, here on CPU uncompiled), the static
     decoder and the eager cached path all generate the tokens recomputation does."""
@@ -94,7 +93,7 @@ def buffers(cache):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", arch_params())
 def test_static_decoder_equals_full_forward_in_place(arch, case):
     """The static decoder: a 9-token prompt, then one token a step into buffers of 21 positions (the window of 5
     wraps its ring): every step's logits equal one forward over the whole sequence; every step writes the same

@@ -31,7 +31,13 @@ def core(name, spec, **params):
 # -- spec ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, field, words", [
-    (dict(arch="llama"), "ModelSpec.arch", sorted(ARCHITECTURES)),
+    (dict(arch="mamba"), "ModelSpec.arch", sorted(ARCHITECTURES)),
+    (dict(positions="alibi"), "ModelSpec.positions", ["rotary, learned"]),
+    (dict(activation="relu"), "ModelSpec.activation", ["gelu, gelu_tanh"]),
+    (dict(n_kv_heads=2), "ModelSpec.n_kv_heads", ["llama"]),
+    (dict(arch="llama", n_heads=4, n_kv_heads=3), "ModelSpec.n_kv_heads", ["dividing n_heads=4"]),
+    (dict(arch="llama", positions="learned"), "ModelSpec.positions", ["gpt2"]),
+    (dict(arch="llama", norm_eps=0), "ModelSpec.norm_eps", ["(0, 1)"]),
     (dict(d_model=30, n_heads=4), "ModelSpec.d_model", ["n_heads"]),
     (dict(n_layers=0), "ModelSpec.n_layers", []),
     (dict(attention="flash"), "attention.name", sorted(ATTENTIONS)),

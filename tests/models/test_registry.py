@@ -43,9 +43,9 @@ def test_build_model_and_the_spec_look_the_architecture_up(toy_architecture):
 
 
 def test_unknown_architecture_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"^ModelSpec\.arch='llama': unknown architecture; known: "
+    with pytest.raises(ValueError, match=r"^ModelSpec\.arch='mamba': unknown architecture; known: "
                                          + ", ".join(sorted(ARCHITECTURES))):
-        ModelSpec(arch="llama")
+        ModelSpec(arch="mamba")
 
 
 @pytest.mark.parametrize("arch, attention", model_cases())

@@ -46,6 +46,7 @@ def saved_bytes(cfg, docs: int) -> int:
     ["ctx=512", "attention=window", "window=64"],
     ["ctx=256", "arch=rwkv7", "model.d_model=256", "model.n_heads=4"],
     ["ctx=256", "arch=rwkv7", "attention=linear", "model.d_model=256", "model.n_heads=4"],
+    ["ctx=256", "arch=llama", "model.d_model=128", "model.n_heads=4", "arch.n_kv_heads=1", "arch.d_ff=768"],
 ], ids=lambda o: " ".join(o))
 def test_activation_formula_matches_what_autograd_keeps(compose, overrides):
     cfg = compose("run_dir=unused", "data.docs_per_batch=2", "trainer.num_threads=2", *overrides)

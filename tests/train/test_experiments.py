@@ -24,7 +24,8 @@ from longctx.train.trainer import model_spec
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 # bases the sweeps start from (no sweep of their own)
-RECIPES = ("paper", "icl_small", "paper_scale", "icl_curriculum", "icl_token_shift")
+RECIPES = ("paper", "icl_small", "paper_scale", "icl_curriculum", "icl_token_shift",
+           "convert_continue")  # a pretrained Hugging Face model continued at a longer context
 SWEEPS = [e for e in EXPERIMENTS if e not in RECIPES]
 # sweeps on a corpus the user prepares (real text): no ICL task, no staged recipe, no paper-scale twin
 REAL_TEXT = ("corpus_attention",)
@@ -189,7 +190,7 @@ def test_table_rows_at_the_papers_contexts_and_equal_tokens(compose):
 
 def test_long_context_comparison_limits_the_window_and_runs_the_chunked_form(compose):
     """ctx >= 16384 (power p=2's chunked form on CUDA), stacked windows reaching less than the context."""
-    from longctx.kernels.power.dispatch import cuda_chunk_size
+    from longctx.kernels.power.plan import cuda_chunk_size
     import torch
     for name in ("attention_long_context", "flops_frontier"):
         for point in sweep_points(name):

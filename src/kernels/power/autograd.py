@@ -190,6 +190,14 @@ def attention_form(q, k, v, log_g, *, p, scale, norm, plan: Optional[Plan] = Non
     return AttentionForm.apply(q, k, v, log_g, scale, p, norm, record)
 
 
+def python_node(plan: Plan, q, k, v, log_g, scale: float) -> torch.Tensor:
+    """The attention form's Python autograd node (AttentionForm) for an attention-form plan, neither the C++ node nor
+    the custom ops: what tools/host_overhead*.py time beside an empty node."""
+    if plan.form != "attention":
+        raise ValueError(f"plan.form={plan.form!r}: python_node runs the attention form")
+    return AttentionForm.apply(q, k, v, log_g, float(scale), plan.p, plan.norm)
+
+
 def states_in_place() -> bool:
     """Whether this backward may write over the saved states (1.8 GB less at 64k): only in a graph task that frees the
     graph after it (torch's retain_graph=False; unknown -> no), since another backward needs S."""

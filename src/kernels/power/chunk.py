@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import chunk_p2
+from . import chunk_p2, tunables
 from ._common import _combine_store, _has_state, _key_block, _key_rows, _kv_heads, _query_block, _row_factor
 from .chunk_stages import (gate_grads, intra_backward_dkdv, intra_backward_dq, intra_forward, new_state_grads,
                            new_states, scan_state_grads, scan_states, state_operands)
@@ -355,22 +355,19 @@ def _tables(p, d, device):
     return _TABLES[key]
 
 
-def _chunk_blocks(F, d, dot_dt):
-    """(rows per step BK/BM, value columns per state program BD, warps, stages). Not timed on a GPU; chosen so that
-    sm_90 compiles (tools/compile_check.py) fit in shared memory and spill little: 8 warps, [B, F] expanded tiles
-    of 4k elements (2k for fp32 operands with F = 256)."""
-    if F <= 64:
-        return (32 if dot_dt == tl.float32 and d == 128 else 64), min(d, 64), 8, 2
-    if dot_dt == tl.float32:
-        return 16, 16, 8, 2
-    return 32, 32, 8, 2
+def state_tile_key(p, d, dtype) -> tuple:
+    """The tunables table's key of the generic state kernels' launch (rows per step BK/BM, value columns per state
+    program BD, warps, stages) for degree p, head dim d and inputs of `dtype` (their operands: state_operands):
+    chunk_state for expanded tiles of F = tile^p <= 64 features, chunk_state_wide above."""
+    F = state_tile(p, d) ** p
+    return tunables.key("chunk_state" if F <= 64 else "chunk_state_wide", d, state_operands(dtype)[0])
 
 
 def _state_launch(p, d, dtype, device):
     """The generic state kernels' shared constexprs and launch options, and their (rows, BD, L, IDX, MULT)."""
     IDX, MULT, TILE, F, L = _tables(p, d, device)
     sdt, sprec = state_operands(dtype)
-    rows, BD, warps, stages = _chunk_blocks(F, d, sdt)
+    rows, BD, warps, stages = tunables.TABLE[state_tile_key(p, d, dtype)]
     sizes = dict(D=d, P=p, TILE=TILE, F=F, DOT_DT=sdt, PREC=sprec, num_warps=warps, num_stages=stages)
     return sizes, rows, BD, L, IDX, MULT
 

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from . import config
 from ._common import _kv_heads
-from .parallel import _attn_bwd_dkdv, _attn_bwd_dq, _dot_dtype, _launch_cfg, launch_fwd
+from .parallel import _attn_bwd_dkdv, _attn_bwd_dq, dot_dtype, launch_config, launch_fwd
 
 
 @triton.jit
@@ -78,8 +78,8 @@ def state_operands(dtype):
 
 def intra_tiles(d, kernel, dtype, norm):
     """The tile constexprs and launch options of the intra-chunk attention kernel `kernel` ("fwd", "dkdv", "dq"):
-    the one place that picks them (parallel._blocks' chunked entries)."""
-    return _launch_cfg(d, kernel, *_dot_dtype(dtype, norm, kernel != "fwd"), chunked=True)
+    the one place that picks them (parallel.blocks' chunked entries)."""
+    return launch_config(d, kernel, *dot_dtype(dtype, norm, kernel != "fwd"), chunked=True)
 
 
 def intra_forward(q, k, v, G, o, lse, scale, C, p, norm, gated, copy_k=None):

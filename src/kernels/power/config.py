@@ -1,8 +1,9 @@
-"""Tunables and switches of the attention form (parallel.py), the chunked forms' shared stages (chunk.py,
+"""Thresholds and switches of the attention form (parallel.py), the chunked forms' shared stages (chunk.py,
 chunk_stages.py), the gate scan (gates.py) and the routing (dispatch.py), each a frozen config read at launch time;
-`override` replaces one for the calls inside a `with` block (A/B runs, tests). Fields are tunables (tiles,
-thresholds) or switches with a runtime reason; an alternative that lost its measurement is deleted (docs/kernels.md
-keeps its numbers):
+`override` replaces one for the calls inside a `with` block (A/B runs, tests). The kernels' tiles are rows of the
+tunables table (tunables.py): block_override replaces them, and a field that is a tile defaults to its row. Fields are
+thresholds, tile overrides or switches with a runtime reason; an alternative that lost its measurement is deleted
+(docs/kernels.md keeps its numbers):
 
     from longctx.kernels.power import config
     with config.attention.override(offdiag_fp32_grads=True):
@@ -14,15 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import tunables
 from ._config import ConfigSlot
 
 
 @dataclass(frozen=True)
 class AttentionConfig:
     """The attention form's kernels (also the chunked form's intra-chunk attention)."""
-    block_override: dict = field(default_factory=dict)   # {"fwd"|"dkdv"|"dq"|"bwd": (BM, BN, warps, stages[, regs])}
-    short_fwd_t: int = 2048       # the forward at t <= short_fwd_t (d=64, bf16) takes short_fwd_block:
-    short_fwd_block: tuple = (64, 64, 4, 3)   # 1k 0.093 -> 0.082 ms, 2k 0.240 -> 0.234; 4k stays (0.753 vs 0.809)
+    # {"fwd"|"dkdv"|"dq"|"bwd": (BM, BN, warps, stages[, regs])} over the tunables table's rows
+    block_override: dict = field(default_factory=dict)
+    short_fwd_t: int = 2048       # the forward at t <= short_fwd_t takes the table's attn_fwd_short tile (d=64, bf16)
     # the backward's off-diagonal dS tiles and gate-scaled keys in fp32 instead, bf16 gated calls: d(log g) at the
     # input floor too (0.35%), but the attention form's fwd+bwd 3-5x slower at 1k-8k (tf32x3), ~2x (tf32)
     offdiag_fp32_grads: bool = False
@@ -36,14 +38,14 @@ class AttentionConfig:
 @dataclass(frozen=True)
 class ChunkConfig:
     """The chunked forms' shared stages (chunk_stages.py: the scan over chunks, the intra-chunk launches)."""
-    discumsum_block: int = 1024   # elements of the flattened state per _discumsum program
+    discumsum_block: int = tunables.tile("discumsum", 64)[0]   # elements of the flattened state per _discumsum program
     max_grid_y: int = 65535       # CUDA's limit on grid dims 1 and 2: intra-chunk launches split the chunk-batch to fit
 
 
 @dataclass(frozen=True)
 class GatesConfig:
     """The gate scan both forms run first (gates.py)."""
-    column_tile: int = 1024       # steps per tile of a column program (float64: 8 per thread at 4 warps)
+    column_tile: int = tunables.tile("segment_cumsum", 64)[0]   # steps per tile of a column program
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ Steps per rank:
    needed by no one: it sends zeros and skips this pass; rank 0 keeps this pass's output (it has no prefix).
 2. One all-gather of (S_r, z_r, L_r): b * hk * (D*d + D + 1) numbers per rank (z only with norm), independent of the
    slice length; no serial send/recv chain, so the latency is one collective whatever the world size. It is
-   torch.distributed.nn.functional.all_gather (backward: a reduce-scatter on NCCL, an all-to-all on gloo). torch 2.13
-   deprecates it for the functional collectives' all_gather_single, which here (gloo, CPU) imported torch._dynamo on
-   its first call (3-8 s a process) and aborted 1 process exit in 4; its deprecation warning is silenced.
+   `differentiable_all_gather` (backward: a reduce-scatter on NCCL, an all-reduce on gloo). Not torch's
+   torch.distributed.nn.functional.all_gather: its gloo backward passes group ranks where global ranks belong and
+   fails in a group that does not start at global rank 0 (a context-parallel group of a DP x CP layout); nor the
+   functional collectives' all_gather_single, which here (gloo, CPU) imported torch._dynamo on its first call (3-8 s
+   a process) and aborted 1 process exit in 4.
 3. The gated prefix sum above over the ranks before r (exponents summed directly, no differences of cumsums).
 4. y_r = power_attention(slice, initial_state=prefix). Middle ranks run their slice twice (steps 1 and 4: the entry
    point has no state-only call), rank 0 and the last rank once; the exchange waits for the slowest step 1.
@@ -47,14 +49,12 @@ chunk_simple_gla, which this does not call.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.nn.functional import all_gather
 
-from .interface import _check, power_attention
+from .interface import check_inputs, power_attention
 from .reference import PowerState, state_dim
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -77,6 +77,42 @@ class _Tie(torch.autograd.Function):
         return (g, *(torch.zeros(s, dtype=dt, device=dev) for s, dt, dev in ctx.deps))
 
 
+class _AllGather(torch.autograd.Function):
+    """All-gather whose backward sums, over the ranks, the gradients of each rank's piece and returns them to it: a
+    reduce-scatter on NCCL; on gloo (no reduce-scatter) an all-reduce of every piece's gradient, keeping this rank's.
+    (torch.distributed.nn.functional.all_gather's gloo backward passes group ranks where global ranks belong, so it
+    fails in a group that does not start at global rank 0: a CP group of a DP x CP layout.)"""
+
+    @staticmethod
+    def forward(ctx, group, x):
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return tuple(parts)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        stacked = torch.stack(grads)                                            # (world, *x.shape)
+        if dist.get_backend(ctx.group) == dist.Backend.NCCL:
+            mine = torch.empty_like(grads[0])
+            dist.reduce_scatter_tensor(mine, stacked, group=ctx.group)
+        else:
+            dist.all_reduce(stacked, group=ctx.group)
+            mine = stacked[dist.get_rank(ctx.group)]
+        return None, mine
+
+
+def tie(x: torch.Tensor, *deps: torch.Tensor) -> torch.Tensor:
+    """x, with `deps` in its graph at zero gradient: a rank that uses none of a collective's outputs still enters
+    that collective's backward (every rank must)."""
+    return _Tie.apply(x, *deps)
+
+
+def differentiable_all_gather(x: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's x in `group` (same shape everywhere), in rank order; gradients return to the rank that sent each."""
+    return list(_AllGather.apply(group, x))
+
+
 def _group_rank(group):
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialized (call init_process_group first)")
@@ -87,7 +123,7 @@ def _agree(q, k, v, log_g, p, scale, chunk_size, norm, group, world):
     """Local input checks, then one all-gather of what the ranks must agree on; raises ValueError on every rank."""
     error = None
     try:
-        b, _, hq, hk, d = _check(q, k, v, log_g, p, scale, chunk_size, norm, None)
+        b, _, hq, hk, d = check_inputs(q, k, v, log_g, p, scale, chunk_size, norm, None)
         meta = [0.0, b, hq, hk, d, _DTYPES.index(q.dtype), p, float(bool(norm)), float(log_g is not None),
                 float(d ** -0.5 if scale is None else scale)]
     except ValueError as err:
@@ -171,9 +207,7 @@ def context_parallel_power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.
              else log_g.double().sum(1).to(cdt))                             # float64 sum over the slice
         mine = torch.cat([st.s.to(cdt).reshape(-1)] + ([st.z.to(cdt).reshape(-1)] if norm else [])
                          + [L.reshape(-1)])
-    with warnings.catch_warnings():     # torch 2.13 deprecates it (module docstring: why not its replacement)
-        warnings.filterwarnings("ignore", "torch.distributed.nn.functional.all_gather is deprecated", FutureWarning)
-        gathered = all_gather(mine, group=group or dist.group.WORLD)
+    gathered = differentiable_all_gather(mine, group or dist.group.WORLD)
     if rank == 0:
         if gathered[0].requires_grad:
             y = _Tie.apply(y, *gathered)

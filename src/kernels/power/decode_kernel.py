@@ -23,14 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tunables
 from .reference import EPS, M_FLOOR
 
-NUM_WARPS = 4
-
-
-# Programs the split puts on an SM at once (compiled for sm_90 at d=64 with block_rows' blocks: every p takes about
-# 165 registers a thread, so 3 programs of 4 warps fit): one wave, every program's loads in flight together.
-PROGRAMS_PER_SM = 3
+# warps of a program, and programs the split puts on an SM at once (the tunables table's decode_step row)
+NUM_WARPS, PROGRAMS_PER_SM = tunables.tile("decode_step", 64)
 
 
 @triton.jit

@@ -13,8 +13,8 @@ CUDA_POWERS = (1, 2, 3, 4)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _check(q, k, v, log_g, p, scale, chunk_size, norm, initial_state):
-    """Raise ValueError naming the offending argument; returns (b, t, hq, hk, d)."""
+def check_inputs(q, k, v, log_g, p, scale, chunk_size, norm, initial_state):
+    """power_attention's argument checks: raise ValueError naming the offending argument; returns (b, t, hq, hk, d)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -124,7 +124,7 @@ def power_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: Op
         >>> q = k = v = torch.randn(1, 16, 2, 32)
         >>> y = power_attention(q, k, v, p=2)          # (1, 16, 2, 32)
     """
-    b, t, hq, hk, d = _check(q, k, v, log_g, p, scale, chunk_size, norm, initial_state)
+    b, t, hq, hk, d = check_inputs(q, k, v, log_g, p, scale, chunk_size, norm, initial_state)
     if initial_state is not None:
         initial_state = PowerState(*initial_state)
     plan = make_plan(t, p, d, q.dtype, q.device.type, chunk_size=chunk_size, norm=norm,

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 
-from . import config, gates
+from . import config, gates, tunables
 from ._common import _kv_heads, _query_heads, _store_norm_weights, _store_transposed, launch_options
 
 
@@ -438,7 +438,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
 # ----------------------------------------------------------------------------------------------
 
 
-def _dot_dtype(dtype, norm, backward):
+def dot_dtype(dtype, norm, backward):
     """Operand dtype of the tensor-core matmuls and their precision. bf16 keeps fp32's exponent range;
     fp16 is used only where the operands are <= 1 (normalized forward); else fp32 (tf32x3)."""
     if dtype == torch.bfloat16:
@@ -459,43 +459,45 @@ def _fast_paths(kernel, dot_dt, BM, BN):
 KERNELS = ("fwd", "dkdv", "dq")
 
 
-def _blocks(d, kernel, dot_dt, chunked=False, t=None):
-    """(BM, BN, num_warps, num_stages) of one attention-form kernel ("fwd", "dkdv" or "dq") per head dim; fixed
-    (no benchmarking autotuner), measured in docs/kernels.md. The two backward kernels can take different tiles
-    (config.attention's block_override), though today's defaults are the same. chunked: the tiles of the chunked
-    form's intra-chunk attention (every chunk a short sequence of its own), where they differ. t: the attention
-    form's sequence length, for its short-sequence forward tile (config.attention's short_fwd_t)."""
+def tile_key(d, kernel, dot_dt, chunked=False, t=None) -> tuple:
+    """The tunables table's key of one attention-form kernel's tile ("fwd", "dkdv" or "dq") for head dim d and matmul
+    operands dot_dt. chunked: as the chunked form's intra-chunk attention (every chunk a short sequence of its own),
+    whose intra_<kernel> rows win where there are some. t: the attention form's sequence length, for its short-sequence
+    forward tile (attn_fwd_short up to config.attention's short_fwd_t)."""
     cfg = config.attention.current()
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
+    special = []
+    if kernel == "fwd" and not chunked and t is not None and t <= cfg.short_fwd_t:
+        special.append("attn_fwd_short")
+    if kernel == "dkdv" and cfg.offdiag_fp32_grads:
+        special.append("attn_dkdv_offdiag_fp32")
+    if chunked and kernel == "fwd":
+        special.append("intra_fwd")
+    for name in special:
+        key = tunables.key(name, d, dot_dt)
+        if key is not None and tunables.TABLE[key] is not None:
+            return key
+    return tunables.key("attn_" + kernel, d, dot_dt)
+
+
+def blocks(d, kernel, dot_dt, chunked=False, t=None):
+    """(BM, BN, num_warps, num_stages[, maxnreg]) of one attention-form kernel: config.attention's block_override
+    (the two backward kernels can take different tiles: "dkdv", "dq", or "bwd" for both), else the tunables table's
+    row (tile_key)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}: expected one of {KERNELS}")
+    override = config.attention.current().block_override
     for key in (kernel, "bwd" if kernel != "fwd" else None):
-        if key in cfg.block_override:
-            return cfg.block_override[key]
-    if (kernel == "fwd" and not chunked and t is not None and t <= cfg.short_fwd_t and d == 64
-            and dot_dt == tl.bfloat16):
-        return cfg.short_fwd_block
-    if kernel == "dkdv" and cfg.offdiag_fp32_grads and dot_dt == tl.bfloat16 and d > 64:
-        return (64, 64, 8, 1)     # its fp32 off-diagonal tiles: two stages need 247 KB of shared memory at d=128
-    wide = dot_dt == tl.float32 and d >= 128           # fp32 operands at d=128: 4x the shared memory
-    if chunked and kernel == "fwd" and d <= 64 and dot_dt == tl.bfloat16:
-        # 64k, chunk 1024 (H100, one tools/tune_sym2.py process per tile): 3.85 ms at (128, 32, 4, 3, 168) ->
-        # 3.66 here (96 registers, 8 bytes of stack as before: 5 programs per SM instead of 3); 3.73 at 128
-        return (64, 32, 4, 3, 96)
-    if d <= 64 and dot_dt == tl.bfloat16:
-        # register caps (5th entry, maxnreg) that let more programs share an SM (H100: the chunked
-        # form's intra-chunk attention at 64k fwd 4.04 -> 3.46 ms, dq 4.43 -> 3.96; the attention form at 4k
-        # 3.135 -> 3.075 ms fwd+bwd, at 8k the same within noise; docs/kernels.md)
-        return {"fwd": (128, 32, 4, 3, 168), "dkdv": (64, 64, 4, 3), "dq": (64, 64, 4, 1, 128)}[kernel]
-    if kernel != "fwd":
-        return (32, 32, 4, 1) if wide else (64, 64, 4, 3) if d <= 64 else (64, 64, 8, 2)
-    return (64, 32, 4, 1) if wide else (128, 64, 4, 4) if d <= 64 else (128, 64, 8, 2)
+        if key in override:
+            return override[key]
+    return tunables.TABLE[tile_key(d, kernel, dot_dt, chunked, t)]
 
 
-
-def _launch_cfg(d, kernel, dot_dt, prec, chunked=False, t=None):
+def launch_config(d, kernel, dot_dt, prec, chunked=False, t=None):
     """The tile constexprs and launch options (launch_options) of one attention-form kernel (chunked: as the chunked
-    form's intra-chunk attention; t: as _blocks)."""
-    entry = _blocks(d, kernel, dot_dt, chunked, t)
+    form's intra-chunk attention; t: as blocks)."""
+    entry = blocks(d, kernel, dot_dt, chunked, t)
     BM, BN = entry[:2]
     return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
                 **launch_options(entry))
@@ -513,7 +515,7 @@ def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool, record: 
     o = torch.empty_like(q)
     f32 = dict(device=q.device, dtype=torch.float32)
     lse = torch.empty(b, t, hq, **f32) if norm else torch.empty(1, **f32)       # unread when not norm
-    cfg = _launch_cfg(d, "fwd", *_dot_dtype(q.dtype, norm, False), t=t)
+    cfg = launch_config(d, "fwd", *dot_dtype(q.dtype, norm, False), t=t)
     kernel = launch_fwd(q, k, v, Gc, o, lse, scale, scale ** p, t, b * hq, hq, hk, d, p, norm, gated, cfg)
     if record is not None:
         record["fwd"] = (kernel, cfg["BM"], hq)
@@ -521,7 +523,7 @@ def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool, record: 
 
 
 def launch_fwd(q, k, v, G, o, lse, scale, scale_p, t, nbh, hq, hk, d, p, norm, gated, cfg, **side):
-    """_attn_fwd with cfg (_launch_cfg) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
+    """_attn_fwd with cfg (launch_config) on (b, t, h, d) tensors of nbh / hq sequences (the attention form, or the
     chunked form's chunks as batch entries). side: _attn_fwd's XT_MODE arguments (the chunked form's copy of k).
     Returns the compiled kernel."""
     return _attn_fwd[(-(-t // cfg["BM"]), nbh)](q, k, v, G, o, lse, scale, scale_p, t, HQ=hq, HK=hk, D=d, P=p,
@@ -549,8 +551,8 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
     dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
-    dot_dt, prec = _dot_dtype(q.dtype, norm, True)
-    kv_cfg, q_cfg = (_launch_cfg(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
+    dot_dt, prec = dot_dtype(q.dtype, norm, True)
+    kv_cfg, q_cfg = (launch_config(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **backward_rounding(gated, dot_dt))
     sp = scale ** p
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,

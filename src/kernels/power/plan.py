@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from . import config
+from . import config, tunables
 from .chunk_p2 import config as p2_config
 
 FORMS = ("attention", "chunked", "reference")
@@ -113,51 +113,77 @@ class Plan:
 
     def launches(self) -> dict:
         """{stage: (kernel, tile entry or None)} of what this plan launches, from the lookups the launches make (tiles
-        as (BM, BN, warps, stages[, maxnreg]), the p=2 tables' (JG, rows, ...), a Gluon row kernel's (rows, warps,
+        as (BM, BN, warps, stages[, maxnreg]), the p=2 kernels' (JG, rows, ...), a Gluon row kernel's (rows, warps,
         ring slots)). The p=2 family runs its Gluon kernels on CUDA with bf16 and a Triton that has Gluon, their
         Triton versions elsewhere (the interpreter, fp32 under force)."""
+        return {stage: (kernel, tile) for stage, (kernel, _, tile) in self._stages().items()}
+
+    def table_keys(self) -> dict:
+        """{stage: the tunables table's key its tile is read from (tunables.TABLE)}; a runtime override (config
+        block_override, a P2Config tile field) replaces the row's entry in launches()."""
+        return {stage: key for stage, (_, key, _) in self._stages().items() if key is not None}
+
+    def _stages(self) -> dict:
+        """{stage: (kernel, tunables key or None, tile)}: launches() and table_keys()."""
         from . import chunk as generic, parallel
         from .chunk_p2 import kernels as p2_kernels
-        from .chunk_stages import state_operands
         if self.form == "reference":
-            return {"all": ("reference.power_attention_reference", None)}
+            return {"all": ("reference.power_attention_reference", None, None)}
         chunked = self.form == "chunked"
         out = {}
         for kernel, name in (("fwd", "_attn_fwd"), ("dq", "_attn_bwd_dq"), ("dkdv", "_attn_bwd_dkdv")):
-            dot_dt = parallel._dot_dtype(self.dtype, self.norm, kernel != "fwd")[0]
-            tile = parallel._blocks(self.d, kernel, dot_dt, chunked, None if chunked else self.t)
-            out[("intra_" if chunked else "") + kernel] = (f"parallel.{name}", tile)
+            dot_dt = parallel.dot_dtype(self.dtype, self.norm, kernel != "fwd")[0]
+            t = None if chunked else self.t
+            out[("intra_" if chunked else "") + kernel] = (f"parallel.{name}", parallel.tile_key(
+                self.d, kernel, dot_dt, chunked, t), parallel.blocks(self.d, kernel, dot_dt, chunked, t))
         if self.family == "generic":
-            tile = generic._chunk_blocks(generic.state_tile(self.p, self.d) ** self.p, self.d,
-                                         state_operands(self.dtype)[0])
-            out["states"] = ("chunk._update_state_fwd + chunk_stages._discumsum", tile)
-            out["query_states"] = ("chunk._query_state_fwd", tile)
-            out["state_grads"] = ("chunk._query_grad_state + chunk_stages._discumsum", tile)
-            out["query_bwd"] = ("chunk._query_state_bwd", tile)
-            out["key_bwd"] = ("chunk._update_state_bwd", tile)
+            key = generic.state_tile_key(self.p, self.d, self.dtype)
+            tile = tunables.TABLE[key]
+            out["states"] = ("chunk._update_state_fwd + chunk_stages._discumsum", key, tile)
+            out["query_states"] = ("chunk._query_state_fwd", key, tile)
+            out["state_grads"] = ("chunk._query_grad_state + chunk_stages._discumsum", key, tile)
+            out["query_bwd"] = ("chunk._query_state_bwd", key, tile)
+            out["key_bwd"] = ("chunk._update_state_bwd", key, tile)
         elif self.family == "p2":
             cfg, d, cuda = p2_config.current(), self.d, self.device == "cuda"
-            entry = p2_kernels.block_entry
+
+            def triton_kernel(name, kernel):
+                return name, tunables.key("sym2_" + kernel, d), p2_kernels.block_entry(kernel, d)
+
+            def gluon_rows(name, block):
+                return name, tunables.key(name, d, "bf16"), block
+
             if p2_kernels.gluon_outer_runs(cuda, self.dtype, d, self.chunk):
-                outer = ("gluon_outer (scanning)", (*p2_kernels.gluon_outer_block(d, self.chunk), cfg.outer_stages))
+                outer = ("gluon_outer (scanning)", tunables.key("gluon_outer", d, "bf16"),
+                         (*p2_kernels.gluon_outer_block(d, self.chunk), cfg.outer_stages))
             else:
-                outer = ("_sym2_outer + chunk_stages._discumsum", entry("outer", d))
+                outer = triton_kernel("_sym2_outer + chunk_stages._discumsum", "outer")
             rows = p2_kernels.gluon_rows_run(cuda, self.dtype, d)
             out["states"] = out["state_grads"] = outer
-            out["query_states"] = (("gluon_query_fwd_rows", cfg.qfwd_block) if rows
-                                   else ("_sym2_query_fwd_rows", entry("qfwd_rows", d)))
+            out["query_states"] = (gluon_rows("gluon_query_fwd_rows", cfg.qfwd_block) if rows
+                                   else triton_kernel("_sym2_query_fwd_rows", "qfwd_rows"))
             if not p2_kernels.row_scaled_qbwd(d):
-                out["query_bwd"] = ("_sym2_query_bwd", entry("qbwd", d))
+                out["query_bwd"] = triton_kernel("_sym2_query_bwd", "qbwd")
             else:
-                out["query_bwd"] = (("gluon_query_bwd_rows", cfg.qbwd_block) if rows
-                                    else ("_sym2_query_bwd_rows", entry("qbwd_rows", d)))
+                out["query_bwd"] = (gluon_rows("gluon_query_bwd_rows", cfg.qbwd_block) if rows
+                                    else triton_kernel("_sym2_query_bwd_rows", "qbwd_rows"))
             if rows:
-                out["key_dk"], out["key_dv"] = ("gluon_key_dk_rows", cfg.kdk_block), ("gluon_key_dv_rows",
-                                                                                      cfg.kdv_block)
+                out["key_dk"] = gluon_rows("gluon_key_dk_rows", cfg.kdk_block)
+                out["key_dv"] = gluon_rows("gluon_key_dv_rows", cfg.kdv_block)
             else:
-                out["key_dk"], out["key_dv"] = ("_sym2_key_bwd", entry("kbwd", d)), ("_sym2_key_dv_rows",
-                                                                                    entry("kdv_rows", d))
+                out["key_dk"] = triton_kernel("_sym2_key_bwd", "kbwd")
+                out["key_dv"] = triton_kernel("_sym2_key_dv_rows", "kdv_rows")
         return out
+
+    def describe(self, rows: bool = False) -> str:
+        """str(plan); rows: also the tunables table's rows its launches read (key, then the table's entry)."""
+        text = str(self)
+        if rows:
+            lines = ["tunables (tunables.TABLE)"]
+            lines += [f"  {stage:13s} {tunables.describe(key):52s} {tunables.TABLE[key]}"
+                      for stage, key in self.table_keys().items()]
+            text += "\n" + "\n".join(lines)
+        return text
 
     def __str__(self) -> str:
         names = {v: k for k, v in _DTYPES.items()}

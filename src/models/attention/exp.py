@@ -12,8 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..context_parallel import ContextParallel, gather_prefix
 from .registry import boolean, register
-from .shared import KVCache, StaticKVCache, attend_last, mean_keys_per_query
+from .shared import KVCache, StaticKVCache, attend_last, document_attention, mean_keys_per_query
 
 try:  # optional extra: pip install longctx[flash]
     from flash_attn import flash_attn_func
@@ -24,7 +25,10 @@ except ImportError:  # pragma: no cover - depends on the machine
 @register("exp")
 class ExpAttention(nn.Module):
     """Causal softmax attention. GPU: flash-attn when installed, else SDPA preferring cuDNN, then flash.
-    Decoding keeps a KV cache of every past position."""
+    Decoding keeps a KV cache of every past position. Context parallel: the keys and values of this slice and the
+    slices before it, all-gathered (models.context_parallel)."""
+
+    context_parallel: ContextParallel | None = None  # set by models.context_parallel.set_context_parallel
 
     @dataclass(frozen=True)
     class Params:
@@ -39,11 +43,39 @@ class ExpAttention(nn.Module):
         self.scale = spec.head_dim ** -0.5  # given explicitly: the sink pads head dims, which would change the default
         self.sink_logit = nn.Parameter(torch.zeros(spec.n_heads)) if params.sink else None
 
-    def forward(self, q, k, v, x=None):
+    def forward(self, q, k, v, x=None, doc_ids=None):
+        """doc_ids (b, t) int: packed documents, each attending only within itself (None: one sequence a row)."""
+        if doc_ids is not None:
+            return self._documents(q, k, v, doc_ids)
+        if self.context_parallel is not None:
+            return self._context_parallel(q, k, v)
         if self.sink_logit is not None:
             q, k, v = with_sink(q, k, v, self.sink_logit)
             return self._causal(q, k, v)[:, 1:, :, : self.head_dim]
         return self._causal(q, k, v)
+
+    def _context_parallel(self, q, k, v):
+        """This slice's queries over the keys of slices 0..rank: the causal mask aligned to the keys' end."""
+        kv = gather_prefix(torch.cat([k, v], dim=-1), self.context_parallel)    # (b, start + t, h, 2d)
+        keys, values = kv.split(k.shape[-1], dim=-1)
+        if self.sink_logit is not None:  # the sink in front of the first slice's keys, as in one process
+            q, keys, values = with_sink(q, keys, values, self.sink_logit)
+            q = q[:, 1:]
+        if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):
+            y = flash_attn_func(q, keys, values, causal=True, softmax_scale=self.scale)  # causal: bottom-right
+        else:  # the bottom-right causal bias: SDPA's fused kernels, no (t, T) mask built
+            from torch.nn.attention.bias import causal_lower_right
+
+            qt, kt, vt = (z.transpose(1, 2) for z in (q, keys, values))             # (b, h, ., d)
+            mask = causal_lower_right(qt.shape[2], kt.shape[2])
+            y = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=self.scale).transpose(1, 2)
+        return y[..., : self.head_dim]
+
+    def _documents(self, q, k, v, doc_ids):
+        if self.sink_logit is None:
+            return document_attention(q, k, v, doc_ids, self.scale)
+        q, k, v = with_sink(q, k, v, self.sink_logit)
+        return document_attention(q, k, v, doc_ids, self.scale, sink=True)[:, 1:, :, : self.head_dim]
 
     def _causal(self, q, k, v):
         if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):

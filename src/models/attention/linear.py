@@ -16,7 +16,8 @@ from .registry import boolean, positive_int, register
 class LinearAttention(PowerAttention):
     """Gated, normalized linear attention: power attention with p=1 (scalar per-head gate), output RMS-normed
     per head. GPU: FLA's `chunk_simple_gla` where its backward runs, else the p=1 power kernel (same math).
-    Decoding: the p=1 recurrent state (D = d) of the power kernels' step API."""
+    Decoding: the p=1 recurrent state (D = d) of the power kernels' step API. Context parallel: the p=1 power
+    kernel's state exchange (PowerAttention.context_parallel_core), on CUDA too."""
 
     @dataclass(frozen=True)
     class Params:
@@ -31,6 +32,8 @@ class LinearAttention(PowerAttention):
         super().__init__(spec, PowerAttention.Params(p=1, chunk_size=params.chunk_size, gating=params.gating))
 
     def core(self, q, k, v, log_g):
+        if self.context_parallel is not None:
+            return self.context_parallel_core(q, k, v, log_g)
         if q.is_cuda and _fla_simple_gla_ok(q.device):
             from fla.ops.simple_gla import chunk_simple_gla
             y, _ = chunk_simple_gla(q, k, v, g=log_g, scale=self.head_dim ** -0.5)
@@ -39,8 +42,8 @@ class LinearAttention(PowerAttention):
 
     def forward_flops(self, ctx, device_type="cuda", dtype=torch.bfloat16):
         """Forward state FLOPs per token of the form that runs: FLA's chunked form (chunks of FLA_CHUNK tokens, a
-        d x d state) where `core` takes FLA's kernel, else the p=1 power kernels' form."""
-        if device_type == "cuda" and _fla_simple_gla_ok():
+        d x d state) where `core` takes FLA's kernel, else (context parallel too) the p=1 power kernels' form."""
+        if device_type == "cuda" and _fla_simple_gla_ok() and self.context_parallel is None:
             return self.form_flops(ctx, FLA_CHUNK)
         return super().forward_flops(ctx, device_type, dtype)
 

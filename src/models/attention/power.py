@@ -10,9 +10,11 @@ import torch.nn as nn
 
 from longctx.kernels import (PowerState, default_chunk_size, power_attention, power_attention_step,  # CUDA -> Triton,
                              power_decode_step, state_dim, symmetric_power_indices)                   # CPU -> reference
+from longctx.kernels.power import context_parallel_power_attention
 
+from ..context_parallel import ContextParallel
 from .registry import boolean, int_in, positive_int, register
-from .shared import HeadGate, mean_keys_per_query
+from .shared import HeadGate, doc_starts, mean_keys_per_query
 
 
 @register("power")
@@ -25,7 +27,11 @@ class PowerAttention(nn.Module):
     `output_norm=true` adds that per-head RMSNorm after even p too (the power-attention authors' training code
     normalizes each head's output).
     Decoding keeps the constant-size recurrent state (`PowerState`, D x d per head) of the kernels' step API.
+    Context parallel: the gated states of the slices before this one, all-gathered
+    (kernels.power.context_parallel_power_attention).
     """
+
+    context_parallel: ContextParallel | None = None  # set by models.context_parallel.set_context_parallel
 
     @dataclass(frozen=True)
     class Params:
@@ -48,13 +54,23 @@ class PowerAttention(nn.Module):
         self.gate = HeadGate(spec.d_model, spec.n_heads) if params.gating else None
         self.out_norm = nn.RMSNorm(spec.head_dim, eps=1e-6) if params.output_norm or not self.norm else None
 
-    def forward(self, q, k, v, x):
+    def forward(self, q, k, v, x, doc_ids=None):
+        """doc_ids (b, t) int: packed documents: a gate that forgets everything at each document's first token."""
         log_g = self.gate(x) if self.gate is not None else None  # (b, t, h) fp32 <= 0
+        if doc_ids is not None:
+            log_g = document_gates(log_g, doc_ids, k.shape[2])
         y = self._checked(self.core, q, k, v, log_g)                # (b, t, h, d)
         return y if self.out_norm is None else self.out_norm(y)
 
     def core(self, q, k, v, log_g):
+        if self.context_parallel is not None:
+            return self.context_parallel_core(q, k, v, log_g)
         return power_attention(q, k, v, log_g, p=self.p, chunk_size=self.chunk_size, norm=self.norm)
+
+    def context_parallel_core(self, q, k, v, log_g):
+        # the ranks run one model on equal slices, so they agree on shapes and arguments: no check collective
+        return context_parallel_power_attention(q, k, v, log_g, p=self.p, chunk_size=self.chunk_size, norm=self.norm,
+                                                group=self.context_parallel.group, check_group=False)
 
     def decode(self, q, k, v, x, state: PowerState | StaticPowerState | None):
         if isinstance(state, StaticPowerState):  # one token into the preallocated state (decoding.StaticDecoder)
@@ -100,6 +116,19 @@ class PowerAttention(nn.Module):
         if chunk is None or chunk >= ctx:
             return float(attention * mean_keys_per_query(ctx, ctx))
         return float(attention * mean_keys_per_query(chunk, chunk) + self.state_flops(ctx))
+
+
+BOUNDARY_LOG_G = -80.0  # the log-gate at a document's first token: e^-80 ~ 2e-35 of the state before it survives.
+# Finite, not -inf: G_i - G_j of two tokens past a boundary must stay a difference of finite numbers (no inf - inf),
+# and small enough that cumulative gates of many documents keep their fp32 resolution.
+
+
+def document_gates(log_g, doc_ids, heads: int):
+    """log_g (b, t, h) fp32 or None (ungated) -> the same with BOUNDARY_LOG_G at each document's first token (a
+    document's own first gate only ever decays what came before it, so nothing within it changes)."""
+    if log_g is None:
+        log_g = torch.zeros(*doc_ids.shape, heads, device=doc_ids.device)
+    return torch.where(doc_starts(doc_ids)[..., None], torch.full_like(log_g, BOUNDARY_LOG_G), log_g)
 
 
 class StaticPowerState:

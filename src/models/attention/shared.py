@@ -44,6 +44,62 @@ def attend_last(q, k, v, window: int | None = None, scale: float | None = None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)  # (b, n, h, d)
 
 
+def doc_starts(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Packed documents, `doc_ids` (b, t) int numbering them along each row -> (b, t) bool: True at the first token
+    of each document (position 0 included)."""
+    return F.pad(doc_ids[:, 1:] != doc_ids[:, :-1], (1, 0), value=True)
+
+
+def doc_segments(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(b, t) int: 0, 1, ... numbering the runs of equal doc_ids along each row (a document is one run)."""
+    return doc_starts(doc_ids).cumsum(1) - 1
+
+
+def document_attention(q, k, v, doc_ids, scale: float | None = None, window: int | None = None,
+                       sink: bool = False):
+    """Causal softmax attention within packed documents: query i sees key j <= i of its own document (and with
+    `window`, i - j < window). q, k, v (b, t, h, d) -> (b, t, h, d); doc_ids (b, t) int. sink: position 0 is
+    exp's sink (`with_sink`), seen by every query (doc_ids then covers positions 1..). CUDA: FlexAttention with a
+    document block mask; CPU: SDPA with a boolean mask, O(t^2) memory."""
+    seg = doc_segments(doc_ids)
+    if sink:  # the sink sits in front, in a document of its own that every query may read
+        seg = F.pad(seg + 1, (1, 0))
+    q, k, v = (z.transpose(1, 2) for z in (q, k, v))                          # (b, h, t, d)
+    if q.is_cuda:
+        y = _flex_documents(q, k, v, seg, scale, window, sink)
+    else:
+        t = q.shape[2]
+        i = torch.arange(t, device=q.device)[:, None]
+        j = torch.arange(t, device=q.device)[None, :]
+        allowed = (j <= i) if window is None else (j <= i) & (i - j < window)  # (t, t)
+        same = seg[:, :, None] == seg[:, None, :]                              # (b, t, t)
+        if sink:
+            same = same | (j == 0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=(allowed & same)[:, None], scale=scale)
+    return y.transpose(1, 2)
+
+
+_flex_documents_compiled = None
+
+
+def _flex_documents(q, k, v, seg, scale, window, sink):
+    """FlexAttention (compiled) with the document mask of `seg` (b, t); q, k, v (b, h, t, d)."""
+    global _flex_documents_compiled
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if _flex_documents_compiled is None:
+        _flex_documents_compiled = torch.compile(flex_attention, dynamic=False)
+
+    def documents(b, h, q_idx, kv_idx):
+        keep = (seg[b, q_idx] == seg[b, kv_idx]) & (q_idx >= kv_idx)
+        if window is not None:
+            keep = keep & (q_idx - kv_idx < window)
+        return keep | (kv_idx == 0) if sink else keep
+
+    t = q.shape[2]
+    mask = create_block_mask(documents, seg.shape[0], None, t, t, device=q.device)
+    return _flex_documents_compiled(q, k, v, block_mask=mask, scale=scale)
+
+
 class KVCache:
     """Keys and values of the past positions, (b, T, h, d), in buffers that grow by a quarter (at least 256
     positions) when full, so appending a token copies nothing, amortized. With `keep` (the sliding window's rolling

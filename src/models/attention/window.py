@@ -7,8 +7,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..context_parallel import ContextParallel, halo
 from .registry import positive_int, register
-from .shared import KVCache, StaticKVCache, attend_last, mean_keys_per_query
+from .shared import KVCache, StaticKVCache, attend_last, doc_segments, document_attention, mean_keys_per_query
 
 try:  # optional extra: pip install longctx[flash]
     from flash_attn import flash_attn_func
@@ -34,9 +35,10 @@ def _flex_window(q, k, v, window):
     return _flex_compiled(q, k, v, block_mask=_block_masks[key])
 
 
-def blocked_window(q, k, v, window):
+def blocked_window(q, k, v, window, doc_ids=None):
     """Exact sliding-window attention in plain PyTorch, O(t * window) memory: queries in blocks of `window`
-    attend to their own block and the one before. q, k, v: (b, h, t, d). (FlexAttention has no CPU backward.)"""
+    attend to their own block and the one before. q, k, v: (b, h, t, d). (FlexAttention has no CPU backward.)
+    doc_ids (b, t): packed documents, a query sees keys of its own document only."""
     b, h, t, d = q.shape
     w = window
     n = -(-t // w)
@@ -51,6 +53,11 @@ def blocked_window(q, k, v, window):
     allowed = (j > i) & (j <= i + w)                       # 0 <= (w + i) - j < w
     first = allowed & (j >= w)                             # block 0 has no previous block
     mask = torch.stack([first] + [allowed] * (n - 1))      # (n, w, 2w)
+    if doc_ids is not None:  # padded positions get segments of their own (their outputs are cut off below)
+        seg = F.pad(doc_segments(doc_ids), (0, pad), value=-1)                 # (b, n * w)
+        seg_k = F.pad(seg, (w, 0), value=-2).view(b, n + 1, w)
+        seg_k = torch.cat([seg_k[:, :-1], seg_k[:, 1:]], dim=2)                # (b, n, 2w): prev | own
+        mask = (mask & (seg.view(b, n, w)[..., :, None] == seg_k[..., None, :]))[:, None]  # (b, 1, n, w, 2w)
     y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
     return y.reshape(b, h, n * w, d)[:, :, :t]
 
@@ -59,7 +66,9 @@ def blocked_window(q, k, v, window):
 class WindowAttention(nn.Module):
     """Sliding-window causal softmax attention. GPU: flash-attn's window when installed, else FlexAttention;
     CPU: an exact blocked form (FlexAttention has no CPU backward). Decoding keeps a rolling cache of the
-    newest `window` keys and values."""
+    newest `window` keys and values. Context parallel: a halo of the window-1 keys and values before the slice."""
+
+    context_parallel: ContextParallel | None = None  # set by models.context_parallel.set_context_parallel
 
     @dataclass(frozen=True)
     class Params:
@@ -72,7 +81,18 @@ class WindowAttention(nn.Module):
         super().__init__()
         self.window, self.d_model = params.window, spec.d_model
 
-    def forward(self, q, k, v, x=None):
+    def forward(self, q, k, v, x=None, doc_ids=None):
+        """doc_ids (b, t) int: packed documents, each attending only within itself (None: one sequence a row)."""
+        if doc_ids is not None:
+            if q.is_cuda or q.shape[1] <= self.window:
+                return document_attention(q, k, v, doc_ids, window=self.window)
+            return blocked_window(*(z.transpose(1, 2) for z in (q, k, v)), self.window, doc_ids).transpose(1, 2)
+        if self.context_parallel is not None:
+            return self._context_parallel(q, k, v)
+        return self._windowed(q, k, v)
+
+    def _windowed(self, q, k, v):
+        """Queries and keys of the same positions."""
         t = q.shape[1]
         if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):
             return flash_attn_func(q, k, v, causal=True, window_size=(self.window - 1, 0))
@@ -84,6 +104,14 @@ class WindowAttention(nn.Module):
         else:
             y = blocked_window(q, k, v, self.window)
         return y.transpose(1, 2)  # (b, t, h, d)
+
+    def _context_parallel(self, q, k, v):
+        """The halo's keys and values in front of the slice's, with as many zero queries in front of its queries
+        (outputs dropped): the same windowed forms as one process, no mask to build."""
+        kv = halo(torch.cat([k, v], dim=-1), self.window - 1, self.context_parallel)  # (b, n <= window - 1, h, 2d)
+        n = kv.shape[1]
+        keys, values = (torch.cat([part, own], dim=1) for part, own in zip(kv.split(k.shape[-1], dim=-1), (k, v)))
+        return self._windowed(F.pad(q, (0, 0, 0, 0, n, 0)), keys, values)[:, n:]
 
     def decode(self, q, k, v, x, cache: KVCache | StaticKVCache | None):
         if isinstance(cache, StaticKVCache):  # one token into the preallocated ring (decoding.StaticDecoder)

@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from . import config
-from .config import (BLOCKS, BLOCKS_NARROW, BLOCKS_WIDE, GLUON_OUTER_BLOCK, GLUON_OUTER_DIMS, NORM_SCAN_BI,
-                     NORM_SUMS_STAGES, NORM_SUMS_WARPS, TILE2)
+from .config import GLUON_OUTER_DIMS, TILE2
+from .. import tunables
 from .._common import (_combine_store, _has_state, _key_block, _key_decay, _key_rows, _kv_heads, _query_block,
                        _row_factor, _store_transposed, launch_options as _entry_options)
 
@@ -719,13 +719,12 @@ def gluon_groups(d: int, jg: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def block_entry(kernel: str, d: int) -> tuple:
-    """One kernel's table entry for head dim d: (JG, rows, warps, stages[, maxnreg])."""
+    """One Triton kernel's entry for head dim d, (JG, rows, warps, stages[, maxnreg]): config block_override's, else
+    the tunables table's sym2_<kernel> row."""
     override = config.current().block_override
     if kernel in override:
         return override[kernel]
-    if d <= 32 and kernel in BLOCKS_NARROW:
-        return BLOCKS_NARROW[kernel]
-    return (BLOCKS_WIDE if d >= 128 else BLOCKS)[kernel]
+    return tunables.tile("sym2_" + kernel, d)
 
 
 def blocks(kernel: str, d: int):
@@ -796,10 +795,10 @@ def gluon_outer_runs(on_cuda: bool, dtype, d: int, C: int) -> bool:
 
 
 def gluon_outer_block(d: int, C: int = 1024) -> tuple[int, int]:
-    """(JG, rows per step) of the Gluon outer product for head dim d and chunk C (GLUON_OUTER_BLOCK, else BLOCKS'
-    "outer")."""
-    table = {} if "outer" in config.current().block_override else GLUON_OUTER_BLOCK
-    jg, bk = table.get(d, blocks("outer", d)[:2])
+    """(JG, rows per step) of the Gluon outer product for head dim d and chunk C (the tunables table's gluon_outer
+    row; block_override's "outer", or where the table has no row, the Triton outer product's)."""
+    entry = None if "outer" in config.current().block_override else tunables.find("gluon_outer", d, "bf16")
+    jg, bk = (entry or blocks("outer", d))[:2]
     while bk > 16 and (C % bk or C // bk < 4):    # 64 rows a step at chunk 128 fails ConvertTritonGPUToLLVM (3.6)
         bk //= 2
     return jg, bk
@@ -849,6 +848,17 @@ def norm_sums_chunks(C: int, NC: int) -> int:
     return max(c for c in range(1, max(1, config.current().norm_sums_rows // C) + 1) if NC % c == 0)
 
 
+def norm_sums_options(d: int) -> dict:
+    """num_warps and num_stages of _norm_chunk_sums (the tunables table's norm_chunk_sums row)."""
+    warps, stages = tunables.tile("norm_chunk_sums", d)
+    return dict(num_warps=warps, num_stages=stages)
+
+
+def norm_scan_rows(d: int) -> int:
+    """BI of _norm_scan: rows of the dense normalizer per program (the table's norm_scan row, at most d)."""
+    return min(tunables.tile("norm_scan", d)[0], d)
+
+
 def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, norm, gated, du_mult):
     """The normalizer half of gluon_outer's SCAN as two Triton kernels: each chunk's sums in
     matrix form from the scaled copy XT (b, hx, d, T) (and the query side's weights W), then their gated cumulative
@@ -862,9 +872,8 @@ def launch_norm_scan(XT, W, G, OUTZ, ZF, T, NC, DS, slot, hx, hk, d, C, keys, no
         bk = next(r for r in (config.current().norm_sums_bk, 32, 16) if C % r == 0)
         cpp = norm_sums_chunks(C, NC)
         _norm_chunk_sums[(NC // cpp, b * hk)](XT, W, zc, T, NC, HX=hx, HK=hk, D=d, C=C, BK=bk, WEIGHTED=not keys,
-                                              CPP=cpp, num_warps=NORM_SUMS_WARPS if d <= 64 else 8,
-                                              num_stages=NORM_SUMS_STAGES)
-    bi = min(NORM_SCAN_BI, d)
+                                              CPP=cpp, **norm_sums_options(d))
+    bi = norm_scan_rows(d)
     dgt = None
     if gated and not keys:
         dgt = torch.empty(b * hk, d // bi, NC, device=XT.device, dtype=torch.float32)

@@ -137,7 +137,7 @@ def _switches():
 
 def plan_key(q, k, log_g, p: int, norm: bool):
     """What the compiled kernels depend on beyond the pointers: Triton specializes t on t % 16 == 0 and t == 1, and
-    the forward's tile on t <= short_fwd_t (parallel._blocks)."""
+    the forward's tile on t <= short_fwd_t (parallel.blocks)."""
     t = q.shape[1]
     return (q.device.index, q.dtype, None if log_g is None else log_g.dtype, q.shape[2], k.shape[2], q.shape[3], p,
             norm, t % 16 == 0, t == 1, t <= config.attention.current().short_fwd_t, _switches())

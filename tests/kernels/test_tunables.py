@@ -1,0 +1,149 @@
+"""The tunables table is the one source of the kernels' launch shapes (no GPU): every Triton launch of a form's
+forward and backward, run on CPU tensors with the kernels replaced by recorders, takes the tile plan.Plan.launches
+shows for its stage, and that tile is the table row plan.Plan.table_keys names; overrides sit on top of the table."""
+import pytest
+import torch
+import triton
+
+from longctx.kernels import plan as plan_cli
+from longctx.kernels.power import chunk, chunk_stages, config, gates, parallel, plan, tunables
+from longctx.kernels.power.chunk_p2 import config as p2_config
+from longctx.kernels.power.chunk_p2 import kernels as p2_kernels
+from longctx.kernels.power.chunk_p2 import stages as p2_stages
+
+
+def test_every_row_names_a_kernel_and_every_kernel_has_rows():
+    assert {k for k, _, _ in tunables.TABLE} == set(tunables.KERNELS)
+    for kernel, d, dtype in tunables.TABLE:
+        assert d is None or d > 0, (kernel, d)
+        assert dtype in ("bf16", "fp16", "fp32", tunables.ANY), (kernel, dtype)
+
+
+def test_lookup_takes_the_smallest_bound_at_or_above_d_and_the_own_dtype_first():
+    assert tunables.key("attn_fwd", 64, torch.bfloat16) == ("attn_fwd", 64, "bf16")
+    assert tunables.key("attn_fwd", 32, torch.float16) == ("attn_fwd", 64, "*")
+    assert tunables.key("attn_fwd", 128, torch.bfloat16) == ("attn_fwd", None, "*")
+    assert tunables.key("attn_fwd", 128, torch.float32) == ("attn_fwd", None, "fp32")
+    assert tunables.find("attn_fwd_short", 32, "bf16") is None and tunables.find("attn_fwd_short", 128, "bf16") is None
+    assert tunables.find("intra_fwd", 64, "fp32") is None
+    with pytest.raises(LookupError, match="attn_fwd_short"):
+        tunables.tile("attn_fwd_short", 128, "bf16")
+    with pytest.raises(KeyError, match="nope"):
+        tunables.key("nope", 64)
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: kernel[grid](*args, **kwargs) records the kernel's name and keyword arguments."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.log.append((self.name, kwargs))
+
+
+def _record_launches(monkeypatch) -> list:
+    log = []
+    for module in (parallel, chunk_stages, chunk, gates, p2_kernels, p2_stages):
+        for name, value in list(vars(module).items()):
+            if isinstance(value, triton.runtime.JITFunction):
+                monkeypatch.setattr(module, name, _Recorder(name, log))
+    return log
+
+
+def _tile(name, kw):
+    """The launch's tile, in the shape its table rows have."""
+    opts = (kw["num_warps"], kw["num_stages"]) + ((kw["maxnreg"],) if "maxnreg" in kw else ())
+    if name.startswith("_attn"):
+        return (kw["BM"], kw["BN"]) + opts
+    rows = kw.get("BK", kw.get("BM"))
+    if name.startswith("_sym2"):
+        return (kw.get("JG", 1), rows) + opts   # the row-scaled kernels' entries have JG = 1
+    return (rows, kw.get("BD")) + opts          # generic state kernels: (rows, BD, warps, stages)
+
+
+def _run(pl: plan.Plan, log):
+    """The plan's form, forward and backward, on (1, t, 2, d) CPU tensors (GQA 2:1 where the form allows it)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, pl.t, 2, pl.d, generator=g).to(pl.dtype) for _ in range(3))
+    lg = -torch.rand(1, pl.t, 2, generator=g)
+    scale = pl.d ** -0.5
+    if pl.form == "attention":
+        o, lse, G = parallel.attention_forward(q, k, v, lg, scale, pl.p, pl.norm)
+        parallel.attention_backward(torch.ones_like(o), q, k, v, G, o, lse, scale, pl.p, pl.norm, True)
+        return
+    y, S, Z, lse, G = chunk.chunked_forward(q, k, v, lg, None, None, scale, pl.p, pl.norm, pl.chunk, pl.family)
+    chunk.chunked_backward(torch.ones_like(y), None, None, q, k, v, G, S, Z, y, lse, scale, pl.p, pl.norm, True,
+                           pl.chunk, False, pl.family)
+
+
+PLANS = [   # (t, p, d, dtype, form, P2Config changes)
+    (128, 2, 64, torch.bfloat16, "attention", {}),      # the short forward tile
+    (4096, 2, 64, torch.bfloat16, "attention", {}),
+    (256, 2, 128, torch.bfloat16, "attention", {}),
+    (256, 2, 32, torch.float16, "attention", {}),
+    (256, 4, 64, torch.float32, "attention", {}),
+    (256, 1, 32, torch.float32, "chunked", {}),         # generic: F = 32
+    (256, 2, 16, torch.float32, "chunked", {}),         # generic (fp32 without force): F = 64
+    (256, 4, 16, torch.float32, "chunked", {}),         # generic: F = 256 (chunk_state_wide)
+    (256, 2, 64, torch.bfloat16, "chunked", {}),        # p2 (their Triton versions on CPU tensors)
+    (256, 2, 128, torch.bfloat16, "chunked", {}),       # p2, grouped query backward
+    (256, 2, 32, torch.bfloat16, "chunked", {}),        # p2, the d <= 32 rows
+    (256, 2, 16, torch.float32, "chunked", {"force": True}),
+]
+
+
+@pytest.mark.parametrize("t, p, d, dtype, form, p2", PLANS, ids=lambda x: str(x).replace("torch.", ""))
+def test_every_launch_takes_its_table_row(monkeypatch, t, p, d, dtype, form, p2):
+    with p2_config.override(**p2):
+        pl = plan.make_plan(t, p, d, dtype, "cpu", chunk_size=64, form=form)
+        stages, keys = pl.launches(), pl.table_keys()
+        log = _record_launches(monkeypatch)
+        _run(pl, log)
+    assert pl.family == ("p2" if form == "chunked" and (p2 or dtype == torch.bfloat16) and p == 2 else
+                         "generic" if form == "chunked" else "")
+    for stage, (kernel, tile) in stages.items():
+        assert tile == tunables.TABLE[keys[stage]], (stage, keys[stage])   # no override: the row itself
+    # {launched kernel: its stage's tile}; a stage's kernel string names its kernel first (parallel._attn_fwd, ...)
+    want = {kernel.split(" + ")[0].split(".")[-1]: tile for kernel, tile in stages.values()}
+    tiled = [(name, kw) for name, kw in log if name in want]
+    assert {name for name, _ in tiled} == set(want), sorted({name for name, _ in log})
+    for name, kw in tiled:
+        got, entry = _tile(name, kw), want[name]
+        if name.startswith(("_sym2", "_attn")):
+            assert got == tuple(entry), (name, got, entry)
+        else:
+            rows, bd, warps, stages_ = entry
+            assert got[0] == rows and got[1] in (bd, None) and got[2:] == (warps, stages_), (name, got, entry)
+    # the shared stages' own rows: the scan over chunks and the gate scan
+    for name, kw in log:
+        if name == "_discumsum":
+            assert kw["BLOCK"] == tunables.tile("discumsum", d)[0] == config.chunk.current().discumsum_block
+        if name == "_segment_cumsum":
+            assert kw["BT"] == tunables.tile("segment_cumsum", d)[0]
+        if name == "_transpose_heads":
+            assert (kw["BT"], kw["num_warps"]) == tunables.tile("transpose_heads", d)
+        if name == "_norm_scan":
+            assert kw["BI"] == min(tunables.tile("norm_scan", d)[0], d)
+
+
+def test_overrides_sit_on_top_of_the_table(monkeypatch):
+    pl = plan.make_plan(256, 2, 64, torch.bfloat16, "cpu", chunk_size=64, form="chunked")
+    with config.attention.override(block_override={"dq": (32, 32, 4, 1)}), \
+            p2_config.override(block_override={"kbwd": (1, 32, 4, 1)}):
+        stages = pl.launches()
+        log = _record_launches(monkeypatch)
+        _run(pl, log)
+    assert stages["intra_dq"][1] == (32, 32, 4, 1) and stages["key_dk"][1] == (1, 32, 4, 1)
+    assert {(kw["BM"], kw["BN"]) for name, kw in log if name == "_attn_bwd_dq"} == {(32, 32)}
+    assert {(kw["JG"], kw["BK"]) for name, kw in log if name == "_sym2_key_bwd"} == {(1, 32)}
+    assert pl.table_keys()["intra_dq"] == ("attn_dq", 64, "bf16")      # the row the override replaced
+
+
+def test_the_command_line_prints_the_rows_a_plan_reads(capsys):
+    assert plan_cli.main(["--tunables", "t=65536", "p=2", "d=64"]) == 0
+    out = capsys.readouterr().out
+    want = plan.plan_of(["t=65536", "p=2", "d=64"])
+    assert out.strip() == want.describe(rows=True)
+    for stage, key in want.table_keys().items():
+        assert f"{tunables.describe(key)}" in out and str(tunables.TABLE[key]) in out, stage
