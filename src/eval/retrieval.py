@@ -161,14 +161,12 @@ def score_prompts(model, prompts: torch.Tensor, digits: int, bos: int, micro_doc
     return Scores(free, forced)
 
 
-def run_retrieval(model, task: str, alphabet: Alphabet, contexts: list[int], depths: list[float], trials: int,
-                  digits: int, micro_docs: int, precision: str = "auto", documents: np.ndarray | None = None,
-                  seed: int = 0, on_context: Callable[[int], None] | None = None) -> dict:
-    """Accuracy of `model` at every context and depth over `trials` prompts each -> the JSON record's numbers:
-    key_accuracy and digit_accuracy as [context][depth] lists, their means, and the chance levels."""
+def prompt_parts(task: str, alphabet: Alphabet, contexts: list[int], depths: list[float], trials: int, digits: int,
+                 documents: np.ndarray | None = None, seed: int = 0):
+    """Per context: (ctx, the trials' haystacks, keys (len(depths), trials, digits)), the keys drawn in this order
+    from `seed`: what every scorer of these prompts (run_retrieval, the lm-eval harness) builds them from."""
     alphabet.check()
     rng = np.random.default_rng(seed)
-    key_acc, digit_acc, choice_acc = [], [], []
     for ctx in contexts:
         length = ctx - prompt_length(alphabet, digits)
         if length < 1:
@@ -176,7 +174,16 @@ def run_retrieval(model, task: str, alphabet: Alphabet, contexts: list[int], dep
                              f"({len(alphabet.marker)} tokens) + key ({digits}); use contexts above "
                              f"{prompt_length(alphabet, digits)}")
         stacks = haystacks(task, alphabet, length, trials, documents)
-        keys = rng.choice(np.asarray(alphabet.digits), size=(len(depths), trials, digits))
+        yield ctx, stacks, rng.choice(np.asarray(alphabet.digits), size=(len(depths), trials, digits))
+
+
+def run_retrieval(model, task: str, alphabet: Alphabet, contexts: list[int], depths: list[float], trials: int,
+                  digits: int, micro_docs: int, precision: str = "auto", documents: np.ndarray | None = None,
+                  seed: int = 0, on_context: Callable[[int], None] | None = None) -> dict:
+    """Accuracy of `model` at every context and depth over `trials` prompts each -> the JSON record's numbers:
+    key_accuracy and digit_accuracy as [context][depth] lists, their means, and the chance levels."""
+    key_acc, digit_acc, choice_acc = [], [], []
+    for ctx, stacks, keys in prompt_parts(task, alphabet, contexts, depths, trials, digits, documents, seed):
         prompts = torch.from_numpy(np.stack([build_prompt(stacks[t], depth, alphabet, keys[i, t])
                                              for i, depth in enumerate(depths) for t in range(trials)]))
         scores = score_prompts(model, prompts, digits, alphabet.bos, micro_docs, alphabet.digits, precision)

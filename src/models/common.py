@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn as nn
@@ -227,6 +228,48 @@ def state_cores(model: nn.Module):
 class LanguageModelMixin:
     """flops_per_token / state_size / generate for any architecture built from Linear layers and state cores
     whose forward takes `cache` (a list of per-layer `LayerCache`, from `new_cache()`)."""
+
+    def _init_weights(self, module):
+        """GPT-2's init (`self.apply` it): Linear and Embedding N(0, 0.02), residual projections (`.residual`) scaled
+        by 1/sqrt(2 * n_layers), biases zero; attention cores initialise their own parameters (e.g. gate biases)."""
+        if isinstance(module, nn.Linear):
+            std = 0.02 / math.sqrt(2 * self.spec.n_layers) if getattr(module, "residual", False) else 0.02
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
+        return self.blocks
+
+    def first_position(self, t: int, cache) -> int:
+        """The position of the first of t input tokens: the decoding cache's, or this rank's slice start under
+        context parallelism (models.context_parallel), else 0."""
+        start = 0 if cache is None else cache[0].pos
+        if getattr(self, "context_parallel", None) is not None:
+            if cache is not None:
+                raise ValueError("cache: decoding runs in one process (set_context_parallel(model, None) first)")
+            start = self.context_parallel.start(t)
+        return start
+
+    def run_blocks(self, x, rope, cache=None, doc_ids=None):
+        """x through every block: with the decoding caches, with activation checkpointing when asked, else plainly."""
+        for i, block in enumerate(self.blocks):
+            if cache is not None:
+                x = block(x, rope, cache[i])
+            elif self.spec.checkpoint_activations and torch.is_grad_enabled():
+                x = checkpoint(block, x, rope, None, doc_ids, use_reentrant=False)
+            else:
+                x = block(x, rope, doc_ids=doc_ids)
+        return x
+
+    def head(self, x, targets=None, last_only=False, reduction="none"):
+        """Logits (b, t or n, vocab), or with targets the per-token NLL (b, t) fp32 or its sum (see forward)."""
+        if targets is None:
+            return self.lm_head(x[:, -int(last_only):] if last_only else x)
+        return loss_head(x, self.lm_head.weight, targets, reduction)
 
     def new_cache(self) -> list:
         """Empty decoding caches, one per layer, for `forward(input_ids, cache=...)`."""

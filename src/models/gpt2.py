@@ -11,15 +11,12 @@ thing that differs between exp / power / linear / window models. With `cache` (a
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, cached_token_shift, doc_positions, loss_head, model_positions, rotary
+from .common import LanguageModelMixin, cached_token_shift, doc_positions, model_positions, rotary
 from .context_parallel import ContextParallel, halo
 from .registry import register_architecture
 from .spec import ModelSpec
@@ -122,20 +119,6 @@ class GPT2(LanguageModelMixin, nn.Module):
         self.lm_head.weight = self.wte.weight  # weight tying
         self.apply(self._init_weights)
 
-    def _init_weights(self, module):
-        # Only Linear and Embedding; attention cores initialise their own parameters (e.g. gate biases).
-        if isinstance(module, nn.Linear):
-            std = 0.02 / math.sqrt(2 * self.spec.n_layers) if getattr(module, "residual", False) else 0.02
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    @property
-    def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
-        return self.blocks
-
     def forward(self, input_ids, targets=None, cache=None, last_only=False, reduction="none", doc_ids=None):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32, or with
         reduction="sum" its sum (the trainer's loss: a backward without recomputation, common.nll_sum).
@@ -145,11 +128,7 @@ class GPT2(LanguageModelMixin, nn.Module):
         doc_ids: None, or (b, t) int numbering packed documents along each row: every document runs as if alone
             (positions restart, attention and state stay within it)."""
         x = self.wte(input_ids)  # (b, t, d_model)
-        start = 0 if cache is None else cache[0].pos  # position of the first input token
-        if self.context_parallel is not None:  # this rank's slice of the documents (models.context_parallel)
-            if cache is not None:
-                raise ValueError("cache: decoding runs in one process (set_context_parallel(model, None) first)")
-            start = self.context_parallel.start(input_ids.shape[1])
+        start = self.first_position(input_ids.shape[1], cache)
         if self.wpe is None:
             rope = model_positions(doc_ids, input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start,
                                    x.device)
@@ -160,14 +139,5 @@ class GPT2(LanguageModelMixin, nn.Module):
             rope = None
             x = x + self.wpe(start + torch.arange(input_ids.shape[1], device=x.device) if doc_ids is None
                              else doc_positions(doc_ids))
-        for i, block in enumerate(self.blocks):
-            if cache is not None:
-                x = block(x, rope, cache[i])
-            elif self.spec.checkpoint_activations and torch.is_grad_enabled():
-                x = checkpoint(block, x, rope, None, doc_ids, use_reentrant=False)
-            else:
-                x = block(x, rope, doc_ids=doc_ids)
-        x = self.ln_f(x)
-        if targets is None:
-            return self.lm_head(x[:, -int(last_only):] if last_only else x)  # (b, t or n, vocab)
-        return loss_head(x, self.lm_head.weight, targets, reduction)  # (b, t) or () fp32
+        x = self.ln_f(self.run_blocks(x, rope, cache, doc_ids))
+        return self.head(x, targets, last_only, reduction)  # (b, t or n, vocab), or (b, t) / () fp32

@@ -14,15 +14,11 @@ accounting are those of n_heads heads. Init as GPT-2 here: N(0, 0.02), output pr
 """
 from __future__ import annotations
 
-import math
-
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .attention import build_attention
-from .common import LanguageModelMixin, loss_head, model_positions, rotary
+from .common import LanguageModelMixin, model_positions, rotary
 from .context_parallel import ContextParallel
 from .registry import register_architecture
 from .spec import ModelSpec
@@ -102,37 +98,12 @@ class Llama(LanguageModelMixin, nn.Module):
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
 
-    def _init_weights(self, module):
-        # Only Linear and Embedding; attention cores initialise their own parameters (e.g. gate biases).
-        if isinstance(module, nn.Linear):
-            std = 0.02 / math.sqrt(2 * self.spec.n_layers) if getattr(module, "residual", False) else 0.02
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    @property
-    def residual_blocks(self) -> nn.ModuleList:  # what trainer.compile=blocks and checkpointing act on
-        return self.blocks
-
     def forward(self, input_ids, targets=None, cache=None, last_only=False, reduction="none", doc_ids=None):
         """input_ids (b, t) int64 -> logits (b, t, vocab); with targets (b, t): per-token NLL (b, t) fp32, or with
         reduction="sum" its sum. cache, last_only, doc_ids: as GPT2.forward."""
         x = self.wte(input_ids)  # (b, t, d_model)
-        start = 0 if cache is None else cache[0].pos  # position of the first input token
-        if self.context_parallel is not None:  # this rank's slice of the documents (models.context_parallel)
-            start = self.context_parallel.start(input_ids.shape[1])
+        start = self.first_position(input_ids.shape[1], cache)
         rope = model_positions(doc_ids, input_ids.shape[1], self.spec.rotary_dims, self.spec.rope_base, start,
                                x.device)
-        for i, block in enumerate(self.blocks):
-            if cache is not None:
-                x = block(x, rope, cache[i])
-            elif self.spec.checkpoint_activations and torch.is_grad_enabled():
-                x = checkpoint(block, x, rope, None, doc_ids, use_reentrant=False)
-            else:
-                x = block(x, rope, doc_ids=doc_ids)
-        x = self.norm(x)
-        if targets is None:
-            return self.lm_head(x[:, -int(last_only):] if last_only else x)  # (b, t or n, vocab)
-        return loss_head(x, self.lm_head.weight, targets, reduction)  # (b, t) or () fp32
+        x = self.norm(self.run_blocks(x, rope, cache, doc_ids))
+        return self.head(x, targets, last_only, reduction)

@@ -25,7 +25,7 @@ import numpy as np
 
 from longctx.eval.metrics import exponential_bins
 from longctx.eval.recall import distance_edges
-from longctx.eval.retrieval import Alphabet, alphabet_for, build_prompt, haystacks, prompt_length
+from longctx.eval.retrieval import Alphabet, alphabet_for, build_prompt, prompt_parts
 
 TASKS = ("heldout", "passkey", "needle", "mqar")
 TEMPLATES = Path(__file__).resolve().parent   # <task>.yaml: what every generated task of that kind shares
@@ -116,17 +116,8 @@ def retrieval_task(task: str, codec: Codec, alphabet: Alphabet, contexts: list[i
                    trials: int, digits: int, seed: int, documents: np.ndarray | None = None) -> TaskData:
     """The prompts `longctx.eval.retrieval.run_retrieval` scores with the same arguments (the keys drawn in the
     same order from `seed`): lm-eval generates `digits` tokens after each context, compared with the key."""
-    alphabet.check()
-    rng = np.random.default_rng(seed)
     rows, skipped, metrics = [], 0, ["exact_match"]
-    for ctx in contexts:
-        length = ctx - prompt_length(alphabet, digits)
-        if length < 1:
-            raise ValueError(f"--contexts: {ctx} leaves no haystack beside two copies of marker "
-                             f"({len(alphabet.marker)} tokens) + key ({digits}); use contexts above "
-                             f"{prompt_length(alphabet, digits)}")
-        stacks = haystacks(task, alphabet, length, trials, documents)
-        keys = rng.choice(np.asarray(alphabet.digits), size=(len(depths), trials, digits))
+    for ctx, stacks, keys in prompt_parts(task, alphabet, contexts, depths, trials, digits, documents, seed):
         for i, depth in enumerate(depths):
             cell = f"acc_{ctx}_{depth:g}"
             metrics.append(cell)
