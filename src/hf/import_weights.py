@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from longctx.train.checkpoint import first_non_finite
+
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -32,12 +34,6 @@ MODEL_TYPES = {"gpt2": "gpt2", "llama": "llama", "qwen2": "llama"}  # HF model_t
 
 class HFImportError(ValueError):
     """A folder that does not map onto the run's model: one line naming the field (config.json's or ours)."""
-
-
-def is_hf_folder(path) -> bool:
-    """Whether `path` is a Hugging Face checkpoint folder (it holds config.json; a longctx run holds config.yaml)."""
-    path = Path(str(path)).expanduser()
-    return path.is_dir() and (path / CONFIG).is_file()
 
 
 def read_config(folder) -> dict:
@@ -299,8 +295,9 @@ def load_checkpoint(model, folder) -> list[str]:
         if tuple(value.shape) != tuple(state[name].shape):
             raise HFImportError(f"trainer.init_from={str(folder)!r}: {name} has shape {tuple(value.shape)} in the "
                                 f"checkpoint, {tuple(state[name].shape)} in the model")
-        if not torch.isfinite(value).all():
-            raise HFImportError(f"trainer.init_from={str(folder)!r}: {name} holds NaN or infinite values")
+    bad = first_non_finite(mapped)
+    if bad is not None:
+        raise HFImportError(f"trainer.init_from={str(folder)!r}: {bad} holds NaN or infinite values")
     kept = sorted(set(state) - set(mapped))
     state.update({name: value.to(state[name].dtype) for name, value in mapped.items()})
     model.load_state_dict(state)

@@ -74,9 +74,7 @@ def halo(x: torch.Tensor, n: int, cp: ContextParallel) -> torch.Tensor:
 @torch.no_grad()
 def gather_context(x: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
     """x (b, t, ...) of every rank concatenated along time, (b, world * t, ...): the whole documents (no gradient)."""
-    parts = [torch.empty_like(x) for _ in range(cp.world)]
-    dist.all_gather(parts, x.contiguous(), group=cp.group)
-    return torch.cat(parts, dim=1)
+    return torch.cat(all_gather_slices(x, cp), dim=1)
 
 
 def context_slice(x: torch.Tensor, cp: ContextParallel) -> torch.Tensor:

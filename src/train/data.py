@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
 from longctx.data.mqar import ensure_mqar
+from longctx.models.context_parallel import ContextParallel, context_slice
 
 log = logging.getLogger("longctx")
 
@@ -93,15 +94,11 @@ class ContextSlices:
     documents whole and keeps its slice (the reader decodes whole chunks anyway)."""
 
     def __init__(self, reader: LongCrawl64, rank: int, world: int):
-        self.reader, self.rank, self.world = reader, rank, world
+        self.reader, self.cp = reader, ContextParallel(group=None, rank=rank, world=world)  # the slice, no exchange
 
     def __iter__(self):
         for batch in self.reader:
-            yield {k: self._slice(v) for k, v in batch.items()}
-
-    def _slice(self, x):
-        t = x.shape[1] // self.world
-        return x[:, self.rank * t:(self.rank + 1) * t]
+            yield {k: context_slice(v, self.cp) for k, v in batch.items()}
 
     def state_dict(self) -> dict:
         return self.reader.state_dict()

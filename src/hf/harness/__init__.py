@@ -38,10 +38,12 @@ class Source:
             raise FileNotFoundError(f"source={str(path)!r}: not a folder (a run folder, or an exported model)")
         self.cfg, self.text_file = None, None if text is None else Path(text).expanduser()
         exported = self.path / "config.json"
-        if (self.path / "config.yaml").is_file() or (self.path / "checkpoints").is_dir():
+        run = (self.path / "config.yaml").is_file() or (self.path / "checkpoints").is_dir()
+        facts = json.loads(exported.read_text()) if not run and exported.is_file() else {}
+        if run:
             self._run()
-        elif exported.is_file() and json.loads(exported.read_text()).get("model_type") == "longctx":
-            self._export(exported)
+        elif facts.get("model_type") == "longctx":
+            self._export(facts)
         else:
             raise ValueError(f"source={str(path)!r}: neither a run folder (config.yaml, checkpoints/) nor an exported "
                              f"longctx model (config.json of model_type longctx)")
@@ -68,10 +70,9 @@ class Source:
             tokenizer = id_tokenizer(int(info["vocab_size"]), int(info["bos_id"]))
         self.codec = Codec(tokenizer)
 
-    def _export(self, config: Path) -> None:
+    def _export(self, facts: dict) -> None:
         from transformers import PreTrainedTokenizerFast
 
-        facts = json.loads(config.read_text())
         self.ctx, self.bins, self.data, self.ids = int(facts["ctx"]), 16, "text", False
         if self.text_file is None:
             raise ValueError(f"source={str(self.path)!r}: an exported model holds no data; give --text FILE (or the "
