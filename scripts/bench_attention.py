@@ -1,6 +1,7 @@
-"""Benchmark longctx power attention beside SDPA (cuDNN, flash) and power-attention 1.4.4, one process.
+"""Benchmark longctx power attention beside SDPA (cuDNN, flash), power-attention 1.4.4 and its successor retention
+1.0.7 (Manifest's Triton kernels, chunk 1024), one process.
 
-Usage (GPU machine; power-attention 1.4.4 and its wheels installed by tools/setup_device.sh):
+Usage (GPU machine; the comparison's wheels installed by tools/setup_device.sh, see docs/gpu.md):
     python scripts/bench_attention.py --out runs/bench            # the headline table: d=64, p=2
     python scripts/bench_attention.py --sweep                     # also d=32/128 and p=1/4
     python scripts/bench_attention.py --chunked 512,1024          # also the chunked form at these chunk sizes
@@ -24,6 +25,14 @@ os.environ["TRITON_CACHE_AUTOTUNING"] = "0"
 from longctx.kernels.bench import (DEV, inputs, make_ours, make_ours_chunked, make_sdpa, profile,  # noqa: E402
                                    require_cuda, run_once)
 from longctx.plotting import save_figure  # noqa: E402
+
+
+def make_retention(deg):
+    def call(q, k, v, lg):
+        from retention import power_retention
+        t = q.shape[1]
+        return power_retention(Q=q, K=k, V=v, log_G=lg, deg=deg, chunk_size=1024 if t > 1024 else None)
+    return call
 
 
 def matmul_tflops():
@@ -146,7 +155,8 @@ def main():
     print(json.dumps(env), flush=True)
     b, h, rows = 8, 12, []
     impls = {"sdpa_cudnn": make_sdpa("cudnn"), "sdpa_flash": make_sdpa("flash"),
-             "power_attention_1.4.4_p2": make_public(2), "longctx_p2": make_ours(2),
+             "power_attention_1.4.4_p2": make_public(2), "retention_1.0.7_p2": make_retention(2),
+             "longctx_p2": make_ours(2),
              "longctx_p2_attention": make_ours(2, "attention")}
     chunks = [int(c) for c in args.chunked.split(",") if c]
     impls.update({f"longctx_p2_chunked{c}": make_ours_chunked(2, c) for c in chunks})

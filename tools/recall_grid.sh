@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The recall suite (experiment=recall_state) on one GPU, every point sharing the card (scripts/run_points.py) and
 # resumable across calls: run it again on the same machine and each point continues from its newest checkpoint.
-#   PILOT=1 DEADLINE_S=300 bash tools/recall_grid.sh   # softmax and power p=2 at N=64, one seed: the step time and
-#                                                       # whether softmax reaches near-perfect recall at all
+#   PILOT=1 DEADLINE_S=300 bash tools/recall_grid.sh   # softmax and power p=2 at N=64, one seed, lr 1e-3 and 3e-3:
+#                                                       # the step time, the learning rate, and whether softmax
+#                                                       # reaches near-perfect recall at all
 #   DEADLINE_S=480 bash tools/recall_grid.sh           # 8 arms x N in {64, 256, 1024} x 3 seeds (SEEDS, NPAIRS, ARMS)
+# Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
 # At the end (or the deadline) the records a report needs -- metrics.jsonl, eval/*.npz, config.yaml,
 # data_identity.json, provenance.json and the points' logs, no checkpoints -- are packed into $OUT/recall_records.tgz;
 # `python -m longctx.report multirun/recall_state --out reports/recall --record docs/results/experiments/recall_state.json`
@@ -13,7 +15,7 @@ OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
 common=(experiment=recall_state logger.wandb.mode=disabled trainer.keep_checkpoints=1)
 if [ "${PILOT:-0}" = 1 ]; then
-  grids=(--grid +experiment/arm=exp,power_p2 --grid data.n_pairs=64 --grid seed=0)
+  grids=(--grid +experiment/arm=exp,power_p2 --grid data.n_pairs=64 --grid seed=0 --grid optim.lr=${PILOT_LRS:-1e-3,3e-3})
   common+=(trainer.max_steps=${PILOT_STEPS:-1000} trainer.eval_every=250)
   dir=multirun/recall_pilot
 else

@@ -121,8 +121,11 @@ class HeldoutEvaluation:
         doc_loss = torch.zeros(n, len(self.edges), dtype=torch.float64, device=device)
         hits = None if self.queries is None else torch.zeros(n, self.queries.shape[-1], dtype=torch.float64,
                                                                device=device)
+        query_nll = None if hits is None else torch.zeros_like(hits)  # the NLL of each queried value
         count = None if self.doc_ids is None else torch.zeros(ctx, dtype=torch.float64, device=device)
         for s, e, nll in self._batches(model, micro_docs, precision, docs, hits):
+            if query_nll is not None:
+                query_nll[s:e] = nll.gather(1, self.queries[s:e, 0].to(device))
             if count is not None:  # packed rows: by position within each document
                 self._packed_sums(nll, self.doc_ids[s:e].to(device), bin_of, total, count, doc_loss[s:e])
             else:
@@ -134,6 +137,7 @@ class HeldoutEvaluation:
         if reduce is not None:
             total, doc_loss = reduce(total), reduce(doc_loss)
             hits = None if hits is None else reduce(hits)
+            query_nll = None if query_nll is None else reduce(query_nll)
             count = None if count is None else reduce(count)
         per_position = (total / (n if count is None else count)).cpu().numpy()  # packed: 0 / 0 = NaN, not reached
         reached = None if count is None else (count > 0).cpu().numpy()
@@ -141,6 +145,7 @@ class HeldoutEvaluation:
         if hits is not None:
             hits = hits.cpu().numpy() > 0.5
             summary.update(recall_summary(hits, self.queries[:, 1].numpy(), self.n_values))
+            summary["recall_loss"] = float(query_nll.mean())  # the loss data.loss_on=queries trains on
         return HeldoutLoss(per_position=per_position, doc_loss=doc_loss.cpu().numpy(), summary=summary, hits=hits,
                            reached=reached)
 

@@ -242,6 +242,21 @@ def _check_pack(cfg: DictConfig) -> None:
         _fail("data.pack", pack, f"arch={cfg.arch.name} does not take packed documents (no doc_ids in its forward)")
 
 
+def _check_loss_on(cfg: DictConfig) -> None:
+    """data.loss_on: "queries" (MQAR only, its default: the loss at the queried values) or "all" (every target)."""
+    from longctx.data.mqar import LOSS_ON
+
+    value = cfg.data.get("loss_on", "all")
+    if value not in LOSS_ON:
+        _fail("data.loss_on", value, f"expected one of {', '.join(LOSS_ON)}")
+    if value == "queries" and cfg.data.name != "mqar":
+        _fail("data.loss_on", value, f"only the recall data (data=mqar) marks query positions; data={cfg.data.name} "
+                                     f"trains on every target (data.loss_on=all)")
+    if value == "queries" and cfg.data.get("reshape_block") is not None:
+        _fail("data.loss_on", value, f"query positions are found in whole documents, which data.reshape_block="
+                                     f"{cfg.data.reshape_block} cuts (set data.reshape_block=null or data.loss_on=all)")
+
+
 def validate(cfg: DictConfig, choices: dict | None = None, conf_dir: Path = CONF_DIR, for_run: bool = False) -> None:
     """Check the keys, types and values a typo or a bad sweep can produce (unknown group options never compose:
     launch.check_overrides names them first). `choices`: Hydra's group -> chosen option, when known. `for_run`:
@@ -293,6 +308,7 @@ def check_values(cfg: DictConfig) -> None:
     _check_attention(cfg)
     check_context_parallel(cfg)
     _check_pack(cfg)
+    _check_loss_on(cfg)
     if cfg.device not in DEVICES:
         _fail("device", cfg.device, f"expected one of {DEVICES}")
     if cfg.trainer.precision not in PRECISIONS:

@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
-from longctx.data.mqar import ensure_mqar
+from longctx.data.mqar import ensure_mqar, query_targets
 from longctx.models.context_parallel import ContextParallel, context_slice
 
 log = logging.getLogger("longctx")
@@ -83,22 +83,22 @@ def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank:
                          reshape_block=data_cfg.reshape_block, vocab_limit=vocab_size,
                          packed=data_cfg.get("pack", False))
     check_vocab(reader, vocab_size)  # BOS and a sample of chunks now; every block the reader decodes later
-    return reader
+    return QueryTargets(reader, data_cfg) if data_cfg.get("loss_on", "all") == "queries" else reader
 
 
-class ContextSlices:
-    """A reader's batches cut along the context for context parallelism: rank `rank` of `world` gets positions
-    [rank * T / world, (rank + 1) * T / world) of every (docs, T) tensor, inputs and targets alike, so a slice's
-    first input is the previous slice's last target (the documents' own token). Everything else (the batch order,
-    state_dict, the array) is the reader's: a checkpoint does not depend on the split. Each rank reads its
-    documents whole and keeps its slice (the reader decodes whole chunks anyway)."""
+class MappedBatches:
+    """A reader whose batches pass through `map_batch`; everything else (the batch order, state_dict, the array) is
+    the reader's, so a checkpoint does not depend on the mapping."""
 
-    def __init__(self, reader: LongCrawl64, rank: int, world: int):
-        self.reader, self.cp = reader, ContextParallel(group=None, rank=rank, world=world)  # the slice, no exchange
+    def __init__(self, reader):
+        self.reader = reader
+
+    def map_batch(self, batch: dict) -> dict:
+        raise NotImplementedError
 
     def __iter__(self):
         for batch in self.reader:
-            yield {k: context_slice(v, self.cp) for k, v in batch.items()}
+            yield self.map_batch(batch)
 
     def state_dict(self) -> dict:
         return self.reader.state_dict()
@@ -110,6 +110,31 @@ class ContextSlices:
         if name == "reader":
             raise AttributeError(name)
         return getattr(self.reader, name)
+
+
+class ContextSlices(MappedBatches):
+    """A reader's batches cut along the context for context parallelism: rank `rank` of `world` gets positions
+    [rank * T / world, (rank + 1) * T / world) of every (docs, T) tensor, inputs and targets alike, so a slice's
+    first input is the previous slice's last target (the documents' own token). Each rank reads its documents whole
+    and keeps its slice (the reader decodes whole chunks anyway)."""
+
+    def __init__(self, reader, rank: int, world: int):
+        super().__init__(reader)
+        self.cp = ContextParallel(group=None, rank=rank, world=world)  # the slice, no exchange
+
+    def map_batch(self, batch: dict) -> dict:
+        return {k: context_slice(v, self.cp) for k, v in batch.items()}
+
+
+class QueryTargets(MappedBatches):
+    """MQAR batches whose targets other than the queried values are ignored by the loss (data.loss_on=queries)."""
+
+    def __init__(self, reader, data_cfg: DictConfig):
+        super().__init__(reader)
+        self.ids = dict(n_keys=data_cfg.n_keys, n_values=data_cfg.n_values, n_pairs=data_cfg.n_pairs)
+
+    def map_batch(self, batch: dict) -> dict:
+        return query_targets(batch, **self.ids)
 
 
 def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int, vocab_size: int) -> dict:

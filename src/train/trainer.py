@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.data.identity import IDENTITY_FILE, data_identity, read_identity
+from longctx.data.mqar import IGNORE
 from longctx.data.tokenizer import TOKENIZER_FILE, tokenizer_file_of
 from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
                           write_doc_record)
@@ -200,6 +201,7 @@ class Trainer:
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
 
         # the DP rank's documents; with CP, each rank of its CP group keeps its slice of their context
+        self.loss_on_queries = cfg.data.get("loss_on", "all") == "queries"  # MQAR: the loss at the queried values
         self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.layout.dp_rank, self.layout.dp_world,
                                          self.spec.vocab_size)
         if self.layout.cp is not None:
@@ -503,6 +505,10 @@ class Trainer:
         doc_ids = batch["doc_ids"].to(self.device) if "doc_ids" in batch else None  # data.pack: packed documents
         local_docs = inputs.shape[0]
         micro = self.cfg.trainer.micro_docs or local_docs
+        counted = targets.numel()  # the step's loss is the mean over the targets it counts, all ranks together
+        if self.loss_on_queries:  # the other targets are IGNORE (NLL 0): divide by the world's count, per rank
+            n = all_reduce_sum((targets != IGNORE).sum().double(), self.dist)
+            counted = max(float(n.item()), 1.0) / self.dist.world_size
         starts = list(range(0, local_docs, micro))
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         for i, s in enumerate(starts):
@@ -512,7 +518,7 @@ class Trainer:
                 # summed NLL (fp32): its backward scales gradients the forward formed (models.common.nll_sum)
                 packed = {} if doc_ids is None else {"doc_ids": doc_ids[s:s + micro]}
                 loss = self.train_model(inputs[s:s + micro], targets[s:s + micro], reduction="sum",
-                                        **packed) / targets.numel()
+                                        **packed) / counted
             loss.backward()
             loss_sum += loss.detach().double()
         loss_value = float(all_reduce_sum(loss_sum, self.dist).item()) / self.dist.world_size
@@ -612,7 +618,9 @@ class Trainer:
         record["mfu"] = mfu(tokens_per_s, self.flops["train_flops_per_token"], self.device_name, self.dist.world_size)
         record.update(result.summary)
         record["heldout_loss"] = float(curve.mean())
-        record["heldout_minus_train"] = record["heldout_loss"] - train_loss  # train_loss: since the last evaluation
+        # train_loss: since the last evaluation, over the targets the loss counts (data.loss_on: the queried values)
+        counted = "recall_loss" if self.loss_on_queries else "heldout_loss"
+        record["heldout_minus_train"] = record[counted] - train_loss
         if record["epochs"] > 1 and not self.said_epochs and self.dist.is_main:
             self.said_epochs = True  # once a launch: the data repeats from here on
             log.info(f"step {self.step}: {record['epochs']:.2f} passes over the {self.train_tokens:,} training tokens "

@@ -103,3 +103,20 @@ def test_bad_parameters_name_the_field_and_write_nothing(tmp_path, change, field
         ensure_mqar(tmp_path / "cache", progress=False, **dict(SMALL, **change))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "cache").exists()
+
+
+def test_query_positions_from_the_tokens_alone_are_the_stored_queries(small):
+    """The training loss's mask (data.loss_on=queries) finds the queried values without the heldout query record:
+    it must mark exactly the stored value positions, and the masked targets keep exactly those values."""
+    import torch
+
+    from longctx.data.mqar import IGNORE, query_positions, query_targets
+
+    root, tokens, queries = small
+    mask = query_positions(tokens, SMALL["n_keys"], SMALL["n_values"], SMALL["n_pairs"])
+    stored = np.zeros_like(mask)
+    stored[np.arange(len(tokens))[:, None], queries[:, 0]] = True
+    assert (mask == stored).all() and mask.sum() == SMALL["n_heldout"] * SMALL["n_queries"]
+    batch = {"inputs": torch.zeros(tokens.shape, dtype=torch.long), "targets": torch.from_numpy(tokens)}
+    kept = query_targets(batch, SMALL["n_keys"], SMALL["n_values"], SMALL["n_pairs"])["targets"].numpy()
+    assert (kept[stored] == tokens[stored]).all() and (kept[~stored] == IGNORE).all()

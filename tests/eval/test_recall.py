@@ -71,8 +71,12 @@ def test_oracle_recalls_everything_and_a_constant_scores_its_share(heldout):
     low, high = constant.summary["recall_ci"]
     assert (low, high) == wilson_interval(int(round(share * answers.numel())), answers.numel())
     # the loss is the same one the NLL path computes (one forward gives both)
-    nll = Constant()(heldout["inputs"], heldout["targets"]).double().mean(0).numpy()
-    assert np.allclose(constant.per_position, nll, atol=1e-6)
+    nll = Constant()(heldout["inputs"], heldout["targets"]).double()
+    assert np.allclose(constant.per_position, nll.mean(0).numpy(), atol=1e-6)
+    # recall_loss: the NLL at the queried values only (what data.loss_on=queries trains on)
+    at_queries = nll.gather(1, pos).mean().item()
+    assert constant.summary["recall_loss"] == pytest.approx(at_queries, abs=1e-9)
+    assert perfect.summary["recall_loss"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_the_record_recomputes_the_accuracy_and_its_distance_bins(heldout):
