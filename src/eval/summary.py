@@ -11,15 +11,18 @@ def optimum_gaps(rec: dict) -> str:
 
 
 def eval_line(rec: dict) -> str:
-    """One line per evaluation: best-context loss (and its bin), last-10% loss, recall at the queries (recall data),
-    the gaps to the optimum."""
+    """One line per evaluation: best-context loss (and its bin), last-10% loss, the gaps to the optimum; on recall
+    data the accuracy at the queries and the loss there come first (they are the measure; a run trained with
+    data.loss_on=queries never learns the rest of the document)."""
     text = (f"best-context loss {rec['best_context_loss']:.4f} (bin {rec['best_context_bin'][0]}-"
             f"{rec['best_context_bin'][1]}) | last-10% loss {rec['last10_loss']:.4f}")
-    gaps = optimum_gaps(rec)
-    if "recall_accuracy" in rec:  # recall data: the measure is the accuracy at the queries
+    if "recall_accuracy" in rec:
         low, high = rec["recall_ci"]
-        text += (f" | recall {rec['recall_accuracy']:.1%} [{low:.1%}, {high:.1%}] of {rec['recall_queries']} queries"
-                 + (f" (chance {percent(rec['recall_chance'])})" if rec.get("recall_chance") else ""))
+        recall = (f"recall {rec['recall_accuracy']:.1%} [{low:.1%}, {high:.1%}] of {rec['recall_queries']} queries"
+                  + (f" (chance {percent(rec['recall_chance'])})" if rec.get("recall_chance") else ""))
+        at_queries = f" | loss at the queries {rec['recall_loss']:.4f}" if "recall_loss" in rec else ""
+        text = f"{recall}{at_queries} | {text}"
+    gaps = optimum_gaps(rec)
     return f"{text} | {gaps}" if gaps else text
 
 
