@@ -103,6 +103,19 @@ def test_data_parallel_2_by_context_parallel_2_matches_one_process(train_env, tr
 
 
 @pytest.mark.slow
+def test_context_parallel_recall_loss_at_the_queries_matches_one_process(train_env, train_run, tmp_path):
+    """data.loss_on=queries: the pairs sit in the first slice and most queries in the second, so the two ranks count
+    different numbers of targets; the step's loss divides by the world's count and matches one process's."""
+    args = ["experiment=recall_state_cpu", "+experiment/arm=exp", "trainer.num_threads=1", "trainer.micro_docs=2",
+            "trainer.max_steps=6", "trainer.eval_every=3", f"cache_dir={tmp_path / 'cache'}"]
+    one = train_run(tmp_path / "one", args)
+    two = run(train_env, tmp_path / "two", [*args, "trainer.context_parallel=2"], nproc=2)
+    assert_same_run(two, one)
+    for a, b in zip(records(one), records(two)):
+        assert a["recall_accuracy"] == b["recall_accuracy"] and abs(a["recall_loss"] - b["recall_loss"]) <= LOSS_TOL
+
+
+@pytest.mark.slow
 def test_resume_changes_context_parallel(train_env, cp_args, one_process, tmp_path):
     """One process's run cut after its step-3 checkpoint, resumed with trainer.context_parallel=2 on 2 ranks: the
     same run (the checkpoint holds the whole model and the batch order; N is how the run runs)."""
