@@ -76,14 +76,20 @@ def check_batch_fits(splits: DataSplits, data_cfg: DictConfig) -> None:
                          f"{splits.info['num_docs']} documents of {splits.train_path}")
 
 
+def trains_on_queries(data_cfg: DictConfig) -> bool:
+    """data.loss_on=queries (recall data's default): the training loss counts the queried values only."""
+    return data_cfg.get("loss_on", "all") == "queries"
+
+
 def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank: int, world_size: int,
-                       vocab_size: int) -> LongCrawl64:
+                       vocab_size: int):
+    """The rank's training reader (a LongCrawl64; with data.loss_on=queries, wrapped by QueryTargets)."""
     check_batch_fits(splits, data_cfg)
     reader = LongCrawl64(str(splits.train_path), ctx, data_cfg.docs_per_batch, rank=rank, world_size=world_size,
                          reshape_block=data_cfg.reshape_block, vocab_limit=vocab_size,
                          packed=data_cfg.get("pack", False))
     check_vocab(reader, vocab_size)  # BOS and a sample of chunks now; every block the reader decodes later
-    return QueryTargets(reader, data_cfg) if data_cfg.get("loss_on", "all") == "queries" else reader
+    return QueryTargets(reader, data_cfg) if trains_on_queries(data_cfg) else reader
 
 
 class MappedBatches:

@@ -31,7 +31,8 @@ from longctx.train.config import check_context_parallel, validate
 from longctx.train.console import (close_logging, eta, format_duration, is_terminal, log, log_to_file, progress_bar,
                                    setup_logging)
 from longctx.train.estimate import check_fits
-from longctx.train.data import ContextSlices, build_heldout, build_train_reader, resolve_splits
+from longctx.train.data import (ContextSlices, build_heldout, build_train_reader, resolve_splits,
+                                 trains_on_queries)
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.loggers import check_wandb
 from longctx.models.context_parallel import ContextParallelModel, set_context_parallel
@@ -201,7 +202,7 @@ class Trainer:
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
 
         # the DP rank's documents; with CP, each rank of its CP group keeps its slice of their context
-        self.loss_on_queries = cfg.data.get("loss_on", "all") == "queries"  # MQAR: the loss at the queried values
+        self.loss_on_queries = trains_on_queries(cfg.data)
         self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.layout.dp_rank, self.layout.dp_world,
                                          self.spec.vocab_size)
         if self.layout.cp is not None:

@@ -6,16 +6,15 @@ Error measure: max |x - truth| / max |truth| per tensor. float64 runs with the r
 the normalized outputs differ at the 1e-6 level between where the states start: see the module docstring) and must
 agree to 1e-10; float32 runs with the guard and may add 1e-5 to one process's own float32 error.
 """
-import json
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from longctx.kernels.power import context_parallel_power_attention, power_attention
 from longctx.kernels.power import reference
+from tests.gloo_ranks import run_cases, spawn_ranks, write_rank
 
 T = 36     # 18 / 9 tokens a rank: not a multiple of chunk 4
 # name: (p, norm, gated, hq, hk, d, chunk_size, uneven slices)
@@ -112,15 +111,7 @@ def worker(rank, world, rdv, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
-    res = {}
-    for name, case in CASES.items():
-        for dtype in TOL:
-            eps = reference.EPS
-            reference.EPS = 0.0 if dtype == "float64" else eps
-            try:
-                res[f"{name}-{dtype}"] = run_case(rank, world, case, dtype)
-            finally:
-                reference.EPS = eps
+    res = run_cases(lambda case, dtype: run_case(rank, world, case, dtype), CASES, TOL)
     if world == 4:  # two groups of 2 (a DP x CP layout's CP groups): gradients return within the group
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         eps, reference.EPS = reference.EPS, 0.0
@@ -129,17 +120,14 @@ def worker(rank, world, rdv, out):
         finally:
             reference.EPS = eps
     res["bad"] = bad_inputs(rank)
-    with open(f"{out}/rank{rank}.json", "w") as f:
-        json.dump(res, f)
+    write_rank(out, rank, res)
     dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def results(request, tmp_path_factory):
     world = request.param
-    tmp = tmp_path_factory.mktemp(f"cp{world}")
-    mp.spawn(worker, args=(world, str(tmp / "rendezvous"), str(tmp)), nprocs=world, join=True)
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
+    return spawn_ranks(worker, world, tmp_path_factory.mktemp(f"cp{world}"))
 
 
 @pytest.mark.parametrize("dtype", list(TOL))

@@ -9,17 +9,15 @@ computes one process's truth itself (the whole documents, the same seed). Error 
 and must agree to 1e-8 (the gate's parameters, which run in fp32, 1e-5); float32 may add 5e-5 to one process's
 own float32 error.
 """
-import json
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from longctx.kernels.power import reference
 from longctx.models import ModelSpec, build_model
 from longctx.models.context_parallel import ContextParallel, ContextParallelModel, set_context_parallel
+from tests.gloo_ranks import run_cases, spawn_ranks, write_rank
 
 T = 36      # 18 / 9 tokens a rank: not a multiple of chunk 4
 SHIFT, CKPT = {"token_shift": True}, {"checkpoint_activations": True}
@@ -96,26 +94,15 @@ def worker(rank, world, rdv, out):
     dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     cp = ContextParallel(dist.new_group(list(range(world))), rank, world)
-    res = {}
-    for name, case in CASES.items():
-        for dtype in TOL:
-            eps = reference.EPS
-            reference.EPS = 0.0 if dtype == "float64" else eps
-            try:
-                res[f"{name}-{dtype}"] = run_case(cp, case, dtype)
-            finally:
-                reference.EPS = eps
-    with open(f"{out}/rank{rank}.json", "w") as f:
-        json.dump(res, f)
+    res = run_cases(lambda case, dtype: run_case(cp, case, dtype), CASES, TOL)
+    write_rank(out, rank, res)
     dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=lambda w: f"world{w}")
 def results(request, tmp_path_factory):
     world = request.param
-    tmp = tmp_path_factory.mktemp(f"cp_model{world}")
-    mp.spawn(worker, args=(world, str(tmp / "rendezvous"), str(tmp)), nprocs=world, join=True)
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
+    return spawn_ranks(worker, world, tmp_path_factory.mktemp(f"cp_model{world}"))
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
