@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The recall suite (experiment=recall_state) on one GPU, every point sharing the card (scripts/run_points.py) and
 # resumable across calls: run it again on the same machine and each point continues from its newest checkpoint.
-#   PILOT=1 DEADLINE_S=300 bash tools/recall_grid.sh   # softmax and power p=2 at N=64, one seed, lr 1e-3 and 3e-3:
-#                                                       # the step time, the learning rate, and whether softmax
-#                                                       # reaches near-perfect recall at all
+# Every point trains the recipe's two stages (16 pairs at ctx 64, then its N pairs at ctx 4096).
+#   PILOT=1 DEADLINE_S=300 bash tools/recall_grid.sh   # softmax and power p=2 at N = 64 and 1024, one seed, lr 3e-3
+#                                                       # (PILOT_LRS=1e-3,3e-3 adds the old rate): the step time,
+#                                                       # and how many updates at ctx 4096 softmax needs for
+#                                                       # near-perfect recall
 #   DEADLINE_S=480 bash tools/recall_grid.sh           # 8 arms x N in {64, 256, 1024} x 3 seeds (SEEDS, NPAIRS, ARMS)
 # Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
-# At the end (or the deadline) the records a report needs -- metrics.jsonl, eval/*.npz, config.yaml,
+# At the end (or the deadline) the records a report needs -- metrics.jsonl, eval/*.npz, stages.json, config.yaml,
 # data_identity.json, provenance.json and the points' logs, no checkpoints -- are packed into $OUT/recall_records.tgz;
 # `python -m longctx.report multirun/recall_state --out reports/recall --record docs/results/experiments/recall_state.json`
 # then tables the accuracies and draws recall against state (plot_results redraws it from the record).
@@ -15,7 +17,8 @@ OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
 common=(experiment=recall_state logger.wandb.mode=disabled trainer.keep_checkpoints=1)
 if [ "${PILOT:-0}" = 1 ]; then
-  grids=(--grid +experiment/arm=exp,power_p2 --grid data.n_pairs=64 --grid seed=0 --grid optim.lr=${PILOT_LRS:-1e-3,3e-3})
+  grids=(--grid +experiment/arm=exp,power_p2 --grid data.n_pairs=${PILOT_NPAIRS:-64,1024} --grid seed=0
+         --grid optim.lr=${PILOT_LRS:-3e-3})
   common+=(trainer.max_steps=${PILOT_STEPS:-1000} trainer.eval_every=250)
   dir=multirun/recall_pilot
 else
@@ -26,6 +29,6 @@ fi
 python3 scripts/run_points.py --jobs ${JOBS:-18} --dir "$dir" --deadline-s "$DEADLINE_S" "${common[@]}" "${grids[@]}" \
   > "$OUT/recall_grid.log" 2>&1
 tail -30 "$OUT/recall_grid.log"
-find "$dir" \( -name metrics.jsonl -o -name '*.npz' -o -name config.yaml -o -name data_identity.json \
+find "$dir" \( -name metrics.jsonl -o -name '*.npz' -o -name stages.json -o -name config.yaml -o -name data_identity.json \
   -o -name provenance.json -o -name '*.log' \) -print0 | tar -czf "$OUT/recall_records.tgz" --null -T -
 ls -la "$OUT/recall_records.tgz"; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv

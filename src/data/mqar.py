@@ -83,6 +83,19 @@ def generator_params(*, n_keys: int, n_values: int, n_pairs: int, n_queries: int
             "n_heldout": int(n_heldout), "distance": distance, "power_a": float(power_a), "seed": int(seed)}
 
 
+def dense_ctx(n_pairs: int, n_queries: int | None = None, ctx: int | None = None) -> int:
+    """The shortest power-of-two context that holds a document's pairs and queries (2 N + 2 Q tokens), at most ctx.
+    The recall recipe's first stage trains there: nearly every position after the pairs is a query, so a token of
+    training carries far more recall signal than at a long context, where most positions are filler
+    (`${longctx.mqar_dense_ctx:N,Q,ctx}` in configs)."""
+    n_queries = n_pairs if n_queries is None else n_queries
+    for name, v in (("data.n_pairs", n_pairs), ("data.n_queries", n_queries), ("ctx", ctx if ctx is not None else 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+    dense = 1 << (2 * (int(n_pairs) + int(n_queries)) - 1).bit_length()
+    return dense if ctx is None else min(dense, int(ctx))
+
+
 def token_ids(params: dict) -> dict:
     k, v = params["n_keys"], params["n_values"]
     return {"filler": k + v, "bos": k + v + 1, "vocab_size": k + v + 2}

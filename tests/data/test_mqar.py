@@ -6,7 +6,7 @@ import pytest
 import zarr
 
 from longctx.data import dataset_info
-from longctx.data.mqar import (QUERIES_FILE, ensure_mqar, generator_params, query_accuracy, read_queries,
+from longctx.data.mqar import (QUERIES_FILE, dense_ctx, ensure_mqar, generator_params, query_accuracy, read_queries,
                                token_ids)
 
 SMALL = dict(n_keys=32, n_values=16, n_pairs=8, n_queries=6, doc_len=96, n_train=40, n_heldout=24)
@@ -120,3 +120,30 @@ def test_query_positions_from_the_tokens_alone_are_the_stored_queries(small):
     batch = {"inputs": torch.zeros(tokens.shape, dtype=torch.long), "targets": torch.from_numpy(tokens)}
     kept = query_targets(batch, SMALL["n_keys"], SMALL["n_values"], SMALL["n_pairs"])["targets"].numpy()
     assert (kept[stored] == tokens[stored]).all() and (kept[~stored] == IGNORE).all()
+
+
+@pytest.mark.parametrize("n_pairs, n_queries, ctx, expected", [
+    (16, None, None, 64), (64, None, 4096, 256), (1024, None, 4096, 4096), (1024, None, 1024, 1024),
+    (17, None, None, 128), (16, 48, None, 128), (1, None, None, 4)])
+def test_dense_ctx_is_the_shortest_power_of_two_holding_the_pairs_and_queries(n_pairs, n_queries, ctx, expected):
+    assert dense_ctx(n_pairs, n_queries, ctx) == expected
+    q = n_pairs if n_queries is None else n_queries
+    if ctx is None or expected < ctx:   # not capped: the generator fits the document there, and not at half of it
+        generator_params(n_keys=2048, n_values=8, n_pairs=n_pairs, n_queries=q, doc_len=expected, n_train=1,
+                         n_heldout=1)
+        with pytest.raises(ValueError, match="do not fit a document"):
+            generator_params(n_keys=2048, n_values=8, n_pairs=n_pairs, n_queries=q, doc_len=expected // 2,
+                             n_train=1, n_heldout=1)
+
+
+def test_dense_ctx_in_configs_and_its_bad_input():
+    from omegaconf import OmegaConf
+
+    import longctx  # noqa: F401 -- registers the resolver
+
+    cfg = OmegaConf.create({"n": 64, "ctx": 4096, "c": "${longctx.mqar_dense_ctx:${n},null,${ctx}}"})
+    assert cfg.c == 256
+    with pytest.raises(ValueError, match="data.n_pairs: must be a positive integer, got 0"):
+        dense_ctx(0)
+    with pytest.raises(ValueError, match="ctx: must be a positive integer"):
+        dense_ctx(4, None, -1)

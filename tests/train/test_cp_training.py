@@ -107,7 +107,7 @@ def test_context_parallel_recall_loss_at_the_queries_matches_one_process(train_e
     """data.loss_on=queries: the pairs sit in the first slice and most queries in the second, so the two ranks count
     different numbers of targets; the step's loss divides by the world's count and matches one process's."""
     args = ["experiment=recall_state_cpu", "+experiment/arm=exp", "trainer.num_threads=1", "trainer.micro_docs=2",
-            "trainer.max_steps=6", "trainer.eval_every=3", f"cache_dir={tmp_path / 'cache'}"]
+            "trainer.max_steps=6", "trainer.eval_every=3", "trainer.stages=null", f"cache_dir={tmp_path / 'cache'}"]
     one = train_run(tmp_path / "one", args)
     two = run(train_env, tmp_path / "two", [*args, "trainer.context_parallel=2"], nproc=2)
     assert_same_run(two, one)

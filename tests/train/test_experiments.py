@@ -503,6 +503,8 @@ def test_recall_arms_hold_the_states_longctx_state_gives(compose):
 
 
 def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
+    from longctx.train.stages import plan
+
     for name in ("recall_state", "recall_state_long"):
         points = sweep_points(name)
         names = set()
@@ -512,6 +514,13 @@ def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
             assert cfg.data.name == "mqar" and cfg.logger.wandb.group == name
             assert 4 * cfg.data.n_pairs <= cfg.ctx and cfg.data.n_pairs <= cfg.data.n_keys
             names.add(cfg.run_name)
+            # the first stage: 16 pairs, every key asked once, at ctx 64 (2 x 16 + 2 x 16 tokens); then the point
+            (_, first), (_, last) = plan(cfg, check=False)
+            assert (first.ctx, first.data.n_pairs, first.data.n_queries) == (64, 16, None)
+            assert first.trainer.max_steps == 1000 and first.data.docs_per_batch == 32
+            assert first.data.n_keys == cfg.data.n_keys
+            assert (last.ctx, last.data.n_pairs, last.trainer.max_steps) == (cfg.ctx, cfg.data.n_pairs,
+                                                                            cfg.trainer.max_steps)
         assert len(names) == len(points)
 
 
@@ -522,9 +531,13 @@ def test_recall_sweep_runs_on_cpu_and_logs_recall(train_env, tmp_path):
                           f"hydra.sweep.dir={sweep_dir}", "+experiment/arm=exp,power_p2", "data.n_pairs=4"],
                          cwd=tmp_path, env=train_env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    runs = sorted(p.parent for p in sweep_dir.glob("*/metrics.jsonl"))
-    assert [r.name for r in runs] == ["gpt2_exp_d128l2_mqar_n4_ctx64_s0", "gpt2_power_p2_d128l2_mqar_n4_ctx64_s0"]
+    runs = sorted(p.parent for p in sweep_dir.glob("*/stage2_ctx64/metrics.jsonl"))
+    assert [r.parent.name for r in runs] == ["gpt2_exp_d128l2_mqar_n4_ctx64_s0",
+                                             "gpt2_power_p2_d128l2_mqar_n4_ctx64_s0"]
     for run in runs:
+        first = _metrics(run.parent / "stage1_ctx16")[-1]   # the first stage: 4 pairs at their dense context
+        assert first["recall_queries"] == 4 * 4 and first["step"] == 2
+        assert first["tokens_all_stages"] + 2 * 4 * 64 == _metrics(run)[-1]["tokens_all_stages"]
         final = _metrics(run)[-1]
         assert 0 <= final["recall_accuracy"] <= 1 and final["recall_queries"] == 4 * 4
         assert final["recall_chance"] == 1 / 16
