@@ -2,10 +2,10 @@
 # The recall suite (experiment=recall_state) on one GPU, every point sharing the card (scripts/run_points.py) and
 # resumable across calls: run it again on the same machine and each point continues from its newest checkpoint.
 # Every point trains the recipe's two stages (16 pairs at ctx 64, then its N pairs at ctx 4096).
-#   PILOT=1 DEADLINE_S=300 bash tools/recall_grid.sh   # softmax and power p=2 at N = 64 and 1024, one seed, lr 3e-3
-#                                                       # (PILOT_LRS=1e-3,3e-3 adds the old rate): the step time,
-#                                                       # and how many updates at ctx 4096 softmax needs for
-#                                                       # near-perfect recall
+#   PILOT=1 DEADLINE_S=420 bash tools/recall_grid.sh   # softmax, power p=2 and linear at N = 64, one seed, lr 1e-3
+#                                                       # and 3e-3 (PILOT_ARMS, PILOT_NPAIRS, PILOT_LRS): the step
+#                                                       # time, whether each arm learns the first stage at either
+#                                                       # rate, and whether softmax's recall nears 100% at ctx 4096
 #   DEADLINE_S=480 bash tools/recall_grid.sh           # 8 arms x N in {64, 256, 1024} x 3 seeds (SEEDS, NPAIRS, ARMS)
 # Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
 # At the end (or the deadline) the records a report needs -- metrics.jsonl, eval/*.npz, stages.json, config.yaml,
@@ -17,8 +17,8 @@ OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
 common=(experiment=recall_state logger.wandb.mode=disabled trainer.keep_checkpoints=1)
 if [ "${PILOT:-0}" = 1 ]; then
-  grids=(--grid +experiment/arm=exp,power_p2 --grid data.n_pairs=${PILOT_NPAIRS:-64,1024} --grid seed=0
-         --grid optim.lr=${PILOT_LRS:-3e-3})
+  grids=(--grid +experiment/arm=${PILOT_ARMS:-exp,power_p2,linear} --grid data.n_pairs=${PILOT_NPAIRS:-64} --grid seed=0
+         --grid optim.lr=${PILOT_LRS:-1e-3,3e-3})
   common+=(trainer.max_steps=${PILOT_STEPS:-1000} trainer.eval_every=250)
   dir=multirun/recall_pilot
 else
