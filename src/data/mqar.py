@@ -51,17 +51,27 @@ DISTANCES = ("uniform", "power")
 QUERIES_FILE = "heldout_queries.zarr"
 
 
+def _check_positive(field: str, value, note: str = "") -> None:
+    """ValueError naming `field` unless value is a positive integer (bools are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{field}: must be a positive integer{note}, got {value!r}")
+
+
+def _queries(n_pairs: int, n_queries: int | None) -> int:
+    """data.n_queries, checked; null: one query a pair."""
+    n_queries = n_pairs if n_queries is None else n_queries
+    _check_positive("data.n_queries", n_queries, " (or null: one query a pair)")
+    return n_queries
+
+
 def generator_params(*, n_keys: int, n_values: int, n_pairs: int, n_queries: int | None, doc_len: int,
                      n_train: int, n_heldout: int, distance: str = "power", power_a: float = 0.01,
                      seed: int = 0) -> dict:
     """Check the parameters (ValueError naming the `data.` field) and return them as the dataset's record."""
     for name, v in (("n_keys", n_keys), ("n_values", n_values), ("n_pairs", n_pairs), ("doc_len", doc_len),
                     ("n_train", n_train), ("n_heldout", n_heldout)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"data.{name}: must be a positive integer, got {v!r}")
-    n_queries = n_pairs if n_queries is None else n_queries
-    if isinstance(n_queries, bool) or not isinstance(n_queries, (int, np.integer)) or n_queries < 1:
-        raise ValueError(f"data.n_queries: must be a positive integer (or null: one query a pair), got {n_queries!r}")
+        _check_positive(f"data.{name}", v)
+    n_queries = _queries(n_pairs, n_queries)
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"data.seed: must be a non-negative integer, got {seed!r}")
     if n_pairs > n_keys:
@@ -88,10 +98,10 @@ def dense_ctx(n_pairs: int, n_queries: int | None = None, ctx: int | None = None
     The recall recipe's first stage trains there: nearly every position after the pairs is a query, so a token of
     training carries far more recall signal than at a long context, where most positions are filler
     (`${longctx.mqar_dense_ctx:N,Q,ctx}` in configs)."""
-    n_queries = n_pairs if n_queries is None else n_queries
-    for name, v in (("data.n_pairs", n_pairs), ("data.n_queries", n_queries), ("ctx", ctx if ctx is not None else 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+    _check_positive("data.n_pairs", n_pairs)
+    n_queries = _queries(n_pairs, n_queries)
+    if ctx is not None:
+        _check_positive("ctx", ctx)
     dense = 1 << (2 * (int(n_pairs) + int(n_queries)) - 1).bit_length()
     return dense if ctx is None else min(dense, int(ctx))
 
