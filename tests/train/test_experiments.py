@@ -524,6 +524,17 @@ def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
         assert len(names) == len(points)
 
 
+def test_recall_first_stage_with_no_pairs_names_the_field(compose):
+    """first_pairs=0 fails when the stages are planned (before anything trains), naming the stage's field."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    from longctx.train.stages import plan
+
+    cfg = compose("experiment=recall_state_cpu", "+experiment/arm=exp", "first_pairs=0", "run_dir=/r")
+    with pytest.raises(InterpolationResolutionError, match=r"data.n_pairs: must be a positive integer, got 0"):
+        plan(cfg, check=False)
+
+
 def test_recall_sweep_runs_on_cpu_and_logs_recall(train_env, tmp_path):
     """`train.py -m experiment=recall_state_cpu`: every point trains and logs its accuracy at the queries."""
     sweep_dir = tmp_path / "sweep"
