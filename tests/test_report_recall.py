@@ -22,12 +22,14 @@ ARMS = {  # attention conf -> accuracy a document recalls on average (seeds move
 }
 
 
-def recall_run(folder, arm: str, n_pairs: int, seed: int):
+def recall_run(folder, arm: str, n_pairs: int, seed: int, lr: float | None = None, level: float | None = None):
     """A fake run on MQAR data whose final evaluation recorded `hits` (documents x queries) and the accuracy."""
-    attention, level = ARMS[arm]
+    attention, arm_level = ARMS[arm]
+    level = arm_level if level is None else level
     run = fake_run(folder, attention["name"], 64, 0.1, seed=seed, doc_bins=True,
                    change={"attention": attention, "model": {"d_model": 32, "n_heads": 2},
-                           "data": {"name": "mqar", "tag": f"mqar_n{n_pairs}", "n_pairs": n_pairs}})
+                           "data": {"name": "mqar", "tag": f"mqar_n{n_pairs}", "n_pairs": n_pairs},
+                           **({"optim": {"lr": lr}} if lr is not None else {})})
     rng = np.random.default_rng(1000 * seed + n_pairs + len(arm))
     hits = rng.random((N_DOCS, N_QUERIES)) < level - 0.002 * n_pairs + 0.02 * seed
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -91,6 +93,30 @@ def test_report_tables_state_and_draws_accuracy_against_it(recall_runs, tmp_path
         assert list(softmax.get_xdata()) == [states["exp"]]
         assert softmax.get_ydata()[0] == pytest.approx(np.mean([accuracy["exp", n_pairs, s] for s in (0, 1)]))
         assert "chance (one value in n_values)" in [line.get_label() for line in ax.get_lines()]
+
+
+def test_each_point_is_drawn_at_its_best_learning_rate_and_says_so(tmp_path):
+    root = tmp_path / "runs"
+    levels = {("exp", 1e-3): 0.3, ("exp", 3e-3): 0.9, ("power_p2", 1e-3): 0.7, ("power_p2", 3e-3): 0.2}
+    accuracy = {}
+    for (arm, lr), level in levels.items():
+        for seed in (0, 1):
+            _, accuracy[arm, lr, seed] = recall_run(root / f"{arm}_lr{lr}_s{seed}", arm, 16, seed, lr=lr, level=level)
+    record = tmp_path / "recall.json"
+    text = report([str(root), "--out", str(tmp_path / "out"), "--bootstrap", "20", "--record", str(record)]
+                  ).read_text()
+    points = json.loads(record.read_text())["recall"]
+    best = {"exp": 3e-3, "power_p2": 1e-3}   # the rate whose seeds' mean accuracy is highest, per arm
+    assert sorted(p["tag"] for p in points) == ["exp", "power_p2"]
+    for point in points:
+        arm = point["tag"]
+        assert point["lr"] == best[arm] and point["lrs"] == [1e-3, 3e-3]
+        assert point["seeds"] == pytest.approx([accuracy[arm, best[arm], s] for s in (0, 1)])
+    section = text[text.index("## Recall at the queries"):]
+    assert section.count("optim.lr=") >= 4   # the table keeps every rate; the figure's pick is listed below it
+    assert "best learning rate" in section and "optimistic" in section
+    fig = draw_recall_vs_state(points, "t")
+    assert "best learning rate of 0.001, 0.003" in fig._suptitle.get_text().replace("\n", " ")
 
 
 def test_plot_results_redraws_the_figure_from_the_record_alone(recall_runs, tmp_path):
