@@ -22,11 +22,12 @@ ARMS = {  # attention conf -> accuracy a document recalls on average (seeds move
 }
 
 
-def recall_run(folder, arm: str, n_pairs: int, seed: int, lr: float | None = None, level: float | None = None):
+def recall_run(folder, arm: str, n_pairs: int, seed: int, lr: float | None = None, level: float | None = None,
+               init_from=None):
     """A fake run on MQAR data whose final evaluation recorded `hits` (documents x queries) and the accuracy."""
     attention, arm_level = ARMS[arm]
     level = arm_level if level is None else level
-    run = fake_run(folder, attention["name"], 64, 0.1, seed=seed, doc_bins=True,
+    run = fake_run(folder, attention["name"], 64, 0.1, seed=seed, doc_bins=True, init_from=init_from,
                    change={"attention": attention, "model": {"d_model": 32, "n_heads": 2},
                            "data": {"name": "mqar", "tag": f"mqar_n{n_pairs}", "n_pairs": n_pairs},
                            **({"optim": {"lr": lr}} if lr is not None else {})})
@@ -54,10 +55,13 @@ def recall_runs(tmp_path_factory):
 
 
 def test_seed_interval_is_students_t():
-    mean, low, high = seed_interval([0.2, 0.4])
-    # two seeds: mean +- t(0.975, 1) * s / sqrt(2), t = 12.7062 (a table value), s = 0.1414
-    assert mean == pytest.approx(0.3)
-    assert high - mean == pytest.approx(12.7062 * np.std([0.2, 0.4], ddof=1) / np.sqrt(2), rel=1e-4)
+    mean, low, high = seed_interval([0.50, 0.52])
+    # two seeds: mean +- t(0.975, 1) * s / sqrt(2), t = 12.7062 (a table value), s = 0.01414
+    assert mean == pytest.approx(0.51)
+    assert high - mean == pytest.approx(12.7062 * np.std([0.50, 0.52], ddof=1) / np.sqrt(2), rel=1e-4)
+    assert mean - low == pytest.approx(high - mean)
+    # three seeds, one failed: t(0.975, 2) = 4.3027 times s / sqrt(3) spans more than [0, 1]; cut there
+    assert seed_interval([0.84, 0.97, 0.01])[1:] == (0.0, 1.0)
     assert seed_interval([0.5]) == (0.5, 0.5, 0.5)
 
 
@@ -117,6 +121,38 @@ def test_each_point_is_drawn_at_its_best_learning_rate_and_says_so(tmp_path):
     assert "best learning rate" in section and "optimistic" in section
     fig = draw_recall_vs_state(points, "t")
     assert "best learning rate of 0.001, 0.003" in fig._suptitle.get_text().replace("\n", " ")
+
+
+def test_seeds_of_a_staged_point_are_one_group_with_their_first_stage_shown(tmp_path):
+    """Each seed's last stage starts from its own first stage (trainer.init_from: a path that differs per seed); the
+    seeds still form one group, and each seed's first-stage recall stands beside its accuracy. A run started from
+    some other run's weights stays a group of its own."""
+    root = tmp_path / "runs"
+    first_stage, final = {}, {}
+    for seed, level in ((0, 0.9), (1, 0.05)):   # seed 1 never leaves chance in its first stage
+        point = root / f"power_p2_s{seed}"
+        _, first_stage[seed] = recall_run(point / "stage1_ctx16", "power_p2", 4, seed, level=level)
+        _, final[seed] = recall_run(point / "stage2_ctx64", "power_p2", 16, seed, level=level,
+                                    init_from=str(point / "stage1_ctx16"))
+        (point / "stages.json").write_text(json.dumps({"stages": [{"dir": "stage1_ctx16", "overrides": {}},
+                                                                  {"dir": "stage2_ctx64", "overrides": {}}]}))
+    _, foreign = recall_run(root / "from_elsewhere", "power_p2", 16, 0, init_from=str(tmp_path / "other" / "ckpt"))
+    record = tmp_path / "recall.json"
+    text = report([str(root), "--out", str(tmp_path / "out"), "--bootstrap", "20", "--record", str(record)]
+                  ).read_text()
+    points = json.loads(record.read_text())["recall"]
+    assert len(points) == 2
+    staged = next(p for p in points if len(p["runs"]) == 2)
+    assert staged["seeds"] == pytest.approx([final[0], final[1]])
+    assert staged["first_stage"] == pytest.approx([first_stage[0], first_stage[1]])
+    alone = next(p for p in points if len(p["runs"]) == 1)
+    assert alone["seeds"] == pytest.approx([foreign]) and "first_stage" not in alone
+    section = text[text.index("## Recall at the queries"):]
+    row = next(line for line in section.splitlines() if line.startswith("| power_p2") and "(2 seeds)" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == f"{100 * final[0]:.1f}%, {100 * final[1]:.1f}%"
+    assert cells[5] == f"{100 * first_stage[0]:.1f}%, {100 * first_stage[1]:.1f}%"
+    assert cells[3] == "[0.0%, 100.0%]"   # two seeds this far apart: the t interval covers every accuracy
 
 
 def test_plot_results_redraws_the_figure_from_the_record_alone(recall_runs, tmp_path):

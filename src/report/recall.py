@@ -15,7 +15,7 @@ import numpy as np
 
 from longctx.plotting import fill_title, new_figure
 from longctx.report.markdown import table_head
-from longctx.report.runs import Group, Run
+from longctx.report.runs import Group, Run, read_metrics, stage_dirs
 from longctx.report.stats import DocBins, paired_seed_difference, seed_aggregate
 from longctx.report.verdict import t_quantile, welch_interval
 from longctx.state import state_per_layer
@@ -42,6 +42,20 @@ def accuracy_docs(run: Run) -> DocBins | None:
         raise ValueError(f"{path}: hits {hits.shape} do not match doc_index {doc_index.shape}")
     return DocBins(loss=hits.mean(axis=1, dtype=np.float64)[:, None], edges=np.asarray([[0, run.ctx]]),
                    doc_index=np.asarray(doc_index, np.int64))
+
+
+def first_stage_recall(run: Run) -> float | None:
+    """The recall its first stage ended with, for a stage of a staged run (trainer.stages) after the first: a seed
+    that never left chance there is an optimization failure, not a state limit. None for a plain run or a first
+    stage without a recall record."""
+    dirs = stage_dirs(run.path)
+    if len(dirs) < 2 or run.path.name == dirs[0]:
+        return None
+    metrics = run.path.parent / dirs[0] / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    ends = [r["recall_accuracy"] for r in read_metrics(metrics) if "recall_accuracy" in r]
+    return float(ends[-1]) if ends else None
 
 
 def run_state(run: Run) -> int | None:
@@ -74,6 +88,9 @@ def recall_points(groups: list[Group]) -> list[dict]:
                  "n_pairs": (g.first.config.get("data") or {}).get("n_pairs"), "ctx": g.first.ctx,
                  "chance": g.first.final.get("recall_chance"), "lr": g.first.flat.get("optim.lr"),
                  "seeds": [float(d.loss.mean()) for d in docs], "runs": [r.name for r in g.runs]}
+        first = [first_stage_recall(r) for r in g.runs]
+        if any(f is not None for f in first):
+            point["first_stage"] = first
         but_rate = tuple(item for item in g.first.group_key if item[0] != "optim.lr")
         candidates.setdefault(but_rate, []).append(point)
     points = []
@@ -86,13 +103,14 @@ def recall_points(groups: list[Group]) -> list[dict]:
 
 
 def seed_interval(values) -> tuple[float, float, float]:
-    """Mean and 95% t interval over the seeds (n - 1 degrees of freedom); a single seed: no interval."""
+    """Mean and 95% t interval over the seeds (n - 1 degrees of freedom), cut to [0, 1] where an accuracy lies (a
+    seed that failed beside two that learned spans more than the whole range); a single seed: no interval."""
     x = np.asarray(values, dtype=np.float64)
     mean = float(x.mean())
     if len(x) < 2:
         return mean, mean, mean
     half = t_quantile(0.975, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
-    return mean, mean - half, mean + half
+    return mean, max(mean - half, 0.0), min(mean + half, 1.0)
 
 
 def _point_note(point: dict) -> str:
@@ -167,15 +185,24 @@ def recall_section(groups: list[Group], n_boot: int) -> list[str]:
         return []
     lines = ["## Recall at the queries", "",
              f"Accuracy at the query positions only (the value after each query key), seed means with 95% bootstrap "
-             f"intervals over the heldout documents ({n_boot} resamples); chance is one value in n_values; state per "
-             f"layer in floats for one sequence, by the paper's definition (power: D = C(d+p-1, p) times v).", ""]
-    lines += table_head("| runs | seeds | accuracy | seeds' range | chance | queries a seed | state per layer |")
+             f"intervals over the heldout documents ({n_boot} resamples: how exactly these weights were measured) "
+             f"and Student's t intervals over the seeds (how much another seed could change it: the interval a "
+             f"claim about the attention needs); for a staged run, the recall each seed's first stage ended with "
+             f"(a seed that never left chance there failed to train, which says nothing about state); chance is one "
+             f"value in n_values; state per layer in floats for one sequence, by the paper's definition (power: "
+             f"D = C(d+p-1, p) times v).", ""]
+    lines += table_head("| runs | seeds | accuracy (documents' interval) | seed-level 95% t | each seed | first stage, "
+                        "each seed | chance | queries a seed | state per layer |")
     for g, docs in measured:
         iv = seed_aggregate(docs, "curve", n_boot)
         own = [float(d.loss.mean()) for d in docs]
+        _, low, high = seed_interval(own)
         chance = g.first.final.get("recall_chance")
+        first = [first_stage_recall(r) for r in g.runs]
         lines.append(f"| {g.label} | {g.n_seeds} | {_pct(float(iv.estimate[0]))} [{_pct(float(iv.low[0]))}, "
-                     f"{_pct(float(iv.high[0]))}] | {_pct(min(own))}-{_pct(max(own))} | "
+                     f"{_pct(float(iv.high[0]))}] | {f'[{_pct(low)}, {_pct(high)}]' if len(own) > 1 else '-'} | "
+                     f"{', '.join(map(_pct, own))} | "
+                     f"{', '.join('-' if f is None else _pct(f) for f in first)} | "
                      f"{'-' if chance is None else _pct(chance)} | {g.first.final.get('recall_queries', '-')} | "
                      f"{_floats(run_state(g.first))} |")
     picked = [p for p in recall_points(groups) if "lrs" in p]

@@ -115,17 +115,37 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
-def earlier_stage(run: Path) -> bool:
-    """True for a stage of a staged run (trainer.stages) other than its last: the run's result is its last stage's,
-    so a sweep's report compares final stages only. The run folder's stages.json lists its stages in order."""
+def stage_dirs(run: Path) -> list[str]:
+    """The stage folders of the staged run (trainer.stages) that `run` is a stage of, in order ([] for a plain run):
+    the run folder's stages.json lists them."""
     index = run.parent / "stages.json"
     if not index.is_file():
-        return False
+        return []
     try:
-        stages = json.loads(index.read_text())["stages"]
+        dirs = [s["dir"] for s in json.loads(index.read_text())["stages"]]
     except (ValueError, KeyError, TypeError, OSError):
-        return False
-    return bool(stages) and run.name != stages[-1]["dir"] and run.name in {s["dir"] for s in stages}
+        return []
+    return dirs if run.name in dirs else []
+
+
+def earlier_stage(run: Path) -> bool:
+    """True for a stage of a staged run (trainer.stages) other than its last: the run's result is its last stage's,
+    so a sweep's report compares final stages only."""
+    dirs = stage_dirs(run)
+    return bool(dirs) and run.name != dirs[-1]
+
+
+def own_stage_source(run: Path, init_from) -> str | None:
+    """'stage <dir>' when `init_from` is an earlier stage of the same staged run (its sibling folder), else None.
+    The stage's path differs from seed to seed; the fact that the weights came from the run's own stage does not,
+    so seeds of a staged point group together while runs started from other sources stay apart."""
+    if not init_from:
+        return None
+    source = Path(str(init_from))
+    dirs = stage_dirs(run)
+    if source.name in dirs and source.name != run.name and source.parent.name == run.parent.name:
+        return f"stage {source.name}"
+    return None
 
 
 REQUIRED_RECORD_KEYS = ("step", "icl_curve", "best_context_loss")  # every evaluation record has held these
@@ -191,6 +211,9 @@ def load_run(path: Path) -> Run:
         raise ValueError(f"{path / 'config.yaml'}: not a run config (no attention group or ctx)")
     run = Run(path=path, config=config, records=read_metrics(path / "metrics.jsonl"))
     run.flat = flat_config(config)
+    own = own_stage_source(path, run.flat.get("trainer.init_from"))
+    if own:
+        run.flat["trainer.init_from"] = own
     entries, run.eval_items = data_items(path, config, run.flat, run.ctx)
     run.flat.update(entries)
     run.group_key = tuple(sorted((k, _hashable(v)) for k, v in run.flat.items() if k != "seed"))
