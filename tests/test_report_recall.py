@@ -97,6 +97,11 @@ def test_report_tables_state_and_draws_accuracy_against_it(recall_runs, tmp_path
         assert list(softmax.get_xdata()) == [states["exp"]]
         assert softmax.get_ydata()[0] == pytest.approx(np.mean([accuracy["exp", n_pairs, s] for s in (0, 1)]))
         assert "chance (one value in n_values)" in [line.get_label() for line in ax.get_lines()]
+        # each seed's own accuracy is drawn beside the mean (an x per seed)
+        from matplotlib.collections import PathCollection
+        marks = sorted(tuple(xy) for c in ax.collections if isinstance(c, PathCollection) for xy in c.get_offsets())
+        expected = sorted((states[arm], accuracy[arm, n_pairs, s]) for arm in ARMS for s in (0, 1))
+        assert np.allclose(marks, expected)
 
 
 def test_each_point_is_drawn_at_its_best_learning_rate_and_says_so(tmp_path):

@@ -141,6 +141,11 @@ def draw_recall_vs_state(points: list[dict], title: str):
             err = np.array([[m - lo, hi - m] for m, lo, hi in stats]).T
             ax.errorbar(xs, mean, yerr=err if err.any() else None, marker="o", capsize=3, lw=1.3, color=f"C{i}",
                         label=FAMILIES[family])
+            # each seed beside the mean: a seed that failed to train pulls the mean down, and shows here
+            each_seed = [(p["state"], a) for p in line for a in p["seeds"]] \
+                if any(len(p["seeds"]) > 1 for p in line) else []
+            if each_seed:
+                ax.scatter(*zip(*each_seed), marker="x", s=18, lw=0.9, color=f"C{i}", alpha=0.7, zorder=3)
             for p, m in zip(line, mean):
                 if _point_note(p):
                     ax.annotate(_point_note(p), (p["state"], m), textcoords="offset points", xytext=(4, 4),
@@ -165,7 +170,8 @@ def draw_recall_vs_state(points: list[dict], title: str):
     best_of = f"; each point at its best learning rate of {', '.join(map(str, rates))}, picked on these documents" \
         if rates else ""
     fig.suptitle(fill_title(f"{title}: recall vs state (seed means, 95% t intervals over "
-                            f"{'/'.join(map(str, seeds))} seeds{best_of})", 4.6 * len(panels) - 0.4, 10), fontsize=10)
+                            f"{'/'.join(map(str, seeds))} seeds, x: each seed{best_of})", 4.6 * len(panels) - 0.4, 10),
+                 fontsize=10)
     return fig
 
 
