@@ -108,13 +108,29 @@ def test_readme_starts_with_setup_and_tests():
     assert lines[:2] == [SETUP, TESTS]
 
 
-def test_at_most_forty_files_under_docs():
+def test_docs_pages_are_few_and_every_result_file_is_shown_or_read():
+    """At most a dozen pages under docs/ (merge rather than add); under docs/results, every figure is shown by the
+    README or a page, every record names a figure a page shows, and every npz sits beside its record: a published
+    result grows the folder, an orphan does not."""
     import subprocess
     tracked = subprocess.run(["git", "ls-files", "docs"], cwd=REPO, capture_output=True, text=True)
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
-    files = tracked.stdout.split()
-    assert len(files) <= 40, f"docs/ holds {len(files)} tracked files (at most 40): merge or drop some"
+    files = [Path(f) for f in tracked.stdout.split()]
+    pages = [f for f in files if f.suffix == ".md"]
+    assert len(pages) <= 12, f"docs/ holds {len(pages)} pages (at most 12): merge some"
+    text = "\n".join((REPO / f).read_text() for f in [Path("README.md"), *pages])
+    results = [f for f in files if f.parts[:2] == ("docs", "results")]
+    for f in results:
+        if f.suffix == ".png":
+            assert f.name in text, f"{f}: no page or README shows it"
+        elif f.suffix == ".npz":
+            assert f.with_suffix(".json") in results, f"{f}: no record beside it"
+        elif f.suffix == ".json":
+            shown = [g.name for g in results if g.suffix == ".png" and g.name.startswith(f.stem)]
+            assert shown and any(name in text for name in shown), f"{f}: no page shows a figure of it"
+        else:
+            raise AssertionError(f"{f}: docs/results holds records (json, npz) and figures (png) only")
 
 
 RUN_NAME_EXAMPLE = re.compile(r"\b(?:gpt2|rwkv7)_[\w.-]*?_ctx\d+[\w.-]*")  # a run name as the docs write one
