@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from longctx.train.run_dir import check_run_name
+from longctx.train.stop_when import parse_stop_when
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -301,6 +302,7 @@ def check_values(cfg: DictConfig) -> None:
     budget = cfg.trainer.flops_budget
     if budget is not None and (isinstance(budget, (bool, str)) or not budget > 0 or not math.isfinite(budget)):
         _fail("trainer.flops_budget", budget, "must be a positive number of FLOPs, or null")
+    parse_stop_when(cfg.trainer.get("stop_when"), cfg.data.get("name"))
     if cfg.ctx < 2:
         _fail("ctx", cfg.ctx, "must be at least 2")
     if cfg.model.d_model % cfg.model.n_heads:

@@ -5,7 +5,7 @@ Every changed key is either applied or refused by name:
   from the current step (optim.Schedule.resumed);
 - the optimizer's other values (betas, eps, weight decay, gradient clipping): set on the loaded optimizer;
 - how the run runs, not what it trains (evaluation and checkpoint cadence, precision, threads, compilation,
-  context parallelism, logging, locations): taken as they are;
+  context parallelism, logging, locations, the stop_when bound): taken as they are;
 - anything else (the model, attention, data, ctx, seed, the optimizer's kind, ...) would make the checkpoint mean
   something else: refused.
 A key only one side has (a config written before an option existed) is not compared.
@@ -18,7 +18,7 @@ RUNTIME_KEYS = ("run_name", "run_dir", "cache_dir", "device", "data.cache_dir", 
                 "trainer.eval_every", "trainer.keep_checkpoints", "trainer.resume", "trainer.init_from",
                 "trainer.num_threads", "trainer.compile", "trainer.activation_checkpointing", "trainer.micro_docs",
                 "trainer.precision", "trainer.on_nonfinite", "trainer.max_skipped_steps", "trainer.icl_bins",
-                "trainer.context_parallel", "attention.chunk_size")
+                "trainer.context_parallel", "trainer.stop_when", "attention.chunk_size")
 RUNTIME_PREFIXES = ("logger.",)
 UNREMARKABLE = ("trainer.resume", "run_dir", "run_name")  # differ between launches of one run by design
 # The keys that say what the model is (a stage or a loaded checkpoint must keep them)

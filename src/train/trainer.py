@@ -47,6 +47,7 @@ from longctx.train.rng import RNGState, seed_everything
 from longctx.train.run_dir import RunLock
 from longctx.train.run_files import check_no_links, write_atomic
 from longctx.train.stop import StopRequested, StopSignals, resume_command
+from longctx.train.stop_when import parse_stop_when
 
 
 INLINE_CURVE_MAX = 8192  # longer per-position curves go to <run_dir>/per_position_loss/step_*.npy
@@ -228,7 +229,8 @@ class Trainer:
             self._init_weights(cfg.trainer.init_from)
         self.new_identity = self._check_data_identity(bool(candidates) or self.restart)
         # A relaunched finished run (a requeued sweep job, a resubmitted script) has nothing to do
-        self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget()
+        self.stop_when = parse_stop_when(cfg.trainer.get("stop_when"))
+        self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget() or self._stop_met(metrics.records())
 
         # Every check passed: from here on the run directory is written to
         self.jsonl = metrics if self.dist.is_main else None
@@ -357,6 +359,11 @@ class Trainer:
         source, kept = tokenizer_file_of(self.splits.train_path), self.run_dir / TOKENIZER_FILE
         if source is not None and not kept.exists():
             write_atomic(kept, source.read_bytes())
+
+    def _stop_met(self, records: list[dict]) -> bool:
+        """trainer.stop_when met by the evaluation of the step the run stands at (a resumed run that stopped there)."""
+        here = [r for r in records if r.get("step") == self.step]
+        return self.stop_when is not None and self.step > 0 and bool(here) and self.stop_when.met(here[-1])
 
     def _out_of_budget(self) -> bool:
         budget = self.cfg.trainer.flops_budget
@@ -666,6 +673,9 @@ class Trainer:
             if self._out_of_budget() and self.step < self.cfg.trainer.max_steps:
                 log.info(f"{self.run_dir} is complete (step {self.step}: trainer.flops_budget={budget:.4g} reached); "
                          f"nothing to do. Raise trainer.flops_budget to train it further.")
+            elif self.step < self.cfg.trainer.max_steps:
+                log.info(f"{self.run_dir} is complete (step {self.step}: trainer.stop_when={self.stop_when} met); "
+                         f"nothing to do. Raise or clear trainer.stop_when to train it further.")
             else:
                 log.info(f"{self.run_dir} is complete (step {self.step} of trainer.max_steps="
                          f"{self.cfg.trainer.max_steps}); nothing to do. Raise trainer.max_steps to train it further "
@@ -778,6 +788,11 @@ class Trainer:
             if out_of_budget:
                 if self.dist.is_main:
                     log.info(f"stopping at step {self.step}: trainer.flops_budget={budget:.3g} reached")
+                break
+            if record is not None and saved == self.step and self.stop_when and self.stop_when.met(record):
+                if self.dist.is_main:
+                    log.info(f"stopping at step {self.step} of {max_steps}: trainer.stop_when={self.stop_when} met "
+                             f"({self.stop_when.metric} {record[self.stop_when.metric]:.4g})")
                 break
             signum = self._stop_signal(stop)
             if signum and self.step < max_steps:
