@@ -517,7 +517,11 @@ def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
             # the first stage: 16 pairs, every key asked once, at ctx 64 (2 x 16 + 2 x 16 tokens); then the point
             (_, first), (_, last) = plan(cfg, check=False)
             assert (first.ctx, first.data.n_pairs, first.data.n_queries) == (64, 16, None)
-            assert first.trainer.max_steps == 2000 and first.data.docs_per_batch == 32
+            # ... until it recalls 99% (at most 4,000 updates, one pass over its 131,072 documents at most); the
+            # point's own stage runs all its updates
+            assert first.trainer.max_steps == 4000 and first.data.docs_per_batch == 32
+            assert first.trainer.stop_when == "recall_accuracy>=0.99" and last.trainer.stop_when is None
+            assert first.data.train_tokens >= 4000 * 32 * 64
             assert first.data.n_keys == cfg.data.n_keys
             assert (last.ctx, last.data.n_pairs, last.trainer.max_steps) == (cfg.ctx, cfg.data.n_pairs,
                                                                             cfg.trainer.max_steps)
