@@ -79,8 +79,18 @@ def test_report_tables_state_and_draws_accuracy_against_it(recall_runs, tmp_path
         assert f"| {state:,} |" in section
     assert (tmp_path / "out" / "recall_vs_state.png").is_file() and "![Recall vs state]" in text
 
-    points = json.loads(record.read_text())["recall"]
+    written = json.loads(record.read_text())
+    points = written["recall"]
     assert len(points) == len(ARMS) * 2
+    # every run's hits are in the record's npz, and its accuracy recomputes from them
+    with np.load(record.with_suffix(".npz")) as arrays:
+        for entry in written["runs"]:
+            hits = arrays[entry["doc_bins"].partition("#")[2] + "hits"]
+            assert hits.shape == (N_DOCS, N_QUERIES) and set(np.unique(hits)) <= {0, 1}
+            assert hits.mean() == pytest.approx(entry["records"][-1]["recall_accuracy"], abs=1e-12)
+    by_name = {e["name"]: e["records"][-1]["recall_accuracy"] for e in written["runs"]}
+    for point in points:
+        assert point["seeds"] == pytest.approx([by_name[name] for name in point["runs"]])
     for point in points:
         arm = point["tag"]
         assert point["state"] == states[arm]

@@ -26,8 +26,9 @@ FAMILIES = {"exp": "softmax (KV cache of the context)", "window": "sliding windo
             "linear": "linear attention", "power": "power attention (degree p)"}
 
 
-def accuracy_docs(run: Run) -> DocBins | None:
-    """The run's final evaluation as a one-bin record of per-document accuracy (None: no recall record)."""
+def run_hits(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
+    """(hits (n_docs, n_queries), doc_index) of the run's final evaluation: whether each query was recalled, per
+    heldout document (None: no recall record)."""
     name = run.final.get("doc_bins")
     if "recall_accuracy" not in run.final or not name:
         return None
@@ -40,8 +41,17 @@ def accuracy_docs(run: Run) -> DocBins | None:
         hits = f[prefix + "hits"]
     if hits.ndim != 2 or hits.shape[0] != doc_index.shape[0]:
         raise ValueError(f"{path}: hits {hits.shape} do not match doc_index {doc_index.shape}")
+    return hits, np.asarray(doc_index, np.int64)
+
+
+def accuracy_docs(run: Run) -> DocBins | None:
+    """The run's final evaluation as a one-bin record of per-document accuracy (None: no recall record)."""
+    found = run_hits(run)
+    if found is None:
+        return None
+    hits, doc_index = found
     return DocBins(loss=hits.mean(axis=1, dtype=np.float64)[:, None], edges=np.asarray([[0, run.ctx]]),
-                   doc_index=np.asarray(doc_index, np.int64))
+                   doc_index=doc_index)
 
 
 def first_stage_recall(run: Run) -> float | None:

@@ -5,7 +5,8 @@
      "runs": [{"name", "label", "seed_label", "seed", "ctx", "heldout", "status",
                "records": [{"step", "flops", "best_context_loss", "icl_curve", "bayes_curve"}, ...],
                "doc_bins": "NAME.npz#r<i>_" (the final evaluation's per-document record: arrays r<i>_loss, ...
-                            of one compressed file beside the JSON for all runs, when small)}],
+                            of one compressed file beside the JSON for all runs, when small; on recall data
+                            r<i>_hits, documents x queries, 1 where the query was recalled)}],
      "retrieval": [{"run", "label", "seed", "task", "step", "key_accuracy", ...}, ...]  (report.retrieval; only
                   when a run has a retrieval result),
      "recall": [{"label", "attention", "p", "window", "state", "n_pairs", "chance", "seeds": [accuracy, ...]}, ...]
@@ -21,10 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from longctx.report import figures
+from longctx.report.recall import run_hits
 from longctx.report.runs import Run, group_runs, runs_from_record
 
 RECORD_KEYS = ("step", "flops", "tokens", "flops_all_stages", "tokens_all_stages", "epochs", "heldout_minus_train",
-               "best_context_loss", "last10_loss", "icl_curve", "bayes_curve")
+               "best_context_loss", "last10_loss", "icl_curve", "bayes_curve", "recall_accuracy", "recall_chance")
 MAX_DOC_BINS_BYTES = 4 * 1024 * 1024   # larger per-document records stay in the run folders
 FIGURES = ("icl_curves", "gap_to_optimum", "paired_differences", "best_context_vs_flops", "best_context_vs_context",
            "recall_vs_state")
@@ -53,6 +55,9 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
                            prefix + "doc_index": docs.doc_index})
             if docs.bayes is not None:
                 arrays[prefix + "bayes"] = docs.bayes.astype(np.float32)
+            found = run_hits(run)
+            if found is not None:  # recall data: whether each query was recalled (its accuracy recomputes from it)
+                arrays[prefix + "hits"] = found[0].astype(np.uint8)
             entry["doc_bins"] = entry["records"][-1]["doc_bins"] = f"{npz.name}#{prefix}"
         out["runs"].append(entry)
     if arrays:
