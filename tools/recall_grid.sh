@@ -7,8 +7,10 @@
 #                                                       # time, whether each arm learns the first stage at either
 #                                                       # rate, and whether softmax's recall nears 100% at ctx 4096
 #   DEADLINE_S=480 bash tools/recall_grid.sh           # 8 arms x N in {64, 256, 1024} x 3 seeds (SEEDS, NPAIRS, ARMS)
-#   ARMS=linear LRS=1e-3 DEADLINE_S=480 bash tools/recall_grid.sh   # arms at another learning rate (LRS: a grid of
-#                                                       # rates; unset: the config's); each rate its own folder
+#                                                       # x lr 1e-3 and 3e-3 (LRS; each rate its own folder; the
+#                                                       # report draws each point at its best rate): whether a seed
+#                                                       # leaves the first stage's plateau depends on the rate
+#   ARMS=linear LRS=3e-4 DEADLINE_S=480 bash tools/recall_grid.sh   # arms at other rates (LRS= : the config's)
 # Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
 # At the end (or the deadline) the records a report needs -- metrics.jsonl, eval/*.npz, stages.json, config.yaml,
 # data_identity.json, provenance.json and the points' logs, no checkpoints -- are packed into $OUT/recall_records.tgz;
@@ -26,7 +28,8 @@ if [ "${PILOT:-0}" = 1 ]; then
 else
   grids=(--grid +experiment/arm=${ARMS:-exp,window,power_p1,power_p2,power_p3,power_p4,linear,window_linear_state}
          --grid data.n_pairs=${NPAIRS:-64,256,1024} --grid seed=${SEEDS:-0,1,2})
-  [ -n "${LRS:-}" ] && grids+=(--grid optim.lr=$LRS)
+  LRS=${LRS-1e-3,3e-3}
+  [ -n "$LRS" ] && grids+=(--grid optim.lr=$LRS)
   dir=multirun/recall_state
 fi
 python3 scripts/run_points.py --jobs ${JOBS:-18} --dir "$dir" --deadline-s "$DEADLINE_S" "${common[@]}" "${grids[@]}" \
