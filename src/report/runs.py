@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from longctx.models.attention import CONF_ONLY_KEYS, attention_class
 from longctx.report.evaldata import data_items
 from longctx.report.stats import DocBins, load_doc_bins
+from longctx.train.stop_when import parse_stop_when
 
 log = logging.getLogger("longctx.report")
 
@@ -222,12 +223,19 @@ def load_run(path: Path) -> Run:
 
 
 def run_status(run: Run) -> str:
-    """'complete', 'no evaluation yet', or 'unfinished: step S of trainer.max_steps=M'."""
+    """'complete', 'no evaluation yet', or 'unfinished: step S of trainer.max_steps=M'. A run that stopped at its
+    trainer.flops_budget or at the evaluation meeting its trainer.stop_when is complete."""
     if not run.records:
         return "no evaluation yet"
     max_steps, budget = run.flat.get("trainer.max_steps"), run.flat.get("trainer.flops_budget")
     final = run.final
     if isinstance(budget, (int, float)) and final.get("flops", 0) >= budget:
+        return "complete"
+    try:
+        stop_when = parse_stop_when(run.flat.get("trainer.stop_when"))
+    except ValueError:
+        stop_when = None   # a bound this release does not know: judged by its steps
+    if stop_when is not None and stop_when.met(final):
         return "complete"
     if isinstance(max_steps, int) and final["step"] < max_steps:
         return f"unfinished: step {final['step']} of trainer.max_steps={max_steps}"

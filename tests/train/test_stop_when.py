@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from longctx.report.runs import load_run
 from longctx.train.config import validate
 from longctx.train.stop_when import StopWhen, parse_stop_when
 from longctx.train.trainer import Trainer
@@ -46,6 +47,7 @@ def test_a_run_stops_when_met_stays_complete_and_trains_on_once_cleared(compose,
     assert rec["step"] == 3 and [r["step"] for r in records(run)] == [3]   # eval_every 3 of max_steps 6
     out = capsys.readouterr().out
     assert "stopping at step 3 of 6: trainer.stop_when=heldout_loss<=1000 met" in out
+    assert load_run(run).status == "complete"    # the report does not call it unfinished
     before = (run / "metrics.jsonl").read_bytes()
     Trainer(compose(*met, "trainer.resume=auto")).fit()
     assert "is complete (step 3: trainer.stop_when=heldout_loss<=1000 met)" in capsys.readouterr().out
@@ -55,8 +57,9 @@ def test_a_run_stops_when_met_stays_complete_and_trains_on_once_cleared(compose,
 
 
 def test_a_bound_never_met_trains_to_max_steps(compose, tiny, tmp_path):
-    rec = Trainer(compose(*tiny, "trainer.stop_when='heldout_loss<=0'", f"run_dir={tmp_path / 'run'}")).fit()
-    assert rec["step"] == 6
+    run = tmp_path / "run"
+    rec = Trainer(compose(*tiny, "trainer.stop_when='heldout_loss<=0'", f"run_dir={run}")).fit()
+    assert rec["step"] == 6 and load_run(run).status == "complete"
 
 
 def test_recall_accuracy_stops_a_recall_run(compose, tmp_path):
