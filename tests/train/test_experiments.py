@@ -528,6 +528,18 @@ def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
         assert len(names) == len(points)
 
 
+def test_recall_fixed_first_stage_of_the_published_runs(compose):
+    """first_steps=2000 first_stop=null first_tokens=4194304: the first stage the published N = 64 runs trained,
+    all 2,000 updates with no stop bound."""
+    from longctx.train.stages import plan
+
+    cfg = compose("experiment=recall_state", "+experiment/arm=power_p2", "data.n_pairs=64", "first_steps=2000",
+                  "first_stop=null", "first_tokens=4194304", "run_dir=/r")
+    (_, first), _ = plan(cfg, check=False)
+    assert first.trainer.max_steps == 2000 and first.trainer.stop_when is None
+    assert first.data.train_tokens == 4194304
+
+
 def test_recall_first_stage_with_no_pairs_names_the_field(compose):
     """first_pairs=0 fails when the stages are planned (before anything trains), naming the stage's field."""
     from omegaconf.errors import InterpolationResolutionError
