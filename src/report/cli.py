@@ -307,7 +307,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     intervals = json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n"
     retrieval = retrieval_entries(runs)
     text += retrieval_section(retrieval)
-    text += recall_section(groups, n_boot)
+    text += recall_section(groups, n_boot, recall)
     provenance = provenance_differences(runs)
     if provenance:
         text += ["## Provenance that differs", ""]

@@ -193,8 +193,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def recall_section(groups: list[Group], n_boot: int) -> list[str]:
-    """Markdown lines of the recall section ([] when no run measured recall)."""
+def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list[str]:
+    """Markdown lines of the recall section ([] when no run measured recall); points: recall_points(groups), the
+    figure's, whose best-rate picks the section lists."""
     measured = [(g, [accuracy_docs(r) for r in g.runs]) for g in groups]
     measured = [(g, docs) for g, docs in measured if all(d is not None for d in docs)]
     if not measured:
@@ -221,7 +222,7 @@ def recall_section(groups: list[Group], n_boot: int) -> list[str]:
                      f"{', '.join('-' if f is None else _pct(f) for f in first)} | "
                      f"{'-' if chance is None else _pct(chance)} | {g.first.final.get('recall_queries', '-')} | "
                      f"{_floats(run_state(g.first))} |")
-    picked = [p for p in recall_points(groups) if "lrs" in p]
+    picked = [p for p in points if "lrs" in p]
     if picked:
         lines += ["", "The recall-vs-state figure draws each point at its best learning rate (the highest seed mean; "
                   "picked on the same documents, so optimistic):", ""]
