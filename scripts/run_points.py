@@ -2,7 +2,7 @@
 or one point per GPU of a host. Each point is its own `python train.py` process, into `<dir>/<run_name>` (the
 folder `-m` would give it) with `trainer.resume=auto`, so running the same command again continues every point
 that was stopped (by `--deadline-s`, a crash or a lost machine) and skips the finished ones. A point stopped at the
-deadline checkpoints the step it was on (SIGTERM: docs/resume.md), so it continues from there.
+deadline checkpoints the step it was on (SIGTERM: docs/gpu.md (Run folders and resuming)), so it continues from there.
 
     python scripts/run_points.py --jobs 21 --dir multirun/equal_state experiment=attention_equal_state \\
         +experiment/scale=quarter_batch --grid +experiment/arm=exp,window,power_p2,power_p4,linear \\

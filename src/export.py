@@ -4,7 +4,7 @@
 
 The folder loads with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (or, with longctx
 imported, without remote code) and generates with transformers' `generate`, keeping longctx's decoding states. See
-docs/huggingface.md.
+docs/evaluate.md (Hugging Face).
 """
 from __future__ import annotations
 

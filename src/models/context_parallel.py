@@ -1,6 +1,6 @@
 """Context parallelism (CP) inside a model: each document split along time into N equal slices, one per rank of a
 process group, every rank running the whole model on its slice. Only what reads other positions needs the other
-ranks, and each attention core gets its own exact exchange (docs/context_parallel.md):
+ranks, and each attention core gets its own exact exchange (docs/gpu.md (Context parallelism)):
 
     exp     all-gather of keys and values; queries of slice r attend to the keys of slices 0..r, causal mask
             aligned to the end (a query at local position i sits at global position r*t + i)

@@ -19,7 +19,7 @@ within 5%; RWKV7 small ~25% above the estimate (tensors autocast keeps in fp32).
 keep no score matrix. `bytes` is 2 under bf16 autocast, else 4. With activation checkpointing only each block's
 input is kept (`d_model` elements per token per layer) plus one block's activations while it is recomputed.
 
-Context parallelism (trainer.context_parallel=N, docs/context_parallel.md): a rank holds micro_docs * ctx / N
+Context parallelism (trainer.context_parallel=N, docs/gpu.md (Context parallelism)): a rank holds micro_docs * ctx / N
 tokens of activations, plus what its attention's exchange keeps for the backward, per document and layer (the
 last rank's, the most): exp the gathered keys and values, 2 * d_model * ctx elements; window the halo,
 2 * d_model * (window - 1); power / linear the N gathered states, N * state_size fp32 floats. The longest context

@@ -298,7 +298,7 @@ def test_default_run_shorter_than_its_warmup_trains_with_a_scaled_warmup(train_e
                     "steps instead (10% of it)"]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [10, 20]
-    for r in records:  # the lr of the step after each evaluation (docs/resume.md)
+    for r in records:  # the lr of the step after each evaluation (docs/gpu.md (Run folders and resuming))
         assert r["lr"] == pytest.approx(closed_form(r["step"]), rel=1e-9)
 
 
