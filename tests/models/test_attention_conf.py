@@ -38,3 +38,18 @@ def test_conf_keys_reach_the_core(compose):
     shifted = model_spec(compose("arch.token_shift=true"), 5)
     assert shifted.token_shift and build_model(shifted).blocks[0].attn.shift_mix.shape == (3 * shifted.d_model,)
     assert model_spec(compose(), 5).token_shift is False  # the default
+
+
+def test_linear_is_power_p1(compose):
+    """attention=linear and attention=power p=1 are one computation (the recall suite runs p=1 as linear): the same
+    parameters, the same outputs on CPU."""
+    import torch
+
+    linear = build_model(model_spec(compose("attention=linear"), 5)).double()
+    power = build_model(model_spec(compose("attention=power", "p=1"), 5)).double()
+    power.load_state_dict(linear.state_dict())  # strict: the same parameter names and shapes
+    tokens = torch.randint(0, 5, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = linear(tokens), power(tokens)
+    a, b = (x.logits if hasattr(x, "logits") else x for x in (a, b))
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

@@ -528,8 +528,8 @@ def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
         assert len(names) == len(points)
 
 
-def test_recall_fixed_first_stage_of_the_published_runs(compose):
-    """first_steps=2000 first_stop=null first_tokens=4194304: the first stage the published N = 64 runs trained,
+def test_recall_fixed_first_stage(compose):
+    """first_steps=2000 first_stop=null first_tokens=4194304: a fixed first stage (the withdrawn earlier N = 64 run's),
     all 2,000 updates with no stop bound."""
     from longctx.train.stages import plan
 
