@@ -70,3 +70,58 @@ def test_the_claims_figure_shows_each_difference_its_intervals_and_verdict(capsy
     capsys.readouterr()
     assert main([str(RESULTS / "equal_state_seeds.json"), "--figure", str(out)]) == 2
     assert "exists; nothing is overwritten" in capsys.readouterr().err
+
+
+def _recall_findings(tmp_path, **change) -> Path:
+    """A findings file for the committed recall record: its first claim, with `change` applied."""
+    from omegaconf import OmegaConf
+
+    spec = {**OmegaConf.to_container(OmegaConf.load(PAPER_FINDINGS))["recall_state"][0], **change}
+    path = tmp_path / "findings.yaml"
+    path.write_text(json.dumps({"recall_state": [spec]}))  # JSON is YAML
+    return path
+
+
+def test_recall_claims_are_judged_on_recall_at_the_queries():
+    """The recall record's claims compare the seeds' recall (the records' own recall_accuracy, not the hits the
+    judge reads), gate convergence on recall's last evaluations, and none is decided outside the paper's setting."""
+    record = json.loads((RESULTS / "recall_state.json").read_text())
+    final, curves = {}, {}
+    for run in record["runs"]:
+        final.setdefault(run["seed_label"], []).append(run["records"][-1]["recall_accuracy"])
+        curves[(run["seed_label"], run["seed"])] = [e["recall_accuracy"] for e in run["records"]]
+    judged = judge(RESULTS / "recall_state.json", n_boot=200)
+    assert [j["metric"] for j in judged] == ["recall_accuracy"] * 3
+    for j in judged:
+        assert j["difference"][0] == pytest.approx(np.mean(final[j["a"]]) - np.mean(final[j["b"]]), abs=1e-9)
+        assert j["seed_interval"][0] == pytest.approx(j["difference"][0], abs=1e-9)
+        v = j["verdict"]
+        assert v.label in (NOT_AT_THIS_SCALE, INCONCLUSIVE) and "setting" in v.failing()
+        moved = [f"{arm} seed {seed}" for (arm, seed), c in curves.items() if arm in (j["a"], j["b"])
+                 and abs(c[-1] - c[-2]) >= 0.01]  # the last 2 of 3 evaluations, tolerance 0.01
+        assert ("convergence" in v.failing()) == bool(moved)
+        assert all(name in v.conditions["convergence"][1] for name in moved)
+    power_window = next(j for j in judged if j["b"] == "window 1040 (power p=2's state)")
+    assert power_window["verdict"].label == INCONCLUSIVE
+    assert "the seed-level interval includes 0" in power_window["verdict"].conditions["intervals"][1]
+
+
+def test_recall_reference_gate_reads_one_minus_softmax_recall(tmp_path):
+    """The reference arm's distance to the optimum on recall is 1 minus its seeds' mean recall."""
+    record = json.loads((RESULTS / "recall_state.json").read_text())
+    softmax = np.mean([r["records"][-1]["recall_accuracy"] for r in record["runs"] if r["seed_label"] == "softmax"])
+    gap = 1.0 - softmax
+    assert 0 < gap < 1e-3
+    tight = judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, max_gap=gap / 2), n_boot=50)[0]
+    assert f"the reference arm ends {gap:+.3f} above the optimum" in tight["verdict"].conditions["convergence"][1]
+    loose = judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, max_gap=2 * gap), n_boot=50)[0]
+    assert "reference arm ends" not in loose["verdict"].conditions["convergence"][1]
+
+
+def test_recall_findings_refuse_a_shared_short_name_and_an_unknown_metric(tmp_path):
+    """'power p=2' names both learning rates' runs in the recall record: refused, naming the labels; a metric the
+    judge does not know is refused naming the field."""
+    with pytest.raises(ValueError, match=r"'power p=2'.*power p=2, lr 1e-3; power p=2, lr 3e-3.*name one whole"):
+        judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, a="power p=2"), n_boot=50)
+    with pytest.raises(ValueError, match=r"recall_state\[0\]\.metric='accuracy': must be one of best_context_loss"):
+        judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, metric="accuracy"), n_boot=50)

@@ -5,11 +5,14 @@
     python -m longctx.report.findings RECORD.json --findings my_findings.yaml --bootstrap 2000
 
 The claims of the committed records are in `paper_findings.yaml` beside this module, keyed by the record's file name
-(without `.json`); `--findings` names another file of the same form. An arm is the record's `seed_label` up to its
-first comma (`power_p2`, `window1170`, `exp`). The metric is the final best-context loss; the document-level interval
-pairs the arms' seed means on the same heldout documents (the record's per-document arrays), the seed-level interval
-is Welch's t over the seeds' own values, and convergence reads each arm's best-context loss over its evaluations
-and the reference arm's last-bin gap to the optimum.
+(without `.json`); `--findings` names another file of the same form. An arm is the record's `seed_label`, whole or
+up to its first comma (`power_p2`, `window1170`, `exp`; a short name that several labels share is refused). The
+metric (`metric:`) is the final best-context loss (the default; lower is better) or, for recall data, the recall at
+the queries (`recall_accuracy`; higher is better, its optimum 1). The document-level interval pairs the arms' seed
+means on the same heldout documents (the record's per-document arrays: binned losses, or each document's recall
+from its hits), the seed-level interval is Welch's t over the seeds' own values, and convergence reads each arm's
+metric over its evaluations and the reference arm's distance to the optimum (the last-bin gap to the Bayes loss; 1
+minus its recall).
 """
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from longctx.report.recall import accuracy_docs
 from longctx.report.runs import runs_from_record
 from longctx.report.stats import DEFAULT_BOOTSTRAP, paired_seed_difference
 from longctx.report.verdict import Finding, decide, welch_interval
 
 PAPER_FINDINGS = Path(__file__).with_name("paper_findings.yaml")
 FIELDS = {"claim", "source", "a", "b", "sign", "reference", "axes"}
-OPTIONAL = {"tolerance", "max_gap"}
+OPTIONAL = {"tolerance", "max_gap", "metric"}
+METRICS = {"best_context_loss": "best-context loss", "recall_accuracy": "recall at the queries"}
 
 
 def load_findings(path: Path, record_name: str) -> list[dict]:
@@ -45,11 +50,40 @@ def load_findings(path: Path, record_name: str) -> list[dict]:
         if not FIELDS <= keys <= FIELDS | OPTIONAL:
             raise ValueError(f"--findings {str(path)!r}: {record_name}[{i}] needs {', '.join(sorted(FIELDS))}"
                              f" (and may set {', '.join(sorted(OPTIONAL))}); got {', '.join(sorted(keys))}")
+        if f.get("metric", "best_context_loss") not in METRICS:
+            raise ValueError(f"--findings {str(path)!r}: {record_name}[{i}].metric={f['metric']!r}: must be one of "
+                             f"{', '.join(METRICS)}")
     return findings
 
 
-def _arm(run) -> str:
-    return run.seed_label.split(",")[0].strip()
+def _arms(runs) -> dict[str, list]:
+    """Arm name -> its runs: each seed_label whole, and up to its first comma where that names one label only."""
+    whole: dict[str, list] = {}
+    for run in runs:
+        whole.setdefault(run.seed_label, []).append(run)
+    short: dict[str, list[str]] = {}
+    for label in whole:
+        short.setdefault(label.split(",")[0].strip(), []).append(label)
+    return {**{name: whole[labels[0]] if len(labels) == 1 else labels for name, labels in short.items()}, **whole}
+
+
+def _metric(spec: dict, runs: list, where: Path):
+    """(per-document records, each seed's final value, each seed's values over its evaluations, the distance of
+    the runs' mean to the optimum or None) of the finding's metric."""
+    name = spec.get("metric", "best_context_loss")
+    if name == "recall_accuracy":
+        docs = [accuracy_docs(r) for r in runs]
+        if any(d is None for d in docs):
+            raise ValueError(f"{where}: the finding {spec['claim']!r} needs every run's recall record (hits)")
+        finals = [float(d.loss.mean()) for d in docs]
+        curves = [[e[name] for e in r.records if name in e] for r in runs]
+        return docs, finals, curves, 1.0 - float(np.mean(finals))
+    docs = [r.doc_bins(r.final) for r in runs]
+    if any(d is None for d in docs):
+        raise ValueError(f"{where}: the finding {spec['claim']!r} needs every run's per-document record")
+    gap = float(np.mean([r.final["icl_curve"][-1][2] - r.final["bayes_curve"][-1][2] for r in runs])) \
+        if all(r.final.get("bayes_curve") for r in runs) else None
+    return docs, [r.final[name] for r in runs], [[e[name] for e in r.records] for r in runs], gap
 
 
 def judge(record_path: Path, findings_path: Path = PAPER_FINDINGS, n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
@@ -67,41 +101,41 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                  n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
     """judge() of a record already read: `name` is its file name without .json, `folder` holds its arrays."""
     where = Path(folder) / f"{name}.json"
-    runs = runs_from_record(record, Path(folder))
-    arms: dict[str, list] = {}
-    for run in runs:
-        arms.setdefault(_arm(run), []).append(run)
+    arms = _arms(runs_from_record(record, Path(folder)))
     out = []
     for spec in load_findings(Path(findings_path), name):
-        missing = [arm for arm in (spec["a"], spec["b"], spec["reference"]) if arm not in arms]
-        if missing:
-            raise ValueError(f"{where}: no arm {missing[0]!r} for the finding {spec['claim']!r} "
-                             f"(arms: {', '.join(sorted(arms))})")
+        for arm in (spec["a"], spec["b"], spec["reference"]):
+            if arm not in arms:
+                raise ValueError(f"{where}: no arm {arm!r} for the finding {spec['claim']!r} "
+                                 f"(arms: {', '.join(sorted(arms))})")
+            if isinstance(arms[arm][0], str):
+                raise ValueError(f"{where}: the arm {arm!r} of the finding {spec['claim']!r} names several runs' "
+                                 f"labels ({'; '.join(arms[arm])}): name one whole")
         a, b = arms[spec["a"]], arms[spec["b"]]
-        docs_a, docs_b = [r.doc_bins(r.final) for r in a], [r.doc_bins(r.final) for r in b]
-        if any(d is None for d in docs_a + docs_b):
-            raise ValueError(f"{where}: the finding {spec['claim']!r} needs every run's per-document record")
-        ci = paired_seed_difference(docs_a, docs_b, "best_context_loss", spec["a"], spec["b"], n_boot=n_boot,
-                                    same_bins=all(r.ctx == a[0].ctx for r in a + b))
-        curves = {f"{arm} seed {r.seed}": [e["best_context_loss"] for e in r.records]
-                  for arm in (spec["a"], spec["b"]) for r in arms[arm]}
-        ref = arms[spec["reference"]]
-        gap = float(np.mean([r.final["icl_curve"][-1][2] - r.final["bayes_curve"][-1][2] for r in ref])) \
-            if all(r.final.get("bayes_curve") for r in ref) else None
+        docs_a, finals_a, curves_a, _ = _metric(spec, a, where)
+        docs_b, finals_b, curves_b, _ = _metric(spec, b, where)
+        metric = spec.get("metric", "best_context_loss")
+        ci = paired_seed_difference(docs_a, docs_b, "best_context_loss" if metric == "best_context_loss" else "curve",
+                                    spec["a"], spec["b"], n_boot=n_boot, same_bins=all(r.ctx == a[0].ctx for r in a + b))
+        curves = {f"{arm} seed {r.seed}": curve for arm, runs_, curves_ in ((spec["a"], a, curves_a),
+                                                                             (spec["b"], b, curves_b))
+                  for r, curve in zip(runs_, curves_)}
+        gap = _metric(spec, arms[spec["reference"]], where)[3]
         finding = Finding(spec["claim"], int(spec["sign"]), {k: tuple(v) for k, v in spec["axes"].items()},
-                          **{k: float(spec[k]) for k in OPTIONAL if k in spec})
-        seeds_a, seeds_b = [r.final["best_context_loss"] for r in a], [r.final["best_context_loss"] for r in b]
-        verdict = decide(finding, seeds_a, seeds_b, (float(ci.estimate), float(ci.low), float(ci.high)), curves, gap)
+                          **{k: float(spec[k]) for k in ("tolerance", "max_gap") if k in spec})
+        seeds_a, seeds_b = finals_a, finals_b
+        difference = tuple(float(np.ravel(x)[0]) for x in (ci.estimate, ci.low, ci.high))
+        verdict = decide(finding, seeds_a, seeds_b, difference, curves, gap)
         seed = welch_interval(seeds_a, seeds_b)
-        out.append({**spec, "verdict": verdict, "difference": (float(ci.estimate), float(ci.low), float(ci.high)),
+        out.append({**spec, "metric": metric, "verdict": verdict, "difference": difference,
                     "seed_interval": (seed.estimate, seed.low, seed.high), "seeds": (len(a), len(b))})
     return out
 
 
 def draw_claims(judged: list[dict], title: str):
-    """The claims themselves: one row a claim, its difference a - b of the final best-context loss with the
-    document-level paired interval (thick) and the seed-level Welch interval (thin), and the verdict with the
-    conditions that failed beside it (the claim's words say which side the paper has)."""
+    """The claims themselves: one row a claim, its difference a - b of the final metric (best-context loss or
+    recall) with the document-level paired interval (thick) and the seed-level Welch interval (thin), and the verdict
+    with the conditions that failed beside it (the claim's words say which side the paper has)."""
     from longctx.plotting import attention_label, fill_title, new_figure
 
     fig, ax = new_figure((10, 1.3 + 1.05 * len(judged)))
@@ -123,7 +157,10 @@ def draw_claims(judged: list[dict], title: str):
                                    f"{attention_label(j['b'])}, {j['seeds'][0]} vs {j['seeds'][1]} seeds", 3.6, 7)
                         for j in judged], fontsize=7)
     ax.set_ylim(-0.7, len(judged) - 0.3)
-    ax.set_xlabel("a minus b, final best-context loss (nats/token; below 0: a lower)")
+    metrics = {j["metric"] for j in judged}
+    ax.set_xlabel("a minus b, final best-context loss (nats/token; below 0: a lower)" if metrics == {"best_context_loss"}
+                  else "a minus b, final recall at the queries (fraction; above 0: a recalls more)"
+                  if metrics == {"recall_accuracy"} else "a minus b, final metric (each row's claim names it)")
     ax.set_title(fill_title(f"{title}: the paper's claims, each difference with its intervals and verdict", 5.5, 10),
                  fontsize=10)
     ax.grid(alpha=0.3, axis="x")
@@ -133,8 +170,9 @@ def draw_claims(judged: list[dict], title: str):
 
 def markdown(judged: list[dict]) -> str:
     """One row a finding: the claim and its source, the difference, the verdict and the conditions that failed."""
-    rows = ["| claim (paper) | a - b, best-context loss, paired over documents | verdict | conditions |",
-            "|---|---|---|---|"]
+    metrics = {j["metric"] for j in judged}
+    what = METRICS[next(iter(metrics))] if len(metrics) == 1 else "metric"
+    rows = [f"| claim (paper) | a - b, {what}, paired over documents | verdict | conditions |", "|---|---|---|---|"]
     for j in judged:
         est, lo, hi = j["difference"]
         v = j["verdict"]
