@@ -56,15 +56,17 @@ def load_findings(path: Path, record_name: str) -> list[dict]:
     return findings
 
 
-def _arms(runs) -> dict[str, list]:
-    """Arm name -> its runs: each seed_label whole, and up to its first comma where that names one label only."""
+def _arms(runs) -> tuple[dict[str, list], dict[str, list[str]]]:
+    """({arm name: its runs}, {short name: the labels it would join}): every seed_label names an arm whole, and so
+    does its part up to the first comma where no other label shares that part."""
     whole: dict[str, list] = {}
     for run in runs:
         whole.setdefault(run.seed_label, []).append(run)
     short: dict[str, list[str]] = {}
     for label in whole:
         short.setdefault(label.split(",")[0].strip(), []).append(label)
-    return {**{name: whole[labels[0]] if len(labels) == 1 else labels for name, labels in short.items()}, **whole}
+    unique = {name: whole[labels[0]] for name, labels in short.items() if len(labels) == 1}
+    return {**unique, **whole}, {name: labels for name, labels in short.items() if len(labels) > 1 and name not in whole}
 
 
 def _metric(spec: dict, runs: list, where: Path):
@@ -101,32 +103,32 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                  n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
     """judge() of a record already read: `name` is its file name without .json, `folder` holds its arrays."""
     where = Path(folder) / f"{name}.json"
-    arms = _arms(runs_from_record(record, Path(folder)))
+    arms, shared = _arms(runs_from_record(record, Path(folder)))
     out = []
     for spec in load_findings(Path(findings_path), name):
         for arm in (spec["a"], spec["b"], spec["reference"]):
+            if arm in shared:
+                raise ValueError(f"{where}: the arm {arm!r} of the finding {spec['claim']!r} names several runs' "
+                                 f"labels ({'; '.join(shared[arm])}): name one whole")
             if arm not in arms:
                 raise ValueError(f"{where}: no arm {arm!r} for the finding {spec['claim']!r} "
                                  f"(arms: {', '.join(sorted(arms))})")
-            if isinstance(arms[arm][0], str):
-                raise ValueError(f"{where}: the arm {arm!r} of the finding {spec['claim']!r} names several runs' "
-                                 f"labels ({'; '.join(arms[arm])}): name one whole")
         a, b = arms[spec["a"]], arms[spec["b"]]
         docs_a, finals_a, curves_a, _ = _metric(spec, a, where)
         docs_b, finals_b, curves_b, _ = _metric(spec, b, where)
         metric = spec.get("metric", "best_context_loss")
-        ci = paired_seed_difference(docs_a, docs_b, "best_context_loss" if metric == "best_context_loss" else "curve",
-                                    spec["a"], spec["b"], n_boot=n_boot, same_bins=all(r.ctx == a[0].ctx for r in a + b))
+        stat = "best_context_loss" if metric == "best_context_loss" else "curve"  # recall: each document's one bin
+        ci = paired_seed_difference(docs_a, docs_b, stat, spec["a"], spec["b"], n_boot=n_boot,
+                                    same_bins=all(r.ctx == a[0].ctx for r in a + b))
         curves = {f"{arm} seed {r.seed}": curve for arm, runs_, curves_ in ((spec["a"], a, curves_a),
                                                                              (spec["b"], b, curves_b))
                   for r, curve in zip(runs_, curves_)}
         gap = _metric(spec, arms[spec["reference"]], where)[3]
         finding = Finding(spec["claim"], int(spec["sign"]), {k: tuple(v) for k, v in spec["axes"].items()},
                           **{k: float(spec[k]) for k in ("tolerance", "max_gap") if k in spec})
-        seeds_a, seeds_b = finals_a, finals_b
         difference = tuple(float(np.ravel(x)[0]) for x in (ci.estimate, ci.low, ci.high))
-        verdict = decide(finding, seeds_a, seeds_b, difference, curves, gap)
-        seed = welch_interval(seeds_a, seeds_b)
+        verdict = decide(finding, finals_a, finals_b, difference, curves, gap)
+        seed = welch_interval(finals_a, finals_b)
         out.append({**spec, "metric": metric, "verdict": verdict, "difference": difference,
                     "seed_interval": (seed.estimate, seed.low, seed.high), "seeds": (len(a), len(b))})
     return out
@@ -158,9 +160,10 @@ def draw_claims(judged: list[dict], title: str):
                         for j in judged], fontsize=7)
     ax.set_ylim(-0.7, len(judged) - 0.3)
     metrics = {j["metric"] for j in judged}
-    ax.set_xlabel("a minus b, final best-context loss (nats/token; below 0: a lower)" if metrics == {"best_context_loss"}
-                  else "a minus b, final recall at the queries (fraction; above 0: a recalls more)"
-                  if metrics == {"recall_accuracy"} else "a minus b, final metric (each row's claim names it)")
+    ax.set_xlabel({frozenset({"best_context_loss"}): "a minus b, final best-context loss (nats/token; below 0: a lower)",
+                   frozenset({"recall_accuracy"}): "a minus b, final recall at the queries (fraction; above 0: a "
+                                                   "recalls more)"}.get(frozenset(metrics),
+                                                                        "a minus b, final metric (each claim names it)"))
     ax.set_title(fill_title(f"{title}: the paper's claims, each difference with its intervals and verdict", 5.5, 10),
                  fontsize=10)
     ax.grid(alpha=0.3, axis="x")
