@@ -6,7 +6,7 @@
 #                                                       # and 3e-3 (PILOT_ARMS, PILOT_NPAIRS, PILOT_LRS): the step
 #                                                       # time, whether each arm learns the first stage at either
 #                                                       # rate, and whether softmax's recall nears 100% at ctx 4096
-#   DEADLINE_S=480 bash tools/recall_grid.sh           # 8 arms x N in {64, 256, 1024} x 3 seeds (SEEDS, NPAIRS, ARMS)
+#   DEADLINE_S=480 bash tools/recall_grid.sh           # 7 arms x N in {64, 256, 1024} x 3 seeds (SEEDS, NPAIRS, ARMS)
 #                                                       # x lr 1e-3 and 3e-3 (LRS; each rate its own folder; the
 #                                                       # report draws each point at its best rate): whether a seed
 #                                                       # leaves the first stage's plateau depends on the rate
@@ -26,7 +26,7 @@ if [ "${PILOT:-0}" = 1 ]; then
   common+=(trainer.max_steps=${PILOT_STEPS:-1000} trainer.eval_every=250)
   dir=multirun/recall_pilot
 else
-  grids=(--grid +experiment/arm=${ARMS:-exp,window,power_p1,power_p2,power_p3,power_p4,linear,window_linear_state}
+  grids=(--grid +experiment/arm=${ARMS:-exp,window,power_p2,power_p3,power_p4,linear,window_linear_state}
          --grid data.n_pairs=${NPAIRS:-64,256,1024} --grid seed=${SEEDS:-0,1,2})
   LRS=${LRS-1e-3,3e-3}
   [ -n "$LRS" ] && grids+=(--grid optim.lr=$LRS)
