@@ -166,7 +166,10 @@ def test_seeds_of_a_staged_point_are_one_group_with_their_first_stage_shown(tmp_
     row = next(line for line in section.splitlines() if line.startswith("| power_p2") and "(2 seeds)" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4] == f"{100 * final[0]:.1f}%, {100 * final[1]:.1f}%"
-    assert cells[5] == f"{100 * first_stage[0]:.1f}%, {100 * first_stage[1]:.1f}%"
+    ends = [json.loads((root / f"power_p2_s{seed}" / "stage1_ctx16" / "metrics.jsonl").read_text().splitlines()[-1])
+            ["step"] for seed in (0, 1)]
+    assert staged["first_stage_steps"] == ends
+    assert cells[5] == f"{100 * first_stage[0]:.1f}% at {ends[0]:,}, {100 * first_stage[1]:.1f}% at {ends[1]:,}"
     assert cells[3] == "[0.0%, 100.0%]"   # two seeds this far apart: the t interval covers every accuracy
 
 

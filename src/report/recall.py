@@ -54,18 +54,19 @@ def accuracy_docs(run: Run) -> DocBins | None:
                    doc_index=doc_index)
 
 
-def first_stage_recall(run: Run) -> float | None:
-    """The recall its first stage ended with, for a stage of a staged run (trainer.stages) after the first: a seed
-    that never left chance there is an optimization failure, not a state limit. None for a plain run or a first
-    stage without a recall record."""
+def first_stage_end(run: Run) -> tuple[float, int] | None:
+    """(recall, update) of its first stage's last evaluation, for a stage of a staged run (trainer.stages) after the
+    first: a seed that never left chance there is an optimization failure, not a state limit, and the update says
+    whether the stage stopped at its bound (trainer.stop_when) or ran all its updates. None for a plain run or a
+    first stage without a recall record."""
     dirs = stage_dirs(run.path)
     if len(dirs) < 2 or run.path.name == dirs[0]:
         return None
     metrics = run.path.parent / dirs[0] / "metrics.jsonl"
     if not metrics.is_file():
         return None
-    ends = [r["recall_accuracy"] for r in read_metrics(metrics) if "recall_accuracy" in r]
-    return float(ends[-1]) if ends else None
+    ends = [(float(r["recall_accuracy"]), int(r["step"])) for r in read_metrics(metrics) if "recall_accuracy" in r]
+    return ends[-1] if ends else None
 
 
 def run_state(run: Run) -> int | None:
@@ -98,9 +99,10 @@ def recall_points(groups: list[Group]) -> list[dict]:
                  "n_pairs": (g.first.config.get("data") or {}).get("n_pairs"), "ctx": g.first.ctx,
                  "chance": g.first.final.get("recall_chance"), "lr": g.first.flat.get("optim.lr"),
                  "seeds": [float(d.loss.mean()) for d in docs], "runs": [r.name for r in g.runs]}
-        first = [first_stage_recall(r) for r in g.runs]
+        first = [first_stage_end(r) for r in g.runs]
         if any(f is not None for f in first):
-            point["first_stage"] = first
+            point["first_stage"] = [None if f is None else f[0] for f in first]
+            point["first_stage_steps"] = [None if f is None else f[1] for f in first]
         but_rate = tuple(item for item in g.first.group_key if item[0] != "optim.lr")
         candidates.setdefault(but_rate, []).append(point)
     points = []
@@ -205,7 +207,8 @@ def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list
              f"intervals over the heldout documents ({n_boot} resamples: how exactly these weights were measured) "
              f"and Student's t intervals over the seeds (how much another seed could change it: the interval a "
              f"claim about the attention needs); for a staged run, the recall each seed's first stage ended with "
-             f"(a seed that never left chance there failed to train, which says nothing about state); chance is one "
+             f"and at which update (a seed that never left chance there failed to train, which says nothing about "
+             f"state; a stage that ran all its updates never met its stop bound); chance is one "
              f"value in n_values; state per layer in floats for one sequence, by the paper's definition (power: "
              f"D = C(d+p-1, p) times v).", ""]
     lines += table_head("| runs | seeds | accuracy (documents' interval) | seed-level 95% t | each seed | first stage, "
@@ -215,11 +218,11 @@ def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list
         own = [float(d.loss.mean()) for d in docs]
         _, low, high = seed_interval(own)
         chance = g.first.final.get("recall_chance")
-        first = [first_stage_recall(r) for r in g.runs]
+        first = [first_stage_end(r) for r in g.runs]
         lines.append(f"| {g.label} | {g.n_seeds} | {_pct(float(iv.estimate[0]))} [{_pct(float(iv.low[0]))}, "
                      f"{_pct(float(iv.high[0]))}] | {f'[{_pct(low)}, {_pct(high)}]' if len(own) > 1 else '-'} | "
                      f"{', '.join(map(_pct, own))} | "
-                     f"{', '.join('-' if f is None else _pct(f) for f in first)} | "
+                     f"{', '.join('-' if f is None else f'{_pct(f[0])} at {f[1]:,}' for f in first)} | "
                      f"{'-' if chance is None else _pct(chance)} | {g.first.final.get('recall_queries', '-')} | "
                      f"{_floats(run_state(g.first))} |")
     picked = [p for p in points if "lrs" in p]
