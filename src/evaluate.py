@@ -486,8 +486,8 @@ def parse_args(argv):
     ret.add_argument("--no-wandb", action="store_true", help="do not add the result to the run's wandb run")
     harness = parser.add_argument_group("lm-eval-harness (--harness: needs pip install 'longctx[hf]')")
     harness.add_argument("--harness", action="store_true", help="export the run, write its lm-eval tasks and run "
-                         "lm-eval on them (docs/evaluate.md (Hugging Face)); takes --docs, --bins, --contexts, --depths, "
-                         "--trials, --digits, --seed")
+                         "lm-eval on them (docs/evaluate.md (Hugging Face)); takes --docs, --bins, --contexts, "
+                         "--depths, --trials, --digits, --seed")
     harness.add_argument("--tasks", help="harness tasks, comma-separated: heldout, passkey, needle, mqar (default: "
                          "heldout, passkey, needle; heldout, mqar for an MQAR run)")
     harness.add_argument("--text", help="a UTF-8 text file as the harness's documents (default: the heldout split)")

@@ -68,7 +68,8 @@ def _arms(runs) -> tuple[dict[str, list], dict[str, list[str]]]:
     for label in whole:
         short.setdefault(label.split(",")[0].strip(), []).append(label)
     unique = {name: whole[labels[0]] for name, labels in short.items() if len(labels) == 1}
-    return {**unique, **whole}, {name: labels for name, labels in short.items() if len(labels) > 1 and name not in whole}
+    shared = {name: labels for name, labels in short.items() if len(labels) > 1 and name not in whole}
+    return {**unique, **whole}, shared
 
 
 def _metric(metric: str, runs: list, claim: str, where: Path):

@@ -145,7 +145,8 @@ def test_resume_of_a_run_with_a_scaled_warmup(compose, tiny, tmp_path, capsys):
     assert "the schedule is recomputed" not in capsys.readouterr().out  # the same schedule: nothing to say
 
     # max_steps 6 -> 40 at step 3: warmup 50 would now be scaled to 4, a re-warming; the run's own warmup (1 step)
-    # is kept and its cosine continues to 40 (docs/gpu.md (Run folders and resuming)'s formula, with w = 1, T = 40, s = 3)
+    # is kept and its cosine continues to 40 (the formula of docs/gpu.md (Run folders and resuming), with w = 1,
+    # T = 40, s = 3)
     longer = tmp_path / "longer"
     shutil.copytree(full, longer)
     (longer / "checkpoints" / "step_00000006.pt").unlink()
