@@ -91,7 +91,7 @@ def test_recall_claims_are_judged_on_recall_at_the_queries():
         final.setdefault(run["seed_label"], []).append(run["records"][-1]["recall_accuracy"])
         curves[(run["seed_label"], run["seed"])] = [e["recall_accuracy"] for e in run["records"]]
     judged = judge(RESULTS / "recall_state.json", n_boot=200)
-    assert [j["metric"] for j in judged] == ["recall_accuracy"] * 3
+    assert [j["metric"] for j in judged] == ["recall_accuracy"] * 7   # 3 claims at N = 64 and 256, 1 at 1,024
     for j in judged:
         assert j["difference"][0] == pytest.approx(np.mean(final[j["a"]]) - np.mean(final[j["b"]]), abs=1e-9)
         assert j["seed_interval"][0] == pytest.approx(j["difference"][0], abs=1e-9)
@@ -101,7 +101,7 @@ def test_recall_claims_are_judged_on_recall_at_the_queries():
                  and abs(c[-1] - c[-2]) >= 0.01]  # the last 2 of 3 evaluations, tolerance 0.01
         assert ("convergence" in v.failing()) == bool(moved)
         assert all(name in v.conditions["convergence"][1] for name in moved)
-    power_window = next(j for j in judged if j["b"] == "window 1040 (power p=2's state)")
+    power_window = next(j for j in judged if j["b"] == "window 1040 (power p=2's state), N=64")
     assert power_window["verdict"].label == INCONCLUSIVE
     assert "the seed-level interval includes 0" in power_window["verdict"].conditions["intervals"][1]
 
@@ -109,7 +109,8 @@ def test_recall_claims_are_judged_on_recall_at_the_queries():
 def test_recall_reference_gate_reads_one_minus_softmax_recall(tmp_path):
     """The reference arm's distance to the optimum on recall is 1 minus its seeds' mean recall."""
     record = json.loads((RESULTS / "recall_state.json").read_text())
-    softmax = np.mean([r["records"][-1]["recall_accuracy"] for r in record["runs"] if r["seed_label"] == "softmax"])
+    softmax = np.mean([r["records"][-1]["recall_accuracy"] for r in record["runs"]
+                       if r["seed_label"] == "softmax, N=64"])
     gap = 1.0 - softmax
     assert 0 < gap < 1e-3
     tight = judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, max_gap=gap / 2), n_boot=50)[0]
@@ -119,9 +120,10 @@ def test_recall_reference_gate_reads_one_minus_softmax_recall(tmp_path):
 
 
 def test_recall_findings_refuse_a_shared_short_name_and_an_unknown_metric(tmp_path):
-    """'power p=2' names both learning rates' runs in the recall record: refused, naming the labels; a metric the
-    judge does not know is refused naming the field."""
-    with pytest.raises(ValueError, match=r"'power p=2'.*power p=2, lr 1e-3; power p=2, lr 3e-3.*name one whole"):
+    """'power p=2' names both learning rates' runs (at every N) in the recall record: refused, naming the labels; a
+    metric the judge does not know is refused naming the field."""
+    with pytest.raises(ValueError,
+                       match=r"'power p=2'.*power p=2, lr 1e-3, N=64; power p=2, lr 3e-3, N=64\).*name one whole"):
         judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, a="power p=2"), n_boot=50)
     with pytest.raises(ValueError, match=r"recall_state\[0\]\.metric='accuracy': must be one of best_context_loss"):
         judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, metric="accuracy"), n_boot=50)

@@ -358,14 +358,31 @@ def test_labels_and_the_records_figures_are_chosen_on_the_command_line(tmp_path,
         ("softmax, seed=0", "softmax"), ("softmax, seed=1", "softmax"), ("power p=2, seed=0", "power p=2")]
     assert kept["figures"] == {"icl_curves": "rec_icl_curves.png"}
     assert "| softmax (2 seeds) |" in report and "| softmax (2 seeds) | power p=2 |" in report
-    for argv, says in ((["--label", "nope=x"], "--label 'nope=x': give OLD=NEW, OLD one of the runs' labels (exp; "
-                                               "power_p2)"),
+    for argv, says in ((["--label", "nope=x"], "--label 'nope=x': give OLD=NEW, OLD one of the runs' labels or some of "
+                                               "its parts (exp; power_p2)"),
                        (["--label", "exp"], "--label 'exp': give OLD=NEW"),
                        (["--record-figures", "icl"], "--record-figures icl: not a figure kind"),
                        (["--record-figures", "best_context_vs_context"], "best_context_vs_context not drawn for these")):
         with pytest.raises(SystemExit) as exit_:
             main([str(sweep), "--out", str(tmp_path / "o3"), "--record", str(tmp_path / "r3.json"), *argv])
         assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_label_renames_its_parts_in_every_label_that_holds_them(tmp_path):
+    """--label OLD=NEW with OLD some of a label's parts: renamed where they stand in every label holding them (one
+    name for an arm at every N of a sweep over data), rules applied in order; a whole label still renames one group."""
+    sweep = tmp_path / "sweep"
+    for tag, lr in (("exp", 1e-3), ("exp", 3e-3), ("power", 1e-3)):
+        for doc_len in (1024, 2048):
+            fake_run(sweep / f"{tag}_{lr}_{doc_len}", tag, 512, 0.1, doc_bins=True,
+                     change={"optim": {"lr": lr}, "data": {"doc_len": doc_len}})
+    report = main([str(sweep), "--out", str(tmp_path / "out"), "--bootstrap", "10",
+                   "--label", "exp, optim.lr=0.003=softmax", "--label", "data.doc_len=1024=short",
+                   "--label", "power_p2, optim.lr=0.001, data.doc_len=2048=power, long"]).read_text()
+    rows = report.split("## Intervals")[1].split("\n## ")[0].splitlines()
+    labels = sorted(line.split("|")[1].strip() for line in rows if line.startswith("| ") and "| runs |" not in line)
+    assert labels == ["exp, data.doc_len=2048, optim.lr=0.001", "exp, short, optim.lr=0.001", "power, long",
+                      "power_p2, short, optim.lr=0.001", "softmax, data.doc_len=2048", "softmax, short"]
 
 
 def test_equal_flops_count_every_stage_of_the_weights():

@@ -15,6 +15,7 @@ from longctx.state import state_per_layer
 from tests.report_fixtures import N_DOCS, fake_run
 
 N_QUERIES = 8
+DISTANCE_BINS = [(1, 2), (2, 16), (16, 64)]   # (1, 2): ~8 queries a run, fewer than a drawn bin needs
 ARMS = {  # attention conf -> accuracy a document recalls on average (seeds move it a little)
     "exp": ({"name": "exp", "tag": "exp"}, 0.9),
     "window8": ({"name": "window", "tag": "window8", "window": 8}, 0.3),
@@ -32,14 +33,19 @@ def recall_run(folder, arm: str, n_pairs: int, seed: int, lr: float | None = Non
                            "data": {"name": "mqar", "tag": f"mqar_n{n_pairs}", "n_pairs": n_pairs},
                            **({"optim": {"lr": lr}} if lr is not None else {})})
     rng = np.random.default_rng(1000 * seed + n_pairs + len(arm))
-    hits = rng.random((N_DOCS, N_QUERIES)) < level - 0.002 * n_pairs + 0.02 * seed
+    distance = rng.integers(1, 64, size=(N_DOCS, N_QUERIES))
+    # near pairs recalled more often than far ones: the by-distance view has a slope to show
+    hits = rng.random((N_DOCS, N_QUERIES)) < level - 0.002 * n_pairs + 0.02 * seed + 0.2 * (distance < 16)
+    by_distance = [[a, b, float(hits[(distance >= a) & (distance < b)].mean()), int(((distance >= a) & (distance < b))
+                   .sum())] for a, b in DISTANCE_BINS]
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    lines[-1].update(recall_accuracy=float(hits.mean()), recall_chance=1 / 16, recall_queries=N_DOCS * N_QUERIES)
+    lines[-1].update(recall_accuracy=float(hits.mean()), recall_chance=1 / 16, recall_queries=N_DOCS * N_QUERIES,
+                     recall_by_distance=by_distance)
     (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
     npz = run / lines[-1]["doc_bins"]
     with np.load(npz) as f:
         arrays = dict(f)
-    np.savez(npz, **arrays, hits=hits)
+    np.savez(npz, **arrays, hits=hits, distance=distance)
     return run, float(hits.mean())
 
 
@@ -112,6 +118,42 @@ def test_report_tables_state_and_draws_accuracy_against_it(recall_runs, tmp_path
         marks = sorted(tuple(xy) for c in ax.collections if isinstance(c, PathCollection) for xy in c.get_offsets())
         expected = sorted((states[arm], accuracy[arm, n_pairs, s]) for arm in ARMS for s in (0, 1))
         assert np.allclose(marks, expected)
+
+
+def test_recall_by_distance_is_tabled_kept_and_drawn_from_the_hits_and_distances(recall_runs, tmp_path):
+    """Each bin's recall, recomputed here from a run's hits and distances (its eval record), is what the report
+    tables (seed means), the record keeps (each seed) and the figure's lower row draws (seed means, bins of at least
+    MIN_BIN_QUERIES queries in every seed, at the bin's geometric centre)."""
+    from longctx.report.recall import MIN_BIN_QUERIES
+    root, _ = recall_runs
+    record = tmp_path / "recall.json"
+    text = report([str(root), "--out", str(tmp_path / "out"), "--bootstrap", "20", "--record", str(record)]
+                  ).read_text()
+    truth = {}
+    for run in sorted(root.iterdir()):
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        with np.load(run / metrics[-1]["doc_bins"]) as f:
+            hits, distance = f["hits"], f["distance"]
+        truth[run.name] = [(hits[(distance >= a) & (distance < b)].mean(), ((distance >= a) & (distance < b)).sum())
+                           for a, b in DISTANCE_BINS]
+    points = json.loads(record.read_text())["recall"]
+    fig = draw_recall_vs_state(points, "t")
+    lower = [ax for ax in fig.axes if ax.get_xlabel().startswith("distance from pair to query")]
+    assert len(lower) == 2   # one per N, below its recall-vs-state panel
+    for point in points:
+        seeds = [truth[name.split("/")[0]] for name in point["runs"]]
+        kept = [[(acc, n) for *_, acc, n in seed] for seed in point["by_distance"]]
+        assert np.allclose(np.array(kept, dtype=float), np.array(seeds, dtype=float))
+        held = [i for i in range(len(DISTANCE_BINS)) if all(s[i][1] >= MIN_BIN_QUERIES for s in seeds)]
+        assert held == [1, 2]
+        ax = lower[[4, 16].index(point["n_pairs"])]
+        line = next(ln for ln in ax.get_lines() if ln.get_label().startswith(
+            {"exp": "softmax", "window8": "sliding window w=8", "power_p2": "power attention p=2"}[point["tag"]]))
+        assert np.allclose(line.get_ydata(), [np.mean([s[i][0] for s in seeds]) for i in held])
+        assert np.allclose(line.get_xdata(), [np.sqrt(DISTANCE_BINS[i][0] * DISTANCE_BINS[i][1]) for i in held])
+        row = next(r for r in text.splitlines() if r.startswith(f"| {point['label']} |") and r.count("%") == 3)
+        assert row.rstrip(" |").split(" | ")[1:4] == [f"{100 * np.mean([s[i][0] for s in seeds]):.1f}%" for i in range(3)]
+    assert "| queries a seed |" in text
 
 
 def test_each_point_is_drawn_at_its_best_learning_rate_and_says_so(tmp_path):

@@ -12,8 +12,9 @@
 #                                                       # leaves the first stage's plateau depends on the rate
 #   ARMS=linear LRS=3e-4 DEADLINE_S=480 bash tools/recall_grid.sh   # arms at other rates (LRS= : the config's)
 # Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
-# At the end (or the deadline) the records a report needs -- metrics.jsonl, eval/*.npz, stages.json, config.yaml,
-# data_identity.json, provenance.json and the points' logs, no checkpoints -- are packed into $OUT/recall_records.tgz;
+# At the end (or the deadline) the records a report needs -- metrics.jsonl, each stage's newest eval/*.npz, stages.json,
+# config.yaml, data_identity.json, provenance.json, no checkpoints -- are packed into $OUT/recall_records_n<N>.tgz (one
+# per N), the points' logs into $OUT/recall_logs.tgz; unpack them in the repository's root, and
 # `python -m longctx.report multirun/recall_state --out reports/recall --record docs/results/experiments/recall_state.json`
 # then tables the accuracies and draws recall against state (plot_results redraws it from the record).
 source tools/setup_device.sh >/dev/null
@@ -35,6 +36,16 @@ fi
 python3 scripts/run_points.py --jobs ${JOBS:-18} --dir "$dir" --deadline-s "$DEADLINE_S" "${common[@]}" "${grids[@]}" \
   > "$OUT/recall_grid.log" 2>&1
 tail -30 "$OUT/recall_grid.log"
-find "$dir" \( -name metrics.jsonl -o -name '*.npz' -o -name stages.json -o -name config.yaml -o -name data_identity.json \
-  -o -name provenance.json -o -name '*.log' \) -print0 | tar -czf "$OUT/recall_records.tgz" --null -T -
-ls -la "$OUT/recall_records.tgz"; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv
+# one archive per N, each stage's newest per-document record only (the one a report reads: the earlier ones would
+# triple the size), and the points' logs in their own
+ns=${NPAIRS:-64,256,1024}; [ "${PILOT:-0}" = 1 ] && ns=${PILOT_NPAIRS:-64}
+for n in ${ns//,/ }; do
+  { find "$dir" -path "*_mqar_n${n}_*" \( -name metrics.jsonl -o -name stages.json -o -name config.yaml \
+      -o -name data_identity.json -o -name provenance.json \) -print0
+    find "$dir" -path "*_mqar_n${n}_*" -type d -name eval | while read -r ev; do
+      newest=$(ls "$ev"/*.npz 2>/dev/null | sort | tail -1); [ -n "$newest" ] && printf '%s\0' "$newest"
+    done
+  } | tar -czf "$OUT/recall_records_n$n.tgz" --null -T -
+done
+[ -d "$dir/logs" ] && tar -czf "$OUT/recall_logs.tgz" "$dir/logs"
+ls -la "$OUT"/recall_*.tgz; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv

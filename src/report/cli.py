@@ -158,15 +158,27 @@ def _documents_key(group: Group) -> tuple:
     return group.first.heldout_key[1:]
 
 
+def different_data_lines(groups: list[Group]) -> list[str]:
+    """One line for each two sets of heldout documents among the groups (not each two groups: a sweep over the data
+    pairs within each set), naming what tells them apart."""
+    by_docs: dict[tuple, list[Group]] = {}
+    for g in groups:
+        by_docs.setdefault(_documents_key(g), []).append(g)
+
+    def named(gs: list[Group]) -> str:
+        shown = "; ".join(g.label for g in gs[:2]) + (f" and {len(gs) - 2} more" if len(gs) > 2 else "")
+        return shown if len(gs) == 1 else f"{len(gs)} groups ({shown})"
+    return [f"{named(a)} and {named(b)}: evaluated on different data ({data_difference(a[0].first, b[0].first)}); a "
+            f"paired difference needs the same documents" for a, b in combinations(by_docs.values(), 2)]
+
+
 def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]]:
     """Paired differences (first minus second) between groups evaluated on the same heldout documents, and one
     line for each pair refused (same data, other documents)."""
     with_docs = [(g, _final_docs(g)) for g in groups]
     with_docs = [(g, d) for g, d in with_docs if d is not None]
     pairs = list(combinations(with_docs, 2))
-    refused = [f"{a.label} and {b.label}: evaluated on different data ({data_difference(a.first, b.first)}); a "
-               f"paired difference needs the same documents" for (a, _), (b, _) in pairs
-               if _documents_key(a) != _documents_key(b)]
+    refused = different_data_lines([g for g, _ in with_docs])
     pairs = [(a, b) for a, b in pairs if _documents_key(a[0]) == _documents_key(b[0])]
     if len(pairs) > MAX_PAIRS:
         firsts = {}
@@ -331,22 +343,32 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
 
 
 def relabel(runs: list[Run], items: list[str]) -> None:
-    """--label OLD=NEW items: the runs labelled OLD (their label without the seed, as the report writes it) are shown as
-    NEW. Labels hold 'key=value' parts themselves, so OLD is the part before the '=' that leaves a known label;
-    ValueError naming an item that matches none."""
-    known = {run.seed_label for run in runs}
-    labels = {}
+    """--label OLD=NEW items, applied in the order given: the runs whose label (without the seed, as the report writes
+    it) holds every ', '-separated part of OLD show NEW where the first of them stood (so 'exp=softmax' names softmax
+    at every N of a sweep over data, and a whole label renames one group). Labels hold 'key=value' parts themselves,
+    so OLD is the part before the '=' that leaves parts of a known label; ValueError naming an item that matches
+    none."""
+    known = [run.seed_label.split(", ") for run in runs]
+
+    def matches(old: str) -> bool:
+        return any(set(old.split(", ")) <= set(parts) for parts in known)
+
+    rules = []
     for item in items:
-        splits = [(item[:i], item[i + 1:]) for i, c in enumerate(item) if c == "=" and item[:i] in known]
+        splits = [(item[:i], item[i + 1:]) for i, c in enumerate(item) if c == "=" and matches(item[:i])]
         if not splits or not splits[-1][1]:
-            raise ValueError(f"--label {item!r}: give OLD=NEW, OLD one of the runs' labels "
-                             f"({'; '.join(sorted(known))})")
-        old, new = splits[-1]
-        labels[old] = new
+            raise ValueError(f"--label {item!r}: give OLD=NEW, OLD one of the runs' labels or some of its parts "
+                             f"({'; '.join(sorted({run.seed_label for run in runs}))})")
+        rules.append(splits[-1])
     for run in runs:
-        if run.seed_label in labels:
-            run.seed_label = labels[run.seed_label]
-            run.label = ", ".join([run.seed_label] + [p for p in run.label.split(", ") if p.startswith("seed=")])
+        parts = run.seed_label.split(", ")
+        for old, new in rules:
+            gone = old.split(", ")
+            if set(gone) <= set(parts):
+                at = min(parts.index(g) for g in gone)
+                parts = parts[:at] + [new] + [p for p in parts[at:] if p not in gone]
+        run.seed_label = ", ".join(parts)
+        run.label = ", ".join([run.seed_label] + [p for p in run.label.split(", ") if p.startswith("seed=")])
 
 
 REPORT_FILES = ("report.md", "intervals.json", "icl_over_training.png") + tuple(f"{kind}.png" for kind in FIGURES)
@@ -433,8 +455,8 @@ def main(argv=None) -> Path:
                         help="also write the figures' compact record (JSON + per-document npz beside it) for "
                              "scripts/plot_results.py to redraw them without the run folders")
     parser.add_argument("--label", action="append", default=[], metavar="OLD=NEW",
-                        help="show the runs labelled OLD (the label without its seed, as the report writes it) as NEW; "
-                             "repeatable")
+                        help="show the runs labelled OLD (the label without its seed, as the report writes it, or "
+                             "some of its parts) as NEW; repeatable, applied in order")
     parser.add_argument("--record-figures", default=None, metavar="KIND,...",
                         help="the figures the record lists (default: all drawn but icl_over_training; kinds: "
                              "icl_curves, gap_to_optimum, paired_differences, best_context_vs_flops, "

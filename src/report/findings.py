@@ -119,7 +119,7 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                                  f"labels ({'; '.join(shared[arm])}): name one whole")
             if arm not in arms:
                 raise ValueError(f"{where}: no arm {arm!r} for the finding {spec['claim']!r} "
-                                 f"(arms: {', '.join(sorted(arms))})")
+                                 f"(arms: {'; '.join(sorted(arms))})")
         metric = spec.get("metric", "best_context_loss")
         a, b = arms[spec["a"]], arms[spec["b"]]
         docs_a, finals_a = _metric(metric, a, spec["claim"], where)

@@ -99,6 +99,9 @@ def recall_points(groups: list[Group]) -> list[dict]:
                  "n_pairs": (g.first.config.get("data") or {}).get("n_pairs"), "ctx": g.first.ctx,
                  "chance": g.first.final.get("recall_chance"), "lr": g.first.flat.get("optim.lr"),
                  "seeds": [float(d.loss.mean()) for d in docs], "runs": [r.name for r in g.runs]}
+        by_distance = [r.final.get("recall_by_distance") for r in g.runs]
+        if all(b for b in by_distance):
+            point["by_distance"] = by_distance  # each seed's [[from, to, accuracy, queries], ...] (metrics.jsonl)
         first = [first_stage_end(r) for r in g.runs]
         if any(f is not None for f in first):
             point["first_stage"] = [None if f is None else f[0] for f in first]
@@ -133,15 +136,67 @@ def _point_note(point: dict) -> str:
     return ""
 
 
+MIN_BIN_QUERIES = 16  # a distance bin of fewer queries a seed is left out (a handful of queries is not an accuracy)
+
+
+def distance_curve(point: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(bin centres, seed mean, seed min, seed max) of a point's recall by distance from pair to query, over the bins
+    that held MIN_BIN_QUERIES queries in every seed; None when its seeds' bins differ or were not recorded."""
+    seeds = point.get("by_distance")
+    if not seeds or any([b[:2] for b in s] != [b[:2] for b in seeds[0]] for s in seeds):
+        return None
+    held = [i for i, b in enumerate(seeds[0]) if all(s[i][3] >= MIN_BIN_QUERIES for s in seeds)]
+    if not held:
+        return None
+    acc = np.array([[s[i][2] for i in held] for s in seeds], dtype=np.float64)
+    centre = np.array([math.sqrt(max(seeds[0][i][0], 1) * seeds[0][i][1]) for i in held])
+    return centre, acc.mean(axis=0), acc.min(axis=0), acc.max(axis=0)
+
+
+def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
+    """One line per point (its family's colour, a line style per p or w): recall by distance, seed mean with the
+    seeds' range shaded -- where a window's state ends, its recall falls to chance."""
+    styles = ("-", "--", ":", "-.")
+    for i, family in enumerate(families):
+        line = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
+        for k, point in enumerate(line):
+            curve = distance_curve(point)
+            if curve is None:
+                continue
+            x, mean, low, high = curve
+            name = FAMILIES[family].split(" (")[0] + (f" {_point_note(point)}" if _point_note(point) else "")
+            ax.plot(x, mean, styles[k % len(styles)], marker=".", color=f"C{i}", lw=1.2, label=name)
+            ax.fill_between(x, low, high, color=f"C{i}", alpha=0.12, lw=0)
+    chance = sorted({p["chance"] for p in here if p["chance"] is not None})
+    for c in chance:
+        ax.axhline(c, color="k", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlabel("distance from pair to query (tokens, log scale)", fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, loc="lower left")
+
+
 def draw_recall_vs_state(points: list[dict], title: str):
     """Accuracy at the queries against the state one layer holds (log scale), one panel per number of pairs N and
     one line per attention family; seed means with 95% t intervals over the seeds (none for a single seed), chance
-    dotted. None when no point is known."""
+    dotted. Where the points recorded recall by distance, a second row draws it (the recall analogue of the ICL
+    curve) for each point. None when no point is known."""
     if not points:
         return None
     panels = sorted({p["n_pairs"] for p in points}, key=lambda n: (n is None, n or 0))
-    fig, axes = new_figure((4.6 * len(panels), 4.2), ncols=len(panels), squeeze=False, sharey=True)
+    by_distance = any(distance_curve(p) is not None for p in points)
+    rows = 2 if by_distance else 1
+    # one state axis for every panel of a row: N's panels compare at a glance, and a panel of a narrow range keeps
+    # whole decades
+    fig, axes = new_figure((4.6 * len(panels), 4.2 * rows), nrows=rows, ncols=len(panels), squeeze=False,
+                           sharey="row", sharex="row")
     families = [f for f in FAMILIES if any(p["attention"] == f for p in points)]
+    if by_distance:
+        for ax, n_pairs in zip(axes[1], panels):
+            _draw_by_distance(ax, [p for p in points if p["n_pairs"] == n_pairs], families)
+        axes[1, 0].set_ylabel("accuracy at the queries, by distance")
     for ax, n_pairs in zip(axes[0], panels):
         here = [p for p in points if p["n_pairs"] == n_pairs]
         for i, family in enumerate(families):
@@ -181,9 +236,10 @@ def draw_recall_vs_state(points: list[dict], title: str):
     rates = sorted({lr for p in points for lr in p.get("lrs", [])})
     best_of = f"; each point at its best learning rate of {', '.join(map(str, rates))}, picked on these documents" \
         if rates else ""
+    below = "; below: by distance from pair to query, seed means, shaded: the seeds' range" if by_distance else ""
     fig.suptitle(fill_title(f"{title}: recall vs state (seed means, 95% t intervals over "
-                            f"{'/'.join(map(str, seeds))} seeds, x: each seed{best_of})", 4.6 * len(panels) - 0.4, 10),
-                 fontsize=10)
+                            f"{'/'.join(map(str, seeds))} seeds, x: each seed{best_of}{below})",
+                            4.6 * len(panels) - 0.4, 10), fontsize=10)
     return fig
 
 
@@ -193,6 +249,28 @@ def _floats(n: int | None) -> str:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
+
+
+def distance_tables(measured: list[tuple[Group, list]]) -> list[str]:
+    """Markdown lines: recall by distance from pair to query, seed means per bin, one table per set of bins (one per
+    context and N); a cell of a bin that held no query is '-'."""
+    by_bins: dict[tuple, list[tuple[Group, list]]] = {}
+    for g, _ in measured:
+        seeds = [r.final.get("recall_by_distance") for r in g.runs]
+        if not all(seeds) or any([b[:2] for b in s] != [b[:2] for b in seeds[0]] for s in seeds):
+            continue
+        by_bins.setdefault(tuple(tuple(b[:2]) for b in seeds[0]), []).append((g, seeds))
+    lines = []
+    for bins, rows in by_bins.items():
+        lines += ["", "Recall by distance from pair to query (tokens), seed means; the queries a seed asks in each bin "
+                  "in the last row:", ""]
+        lines += table_head("| runs | " + " | ".join(f"{a}-{b}" for a, b in bins) + " |")
+        for g, seeds in rows:
+            cells = ["-" if not any(s[i][3] for s in seeds) else _pct(float(np.mean([s[i][2] for s in seeds])))
+                     for i in range(len(bins))]
+            lines.append(f"| {g.label} | " + " | ".join(cells) + " |")
+        lines.append("| queries a seed | " + " | ".join(str(b[3]) for b in rows[0][1][0]) + " |")
+    return lines
 
 
 def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list[str]:
@@ -225,6 +303,7 @@ def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list
                      f"{', '.join('-' if f is None else f'{_pct(f[0])} at {f[1]:,}' for f in first)} | "
                      f"{'-' if chance is None else _pct(chance)} | {g.first.final.get('recall_queries', '-')} | "
                      f"{_floats(run_state(g.first))} |")
+    lines += distance_tables(measured)
     picked = [p for p in points if "lrs" in p]
     if picked:
         lines += ["", "The recall-vs-state figure draws each point at its best learning rate (the highest seed mean; "

@@ -87,6 +87,21 @@ def test_icl_markov_runs_of_other_document_lengths_are_not_paired(tmp_path):
     assert not paired_lines(report)
 
 
+def test_a_sweep_over_data_pairs_within_each_data_set_and_names_each_two_sets_once(tmp_path, caplog):
+    """Two attentions at each of three heldout sets: three paired differences (one per set), and one 'not paired' line
+    for each two sets (three), not one for each two runs on other data (twelve)."""
+    for i, digest in enumerate(("1" * 64, "2" * 64, "3" * 64)):
+        for tag in ("exp", "power"):
+            run = fake_run(tmp_path / "runs" / f"{tag}{i}", tag, 512, 0.1 + i / 10, doc_bins=True,
+                           change={"data": {"doc_len": 1024 + i}})
+            (run / "data_identity.json").write_text(json.dumps(identity(digest)))
+    report = main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--bootstrap", "20"]).read_text()
+    refused = [line for line in report.splitlines() if line.startswith("- not paired:")]
+    assert len(refused) == 3 and all("2 groups (" in line and "data.heldout_digest" in line for line in refused)
+    assert sum("not paired:" in r.message for r in caplog.records) == 3
+    assert len(paired_lines(report)) == 3
+
+
 def tiny_dataset(root, seed: int):
     """A prepared dataset in the LongCrawl64 layout: train.zarr and heldout.zarr of 8 documents of 64 tokens."""
     import zarr
