@@ -359,11 +359,11 @@ def relabel(runs: list[Run], items: list[str]) -> None:
         if not splits or not splits[-1][1]:
             raise ValueError(f"--label {item!r}: give OLD=NEW, OLD one of the runs' labels or some of its parts "
                              f"({'; '.join(sorted({run.seed_label for run in runs}))})")
-        rules.append(splits[-1])
+        old, new = splits[-1]
+        rules.append((old.split(", "), new))
     for run in runs:
         parts = run.seed_label.split(", ")
-        for old, new in rules:
-            gone = old.split(", ")
+        for gone, new in rules:
             if set(gone) <= set(parts):
                 at = min(parts.index(g) for g in gone)
                 parts = parts[:at] + [new] + [p for p in parts[at:] if p not in gone]

@@ -139,11 +139,27 @@ def _point_note(point: dict) -> str:
 MIN_BIN_QUERIES = 16  # a distance bin of fewer queries a seed is left out (a handful of queries is not an accuracy)
 
 
+def shared_distance_bins(seeds: list | None) -> list | None:
+    """The seeds' [from, to] distance bins (each seed's recall_by_distance) when every seed recorded the same ones,
+    else None: only then do their per-bin accuracies average."""
+    if not seeds or not all(seeds):
+        return None
+    bins = [b[:2] for b in seeds[0]]
+    return bins if all([b[:2] for b in s] == bins for s in seeds) else None
+
+
+def draw_chance(ax, here: list[dict], label: str | None = None) -> None:
+    """A dotted line at each chance level of these points (one value in n_values), the first one labelled."""
+    chance = sorted({p["chance"] for p in here if p["chance"] is not None})
+    for c in chance:
+        ax.axhline(c, color="k", ls=":", lw=1, label=label if c == chance[0] else None)
+
+
 def distance_curve(point: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """(bin centres, seed mean, seed min, seed max) of a point's recall by distance from pair to query, over the bins
     that held MIN_BIN_QUERIES queries in every seed; None when its seeds' bins differ or were not recorded."""
     seeds = point.get("by_distance")
-    if not seeds or any([b[:2] for b in s] != [b[:2] for b in seeds[0]] for s in seeds):
+    if shared_distance_bins(seeds) is None:
         return None
     held = [i for i, b in enumerate(seeds[0]) if all(s[i][3] >= MIN_BIN_QUERIES for s in seeds)]
     if not held:
@@ -167,9 +183,7 @@ def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
             name = FAMILIES[family].split(" (")[0] + (f" {_point_note(point)}" if _point_note(point) else "")
             ax.plot(x, mean, styles[k % len(styles)], marker=".", color=f"C{i}", lw=1.2, label=name)
             ax.fill_between(x, low, high, color=f"C{i}", alpha=0.12, lw=0)
-    chance = sorted({p["chance"] for p in here if p["chance"] is not None})
-    for c in chance:
-        ax.axhline(c, color="k", ls=":", lw=1)
+    draw_chance(ax, here)
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.05)
     ax.set_xlabel("distance from pair to query (tokens, log scale)", fontsize=8)
@@ -217,9 +231,7 @@ def draw_recall_vs_state(points: list[dict], title: str):
                 if _point_note(p):
                     ax.annotate(_point_note(p), (p["state"], m), textcoords="offset points", xytext=(4, 4),
                                 fontsize=7, color=f"C{i}")
-        chance = sorted({p["chance"] for p in here if p["chance"] is not None})
-        for c in chance:
-            ax.axhline(c, color="k", ls=":", lw=1, label="chance (one value in n_values)" if c == chance[0] else None)
+        draw_chance(ax, here, "chance (one value in n_values)")
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.08)  # room for the labels of points at 1
         ax.set_xlabel("state per layer (floats, log scale)", fontsize=8)
@@ -257,9 +269,9 @@ def distance_tables(measured: list[tuple[Group, list]]) -> list[str]:
     by_bins: dict[tuple, list[tuple[Group, list]]] = {}
     for g, _ in measured:
         seeds = [r.final.get("recall_by_distance") for r in g.runs]
-        if not all(seeds) or any([b[:2] for b in s] != [b[:2] for b in seeds[0]] for s in seeds):
-            continue
-        by_bins.setdefault(tuple(tuple(b[:2]) for b in seeds[0]), []).append((g, seeds))
+        bins = shared_distance_bins(seeds)
+        if bins is not None:
+            by_bins.setdefault(tuple(map(tuple, bins)), []).append((g, seeds))
     lines = []
     for bins, rows in by_bins.items():
         lines += ["", "Recall by distance from pair to query (tokens), seed means; the queries a seed asks in each bin "
