@@ -150,8 +150,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     prop = torch.cuda.get_device_properties(0)
     import triton
+    from longctx.kernels.power.native import launcher as native
+    native.wait()   # short sequences time the C++ node where it builds; the record says whether it did
     env = dict(gpu=prop.name, torch=torch.__version__, triton=triton.__version__,
-               matmul_tflops=round(matmul_tflops()))
+               matmul_tflops=round(matmul_tflops()), native_launcher=native.status())
     print(json.dumps(env), flush=True)
     b, h, rows = 8, 12, []
     impls = {"sdpa_cudnn": make_sdpa("cudnn"), "sdpa_flash": make_sdpa("flash"),

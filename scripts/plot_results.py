@@ -27,8 +27,8 @@ from longctx.plotting import attention_label, save_figure  # noqa: E402
 from longctx.train.loggers import plot_icl_curves  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-IMPL_LABELS = {"longctx_p2": "longctx", "power_attention_1.4.4_p2": "power-attention 1.4.4",
-               "sdpa_cudnn": "SDPA cuDNN (softmax)"}
+IMPL_LABELS = {"longctx_p2": "longctx", "retention_1.0.7_p2": "retention 1.0.7",
+               "power_attention_1.4.4_p2": "power-attention 1.4.4", "sdpa_cudnn": "SDPA cuDNN (softmax)"}
 
 
 def _ctx_label(t: int) -> str:

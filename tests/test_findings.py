@@ -91,7 +91,8 @@ def test_recall_claims_are_judged_on_recall_at_the_queries():
         final.setdefault(run["seed_label"], []).append(run["records"][-1]["recall_accuracy"])
         curves[(run["seed_label"], run["seed"])] = [e["recall_accuracy"] for e in run["records"]]
     judged = judge(RESULTS / "recall_state.json", n_boot=200)
-    assert [j["metric"] for j in judged] == ["recall_accuracy"] * 7   # 3 claims at N = 64 and 256, 1 at 1,024
+    # 3 claims at each N at ctx 4096, 1 at N = 256 at ctx 16384
+    assert [j["metric"] for j in judged] == ["recall_accuracy"] * 10
     for j in judged:
         assert j["difference"][0] == pytest.approx(np.mean(final[j["a"]]) - np.mean(final[j["b"]]), abs=1e-9)
         assert j["seed_interval"][0] == pytest.approx(j["difference"][0], abs=1e-9)
@@ -122,8 +123,9 @@ def test_recall_reference_gate_reads_one_minus_softmax_recall(tmp_path):
 def test_recall_findings_refuse_a_shared_short_name_and_an_unknown_metric(tmp_path):
     """'power p=2' names both learning rates' runs (at every N) in the recall record: refused, naming the labels; a
     metric the judge does not know is refused naming the field."""
-    with pytest.raises(ValueError,
-                       match=r"'power p=2'.*power p=2, lr 1e-3, N=64; power p=2, lr 3e-3, N=64\).*name one whole"):
+    with pytest.raises(ValueError, match=r"'power p=2'.* names several runs' labels \(.*\): name one whole") as err:
         judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, a="power p=2"), n_boot=50)
+    named = str(err.value).split("labels (")[1].split("): name")[0].split("; ")
+    assert {"power p=2, lr 1e-3, N=64", "power p=2, lr 3e-3, N=64"} <= set(named)
     with pytest.raises(ValueError, match=r"recall_state\[0\]\.metric='accuracy': must be one of best_context_loss"):
         judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, metric="accuracy"), n_boot=50)

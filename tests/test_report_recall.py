@@ -241,3 +241,86 @@ def test_a_record_without_recall_points_cannot_draw_the_figure(tmp_path):
 
     with pytest.raises(ValueError, match="recall_vs_state needs the record's recall points"):
         draw_record({"kind": "report", "title": "t", "figures": {"recall_vs_state": "x.png"}, "runs": []}, tmp_path)
+
+
+
+def _hits_by_run(record) -> dict:
+    written = json.loads(record.read_text())
+    with np.load(record.with_suffix(".npz"), allow_pickle=False) as arrays:
+        return {e["name"]: arrays[e["doc_bins"].partition("#")[2] + "hits"] for e in written["runs"]}
+
+
+def _points(record) -> dict:
+    return {(p["tag"], p["n_pairs"]): (p["state"], p["seeds"], p["runs"]) for p in json.loads(record.read_text())["recall"]}
+
+
+def _labels(n_pairs: int) -> list[str]:
+    """--label items that name each arm's N (a part reported alone has one N, which its labels leave out)."""
+    return [x for arm in ARMS for x in ("--label", f"{arm}={arm}, N={n_pairs}")]
+
+
+def test_a_carried_record_joins_the_new_runs_as_if_reported_together(recall_runs, tmp_path):
+    """A sweep reported in two parts, the first part's record carried into the second's, gives the record the whole
+    sweep reported at once gives: every run once with its own hits, every recall point with its seeds and runs; its
+    figure redraws from it alone; the carried files are left as they were."""
+    from longctx.report.record import draw_record
+    root, _ = recall_runs
+    first, second = tmp_path / "first", tmp_path / "second"
+    for run in sorted(root.iterdir()):
+        shutil.copytree(run, (first if "_n4_" in run.name else second) / run.name)
+    whole, part, grown = tmp_path / "whole.json", tmp_path / "part.json", tmp_path / "grown.json"
+    report([str(root), "--out", str(tmp_path / "o1"), "--bootstrap", "20", "--record", str(whole)])
+    report([str(first), "--out", str(tmp_path / "o2"), "--bootstrap", "20", "--record", str(part), *_labels(4)])
+    before = part.read_bytes(), part.with_suffix(".npz").read_bytes()
+    text = report([str(second), "--out", str(tmp_path / "o3"), "--bootstrap", "20", "--record", str(grown),
+                   "--carry", str(part), *_labels(16)]).read_text()
+    assert (part.read_bytes(), part.with_suffix(".npz").read_bytes()) == before
+    assert f"Carried into the record from `{part}` as it was written: 6 runs, 3 recall points" in text
+    section = text[text.index("## Recall at the queries"):]   # this report's runs only: the carried were tabled before
+    assert "exp, N=16 (2 seeds)" in section and "N=4" not in section
+    # the carried runs first, each with its own hits under its new index in the new npz
+    names = [e["name"] for e in json.loads(grown.read_text())["runs"]]
+    assert sorted(names) == sorted(e["name"] for e in json.loads(whole.read_text())["runs"])
+    assert all("_n4_" in name for name in names[:6]) and not any("_n4_" in name for name in names[6:])
+    whole_hits, grown_hits = _hits_by_run(whole), _hits_by_run(grown)
+    assert all(np.array_equal(grown_hits[name], whole_hits[name]) for name in names)
+    assert _points(grown) == _points(whole)
+    fig = draw_record(json.loads(grown.read_text()), tmp_path)["recall_vs_state"]
+    assert [ax.get_title() for ax in fig.axes if ax.get_title().startswith("N = ")] == [
+        "N = 4 key-value pairs", "N = 16 key-value pairs"]
+
+
+def test_carry_refuses_what_would_mix_up_runs_or_points_before_writing(recall_runs, tmp_path, capsys):
+    root, _ = recall_runs
+    part, new = tmp_path / "part.json", tmp_path / "new.json"
+    report([str(root / "exp_n4_s0"), str(root / "exp_n4_s1"), "--out", str(tmp_path / "o1"), "--bootstrap", "20",
+            "--record", str(part)])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": "table"}))
+    cases = [(["--carry", str(part)], "--carry: needs --record"),
+             (["--record", str(new), "--carry", str(tmp_path / "missing.json")], "that exists"),
+             (["--record", str(new), "--carry", str(bad)], "not a report record"),
+             (["--record", str(part), "--carry", str(part)], "is a file the report reads"),
+             # both parts are labelled plainly "exp": two points of one label
+             (["--record", str(new), "--carry", str(part)], "recall point 'exp (2 seeds)' is both carried"),
+             (["--record", str(new), "--carry", str(part), "--carry", str(part), "--label", "exp=softmax"],
+              "is also in")]
+    for args, words in cases:
+        with pytest.raises(SystemExit) as exit_:
+            report([str(root / "exp_n16_s0"), str(root / "exp_n16_s1"), "--out", str(tmp_path / "o2"),
+                    "--bootstrap", "20", *args])
+        assert exit_.value.code == 2
+        assert words in capsys.readouterr().err
+    assert not new.exists() and not (tmp_path / "o2").exists()
+
+
+def test_panels_split_by_context_where_the_points_span_several():
+    point = {"attention": "exp", "tag": "exp", "p": None, "window": None, "state": 100, "chance": 0.01,
+             "label": "softmax", "seeds": [0.9, 0.95]}
+    points = [{**point, "n_pairs": 64, "ctx": 4096}, {**point, "n_pairs": 256, "ctx": 4096},
+              {**point, "n_pairs": 256, "ctx": 16384, "label": "softmax, ctx 16384"}]
+    fig = draw_recall_vs_state(points, "t")
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == [
+        "N = 64 key-value pairs, ctx 4,096", "N = 256 key-value pairs, ctx 4,096", "N = 256 key-value pairs, ctx 16,384"]
+    one = draw_recall_vs_state(points[:2], "t")
+    assert [ax.get_title() for ax in one.axes if ax.get_title()] == ["N = 64 key-value pairs", "N = 256 key-value pairs"]

@@ -11,16 +11,19 @@
 #                                                       # report draws each point at its best rate): whether a seed
 #                                                       # leaves the first stage's plateau depends on the rate
 #   ARMS=linear LRS=3e-4 DEADLINE_S=480 bash tools/recall_grid.sh   # arms at other rates (LRS= : the config's)
+#   EXPERIMENT=recall_state_long NPAIRS=256 bash tools/recall_grid.sh   # ctx 16384 (into multirun/recall_state_long)
 # Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
 # At the end (or the deadline) the records a report needs -- metrics.jsonl, each stage's newest eval/*.npz, stages.json,
 # config.yaml, data_identity.json, provenance.json, no checkpoints -- are packed into $OUT/recall_records_n<N>.tgz (one
 # per N), the points' logs into $OUT/recall_logs.tgz; unpack them in the repository's root, and
 # `python -m longctx.report multirun/recall_state --out reports/recall --record docs/results/experiments/recall_state.json`
-# then tables the accuracies and draws recall against state (plot_results redraws it from the record).
+# then tables the accuracies and draws recall against state (plot_results redraws it from the record); runs made on
+# another machine join an earlier record with `--carry OLD.json` (docs/experiments.md, "made by").
 source tools/setup_device.sh >/dev/null
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
-common=(experiment=recall_state logger.wandb.mode=disabled trainer.keep_checkpoints=1)
+EXPERIMENT=${EXPERIMENT:-recall_state}
+common=(experiment=$EXPERIMENT logger.wandb.mode=disabled trainer.keep_checkpoints=1)
 if [ "${PILOT:-0}" = 1 ]; then
   grids=(--grid +experiment/arm=${PILOT_ARMS:-exp,power_p2,linear} --grid data.n_pairs=${PILOT_NPAIRS:-64} --grid seed=0
          --grid optim.lr=${PILOT_LRS:-1e-3,3e-3})
@@ -31,7 +34,7 @@ else
          --grid data.n_pairs=${NPAIRS:-64,256,1024} --grid seed=${SEEDS:-0,1,2})
   LRS=${LRS-1e-3,3e-3}
   [ -n "$LRS" ] && grids+=(--grid optim.lr=$LRS)
-  dir=multirun/recall_state
+  dir=multirun/$EXPERIMENT
 fi
 python3 scripts/run_points.py --jobs ${JOBS:-18} --dir "$dir" --deadline-s "$DEADLINE_S" "${common[@]}" "${grids[@]}" \
   > "$OUT/recall_grid.log" 2>&1

@@ -29,6 +29,11 @@ DIR gets:
     best_context_vs_flops.png  best-context loss through training against training FLOPs
     best_context_vs_context.png  final best-context loss against the training context (two contexts or more)
     icl_over_training.png      every run's ICL curve at each evaluation (ICL vs updates), one panel per run
+    recall_vs_state.png        on recall data: accuracy at the queries against state (longctx.report.recall)
+
+`--record FILE.json` also writes the figures' compact record (longctx.report.record) for scripts/plot_results.py;
+`--carry OLD.json` carries an earlier record's runs and recall points into it as they were written, so a sweep run
+on several machines over time keeps one record (the new runs' labels must not repeat a carried point's: --label).
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ from longctx.report import figures
 from longctx.report.runs import (Group, Run, data_difference, describe_comparison, group_runs, label_runs,
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
 from longctx.report.markdown import table_head
-from longctx.report.record import FIGURES, write_record
+from longctx.report.record import FIGURES, carried_entries, read_carried, write_record
 from longctx.report.recall import draw_recall_vs_state, recall_points, recall_section
 from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
@@ -249,11 +254,14 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
 
 def write_report(paths: list[Path], out: Path, title: str | None = None, at_flops: float | None = None,
                  n_boot: int = DEFAULT_BOOTSTRAP, record: Path | None = None, labels: list[str] | None = None,
-                 record_figures: list[str] | None = None) -> Path:
+                 record_figures: list[str] | None = None, carry: list[Path] = ()) -> Path:
     out = Path(out)
+    if carry and record is None:
+        raise ValueError("--carry: needs --record, the record the carried runs go into")
     runs, left_out = load_runs(paths)
+    carried = [read_carried(path) for path in carry]
     outputs = output_files(out, record)
-    refuse_overwrites(runs, outputs)
+    refuse_overwrites(runs, outputs, [f for c in carried for f in (c["path"], c["path"].with_suffix(".npz"))])
     keys = label_runs(runs)
     relabel(runs, labels or [])
     groups = group_runs(runs)
@@ -278,7 +286,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
                      f"({groups[0].first.ctx}); it needs two or more.")
     else:
         figs.append(("Best-context loss vs context", "best_context_vs_context.png", by_context))
-    recall = recall_points(groups)
+    points = recall_points(groups)
+    recall = carry_points(carried, points, {run.name for run in runs})  # the figure's and the record's
     if recall:
         figs.append(("Recall vs state", "recall_vs_state.png", draw_recall_vs_state(recall, title)))
     figs.append(("ICL curves through training", "icl_over_training.png",
@@ -294,6 +303,10 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
                         if record_figures is None or kind in record_figures}
 
     text = [f"# {title}", "", f"{len(runs)} runs: " + ", ".join(f"`{r.name}` ({r.label})" for r in runs), ""]
+    for c in carried:
+        text += [f"Carried into the record from `{c['path']}` as it was written: {len(c['record']['runs'])} runs, "
+                 f"{len(c['record'].get('recall', []))} recall points (in the recall figure; the tables below are "
+                 f"this report's runs').", ""]
     if left_out:
         text += ["Left out (no evaluation to report yet, or unreadable):", ""]
         text += [f"- {line}" for line in left_out] + [""]
@@ -319,7 +332,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     intervals = json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n"
     retrieval = retrieval_entries(runs)
     text += retrieval_section(retrieval)
-    text += recall_section(groups, n_boot, recall)
+    retrieval = carried_entries(carried, set(), "retrieval") + retrieval
+    text += recall_section(groups, n_boot, points)
     provenance = provenance_differences(runs)
     if provenance:
         text += ["## Provenance that differs", ""]
@@ -338,8 +352,20 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     report = out / "report.md"
     report.write_text("\n".join(text) + "\n")
     if record is not None:
-        write_record(runs, title, Path(record), record_names, retrieval, recall)
+        write_record(runs, title, Path(record), record_names, retrieval, recall, carried)
     return report
+
+
+def carry_points(carried: list[dict], points: list[dict], names: set[str]) -> list[dict]:
+    """The carried records' recall points, then these runs' (`points`); ValueError when a run or a point's label
+    stands in both (a figure with two points of one label could not say which is which)."""
+    before = carried_entries(carried, names, "recall")
+    labels = {p["label"] for p in before}
+    twice = [p["label"] for p in points if p["label"] in labels]
+    if twice:
+        raise ValueError(f"--carry: recall point {twice[0]!r} is both carried and among the runs reported; give the "
+                         f"new runs other labels (--label)")
+    return before + points
 
 
 def relabel(runs: list[Run], items: list[str]) -> None:
@@ -392,11 +418,12 @@ def run_folder_of(folder: Path) -> Path | None:
     return None
 
 
-def refuse_overwrites(runs: list[Run], outputs: list[tuple[Path, str]]) -> None:
+def refuse_overwrites(runs: list[Run], outputs: list[tuple[Path, str]], read: list[Path] = ()) -> None:
     """ValueError, before anything is written, when an output would land in a run's folder (its figures, eval/
-    records and checkpoints share the report's names), on a file the report reads, or on another output."""
+    records and checkpoints share the report's names), on a file the report reads (`read`: files beside the runs',
+    such as a carried record), or on another output."""
     inputs = {p.resolve() for run in runs for p in [*run.path.rglob("*"), run.path.parent / "stages.json"]
-              if p.is_file()}
+              if p.is_file()} | {Path(p).resolve() for p in read}
     seen: dict[Path, Path] = {}
     for path, flag in outputs:
         resolved = path.resolve()
@@ -457,6 +484,10 @@ def main(argv=None) -> Path:
     parser.add_argument("--label", action="append", default=[], metavar="OLD=NEW",
                         help="show the runs labelled OLD (the label without its seed, as the report writes it, or "
                              "some of its parts) as NEW; repeatable, applied in order")
+    parser.add_argument("--carry", action="append", default=[], type=Path, metavar="RECORD.json",
+                        help="with --record: carry an earlier record's runs, per-document arrays and recall points "
+                             "into the new record as they were written (a sweep grown over several machines keeps "
+                             "one record); repeatable; a run may stand in one source only")
     parser.add_argument("--record-figures", default=None, metavar="KIND,...",
                         help="the figures the record lists (default: all drawn but icl_over_training; kinds: "
                              "icl_curves, gap_to_optimum, paired_differences, best_context_vs_flops, "
@@ -478,7 +509,7 @@ def main(argv=None) -> Path:
         parser.exit(2, f"error: --record-figures {unknown[0]}: not a figure kind (kinds: {', '.join(FIGURES)})\n")
     try:
         report = write_report(args.paths, args.out, args.title, args.at_flops, args.bootstrap, args.record,
-                              args.label, kinds)
+                              args.label, kinds, args.carry)
     except (FileNotFoundError, ValueError) as err:
         parser.exit(2, f"error: {err}\n")
     print(report)

@@ -193,13 +193,15 @@ def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
 
 
 def draw_recall_vs_state(points: list[dict], title: str):
-    """Accuracy at the queries against the state one layer holds (log scale), one panel per number of pairs N and
-    one line per attention family; seed means with 95% t intervals over the seeds (none for a single seed), chance
+    """Accuracy at the queries against the state one layer holds (log scale), one panel per number of pairs N (and
+    context, where the points span several) and one line per attention family; seed means with 95% t intervals over the seeds (none for a single seed), chance
     dotted. Where the points recorded recall by distance, a second row draws it (the recall analogue of the ICL
     curve) for each point. None when no point is known."""
     if not points:
         return None
-    panels = sorted({p["n_pairs"] for p in points}, key=lambda n: (n is None, n or 0))
+    # one panel per N and context (a context's own panels after the shorter one's)
+    panels = sorted({(p["n_pairs"], p.get("ctx")) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
+    contexts = len({ctx for _, ctx in panels}) > 1
     by_distance = any(distance_curve(p) is not None for p in points)
     rows = 2 if by_distance else 1
     # one state axis for every panel of a row: N's panels compare at a glance, and a panel of a narrow range keeps
@@ -208,11 +210,11 @@ def draw_recall_vs_state(points: list[dict], title: str):
                            sharey="row", sharex="row")
     families = [f for f in FAMILIES if any(p["attention"] == f for p in points)]
     if by_distance:
-        for ax, n_pairs in zip(axes[1], panels):
-            _draw_by_distance(ax, [p for p in points if p["n_pairs"] == n_pairs], families)
+        for ax, panel in zip(axes[1], panels):
+            _draw_by_distance(ax, [p for p in points if (p["n_pairs"], p.get("ctx")) == panel], families)
         axes[1, 0].set_ylabel("accuracy at the queries, by distance")
-    for ax, n_pairs in zip(axes[0], panels):
-        here = [p for p in points if p["n_pairs"] == n_pairs]
+    for ax, (n_pairs, ctx) in zip(axes[0], panels):
+        here = [p for p in points if (p["n_pairs"], p.get("ctx")) == (n_pairs, ctx)]
         for i, family in enumerate(families):
             line = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
             if not line:
@@ -235,7 +237,8 @@ def draw_recall_vs_state(points: list[dict], title: str):
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.08)  # room for the labels of points at 1
         ax.set_xlabel("state per layer (floats, log scale)", fontsize=8)
-        ax.set_title(f"N = {n_pairs} key-value pairs" if n_pairs is not None else "recall", fontsize=9)
+        name = f"N = {n_pairs:,} key-value pairs" if n_pairs is not None else "recall"
+        ax.set_title(name + (f", ctx {ctx:,}" if contexts and ctx else ""), fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0, 0].set_ylabel("accuracy at the queries")
     handles, labels = axes[0, -1].get_legend_handles_labels()

@@ -13,6 +13,10 @@
                (report.recall.recall_points: one per group of seeds that measured recall)}
 
 `heldout` names the runs' heldout data (runs sharing it share documents and optimum); `seed_label` groups seeds.
+
+A record can carry an earlier one (`read_carried`, the report's `--carry`): its runs, per-document arrays, recall
+points and retrieval results go into the new record beside the new runs', as they were written (a sweep that grows
+over several machines keeps one record without keeping every run folder). A run may stand in one of them only.
 """
 from __future__ import annotations
 
@@ -36,15 +40,65 @@ def _heldout_name(run: Run) -> str:
     return ", ".join(f"{k}={v}" for k, v in run.heldout_key[1:])  # the context is the entry's own ctx
 
 
+def read_carried(path: Path) -> dict:
+    """A committed record to carry into a new one: {"path", "record", "arrays"} (its JSON, and the per-document
+    arrays of the npz beside it when there is one; read without unpickling). ValueError naming the file when it is
+    not a report record."""
+    path = Path(path)
+    if path.suffix != ".json" or not path.is_file():
+        raise ValueError(f"--carry {path}: give a report record (.json) that exists")
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"--carry {path}: not JSON ({err})") from None
+    if not isinstance(record, dict) or record.get("kind") != "report" or not isinstance(record.get("runs"), list):
+        raise ValueError(f"--carry {path}: not a report record (kind 'report' with a list of runs)")
+    arrays = {}
+    if path.with_suffix(".npz").exists():
+        with np.load(path.with_suffix(".npz"), allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    return {"path": path, "record": record, "arrays": arrays}
+
+
+def carried_entries(carried: list[dict], names: set[str], key: str) -> list[dict]:
+    """The carried records' entries under `key` ("recall", "retrieval"), after ValueError when a run stands in two of
+    them or in a carried record and among the new runs (`names`): one run, one entry."""
+    seen = {name: "the runs reported" for name in names}
+    for c in carried:
+        for entry in c["record"]["runs"]:
+            if entry["name"] in seen:
+                raise ValueError(f"--carry {c['path']}: run {entry['name']} is also in {seen[entry['name']]}; "
+                                 f"carry or report each run once")
+            seen[entry["name"]] = str(c["path"])
+    return [e for c in carried for e in c["record"].get(key, [])]
+
+
 def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str, str],
-                 retrieval: list[dict] | None = None, recall: list[dict] | None = None) -> Path:
+                 retrieval: list[dict] | None = None, recall: list[dict] | None = None,
+                 carried: list[dict] = ()) -> Path:
     """The compact record of labelled runs (label_runs first), with each final per-document record beside it, and
     the runs' retrieval results (report.retrieval.retrieval_entries) and recall points (report.recall.recall_points)
-    when there are any."""
+    when there are any -- those of the `carried` records (read_carried) included by the caller. The carried records'
+    runs come first, as they were written, their per-document arrays renumbered into this record's npz."""
     path = Path(path)
     out = {"kind": "report", "title": title, "figures": figure_names, "runs": []}
     npz, arrays = path.with_suffix(".npz"), {}
-    for i, run in enumerate(runs):
+    for c in carried:
+        for entry in c["record"]["runs"]:
+            entry = json.loads(json.dumps(entry))  # a copy: the carried record stays as read
+            name = entry.get("doc_bins")
+            prefix = f"r{len(out['runs'])}_"
+            if name:
+                old = str(name).partition("#")[2]
+                moved = {prefix + k[len(old):]: v for k, v in c["arrays"].items() if k.startswith(old)}
+                if not moved:
+                    raise ValueError(f"--carry {c['path']}: run {entry['name']}'s per-document arrays ({name}) are "
+                                     f"not in {c['path'].with_suffix('.npz')}")
+                arrays.update(moved)
+                entry["doc_bins"] = entry["records"][-1]["doc_bins"] = f"{npz.name}#{prefix}"
+            out["runs"].append(entry)
+    for run in runs:
+        i = len(out["runs"])
         entry = {"name": run.name, "label": run.label, "seed_label": run.seed_label, "seed": run.seed,
                  "ctx": run.ctx, "attention": run.tag, "heldout": _heldout_name(run), "status": run.status,
                  "records": [{k: r[k] for k in RECORD_KEYS if k in r} for r in run.records]}
