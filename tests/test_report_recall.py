@@ -99,7 +99,7 @@ def test_report_tables_state_and_draws_accuracy_against_it(recall_runs, tmp_path
         assert point["seeds"] == pytest.approx([by_name[name] for name in point["runs"]])
     for point in points:
         arm = point["tag"]
-        assert point["state"] == states[arm]
+        assert point["state"] == states[arm] and point["d_model"] == 32
         assert point["seeds"] == pytest.approx([accuracy[arm, point["n_pairs"], s] for s in (0, 1)])
 
     fig = draw_recall_vs_state(points, "t")
@@ -324,3 +324,34 @@ def test_panels_split_by_context_where_the_points_span_several():
         "N = 64 key-value pairs, ctx 4,096", "N = 256 key-value pairs, ctx 4,096", "N = 256 key-value pairs, ctx 16,384"]
     one = draw_recall_vs_state(points[:2], "t")
     assert [ax.get_title() for ax in one.axes if ax.get_title()] == ["N = 64 key-value pairs", "N = 256 key-value pairs"]
+
+
+def test_an_arm_at_several_widths_is_joined_across_them():
+    """Points of one arm at several model widths (state grows with the heads): the solid line joins the family at the
+    width most points share, a dashed line joins each arm across its widths, and each point says its width."""
+    def point(attention, p, d_model, state, accuracy):
+        by_distance = [[1, 100, accuracy, 50], [100, 1000, accuracy / 2, 50]]
+        return {"attention": attention, "tag": attention, "p": p, "window": None, "state": state, "chance": 0.01,
+                "n_pairs": 256, "ctx": 4096, "d_model": d_model, "label": f"{attention} {p} {d_model}",
+                "seeds": [accuracy - 0.01, accuracy + 0.01], "by_distance": [by_distance, by_distance]}
+    points = [point("linear", None, d, 32 * d, 0.001 * d) for d in (64, 128, 256)]
+    points += [point("power", 2, d, 1040 * d, 0.002 * d) for d in (64, 128, 256)]
+    points += [point("power", 3, 128, 45760 * 128, 0.9)]
+    fig = draw_recall_vs_state(points, "t")
+    ax = fig.axes[0]
+    solid = {c.get_label(): list(c.lines[0].get_xdata()) for c in ax.containers if c.get_label()
+             and not c.get_label().startswith("_")}
+    assert solid == {"linear attention": [32 * 128], "power attention (degree p)": [1040 * 128, 45760 * 128]}
+    dashed = sorted(list(line.get_xdata()) for line in ax.get_lines() if line.get_linestyle() == "--")
+    assert dashed == sorted([[32 * d for d in (64, 128, 256)], [1040 * d for d in (64, 128, 256)]])
+    for line in ax.get_lines():
+        if line.get_linestyle() == "--":
+            assert np.allclose(line.get_ydata(), [s / (32 if s < 1040 * 64 else 1040) * (0.001 if s < 1040 * 64
+                                                                                        else 0.002) for s in line.get_xdata()])
+    notes = {t.get_text() for t in ax.texts}
+    assert notes == {"d=64", "d=256", "p=2", "p=3"}   # p at the solid line's width, the width off it
+    lower = [ax for ax in fig.axes if ax.get_xlabel().startswith("distance from pair to query")][0]
+    assert sorted(line.get_label() for line in lower.get_lines() if not line.get_label().startswith("_")) == sorted(
+        ["linear attention d=64", "linear attention d=128", "linear attention d=256", "power attention p=2 d=64",
+         "power attention p=2 d=128", "power attention p=2 d=256", "power attention p=3 d=128"])
+    assert "solid: width 128; dashed: an arm across model widths" in fig._suptitle.get_text().replace("\n", " ")

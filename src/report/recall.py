@@ -9,6 +9,7 @@ Seed-level intervals (Welch's t over the seeds' own accuracies, `longctx.report.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from itertools import combinations
 
 import numpy as np
@@ -98,6 +99,7 @@ def recall_points(groups: list[Group]) -> list[dict]:
                  "p": attention.get("p"), "window": attention.get("window"), "state": state,
                  "n_pairs": (g.first.config.get("data") or {}).get("n_pairs"), "ctx": g.first.ctx,
                  "chance": g.first.final.get("recall_chance"), "lr": g.first.flat.get("optim.lr"),
+                 "d_model": (g.first.config.get("model") or {}).get("d_model"),
                  "seeds": [float(d.loss.mean()) for d in docs], "runs": [r.name for r in g.runs]}
         by_distance = [r.final.get("recall_by_distance") for r in g.runs]
         if all(b for b in by_distance):
@@ -128,12 +130,27 @@ def seed_interval(values) -> tuple[float, float, float]:
     return mean, max(mean - half, 0.0), min(mean + half, 1.0)
 
 
-def _point_note(point: dict) -> str:
-    if point["attention"] == "power":
-        return f"p={point['p']}"
-    if point["attention"] == "window":
-        return f"w={point['window']}"
-    return ""
+def _point_note(point: dict, main_width=None) -> str:
+    """What tells a point from its family's others: p or w, or its model width where the points span several and it
+    is off the main width (main_width: _main_width's)."""
+    if main_width is not None and point.get("d_model") != main_width:
+        return f"d={point['d_model']}"
+    return _arm_note(point)
+
+
+def _arm_note(point: dict) -> str:
+    return {"power": f"p={point['p']}", "window": f"w={point['window']}"}.get(point["attention"], "")
+
+
+def _arm(point: dict) -> tuple:
+    """The attention a point runs, whatever the model's width."""
+    return point["attention"], point.get("p"), point.get("window")
+
+
+def _main_width(here: list[dict]):
+    """The width most of these points share (the recipe's), drawn as the solid lines; None where all share one."""
+    widths = Counter(p.get("d_model") for p in here)
+    return widths.most_common(1)[0][0] if len(widths) > 1 else None
 
 
 MIN_BIN_QUERIES = 16  # a distance bin of fewer queries a seed is left out (a handful of queries is not an accuracy)
@@ -173,6 +190,7 @@ def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
     """One line per point (its family's colour, a line style per p or w): recall by distance, seed mean with the
     seeds' range shaded -- where a window's state ends, its recall falls to chance."""
     styles = ("-", "--", ":", "-.")
+    widths = _main_width(here) is not None   # where the points span widths, each line names its own
     for i, family in enumerate(families):
         line = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
         for k, point in enumerate(line):
@@ -180,7 +198,8 @@ def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
             if curve is None:
                 continue
             x, mean, low, high = curve
-            name = FAMILIES[family].split(" (")[0] + (f" {_point_note(point)}" if _point_note(point) else "")
+            parts = [FAMILIES[family].split(" (")[0], _arm_note(point), f"d={point['d_model']}" if widths else ""]
+            name = " ".join(part for part in parts if part)
             ax.plot(x, mean, styles[k % len(styles)], marker=".", color=f"C{i}", lw=1.2, label=name)
             ax.fill_between(x, low, high, color=f"C{i}", alpha=0.12, lw=0)
     draw_chance(ax, here)
@@ -194,8 +213,9 @@ def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
 
 def draw_recall_vs_state(points: list[dict], title: str):
     """Accuracy at the queries against the state one layer holds (log scale), one panel per number of pairs N (and
-    context, where the points span several) and one line per attention family; seed means with 95% t intervals over the seeds (none for a single seed), chance
-    dotted. Where the points recorded recall by distance, a second row draws it (the recall analogue of the ICL
+    context, where the points span several) and one line per attention family (across its p or w, at the width most
+    points share; an arm run at several model widths is joined across them by a dashed line, its points at the other
+    widths open); seed means with 95% t intervals over the seeds (none for a single seed), chance dotted. Where the points recorded recall by distance, a second row draws it (the recall analogue of the ICL
     curve) for each point. None when no point is known."""
     if not points:
         return None
@@ -215,24 +235,37 @@ def draw_recall_vs_state(points: list[dict], title: str):
         axes[1, 0].set_ylabel("accuracy at the queries, by distance")
     for ax, (n_pairs, ctx) in zip(axes[0], panels):
         here = [p for p in points if (p["n_pairs"], p.get("ctx")) == (n_pairs, ctx)]
+        main = _main_width(here)
         for i, family in enumerate(families):
-            line = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
-            if not line:
+            points_of = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
+            if not points_of:
                 continue
-            stats = [seed_interval(p["seeds"]) for p in line]
-            xs, mean = [p["state"] for p in line], [m for m, _, _ in stats]
-            err = np.array([[m - lo, hi - m] for m, lo, hi in stats]).T
-            ax.errorbar(xs, mean, yerr=err if err.any() else None, marker="o", capsize=3, lw=1.3, color=f"C{i}",
-                        label=FAMILIES[family])
+            # solid: the family across its arms at the main width; open markers: its points at other widths
+            for at_main in (True, False):
+                line = [p for p in points_of if (main is None or p.get("d_model") == main) == at_main]
+                if not line:
+                    continue
+                stats = [seed_interval(p["seeds"]) for p in line]
+                mean = [m for m, _, _ in stats]
+                err = np.array([[m - lo, hi - m] for m, lo, hi in stats]).T
+                ax.errorbar([p["state"] for p in line], mean, yerr=err if err.any() else None, marker="o",
+                            capsize=3, lw=1.3, color=f"C{i}", ls="-" if at_main else "none",
+                            mfc=None if at_main else "none", label=FAMILIES[family] if at_main else None)
+                for p, m in zip(line, mean):
+                    if _point_note(p, main):
+                        ax.annotate(_point_note(p, main), (p["state"], m), textcoords="offset points",
+                                    xytext=(4, 4), fontsize=7, color=f"C{i}")
+            # dashed: each arm across the model widths it ran at (state grows with the heads)
+            for arm in dict.fromkeys(_arm(p) for p in points_of):
+                widths = [p for p in points_of if _arm(p) == arm]
+                if len(widths) > 1:
+                    ax.plot([p["state"] for p in widths], [seed_interval(p["seeds"])[0] for p in widths], "--",
+                            lw=1, color=f"C{i}", alpha=0.8)
             # each seed beside the mean: a seed that failed to train pulls the mean down, and shows here
-            each_seed = [(p["state"], a) for p in line for a in p["seeds"]] \
-                if any(len(p["seeds"]) > 1 for p in line) else []
+            each_seed = [(p["state"], a) for p in points_of for a in p["seeds"]] \
+                if any(len(p["seeds"]) > 1 for p in points_of) else []
             if each_seed:
                 ax.scatter(*zip(*each_seed), marker="x", s=18, lw=0.9, color=f"C{i}", alpha=0.7, zorder=3)
-            for p, m in zip(line, mean):
-                if _point_note(p):
-                    ax.annotate(_point_note(p), (p["state"], m), textcoords="offset points", xytext=(4, 4),
-                                fontsize=7, color=f"C{i}")
         draw_chance(ax, here, "chance (one value in n_values)")
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.08)  # room for the labels of points at 1
@@ -252,6 +285,11 @@ def draw_recall_vs_state(points: list[dict], title: str):
     best_of = f"; each point at its best learning rate of {', '.join(map(str, rates))}, picked on these documents" \
         if rates else ""
     below = "; below: by distance from pair to query, seed means, shaded: the seeds' range" if by_distance else ""
+    mains = sorted({w for k in panels for w in [_main_width([p for p in points if (p["n_pairs"], p.get("ctx")) == k])]
+                    if w is not None})
+    if mains:
+        below = (f"; solid: width {'/'.join(map(str, mains))}; dashed: an arm across model widths d (open: other "
+                 f"widths)") + below
     fig.suptitle(fill_title(f"{title}: recall vs state (seed means, 95% t intervals over "
                             f"{'/'.join(map(str, seeds))} seeds, x: each seed{best_of}{below})",
                             4.6 * len(panels) - 0.4, 10), fontsize=10)

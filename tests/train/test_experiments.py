@@ -30,7 +30,7 @@ SWEEPS = [e for e in EXPERIMENTS if e not in RECIPES]
 # sweeps on a corpus the user prepares (real text): no ICL task, no staged recipe, no paper-scale twin
 REAL_TEXT = ("corpus_attention",)
 # recall sweeps (data=mqar): one stage at their own context, no ICL recipe, no paper-scale twin (the paper has none)
-RECALL = ("recall_state", "recall_state_long", "recall_state_cpu")
+RECALL = ("recall_state", "recall_state_long", "recall_state_widths", "recall_state_cpu")
 SMALL = [e for e in SWEEPS if not e.endswith("_paper") and e not in REAL_TEXT + RECALL]
 # each small sweep's paper-scale counterpart
 PAPER_OF = {"attention_long_context": "attention_equal_state_paper"}
@@ -505,7 +505,7 @@ def test_recall_arms_hold_the_states_longctx_state_gives(compose):
 def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
     from longctx.train.stages import plan
 
-    for name in ("recall_state", "recall_state_long"):
+    for name in ("recall_state", "recall_state_long", "recall_state_widths"):
         points = sweep_points(name)
         names = set()
         for point in points:
@@ -526,6 +526,28 @@ def test_recall_sweep_points_are_distinct_and_fit_their_context(compose):
             assert (last.ctx, last.data.n_pairs, last.trainer.max_steps) == (cfg.ctx, cfg.data.n_pairs,
                                                                             cfg.trainer.max_steps)
         assert len(names) == len(points)
+
+
+def test_recall_widths_grow_every_arms_state_with_the_heads(compose):
+    """recall_state_widths: 1-8 heads of 64 at 2 layers, N = 256; each arm's state is its one-head state times the
+    heads (longctx.state), and the window still holds power p=2's state at every width."""
+    from longctx.state import state_per_layer
+
+    points = sweep_points("recall_state_widths")
+    assert len(points) == 16 and {p for point in points for p in point if p.startswith("data.")} == {
+        "data.n_pairs=256"}
+    states = {}
+    for point in points:
+        cfg = compose("experiment=recall_state_widths", "run_dir=/r", *point)
+        assert (cfg.model.d_model // cfg.model.n_heads, cfg.model.n_layers, cfg.ctx) == (64, 2, 4096)
+        states[cfg.attention.tag, cfg.model.n_heads] = state_per_layer(
+            cfg.attention.name, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, ctx=cfg.ctx, p=cfg.p,
+            window=cfg.attention.get("window"))
+    for (tag, heads), state in states.items():
+        assert state == heads * states[tag, 1]
+    assert {heads for _, heads in states} == {1, 2, 4, 8}
+    assert all(states["window1040", h] == states["power_p2", h] for h in (1, 2, 4, 8))
+    assert states["linear", 1] == 64 * 64 and states["power_p2", 8] == 8 * 2080 * 64
 
 
 def test_recall_fixed_first_stage(compose):
