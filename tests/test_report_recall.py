@@ -297,9 +297,12 @@ def test_carry_refuses_what_would_mix_up_runs_or_points_before_writing(recall_ru
             "--record", str(part)])
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"kind": "table"}))
+    cut = tmp_path / "cut.json"   # a record whose npz was not copied beside it
+    cut.write_text(part.read_text())
     cases = [(["--carry", str(part)], "--carry: needs --record"),
              (["--record", str(new), "--carry", str(tmp_path / "missing.json")], "that exists"),
              (["--record", str(new), "--carry", str(bad)], "not a report record"),
+             (["--record", str(new), "--carry", str(cut)], "per-document arrays (part.npz#r0_) are not in"),
              (["--record", str(part), "--carry", str(part)], "is a file the report reads"),
              # both parts are labelled plainly "exp": two points of one label
              (["--record", str(new), "--carry", str(part)], "recall point 'exp (2 seeds)' is both carried"),

@@ -57,6 +57,11 @@ def read_carried(path: Path) -> dict:
     if path.with_suffix(".npz").exists():
         with np.load(path.with_suffix(".npz"), allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
+    for entry in record["runs"]:  # every named per-document record is there, before anything is written
+        prefix = str(entry.get("doc_bins") or "").partition("#")[2]
+        if entry.get("doc_bins") and not any(k.startswith(prefix) for k in arrays):
+            raise ValueError(f"--carry {path}: run {entry['name']}'s per-document arrays ({entry['doc_bins']}) are "
+                             f"not in {path.with_suffix('.npz')}")
     return {"path": path, "record": record, "arrays": arrays}
 
 
@@ -89,12 +94,8 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
             name = entry.get("doc_bins")
             prefix = f"r{len(out['runs'])}_"
             if name:
-                old = str(name).partition("#")[2]
-                moved = {prefix + k[len(old):]: v for k, v in c["arrays"].items() if k.startswith(old)}
-                if not moved:
-                    raise ValueError(f"--carry {c['path']}: run {entry['name']}'s per-document arrays ({name}) are "
-                                     f"not in {c['path'].with_suffix('.npz')}")
-                arrays.update(moved)
+                old = str(name).partition("#")[2]   # read_carried checked that they are there
+                arrays.update({prefix + k[len(old):]: v for k, v in c["arrays"].items() if k.startswith(old)})
                 entry["doc_bins"] = entry["records"][-1]["doc_bins"] = f"{npz.name}#{prefix}"
             out["runs"].append(entry)
     for run in runs:
