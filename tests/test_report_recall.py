@@ -251,7 +251,8 @@ def _hits_by_run(record) -> dict:
 
 
 def _points(record) -> dict:
-    return {(p["tag"], p["n_pairs"]): (p["state"], p["seeds"], p["runs"]) for p in json.loads(record.read_text())["recall"]}
+    points = json.loads(record.read_text())["recall"]
+    return {(p["tag"], p["n_pairs"]): (p["state"], p["seeds"], p["runs"]) for p in points}
 
 
 def _labels(n_pairs: int) -> list[str]:
@@ -324,9 +325,11 @@ def test_panels_split_by_context_where_the_points_span_several():
               {**point, "n_pairs": 256, "ctx": 16384, "label": "softmax, ctx 16384"}]
     fig = draw_recall_vs_state(points, "t")
     assert [ax.get_title() for ax in fig.axes if ax.get_title()] == [
-        "N = 64 key-value pairs, ctx 4,096", "N = 256 key-value pairs, ctx 4,096", "N = 256 key-value pairs, ctx 16,384"]
+        "N = 64 key-value pairs, ctx 4,096", "N = 256 key-value pairs, ctx 4,096",
+        "N = 256 key-value pairs, ctx 16,384"]
     one = draw_recall_vs_state(points[:2], "t")
-    assert [ax.get_title() for ax in one.axes if ax.get_title()] == ["N = 64 key-value pairs", "N = 256 key-value pairs"]
+    assert [ax.get_title() for ax in one.axes if ax.get_title()] == [
+        "N = 64 key-value pairs", "N = 256 key-value pairs"]
 
 
 def test_an_arm_at_several_widths_is_joined_across_them():
@@ -345,12 +348,13 @@ def test_an_arm_at_several_widths_is_joined_across_them():
     solid = {c.get_label(): list(c.lines[0].get_xdata()) for c in ax.containers if c.get_label()
              and not c.get_label().startswith("_")}
     assert solid == {"linear attention": [32 * 128], "power attention (degree p)": [1040 * 128, 45760 * 128]}
-    dashed = sorted(list(line.get_xdata()) for line in ax.get_lines() if line.get_linestyle() == "--")
-    assert dashed == sorted([[32 * d for d in (64, 128, 256)], [1040 * d for d in (64, 128, 256)]])
-    for line in ax.get_lines():
-        if line.get_linestyle() == "--":
-            assert np.allclose(line.get_ydata(), [s / (32 if s < 1040 * 64 else 1040) * (0.001 if s < 1040 * 64
-                                                                                        else 0.002) for s in line.get_xdata()])
+    # each dashed line: one arm's points across its widths, at their seed means
+    dashed = sorted((list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
+                    if line.get_linestyle() == "--")
+    expected = sorted(([p["state"] for p in arm], [np.mean(p["seeds"]) for p in arm])
+                      for arm in (points[:3], points[3:6]))
+    assert [x for x, _ in dashed] == [x for x, _ in expected]
+    assert all(np.allclose(y, ey) for (_, y), (_, ey) in zip(dashed, expected))
     notes = {t.get_text() for t in ax.texts}
     assert notes == {"d=64", "d=256", "p=2", "p=3"}   # p at the solid line's width, the width off it
     lower = [ax for ax in fig.axes if ax.get_xlabel().startswith("distance from pair to query")][0]

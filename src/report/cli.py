@@ -51,7 +51,7 @@ from longctx.report import figures
 from longctx.report.runs import (Group, Run, data_difference, describe_comparison, group_runs, label_runs,
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
 from longctx.report.markdown import table_head
-from longctx.report.record import FIGURES, carried_entries, read_carried, write_record
+from longctx.report.record import FIGURES, carried_entries, check_carried, read_carried, write_record
 from longctx.report.recall import draw_recall_vs_state, recall_points, recall_section
 from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
@@ -262,6 +262,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     carried = [read_carried(path) for path in carry]
     outputs = output_files(out, record)
     refuse_overwrites(runs, outputs, [f for c in carried for f in (c["path"], c["path"].with_suffix(".npz"))])
+    check_carried(carried, {run.name for run in runs})
     keys = label_runs(runs)
     relabel(runs, labels or [])
     groups = group_runs(runs)
@@ -287,7 +288,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     else:
         figs.append(("Best-context loss vs context", "best_context_vs_context.png", by_context))
     points = recall_points(groups)
-    recall = carry_points(carried, points, {run.name for run in runs})  # the figure's and the record's
+    recall = carry_points(carried, points)  # the figure's and the record's
     if recall:
         figs.append(("Recall vs state", "recall_vs_state.png", draw_recall_vs_state(recall, title)))
     figs.append(("ICL curves through training", "icl_over_training.png",
@@ -332,7 +333,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     intervals = json.dumps(intervals_json(groups, irows, prows, n_boot), indent=1) + "\n"
     retrieval = retrieval_entries(runs)
     text += retrieval_section(retrieval)
-    retrieval = carried_entries(carried, set(), "retrieval") + retrieval
+    retrieval = carried_entries(carried, "retrieval") + retrieval
     text += recall_section(groups, n_boot, points)
     provenance = provenance_differences(runs)
     if provenance:
@@ -356,10 +357,10 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     return report
 
 
-def carry_points(carried: list[dict], points: list[dict], names: set[str]) -> list[dict]:
-    """The carried records' recall points, then these runs' (`points`); ValueError when a run or a point's label
-    stands in both (a figure with two points of one label could not say which is which)."""
-    before = carried_entries(carried, names, "recall")
+def carry_points(carried: list[dict], points: list[dict]) -> list[dict]:
+    """The carried records' recall points, then these runs' (`points`); ValueError when a point's label stands in both
+    (a figure with two points of one label could not say which is which)."""
+    before = carried_entries(carried, "recall")
     labels = {p["label"] for p in before}
     twice = [p["label"] for p in points if p["label"] in labels]
     if twice:

@@ -147,6 +147,11 @@ def _arm(point: dict) -> tuple:
     return point["attention"], point.get("p"), point.get("window")
 
 
+def _panel(point: dict) -> tuple:
+    """The figure's panel of a point: its N and context."""
+    return point["n_pairs"], point.get("ctx")
+
+
 def _main_width(here: list[dict]):
     """The width most of these points share (the recipe's), drawn as the solid lines; None where all share one."""
     widths = Counter(p.get("d_model") for p in here)
@@ -215,12 +220,13 @@ def draw_recall_vs_state(points: list[dict], title: str):
     """Accuracy at the queries against the state one layer holds (log scale), one panel per number of pairs N (and
     context, where the points span several) and one line per attention family (across its p or w, at the width most
     points share; an arm run at several model widths is joined across them by a dashed line, its points at the other
-    widths open); seed means with 95% t intervals over the seeds (none for a single seed), chance dotted. Where the points recorded recall by distance, a second row draws it (the recall analogue of the ICL
-    curve) for each point. None when no point is known."""
+    widths open); seed means with 95% t intervals over the seeds (none for a single seed), chance dotted. Where the
+    points recorded recall by distance, a second row draws it (the recall analogue of the ICL curve) for each point.
+    None when no point is known."""
     if not points:
         return None
     # one panel per N and context (a context's own panels after the shorter one's)
-    panels = sorted({(p["n_pairs"], p.get("ctx")) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
+    panels = sorted({_panel(p) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
     contexts = len({ctx for _, ctx in panels}) > 1
     by_distance = any(distance_curve(p) is not None for p in points)
     rows = 2 if by_distance else 1
@@ -231,10 +237,10 @@ def draw_recall_vs_state(points: list[dict], title: str):
     families = [f for f in FAMILIES if any(p["attention"] == f for p in points)]
     if by_distance:
         for ax, panel in zip(axes[1], panels):
-            _draw_by_distance(ax, [p for p in points if (p["n_pairs"], p.get("ctx")) == panel], families)
+            _draw_by_distance(ax, [p for p in points if _panel(p) == panel], families)
         axes[1, 0].set_ylabel("accuracy at the queries, by distance")
     for ax, (n_pairs, ctx) in zip(axes[0], panels):
-        here = [p for p in points if (p["n_pairs"], p.get("ctx")) == (n_pairs, ctx)]
+        here = [p for p in points if _panel(p) == (n_pairs, ctx)]
         main = _main_width(here)
         for i, family in enumerate(families):
             points_of = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
@@ -285,8 +291,7 @@ def draw_recall_vs_state(points: list[dict], title: str):
     best_of = f"; each point at its best learning rate of {', '.join(map(str, rates))}, picked on these documents" \
         if rates else ""
     below = "; below: by distance from pair to query, seed means, shaded: the seeds' range" if by_distance else ""
-    mains = sorted({w for k in panels for w in [_main_width([p for p in points if (p["n_pairs"], p.get("ctx")) == k])]
-                    if w is not None})
+    mains = sorted({w for k in panels for w in [_main_width([p for p in points if _panel(p) == k])] if w is not None})
     if mains:
         below = (f"; solid: width {'/'.join(map(str, mains))}; dashed: an arm across model widths d (open: other "
                  f"widths)") + below

@@ -65,9 +65,9 @@ def read_carried(path: Path) -> dict:
     return {"path": path, "record": record, "arrays": arrays}
 
 
-def carried_entries(carried: list[dict], names: set[str], key: str) -> list[dict]:
-    """The carried records' entries under `key` ("recall", "retrieval"), after ValueError when a run stands in two of
-    them or in a carried record and among the new runs (`names`): one run, one entry."""
+def check_carried(carried: list[dict], names: set[str]) -> None:
+    """ValueError when a run stands in two carried records, or in one and among the runs reported (`names`): one run,
+    one entry."""
     seen = {name: "the runs reported" for name in names}
     for c in carried:
         for entry in c["record"]["runs"]:
@@ -75,6 +75,10 @@ def carried_entries(carried: list[dict], names: set[str], key: str) -> list[dict
                 raise ValueError(f"--carry {c['path']}: run {entry['name']} is also in {seen[entry['name']]}; "
                                  f"carry or report each run once")
             seen[entry["name"]] = str(c["path"])
+
+
+def carried_entries(carried: list[dict], key: str) -> list[dict]:
+    """The carried records' entries under `key` ("recall", "retrieval"), in order."""
     return [e for c in carried for e in c["record"].get(key, [])]
 
 
