@@ -5,7 +5,8 @@ states split over several programs, three tokens in a row (the ticket is reset f
 gate as strided views, the gate given as its log or computed in the kernel from its input (`full`: every p x d x
 gate x norm x 1 or 2 query heads a key head; default: a quick set).
 Prints one line per case; exits non-zero on a failure. Error measure: relative Frobenius error of y, s and z after
-each token, against a few times the fp32 plain-torch step's own."""
+each token, against a few times the fp32 plain-torch step's own (the worse of its grouped and per-query-head
+products)."""
 import os
 import sys
 
@@ -55,7 +56,11 @@ def run(p, d, gated, norm, b, hq, hk, split, block_d, dtype, knobs, g):
         power_state_step(s64, z64, index, weight.double(), k.repeat_interleave(hq // hk, 2), k, v,
                          -torch.rand(b, 1, hk, generator=g, dtype=torch.float64), p, norm, d ** -0.5)
     s, z = s64.float(), z64.float()
-    s32, z32 = s.clone(), z.clone()           # the plain-torch step in fp32: the rounding floor of this precision
+    # the plain-torch step in fp32, the rounding floor of this precision: its grouped product (all rep query heads of
+    # a key head in one matmul) and, where rep > 1, one query head at a time (a vector-matrix product, as the kernel
+    # sums) -- how closely a CPU's matmul rounds the grouped one varies by machine
+    rep = hq // hk
+    states32 = [(s.clone(), z.clone()) for _ in range(1 + (rep > 1) * rep)]
     ticket = torch.zeros(b * hk, dtype=torch.int32)
     worst = floor = 0.0
     for _ in range(TOKENS):
@@ -70,13 +75,17 @@ def run(p, d, gated, norm, b, hq, hk, split, block_d, dtype, knobs, g):
             log_g = -torch.rand(b, 1, 2 * hk, generator=g)[..., ::2]                  # a strided view too
         y_ref = power_state_step(s64, z64, index, weight.double(), q.double(), k.double(), v.double(),
                                  None if log_g is None else log_g.double(), p, norm, d ** -0.5)
-        y32 = power_state_step(s32, z32, index, weight, q.float(), k.float(), v.float(), log_g, p, norm, d ** -0.5)
+        y32 = [power_state_step(s32, z32, index, weight, qh.float(), k.float(), v.float(), log_g, p, norm, d ** -0.5)
+               for qh, (s32, z32) in zip([q] + [q[:, :, r::rep] for r in range(rep)], states32)]
+        if rep > 1:   # the per-head outputs back in head order (query head j * rep + r reads key head j)
+            y32[1:] = [torch.stack(y32[1:], dim=3).reshape(y_ref.shape)]
+            assert rel(y32[1], y32[0]) < 1e-3, "the per-head fp32 step must compute the grouped one's output"
         y = power_decode_step_kernel(s, z, index.int(), weight, ticket, q, k, v, None if gate else log_g, p, norm,
                                      d ** -0.5, split=split, block_d=block_d, gate=gate, **knobs)
         assert y.dtype == dtype and y.shape == (b, 1, hq, d) and torch.isfinite(y).all()
         assert ticket.eq(0).all(), ticket                                   # reset for the next launch
         worst = max(worst, rel(y, y_ref), rel(s, s64), rel(z, z64))
-        floor = max(floor, rel(y32, y_ref))
+        floor = max(floor, *(rel(y_fp32, y_ref) for y_fp32 in y32))
     return worst, floor
 
 
