@@ -36,9 +36,9 @@ from longctx.kernels.power import chunk as tc
 from longctx.kernels.power import chunk_stages
 from longctx.kernels.power import config as power_config
 from longctx.kernels.power import decode_kernel as dk
-from longctx.kernels.power import gates
 from longctx.kernels.power import parallel as ta
 from longctx.kernels.power import tunables
+from longctx.kernels.power.kernel_index import jit
 from longctx.kernels.power.chunk_p2 import config as p2cfg
 from longctx.kernels.power.chunk_p2 import kernels as s2
 
@@ -166,18 +166,18 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
     base = dict(D=d, P=p, TILE=tile, F=F, C=chunk, GATED=gated, DOT_DT=sdt, PREC=prec)
     ints = {n: "i32" for n in ("T", "NC", "DS", "L", "NU", "M")} | {"scale_p": "fp32"}
     jobs = [
-        (tc._query_state_fwd, {"Q": io, "IDX": "*i32", "Y": io},
+        (jit("chunk_query_fwd"), {"Q": io, "IDX": "*i32", "Y": io},
          dict(base, HQ=hq, HK=hk, BM=rows, NORM=norm, HAS_S0=True)),
-        (tc._query_state_bwd, {"Q": io, "IDX": "*i32", "DO": io},
+        (jit("chunk_query_bwd"), {"Q": io, "IDX": "*i32", "DO": io},
          dict(base, HQ=hq, HK=hk, BM=rows, NORM=norm, HAS_S0=True)),
-        (tc._update_state_bwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows)),
-        (tc._update_state_fwd, {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows, BD=BD)),
-        (tc._query_grad_state, {"Q": io, "IDX": "*i32", "DO": io},
+        (jit("chunk_update_bwd"), {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows)),
+        (jit("chunk_update_fwd"), {"K": io, "V": io, "IDX": "*i32"}, dict(base, HK=hk, BK=rows, BD=BD)),
+        (jit("chunk_query_grad"), {"Q": io, "IDX": "*i32", "DO": io},
          dict(base, HQ=hq, HK=hk, BM=rows, BD=BD, NORM=norm)),
     ]
     scan = dict(HK=hk, C=chunk, BLOCK=power_config.chunk.current().discumsum_block, GATED=gated)
-    jobs_scan = [(chunk_stages._discumsum, {}, dict(scan, REVERSE=False)),
-                 (chunk_stages._discumsum, {}, dict(scan, REVERSE=True))]
+    jobs_scan = [(jit("discumsum"), {}, dict(scan, REVERSE=False)),
+                 (jit("discumsum"), {}, dict(scan, REVERSE=True))]
     out = []
     for fn, ptrs, consts in jobs:
         k = _compile(fn, ptrs, ints, consts, warps, stages, arch)
@@ -197,9 +197,9 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     ints = {"scale": "fp32", "scale_p": "fp32", "T": "i32"}
     base = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated)
     out = []
-    for fn, kernel, ptrs in ((ta._attn_fwd, "fwd", {"Q": io, "K": io, "V": io, "O": io}),
-                             (ta._attn_bwd_dkdv, "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
-                             (ta._attn_bwd_dq, "dq", {"Q": io, "K": io, "V": io, "DO": io, "O": io})):
+    for fn, kernel, ptrs in ((jit("attn_fwd"), "fwd", {"Q": io, "K": io, "V": io, "O": io}),
+                             (jit("attn_dkdv"), "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
+                             (jit("attn_dq"), "dq", {"Q": io, "K": io, "V": io, "DO": io, "O": io})):
         cfg = ta.launch_config(d, kernel, *ta.dot_dtype(torch_dt, norm, kernel != "fwd"), chunked=xt)
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
         if kernel == "dq":
@@ -219,7 +219,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
         SASS_OF[k.name] = _cuobjdump(k, "-sass")
     for reverse in (False, True):       # the gate scan both forms run first (gates.py), and its backward (which
         # also sums the GQA group's query-side gate gradients)
-        k = _compile(gates._segment_cumsum, {"X": "*fp32", "X2": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
+        k = _compile(jit("segment_cumsum"), {"X": "*fp32", "X2": "*fp32", "Y": "*fp32"}, {"T": "i32", "SEG": "i32"},
                      dict(H=hk, BT=power_config.gates.current().column_tile, REVERSE=reverse,
                           REP=hq // hk if reverse else 0), 4, 3, arch)
         out.append((k.name + ("_rev" if reverse else ""), k.metadata.shared, *_usage(k)))
@@ -237,19 +237,19 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
     atomic = s2.atomic_updates()           # the backward kernels' dq / dk updates, as a launch would pick them
     jobs = [
         # (OUT: the per-chunk states and their gradients are bf16 for bf16 inputs)
-        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
+        ("outer", jit("sym2_outer"), {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
          dict(base, HX=hk, HK=hk, KEYS=True, NORM=norm), "BK"),
-        ("outer", s2._sym2_outer, {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
+        ("outer", jit("sym2_outer"), {"X": "*bf16", "Y": "*bf16", "GRP": "*i32", "OUT": "*bf16"},
          dict(base, HX=hq, HK=hk, KEYS=False, NORM=norm), "BK"),
-        ("qbwd", s2._sym2_query_bwd, {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16", "DQO": "*bf16"},
+        ("qbwd", jit("sym2_qbwd"), {"Q": "*bf16", "GRP": "*i32", "DO": "*bf16", "DQO": "*bf16"},
          dict(query, ATOMIC=atomic, CAST=True), "BM"),
-        ("qfwd_rows", s2._sym2_query_fwd_rows, {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"},
+        ("qfwd_rows", jit("sym2_qfwd_rows"), {"Q": "*bf16", "S": "*bf16", "Y": "*bf16"},
          query | rows_kw | dict(PIPE=cfg.qfwd_pipe), "BM"),
-        ("kbwd", s2._sym2_key_bwd, {"K": "*bf16", "V": "*bf16", "GRP": "*i32", "DKO": "*bf16"},
+        ("kbwd", jit("sym2_kbwd"), {"K": "*bf16", "V": "*bf16", "GRP": "*i32", "DKO": "*bf16"},
          dict(base, HK=hk, ATOMIC=atomic, CAST=True), "BK"),
-        ("qbwd_rows", s2._sym2_query_bwd_rows, {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"},
+        ("qbwd_rows", jit("sym2_qbwd_rows"), {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16"},
          dict(query, ATOMIC=atomic, CAST=True) | rows_kw | dict(PIPE=cfg.qbwd_pipe), "BM"),
-        ("kdv_rows", s2._sym2_key_dv_rows, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
+        ("kdv_rows", jit("sym2_kdv_rows"), {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
          dict(base, HK=hk) | rows_kw | dict(PIPE=cfg.kdv_pipe), "BK"),
     ]
     out = []
@@ -277,8 +277,6 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from longctx.kernels.power.chunk_p2.gluon_rows import (gluon_key_dk_rows, gluon_key_dv_rows, gluon_query_bwd_rows,
-                                                           gluon_query_fwd_rows)
     query_ints = {n: "i32" for n in ("T", "NC", "DS")} | {"scale_p": "fp32"}
     key_ints = {n: "i32" for n in ("T", "NC", "DS", "NU")}
     shape = dict(D=d, C=chunk, TW=s2.TILE2, GATED=True)
@@ -287,15 +285,15 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     low, zt = "*bf16", "*fp32"          # the intra-chunk dq / dk they finish (bf16); the packed normalizer
     out = []
     for fn, kind, block, ptrs, ints, consts in (
-            (gluon_query_fwd_rows, "qfwd", cfg.qfwd_block,
+            (jit("gluon_query_fwd_rows"), "qfwd", cfg.qfwd_block,
              {"Q": "*bf16", "S": "*bf16", "OI": "*bf16", "Y": "*bf16", "Z": zt}, query_ints,
              dict(queries)),
-            (gluon_query_bwd_rows, "qbwd", cfg.qbwd_block,
+            (jit("gluon_query_bwd_rows"), "qbwd", cfg.qbwd_block,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
              dict(queries, CAST=True, STEP=cfg.bwd_step[0])),
-            (gluon_key_dv_rows, "kdv", cfg.kdv_block, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
+            (jit("gluon_key_dv_rows"), "kdv", cfg.kdv_block, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
              key_ints, dict(shape, HK=hk, DU_MULT=True)),
-            (gluon_key_dk_rows, "kdk", cfg.kdk_block,
+            (jit("gluon_key_dk_rows"), "kdk", cfg.kdk_block,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
              key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=True, STEP=cfg.bwd_step[1]))):
         rows, warps, nbuf = block
@@ -312,11 +310,11 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
 
 def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
     """The outer products in Gluon (gluon_outer.gluon_outer, keys and query side, scanning as launch_outer runs them),
-    the plain transposed copies Triton's _sym2_outer reads (kernels._transpose_heads) and the normalizer's scan:
+    the plain transposed copies Triton's sym2_outer reads (transpose_heads) and the normalizer's scan:
     [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from longctx.kernels.power.chunk_p2.gluon_outer import gluon_outer, operand_layout_3d
+    from longctx.kernels.power.chunk_p2.gluon_outer import operand_layout_3d
     cfg = p2cfg.current()
     jg, bk = s2.gluon_outer_block(d, chunk)
     ints = {n: "i32" for n in ("T", "NC", "DS", "SLOT")} | {"sqrt_scale_p": "fp32"}
@@ -325,7 +323,7 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         consts = dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, TW=s2.TILE2, JG=jg, BK=bk, KEYS=keys, NORM=norm,
                       NBUF=cfg.outer_stages, L3=operand_layout_3d(s2.TILE2, s2.TILE2 * jg, bk), GATED=True,
                       DU_MULT=not keys)
-        k = _compile(gluon_outer, {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "GROWS": "*i32",
+        k = _compile(jit("gluon_outer"), {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "GRP": "*i32", "GROWS": "*i32",
                                    "OUT": "*bf16", "SF": "*bf16"}, ints, consts, 4, 1, arch,
                      maxnreg=cfg.outer_scan_regs or None, source=GluonASTSource)
         name = f"gluon_outer{'_keys' if keys else ''}"
@@ -333,17 +331,17 @@ def compile_gluon_outer(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
         PTX_OF[name] = k.asm["ptx"]
         SASS_OF[name] = _cuobjdump(k, "-sass")
         bt, warps = cfg.transpose_block
-        k = _compile(s2._transpose_heads, {"X": "*bf16", "XT": "*bf16"}, ints, dict(H=hk if keys else hq, D=d, BT=bt),
+        k = _compile(jit("transpose_heads"), {"X": "*bf16", "XT": "*bf16"}, ints, dict(H=hk if keys else hq, D=d, BT=bt),
                      warps, 1, arch)
         out.append((f"_transpose_heads{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
         # the normalizer apart (kernels.launch_norm_scan)
-        k = _compile(s2._norm_chunk_sums, {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
+        k = _compile(jit("norm_chunk_sums"), {"X": "*bf16", "W": "*bf16", "ZC": "*fp32"}, ints,
                      dict(HX=hk if keys else hq, HK=hk, D=d, C=chunk, BK=cfg.norm_sums_bk, WEIGHTED=not keys,
                           CPP=s2.norm_sums_chunks(chunk, 65536 // chunk)),
                      *s2.norm_sums_options(d).values(), arch)
         out.append((f"_norm_chunk_sums{'_keys' if keys else ''}", k.metadata.shared, *_usage(k)))
         bi = s2.norm_scan_rows(d)
-        k = _compile(s2._norm_scan, {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
+        k = _compile(jit("norm_scan"), {"ZC": "*fp32", "G": "*fp32", "OUTZ": "*fp32", "ZF": "*fp32", "DGT": "*fp32"},
                      ints, dict(HK=hk, D=d, C=chunk, NT=d // s2.TILE2, TW=s2.TILE2, BI=bi, KEYS=keys, GATED=True,
                                 DU_MULT=not keys, SUMS=True, AHEAD=cfg.norm_scan_ahead), 4, 3,
                      arch)
@@ -371,14 +369,14 @@ def compile_decode(p, d, dtype, *, rep=1, gated=True, arch=90, heads=12, sms=132
                       SPLIT=n_split,
                       GATED=2 if gated else 0, NORM=p % 2 == 0, EPS_=dk.EPS, DEN_FLOOR=math.exp(dk.M_FLOOR),
                       **knobs)
-        k = _compile(dk._power_decode_step, ptrs, scalars, consts, dk.NUM_WARPS, 1, arch)
+        k = _compile(jit("decode_step"), ptrs, scalars, consts, dk.NUM_WARPS, 1, arch)
         out.append((f"{k.name}_p{p}_split{n_split}", k.metadata.shared, *_usage(k)))
     return out
 
 
 def _print_loops(name):
     for loop in loop_op_counts(PTX_OF.get(name, "")):
-        print(f"      loop: " + " ".join(f"{op}={n}" for op, n in loop.items() if n), flush=True)
+        print("      loop: " + " ".join(f"{op}={n}" for op, n in loop.items() if n), flush=True)
 
 
 def main(argv):

@@ -19,7 +19,7 @@ from triton.testing import do_bench
 from longctx.kernels.bench import inputs, make_ours, make_sdpa, profile, run_once
 from tools.host_overhead_cpu import EmptyNode
 from longctx.kernels import power_attention
-from longctx.kernels.power import autograd, config
+from longctx.kernels.power import autograd, config, kernel_index
 from longctx.kernels.power import parallel as ta
 from longctx.kernels.power import gates
 from longctx.kernels.power.gates import gate_cumsum
@@ -57,12 +57,13 @@ def main():
     o = torch.empty_like(qd)
     lse = torch.empty(qd.shape[:3], device="cuda")
     BM, BN, w, s, *_ = ta.blocks(64, "fwd", triton.language.bfloat16)
+    attn_fwd = kernel_index.jit("attn_fwd")
 
     def raw_launch():
-        ta._attn_fwd[(triton.cdiv(args.t, BM), 96)](qd, kd, vd, G, o, lse, 0.125, 0.0156, args.t, HQ=12, HK=12, D=64,
-                                                    P=2, NORM=True, GATED=True, BM=BM, BN=BN,
-                                                    DOT_DT=triton.language.bfloat16, PREC="tf32", FAST=True,
-                                                    num_warps=w, num_stages=s)
+        attn_fwd[(triton.cdiv(args.t, BM), 96)](qd, kd, vd, G, o, lse, 0.125, 0.0156, args.t, HQ=12, HK=12, D=64,
+                                                P=2, NORM=True, GATED=True, BM=BM, BN=BN,
+                                                DOT_DT=triton.language.bfloat16, PREC="tf32", FAST=True,
+                                                num_warps=w, num_stages=s)
 
     def ours(q, k, v, lg):          # the public API itself (kernels.bench.make_ours also sets an env variable)
         return power_attention(q, k, v, lg, p=2)

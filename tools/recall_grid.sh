@@ -12,6 +12,9 @@
 #                                                       # leaves the first stage's plateau depends on the rate
 #   ARMS=linear LRS=3e-4 DEADLINE_S=480 bash tools/recall_grid.sh   # arms at other rates (LRS= : the config's)
 #   EXPERIMENT=recall_state_long NPAIRS=256 bash tools/recall_grid.sh   # ctx 16384 (into multirun/recall_state_long)
+#   EXPERIMENT=recall_state_widths ARMS=exp,window,power_p2,linear bash tools/recall_grid.sh
+#                                                       # widths as a second state axis: SIZES (default d64l2,d256l2,
+#                                                       # d512l2; recall_state's own points are d128l2) at N = 256
 # Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
 # At the end (or the deadline) the records a report needs -- metrics.jsonl, each stage's newest eval/*.npz, stages.json,
 # config.yaml, data_identity.json, provenance.json, no checkpoints -- are packed into $OUT/recall_records_n<N>.tgz (one
@@ -23,6 +26,9 @@ source tools/setup_device.sh >/dev/null
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
 EXPERIMENT=${EXPERIMENT:-recall_state}
+if [ "$EXPERIMENT" = recall_state_widths ]; then     # one N; the model sizes are its grid
+  NPAIRS=${NPAIRS:-256}; SIZES=${SIZES:-d64l2,d256l2,d512l2}
+fi
 common=(experiment=$EXPERIMENT logger.wandb.mode=disabled trainer.keep_checkpoints=1)
 if [ "${PILOT:-0}" = 1 ]; then
   grids=(--grid +experiment/arm=${PILOT_ARMS:-exp,power_p2,linear} --grid data.n_pairs=${PILOT_NPAIRS:-64} --grid seed=0
@@ -32,6 +38,7 @@ if [ "${PILOT:-0}" = 1 ]; then
 else
   grids=(--grid +experiment/arm=${ARMS:-exp,window,power_p2,power_p3,power_p4,linear,window_linear_state}
          --grid data.n_pairs=${NPAIRS:-64,256,1024} --grid seed=${SEEDS:-0,1,2})
+  [ -n "${SIZES:-}" ] && grids+=(--grid +experiment/size=$SIZES)
   LRS=${LRS-1e-3,3e-3}
   [ -n "$LRS" ] && grids+=(--grid optim.lr=$LRS)
   dir=multirun/$EXPERIMENT

@@ -26,16 +26,16 @@ from longctx.kernels.power.autograd import chunked_form
 from longctx.kernels.power.chunk_p2 import config as p2_config
 from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
 from longctx.kernels.bench import inputs  # the benchmark's inputs (same shape, scaling and gates)
-from longctx.kernels.power import switches
+from longctx.kernels.power import kernel_index, switches
 
-KERNELS = {"outer": ["_sym2_outer", "gluon_outer"], "qbwd": ["_sym2_query_bwd"],
-           "kbwd": ["_sym2_key_bwd", "gluon_key_dk_rows"],
-           "qfwd_rows": ["_sym2_query_fwd_rows", "gluon_query_fwd_rows"],
-           "kdv_rows": ["_sym2_key_dv_rows", "gluon_key_dv_rows"],
-           "qbwd_rows": ["_sym2_query_bwd_rows", "gluon_query_bwd_rows"]}
-WORK = {"_sym2_outer": 2, "gluon_outer": 2, "_sym2_query_bwd": 1, "_sym2_key_bwd": 1,
-        "_sym2_query_fwd_rows": 1, "gluon_query_fwd_rows": 1, "_sym2_key_dv_rows": 1, "gluon_key_dv_rows": 1,
-        "_sym2_query_bwd_rows": 1, "gluon_query_bwd_rows": 1, "gluon_key_dk_rows": 1}
+# the p=2 kernels a swept block applies to (chunk_p2.config.block_override's names -> kernel_index names: Triton's,
+# then Gluon's where it has one)
+KERNELS = {"outer": ["sym2_outer", "gluon_outer"], "qbwd": ["sym2_qbwd"], "kbwd": ["sym2_kbwd", "gluon_key_dk_rows"],
+           "qfwd_rows": ["sym2_qfwd_rows", "gluon_query_fwd_rows"], "kdv_rows": ["sym2_kdv_rows", "gluon_key_dv_rows"],
+           "qbwd_rows": ["sym2_qbwd_rows", "gluon_query_bwd_rows"]}
+WORK = {"sym2_outer": 2, "gluon_outer": 2, "sym2_qbwd": 1, "sym2_kbwd": 1, "sym2_qfwd_rows": 1,
+        "gluon_query_fwd_rows": 1, "sym2_kdv_rows": 1, "gluon_key_dv_rows": 1, "sym2_qbwd_rows": 1,
+        "gluon_query_bwd_rows": 1, "gluon_key_dk_rows": 1}
 # (state products per kernel, for TF/s; the key backward does dk only, dv is row-scaled)
 
 
@@ -90,19 +90,20 @@ def profile_kernels(xs, lg, chunk, streams=False):
             torch.cuda.synchronize()
     times = {}
     for ev in prof.key_averages():
-        times[ev.key] = times.get(ev.key, 0.0) + ev.device_time_total / 1e3
+        name = kernel_index.of_profile(ev.key) or ev.key      # ours by their kernel_index names
+        times[name] = times.get(name, 0.0) + ev.device_time_total / 1e3
     return times
 
 
 # kernel name -> (label, family) for the profile plot; names not listed keep theirs and count as "other"
-LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "_sym2_outer": ("outer products", "state"),
-          "_sym2_key_bwd": ("key dk", "state"), "gluon_key_dk_rows": ("key dk", "state"),
-          "gluon_query_bwd_rows": ("query backward", "state"),
-          "_sym2_query_bwd_rows": ("query backward", "state"), "_sym2_query_fwd_rows": ("query forward", "state"),
-          "gluon_query_fwd_rows": ("query forward", "state"), "_sym2_key_dv_rows": ("key dv", "state"),
-          "gluon_key_dv_rows": ("key dv", "state"), "_attn_bwd_dkdv": ("intra-chunk dk, dv", "attention"),
-          "_attn_bwd_dq": ("intra-chunk dq", "attention"), "_attn_fwd": ("intra-chunk forward", "attention"),
-          "_discumsum": ("state cumsums (fwd + bwd)", "other"), "_transpose_heads": ("transposed copies", "other")}
+LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "sym2_outer": ("outer products", "state"),
+          "sym2_kbwd": ("key dk", "state"), "gluon_key_dk_rows": ("key dk", "state"),
+          "gluon_query_bwd_rows": ("query backward", "state"), "sym2_qbwd": ("query backward, grouped", "state"),
+          "sym2_qbwd_rows": ("query backward", "state"), "sym2_qfwd_rows": ("query forward", "state"),
+          "gluon_query_fwd_rows": ("query forward", "state"), "sym2_kdv_rows": ("key dv", "state"),
+          "gluon_key_dv_rows": ("key dv", "state"), "attn_dkdv": ("intra-chunk dk, dv", "attention"),
+          "attn_dq": ("intra-chunk dq", "attention"), "attn_fwd": ("intra-chunk forward", "attention"),
+          "discumsum": ("state cumsums (fwd + bwd)", "other"), "transpose_heads": ("transposed copies", "other")}
 
 
 def torch_label(name: str) -> str:
@@ -118,8 +119,9 @@ def torch_label(name: str) -> str:
 
 
 def label_of(name: str) -> tuple[str, str]:
-    """(label, family) of a profiled kernel for the plot: LABELS, else torch_label's and "other"."""
-    return LABELS.get(name, (torch_label(name), "other"))
+    """(label, family) of a profiled kernel for the plot (a kernel_index name, or the compiled name older records
+    hold): LABELS, else torch_label's and "other"."""
+    return LABELS.get(kernel_index.of_profile(name) or name, (torch_label(name), "other"))
 
 
 def plot_profile(profile: dict, path: str, title: str):
@@ -244,7 +246,7 @@ def tune(args) -> dict:
             row = {k: times[k] for k in WORK if k in times}
             res["configs"][tag] = {"ms": row, "total_ms": sum(times.values()), "wall_s": time.time() - t0}
             print(f"CFG {tag}: total {sum(times.values()):8.2f} ms | " + " ".join(
-                f"{k[6:]} {v:7.2f} ms ({WORK[k] * state_flops / v / 1e9:5.0f} TF/s)" for k, v in row.items()),
+                f"{k} {v:7.2f} ms ({WORK[k] * state_flops / v / 1e9:5.0f} TF/s)" for k, v in row.items()),
                 flush=True)
             for key, names in KERNELS.items():
                 present = [n for n in names if n in row]        # the outer product: Triton's or Gluon's

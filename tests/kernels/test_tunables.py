@@ -1,15 +1,14 @@
 """The tunables table is the one source of the kernels' launch shapes (no GPU): every Triton launch of a form's
 forward and backward, run on CPU tensors with the kernels replaced by recorders, takes the tile plan.Plan.launches
 shows for its stage, and that tile is the table row plan.Plan.table_keys names; overrides sit on top of the table."""
+import contextlib
+
 import pytest
 import torch
-import triton
 
 from longctx.kernels import plan as plan_cli
-from longctx.kernels.power import chunk, chunk_stages, config, gates, parallel, plan, tunables
+from longctx.kernels.power import chunk, config, kernel_index, parallel, plan, tunables
 from longctx.kernels.power.chunk_p2 import config as p2_config
-from longctx.kernels.power.chunk_p2 import kernels as p2_kernels
-from longctx.kernels.power.chunk_p2 import stages as p2_stages
 
 
 def test_every_row_names_a_kernel_and_every_kernel_has_rows():
@@ -42,27 +41,31 @@ class _Recorder:
         return lambda *args, **kwargs: self.log.append((self.name, kwargs))
 
 
-def _record_launches(monkeypatch) -> list:
+# the kernels a CPU run can reach (the Gluon ones launch only on CUDA)
+TRITON_KERNELS = [name for name, k in kernel_index.INDEX.items() if "gluon" not in k.module]
+
+
+@contextlib.contextmanager
+def _recording():
+    """Every Triton launch recorded under its kernel_index name, through the index's own stand-in: a launch that
+    bypassed the index (a kernel imported by value) would run the real kernel and not be recorded."""
     log = []
-    for module in (parallel, chunk_stages, chunk, gates, p2_kernels, p2_stages):
-        for name, value in list(vars(module).items()):
-            if isinstance(value, triton.runtime.JITFunction):
-                monkeypatch.setattr(module, name, _Recorder(name, log))
-    return log
+    with kernel_index.stand_in({name: _Recorder(name, log) for name in TRITON_KERNELS}):
+        yield log
 
 
 def _tile(name, kw):
     """The launch's tile, in the shape its table rows have."""
     opts = (kw["num_warps"], kw["num_stages"]) + ((kw["maxnreg"],) if "maxnreg" in kw else ())
-    if name.startswith("_attn"):
+    if name.startswith("attn_"):
         return (kw["BM"], kw["BN"]) + opts
     rows = kw.get("BK", kw.get("BM"))
-    if name.startswith("_sym2"):
+    if name.startswith("sym2_"):
         return (kw.get("JG", 1), rows) + opts   # the row-scaled kernels' entries have JG = 1
     return (rows, kw.get("BD")) + opts          # generic state kernels: (rows, BD, warps, stages)
 
 
-def _run(pl: plan.Plan, log):
+def _run(pl: plan.Plan):
     """The plan's form, forward and backward, on (1, t, 2, d) CPU tensors (GQA 2:1 where the form allows it)."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, pl.t, 2, pl.d, generator=g).to(pl.dtype) for _ in range(3))
@@ -94,49 +97,49 @@ PLANS = [   # (t, p, d, dtype, form, P2Config changes)
 
 
 @pytest.mark.parametrize("t, p, d, dtype, form, p2", PLANS, ids=lambda x: str(x).replace("torch.", ""))
-def test_every_launch_takes_its_table_row(monkeypatch, t, p, d, dtype, form, p2):
+def test_every_launch_takes_its_table_row(t, p, d, dtype, form, p2):
     with p2_config.override(**p2):
         pl = plan.make_plan(t, p, d, dtype, "cpu", chunk_size=64, form=form)
         stages, keys = pl.launches(), pl.table_keys()
-        log = _record_launches(monkeypatch)
-        _run(pl, log)
+        with _recording() as log:
+            _run(pl)
     assert pl.family == ("p2" if form == "chunked" and (p2 or dtype == torch.bfloat16) and p == 2 else
                          "generic" if form == "chunked" else "")
     for stage, (kernel, tile) in stages.items():
         assert tile == tunables.TABLE[keys[stage]], (stage, keys[stage])   # no override: the row itself
-    # {launched kernel: its stage's tile}; a stage's kernel string names its kernel first (parallel._attn_fwd, ...)
-    want = {kernel.split(" + ")[0].split(".")[-1]: tile for kernel, tile in stages.values()}
+    # {launched kernel: its stage's tile}; a stage's kernel string names its kernel_index kernel first
+    want = {kernel.split(" + ")[0]: tile for kernel, tile in stages.values()}
     tiled = [(name, kw) for name, kw in log if name in want]
     assert {name for name, _ in tiled} == set(want), sorted({name for name, _ in log})
     for name, kw in tiled:
         got, entry = _tile(name, kw), want[name]
-        if name.startswith(("_sym2", "_attn")):
+        if name.startswith(("sym2_", "attn_")):
             assert got == tuple(entry), (name, got, entry)
         else:
             rows, bd, warps, stages_ = entry
             assert got[0] == rows and got[1] in (bd, None) and got[2:] == (warps, stages_), (name, got, entry)
     # the shared stages' own rows: the scan over chunks and the gate scan
     for name, kw in log:
-        if name == "_discumsum":
+        if name == "discumsum":
             assert kw["BLOCK"] == tunables.tile("discumsum", d)[0] == config.chunk.current().discumsum_block
-        if name == "_segment_cumsum":
+        if name == "segment_cumsum":
             assert kw["BT"] == tunables.tile("segment_cumsum", d)[0]
-        if name == "_transpose_heads":
+        if name == "transpose_heads":
             assert (kw["BT"], kw["num_warps"]) == tunables.tile("transpose_heads", d)
-        if name == "_norm_scan":
+        if name == "norm_scan":
             assert kw["BI"] == min(tunables.tile("norm_scan", d)[0], d)
 
 
-def test_overrides_sit_on_top_of_the_table(monkeypatch):
+def test_overrides_sit_on_top_of_the_table():
     pl = plan.make_plan(256, 2, 64, torch.bfloat16, "cpu", chunk_size=64, form="chunked")
     with config.attention.override(block_override={"dq": (32, 32, 4, 1)}), \
             p2_config.override(block_override={"kbwd": (1, 32, 4, 1)}):
         stages = pl.launches()
-        log = _record_launches(monkeypatch)
-        _run(pl, log)
+        with _recording() as log:
+            _run(pl)
     assert stages["intra_dq"][1] == (32, 32, 4, 1) and stages["key_dk"][1] == (1, 32, 4, 1)
-    assert {(kw["BM"], kw["BN"]) for name, kw in log if name == "_attn_bwd_dq"} == {(32, 32)}
-    assert {(kw["JG"], kw["BK"]) for name, kw in log if name == "_sym2_key_bwd"} == {(1, 32)}
+    assert {(kw["BM"], kw["BN"]) for name, kw in log if name == "attn_dq"} == {(32, 32)}
+    assert {(kw["JG"], kw["BK"]) for name, kw in log if name == "sym2_kbwd"} == {(1, 32)}
     assert pl.table_keys()["intra_dq"] == ("attn_dq", 64, "bf16")      # the row the override replaced
 
 

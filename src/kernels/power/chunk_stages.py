@@ -11,7 +11,8 @@ import triton.language as tl
 
 from . import config
 from ._common import _kv_heads
-from .parallel import _attn_bwd_dkdv, _attn_bwd_dq, dot_dtype, launch_config, launch_fwd
+from . import parallel
+from .parallel import dot_dtype, launch_config, launch_fwd
 
 
 @triton.jit
@@ -111,7 +112,7 @@ def intra_backward_dq(q, k, v, G, dy, y, lse, delta, dq, dgq, scale, C, p, norm,
     for sl in chunk_batches(nb, hq):
         side = dict(XT=copy_q[0], W=cw[sl] if norm else cw, sqrt_scale_p=sp ** 0.5, CB0=sl.start, NCH=NC, T_FULL=T,
                     XT_MODE=2) if copy_q else {}
-        _attn_bwd_dq[(triton.cdiv(C, cfg["BM"]), (sl.stop - sl.start) * hq)](
+        parallel._attn_bwd_dq[(triton.cdiv(C, cfg["BM"]), (sl.stop - sl.start) * hq)](
             cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, cdy[sl], cl[sl] if norm else cl,
             cdl[sl] if norm else cdl, cdq[sl], cdgq[sl] if gated else dgq, scale, sp, C, O=cy[sl], DELTA_OUT=norm,
             HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **cfg, **side)
@@ -126,7 +127,7 @@ def intra_backward_dkdv(q, k, v, G, dy, lse, delta, dk, dv, dgk, scale, C, p, no
     cl, cdl = chunk_view(lse, nb, C, norm), chunk_view(delta, nb, C, norm)
     cfg = intra_tiles(d, "dkdv", q.dtype, norm)
     for sl in chunk_batches(nb, hq):
-        _attn_bwd_dkdv[(triton.cdiv(C, cfg["BN"]), (sl.stop - sl.start) * hk)](
+        parallel._attn_bwd_dkdv[(triton.cdiv(C, cfg["BN"]), (sl.stop - sl.start) * hk)](
             cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, cdy[sl], cl[sl] if norm else cl,
             cdl[sl] if norm else cdl, cdk[sl], cdv[sl], cdgk[sl] if gated else dgk, scale, scale ** p, C,
             HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **cfg)

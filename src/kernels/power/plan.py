@@ -128,22 +128,22 @@ class Plan:
         from . import chunk as generic, parallel
         from .chunk_p2 import kernels as p2_kernels
         if self.form == "reference":
-            return {"all": ("reference.power_attention_reference", None, None)}
+            return {"all": ("reference (PyTorch, no kernel)", None, None)}
         chunked = self.form == "chunked"
         out = {}
-        for kernel, name in (("fwd", "_attn_fwd"), ("dq", "_attn_bwd_dq"), ("dkdv", "_attn_bwd_dkdv")):
+        for kernel in ("fwd", "dq", "dkdv"):
             dot_dt = parallel.dot_dtype(self.dtype, self.norm, kernel != "fwd")[0]
             t = None if chunked else self.t
-            out[("intra_" if chunked else "") + kernel] = (f"parallel.{name}", parallel.tile_key(
+            out[("intra_" if chunked else "") + kernel] = ("attn_" + kernel, parallel.tile_key(
                 self.d, kernel, dot_dt, chunked, t), parallel.blocks(self.d, kernel, dot_dt, chunked, t))
         if self.family == "generic":
             key = generic.state_tile_key(self.p, self.d, self.dtype)
             tile = tunables.TABLE[key]
-            out["states"] = ("chunk._update_state_fwd + chunk_stages._discumsum", key, tile)
-            out["query_states"] = ("chunk._query_state_fwd", key, tile)
-            out["state_grads"] = ("chunk._query_grad_state + chunk_stages._discumsum", key, tile)
-            out["query_bwd"] = ("chunk._query_state_bwd", key, tile)
-            out["key_bwd"] = ("chunk._update_state_bwd", key, tile)
+            out["states"] = ("chunk_update_fwd + discumsum", key, tile)
+            out["query_states"] = ("chunk_query_fwd", key, tile)
+            out["state_grads"] = ("chunk_query_grad + discumsum", key, tile)
+            out["query_bwd"] = ("chunk_query_bwd", key, tile)
+            out["key_bwd"] = ("chunk_update_bwd", key, tile)
         elif self.family == "p2":
             cfg, d, cuda = p2_config.current(), self.d, self.device == "cuda"
 
@@ -157,22 +157,22 @@ class Plan:
                 outer = ("gluon_outer (scanning)", tunables.key("gluon_outer", d, "bf16"),
                          (*p2_kernels.gluon_outer_block(d, self.chunk), cfg.outer_stages))
             else:
-                outer = triton_kernel("_sym2_outer + chunk_stages._discumsum", "outer")
+                outer = triton_kernel("sym2_outer + discumsum", "outer")
             rows = p2_kernels.gluon_rows_run(cuda, self.dtype, d)
             out["states"] = out["state_grads"] = outer
             out["query_states"] = (gluon_rows("gluon_query_fwd_rows", cfg.qfwd_block) if rows
-                                   else triton_kernel("_sym2_query_fwd_rows", "qfwd_rows"))
+                                   else triton_kernel("sym2_qfwd_rows", "qfwd_rows"))
             if not p2_kernels.row_scaled_qbwd(d):
-                out["query_bwd"] = triton_kernel("_sym2_query_bwd", "qbwd")
+                out["query_bwd"] = triton_kernel("sym2_qbwd", "qbwd")
             else:
                 out["query_bwd"] = (gluon_rows("gluon_query_bwd_rows", cfg.qbwd_block) if rows
-                                    else triton_kernel("_sym2_query_bwd_rows", "qbwd_rows"))
+                                    else triton_kernel("sym2_qbwd_rows", "qbwd_rows"))
             if rows:
                 out["key_dk"] = gluon_rows("gluon_key_dk_rows", cfg.kdk_block)
                 out["key_dv"] = gluon_rows("gluon_key_dv_rows", cfg.kdv_block)
             else:
-                out["key_dk"] = triton_kernel("_sym2_key_bwd", "kbwd")
-                out["key_dv"] = triton_kernel("_sym2_key_dv_rows", "kdv_rows")
+                out["key_dk"] = triton_kernel("sym2_kbwd", "kbwd")
+                out["key_dv"] = triton_kernel("sym2_kdv_rows", "kdv_rows")
         return out
 
     def describe(self, rows: bool = False) -> str:

@@ -1,0 +1,83 @@
+"""kernel_index names every power-attention kernel once (no GPU): each name resolves to the Triton / Gluon function its
+launches call, its tiles are the tunables table's, every table kernel belongs to a launched one, stand_in replaces
+launches and restores them, and no tool reaches a kernel (or anything private) of the package by its private name."""
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from longctx.kernels.power import kernel_index, plan, tunables
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", sorted(kernel_index.INDEX))
+def test_every_name_is_the_function_its_launches_call(name):
+    fn = kernel_index.jit(name)
+    assert isinstance(fn, triton.runtime.JITFunction), (name, type(fn))
+    assert fn.fn.__name__ == kernel_index.profile_name(name)         # what profiles and compile reports print
+    assert kernel_index.of_profile(kernel_index.profile_name(name)) == name
+    assert set(kernel_index.entry(name).tiles) <= set(tunables.KERNELS), name
+
+
+def test_every_table_kernel_is_read_by_an_indexed_kernel():
+    read = {tile for k in kernel_index.INDEX.values() for tile in k.tiles}
+    assert read == set(tunables.KERNELS)
+    assert kernel_index.of_profile("vectorized_elementwise_kernel") is None
+
+
+def test_an_unknown_name_is_refused_with_the_known_ones():
+    with pytest.raises(KeyError, match=r"kernel='attn_fw'.*attn_fwd"):
+        kernel_index.jit("attn_fw")
+
+
+def test_stand_in_replaces_the_launch_and_restores_it_after_an_error():
+    real = kernel_index.jit("discumsum")
+    fake = object()
+    with pytest.raises(RuntimeError, match="inside"):
+        with kernel_index.stand_in({"attn_fwd": fake, "discumsum": fake}):
+            assert kernel_index.jit("discumsum") is fake and kernel_index.jit("attn_fwd") is fake
+            raise RuntimeError("inside")
+    assert kernel_index.jit("discumsum") is real
+    assert isinstance(kernel_index.jit("attn_fwd"), triton.runtime.JITFunction)
+
+
+@pytest.mark.parametrize("form, p, d", [("attention", 2, 64), ("chunked", 2, 64), ("chunked", 3, 16)])
+def test_a_plan_names_its_launches_by_the_index(form, p, d):
+    pl = plan.make_plan(1024, p, d, torch.bfloat16, "cpu", chunk_size=256, form=form)
+    names = [name for kernel, _ in pl.launches().values() for name in kernel.split(" (")[0].split(" + ")]
+    assert names and all(name in kernel_index.INDEX for name in names), names
+
+
+def _private_uses(path: Path) -> list:
+    """'module.attr' for every private attribute a file reads of a longctx module it imported, and every private
+    name it imports from longctx."""
+    tree = ast.parse(path.read_text())
+    aliases, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("longctx"):
+            for a in node.names:
+                if a.name.startswith("_"):
+                    found.append(f"{node.module}.{a.name}")
+                aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("longctx"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name) and node.value.id in aliases):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_tool_reaches_a_private_name_of_the_package():
+    uses = {p.name: _private_uses(p) for p in sorted((REPO / "tools").glob("*.py"))}
+    assert {name: u for name, u in uses.items() if u} == {}
+
+
+def test_the_private_name_check_sees_both_forms(tmp_path):
+    f = tmp_path / "t.py"
+    f.write_text("from longctx.kernels.power import parallel as ta\nfrom longctx.kernels.power.gates import "
+                 "_segment_cumsum\nta._attn_fwd[(1,)]()\nta.blocks(64)\n")
+    assert _private_uses(f) == ["longctx.kernels.power.gates._segment_cumsum", "ta._attn_fwd"]

@@ -1,0 +1,47 @@
+"""tools/recall_grid.sh without a GPU: the grid it hands scripts/run_points.py for each experiment (python3 and the
+device setup stubbed; the arguments recorded)."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _grid_args(tmp_path, **env) -> list:
+    (tmp_path / "tools").mkdir()
+    shutil.copy(REPO / "tools" / "recall_grid.sh", tmp_path / "tools")
+    (tmp_path / "tools" / "setup_device.sh").write_text("")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    stub = bin_ / "python3"
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_FILE"\n')
+    stub.chmod(0o755)
+    args = tmp_path / "args.txt"
+    run_env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", ARGS_FILE=str(args), OUT=str(tmp_path / "out"),
+                   **env)
+    proc = subprocess.run(["bash", "tools/recall_grid.sh"], cwd=tmp_path, env=run_env, capture_output=True,
+                          text=True, timeout=60)
+    assert args.exists(), proc.stderr[-2000:]
+    return args.read_text().split("\n")
+
+
+def _grids(args) -> dict:
+    return dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--grid")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_widths_experiment_grids_model_sizes_at_one_n(tmp_path):
+    args = _grid_args(tmp_path, EXPERIMENT="recall_state_widths", ARMS="exp,linear", LRS="")
+    assert "experiment=recall_state_widths" in args and args[args.index("--dir") + 1] == "multirun/recall_state_widths"
+    assert _grids(args) == {"+experiment/arm": "exp,linear", "data.n_pairs": "256", "seed": "0,1,2",
+                            "+experiment/size": "d64l2,d256l2,d512l2"}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_default_grid_has_no_size_axis(tmp_path):
+    args = _grid_args(tmp_path, NPAIRS="64")
+    assert _grids(args) == {"+experiment/arm": "exp,window,power_p2,power_p3,power_p4,linear,window_linear_state",
+                            "data.n_pairs": "64", "seed": "0,1,2", "optim.lr": "1e-3,3e-3"}
