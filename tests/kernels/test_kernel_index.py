@@ -81,3 +81,10 @@ def test_the_private_name_check_sees_both_forms(tmp_path):
     f.write_text("from longctx.kernels.power import parallel as ta\nfrom longctx.kernels.power.gates import "
                  "_segment_cumsum\nta._attn_fwd[(1,)]()\nta.blocks(64)\n")
     assert _private_uses(f) == ["longctx.kernels.power.gates._segment_cumsum", "ta._attn_fwd"]
+
+
+def test_the_plan_command_lists_every_kernel(capsys):
+    from longctx.kernels import plan as plan_cli
+    assert plan_cli.main(["--kernels"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[:2] for line in lines] == [[name, k.attr] for name, k in kernel_index.INDEX.items()]
