@@ -12,6 +12,8 @@
 #                                                       # leaves the first stage's plateau depends on the rate
 #   ARMS=linear LRS=3e-4 DEADLINE_S=480 bash tools/recall_grid.sh   # arms at other rates (LRS= : the config's)
 #   EXPERIMENT=recall_state_long NPAIRS=256 bash tools/recall_grid.sh   # ctx 16384 (into multirun/recall_state_long)
+#   EXPERIMENT=recall_state_long NPAIRS=256 ARMS=exp LRS=3e-3 EXTRA="trainer.max_steps=1800" \
+#       DIR=multirun/recall_state_long_1800 bash tools/recall_grid.sh    # a longer second stage, in its own folder
 #   EXPERIMENT=recall_state_widths ARMS=exp,window,power_p2,linear bash tools/recall_grid.sh
 #                                                       # widths as a second state axis: SIZES (default d64l2,d256l2,
 #                                                       # d512l2; recall_state's own points are d128l2) at N = 256
@@ -29,7 +31,8 @@ EXPERIMENT=${EXPERIMENT:-recall_state}
 if [ "$EXPERIMENT" = recall_state_widths ]; then     # one N; the model sizes are its grid
   NPAIRS=${NPAIRS:-256}; SIZES=${SIZES:-d64l2,d256l2,d512l2}
 fi
-common=(experiment=$EXPERIMENT logger.wandb.mode=disabled trainer.keep_checkpoints=1)
+read -r -a EXTRA <<< "${EXTRA:-}"     # more train.py overrides for every point (a longer second stage: its own DIR)
+common=(experiment=$EXPERIMENT logger.wandb.mode=disabled trainer.keep_checkpoints=1 "${EXTRA[@]}")
 if [ "${PILOT:-0}" = 1 ]; then
   grids=(--grid +experiment/arm=${PILOT_ARMS:-exp,power_p2,linear} --grid data.n_pairs=${PILOT_NPAIRS:-64} --grid seed=0
          --grid optim.lr=${PILOT_LRS:-1e-3,3e-3})
@@ -41,7 +44,7 @@ else
   [ -n "${SIZES:-}" ] && grids+=(--grid +experiment/size=$SIZES)
   LRS=${LRS-1e-3,3e-3}
   [ -n "$LRS" ] && grids+=(--grid optim.lr=$LRS)
-  dir=multirun/$EXPERIMENT
+  dir=${DIR:-multirun/$EXPERIMENT}
 fi
 python3 scripts/run_points.py --jobs ${JOBS:-18} --dir "$dir" --deadline-s "$DEADLINE_S" "${common[@]}" "${grids[@]}" \
   > "$OUT/recall_grid.log" 2>&1

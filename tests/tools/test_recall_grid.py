@@ -45,3 +45,12 @@ def test_the_default_grid_has_no_size_axis(tmp_path):
     args = _grid_args(tmp_path, NPAIRS="64")
     assert _grids(args) == {"+experiment/arm": "exp,window,power_p2,power_p3,power_p4,linear,window_linear_state",
                             "data.n_pairs": "64", "seed": "0,1,2", "optim.lr": "1e-3,3e-3"}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_extra_overrides_reach_every_point_in_their_own_folder(tmp_path):
+    args = _grid_args(tmp_path, EXPERIMENT="recall_state_long", NPAIRS="256", ARMS="exp", LRS="3e-3",
+                      EXTRA="trainer.max_steps=1800 trainer.eval_every=300", DIR="multirun/long_1800")
+    assert args[args.index("--dir") + 1] == "multirun/long_1800"
+    assert {"experiment=recall_state_long", "trainer.max_steps=1800", "trainer.eval_every=300"} <= set(args)
+    assert _grids(args) == {"+experiment/arm": "exp", "data.n_pairs": "256", "seed": "0,1,2", "optim.lr": "3e-3"}
