@@ -191,11 +191,11 @@ def distance_curve(point: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return centre, acc.mean(axis=0), acc.min(axis=0), acc.max(axis=0)
 
 
-def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
+def _draw_by_distance(ax, here: list[dict], families: list[str], widths: bool) -> None:
     """One line per point (its family's colour, a line style per p or w): recall by distance, seed mean with the
-    seeds' range shaded -- where a window's state ends, its recall falls to chance."""
+    seeds' range shaded -- where a window's state ends, its recall falls to chance. widths: the points span several
+    model widths, so each line names its own."""
     styles = ("-", "--", ":", "-.")
-    widths = _main_width(here) is not None   # where the points span widths, each line names its own
     for i, family in enumerate(families):
         line = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
         for k, point in enumerate(line):
@@ -228,6 +228,8 @@ def draw_recall_vs_state(points: list[dict], title: str):
     # one panel per N and context (a context's own panels after the shorter one's)
     panels = sorted({_panel(p) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
     contexts = len({ctx for _, ctx in panels}) > 1
+    of_panel = {k: [p for p in points if _panel(p) == k] for k in panels}
+    mains = {k: _main_width(here) for k, here in of_panel.items()}   # each panel's solid-line width (None: one)
     by_distance = any(distance_curve(p) is not None for p in points)
     rows = 2 if by_distance else 1
     # one state axis for every panel of a row: N's panels compare at a glance, and a panel of a narrow range keeps
@@ -237,11 +239,10 @@ def draw_recall_vs_state(points: list[dict], title: str):
     families = [f for f in FAMILIES if any(p["attention"] == f for p in points)]
     if by_distance:
         for ax, panel in zip(axes[1], panels):
-            _draw_by_distance(ax, [p for p in points if _panel(p) == panel], families)
+            _draw_by_distance(ax, of_panel[panel], families, mains[panel] is not None)
         axes[1, 0].set_ylabel("accuracy at the queries, by distance")
     for ax, (n_pairs, ctx) in zip(axes[0], panels):
-        here = [p for p in points if _panel(p) == (n_pairs, ctx)]
-        main = _main_width(here)
+        here, main = of_panel[n_pairs, ctx], mains[n_pairs, ctx]
         for i, family in enumerate(families):
             points_of = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
             if not points_of:
@@ -291,9 +292,9 @@ def draw_recall_vs_state(points: list[dict], title: str):
     best_of = f"; each point at its best learning rate of {', '.join(map(str, rates))}, picked on these documents" \
         if rates else ""
     below = "; below: by distance from pair to query, seed means, shaded: the seeds' range" if by_distance else ""
-    mains = sorted({w for k in panels for w in [_main_width([p for p in points if _panel(p) == k])] if w is not None})
-    if mains:
-        below = (f"; solid: width {'/'.join(map(str, mains))}; dashed: an arm across model widths d (open: other "
+    widths = sorted({w for w in mains.values() if w is not None})
+    if widths:
+        below = (f"; solid: width {'/'.join(map(str, widths))}; dashed: an arm across model widths d (open: other "
                  f"widths)") + below
     fig.suptitle(fill_title(f"{title}: recall vs state (seed means, 95% t intervals over "
                             f"{'/'.join(map(str, seeds))} seeds, x: each seed{best_of}{below})",
