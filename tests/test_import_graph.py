@@ -2,7 +2,8 @@
 public API -> dispatch -> autograd -> forms -> shared jit helpers). Every import counts, those inside functions
 too: a lazy import hides a cycle from Python's start-up but not from a reader. Rooms keep to their doors: outside
 longctx.kernels only its public packages are imported, the trainer reaches attention cores through the registry, and
-scripts/ and tools/ share helpers through the package, never by importing each other."""
+scripts/ and tools/ share helpers through the package, never by importing each other, and tools reach the package
+by its public names only (kernels through kernel_index)."""
 import ast
 import subprocess
 import sys
@@ -172,6 +173,39 @@ def test_scripts_and_tools_do_not_import_each_other():
 def test_the_package_imports_neither_scripts_nor_tools():
     assert cross_imports("src", "scripts") == []
     assert cross_imports("src", "tools") == []
+
+
+def _private_uses(path: Path) -> list:
+    """'module.attr' for every private attribute a file reads of a longctx module it imported, and every private
+    name it imports from longctx."""
+    tree = ast.parse(path.read_text())
+    aliases, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+            for a in node.names:
+                if a.name.startswith("_"):
+                    found.append(f"{node.module}.{a.name}")
+                aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith(PACKAGE))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name) and node.value.id in aliases):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_tool_reaches_a_private_name_of_the_package():
+    """Tools name kernels through longctx.kernels.power.kernel_index, never by a module's private attribute."""
+    uses = {p.name: _private_uses(p) for p in sorted((REPO / "tools").glob("*.py"))}
+    assert {name: u for name, u in uses.items() if u} == {}
+
+
+def test_the_private_name_check_sees_both_forms(tmp_path):
+    f = tmp_path / "t.py"
+    f.write_text("from longctx.kernels.power import parallel as ta\nfrom longctx.kernels.power.gates import "
+                 "_segment_cumsum\nta._attn_fwd[(1,)]()\nta.blocks(64)\n")
+    assert _private_uses(f) == ["longctx.kernels.power.gates._segment_cumsum", "ta._attn_fwd"]
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -243,7 +243,6 @@ def test_a_record_without_recall_points_cannot_draw_the_figure(tmp_path):
         draw_record({"kind": "report", "title": "t", "figures": {"recall_vs_state": "x.png"}, "runs": []}, tmp_path)
 
 
-
 def _hits_by_run(record) -> dict:
     written = json.loads(record.read_text())
     with np.load(record.with_suffix(".npz"), allow_pickle=False) as arrays:

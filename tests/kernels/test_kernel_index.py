@@ -1,16 +1,11 @@
 """kernel_index names every power-attention kernel once (no GPU): each name resolves to the Triton / Gluon function its
 launches call, its tiles are the tunables table's, every table kernel belongs to a launched one, stand_in replaces
-launches and restores them, and no tool reaches a kernel (or anything private) of the package by its private name."""
-import ast
-from pathlib import Path
-
+launches and restores them (tests/test_import_graph.py checks that no tool reaches a kernel by its private name)."""
 import pytest
 import torch
 import triton
 
 from longctx.kernels.power import kernel_index, plan, tunables
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", sorted(kernel_index.INDEX))
@@ -49,38 +44,6 @@ def test_a_plan_names_its_launches_by_the_index(form, p, d):
     pl = plan.make_plan(1024, p, d, torch.bfloat16, "cpu", chunk_size=256, form=form)
     names = [name for kernel, _ in pl.launches().values() for name in kernel.split(" (")[0].split(" + ")]
     assert names and all(name in kernel_index.INDEX for name in names), names
-
-
-def _private_uses(path: Path) -> list:
-    """'module.attr' for every private attribute a file reads of a longctx module it imported, and every private
-    name it imports from longctx."""
-    tree = ast.parse(path.read_text())
-    aliases, found = set(), []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("longctx"):
-            for a in node.names:
-                if a.name.startswith("_"):
-                    found.append(f"{node.module}.{a.name}")
-                aliases.add(a.asname or a.name)
-        elif isinstance(node, ast.Import):
-            aliases.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("longctx"))
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
-                and isinstance(node.value, ast.Name) and node.value.id in aliases):
-            found.append(f"{node.value.id}.{node.attr}")
-    return found
-
-
-def test_no_tool_reaches_a_private_name_of_the_package():
-    uses = {p.name: _private_uses(p) for p in sorted((REPO / "tools").glob("*.py"))}
-    assert {name: u for name, u in uses.items() if u} == {}
-
-
-def test_the_private_name_check_sees_both_forms(tmp_path):
-    f = tmp_path / "t.py"
-    f.write_text("from longctx.kernels.power import parallel as ta\nfrom longctx.kernels.power.gates import "
-                 "_segment_cumsum\nta._attn_fwd[(1,)]()\nta.blocks(64)\n")
-    assert _private_uses(f) == ["longctx.kernels.power.gates._segment_cumsum", "ta._attn_fwd"]
 
 
 def test_the_plan_command_lists_every_kernel(capsys):
