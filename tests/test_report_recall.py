@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,8 +192,9 @@ def test_seeds_of_a_staged_point_are_one_group_with_their_first_stage_shown(tmp_
         _, first_stage[seed] = recall_run(point / "stage1_ctx16", "power_p2", 4, seed, level=level)
         _, final[seed] = recall_run(point / "stage2_ctx64", "power_p2", 16, seed, level=level,
                                     init_from=str(point / "stage1_ctx16"))
-        (point / "stages.json").write_text(json.dumps({"stages": [{"dir": "stage1_ctx16", "overrides": {}},
-                                                                  {"dir": "stage2_ctx64", "overrides": {}}]}))
+        (point / "stages.json").write_text(json.dumps({"stages": [
+            {"dir": "stage1_ctx16", "overrides": {"trainer.stop_when": "recall_accuracy>=0.5"}},
+            {"dir": "stage2_ctx64", "overrides": {}}]}))
     _, foreign = recall_run(root / "from_elsewhere", "power_p2", 16, 0, init_from=str(tmp_path / "other" / "ckpt"))
     record = tmp_path / "recall.json"
     text = report([str(root), "--out", str(tmp_path / "out"), "--bootstrap", "20", "--record", str(record)]
@@ -211,8 +213,18 @@ def test_seeds_of_a_staged_point_are_one_group_with_their_first_stage_shown(tmp_
     ends = [json.loads((root / f"power_p2_s{seed}" / "stage1_ctx16" / "metrics.jsonl").read_text().splitlines()[-1])
             ["step"] for seed in (0, 1)]
     assert staged["first_stage_steps"] == ends
-    assert cells[5] == f"{100 * first_stage[0]:.1f}% at {ends[0]:,}, {100 * first_stage[1]:.1f}% at {ends[1]:,}"
+    # seed 1's first stage ended below its bound (recall_accuracy>=0.5): the record and the table say so
+    assert staged["first_stage_met"] == [first_stage[0] >= 0.5, first_stage[1] >= 0.5] == [True, False]
+    assert cells[5] == (f"{100 * first_stage[0]:.1f}% at {ends[0]:,}, "
+                        f"{100 * first_stage[1]:.1f}% at {ends[1]:,} short of its bound")
     assert cells[3] == "[0.0%, 100.0%]"   # two seeds this far apart: the t interval covers every accuracy
+    # the figure marks that seed with an open triangle at its accuracy, the other with an x
+    from matplotlib.collections import PathCollection
+    ax = next(a for a in draw_recall_vs_state([staged], "t").axes if a.get_title().startswith("N = "))
+    crosses, triangles = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert np.allclose(crosses.get_offsets(), [(staged["state"], final[0])])
+    assert np.allclose(triangles.get_offsets(), [(staged["state"], final[1])])
+    assert len(triangles.get_facecolors()) == 0 or triangles.get_facecolors()[0][3] == 0   # open
 
 
 def test_plot_results_redraws_the_figure_from_the_record_alone(recall_runs, tmp_path):
@@ -331,9 +343,10 @@ def test_panels_split_by_context_where_the_points_span_several():
         "N = 64 key-value pairs", "N = 256 key-value pairs"]
 
 
-def test_an_arm_at_several_widths_is_joined_across_them():
-    """Points of one arm at several model widths (state grows with the heads): the solid line joins the family at the
-    width most points share, a dashed line joins each arm across its widths, and each point says its width."""
+def test_arms_at_several_widths_get_a_panel_of_their_own():
+    """Points of one arm at several model widths (state grows with the heads): the N's panel draws the families at
+    the width most points share, and a panel beside it draws each such arm across its widths, one line an arm at its
+    seed means, each point naming its width; its lower panel defers to the report's table."""
     def point(attention, p, d_model, state, accuracy):
         by_distance = [[1, 100, accuracy, 50], [100, 1000, accuracy / 2, 50]]
         return {"attention": attention, "tag": attention, "p": p, "window": None, "state": state, "chance": 0.01,
@@ -343,21 +356,38 @@ def test_an_arm_at_several_widths_is_joined_across_them():
     points += [point("power", 2, d, 1040 * d, 0.002 * d) for d in (64, 128, 256)]
     points += [point("power", 3, 128, 45760 * 128, 0.9)]
     fig = draw_recall_vs_state(points, "t")
-    ax = fig.axes[0]
-    solid = {c.get_label(): list(c.lines[0].get_xdata()) for c in ax.containers if c.get_label()
-             and not c.get_label().startswith("_")}
-    assert solid == {"linear attention": [32 * 128], "power attention (degree p)": [1040 * 128, 45760 * 128]}
-    # each dashed line: one arm's points across its widths, at their seed means
-    dashed = sorted((list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
-                    if line.get_linestyle() == "--")
-    expected = sorted(([p["state"] for p in arm], [np.mean(p["seeds"]) for p in arm])
+    main, widths = [ax for ax in fig.axes if ax.get_title().startswith("N = ")]
+    assert main.get_title() == "N = 256 key-value pairs, width 128"
+    assert widths.get_title() == "N = 256 key-value pairs, across model widths (d = 64/128/256)"
+
+    def lines(ax):
+        return sorted((list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata())) for c in ax.containers)
+    assert lines(main) == sorted([([32 * 128], [pytest.approx(0.128)]),
+                                  ([1040 * 128, 45760 * 128], [pytest.approx(0.256), pytest.approx(0.9)])])
+    # one line per arm across its widths (power p=3 ran at one width: not in this panel)
+    expected = sorted(([p["state"] for p in arm], [pytest.approx(np.mean(p["seeds"])) for p in arm])
                       for arm in (points[:3], points[3:6]))
-    assert [x for x, _ in dashed] == [x for x, _ in expected]
-    assert all(np.allclose(y, ey) for (_, y), (_, ey) in zip(dashed, expected))
-    notes = {t.get_text() for t in ax.texts}
-    assert notes == {"d=64", "d=256", "p=2", "p=3"}   # p at the solid line's width, the width off it
-    lower = [ax for ax in fig.axes if ax.get_xlabel().startswith("distance from pair to query")][0]
-    assert sorted(line.get_label() for line in lower.get_lines() if not line.get_label().startswith("_")) == sorted(
-        ["linear attention d=64", "linear attention d=128", "linear attention d=256", "power attention p=2 d=64",
-         "power attention p=2 d=128", "power attention p=2 d=256", "power attention p=3 d=128"])
-    assert "solid: width 128; dashed: an arm across model widths" in fig._suptitle.get_text().replace("\n", " ")
+    assert lines(widths) == expected
+    assert {t.get_text() for t in main.texts} == {"p=2", "p=3"}
+    assert {t.get_text() for t in widths.texts} == {"d=64", "d=128", "d=256", "p=2 d=64", "p=2 d=128", "p=2 d=256"}
+    lower = [ax for ax in fig.axes if ax.get_xlabel().startswith("distance from pair to query")]
+    assert len(lower) == 1 and sorted(ln.get_label() for ln in lower[0].get_lines()
+                                      if not ln.get_label().startswith("_")) == sorted(
+        ["linear attention", "power attention p=2", "power attention p=3"])
+
+
+def test_the_committed_recall_record_names_each_points_width_and_first_stages():
+    """Every point of the published recall record says its model width, the one its runs' folders were named for
+    (model.name d<width>l<layers>), and the seeds the figure marks as failed training are those whose first stage
+    ended below the recipe's bound."""
+    import re
+
+    from longctx.report.recall import RECIPE_FIRST_STOP, first_stage_failed
+    record = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "experiments"
+                         / "recall_state.json").read_text())
+    for point in record["recall"]:
+        assert {int(re.search(r"_d(\d+)l\d+_", name).group(1)) for name in point["runs"]} == {point["d_model"]}
+        ends = point.get("first_stage") or [None] * len(point["seeds"])
+        assert first_stage_failed(point) == [e is not None and e < RECIPE_FIRST_STOP for e in ends]
+    widths = {p["d_model"] for p in record["recall"] if p["n_pairs"] == 256 and p["ctx"] == 4096}
+    assert widths == {64, 128, 256, 512}

@@ -58,6 +58,16 @@ def test_an_arm_still_moving_is_not_reproduced_at_this_scale():
     assert far.label == NOT_AT_THIS_SCALE and "+0.120 above the optimum" in far.conditions["convergence"][1]
 
 
+def test_a_settled_arm_whose_first_stage_failed_is_not_reproduced_at_this_scale():
+    """A curve flat after a failed earlier stage has settled on a failure: the clear, settled difference that would
+    be contradicted is not reproduced at this scale, the failed stage named."""
+    a, b, doc = clear(+1)
+    why = "a seed 2's first stage ended at 8.4% (update 4,000), short of its bound"
+    verdict = decide(Finding("claim", sign=-1, axes=SETTING), a, b, doc, {"a": FLAT, "b": FLAT}, 0.01, (why,))
+    assert verdict.label == NOT_AT_THIS_SCALE and verdict.failing() == ["convergence"]
+    assert why in verdict.conditions["convergence"][1]
+
+
 def test_a_seed_interval_including_zero_is_inconclusive():
     # the documents say -0.05 clearly; the three seeds of each arm scatter by 0.1: the training noise decides
     verdict = decide(Finding("claim", sign=-1, axes=SETTING), [1.10, 1.25, 1.15], [1.20, 1.12, 1.33],

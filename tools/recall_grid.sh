@@ -14,9 +14,10 @@
 #   EXPERIMENT=recall_state_long NPAIRS=256 bash tools/recall_grid.sh   # ctx 16384 (into multirun/recall_state_long)
 #   EXPERIMENT=recall_state_long NPAIRS=256 ARMS=exp LRS=3e-3 EXTRA="trainer.max_steps=1800" \
 #       DIR=multirun/recall_state_long_1800 bash tools/recall_grid.sh    # a longer second stage, in its own folder
-#   EXPERIMENT=recall_state_widths ARMS=exp,window,power_p2,linear bash tools/recall_grid.sh
+#   EXPERIMENT=recall_state_widths ARM_LRS=exp=3e-3,window=3e-3,power_p2=3e-3,linear=1e-3 bash tools/recall_grid.sh
 #                                                       # widths as a second state axis: SIZES (default d64l2,d256l2,
-#                                                       # d512l2; recall_state's own points are d128l2) at N = 256
+#                                                       # d512l2; recall_state's own points are d128l2) at N = 256,
+#                                                       # each arm at its own rate (ARM_LRS replaces ARMS and LRS)
 # Each run holds ~2 GiB of the card: 24 at once fit, but not beside the 64k GPU tests (run those before or after).
 # At the end (or the deadline) the records a report needs -- metrics.jsonl, each stage's newest eval/*.npz, stages.json,
 # config.yaml, data_identity.json, provenance.json, no checkpoints -- are packed into $OUT/recall_records_n<N>.tgz (one
@@ -39,16 +40,35 @@ if [ "${PILOT:-0}" = 1 ]; then
   common+=(trainer.max_steps=${PILOT_STEPS:-1000} trainer.eval_every=250)
   dir=multirun/recall_pilot
 else
-  grids=(--grid +experiment/arm=${ARMS:-exp,window,power_p2,power_p3,power_p4,linear,window_linear_state}
-         --grid data.n_pairs=${NPAIRS:-64,256,1024} --grid seed=${SEEDS:-0,1,2})
+  # seeds the slowest axis: a grid cut short by the device's time has every arm at its first seeds
+  grids=(--grid seed=${SEEDS:-0,1,2} --grid +experiment/arm=${ARMS:-exp,window,power_p2,power_p3,power_p4,linear,window_linear_state}
+         --grid data.n_pairs=${NPAIRS:-64,256,1024})
   [ -n "${SIZES:-}" ] && grids+=(--grid +experiment/size=$SIZES)
   LRS=${LRS-1e-3,3e-3}
-  [ -n "$LRS" ] && grids+=(--grid optim.lr=$LRS)
+  [ -n "$LRS" ] && [ -z "${ARM_LRS:-}" ] && grids+=(--grid optim.lr=$LRS)
   dir=${DIR:-multirun/$EXPERIMENT}
 fi
-python3 scripts/run_points.py --jobs ${JOBS:-18} --dir "$dir" --deadline-s "$DEADLINE_S" "${common[@]}" "${grids[@]}" \
-  > "$OUT/recall_grid.log" 2>&1
-tail -30 "$OUT/recall_grid.log"
+points() {  # $1: jobs, $2: log name, then grid arguments
+  local jobs=$1 log=$2; shift 2
+  python3 scripts/run_points.py --jobs "$jobs" --dir "$dir" --deadline-s "$DEADLINE_S" "${common[@]}" "$@" \
+    > "$OUT/$log" 2>&1
+  tail -30 "$OUT/$log"
+}
+if [ -n "${ARM_LRS:-}" ]; then
+  # each arm at its own rate (ARM_LRS="exp=3e-3,window=3e-3,linear=1e-3": the arms' better rates), one run_points per
+  # rate side by side in the same folder, JOBS shared between them by their number of arms
+  declare -A arms_at=()
+  for pair in ${ARM_LRS//,/ }; do arms_at[${pair#*=}]+=${arms_at[${pair#*=}]:+,}${pair%%=*}; done
+  n_arms=$(tr ',' '\n' <<< "$ARM_LRS" | wc -l)
+  for lr in "${!arms_at[@]}"; do
+    n=$(tr ',' '\n' <<< "${arms_at[$lr]}" | wc -l)
+    arm_grids=("${grids[@]}"); arm_grids[3]=+experiment/arm=${arms_at[$lr]}     # grids[3]: the arm axis
+    points $(( (${JOBS:-18} * n + n_arms - 1) / n_arms )) "recall_grid_lr$lr.log" "${arm_grids[@]}" --grid optim.lr=$lr &
+  done
+  wait
+else
+  points ${JOBS:-18} recall_grid.log "${grids[@]}"
+fi
 # one archive per N, each stage's newest per-document record only (the one a report reads: the earlier ones would
 # triple the size), and the points' logs in their own
 ns=${NPAIRS:-64,256,1024}; [ "${PILOT:-0}" = 1 ] && ns=${PILOT_NPAIRS:-64}

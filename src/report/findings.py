@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from longctx.report.recall import accuracy_docs
+from longctx.report.recall import accuracy_docs, first_stage_failed
 from longctx.report.runs import runs_from_record
 from longctx.report.stats import DEFAULT_BOOTSTRAP, paired_seed_difference
 from longctx.report.verdict import Finding, decide, welch_interval
@@ -95,6 +95,20 @@ def _distance_to_optimum(metric: str, runs: list) -> float | None:
     return float(np.mean([r.final["icl_curve"][-1][2] - r.final["bayes_curve"][-1][2] for r in runs]))
 
 
+def _untrained(record: dict, arm_runs: list) -> tuple[str, ...]:
+    """In words, the seeds among (arm, run) whose first stage ended short of its stop bound, by the record's recall
+    points (`first_stage_failed`): a staged recipe's later stage says nothing about state where its first failed."""
+    where = {name: (point, i) for point in record.get("recall") or [] for i, name in enumerate(point["runs"])}
+    out = []
+    for arm, run in arm_runs:
+        if run.name in where:
+            point, i = where[run.name]
+            if first_stage_failed(point)[i]:
+                out.append(f"{arm} seed {run.seed}'s first stage ended at {100 * point['first_stage'][i]:.1f}% "
+                           f"(update {point['first_stage_steps'][i]:,}), short of its bound")
+    return tuple(out)
+
+
 def judge(record_path: Path, findings_path: Path = PAPER_FINDINGS, n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
     """[{finding fields..., "verdict": Verdict, "difference": (estimate, low, high), "seed_interval": (...)}] for
     the record's findings."""
@@ -129,11 +143,12 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                                     same_bins=all(r.ctx == a[0].ctx for r in a + b))
         curves = {f"{arm} seed {r.seed}": [e[metric] for e in r.records if metric in e]
                   for arm in (spec["a"], spec["b"]) for r in arms[arm]}
+        untrained = _untrained(record, [(spec[k], r) for k in ("a", "b") for r in arms[spec[k]]])
         gap = _distance_to_optimum(metric, arms[spec["reference"]])
         finding = Finding(spec["claim"], int(spec["sign"]), {k: tuple(v) for k, v in spec["axes"].items()},
                           **{k: float(spec[k]) for k in ("tolerance", "max_gap") if k in spec})
         difference = tuple(float(np.ravel(x)[0]) for x in (ci.estimate, ci.low, ci.high))
-        verdict = decide(finding, finals_a, finals_b, difference, curves, gap)
+        verdict = decide(finding, finals_a, finals_b, difference, curves, gap, untrained)
         seed = welch_interval(finals_a, finals_b)
         out.append({**spec, "metric": metric, "verdict": verdict, "difference": difference,
                     "seed_interval": (seed.estimate, seed.low, seed.high), "seeds": (len(a), len(b))})

@@ -8,6 +8,7 @@ Seed-level intervals (Welch's t over the seeds' own accuracies, `longctx.report.
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from itertools import combinations
@@ -20,11 +21,15 @@ from longctx.report.runs import Group, Run, read_metrics, stage_dirs
 from longctx.report.stats import DocBins, paired_seed_difference, seed_aggregate
 from longctx.report.verdict import t_quantile, welch_interval
 from longctx.state import state_per_layer
+from longctx.train.stop_when import parse_stop_when
 
 # each attention in words, as the recall-vs-state figure's legend names it (a window's points differ by w, power's
 # by p: one line each, each point labelled)
 FAMILIES = {"exp": "softmax (KV cache of the context)", "window": "sliding window (w tokens)",
             "linear": "linear attention", "power": "power attention (degree p)"}
+# the recall recipe's first-stage bound (experiment=recall_state's first_stop: recall_accuracy>=0.99), for records
+# whose points hold their first stages' recall but not whether each met its bound (`first_stage_met`)
+RECIPE_FIRST_STOP = 0.99
 
 
 def run_hits(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
@@ -70,6 +75,36 @@ def first_stage_end(run: Run) -> tuple[float, int] | None:
     return ends[-1] if ends else None
 
 
+def first_stage_met(run: Run) -> bool | None:
+    """Whether the first stage of the staged run that `run` is a later stage of met its stop bound (the first stage's
+    trainer.stop_when in stages.json) at its last evaluation; None for a plain run, a first stage without a bound or
+    without evaluations. A seed whose first stage did not meet it never learned what that stage teaches (a failed
+    optimization, or a state too small for the stage's own pairs): its recall after the stage is not the recipe's
+    measure of its state."""
+    dirs = stage_dirs(run.path)
+    if len(dirs) < 2 or run.path.name == dirs[0]:
+        return None
+    try:
+        bound = json.loads((run.path.parent / "stages.json").read_text())["stages"][0]["overrides"].get(
+            "trainer.stop_when")
+        stop = parse_stop_when(bound)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    metrics = run.path.parent / dirs[0] / "metrics.jsonl"
+    evals = [r for r in read_metrics(metrics) if stop is not None and stop.metric in r] if metrics.is_file() else []
+    return stop.met(evals[-1]) if evals else None
+
+
+def first_stage_failed(point: dict) -> list[bool]:
+    """Per seed of a recall point: its first stage ended short of its stop bound (the record's `first_stage_met`).
+    A point recorded without that field but with its first stages' recall ran the recall recipe, whose bound is
+    RECIPE_FIRST_STOP; a point without first stages failed none."""
+    met = point.get("first_stage_met")
+    if met is not None:
+        return [m is False for m in met]
+    return [r is not None and r < RECIPE_FIRST_STOP for r in point.get("first_stage") or [None] * len(point["seeds"])]
+
+
 def run_state(run: Run) -> int | None:
     """Floats of state one layer holds for one sequence at the run's context, by the paper's definition
     (`longctx.state.state_per_layer`: power's D = C(d+p-1, p)); None when the config does not say (an old record)."""
@@ -108,6 +143,7 @@ def recall_points(groups: list[Group]) -> list[dict]:
         if any(f is not None for f in first):
             point["first_stage"] = [None if f is None else f[0] for f in first]
             point["first_stage_steps"] = [None if f is None else f[1] for f in first]
+            point["first_stage_met"] = [first_stage_met(r) for r in g.runs]
         but_rate = tuple(item for item in g.first.group_key if item[0] != "optim.lr")
         candidates.setdefault(but_rate, []).append(point)
     points = []
@@ -128,14 +164,6 @@ def seed_interval(values) -> tuple[float, float, float]:
         return mean, mean, mean
     half = t_quantile(0.975, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
     return mean, max(mean - half, 0.0), min(mean + half, 1.0)
-
-
-def _point_note(point: dict, main_width=None) -> str:
-    """What tells a point from its family's others: p or w, or its model width where the points span several and it
-    is off the main width (main_width: _main_width's)."""
-    if main_width is not None and point.get("d_model") != main_width:
-        return f"d={point['d_model']}"
-    return _arm_note(point)
 
 
 def _arm_note(point: dict) -> str:
@@ -191,10 +219,9 @@ def distance_curve(point: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return centre, acc.mean(axis=0), acc.min(axis=0), acc.max(axis=0)
 
 
-def _draw_by_distance(ax, here: list[dict], families: list[str], widths: bool) -> None:
+def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
     """One line per point (its family's colour, a line style per p or w): recall by distance, seed mean with the
-    seeds' range shaded -- where a window's state ends, its recall falls to chance. widths: the points span several
-    model widths, so each line names its own."""
+    seeds' range shaded -- where a window's state ends, its recall falls to chance."""
     styles = ("-", "--", ":", "-.")
     for i, family in enumerate(families):
         line = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
@@ -203,8 +230,7 @@ def _draw_by_distance(ax, here: list[dict], families: list[str], widths: bool) -
             if curve is None:
                 continue
             x, mean, low, high = curve
-            parts = [FAMILIES[family].split(" (")[0], _arm_note(point), f"d={point['d_model']}" if widths else ""]
-            name = " ".join(part for part in parts if part)
+            name = " ".join(part for part in (FAMILIES[family].split(" (")[0], _arm_note(point)) if part)
             ax.plot(x, mean, styles[k % len(styles)], marker=".", color=f"C{i}", lw=1.2, label=name)
             ax.fill_between(x, low, high, color=f"C{i}", alpha=0.12, lw=0)
     draw_chance(ax, here)
@@ -216,20 +242,58 @@ def _draw_by_distance(ax, here: list[dict], families: list[str], widths: bool) -
         ax.legend(fontsize=6, loc="lower left")
 
 
+def _panels(points: list[dict]) -> list[tuple[tuple, list[dict], bool]]:
+    """[(panel key (N, context, across widths), its points, across widths)]: one panel per N and context at the
+    width most of its points share (all of them where they share one), then, where some arms also ran at other model
+    widths, a panel of those arms across every width they ran at (state grows with the heads)."""
+    keys = sorted({_panel(p) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
+    out = []
+    for key in keys:
+        here = [p for p in points if _panel(p) == key]
+        main = _main_width(here)
+        out.append(((*key, False), [p for p in here if main is None or p.get("d_model") == main], False))
+        if main is not None:
+            several = {arm for arm, n in Counter(_arm(p) for p in here).items() if n > 1}
+            out.append(((*key, True), [p for p in here if _arm(p) in several], True))
+    return out
+
+
+def _draw_seeds(ax, points_of: list[dict], color: str) -> None:
+    """Each seed beside its point's mean (x): a seed that failed to train pulls the mean down, and shows here; one
+    whose first stage ended short of its bound is an open triangle (it never learned what that stage teaches, from
+    a failed optimization or a state too small for the stage's own pairs, as a window of 32 tokens for 16 pairs at
+    ctx 64: either way its recall after the stage is not the recipe's measure of its state)."""
+    if not (any(len(p["seeds"]) > 1 for p in points_of) or any(any(first_stage_failed(p)) for p in points_of)):
+        return
+    seeds = [(p["state"], a, bad) for p in points_of for a, bad in zip(p["seeds"], first_stage_failed(p))]
+    for bad, marker in ((False, "x"), (True, "v")):
+        xy = [(x, y) for x, y, b in seeds if b == bad]
+        if xy:
+            ax.scatter(*zip(*xy), marker=marker, s=22 if bad else 18, lw=0.9, zorder=3, alpha=0.7,
+                       **({"facecolors": "none", "edgecolors": color} if bad else {"color": color}))
+
+
+def _draw_errorbars(ax, line: list[dict], color: str, label, ls: str = "-"):
+    stats = [seed_interval(p["seeds"]) for p in line]
+    mean = [m for m, _, _ in stats]
+    err = np.array([[m - lo, hi - m] for m, lo, hi in stats]).T
+    ax.errorbar([p["state"] for p in line], mean, yerr=err if err.any() else None, marker="o", capsize=3, lw=1.3,
+                color=color, ls=ls, label=label)
+    return mean
+
+
 def draw_recall_vs_state(points: list[dict], title: str):
     """Accuracy at the queries against the state one layer holds (log scale), one panel per number of pairs N (and
     context, where the points span several) and one line per attention family (across its p or w, at the width most
-    points share; an arm run at several model widths is joined across them by a dashed line, its points at the other
-    widths open); seed means with 95% t intervals over the seeds (none for a single seed), chance dotted. Where the
-    points recorded recall by distance, a second row draws it (the recall analogue of the ICL curve) for each point.
-    None when no point is known."""
+    points share); where arms also ran at other model widths, a panel beside of each such arm across its widths (one
+    line an arm, each point labelled with its width). Seed means with 95% t intervals over the seeds (none for a
+    single seed), each seed marked (a seed whose first stage never met its bound: an open triangle), chance dotted.
+    Where the points recorded recall by distance, a second row draws it (the recall analogue of the ICL curve) for
+    each point of a panel at one width. None when no point is known."""
     if not points:
         return None
-    # one panel per N and context (a context's own panels after the shorter one's)
-    panels = sorted({_panel(p) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
-    contexts = len({ctx for _, ctx in panels}) > 1
-    of_panel = {k: [p for p in points if _panel(p) == k] for k in panels}
-    mains = {k: _main_width(here) for k, here in of_panel.items()}   # each panel's solid-line width (None: one)
+    panels = _panels(points)
+    contexts = len({key[1] for key, _, _ in panels}) > 1
     by_distance = any(distance_curve(p) is not None for p in points)
     rows = 2 if by_distance else 1
     # one state axis for every panel of a row: N's panels compare at a glance, and a panel of a narrow range keeps
@@ -238,47 +302,48 @@ def draw_recall_vs_state(points: list[dict], title: str):
                            sharey="row", sharex="row")
     families = [f for f in FAMILIES if any(p["attention"] == f for p in points)]
     if by_distance:
-        for ax, panel in zip(axes[1], panels):
-            _draw_by_distance(ax, of_panel[panel], families, mains[panel] is not None)
+        for ax, (_, here, widths) in zip(axes[1], panels):
+            if widths:   # a line per arm and width is past reading: the report tables them
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, "recall by distance at each width:\nthe report's table", ha="center",
+                        va="center", fontsize=8, transform=ax.transAxes)
+            else:
+                _draw_by_distance(ax, here, families)
         axes[1, 0].set_ylabel("accuracy at the queries, by distance")
-    for ax, (n_pairs, ctx) in zip(axes[0], panels):
-        here, main = of_panel[n_pairs, ctx], mains[n_pairs, ctx]
+    for ax, ((n_pairs, ctx, _), here, widths) in zip(axes[0], panels):
         for i, family in enumerate(families):
             points_of = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
             if not points_of:
                 continue
-            # solid: the family across its arms at the main width; open markers: its points at other widths
-            for at_main in (True, False):
-                line = [p for p in points_of if (main is None or p.get("d_model") == main) == at_main]
-                if not line:
-                    continue
-                stats = [seed_interval(p["seeds"]) for p in line]
-                mean = [m for m, _, _ in stats]
-                err = np.array([[m - lo, hi - m] for m, lo, hi in stats]).T
-                ax.errorbar([p["state"] for p in line], mean, yerr=err if err.any() else None, marker="o",
-                            capsize=3, lw=1.3, color=f"C{i}", ls="-" if at_main else "none",
-                            mfc=None if at_main else "none", label=FAMILIES[family] if at_main else None)
-                for p, m in zip(line, mean):
-                    if _point_note(p, main):
-                        ax.annotate(_point_note(p, main), (p["state"], m), textcoords="offset points",
-                                    xytext=(4, 4), fontsize=7, color=f"C{i}")
-            # dashed: each arm across the model widths it ran at (state grows with the heads)
-            for arm in dict.fromkeys(_arm(p) for p in points_of):
-                widths = [p for p in points_of if _arm(p) == arm]
-                if len(widths) > 1:
-                    ax.plot([p["state"] for p in widths], [seed_interval(p["seeds"])[0] for p in widths], "--",
-                            lw=1, color=f"C{i}", alpha=0.8)
-            # each seed beside the mean: a seed that failed to train pulls the mean down, and shows here
-            each_seed = [(p["state"], a) for p in points_of for a in p["seeds"]] \
-                if any(len(p["seeds"]) > 1 for p in points_of) else []
-            if each_seed:
-                ax.scatter(*zip(*each_seed), marker="x", s=18, lw=0.9, color=f"C{i}", alpha=0.7, zorder=3)
+            if not widths:   # the family across its arms (p or w)
+                mean = _draw_errorbars(ax, points_of, f"C{i}", FAMILIES[family])
+                notes = [_arm_note(p) for p in points_of]
+            else:            # each arm across its widths, a line style per arm of the family
+                mean, notes = [], []
+                for k, arm in enumerate(dict.fromkeys(_arm(p) for p in points_of)):
+                    line = [p for p in points_of if _arm(p) == arm]
+                    mean += _draw_errorbars(ax, line, f"C{i}", FAMILIES[family] if k == 0 else None,
+                                            ("-", "--", ":", "-.")[k % 4])
+                    notes += [" ".join(x for x in (_arm_note(p), f"d={p['d_model']}") if x) for p in line]
+                points_of = [p for arm in dict.fromkeys(_arm(p) for p in points_of)
+                             for p in points_of if _arm(p) == arm]
+            for p, m, note in zip(points_of, mean, notes):
+                if note:
+                    ax.annotate(note, (p["state"], m), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                                color=f"C{i}")
+            _draw_seeds(ax, points_of, f"C{i}")
         draw_chance(ax, here, "chance (one value in n_values)")
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.08)  # room for the labels of points at 1
         ax.set_xlabel("state per layer (floats, log scale)", fontsize=8)
         name = f"N = {n_pairs:,} key-value pairs" if n_pairs is not None else "recall"
-        ax.set_title(name + (f", ctx {ctx:,}" if contexts and ctx else ""), fontsize=9)
+        name += f", ctx {ctx:,}" if contexts and ctx else ""
+        if widths:
+            name += f", across model widths (d = {'/'.join(str(w) for w in sorted({p['d_model'] for p in here}))})"
+        else:
+            several = {p.get("d_model") for p in points if _panel(p) == (n_pairs, ctx)}
+            name += f", width {here[0]['d_model']}" if len(several) > 1 else ""
+        ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0, 0].set_ylabel("accuracy at the queries")
     handles, labels = axes[0, -1].get_legend_handles_labels()
@@ -286,16 +351,17 @@ def draw_recall_vs_state(points: list[dict], title: str):
         for h, label in zip(*ax.get_legend_handles_labels()):
             if label not in labels:
                 handles, labels = [*handles, h], [*labels, label]
+    if any(any(first_stage_failed(p)) for p in points):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], marker="v", ls="none", mfc="none", color="0.3"))
+        labels.append("a seed whose first stage ended short of its bound")
     fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)), fontsize=7)
     seeds = sorted({len(p["seeds"]) for p in points})
     rates = sorted({lr for p in points for lr in p.get("lrs", [])})
     best_of = f"; each point at its best learning rate of {', '.join(map(str, rates))}, picked on these documents" \
         if rates else ""
     below = "; below: by distance from pair to query, seed means, shaded: the seeds' range" if by_distance else ""
-    widths = sorted({w for w in mains.values() if w is not None})
-    if widths:
-        below = (f"; solid: width {'/'.join(map(str, widths))}; dashed: an arm across model widths d (open: other "
-                 f"widths)") + below
     fig.suptitle(fill_title(f"{title}: recall vs state (seed means, 95% t intervals over "
                             f"{'/'.join(map(str, seeds))} seeds, x: each seed{best_of}{below})",
                             4.6 * len(panels) - 0.4, 10), fontsize=10)
@@ -345,7 +411,8 @@ def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list
              f"and Student's t intervals over the seeds (how much another seed could change it: the interval a "
              f"claim about the attention needs); for a staged run, the recall each seed's first stage ended with "
              f"and at which update (a seed that never left chance there failed to train, which says nothing about "
-             f"state; a stage that ran all its updates never met its stop bound); chance is one "
+             f"state; \"short of its bound\": the stage ran all its updates without meeting its stop bound); "
+             f"chance is one "
              f"value in n_values; state per layer in floats for one sequence, by the paper's definition (power: "
              f"D = C(d+p-1, p) times v).", ""]
     lines += table_head("| runs | seeds | accuracy (documents' interval) | seed-level 95% t | each seed | first stage, "
@@ -356,10 +423,11 @@ def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list
         _, low, high = seed_interval(own)
         chance = g.first.final.get("recall_chance")
         first = [first_stage_end(r) for r in g.runs]
+        short = [" short of its bound" if first_stage_met(r) is False else "" for r in g.runs]
         lines.append(f"| {g.label} | {g.n_seeds} | {_pct(float(iv.estimate[0]))} [{_pct(float(iv.low[0]))}, "
                      f"{_pct(float(iv.high[0]))}] | {f'[{_pct(low)}, {_pct(high)}]' if len(own) > 1 else '-'} | "
                      f"{', '.join(map(_pct, own))} | "
-                     f"{', '.join('-' if f is None else f'{_pct(f[0])} at {f[1]:,}' for f in first)} | "
+                     f"{', '.join('-' if f is None else f'{_pct(f[0])} at {f[1]:,}{why}' for f, why in zip(first, short))} | "
                      f"{'-' if chance is None else _pct(chance)} | {g.first.final.get('recall_queries', '-')} | "
                      f"{_floats(run_state(g.first))} |")
     lines += distance_tables(measured)

@@ -6,8 +6,8 @@ is called "reproduced" (our sign is the paper's) or "contradicted" (the opposite
   (a) setting: our setting matches the paper's on every axis the claim depends on (listed per finding: model
       family and size, data, context, tokens; each axis a bool with its two values);
   (b) convergence: every arm's metric moved less than `tolerance` over its last stretch of training (the last
-      `last_fraction` of its evaluations), and the reference arm ends within `max_gap` of the optimum where the data
-      has one;
+      `last_fraction` of its evaluations), every seed's earlier stage met its bound (a staged recipe: the recall
+      recipe's first stage), and the reference arm ends within `max_gap` of the optimum where the data has one;
   (c) intervals: a seed-level Welch t interval over the arms' seed values (n >= 3 seeds a side; n >= 5 when the
       difference is under `small_difference`) excludes 0, in the same direction as the document-level paired
       bootstrap interval (which excludes 0 too).
@@ -142,10 +142,12 @@ class Verdict:
 
 
 def decide(finding: Finding, seeds_a, seeds_b, doc_interval: tuple[float, float, float], curves: dict,
-           reference_gap: float | None = None) -> Verdict:
+           reference_gap: float | None = None, untrained: tuple[str, ...] = ()) -> Verdict:
     """The verdict of one finding. seeds_a, seeds_b: the metric per seed of each arm; doc_interval: (estimate, low,
     high) of the document-level paired difference a - b; curves: arm -> its metric over its evaluations (the
-    convergence gate); reference_gap: the reference arm's final distance to the optimum (None: no known optimum)."""
+    convergence gate); reference_gap: the reference arm's final distance to the optimum (None: no known optimum);
+    untrained: the seeds whose earlier training stage ended short of its bound, in words (they fail convergence too:
+    a curve that settled after a failed stage has settled on a failure)."""
     if finding.sign not in (-1, 1):
         raise ValueError(f"Finding.sign={finding.sign!r}: must be -1 (a below b) or +1 (a above b)")
     differing = [f"{axis} {ours} vs the paper's {paper}" for axis, (ours, paper) in finding.axes.items()
@@ -153,7 +155,7 @@ def decide(finding: Finding, seeds_a, seeds_b, doc_interval: tuple[float, float,
     setting = (not differing, "matches the paper's " + ", ".join(finding.axes) if not differing
                else "; ".join(differing))
     moves = {arm: converged(values, finding.tolerance) for arm, values in curves.items()}
-    stalled = [f"{arm} {why}" for arm, (ok, why) in moves.items() if not ok]
+    stalled = [f"{arm} {why}" for arm, (ok, why) in moves.items() if not ok] + list(untrained)
     if reference_gap is not None and reference_gap > finding.max_gap:
         stalled.append(f"the reference arm ends {reference_gap:+.3f} above the optimum (at most {finding.max_gap})")
     convergence = (not stalled, "; ".join(stalled) if stalled else "every arm settled"

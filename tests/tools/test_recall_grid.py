@@ -10,14 +10,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _grid_args(tmp_path, **env) -> list:
+def _calls(tmp_path, **env) -> list:
+    """The argument lists of every run_points call the script made."""
     (tmp_path / "tools").mkdir()
     shutil.copy(REPO / "tools" / "recall_grid.sh", tmp_path / "tools")
     (tmp_path / "tools" / "setup_device.sh").write_text("")
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     stub = bin_ / "python3"
-    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_FILE"\n')
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" ---CALL--- >> "$ARGS_FILE"\n')
     stub.chmod(0o755)
     args = tmp_path / "args.txt"
     run_env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", ARGS_FILE=str(args), OUT=str(tmp_path / "out"),
@@ -25,7 +26,12 @@ def _grid_args(tmp_path, **env) -> list:
     proc = subprocess.run(["bash", "tools/recall_grid.sh"], cwd=tmp_path, env=run_env, capture_output=True,
                           text=True, timeout=60)
     assert args.exists(), proc.stderr[-2000:]
-    return args.read_text().split("\n")
+    return [c.strip("\n").split("\n") for c in args.read_text().split("---CALL---") if c.strip()]
+
+
+def _grid_args(tmp_path, **env) -> list:
+    (call,) = _calls(tmp_path, **env)
+    return call
 
 
 def _grids(args) -> dict:
@@ -54,3 +60,19 @@ def test_extra_overrides_reach_every_point_in_their_own_folder(tmp_path):
     assert args[args.index("--dir") + 1] == "multirun/long_1800"
     assert {"experiment=recall_state_long", "trainer.max_steps=1800", "trainer.eval_every=300"} <= set(args)
     assert _grids(args) == {"+experiment/arm": "exp", "data.n_pairs": "256", "seed": "0,1,2", "optim.lr": "3e-3"}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_each_arm_at_its_own_rate_shares_the_jobs_and_the_folder(tmp_path):
+    calls = _calls(tmp_path, EXPERIMENT="recall_state_widths", JOBS="20",
+                   ARM_LRS="exp=3e-3,window=3e-3,power_p2=3e-3,linear=1e-3")
+    by_rate = {_grids(c)["optim.lr"]: c for c in calls}
+    assert set(by_rate) == {"3e-3", "1e-3"}
+    assert _grids(by_rate["3e-3"])["+experiment/arm"] == "exp,window,power_p2"
+    assert _grids(by_rate["1e-3"])["+experiment/arm"] == "linear"
+    for c in calls:
+        assert c[c.index("--dir") + 1] == "multirun/recall_state_widths"
+        assert _grids(c)["+experiment/size"] == "d64l2,d256l2,d512l2" and _grids(c)["data.n_pairs"] == "256"
+        assert c.count("--grid") == 5      # seed, arm, N, size, rate: ARM_LRS's rate only
+    # 20 jobs by the number of arms, rounded up: 15 for three arms, 5 for one
+    assert [int(by_rate[r][by_rate[r].index("--jobs") + 1]) for r in ("3e-3", "1e-3")] == [15, 5]
