@@ -25,6 +25,13 @@
 # `python -m longctx.report multirun/recall_state --out reports/recall --record docs/results/experiments/recall_state.json`
 # then tables the accuracies and draws recall against state (plot_results redraws it from the record); runs made on
 # another machine join an earlier record with `--carry OLD.json` (docs/experiments.md, "made by").
+if [ -n "${ARM_LRS:-}" ]; then     # checked before anything is installed or written
+  for pair in ${ARM_LRS//,/ }; do
+    [[ $pair =~ ^[A-Za-z0-9_]+=[0-9.eE+-]+$ ]] || {
+      echo "ARM_LRS=$ARM_LRS: '$pair' is not ARM=RATE (e.g. ARM_LRS=exp=3e-3,linear=1e-3)" >&2; exit 2; }
+  done
+  [ "${PILOT:-0}" = 1 ] && { echo "ARM_LRS=$ARM_LRS: the pilot grid takes PILOT_ARMS and PILOT_LRS" >&2; exit 2; }
+fi
 source tools/setup_device.sh >/dev/null
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
@@ -40,12 +47,14 @@ if [ "${PILOT:-0}" = 1 ]; then
   common+=(trainer.max_steps=${PILOT_STEPS:-1000} trainer.eval_every=250)
   dir=multirun/recall_pilot
 else
-  # seeds the slowest axis: a grid cut short by the device's time has every arm at its first seeds
-  grids=(--grid seed=${SEEDS:-0,1,2} --grid +experiment/arm=${ARMS:-exp,window,power_p2,power_p3,power_p4,linear,window_linear_state}
-         --grid data.n_pairs=${NPAIRS:-64,256,1024})
-  [ -n "${SIZES:-}" ] && grids+=(--grid +experiment/size=$SIZES)
+  # seeds the slowest axis (a grid cut short by the device's time has every arm at its first seeds), then the arms
+  seeds=(--grid seed=${SEEDS:-0,1,2})
+  rest=(--grid data.n_pairs=${NPAIRS:-64,256,1024})
+  [ -n "${SIZES:-}" ] && rest+=(--grid +experiment/size=$SIZES)
   LRS=${LRS-1e-3,3e-3}
-  [ -n "$LRS" ] && [ -z "${ARM_LRS:-}" ] && grids+=(--grid optim.lr=$LRS)
+  [ -n "$LRS" ] && rest_lrs=(--grid optim.lr=$LRS) || rest_lrs=()
+  grids=("${seeds[@]}" --grid +experiment/arm=${ARMS:-exp,window,power_p2,power_p3,power_p4,linear,window_linear_state}
+         "${rest[@]}" "${rest_lrs[@]}")
   dir=${DIR:-multirun/$EXPERIMENT}
 fi
 points() {  # $1: jobs, $2: log name, then grid arguments
@@ -62,8 +71,8 @@ if [ -n "${ARM_LRS:-}" ]; then
   n_arms=$(tr ',' '\n' <<< "$ARM_LRS" | wc -l)
   for lr in "${!arms_at[@]}"; do
     n=$(tr ',' '\n' <<< "${arms_at[$lr]}" | wc -l)
-    arm_grids=("${grids[@]}"); arm_grids[3]=+experiment/arm=${arms_at[$lr]}     # grids[3]: the arm axis
-    points $(( (${JOBS:-18} * n + n_arms - 1) / n_arms )) "recall_grid_lr$lr.log" "${arm_grids[@]}" --grid optim.lr=$lr &
+    points $(( (${JOBS:-18} * n + n_arms - 1) / n_arms )) "recall_grid_lr$lr.log" \
+      "${seeds[@]}" --grid +experiment/arm=${arms_at[$lr]} "${rest[@]}" --grid optim.lr=$lr &
   done
   wait
 else

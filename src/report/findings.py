@@ -95,10 +95,10 @@ def _distance_to_optimum(metric: str, runs: list) -> float | None:
     return float(np.mean([r.final["icl_curve"][-1][2] - r.final["bayes_curve"][-1][2] for r in runs]))
 
 
-def _untrained(record: dict, arm_runs: list) -> tuple[str, ...]:
+def _untrained(where: dict, arm_runs: list) -> tuple[str, ...]:
     """In words, the seeds among (arm, run) whose first stage ended short of its stop bound, by the record's recall
-    points (`first_stage_failed`): a staged recipe's later stage says nothing about state where its first failed."""
-    where = {name: (point, i) for point in record.get("recall") or [] for i, name in enumerate(point["runs"])}
+    points (`first_stage_failed`; where: run name -> (its point, its seed's index)): a staged recipe's later stage
+    says nothing about state where its first failed."""
     out = []
     for arm, run in arm_runs:
         if run.name in where:
@@ -125,6 +125,7 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
     """judge() of a record already read: `name` is its file name without .json, `folder` holds its arrays."""
     where = Path(folder) / f"{name}.json"
     arms, shared = _arms(runs_from_record(record, Path(folder)))
+    seed_of = {name: (point, i) for point in record.get("recall") or [] for i, name in enumerate(point["runs"])}
     out = []
     for spec in load_findings(Path(findings_path), name):
         for arm in (spec["a"], spec["b"], spec["reference"]):
@@ -143,7 +144,7 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                                     same_bins=all(r.ctx == a[0].ctx for r in a + b))
         curves = {f"{arm} seed {r.seed}": [e[metric] for e in r.records if metric in e]
                   for arm in (spec["a"], spec["b"]) for r in arms[arm]}
-        untrained = _untrained(record, [(spec[k], r) for k in ("a", "b") for r in arms[spec[k]]])
+        untrained = _untrained(seed_of, [(spec[k], r) for k in ("a", "b") for r in arms[spec[k]]])
         gap = _distance_to_optimum(metric, arms[spec["reference"]])
         finding = Finding(spec["claim"], int(spec["sign"]), {k: tuple(v) for k, v in spec["axes"].items()},
                           **{k: float(spec[k]) for k in ("tolerance", "max_gap") if k in spec})

@@ -8,7 +8,6 @@ Seed-level intervals (Welch's t over the seeds' own accuracies, `longctx.report.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from itertools import combinations
@@ -17,7 +16,7 @@ import numpy as np
 
 from longctx.plotting import fill_title, new_figure
 from longctx.report.markdown import table_head
-from longctx.report.runs import Group, Run, read_metrics, stage_dirs
+from longctx.report.runs import Group, Run, read_metrics, run_stages
 from longctx.report.stats import DocBins, paired_seed_difference, seed_aggregate
 from longctx.report.verdict import t_quantile, welch_interval
 from longctx.state import state_per_layer
@@ -60,39 +59,31 @@ def accuracy_docs(run: Run) -> DocBins | None:
                    doc_index=doc_index)
 
 
-def first_stage_end(run: Run) -> tuple[float, int] | None:
-    """(recall, update) of its first stage's last evaluation, for a stage of a staged run (trainer.stages) after the
-    first: a seed that never left chance there is an optimization failure, not a state limit, and the update says
-    whether the stage stopped at its bound (trainer.stop_when) or ran all its updates. None for a plain run or a
-    first stage without a recall record."""
-    dirs = stage_dirs(run.path)
-    if len(dirs) < 2 or run.path.name == dirs[0]:
+def first_stage_end(run: Run) -> tuple[float, int, bool | None] | None:
+    """(recall, update, met) of its first stage's last evaluation, for a stage of a staged run (trainer.stages) after
+    the first: a seed that never left chance there is an optimization failure, not a state limit, and the update says
+    whether the stage stopped at its bound or ran all its updates. met: whether that evaluation met the first stage's
+    trainer.stop_when (in stages.json); None where the stage had no bound. A seed whose first stage did not meet it
+    never learned what that stage teaches (a failed optimization, or a state too small for the stage's own pairs):
+    its recall after the stage is not the recipe's measure of its state. None for a plain run or a first stage
+    without a recall record."""
+    stages = run_stages(run.path)
+    if len(stages) < 2 or run.path.name == stages[0]["dir"]:
         return None
-    metrics = run.path.parent / dirs[0] / "metrics.jsonl"
+    metrics = run.path.parent / stages[0]["dir"] / "metrics.jsonl"
     if not metrics.is_file():
         return None
-    ends = [(float(r["recall_accuracy"]), int(r["step"])) for r in read_metrics(metrics) if "recall_accuracy" in r]
-    return ends[-1] if ends else None
-
-
-def first_stage_met(run: Run) -> bool | None:
-    """Whether the first stage of the staged run that `run` is a later stage of met its stop bound (the first stage's
-    trainer.stop_when in stages.json) at its last evaluation; None for a plain run, a first stage without a bound or
-    without evaluations. A seed whose first stage did not meet it never learned what that stage teaches (a failed
-    optimization, or a state too small for the stage's own pairs): its recall after the stage is not the recipe's
-    measure of its state."""
-    dirs = stage_dirs(run.path)
-    if len(dirs) < 2 or run.path.name == dirs[0]:
+    ends = [r for r in read_metrics(metrics) if "recall_accuracy" in r]
+    if not ends:
         return None
+    last = ends[-1]
     try:
-        bound = json.loads((run.path.parent / "stages.json").read_text())["stages"][0]["overrides"].get(
-            "trainer.stop_when")
-        stop = parse_stop_when(bound)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    metrics = run.path.parent / dirs[0] / "metrics.jsonl"
-    evals = [r for r in read_metrics(metrics) if stop is not None and stop.metric in r] if metrics.is_file() else []
-    return stop.met(evals[-1]) if evals else None
+        overrides = stages[0].get("overrides")
+        stop = parse_stop_when(overrides.get("trainer.stop_when") if isinstance(overrides, dict) else None)
+    except ValueError:
+        stop = None
+    met = None if stop is None or stop.metric not in last else stop.met(last)
+    return float(last["recall_accuracy"]), int(last["step"]), met
 
 
 def first_stage_failed(point: dict) -> list[bool]:
@@ -143,7 +134,7 @@ def recall_points(groups: list[Group]) -> list[dict]:
         if any(f is not None for f in first):
             point["first_stage"] = [None if f is None else f[0] for f in first]
             point["first_stage_steps"] = [None if f is None else f[1] for f in first]
-            point["first_stage_met"] = [first_stage_met(r) for r in g.runs]
+            point["first_stage_met"] = [None if f is None else f[2] for f in first]
         but_rate = tuple(item for item in g.first.group_key if item[0] != "optim.lr")
         candidates.setdefault(but_rate, []).append(point)
     points = []
@@ -242,19 +233,19 @@ def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
         ax.legend(fontsize=6, loc="lower left")
 
 
-def _panels(points: list[dict]) -> list[tuple[tuple, list[dict], bool]]:
-    """[(panel key (N, context, across widths), its points, across widths)]: one panel per N and context at the
-    width most of its points share (all of them where they share one), then, where some arms also ran at other model
-    widths, a panel of those arms across every width they ran at (state grows with the heads)."""
+def _panels(points: list[dict]) -> list[tuple[tuple, list[dict], bool, object]]:
+    """[((N, context), its points, across widths, main width)]: one panel per N and context at the width most of its
+    points share (main width: None where all share one), then, where some arms also ran at other model widths, a
+    panel of those arms across every width they ran at (state grows with the heads)."""
     keys = sorted({_panel(p) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
     out = []
     for key in keys:
         here = [p for p in points if _panel(p) == key]
         main = _main_width(here)
-        out.append(((*key, False), [p for p in here if main is None or p.get("d_model") == main], False))
+        out.append((key, [p for p in here if main is None or p.get("d_model") == main], False, main))
         if main is not None:
             several = {arm for arm, n in Counter(_arm(p) for p in here).items() if n > 1}
-            out.append(((*key, True), [p for p in here if _arm(p) in several], True))
+            out.append((key, [p for p in here if _arm(p) in several], True, main))
     return out
 
 
@@ -293,7 +284,7 @@ def draw_recall_vs_state(points: list[dict], title: str):
     if not points:
         return None
     panels = _panels(points)
-    contexts = len({key[1] for key, _, _ in panels}) > 1
+    contexts = len({key[1] for key, *_ in panels}) > 1
     by_distance = any(distance_curve(p) is not None for p in points)
     rows = 2 if by_distance else 1
     # one state axis for every panel of a row: N's panels compare at a glance, and a panel of a narrow range keeps
@@ -302,7 +293,7 @@ def draw_recall_vs_state(points: list[dict], title: str):
                            sharey="row", sharex="row")
     families = [f for f in FAMILIES if any(p["attention"] == f for p in points)]
     if by_distance:
-        for ax, (_, here, widths) in zip(axes[1], panels):
+        for ax, (_, here, widths, _) in zip(axes[1], panels):
             if widths:   # a line per arm and width is past reading: the report tables them
                 ax.set_axis_off()
                 ax.text(0.5, 0.5, "recall by distance at each width:\nthe report's table", ha="center",
@@ -310,7 +301,7 @@ def draw_recall_vs_state(points: list[dict], title: str):
             else:
                 _draw_by_distance(ax, here, families)
         axes[1, 0].set_ylabel("accuracy at the queries, by distance")
-    for ax, ((n_pairs, ctx, _), here, widths) in zip(axes[0], panels):
+    for ax, ((n_pairs, ctx), here, widths, main) in zip(axes[0], panels):
         for i, family in enumerate(families):
             points_of = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
             if not points_of:
@@ -319,14 +310,11 @@ def draw_recall_vs_state(points: list[dict], title: str):
                 mean = _draw_errorbars(ax, points_of, f"C{i}", FAMILIES[family])
                 notes = [_arm_note(p) for p in points_of]
             else:            # each arm across its widths, a line style per arm of the family
-                mean, notes = [], []
-                for k, arm in enumerate(dict.fromkeys(_arm(p) for p in points_of)):
-                    line = [p for p in points_of if _arm(p) == arm]
-                    mean += _draw_errorbars(ax, line, f"C{i}", FAMILIES[family] if k == 0 else None,
-                                            ("-", "--", ":", "-.")[k % 4])
-                    notes += [" ".join(x for x in (_arm_note(p), f"d={p['d_model']}") if x) for p in line]
-                points_of = [p for arm in dict.fromkeys(_arm(p) for p in points_of)
-                             for p in points_of if _arm(p) == arm]
+                lines = [[p for p in points_of if _arm(p) == arm] for arm in dict.fromkeys(map(_arm, points_of))]
+                mean = [m for k, line in enumerate(lines) for m in _draw_errorbars(
+                    ax, line, f"C{i}", FAMILIES[family] if k == 0 else None, ("-", "--", ":", "-.")[k % 4])]
+                points_of = [p for line in lines for p in line]
+                notes = [" ".join(x for x in (_arm_note(p), f"d={p['d_model']}") if x) for p in points_of]
             for p, m, note in zip(points_of, mean, notes):
                 if note:
                     ax.annotate(note, (p["state"], m), textcoords="offset points", xytext=(4, 4), fontsize=7,
@@ -340,9 +328,8 @@ def draw_recall_vs_state(points: list[dict], title: str):
         name += f", ctx {ctx:,}" if contexts and ctx else ""
         if widths:
             name += f", across model widths (d = {'/'.join(str(w) for w in sorted({p['d_model'] for p in here}))})"
-        else:
-            several = {p.get("d_model") for p in points if _panel(p) == (n_pairs, ctx)}
-            name += f", width {here[0]['d_model']}" if len(several) > 1 else ""
+        elif main is not None:
+            name += f", width {main}"
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0, 0].set_ylabel("accuracy at the queries")
@@ -423,7 +410,7 @@ def recall_section(groups: list[Group], n_boot: int, points: list[dict]) -> list
         _, low, high = seed_interval(own)
         chance = g.first.final.get("recall_chance")
         first = [first_stage_end(r) for r in g.runs]
-        short = [" short of its bound" if first_stage_met(r) is False else "" for r in g.runs]
+        short = [" short of its bound" if f is not None and f[2] is False else "" for f in first]
         lines.append(f"| {g.label} | {g.n_seeds} | {_pct(float(iv.estimate[0]))} [{_pct(float(iv.low[0]))}, "
                      f"{_pct(float(iv.high[0]))}] | {f'[{_pct(low)}, {_pct(high)}]' if len(own) > 1 else '-'} | "
                      f"{', '.join(map(_pct, own))} | "

@@ -116,17 +116,23 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
-def stage_dirs(run: Path) -> list[str]:
-    """The stage folders of the staged run (trainer.stages) that `run` is a stage of, in order ([] for a plain run):
-    the run folder's stages.json lists them."""
+def run_stages(run: Path) -> list[dict]:
+    """The stages ({"dir", "overrides"}) of the staged run (trainer.stages) that `run` is a stage of, in order ([]
+    for a plain run): the run folder's stages.json lists them."""
     index = run.parent / "stages.json"
     if not index.is_file():
         return []
     try:
-        dirs = [s["dir"] for s in json.loads(index.read_text())["stages"]]
+        stages = json.loads(index.read_text())["stages"]
+        dirs = [s["dir"] for s in stages]
     except (ValueError, KeyError, TypeError, OSError):
         return []
-    return dirs if run.name in dirs else []
+    return stages if run.name in dirs else []
+
+
+def stage_dirs(run: Path) -> list[str]:
+    """The stage folders of the staged run that `run` is a stage of, in order ([] for a plain run)."""
+    return [s["dir"] for s in run_stages(run)]
 
 
 def earlier_stage(run: Path) -> bool:

@@ -76,3 +76,18 @@ def test_each_arm_at_its_own_rate_shares_the_jobs_and_the_folder(tmp_path):
         assert c.count("--grid") == 5      # seed, arm, N, size, rate: ARM_LRS's rate only
     # 20 jobs by the number of arms, rounded up: 15 for three arms, 5 for one
     assert [int(by_rate[r][by_rate[r].index("--jobs") + 1]) for r in ("3e-3", "1e-3")] == [15, 5]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("env,words", [
+    ({"ARM_LRS": "exp=3e-3,linear"}, "'linear' is not ARM=RATE"),
+    ({"ARM_LRS": "exp=fast"}, "'exp=fast' is not ARM=RATE"),
+    ({"ARM_LRS": "exp=3e-3", "PILOT": "1"}, "the pilot grid takes PILOT_ARMS and PILOT_LRS")])
+def test_a_bad_arm_lrs_is_one_line_and_nothing_runs_or_is_written(tmp_path, env, words):
+    (tmp_path / "tools").mkdir()
+    shutil.copy(REPO / "tools" / "recall_grid.sh", tmp_path / "tools")
+    (tmp_path / "tools" / "setup_device.sh").write_text("touch SETUP_RAN\n")
+    proc = subprocess.run(["bash", "tools/recall_grid.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, OUT=str(tmp_path / "out"), **env))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tools"]    # no setup, no $OUT, no run folder
