@@ -25,9 +25,10 @@ ARMS = {  # attention conf -> accuracy a document recalls on average (seeds move
 
 
 def recall_run(folder, arm: str, n_pairs: int, seed: int, lr: float | None = None, level: float | None = None,
-               init_from=None):
+               init_from=None, **attention_change):
     """A fake run on MQAR data whose final evaluation recorded `hits` (documents x queries) and the accuracy."""
     attention, arm_level = ARMS[arm]
+    attention = {**attention, **attention_change}
     level = arm_level if level is None else level
     run = fake_run(folder, attention["name"], 64, 0.1, seed=seed, doc_bins=True, init_from=init_from,
                    change={"attention": attention, "model": {"d_model": 32, "n_heads": 2},
@@ -376,6 +377,32 @@ def test_arms_at_several_widths_get_a_panel_of_their_own():
         ["linear attention", "power attention p=2", "power attention p=3"])
 
 
+def test_an_output_norm_arm_is_a_point_and_a_dashed_line_of_its_own(tmp_path):
+    """Power p=2 with a per-head output norm holds the same state as without: the record keeps it as its own point
+    (`output_norm`), and the figure draws it as a dashed line of its own beside the plain arm, named in the legend
+    and its points' notes, never joined into the plain arm's line."""
+    for seed in (0, 1):
+        recall_run(tmp_path / f"plain_s{seed}", "power_p2", 16, seed, level=0.4)
+        recall_run(tmp_path / f"norm_s{seed}", "power_p2", 16, seed, level=0.8, output_norm=True)
+    record = tmp_path / "recall.json"
+    report([str(tmp_path / f"{arm}_s{seed}") for arm in ("plain", "norm") for seed in (0, 1)]
+           + ["--out", str(tmp_path / "out"), "--bootstrap", "20", "--record", str(record)])
+    points = json.loads(record.read_text())["recall"]
+    assert sorted(p.get("output_norm", False) for p in points) == [False, True]
+    assert len({p["state"] for p in points}) == 1
+    plain, norm = sorted(points, key=lambda p: p.get("output_norm", False))
+    assert np.mean(norm["seeds"]) > np.mean(plain["seeds"])
+
+    fig = draw_recall_vs_state(points, "t")
+    (panel,) = [ax for ax in fig.axes if ax.get_title().startswith("N = ")]
+    drawn = {bars.get_label(): bars.lines[0] for bars in panel.containers}
+    assert set(drawn) == {"power attention (degree p)", "power attention (degree p), per-head output norm"}
+    assert drawn["power attention (degree p)"].get_linestyle() == "-"
+    dashed = drawn["power attention (degree p), per-head output norm"]
+    assert dashed.get_linestyle() == "--" and dashed.get_ydata()[0] == pytest.approx(np.mean(norm["seeds"]))
+    assert sorted(t.get_text() for t in panel.texts) == ["p=2", "p=2+norm"]
+
+
 def test_the_committed_recall_record_names_each_points_width_and_first_stages():
     """Every point of the published recall record says its model width, the one its runs' folders were named for
     (model.name d<width>l<layers>), and the seeds the figure marks as failed training are those whose first stage
@@ -391,3 +418,5 @@ def test_the_committed_recall_record_names_each_points_width_and_first_stages():
         assert first_stage_failed(point) == [e is not None and e < RECIPE_FIRST_STOP for e in ends]
     widths = {p["d_model"] for p in record["recall"] if p["n_pairs"] == 256 and p["ctx"] == 4096}
     assert widths == {64, 128, 256, 512}
+    assert sorted(p["d_model"] for p in record["recall"] if p.get("output_norm")) == [64, 128, 256]
+    assert all("output_normtrue" in name for p in record["recall"] if p.get("output_norm") for name in p["runs"])

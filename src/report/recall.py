@@ -127,6 +127,8 @@ def recall_points(groups: list[Group]) -> list[dict]:
                  "chance": g.first.final.get("recall_chance"), "lr": g.first.flat.get("optim.lr"),
                  "d_model": (g.first.config.get("model") or {}).get("d_model"),
                  "seeds": [float(d.loss.mean()) for d in docs], "runs": [r.name for r in g.runs]}
+        if attention.get("output_norm"):  # a variant of its arm (same state): a line of its own
+            point["output_norm"] = True
         by_distance = [r.final.get("recall_by_distance") for r in g.runs]
         if all(b for b in by_distance):
             point["by_distance"] = by_distance  # each seed's [[from, to, accuracy, queries], ...] (metrics.jsonl)
@@ -158,12 +160,23 @@ def seed_interval(values) -> tuple[float, float, float]:
 
 
 def _arm_note(point: dict) -> str:
-    return {"power": f"p={point['p']}", "window": f"w={point['window']}"}.get(point["attention"], "")
+    note = {"power": f"p={point['p']}", "window": f"w={point['window']}"}.get(point["attention"], "")
+    return f"{note}+norm" if point.get("output_norm") else note
 
 
 def _arm(point: dict) -> tuple:
-    """The attention a point runs, whatever the model's width."""
-    return point["attention"], point.get("p"), point.get("window")
+    """The attention a point runs, whatever the model's width (a per-head output norm is an arm of its own)."""
+    return point["attention"], point.get("p"), point.get("window"), bool(point.get("output_norm"))
+
+
+def _variant_lines(points_of: list[dict]) -> list[list[dict]]:
+    """A family's points as lines: the plain arms, then those with a per-head output norm (absent ones left out)."""
+    lines = [[p for p in points_of if bool(p.get("output_norm")) == norm] for norm in (False, True)]
+    return [line for line in lines if line]
+
+
+def _line_label(family: str, line: list[dict]) -> str:
+    return FAMILIES[family] + (", per-head output norm" if line[0].get("output_norm") else "")
 
 
 def _panel(point: dict) -> tuple:
@@ -306,15 +319,17 @@ def draw_recall_vs_state(points: list[dict], title: str):
             points_of = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
             if not points_of:
                 continue
-            if not widths:   # the family across its arms (p or w)
-                mean = _draw_errorbars(ax, points_of, f"C{i}", FAMILIES[family])
-                notes = [_arm_note(p) for p in points_of]
+            if not widths:   # the family across its arms (p or w), its output-norm arms dashed beside
+                lines, styles = _variant_lines(points_of), ("-", "--")
             else:            # each arm across its widths, a line style per arm of the family
                 lines = [[p for p in points_of if _arm(p) == arm] for arm in dict.fromkeys(map(_arm, points_of))]
-                mean = [m for k, line in enumerate(lines) for m in _draw_errorbars(
-                    ax, line, f"C{i}", FAMILIES[family] if k == 0 else None, ("-", "--", ":", "-.")[k % 4])]
-                points_of = [p for line in lines for p in line]
-                notes = [" ".join(x for x in (_arm_note(p), f"d={p['d_model']}") if x) for p in points_of]
+                styles = ("-", "--", ":", "-.")
+            labels = [_line_label(family, line) for line in lines]
+            mean = [m for k, line in enumerate(lines) for m in _draw_errorbars(   # each label named once
+                ax, line, f"C{i}", labels[k] if labels[k] not in labels[:k] else None, styles[k % len(styles)])]
+            points_of = [p for line in lines for p in line]
+            notes = [" ".join(x for x in (_arm_note(p), f"d={p['d_model']}" if widths else "") if x)
+                     for p in points_of]
             for p, m, note in zip(points_of, mean, notes):
                 if note:
                     ax.annotate(note, (p["state"], m), textcoords="offset points", xytext=(4, 4), fontsize=7,
