@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # GPU run for the model zoo, one stage per call where time is short (each fits 10 minutes on one H100/H200):
+#   kernels the power-attention kernel GPU tests (four xdist workers a GPU; each result in the log as it lands, -v)
 #   tests  the model GPU tests (xdist over every GPU; FLA autotunes on first use: carry an autotune cache, docs/gpu.md)
 #   train  50 steps at 64k of GPT-2 and RWKV7 small with power p=2 through train.py
 #   paths  scripts/compare_train_paths.py: 200 steps of the recipe's path vs the eager path vs another seed
@@ -8,16 +9,24 @@
 #          lands (-v), so a cut call keeps what finished
 #   decode-bench  scripts/bench_decode.py, every model, path and batch in one run (README's decoding table)
 # Logs and results land in $OUT (or ./gpu_out); the autotune winners are kept for the next machine.
-#   bash tools/model_checks.sh [tests] [train] [paths] [bench] [decode] [decode-bench]
+#   bash tools/model_checks.sh [kernels] [tests] [train] [paths] [bench] [decode] [decode-bench]
+# One after another these cost more than a call's 10 minutes: run the tests stages alone, and never serially
+# (`pytest -m gpu tests/kernels` on one process runs past 7 minutes on an H100).
 source tools/setup_device.sh
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 stages=${*:-tests train paths bench}
 for stage in $stages; do
   case $stage in
+    kernels)
+      n=$(nvidia-smi -L | wc -l)
+      LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n $((4 * n)) -v -o addopts="" -p no:cacheprovider \
+        tests/kernels -m gpu --durations=15 2>&1 | tee "$OUT/kernel_tests.log" \
+        | grep -E "FAILED|ERROR|passed|failed|slowest|^[0-9.]+s " | tail -40 ;;
     tests) # two xdist workers per GPU, spread over every visible GPU (tests/conftest.py); ~5.5 min on 3 H200s
       n=$(nvidia-smi -L | wc -l)
-      LONGCTX_TEST_GPUS=$n python3 -m pytest -n $((n > 1 ? 2 * n : 4)) -q -o addopts="" tests/models -m gpu \
-        --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+      LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n $((n > 1 ? 2 * n : 4)) -v -o addopts="" tests/models \
+        tests/train tests/eval -m gpu --durations=15 2>&1 | tee "$OUT/gpu_tests.log" \
+        | grep -E "FAILED|ERROR|passed|failed|slowest|^[0-9.]+s " | tail -40 ;;
     train)
       for arch in gpt2 rwkv7; do
         timeout 400 python3 train.py experiment=paper arch=$arch attention=power p=2 data=icl_markov \
