@@ -15,18 +15,17 @@
 source tools/setup_device.sh
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 stages=${*:-tests train paths bench}
+n=$(nvidia-smi -L | wc -l)   # GPUs: the test stages spread their xdist workers over them
+gpu_tests() {  # $1: log under $OUT, $2: xdist workers, then the test paths; every result in the log by name (-v)
+  local log=$1 workers=$2; shift 2
+  LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n "$workers" -v -o addopts="" -p no:cacheprovider "$@" \
+    -m gpu --durations=15 2>&1 | tee "$OUT/$log" | grep -E "FAILED|ERROR|passed|failed|slowest|^[0-9.]+s " | tail -40
+}
 for stage in $stages; do
   case $stage in
-    kernels)
-      n=$(nvidia-smi -L | wc -l)
-      LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n $((4 * n)) -v -o addopts="" -p no:cacheprovider \
-        tests/kernels -m gpu --durations=15 2>&1 | tee "$OUT/kernel_tests.log" \
-        | grep -E "FAILED|ERROR|passed|failed|slowest|^[0-9.]+s " | tail -40 ;;
+    kernels) gpu_tests kernel_tests.log $((4 * n)) tests/kernels ;;
     tests) # two xdist workers per GPU, spread over every visible GPU (tests/conftest.py); ~5.5 min on 3 H200s
-      n=$(nvidia-smi -L | wc -l)
-      LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n $((n > 1 ? 2 * n : 4)) -v -o addopts="" tests/models \
-        tests/train tests/eval -m gpu --durations=15 2>&1 | tee "$OUT/gpu_tests.log" \
-        | grep -E "FAILED|ERROR|passed|failed|slowest|^[0-9.]+s " | tail -40 ;;
+      gpu_tests gpu_tests.log $((n > 1 ? 2 * n : 4)) tests/models tests/train tests/eval ;;
     train)
       for arch in gpt2 rwkv7; do
         timeout 400 python3 train.py experiment=paper arch=$arch attention=power p=2 data=icl_markov \
@@ -36,7 +35,6 @@ for stage in $stages; do
         cp /tmp/runs/$arch/metrics.jsonl "$OUT/metrics_$arch.jsonl" 2>/dev/null
       done ;;
     decode) # three xdist workers on each GPU: the cases compile on the CPU side by side (correctness, not timing)
-      n=$(nvidia-smi -L | wc -l)
       LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n $((3 * n)) -v -o addopts="" -p no:cacheprovider \
         tests/models/test_decoding_gpu.py -m gpu 2>&1 | tee "$OUT/decode_tests.log" \
         | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -70 ;;
