@@ -12,9 +12,15 @@
 #   bash tools/model_checks.sh [kernels] [tests] [train] [paths] [bench] [decode] [decode-bench]
 # One after another these cost more than a call's 10 minutes: run the tests stages alone, and never serially
 # (`pytest -m gpu tests/kernels` on one process runs past 7 minutes on an H100).
+stages=${*:-tests train paths bench}
+for stage in $stages; do   # a misspelt stage is refused before anything is installed or run
+  case $stage in kernels|tests|train|paths|bench|decode|decode-bench) ;;
+    *) echo "model_checks.sh: unknown stage '$stage' (kernels, tests, train, paths, bench, decode, decode-bench)" >&2
+       exit 2 ;;
+  esac
+done
 source tools/setup_device.sh
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-stages=${*:-tests train paths bench}
 n=$(nvidia-smi -L | wc -l)   # GPUs: the test stages spread their xdist workers over them
 gpu_tests() {  # $1: log under $OUT, $2: xdist workers, then the test paths; every result in the log by name (-v)
   local log=$1 workers=$2; shift 2

@@ -1,0 +1,47 @@
+"""tools/model_checks.sh without a GPU (nvidia-smi, python3 and the device setup stubbed; the arguments recorded):
+the test stages spread their xdist workers over the GPUs and keep every result in a log under $OUT; a misspelt stage
+is one line, before anything is installed or run."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def _run(tmp_path, *stages):
+    (tmp_path / "tools").mkdir()
+    shutil.copy(REPO / "tools" / "model_checks.sh", tmp_path / "tools")
+    (tmp_path / "tools" / "setup_device.sh").write_text("touch SETUP_RAN\n")
+    (tmp_path / "tools" / "keep_autotune.sh").write_text("")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, body in {"nvidia-smi": 'echo "GPU 0"; echo "GPU 1"',
+                       "python3": 'echo "$*" >> "$ARGS_FILE"; echo "3 passed in 1.0s"'}.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", ARGS_FILE=str(tmp_path / "args.txt"),
+               OUT=str(tmp_path / "out"))
+    return subprocess.run(["bash", "tools/model_checks.sh", *stages], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_test_stages_spread_workers_over_the_gpus_and_log_every_result(tmp_path):
+    proc = _run(tmp_path, "kernels", "tests")
+    assert proc.returncode == 0, proc.stderr
+    kernels, tests = (tmp_path / "args.txt").read_text().splitlines()
+    assert kernels.startswith("-m pytest -n 8 -v ") and "tests/kernels -m gpu" in kernels   # 4 workers a GPU, 2 GPUs
+    assert tests.startswith("-m pytest -n 4 -v ") and "tests/models tests/train tests/eval -m gpu" in tests
+    for log in ("kernel_tests.log", "gpu_tests.log"):
+        assert (tmp_path / "out" / log).read_text() == "3 passed in 1.0s\n"
+    assert proc.stdout.count("3 passed") == 2
+
+
+def test_a_misspelt_stage_is_one_line_and_nothing_runs(tmp_path):
+    proc = _run(tmp_path, "kernels", "kernel")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown stage 'kernel'" in proc.stderr
+    assert not (tmp_path / "args.txt").exists() and not (tmp_path / "SETUP_RAN").exists()
+    assert not (tmp_path / "out").exists()
