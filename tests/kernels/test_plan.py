@@ -41,6 +41,29 @@ def test_p2_family_and_what_follows_it(p, d, dtype, switches, want):
                                                                  else cfg.default_chunk)
 
 
+@pytest.mark.parametrize("t, state_in, state_out, want", [
+    (1, True, True, "generic"),         # a decoding step: its state is handed on, call after call
+    (64, False, True, "generic"),       # a short prompt's state
+    (511, True, False, "generic"),
+    (512, True, True, "p2"),            # a piece a chunk long or more: rounded once per chunk, the faster family
+    (65536, True, True, "p2"),
+    (1, False, False, "p2"),            # no state: nothing is carried
+])
+def test_short_stateful_calls_keep_fp32_states(t, state_in, state_out, want):
+    """The p=2 family keeps bf16 inputs' states in bf16; a bf16 call that carries a state over fewer tokens than a
+    chunk takes the generic family, whose states are fp32 (a state rounded to bf16 at every decoding step drifts)."""
+    assert plan.default_chunk(2, 64, torch.bfloat16) == 512
+    made = plan.make_plan(t, 2, 64, torch.bfloat16, form="chunked", state_in=state_in, state_out=state_out)
+    assert made.family == want
+    assert plan.state_dtype(made.family, torch.bfloat16) == (torch.bfloat16 if want == "p2" else torch.float32)
+    with p2_config.override(force=True):     # fp32 states in the p=2 family too: nothing is rounded
+        assert plan.make_plan(t, 2, 64, torch.float32, form="chunked", state_in=state_in,
+                              state_out=state_out).family == "p2"
+    routed = plan.make_plan(t, 2, 64, torch.bfloat16, "cuda", state_in=state_in, state_out=state_out)
+    assert routed.form == ("chunked" if state_in or state_out else routed.form)
+    assert (routed.family == want) if routed.form == "chunked" else routed.family == ""
+
+
 def test_the_family_is_decided_in_plan_py_alone():
     """Only plan.py asks p2_family; chunk.py reaches the p=2 family through its two entries, as the plan names it."""
     askers = sorted(str(path.relative_to(POWER)) for path in POWER.rglob("*.py")
@@ -166,7 +189,8 @@ def test_routing_table_and_impl_env(monkeypatch):
     assert route(cfg.chunked_min_t_wide, 2, 128, torch.bfloat16) == ("chunked", "p2", cfg.default_chunk)
     assert route(100, 3, 64, torch.bfloat16, state_out=True) == ("chunked", "generic", 100)   # chunk <= t
     assert route(100, 2, 64, torch.bfloat16, chunk_size=32) == ("chunked", "p2", 32)
-    assert route(100, 2, 64, torch.bfloat16, state_in=True, chunk_size=32) == ("chunked", "p2", 32)
+    assert route(1000, 2, 64, torch.bfloat16, state_in=True, chunk_size=32) == ("chunked", "p2", 32)
+    assert route(100, 2, 64, torch.bfloat16, state_in=True, chunk_size=32) == ("chunked", "generic", 32)  # short
     assert plan.make_plan(long, 2, 64, torch.bfloat16, "cpu").form == "reference"
     assert plan.make_plan(long, 2, 64, torch.bfloat16, compiling=True).launcher == "custom_op"
     assert plan.make_plan(100, 2, 64, torch.bfloat16, compiling=True, state_out=True).launcher == "function"

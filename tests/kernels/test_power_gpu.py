@@ -225,6 +225,25 @@ def test_chunked_pieces_equal_one_call(p, norm, dtype):
         assert rel_err(y, whole[:, i:i + 1]) < tol
 
 
+def test_bf16_decoding_steps_carry_an_fp32_state():
+    """256 bf16 decoding steps through the public step API (each a one-token chunked call with a state in and out):
+    the state they hand on stays within 5e-3 of the float64 reference's on the same inputs. A state rounded to bf16
+    at every call (the p=2 family's per-chunk states) drifts as a random walk: 1.7e-2 here (the float32 reference
+    stepped with its state rounded to bf16 at each call, on CPU); the plan gives
+    short stateful calls the generic family's fp32 states."""
+    q, k, v, lg = make(2, 261, 4, 2, 64, torch.bfloat16, True)
+    lg = lg / 100                                                   # a slow gate: the state remembers most tokens
+    _, st = power_attention(q[:, :5], k[:, :5], v[:, :5], lg[:, :5], p=2, return_state=True)
+    for i in range(5, 261):
+        y, st = power_attention_step(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], st, lg[:, i:i + 1], p=2)
+    _, ref = power_attention_reference(q.double(), k.double(), v.double(), lg.double(), p=2, chunk_size=261,
+                                       return_state=True)
+    assert st.s.dtype == torch.float32
+    assert rel_err(st.s, ref.s) < 5e-3 and rel_err(st.z, ref.z) < 5e-3, (rel_err(st.s, ref.s), rel_err(st.z, ref.z))
+    whole = power_attention_reference(q.double(), k.double(), v.double(), lg.double(), p=2, chunk_size=261)
+    assert rel_err(y, whole[:, -1:]) < 1e-2
+
+
 def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monkeypatch):
     """t >= chunked_min_t, bf16, p=2: chunk_size=None takes the chunked form; it agrees with the attention form."""
     from longctx.kernels.power import config, plan

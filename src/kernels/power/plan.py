@@ -56,6 +56,15 @@ def min_chunked_t(p: int, d: int) -> int:
     return cfg.chunked_min_t_wide if p == 2 and d >= 128 else cfg.chunked_min_t
 
 
+def rounds_carried_state(t: int, p: int, d: int, dtype, state_in: bool, state_out: bool) -> bool:
+    """Whether the p=2 family would round to bf16 (state_dtype) a state carried over fewer tokens than a chunk (a
+    decoding step, a short continuation): such calls take the generic family, whose states are fp32. A state carried
+    through many short calls would be rounded once a call and drift: after 256 eager bf16 decoding steps a Llama
+    model's logits were 3.96e-2 from float64 ones on an H100, the static decoder's (fp32 state) 1.40e-2. A piece a
+    chunk long or more is rounded once per chunk's worth of tokens and keeps the faster family."""
+    return state_dtype("p2", dtype) != torch.float32 and (state_in or state_out) and t < default_chunk(p, d, dtype)
+
+
 def default_chunk(p: int, d: int, dtype=None) -> int:
     """The chunk length of every CUDA call that gives none (stateless or with a state): config.dispatch's chunk_p2 for
     the p=2 family at d <= 64, else its default_chunk."""
@@ -238,7 +247,8 @@ def make_plan(t: int, p: int, d: int, dtype, device: str = "cuda", *, chunk_size
         chunk, launcher = None, "custom_op" if compiling else "function"
     elif form == "chunked":
         chunk = min(int(chunk or default_chunk(p, d, dtype)), t)
-        family = "p2" if p2_family(p, d, dtype) else "generic"
+        family = "p2" if p2_family(p, d, dtype) and not rounds_carried_state(t, p, d, dtype, state_in, state_out) \
+            else "generic"
         # dynamo cannot trace the launches: a stateless call under torch.compile is one opaque op per pass
         launcher = "custom_op" if compiling and stateless else "function"
     return Plan(t=t, p=p, d=d, dtype=dtype, device=device, norm=norm, state_in=state_in, state_out=state_out,
