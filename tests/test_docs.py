@@ -20,7 +20,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 CITED_SECTION = re.compile(r"README(?:\.md)?(?:'s)?,?\s+\"([^\"]+)\"")
 MAX_README_LINES = 250
 SETUP = 'pip install torch==2.13.0 -e ".[test]"'
-TESTS = "python -m pytest -q"
+TESTS = "python -m pytest -q -n 2"
 
 
 def slug(heading: str) -> str:
