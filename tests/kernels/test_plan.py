@@ -60,8 +60,10 @@ def test_short_stateful_calls_keep_fp32_states(t, state_in, state_out, want):
         assert plan.make_plan(t, 2, 64, torch.float32, form="chunked", state_in=state_in,
                               state_out=state_out).family == "p2"
     routed = plan.make_plan(t, 2, 64, torch.bfloat16, "cuda", state_in=state_in, state_out=state_out)
-    assert routed.form == ("chunked" if state_in or state_out else routed.form)
-    assert (routed.family == want) if routed.form == "chunked" else routed.family == ""
+    if state_in or state_out:           # what power_attention routes: the chunked form of that family
+        assert (routed.form, routed.family) == ("chunked", want)
+    else:                               # a stateless token: the attention form, no family
+        assert (routed.form, routed.family) == ("attention", "")
 
 
 def test_the_family_is_decided_in_plan_py_alone():

@@ -229,8 +229,8 @@ def test_bf16_decoding_steps_carry_an_fp32_state():
     """256 bf16 decoding steps through the public step API (each a one-token chunked call with a state in and out):
     the state they hand on stays within 5e-3 of the float64 reference's on the same inputs. A state rounded to bf16
     at every call (the p=2 family's per-chunk states) drifts as a random walk: 1.7e-2 here (the float32 reference
-    stepped with its state rounded to bf16 at each call, on CPU); the plan gives
-    short stateful calls the generic family's fp32 states."""
+    stepped with its state rounded to bf16 at each call, on CPU); the plan gives short stateful calls the generic
+    family's fp32 states."""
     q, k, v, lg = make(2, 261, 4, 2, 64, torch.bfloat16, True)
     lg = lg / 100                                                   # a slow gate: the state remembers most tokens
     _, st = power_attention(q[:, :5], k[:, :5], v[:, :5], lg[:, :5], p=2, return_state=True)

@@ -220,7 +220,9 @@ def make_plan(t: int, p: int, d: int, dtype, device: str = "cuda", *, chunk_size
 
     * CPU tensors (or LONGCTX_POWER_IMPL=reference): the reference, chunked with chunk_size or cpu_chunk_size;
     * CUDA, stateless, chunk_size=None: the form cuda_chunk_size picks;
-    * CUDA with chunk_size, initial_state or return_state: the chunked form, chunk default_chunk where none is given.
+    * CUDA with chunk_size, initial_state or return_state: the chunked form, chunk default_chunk where none is given;
+      the p=2 family where p2_family says so, but for a bf16 call carrying a state over fewer tokens than a chunk
+      (rounds_carried_state: the generic family's fp32 states).
 
     Example:
         >>> make_plan(65536, 2, 64, torch.bfloat16).chunk
