@@ -22,16 +22,17 @@ done
 source tools/setup_device.sh
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 n=$(nvidia-smi -L | wc -l)   # GPUs: the test stages spread their xdist workers over them
-gpu_tests() {  # $1: log under $OUT, $2: xdist workers, then the test paths; every result in the log by name (-v)
-  local log=$1 workers=$2; shift 2
+gpu_tests() {  # $1: log under $OUT, $2: xdist workers, $3: the lines shown here, then the test paths; every result
+  local log=$1 workers=$2 shown=$3; shift 3   # in the log by name (-v), so a call cut by its limit keeps what finished
   LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n "$workers" -v -o addopts="" -p no:cacheprovider "$@" \
-    -m gpu --durations=15 2>&1 | tee "$OUT/$log" | grep -E "FAILED|ERROR|passed|failed|slowest|^[0-9.]+s " | tail -40
+    -m gpu --durations=15 2>&1 | tee "$OUT/$log" | grep -E "$shown" | tail -70
 }
+summary="FAILED|ERROR|passed|failed|slowest|^[0-9.]+s "
 for stage in $stages; do
   case $stage in
-    kernels) gpu_tests kernel_tests.log $((4 * n)) tests/kernels ;;
+    kernels) gpu_tests kernel_tests.log $((4 * n)) "$summary" tests/kernels ;;
     tests) # two xdist workers per GPU, spread over every visible GPU (tests/conftest.py); ~5.5 min on 3 H200s
-      gpu_tests gpu_tests.log $((n > 1 ? 2 * n : 4)) tests/models tests/train tests/eval ;;
+      gpu_tests gpu_tests.log $((n > 1 ? 2 * n : 4)) "$summary" tests/models tests/train tests/eval ;;
     train)
       for arch in gpt2 rwkv7; do
         timeout 400 python3 train.py experiment=paper arch=$arch attention=power p=2 data=icl_markov \
@@ -41,9 +42,7 @@ for stage in $stages; do
         cp /tmp/runs/$arch/metrics.jsonl "$OUT/metrics_$arch.jsonl" 2>/dev/null
       done ;;
     decode) # three xdist workers on each GPU: the cases compile on the CPU side by side (correctness, not timing)
-      LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n $((3 * n)) -v -o addopts="" -p no:cacheprovider \
-        tests/models/test_decoding_gpu.py -m gpu 2>&1 | tee "$OUT/decode_tests.log" \
-        | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -70 ;;
+      gpu_tests decode_tests.log $((3 * n)) "PASSED|$summary" tests/models/test_decoding_gpu.py ;;
     decode-bench) # README's decoding table: every model, path and batch in one run
       timeout 580 python3 scripts/bench_decode.py --out "$OUT/bench_decode" --budget-s 500 \
         --paths compiled-model+fused,compiled+fused,compiled-model,compiled,static,eager --profile \

@@ -30,14 +30,15 @@ def _run(tmp_path, *stages):
 
 
 def test_test_stages_spread_workers_over_the_gpus_and_log_every_result(tmp_path):
-    proc = _run(tmp_path, "kernels", "tests")
+    proc = _run(tmp_path, "kernels", "tests", "decode")
     assert proc.returncode == 0, proc.stderr
-    kernels, tests = (tmp_path / "args.txt").read_text().splitlines()
+    kernels, tests, decode = (tmp_path / "args.txt").read_text().splitlines()
     assert kernels.startswith("-m pytest -n 8 -v ") and "tests/kernels -m gpu" in kernels   # 4 workers a GPU, 2 GPUs
     assert tests.startswith("-m pytest -n 4 -v ") and "tests/models tests/train tests/eval -m gpu" in tests
-    for log in ("kernel_tests.log", "gpu_tests.log"):
+    assert decode.startswith("-m pytest -n 6 -v ") and "tests/models/test_decoding_gpu.py -m gpu" in decode
+    for log in ("kernel_tests.log", "gpu_tests.log", "decode_tests.log"):
         assert (tmp_path / "out" / log).read_text() == "3 passed in 1.0s\n"
-    assert proc.stdout.count("3 passed") == 2
+    assert proc.stdout.count("3 passed") == 3
 
 
 def test_a_misspelt_stage_is_one_line_and_nothing_runs(tmp_path):
