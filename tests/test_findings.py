@@ -98,9 +98,10 @@ def test_recall_claims_are_judged_on_recall_at_the_queries():
                  if met is False or (met is None and end is not None and end < 0.99)}
     assert ("linear, N=64", 1) in untrained and ("softmax, N=64", 0) not in untrained
     judged = judge(RESULTS / "recall_state.json", n_boot=200)
-    # 3 claims at each N at ctx 4096, 2 at N = 256 at ctx 16384, power p=3 above p=2 at each N, power p=2 with its
-    # output norm above the window at widths 128 and 256, power p=2 above the window at width 64 (lr 6e-3)
-    assert [j["metric"] for j in judged] == ["recall_accuracy"] * 17
+    # 3 claims at each N at ctx 4096, 2 at N = 256 at ctx 16384 (and the window's again after 1,800 updates), power
+    # p=3 above p=2 at each N, power p=2 with its output norm above the window at widths 128 and 256 (and at 512
+    # without its gate), power p=2 above the window at width 64 (lr 6e-3)
+    assert [j["metric"] for j in judged] == ["recall_accuracy"] * 19
     for j in judged:
         assert j["difference"][0] == pytest.approx(np.mean(final[j["a"]]) - np.mean(final[j["b"]]), abs=1e-9)
         assert j["seed_interval"][0] == pytest.approx(j["difference"][0], abs=1e-9)

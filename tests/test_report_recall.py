@@ -25,12 +25,13 @@ ARMS = {  # attention conf -> accuracy a document recalls on average (seeds move
 
 
 def recall_run(folder, arm: str, n_pairs: int, seed: int, lr: float | None = None, level: float | None = None,
-               init_from=None, **attention_change):
+               init_from=None, max_steps: int | None = None, **attention_change):
     """A fake run on MQAR data whose final evaluation recorded `hits` (documents x queries) and the accuracy."""
     attention, arm_level = ARMS[arm]
     attention = {**attention, **attention_change}
     level = arm_level if level is None else level
     run = fake_run(folder, attention["name"], 64, 0.1, seed=seed, doc_bins=True, init_from=init_from,
+                   max_steps=max_steps,
                    change={"attention": attention, "model": {"d_model": 32, "n_heads": 2},
                            "data": {"name": "mqar", "tag": f"mqar_n{n_pairs}", "n_pairs": n_pairs},
                            **({"optim": {"lr": lr}} if lr is not None else {})})
@@ -321,6 +322,10 @@ def test_carry_refuses_what_would_mix_up_runs_or_points_before_writing(recall_ru
              (["--record", str(new), "--carry", str(part)], "recall point 'exp (2 seeds)' is both carried"),
              (["--record", str(new), "--carry", str(part), "--carry", str(part), "--label", "exp=softmax"],
               "is also in")]
+    with pytest.raises(SystemExit) as exit_:   # the carried runs themselves, reported again
+        report([str(root / "exp_n4_s0"), str(root / "exp_n4_s1"), "--out", str(tmp_path / "o2"), "--bootstrap", "20",
+                "--record", str(new), "--carry", str(part), "--label", "exp=softmax"])
+    assert exit_.value.code == 2 and "is also among the runs reported" in capsys.readouterr().err
     for args, words in cases:
         with pytest.raises(SystemExit) as exit_:
             report([str(root / "exp_n16_s0"), str(root / "exp_n16_s1"), "--out", str(tmp_path / "o2"),
@@ -328,6 +333,22 @@ def test_carry_refuses_what_would_mix_up_runs_or_points_before_writing(recall_ru
         assert exit_.value.code == 2
         assert words in capsys.readouterr().err
     assert not new.exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_run_elsewhere_named_like_a_carried_one_is_named_apart(recall_runs, tmp_path):
+    """Another folder's run whose own folders match a carried run's name (a longer rerun of a grid in a folder of
+    its own) is another run: the report names it by one more folder and carries both."""
+    root, _ = recall_runs
+    part, new = tmp_path / "part.json", tmp_path / "new.json"
+    report([str(root / "exp_n4_s0"), str(root / "exp_n4_s1"), "--out", str(tmp_path / "o1"), "--bootstrap", "20",
+            "--record", str(part)])
+    carried = {entry["name"] for entry in json.loads(part.read_text())["runs"]}
+    again = [recall_run(tmp_path / "longer" / f"exp_n4_s{seed}", "exp", 4, seed, level=0.95)[0] for seed in (0, 1)]
+    report([str(r) for r in again] + ["--out", str(tmp_path / "o2"), "--bootstrap", "20", "--record", str(new),
+                                      "--carry", str(part), "--label", "exp=softmax, longer"])
+    names = [entry["name"] for entry in json.loads(new.read_text())["runs"]]
+    assert len(names) == len(set(names)) == 4 and carried < set(names)
+    assert sorted(set(names) - carried) == [f"longer/exp_n4_s{seed}" for seed in (0, 1)]
 
 
 def test_panels_split_by_context_where_the_points_span_several():
@@ -347,7 +368,8 @@ def test_panels_split_by_context_where_the_points_span_several():
 def test_arms_at_several_widths_get_a_panel_of_their_own():
     """Points of one arm at several model widths (state grows with the heads): the N's panel draws the families at
     the width most points share, and a panel beside it draws each such arm across its widths, one line an arm at its
-    seed means, each point naming its width; its lower panel defers to the report's table."""
+    seed means, each point naming its width, and beside them an arm that ran only away from the main width (drawn
+    nowhere else); its lower panel defers to the report's table."""
     def point(attention, p, d_model, state, accuracy):
         by_distance = [[1, 100, accuracy, 50], [100, 1000, accuracy / 2, 50]]
         return {"attention": attention, "tag": attention, "p": p, "window": None, "state": state, "chance": 0.01,
@@ -356,21 +378,23 @@ def test_arms_at_several_widths_get_a_panel_of_their_own():
     points = [point("linear", None, d, 32 * d, 0.001 * d) for d in (64, 128, 256)]
     points += [point("power", 2, d, 1040 * d, 0.002 * d) for d in (64, 128, 256)]
     points += [point("power", 3, 128, 45760 * 128, 0.9)]
+    points += [{**point("power", 2, 512, 1040 * 512, 0.7), "ungated": True}]   # an arm of its own, at width 512 only
     fig = draw_recall_vs_state(points, "t")
     main, widths = [ax for ax in fig.axes if ax.get_title().startswith("N = ")]
     assert main.get_title() == "N = 256 key-value pairs, width 128"
-    assert widths.get_title() == "N = 256 key-value pairs, across model widths (d = 64/128/256)"
+    assert widths.get_title() == "N = 256 key-value pairs, across model widths (d = 64/128/256/512)"
 
     def lines(ax):
         return sorted((list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata())) for c in ax.containers)
     assert lines(main) == sorted([([32 * 128], [pytest.approx(0.128)]),
                                   ([1040 * 128, 45760 * 128], [pytest.approx(0.256), pytest.approx(0.9)])])
-    # one line per arm across its widths (power p=3 ran at one width: not in this panel)
+    # one line per arm across its widths (power p=3 ran at the main width only: not in this panel)
     expected = sorted(([p["state"] for p in arm], [pytest.approx(np.mean(p["seeds"])) for p in arm])
-                      for arm in (points[:3], points[3:6]))
+                      for arm in (points[:3], points[3:6], points[7:]))
     assert lines(widths) == expected
     assert {t.get_text() for t in main.texts} == {"p=2", "p=3"}
-    assert {t.get_text() for t in widths.texts} == {"d=64", "d=128", "d=256", "p=2 d=64", "p=2 d=128", "p=2 d=256"}
+    assert {t.get_text() for t in widths.texts} == {"d=64", "d=128", "d=256", "p=2 d=64", "p=2 d=128", "p=2 d=256",
+                                                 "p=2 ungated d=512"}
     lower = [ax for ax in fig.axes if ax.get_xlabel().startswith("distance from pair to query")]
     assert len(lower) == 1 and sorted(ln.get_label() for ln in lower[0].get_lines()
                                       if not ln.get_label().startswith("_")) == sorted(
@@ -403,6 +427,53 @@ def test_an_output_norm_arm_is_a_point_and_a_dashed_line_of_its_own(tmp_path):
     assert sorted(t.get_text() for t in panel.texts) == ["p=2", "p=2+norm"]
 
 
+def test_an_ungated_arm_is_a_line_of_its_own_beside_the_output_norm_arms(tmp_path):
+    """Power p=2 without its gate (attention.gating=false) holds the same state: the record keeps it as its own point
+    (`ungated`), and the figure draws plain, output-norm and ungated output-norm arms as three lines, each named."""
+    runs = []
+    for name, change in (("plain", {}), ("norm", {"output_norm": True}),
+                         ("bare", {"output_norm": True, "gating": False})):
+        for seed in (0, 1):
+            runs.append(recall_run(tmp_path / f"{name}_s{seed}", "power_p2", 16, seed, **change)[0])
+    record = tmp_path / "recall.json"
+    report([str(r) for r in runs] + ["--out", str(tmp_path / "out"), "--bootstrap", "20", "--record", str(record)])
+    points = json.loads(record.read_text())["recall"]
+    assert sorted((p.get("output_norm", False), p.get("ungated", False)) for p in points) == [
+        (False, False), (True, False), (True, True)]
+    fig = draw_recall_vs_state(points, "t")
+    (panel,) = [ax for ax in fig.axes if ax.get_title().startswith("N = ")]
+    styles = {bars.get_label(): bars.lines[0].get_linestyle() for bars in panel.containers}
+    assert styles == {"power attention (degree p)": "-", "power attention (degree p), per-head output norm": "--",
+                      "power attention (degree p), per-head output norm, no gate": "-."}
+    assert sorted(t.get_text() for t in panel.texts) == ["p=2", "p=2+norm", "p=2+norm ungated"]
+
+
+def test_a_last_stage_of_other_length_is_recorded_and_drawn_in_a_panel_of_its_own(tmp_path):
+    """A staged point whose last stage ran other than the recipe's updates (RECIPE_UPDATES, the config's
+    trainer.max_steps) records them and gets a panel of its own, titled by them; one at the recipe's records none."""
+    from omegaconf import OmegaConf
+
+    from longctx.report.recall import RECIPE_UPDATES
+    conf = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "recall_state.yaml"
+    assert OmegaConf.load(conf).trainer.max_steps == RECIPE_UPDATES
+    for steps in (RECIPE_UPDATES, 3 * RECIPE_UPDATES):
+        for seed in (0, 1):
+            point = tmp_path / f"runs_{steps}" / f"s{seed}"
+            recall_run(point / "stage1_ctx16", "exp", 4, seed, level=0.9)
+            recall_run(point / "stage2_ctx64", "exp", 16, seed, init_from=str(point / "stage1_ctx16"),
+                       max_steps=steps)
+            (point / "stages.json").write_text(json.dumps({"stages": [
+                {"dir": "stage1_ctx16", "overrides": {}}, {"dir": "stage2_ctx64", "overrides": {}}]}))
+    record = tmp_path / "recall.json"
+    report([str(tmp_path / "runs_600"), str(tmp_path / "runs_1800"), "--out", str(tmp_path / "out"),
+            "--bootstrap", "20", "--record", str(record)])
+    points = json.loads(record.read_text())["recall"]
+    assert sorted(p.get("updates", 0) for p in points) == [0, 3 * RECIPE_UPDATES]
+    fig = draw_recall_vs_state(points, "t")
+    assert [ax.get_title() for ax in fig.axes if ax.get_title().startswith("N = ")] == [
+        "N = 16 key-value pairs", "N = 16 key-value pairs, 1,800 updates"]
+
+
 def test_the_committed_recall_record_names_each_points_width_and_first_stages():
     """Every point of the published recall record says its model width, the one its runs' folders were named for
     (model.name d<width>l<layers>), and the seeds the figure marks as failed training are those whose first stage
@@ -418,5 +489,13 @@ def test_the_committed_recall_record_names_each_points_width_and_first_stages():
         assert first_stage_failed(point) == [e is not None and e < RECIPE_FIRST_STOP for e in ends]
     widths = {p["d_model"] for p in record["recall"] if p["n_pairs"] == 256 and p["ctx"] == 4096}
     assert widths == {64, 128, 256, 512}
-    assert sorted(p["d_model"] for p in record["recall"] if p.get("output_norm")) == [64, 128, 256]
+    assert sorted(p["d_model"] for p in record["recall"] if p.get("output_norm")) == [64, 128, 256, 512]
     assert all("output_normtrue" in name for p in record["recall"] if p.get("output_norm") for name in p["runs"])
+    assert [p["d_model"] for p in record["recall"] if p.get("ungated")] == [512]
+    assert all(("gatingfalse" in name) == bool(p.get("ungated")) for p in record["recall"] for name in p["runs"])
+    # the longer last stage at ctx 16384: its own runs, named apart from the recipe's runs of the same folders
+    longer = [p for p in record["recall"] if p.get("updates")]
+    assert {(p["ctx"], p["updates"]) for p in longer} == {(16384, 1800)} and len(longer) == 3
+    assert all(name.startswith("recall_state_long_1800/") for p in longer for name in p["runs"])
+    names = [run["name"] for run in record["runs"]]
+    assert len(names) == len(set(names))

@@ -262,8 +262,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     carried = [read_carried(path) for path in carry]
     outputs = output_files(out, record)
     refuse_overwrites(runs, outputs, [f for c in carried for f in (c["path"], c["path"].with_suffix(".npz"))])
-    check_carried(carried, {run.name for run in runs})
-    keys = label_runs(runs)
+    check_carried(carried, runs)
+    keys = label_runs(runs, frozenset(entry["name"] for c in carried for entry in c["record"]["runs"]))
     relabel(runs, labels or [])
     groups = group_runs(runs)
     refuse_duplicate_seeds(groups)

@@ -29,6 +29,12 @@ FAMILIES = {"exp": "softmax (KV cache of the context)", "window": "sliding windo
 # the recall recipe's first-stage bound (experiment=recall_state's first_stop: recall_accuracy>=0.99), for records
 # whose points hold their first stages' recall but not whether each met its bound (`first_stage_met`)
 RECIPE_FIRST_STOP = 0.99
+# the recall recipe's last stage, its updates (experiment=recall_state's trainer.max_steps): a staged point whose last
+# stage ran another number records it (`updates`) and is drawn in a panel of its own
+RECIPE_UPDATES = 600
+# arms that depart from their family's recipe without changing its state, each a line of its own: (record key, note
+# beside a point, words in the legend)
+VARIANTS = (("output_norm", "+norm", "per-head output norm"), ("ungated", "ungated", "no gate"))
 
 
 def run_hits(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
@@ -129,6 +135,8 @@ def recall_points(groups: list[Group]) -> list[dict]:
                  "seeds": [float(d.loss.mean()) for d in docs], "runs": [r.name for r in g.runs]}
         if attention.get("output_norm"):  # a variant of its arm (same state): a line of its own
             point["output_norm"] = True
+        if attention.get("gating") is False:  # a gated family (power, linear) without its gate: the same state
+            point["ungated"] = True
         by_distance = [r.final.get("recall_by_distance") for r in g.runs]
         if all(b for b in by_distance):
             point["by_distance"] = by_distance  # each seed's [[from, to, accuracy, queries], ...] (metrics.jsonl)
@@ -137,6 +145,9 @@ def recall_points(groups: list[Group]) -> list[dict]:
             point["first_stage"] = [None if f is None else f[0] for f in first]
             point["first_stage_steps"] = [None if f is None else f[1] for f in first]
             point["first_stage_met"] = [None if f is None else f[2] for f in first]
+            updates = g.first.flat.get("trainer.max_steps")
+            if updates is not None and int(updates) != RECIPE_UPDATES:  # a longer or shorter last stage
+                point["updates"] = int(updates)
         but_rate = tuple(item for item in g.first.group_key if item[0] != "optim.lr")
         candidates.setdefault(but_rate, []).append(point)
     points = []
@@ -159,29 +170,37 @@ def seed_interval(values) -> tuple[float, float, float]:
     return mean, max(mean - half, 0.0), min(mean + half, 1.0)
 
 
+def _variant(point: dict) -> tuple:
+    """Which of the VARIANTS a point runs (all False: its family's recipe)."""
+    return tuple(bool(point.get(key)) for key, _, _ in VARIANTS)
+
+
 def _arm_note(point: dict) -> str:
     note = {"power": f"p={point['p']}", "window": f"w={point['window']}"}.get(point["attention"], "")
-    return f"{note}+norm" if point.get("output_norm") else note
+    marks = [mark for (key, mark, _), on in zip(VARIANTS, _variant(point)) if on]
+    return " ".join(x for x in (note + "".join(m for m in marks if m.startswith("+")),
+                                *(m for m in marks if not m.startswith("+"))) if x)
 
 
 def _arm(point: dict) -> tuple:
-    """The attention a point runs, whatever the model's width (a per-head output norm is an arm of its own)."""
-    return point["attention"], point.get("p"), point.get("window"), bool(point.get("output_norm"))
+    """The attention a point runs, whatever the model's width (each of the VARIANTS is an arm of its own)."""
+    return (point["attention"], point.get("p"), point.get("window")) + _variant(point)
 
 
 def _variant_lines(points_of: list[dict]) -> list[list[dict]]:
-    """A family's points as lines: the plain arms, then those with a per-head output norm (absent ones left out)."""
-    lines = [[p for p in points_of if bool(p.get("output_norm")) == norm] for norm in (False, True)]
+    """A family's points as lines: the plain arms, then each variant in turn (absent ones left out)."""
+    lines = [[p for p in points_of if _variant(p) == v] for v in dict.fromkeys([_variant({}),
+                                                                               *sorted(map(_variant, points_of))])]
     return [line for line in lines if line]
 
 
 def _line_label(family: str, line: list[dict]) -> str:
-    return FAMILIES[family] + (", per-head output norm" if line[0].get("output_norm") else "")
+    return ", ".join([FAMILIES[family]] + [words for (_, _, words), on in zip(VARIANTS, _variant(line[0])) if on])
 
 
 def _panel(point: dict) -> tuple:
-    """The figure's panel of a point: its N and context."""
-    return point["n_pairs"], point.get("ctx")
+    """The figure's panel of a point: its N, context and last stage's updates (None: the recipe's)."""
+    return point["n_pairs"], point.get("ctx"), point.get("updates")
 
 
 def _main_width(here: list[dict]):
@@ -247,18 +266,19 @@ def _draw_by_distance(ax, here: list[dict], families: list[str]) -> None:
 
 
 def _panels(points: list[dict]) -> list[tuple[tuple, list[dict], bool, object]]:
-    """[((N, context), its points, across widths, main width)]: one panel per N and context at the width most of its
-    points share (main width: None where all share one), then, where some arms also ran at other model widths, a
-    panel of those arms across every width they ran at (state grows with the heads)."""
-    keys = sorted({_panel(p) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0))
+    """[((N, context, updates), its points, across widths, main width)]: one panel per N, context and last stage's
+    updates at the width most of its points share (main width: None where all share one), then, where some arms also
+    ran at other model widths, a panel of those arms across every width they ran at (state grows with the heads)."""
+    keys = sorted({_panel(p) for p in points}, key=lambda k: (k[1] or 0, k[0] is None, k[0] or 0, k[2] or 0))
     out = []
     for key in keys:
         here = [p for p in points if _panel(p) == key]
         main = _main_width(here)
         out.append((key, [p for p in here if main is None or p.get("d_model") == main], False, main))
         if main is not None:
+            # arms that ran at several widths, and those that ran only away from the main width (drawn nowhere else)
             several = {arm for arm, n in Counter(_arm(p) for p in here).items() if n > 1}
-            out.append((key, [p for p in here if _arm(p) in several], True, main))
+            out.append((key, [p for p in here if _arm(p) in several or p.get("d_model") != main], True, main))
     return out
 
 
@@ -314,13 +334,13 @@ def draw_recall_vs_state(points: list[dict], title: str):
             else:
                 _draw_by_distance(ax, here, families)
         axes[1, 0].set_ylabel("accuracy at the queries, by distance")
-    for ax, ((n_pairs, ctx), here, widths, main) in zip(axes[0], panels):
+    for ax, ((n_pairs, ctx, updates), here, widths, main) in zip(axes[0], panels):
         for i, family in enumerate(families):
             points_of = sorted((p for p in here if p["attention"] == family), key=lambda p: p["state"])
             if not points_of:
                 continue
-            if not widths:   # the family across its arms (p or w), its output-norm arms dashed beside
-                lines, styles = _variant_lines(points_of), ("-", "--")
+            if not widths:   # the family across its arms (p or w), each variant's arms beside in a style of its own
+                lines, styles = _variant_lines(points_of), ("-", "--", "-.", ":")
             else:            # each arm across its widths, a line style per arm of the family
                 lines = [[p for p in points_of if _arm(p) == arm] for arm in dict.fromkeys(map(_arm, points_of))]
                 styles = ("-", "--", ":", "-.")
@@ -341,6 +361,7 @@ def draw_recall_vs_state(points: list[dict], title: str):
         ax.set_xlabel("state per layer (floats, log scale)", fontsize=8)
         name = f"N = {n_pairs:,} key-value pairs" if n_pairs is not None else "recall"
         name += f", ctx {ctx:,}" if contexts and ctx else ""
+        name += f", {updates:,} updates" if updates else ""
         if widths:
             name += f", across model widths (d = {'/'.join(str(w) for w in sorted({p['d_model'] for p in here}))})"
         elif main is not None:

@@ -65,16 +65,27 @@ def read_carried(path: Path) -> dict:
     return {"path": path, "record": record, "arrays": arrays}
 
 
-def check_carried(carried: list[dict], names: set[str]) -> None:
-    """ValueError when a run stands in two carried records, or in one and among the runs reported (`names`): one run,
-    one entry."""
-    seen = {name: "the runs reported" for name in names}
+def check_carried(carried: list[dict], runs: list) -> None:
+    """ValueError when a run stands in two carried records, or in one and among the runs reported: one run, one entry.
+    A reported run is a carried one when its folder ends in the carried name and its last record is the carried
+    run's (a run elsewhere that shares the name's folders is another run: the report names it apart)."""
+    seen: dict[str, str] = {}
     for c in carried:
         for entry in c["record"]["runs"]:
             if entry["name"] in seen:
                 raise ValueError(f"--carry {c['path']}: run {entry['name']} is also in {seen[entry['name']]}; "
                                  f"carry or report each run once")
             seen[entry["name"]] = str(c["path"])
+            if any(_same_run(run, entry) for run in runs):
+                raise ValueError(f"--carry {c['path']}: run {entry['name']} is also among the runs reported; "
+                                 f"carry or report each run once")
+
+
+def _same_run(run, entry: dict) -> bool:
+    last = (entry.get("records") or [{}])[-1]
+    same = ("step", "tokens", "flops", "best_context_loss", "recall_accuracy")
+    return ("/" + run.path.as_posix()).endswith("/" + entry["name"]) and bool(last) and all(
+        run.final.get(key) == last.get(key) for key in same)
 
 
 def carried_entries(carried: list[dict], key: str) -> list[dict]:

@@ -331,15 +331,17 @@ def show(key: str, value) -> str:
 
 # ----- names, labels, groups --------------------------------------------------------------------------------
 
-def name_runs(runs: list[Run]) -> None:
-    """Each run's name: the shortest trailing part of its path that no other run shares."""
+def name_runs(runs: list[Run], taken: frozenset = frozenset()) -> None:
+    """Each run's name: the shortest trailing part of its path that no other run shares and that is not `taken` (the
+    names of runs carried from earlier records: another folder's run of the same name is another run)."""
     def suffix(run: Run, depth: int) -> str:
         return "/".join(run.path.parts[-depth:])
 
     for run in runs:
         others = [r for r in runs if r is not run]
         depth = 1
-        while depth < len(run.path.parts) and any(suffix(run, depth) == suffix(r, depth) for r in others):
+        while depth < len(run.path.parts) and (suffix(run, depth) in taken
+                                               or any(suffix(run, depth) == suffix(r, depth) for r in others)):
             depth += 1
         run.name = suffix(run, depth)
 
@@ -406,9 +408,10 @@ def _label_part(run: Run, key: str, sources: dict[str, str] | None = None) -> st
     return f"{rest}={value}" if group == "attention" else f"{key}={value}"
 
 
-def label_runs(runs: list[Run]) -> list[str]:
-    """Label each run by its attention plus every config key that differs between the runs; return those keys."""
-    name_runs(runs)
+def label_runs(runs: list[Run], taken: frozenset = frozenset()) -> list[str]:
+    """Label each run by its attention plus every config key that differs between the runs; return those keys.
+    taken: names the runs must not take (name_runs)."""
+    name_runs(runs, taken)
     keys = differing_keys(runs)
     sources = source_names(runs)
     for run in runs:

@@ -6,16 +6,20 @@ Peak memory of one rank (bytes):
     saved    = micro_docs * ctx * n_layers * a * bytes      activations kept for the backward
     logits   = 3 * min(micro_docs * ctx, 8192) * vocab * 4  one chunk of the fused loss (logits, softmax, grad)
 
-`a`, the elements saved per token per layer, is `d_model * (c_arch + 2 * mlp_ratio)` (c_arch = 8 for GPT-2: the
-two norms' inputs and outputs, q, k, v and the attention output; 16 for RWKV7's time mixing; 2 * mlp_ratio: the
-MLP's hidden pre- and post-activation; Korthikanti et al. 2022 count the same tensors; Llama: 12 d_model + 4 d_ff,
-its SwiGLU keeping four hidden tensors) plus what the attention
-form keeps: `n_heads * ctx * 5` for the attention form of the CPU power/linear reference (scores, powers,
-normalizer over every key), `n_heads * 2 * window * 2` for the CPU window's masked blocks, a chunked form's states
-(`state_size / chunk` per token), RWKV7's time mixing `46 * d_model` (CPU chunked form) or `d_model` (FLA's
-chunk states). The constants were measured with torch.autograd.graph.saved_tensors_hooks (tests/train/test_estimate.py
-checks them within 30%). Against the README's measured CUDA peaks (experiment=paper, ctx 65536, bf16): GPT-2 small
-within 5%; RWKV7 small ~25% above the estimate (tensors autocast keeps in fp32). Softmax through SDPA (flash/cuDNN on CUDA, the flash kernel on CPU) and FlexAttention
+`a`, the elements saved per token per layer, is `d_model * (c_arch + 2 * mlp_ratio)` (c_arch = 10 for GPT-2: the
+two norms' inputs and outputs, q, k, v, the attention output and the projections' inputs; 19 for RWKV7 with its own
+time mixing, 25 for RWKV7's blocks around an attention core (its mixes, rotary q and k, the r/k/v/gate/o projections'
+inputs, the channel mixing's norm, mix and a third hidden tensor); 2 * mlp_ratio: the MLP's hidden pre- and
+post-activation; Korthikanti et al. 2022 count the same tensors; Llama: 12 d_model + 4 d_ff, its SwiGLU keeping four
+hidden tensors) plus what the attention form keeps: `n_heads * ctx * 5` for the attention form of the CPU
+power/linear reference (scores, powers, normalizer over every key), `n_heads * 2 * window * 2` for the CPU window's
+masked blocks, a chunked form's states (`state_size / chunk` per token), RWKV7's time mixing `46 * d_model` (CPU
+chunked form) or `d_model` (FLA's chunk states). Under bf16 autocast the tensors it keeps in fp32 count twice
+(`autocast_fp32`: the norms' inputs, RWKV7's mixes, group-norm input and squared-ReLU hidden, a gated core's gate
+input). The constants were measured with torch.autograd.graph.saved_tensors_hooks (tests/train/test_estimate.py
+checks them within 30% on CPU, and the CUDA total against one measured bf16 step of GPT-2 and RWKV7 small at ctx
+16384: with power p=2 on an H100, 15.65 GiB estimated against a 15.70 GiB peak for GPT-2 and 28.07 against 29.66
+for RWKV7). Softmax through SDPA (flash/cuDNN on CUDA, the flash kernel on CPU) and FlexAttention
 keep no score matrix. `bytes` is 2 under bf16 autocast, else 4. With activation checkpointing only each block's
 input is kept (`d_model` elements per token per layer) plus one block's activations while it is recomputed.
 
@@ -53,6 +57,7 @@ log = logging.getLogger("longctx")
 
 GIB = 2 ** 30
 ARCH_SAVED = {"gpt2": 10, "llama": 12, "rwkv7": 19}
+RWKV7_AROUND_CORE = 25     # RWKV7's blocks around an attention core (attention=exp, window, power) instead of its rule
 LOSS_CHUNK = 8192          # tokens per chunk of the fused loss (models.common.nll_sum's chunk_tokens)
 CUDA_MFU, CPU_EFFICIENCY, CUDA_MEMORY_SHARE = 0.35, 0.5, 0.9
 GPT2_VOCAB = 50257
@@ -100,15 +105,19 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
     from longctx.kernels import default_chunk_size
     from longctx.models.attention import attention_class
     from longctx.models.common import state_cores
+    from longctx.models.registry import native_mixing
 
     PowerAttention = attention_class("power")
 
     spec, ctx = model.spec, cfg.ctx
     # the MLP's hidden activations: pre- and post-GELU, or SwiGLU's gate, up, silu(gate) and their product
     mlp = 4 * spec.ffn_dim if spec.arch == "llama" else 2 * spec.mlp_ratio * spec.d_model
-    block = spec.d_model * ARCH_SAVED.get(spec.arch, 16) + mlp
+    around_core = spec.arch == "rwkv7" and native_mixing(spec.arch, spec.attention) is None
+    block = spec.d_model * (RWKV7_AROUND_CORE if around_core else ARCH_SAVED.get(spec.arch, 16)) + mlp
     cores = list(state_cores(model))  # RWKV7: its time mixing, then the attention core inside it
     core = next((c for c in cores if isinstance(c, PowerAttention)), cores[0] if cores else None)
+    if _bf16(cfg, device_type):
+        block += autocast_fp32(spec, gated=getattr(core, "gate", None) is not None)
     if isinstance(core, PowerAttention):
         dtype = torch.bfloat16 if _bf16(cfg, device_type) else torch.float32
         chunk = core.chunk_size or default_chunk_size(ctx, core.p, core.head_dim, device_type == "cuda", dtype)
@@ -123,6 +132,17 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
     if checkpointing:
         return spec.d_model, block
     return block, 0.0
+
+
+def autocast_fp32(spec, gated: bool) -> float:
+    """Elements per token per layer that bf16 autocast keeps in fp32, counted once more (`bytes` is 2): the residual
+    stream stays fp32, so each norm's input (two a block) and RWKV7's token-shift mixes (both halves) are fp32, as are
+    RWKV7's group-norm input and its squared-ReLU hidden (autocast runs pow in fp32), and a gated core's gate input
+    (its fp32 projection)."""
+    fp32 = 2 * spec.d_model
+    if spec.arch == "rwkv7":
+        fp32 += 3 * spec.d_model + spec.mlp_ratio * spec.d_model
+    return fp32 + (spec.d_model if gated else 0)
 
 
 def context_parallel(cfg: DictConfig) -> int:
