@@ -6,7 +6,7 @@ import math
 import pytest
 
 from longctx.report.verdict import (CONTRADICTED, INCONCLUSIVE, NOT_AT_THIS_SCALE, REPRODUCED, Finding, decide,
-                                    t_cdf, t_quantile, welch_interval)
+                                    seeds_to_exclude_zero, t_cdf, t_quantile, welch_interval)
 
 SETTING = {"model": ("RWKV 750M", "RWKV 750M"), "data": ("LongCrawl64", "LongCrawl64")}
 FLAT = [1.40, 1.30, 1.2500, 1.2495, 1.2490, 1.2490]          # settled: moves 0.001 over its last quarter
@@ -31,6 +31,15 @@ def test_welch_interval_by_hand():
     assert (ci.low, ci.high) == (pytest.approx(-3 - half, abs=1e-9), pytest.approx(-3 + half, abs=1e-9))
     with pytest.raises(ValueError, match="at least 2 seeds a side"):
         welch_interval([1.0], [2.0, 3.0])
+
+
+def test_seeds_to_exclude_zero_by_hand():
+    """One arm spread by sd 1, the other not at all, means 1 apart: Welch's df is n - 1 and the half-width
+    t_{0.975, n-1} / sqrt(n): 2.570582 / sqrt(6) = 1.049 at n = 6, 2.446912 / sqrt(7) = 0.925 at n = 7, so 7 seeds."""
+    assert seeds_to_exclude_zero([0.0, 1.0, 2.0], [0.0, 0.0, 0.0]) == 7
+    assert seeds_to_exclude_zero([0.0, 1.0, 2.0], [1.0, 1.0, 1.0]) is None        # the same mean: never
+    assert seeds_to_exclude_zero([1.0, 1.0], [0.0, 0.0]) is None                  # no spread seen: nothing to say
+    assert seeds_to_exclude_zero([0.0, 1.0, 2.0], [0.99, 0.99, 0.99], max_n=50) is None   # more than max_n
 
 
 def clear(sign_of_data=-1):
@@ -74,6 +83,8 @@ def test_a_seed_interval_including_zero_is_inconclusive():
                      (-0.05, -0.07, -0.03), {"a": FLAT, "b": FLAT})
     assert verdict.label == INCONCLUSIVE and verdict.failing() == ["intervals"]
     assert "the seed-level interval includes 0" in verdict.conditions["intervals"][1]
+    more = seeds_to_exclude_zero([1.10, 1.25, 1.15], [1.20, 1.12, 1.33])
+    assert more > 3 and f"at this spread, {more} seeds an arm would exclude it" in verdict.conditions["intervals"][1]
 
 
 def test_a_small_difference_needs_five_seeds():

@@ -106,6 +106,21 @@ def welch_interval(a, b, level: float = 0.95) -> SeedInterval:
     return SeedInterval(est, est - half, est + half, len(a), len(b), df)
 
 
+def seeds_to_exclude_zero(a, b, level: float = 0.95, max_n: int = 200) -> int | None:
+    """The fewest seeds an arm at which Welch's interval would exclude 0 if the arms kept their observed means and
+    spreads (sample variances): the seeds a next run needs to decide a difference this size. None where no spread is
+    seen, the means are equal, or it takes more than `max_n`."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff, sa, sb = abs(float(a.mean() - b.mean())), float(a.var(ddof=1)), float(b.var(ddof=1))
+    if diff == 0.0 or sa + sb == 0.0:
+        return None
+    for n in range(max(len(a), len(b), 2), max_n + 1):
+        df = (n - 1) * (sa + sb) ** 2 / (sa ** 2 + sb ** 2)
+        if t_quantile(0.5 + level / 2, df) * math.sqrt((sa + sb) / n) < diff:
+            return n
+    return None
+
+
 def converged(values, tolerance: float, last_fraction: float = 0.25) -> tuple[bool, str]:
     """Whether a metric's evaluations (in step order) moved less than `tolerance` over the last `last_fraction` of
     them (at least two evaluations), and the movement in words."""
@@ -168,7 +183,9 @@ def decide(finding: Finding, seeds_a, seeds_b, doc_interval: tuple[float, float,
     if min(seed.n_a, seed.n_b) < need:
         problems.append(f"{min(seed.n_a, seed.n_b)} seeds, {need} needed for a difference of {seed.estimate:+.3f}")
     if seed_sign == 0:
-        problems.append("the seed-level interval includes 0")
+        more = seeds_to_exclude_zero(seeds_a, seeds_b)
+        problems.append("the seed-level interval includes 0" + (
+            f" (at this spread, {more} seeds an arm would exclude it)" if more else ""))
     if doc_sign == 0:
         problems.append("the document-level interval includes 0")
     if seed_sign and doc_sign and seed_sign != doc_sign:
