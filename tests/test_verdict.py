@@ -40,6 +40,7 @@ def test_seeds_to_exclude_zero_by_hand():
     assert seeds_to_exclude_zero([0.0, 1.0, 2.0], [1.0, 1.0, 1.0]) is None        # the same mean: never
     assert seeds_to_exclude_zero([1.0, 1.0], [0.0, 0.0]) is None                  # no spread seen: nothing to say
     assert seeds_to_exclude_zero([0.0, 1.0, 2.0], [0.99, 0.99, 0.99], max_n=50) is None   # more than max_n
+    assert seeds_to_exclude_zero([0.0], [1.0, 2.0]) is None                       # one seed: no spread to go on
 
 
 def clear(sign_of_data=-1):

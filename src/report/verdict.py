@@ -111,6 +111,8 @@ def seeds_to_exclude_zero(a, b, level: float = 0.95, max_n: int = 200) -> int | 
     spreads (sample variances): the seeds a next run needs to decide a difference this size. None where no spread is
     seen, the means are equal, or it takes more than `max_n`."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 2 or len(b) < 2:
+        return None
     diff, sa, sb = abs(float(a.mean() - b.mean())), float(a.var(ddof=1)), float(b.var(ddof=1))
     if diff == 0.0 or sa + sb == 0.0:
         return None
