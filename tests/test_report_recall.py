@@ -351,6 +351,74 @@ def test_a_run_elsewhere_named_like_a_carried_one_is_named_apart(recall_runs, tm
     assert sorted(set(names) - carried) == [f"longer/exp_n4_s{seed}" for seed in (0, 1)]
 
 
+def test_add_seeds_joins_new_runs_to_a_carried_point(recall_runs, tmp_path, capsys):
+    """A later report's runs of a carried point (the same label but its seed count) are refused, or with --add-seeds
+    join its seeds: one point whose seeds, runs and per-seed lists are the carried ones then the new ones, judged by
+    the findings on every seed (the runs share their seed label); a seed the point already has is refused."""
+    from longctx.report.findings import judge
+    from longctx.report.verdict import welch_interval
+
+    root, accuracy = recall_runs
+    part, new = tmp_path / "part.json", tmp_path / "new.json"
+    report([str(root / "exp_n16_s0"), str(root / "exp_n16_s1"), str(root / "window8_n16_s0"),
+            str(root / "window8_n16_s1"), "--out", str(tmp_path / "o1"), "--bootstrap", "20", "--record", str(part)])
+    more = [recall_run(tmp_path / "more" / f"{arm}_n16_s{seed}", arm, 16, seed)[0]
+            for arm in ("exp", "window8") for seed in (2, 3)]
+    args = [str(r) for r in more] + ["--out", str(tmp_path / "o2"), "--bootstrap", "20", "--record", str(new),
+                                     "--carry", str(part)]
+    with pytest.raises(SystemExit):
+        report(args)
+    assert "--add-seeds to add them to its seeds" in capsys.readouterr().err and not new.exists()
+    report(args + ["--add-seeds"])
+    record = json.loads(new.read_text())
+    points = {p["label"]: p for p in record["recall"]}
+    assert sorted(points) == ["exp (4 seeds)", "window8 (4 seeds)"]
+    carried = {p["label"]: p for p in json.loads(part.read_text())["recall"]}
+    for arm in ("exp", "window8"):
+        point, before = points[f"{arm} (4 seeds)"], carried[f"{arm} (2 seeds)"]
+        assert point["runs"][:2] == before["runs"] and len(point["runs"]) == 4
+        assert point["seeds"][:2] == before["seeds"]
+        assert point["seeds"][2:] == [pytest.approx(float(np.mean(np.load(tmp_path / "more" / f"{arm}_n16_s{s}" /
+                                      json.loads((tmp_path / "more" / f"{arm}_n16_s{s}" / "metrics.jsonl")
+                                                 .read_text().splitlines()[-1])["doc_bins"])["hits"])))
+                                      for s in (2, 3)]
+        assert len(point["by_distance"]) == 4
+    assert {r["seed_label"] for r in record["runs"]} == {"exp", "window8"}
+    finding = {"claim": "softmax above a window", "source": "t", "a": "exp", "b": "window8", "sign": 1,
+               "reference": "exp", "metric": "recall_accuracy", "axes": {"task": ["MQAR", "MQAR"]}}
+    claims = tmp_path / "claims.yaml"
+    import yaml
+    claims.write_text(yaml.safe_dump({"new": [finding]}))
+    (judged,) = judge(new, claims, n_boot=20)
+    want = welch_interval(points["exp (4 seeds)"]["seeds"], points["window8 (4 seeds)"]["seeds"])
+    assert judged["seed_interval"][0] == pytest.approx(want.estimate)
+    # the same seeds again, from another folder: not new seeds
+    again = [recall_run(tmp_path / "again" / f"exp_n16_s{seed}", "exp", 16, seed, level=0.8)[0] for seed in (1, 4)]
+    with pytest.raises(SystemExit):
+        report([str(r) for r in again] + ["--out", str(tmp_path / "o3"), "--bootstrap", "20", "--record",
+                                          str(tmp_path / "again.json"), "--carry", str(part), "--add-seeds"])
+    assert "seed 1 is already among the carried point's seeds" in capsys.readouterr().err
+
+
+def test_merge_seeds_keeps_a_carried_rate_pick_and_refuses_what_is_not_one_point():
+    from longctx.report.recall import merge_seeds
+    old = {"label": "power p=2, N=64 (2 seeds)", "attention": "power", "p": 2, "state": 10, "lr": 0.003,
+           "lrs": [0.001, 0.003], "seeds": [0.5, 0.6], "runs": ["a", "b"], "first_stage": [0.995, 0.97]}
+    new = {"label": "power p=2, N=64", "attention": "power", "p": 2, "state": 10, "lr": 0.003, "seeds": [0.7],
+           "runs": ["c"], "first_stage": [0.999], "first_stage_met": [True]}
+    merged = merge_seeds(old, new, {"a": 0, "b": 1, "c": 2})
+    assert merged["label"] == "power p=2, N=64 (3 seeds)" and merged["lrs"] == [0.001, 0.003]
+    assert merged["seeds"] == [0.5, 0.6, 0.7] and merged["runs"] == ["a", "b", "c"]
+    # the carried point predates first_stage_met: its seeds are read against the recipe's bound (0.99)
+    assert merged["first_stage_met"] == [True, False, True]
+    with pytest.raises(ValueError, match="lr 0.003 vs 0.001"):
+        merge_seeds(old, {**new, "lr": 0.001}, {"a": 0, "b": 1, "c": 2})
+    with pytest.raises(ValueError, match="a best-of-rates pick"):
+        merge_seeds(old, {**new, "lrs": [0.001, 0.003]}, {"a": 0, "b": 1, "c": 2})
+    with pytest.raises(ValueError, match="seed 1 is already"):
+        merge_seeds(old, new, {"a": 0, "b": 1, "c": 1})
+
+
 def test_panels_split_by_context_where_the_points_span_several():
     point = {"attention": "exp", "tag": "exp", "p": None, "window": None, "state": 100, "chance": 0.01,
              "label": "softmax", "seeds": [0.9, 0.95]}

@@ -52,7 +52,7 @@ from longctx.report.runs import (Group, Run, data_difference, describe_compariso
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
 from longctx.report.markdown import table_head
 from longctx.report.record import FIGURES, carried_entries, check_carried, read_carried, write_record
-from longctx.report.recall import draw_recall_vs_state, recall_points, recall_section
+from longctx.report.recall import draw_recall_vs_state, merge_seeds, point_key, recall_points, recall_section
 from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
                                   seed_pairs_agreeing)
@@ -254,10 +254,12 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
 
 def write_report(paths: list[Path], out: Path, title: str | None = None, at_flops: float | None = None,
                  n_boot: int = DEFAULT_BOOTSTRAP, record: Path | None = None, labels: list[str] | None = None,
-                 record_figures: list[str] | None = None, carry: list[Path] = ()) -> Path:
+                 record_figures: list[str] | None = None, carry: list[Path] = (), add_seeds: bool = False) -> Path:
     out = Path(out)
     if carry and record is None:
         raise ValueError("--carry: needs --record, the record the carried runs go into")
+    if add_seeds and not carry:
+        raise ValueError("--add-seeds: needs --carry, the record whose points the new seeds join")
     runs, left_out = load_runs(paths)
     carried = [read_carried(path) for path in carry]
     outputs = output_files(out, record)
@@ -288,7 +290,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     else:
         figs.append(("Best-context loss vs context", "best_context_vs_context.png", by_context))
     points = recall_points(groups)
-    recall = carry_points(carried, points)  # the figure's and the record's
+    seeds = {**{e["name"]: e.get("seed") for c in carried for e in c["record"]["runs"]}, **{r.name: r.seed for r in runs}}
+    recall = carry_points(carried, points, seeds if add_seeds else None)  # the figure's and the record's
     if recall:
         figs.append(("Recall vs state", "recall_vs_state.png", draw_recall_vs_state(recall, title)))
     figs.append(("ICL curves through training", "icl_over_training.png",
@@ -357,16 +360,23 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     return report
 
 
-def carry_points(carried: list[dict], points: list[dict]) -> list[dict]:
-    """The carried records' recall points, then these runs' (`points`); ValueError when a point's label stands in both
-    (a figure with two points of one label could not say which is which)."""
-    before = carried_entries(carried, "recall")
-    labels = {p["label"] for p in before}
-    twice = [p["label"] for p in points if p["label"] in labels]
-    if twice:
-        raise ValueError(f"--carry: recall point {twice[0]!r} is both carried and among the runs reported; give the "
-                         f"new runs other labels (--label)")
-    return before + points
+def carry_points(carried: list[dict], points: list[dict], seeds: dict | None = None) -> list[dict]:
+    """The carried records' recall points, then these runs' (`points`). A point whose label (but its seed count)
+    stands in both is refused (a figure with two points of one label could not say which is which), unless `seeds`
+    (run name -> seed: --add-seeds) is given: then its seeds join the carried point's (recall.merge_seeds)."""
+    out = carried_entries(carried, "recall")
+    at = {point_key(p): i for i, p in enumerate(out)}
+    new = []
+    for point in points:
+        i = at.get(point_key(point))
+        if i is None:
+            new.append(point)
+        elif seeds is None:
+            raise ValueError(f"--carry: recall point {point['label']!r} is both carried and among the runs reported; "
+                             f"give the new runs other labels (--label), or --add-seeds to add them to its seeds")
+        else:
+            out[i] = merge_seeds(out[i], point, seeds)
+    return out + new
 
 
 def relabel(runs: list[Run], items: list[str]) -> None:
@@ -489,6 +499,9 @@ def main(argv=None) -> Path:
                         help="with --record: carry an earlier record's runs, per-document arrays and recall points "
                              "into the new record as they were written (a sweep grown over several machines keeps "
                              "one record); repeatable; a run may stand in one source only")
+    parser.add_argument("--add-seeds", action="store_true",
+                        help="with --carry: new runs of a carried recall point (its label, as the report writes it) "
+                             "join its seeds instead of being refused; their seeds must be new ones")
     parser.add_argument("--record-figures", default=None, metavar="KIND,...",
                         help="the figures the record lists (default: all drawn but icl_over_training; kinds: "
                              "icl_curves, gap_to_optimum, paired_differences, best_context_vs_flops, "
@@ -510,7 +523,7 @@ def main(argv=None) -> Path:
         parser.exit(2, f"error: --record-figures {unknown[0]}: not a figure kind (kinds: {', '.join(FIGURES)})\n")
     try:
         report = write_report(args.paths, args.out, args.title, args.at_flops, args.bootstrap, args.record,
-                              args.label, kinds, args.carry)
+                              args.label, kinds, args.carry, args.add_seeds)
     except (FileNotFoundError, ValueError) as err:
         parser.exit(2, f"error: {err}\n")
     print(report)

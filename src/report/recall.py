@@ -9,6 +9,7 @@ Seed-level intervals (Welch's t over the seeds' own accuracies, `longctx.report.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from itertools import combinations
 
@@ -157,6 +158,46 @@ def recall_points(groups: list[Group]) -> list[dict]:
             best = {**best, "lrs": sorted(p["lr"] for p in tried)}
         points.append(best)
     return points
+
+
+def point_key(point: dict) -> str:
+    """A point's label without its seed count (group_runs appends " (k seeds)")."""
+    return re.sub(r" \(\d+ seeds\)$", "", point["label"])
+
+
+# what must agree for two points to be seeds of one (the per-seed lists are joined)
+SAME_POINT = ("attention", "tag", "p", "window", "state", "n_pairs", "ctx", "chance", "lr", "d_model", "output_norm",
+              "ungated", "updates")
+PER_SEED = ("seeds", "runs", "first_stage", "first_stage_steps", "first_stage_met", "by_distance")
+
+
+def merge_seeds(old: dict, new: dict, seeds: dict) -> dict:
+    """A carried recall point with a later report's runs of the same point added as more seeds (--add-seeds). seeds:
+    run name -> seed, carried and new. A carried point picked among rates (`lrs`) takes seeds at the rate it was
+    drawn at (`lr`), and keeps its `lrs`. ValueError when the two are not one point (a field of SAME_POINT differs, or
+    the new runs were picked among rates themselves) or share a seed."""
+    differ = [key for key in SAME_POINT if old.get(key) != new.get(key)]
+    if differ or "lrs" in new:
+        what = f"{differ[0]} {old.get(differ[0])!r} vs {new.get(differ[0])!r}" if differ else "a best-of-rates pick"
+        raise ValueError(f"--add-seeds: recall point {point_key(new)!r}: not more seeds of the carried point ({what})")
+    shared = {seeds.get(name) for name in old["runs"]} & {seeds.get(name) for name in new["runs"]}
+    if shared:
+        raise ValueError(f"--add-seeds: recall point {point_key(new)!r}: seed {sorted(shared, key=str)[0]} is "
+                         f"already among the carried point's seeds")
+    merged = {key: value for key, value in old.items() if key not in PER_SEED}
+    for key in PER_SEED:
+        parts = [_per_seed(point, key) for point in (old, new)]
+        if all(part is not None for part in parts):
+            merged[key] = parts[0] + parts[1]
+    merged["label"] = f"{point_key(new)} ({len(merged['seeds'])} seeds)"
+    return merged
+
+
+def _per_seed(point: dict, key: str) -> list | None:
+    """A point's per-seed list; a record written before `first_stage_met` existed met its bound by RECIPE_FIRST_STOP."""
+    if key == "first_stage_met" and key not in point and point.get("first_stage") is not None:
+        return [None if r is None else r >= RECIPE_FIRST_STOP for r in point["first_stage"]]
+    return point.get(key)
 
 
 def seed_interval(values) -> tuple[float, float, float]:
