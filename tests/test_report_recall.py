@@ -318,8 +318,8 @@ def test_carry_refuses_what_would_mix_up_runs_or_points_before_writing(recall_ru
              (["--record", str(new), "--carry", str(bad)], "not a report record"),
              (["--record", str(new), "--carry", str(cut)], "per-document arrays (part.npz#r0_) are not in"),
              (["--record", str(part), "--carry", str(part)], "is a file the report reads"),
-             # both parts are labelled plainly "exp": two points of one label
-             (["--record", str(new), "--carry", str(part)], "recall point 'exp (2 seeds)' is both carried"),
+             # both parts are labelled plainly "exp": one label holding two runs of each seed
+             (["--record", str(new), "--carry", str(part)], "label 'exp': runs exp_n4_s0 and exp_n16_s0 are both seed 0"),
              (["--record", str(new), "--carry", str(part), "--carry", str(part), "--label", "exp=softmax"],
               "is also in")]
     with pytest.raises(SystemExit) as exit_:   # the carried runs themselves, reported again
@@ -333,6 +333,30 @@ def test_carry_refuses_what_would_mix_up_runs_or_points_before_writing(recall_ru
         assert exit_.value.code == 2
         assert words in capsys.readouterr().err
     assert not new.exists() and not (tmp_path / "o2").exists()
+
+
+def test_carry_refuses_a_carried_run_that_evaluated_since_and_a_label_over_two_configs(tmp_path, capsys):
+    """A carried run reported again after more evaluations is still that run (refused, not counted twice); runs of
+    another config that the new report labels like a carried label (the label names only what differs within one
+    report) are refused too, naming both runs."""
+    runs = [recall_run(tmp_path / "runs" / f"exp_s{seed}", "exp", 16, seed, lr=1e-3)[0] for seed in (0, 1)]
+    part = tmp_path / "part.json"
+    report([str(r) for r in runs] + ["--out", str(tmp_path / "o1"), "--bootstrap", "20", "--record", str(part)])
+    metrics = runs[0] / "metrics.jsonl"
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    with open(metrics, "a") as f:   # it evaluated once more since the record was written
+        f.write(json.dumps({**last, "step": last["step"] + 10, "tokens": last["tokens"] + 10000}) + "\n")
+    with pytest.raises(SystemExit):
+        report([str(runs[0]), "--out", str(tmp_path / "o2"), "--bootstrap", "20", "--record",
+                str(tmp_path / "new.json"), "--carry", str(part)])
+    assert "is also among the runs reported" in capsys.readouterr().err
+    other = [recall_run(tmp_path / "fast" / f"exp_s{seed}", "exp", 16, seed, lr=3e-2)[0] for seed in (2, 3)]
+    with pytest.raises(SystemExit):
+        report([str(r) for r in other] + ["--out", str(tmp_path / "o3"), "--bootstrap", "20", "--record",
+                                          str(tmp_path / "new.json"), "--carry", str(part)])
+    err = capsys.readouterr().err
+    assert "label 'exp': runs exp_s0 and exp_s2 differ in their config beyond the seed" in err
+    assert not (tmp_path / "new.json").exists() and not (tmp_path / "o3").exists()
 
 
 def test_a_run_elsewhere_named_like_a_carried_one_is_named_apart(recall_runs, tmp_path):
@@ -397,7 +421,7 @@ def test_add_seeds_joins_new_runs_to_a_carried_point(recall_runs, tmp_path, caps
     with pytest.raises(SystemExit):
         report([str(r) for r in again] + ["--out", str(tmp_path / "o3"), "--bootstrap", "20", "--record",
                                           str(tmp_path / "again.json"), "--carry", str(part), "--add-seeds"])
-    assert "seed 1 is already among the carried point's seeds" in capsys.readouterr().err
+    assert "runs exp_n16_s1 and again/exp_n16_s1 are both seed 1" in capsys.readouterr().err
 
 
 def test_merge_seeds_keeps_a_carried_rate_pick_and_refuses_what_is_not_one_point():
@@ -417,6 +441,26 @@ def test_merge_seeds_keeps_a_carried_rate_pick_and_refuses_what_is_not_one_point
         merge_seeds(old, {**new, "lrs": [0.001, 0.003]}, {"a": 0, "b": 1, "c": 2})
     with pytest.raises(ValueError, match="seed 1 is already"):
         merge_seeds(old, new, {"a": 0, "b": 1, "c": 1})
+    with pytest.raises(ValueError, match="one side trained a first stage"):
+        merge_seeds(old, {k: v for k, v in new.items() if not k.startswith("first_stage")}, {"a": 0, "b": 1, "c": 2})
+
+
+def test_points_of_one_arm_at_several_rates_across_parts_are_drawn_at_the_best(recall_runs, tmp_path):
+    """One arm reported at lr 1e-3 and, in a later part, at 3e-3 (carried into one record) is one point at its best
+    rate, every rate kept in `lrs`, as within one report; the figure draws it once."""
+    part, new = tmp_path / "part.json", tmp_path / "new.json"
+    slow = [recall_run(tmp_path / "slow" / f"exp_s{seed}", "exp", 16, seed, lr=1e-3, level=0.5)[0] for seed in (0, 1)]
+    fast = [recall_run(tmp_path / "fast" / f"exp_s{seed}", "exp", 16, seed, lr=3e-3, level=0.9)[0] for seed in (0, 1)]
+    report([str(r) for r in slow] + ["--out", str(tmp_path / "o1"), "--bootstrap", "20", "--record", str(part),
+                                     "--label", "exp=softmax, lr 1e-3"])
+    report([str(r) for r in fast] + ["--out", str(tmp_path / "o2"), "--bootstrap", "20", "--record", str(new),
+                                     "--carry", str(part), "--label", "exp=softmax, lr 3e-3"])
+    record = json.loads(new.read_text())
+    (point,) = record["recall"]
+    assert point["label"] == "softmax, lr 3e-3 (2 seeds)" and point["lrs"] == [0.001, 0.003]
+    assert len(record["runs"]) == 4    # every run stays in the record: the pick is the point's, not the runs'
+    (panel,) = [ax for ax in draw_recall_vs_state(record["recall"], "t").axes if ax.get_title().startswith("N = ")]
+    assert [list(c.lines[0].get_ydata()) for c in panel.containers] == [[pytest.approx(np.mean(point["seeds"]))]]
 
 
 def test_panels_split_by_context_where_the_points_span_several():

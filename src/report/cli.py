@@ -51,8 +51,10 @@ from longctx.report import figures
 from longctx.report.runs import (Group, Run, data_difference, describe_comparison, group_runs, label_runs,
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
 from longctx.report.markdown import table_head
-from longctx.report.record import FIGURES, carried_entries, check_carried, read_carried, write_record
-from longctx.report.recall import draw_recall_vs_state, merge_seeds, point_key, recall_points, recall_section
+from longctx.report.record import (FIGURES, carried_entries, check_carried, check_seed_labels, read_carried,
+                                   write_record)
+from longctx.report.recall import (best_rates, draw_recall_vs_state, merge_seeds, point_key, recall_points,
+                                   recall_section)
 from longctx.report.retrieval import retrieval_entries, retrieval_section
 from longctx.report.stats import (DEFAULT_BOOTSTRAP, Interval, paired_seed_difference, seed_aggregate,
                                   seed_pairs_agreeing)
@@ -269,6 +271,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     relabel(runs, labels or [])
     groups = group_runs(runs)
     refuse_duplicate_seeds(groups)
+    if carried:
+        check_seed_labels(carried, runs)
     title = title or describe_comparison(runs, keys)
     figs = [("ICL curves", "icl_curves.png", figures.draw_icl_overlay(groups, runs, title, at_flops, n_boot))]
     if any("bayes_curve" in run.final for run in runs):
@@ -376,7 +380,7 @@ def carry_points(carried: list[dict], points: list[dict], seeds: dict | None = N
                              f"give the new runs other labels (--label), or --add-seeds to add them to its seeds")
         else:
             out[i] = merge_seeds(out[i], point, seeds)
-    return out + new
+    return best_rates(out + new)
 
 
 def relabel(runs: list[Run], items: list[str]) -> None:

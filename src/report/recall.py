@@ -160,6 +160,30 @@ def recall_points(groups: list[Group]) -> list[dict]:
     return points
 
 
+# what a point is but its rate: points equal in these and apart in `lr` are one point tried at several rates
+BUT_RATE = ("attention", "tag", "p", "window", "state", "n_pairs", "ctx", "d_model", "output_norm", "ungated",
+            "updates")
+
+
+def best_rates(points: list[dict]) -> list[dict]:
+    """Points of one arm, N, context and width at several rates, reported apart (parts of a record carried into
+    one), as one point at its best rate, like recall_points within a report: the highest seed mean, with every rate
+    tried in `lrs`, in the place of the first of them. Points of one rate are left as they are."""
+    tried: dict[tuple, list[int]] = {}
+    for i, point in enumerate(points):
+        tried.setdefault(tuple(point.get(key) for key in BUT_RATE), []).append(i)
+    out = list(points)
+    for members in tried.values():
+        if len({points[i].get("lr") for i in members}) < 2:
+            continue
+        best = max((points[i] for i in members), key=lambda p: float(np.mean(p["seeds"])))
+        rates = sorted({r for i in members for r in points[i].get("lrs", [points[i].get("lr")]) if r is not None})
+        out[members[0]] = {**best, "lrs": rates}
+        for i in members[1:]:
+            out[i] = None
+    return [p for p in out if p is not None]
+
+
 def point_key(point: dict) -> str:
     """A point's label without its seed count (group_runs appends " (k seeds)")."""
     return re.sub(r" \(\d+ seeds\)$", "", point["label"])
@@ -184,6 +208,9 @@ def merge_seeds(old: dict, new: dict, seeds: dict) -> dict:
     if shared:
         raise ValueError(f"--add-seeds: recall point {point_key(new)!r}: seed {sorted(shared, key=str)[0]} is "
                          f"already among the carried point's seeds")
+    if ("first_stage" in old) != ("first_stage" in new):
+        raise ValueError(f"--add-seeds: recall point {point_key(new)!r}: not more seeds of the carried point (one "
+                         f"side trained a first stage, the other not)")
     merged = {key: value for key, value in old.items() if key not in PER_SEED}
     for key in PER_SEED:
         parts = [_per_seed(point, key) for point in (old, new)]

@@ -27,7 +27,7 @@ import numpy as np
 
 from longctx.report import figures
 from longctx.report.recall import run_hits
-from longctx.report.runs import Run, group_runs, runs_from_record
+from longctx.report.runs import Run, config_digest, group_runs, runs_from_record
 
 RECORD_KEYS = ("step", "flops", "tokens", "flops_all_stages", "tokens_all_stages", "epochs", "heldout_minus_train",
                "best_context_loss", "last10_loss", "icl_curve", "bayes_curve", "recall_accuracy", "recall_chance")
@@ -82,10 +82,40 @@ def check_carried(carried: list[dict], runs: list) -> None:
 
 
 def _same_run(run, entry: dict) -> bool:
-    last = (entry.get("records") or [{}])[-1]
+    """The carried entry is this run: its folders end in the entry's name and the entry's evaluations begin the run's
+    own (the same steps and results; a run that evaluated again since the record was written is still the same)."""
+    carried = entry.get("records") or []
     same = ("step", "tokens", "flops", "best_context_loss", "recall_accuracy")
-    return ("/" + run.path.as_posix()).endswith("/" + entry["name"]) and bool(last) and all(
-        run.final.get(key) == last.get(key) for key in same)
+    return ("/" + run.path.as_posix()).endswith("/" + entry["name"]) and 0 < len(carried) <= len(run.records) and all(
+        mine.get(key) == theirs.get(key) for mine, theirs in zip(run.records, carried) for key in same)
+
+
+def check_seed_labels(carried: list[dict], runs: list[Run]) -> None:
+    """ValueError when one label (without its seed) would hold two runs of one seed, or runs of two configs (their
+    digests, where the records hold them), across the carried records and the runs reported: a record's readers
+    (plot_results, the findings) take a label's runs as the seeds of one config."""
+    members: dict[str, list[tuple]] = {}
+    for c in carried:
+        for entry in c["record"]["runs"]:
+            members.setdefault(entry.get("seed_label", entry["label"]), []).append(
+                (entry["name"], entry.get("seed"), entry.get("config")))
+    for run in runs:
+        members.setdefault(run.seed_label, []).append((run.name, run.seed, config_digest(run)))
+    for label, held in members.items():
+        seeds: dict = {}
+        for name, seed, _ in held:
+            if seed is not None and seed in seeds:
+                raise ValueError(f"label {label!r}: runs {seeds[seed]} and {name} are both seed {seed}; a label's runs "
+                                 f"are the seeds of one config (rename one side with --label)")
+            seeds[seed] = name
+        configs: dict = {}
+        for name, _, config in held:
+            if config is not None:
+                configs.setdefault(config, name)
+        if len(configs) > 1:
+            a, b = list(configs.values())[:2]
+            raise ValueError(f"label {label!r}: runs {a} and {b} differ in their config beyond the seed; a label's "
+                             f"runs are the seeds of one config (rename one side with --label)")
 
 
 def carried_entries(carried: list[dict], key: str) -> list[dict]:
@@ -116,6 +146,7 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
     for run in runs:
         i = len(out["runs"])
         entry = {"name": run.name, "label": run.label, "seed_label": run.seed_label, "seed": run.seed,
+                 "config": config_digest(run),
                  "ctx": run.ctx, "attention": run.tag, "heldout": _heldout_name(run), "status": run.status,
                  "records": [{k: r[k] for k in RECORD_KEYS if k in r} for r in run.records]}
         docs = run.doc_bins(run.final)

@@ -535,6 +535,14 @@ def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
     return out
 
 
+def config_digest(run: Run) -> str:
+    """A short digest of the run's whole config but its seed (group_key): equal for the seeds of one config, and
+    kept in a record so that runs joined under one label across reports can be told apart (record.check_seed_labels)."""
+    import hashlib
+
+    return hashlib.sha1(repr(run.group_key).encode()).hexdigest()[:12]
+
+
 def _hashable(value):
     """A config value as a dict key part: lists (e.g. data.state_counts) become tuples."""
     return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
