@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from longctx.naming import SWEEP_NAMED, SWEPT_ENV, hidden_from_name
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,6 +62,21 @@ def expand_grid(axes: list[str]) -> list[list[str]]:
             raise ValueError(f"--grid {axis!r}: expected KEY=V1,V2,...")
         values.append([f"{key}={v}" for v in vals.split(",")])
     return [list(combo) for combo in itertools.product(*values)]
+
+
+def shared_folder(grid: list[list[str]], swept) -> str | None:
+    """One line when two points differ only in keys that their run names do not show (they would train into one
+    folder, the second resuming the first), else None."""
+    seen: dict[tuple, list[str]] = {}
+    for point in grid:
+        shown = tuple(o for o in point if not hidden_from_name(o.split("=", 1)[0], swept))
+        if shown in seen:
+            apart = [o for o in point if o not in seen[shown]]
+            return (f"--grid: points {' '.join(seen[shown])} and {' '.join(point)} differ only in "
+                    f"{', '.join(o.split('=', 1)[0] for o in apart)}, which run names do not show: they would share "
+                    f"one run folder (give each value a --dir of its own)")
+        seen[shown] = point
+    return None
 
 
 def point_name(overrides: list[str]) -> str:
@@ -164,9 +181,14 @@ def main(argv=None) -> int:
     gpus = [g for g in (args.gpus or "").split(",") if g]
     if args.gpus is not None and not all(g.isdigit() for g in gpus):
         parser.error(f"--gpus={args.gpus!r}: expected a comma list of GPU ids, e.g. 0,1")
+    swept = sorted({axis.partition("=")[0].lstrip("+~") for axis in args.grid} & set(SWEEP_NAMED))
+    clash = shared_folder(grid, swept)
+    if clash:
+        parser.error(clash)
     out = Path(args.dir).expanduser().absolute()  # the caller's folder, whatever the points' working folder
+    named = {SWEPT_ENV: ",".join(swept)} if swept else {}   # a run length swept: each its own folder, as in a multirun
     points = [Point(ov, out / "logs" / f"{point_name(ov)}.log",
-                    extra_env={"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {})
+                    extra_env={**named, **({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {})})
               for i, ov in enumerate(grid)]
     commands = [train_command(args.overrides, p.overrides, out) for p in points]
     if args.dry_run:

@@ -15,6 +15,7 @@ would share one folder, the second resuming the first.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -34,6 +35,12 @@ NOT_IN_SUFFIX = (
 )
 # Keys of NOT_IN_SUFFIX that name the jobs of a sweep over them (a run length: each value its own run)
 SWEEP_NAMED = ("trainer.max_steps", "trainer.flops_budget")
+# Keys of NOT_IN_SUFFIX the name's base shows (run_name: arch, attention tag, model, data, ctx, seed)
+SHOWN_BY_BASE = ("arch", "attention", "p", "window", "model", "model.name", "model.d_model", "model.n_layers", "data",
+                 "data.tag", "data.n_pairs", "data.path", "ctx", "seed")
+# the SWEEP_NAMED keys a grid of plain runs varies (scripts/run_points.py sets it for its points): named as in a
+# multirun, so two points of different lengths never share a folder
+SWEPT_ENV = "LONGCTX_SWEPT_KEYS"
 
 
 def data_name(data: DictConfig) -> str:
@@ -53,6 +60,12 @@ def _named(key: str, swept=()) -> bool:
     if key in swept:
         return False
     return "/" in key or any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_IN_SUFFIX)
+
+
+def hidden_from_name(key: str, swept=()) -> bool:
+    """Whether a key's value shows nowhere in a run's name (two runs apart only in it share one folder)."""
+    bare = key.lstrip("+~")
+    return _named(key, swept) and "/" not in bare and bare not in SHOWN_BY_BASE
 
 
 def override_suffix(overrides: list[str], swept=()) -> str:
@@ -89,12 +102,12 @@ def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -
 
 def job_swept_keys() -> set[str]:
     """swept_keys of the multirun this Hydra job belongs to (its sweep folder's multirun.yaml, written before any
-    job starts); empty outside a multirun."""
+    job starts); outside a multirun, those SWEPT_ENV names (a point of scripts/run_points.py's grid), else none."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return set()
+        return set(os.environ.get(SWEPT_ENV, "").split(",")) & set(SWEEP_NAMED)   # a point of run_points' grid
     try:
         saved = OmegaConf.load(Path(str(HydraConfig.get().sweep.dir)) / "multirun.yaml").hydra
         overrides = [str(o) for o in saved.overrides.task]

@@ -23,6 +23,36 @@ def test_grid_is_every_combination_first_axis_slowest(import_script):
             rp.expand_grid([bad])
 
 
+def test_points_apart_only_in_what_names_do_not_show_are_refused(import_script, tmp_path, monkeypatch):
+    """Points that differ only in a key the run name does not show (trainer.eval_every) would share one folder, the
+    second resuming the first: refused in one line. A swept run length (trainer.max_steps) is named, as in a
+    multirun: the points pass it on (LONGCTX_SWEPT_KEYS) and each gets a folder of its own."""
+    rp = import_script("run_points")
+    clash = rp.shared_folder(rp.expand_grid(["seed=0,1", "trainer.eval_every=100,200"]), [])
+    assert clash.startswith("--grid: points seed=0 trainer.eval_every=100 and seed=0 trainer.eval_every=200 differ "
+                            "only in trainer.eval_every")
+    assert rp.shared_folder(rp.expand_grid(["seed=0,1", "trainer.max_steps=2,4"]), ["trainer.max_steps"]) is None
+    r = subprocess.run([sys.executable, str(REPO / "scripts/run_points.py"), "--dir", str(tmp_path),
+                        "--grid", "trainer.eval_every=1,2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "which run names do not show" in r.stderr.strip().splitlines()[-1]
+    r = subprocess.run([sys.executable, str(REPO / "scripts/run_points.py"), "--dir", str(tmp_path), "--dry-run",
+                        "--grid", "trainer.max_steps=2,4"], capture_output=True, text=True)
+    assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == [
+        "LONGCTX_SWEPT_KEYS=trainer.max_steps"] * 2
+    from omegaconf import OmegaConf
+
+    from longctx.naming import job_swept_keys, run_name
+    cfg = OmegaConf.create({"arch": {"name": "gpt2"}, "attention": {"tag": "exp"}, "seed": 0, "ctx": 64,
+                            "model": {"d_model": 32, "n_layers": 1}, "data": {"name": "mqar", "tag": "mqar_n4"}})
+    names = set()
+    for steps in (2, 4):
+        monkeypatch.setenv("LONGCTX_SWEPT_KEYS", "trainer.max_steps")
+        names.add(run_name(cfg, [f"trainer.max_steps={steps}"], job_swept_keys()))
+        monkeypatch.delenv("LONGCTX_SWEPT_KEYS")
+        assert run_name(cfg, [f"trainer.max_steps={steps}"], job_swept_keys()).endswith("_s0")  # a plain run
+    assert len(names) == 2
+
+
 def _sleepers(rp, tmp_path, seconds):
     points = [rp.Point([f"n={i}"], tmp_path / f"{i}.log") for i in range(len(seconds))]
     commands = [[sys.executable, "-c", f"import time; time.sleep({s}); print('done {i}')"]

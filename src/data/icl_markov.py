@@ -261,7 +261,7 @@ def generator_params(*, vocab: int, alpha: float, doc_len: int, n_train: int, n_
         if not (isinstance(v, (int, np.integer)) and v >= 1):
             raise ValueError(f"data.{name}: must be a positive integer, got {v!r}")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"data.seed: must be a non-negative integer, got {seed!r}")
+        raise ValueError(f"data.gen_seed: must be a non-negative integer, got {seed!r}")
     params = {"name": GENERATOR, "version": VERSION, "vocab": int(vocab), "alpha": float(alpha),
               "doc_len": int(doc_len), "n_train": int(n_train), "n_heldout": int(n_heldout), "seed": int(seed)}
     if state_counts is not None:  # absent for one size, so the single-size datasets keep their folders

@@ -73,7 +73,7 @@ def generator_params(*, n_keys: int, n_values: int, n_pairs: int, n_queries: int
         _check_positive(f"data.{name}", v)
     n_queries = _queries(n_pairs, n_queries)
     if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"data.seed: must be a non-negative integer, got {seed!r}")
+        raise ValueError(f"data.gen_seed: must be a non-negative integer, got {seed!r}")
     if n_pairs > n_keys:
         raise ValueError(f"data.n_pairs={n_pairs}: more pairs than keys (data.n_keys={n_keys}); a document's keys "
                          f"are distinct")

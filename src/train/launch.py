@@ -106,8 +106,11 @@ def check_overrides(overrides: list[str], conf_dir: Path) -> None:
         try:
             override = parser.parse_overrides([item])[0]
         except Exception:  # Hydra's parse errors span several lines
+            quote = (" -- a value holding =, < or > needs quotes that reach Hydra: in a shell, "
+                     "\"trainer.stop_when='recall_accuracy>=0.99'\"") if any(c in item.partition("=")[2] for c in "=<>") \
+                else ""
             raise ValueError(f"config: {item!r}: not an override (expected key=value, group=option, +key=value or "
-                             f"~key)") from None
+                             f"~key){quote}") from None
         name = override.key_or_group
         if name.split("/")[0].split(".")[0] == "hydra" or override.package is not None:
             continue

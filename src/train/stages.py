@@ -93,8 +93,8 @@ def plan(cfg: DictConfig, choices: dict | None = None, check: bool = True) -> li
         stage.run_name = f"{cfg.run_name}_{folder.name}"
         stage.run_dir = str(folder)
         stage.trainer.stages = None
-        if stage.trainer.resume is True:  # continue the run: the stages after the interrupted one start afresh
-            stage.trainer.resume = "auto"
+        if stage.trainer.resume is True and i > 0:  # continue the run: the stages after the interrupted one start
+            stage.trainer.resume = "auto"              # afresh; the first keeps true (no checkpoint: no such run)
         if previous is not None:
             stage.trainer.init_from = str(previous)
         stages.append((folder, stage))

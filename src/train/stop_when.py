@@ -4,8 +4,8 @@ a curriculum stage that has learned what it is there for (the recall recipe's fi
 slow ones before they leave the plateau). The run is complete from then on: a relaunch does nothing, and raising the
 bound (or clearing it) lets it train on toward trainer.max_steps.
 
-    trainer.stop_when='recall_accuracy>=0.99'      # METRIC>=VALUE or METRIC<=VALUE, METRIC a key of the evaluation
-    trainer.stop_when='best_context_gap<=0.05'     # record in metrics.jsonl
+    "trainer.stop_when='recall_accuracy>=0.99'"    # METRIC>=VALUE or METRIC<=VALUE, METRIC a key of the evaluation
+    "trainer.stop_when='best_context_gap<=0.05'"   # record in metrics.jsonl (in a shell: the single quotes reach Hydra)
 """
 from __future__ import annotations
 

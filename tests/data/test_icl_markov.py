@@ -153,7 +153,7 @@ def test_generation_is_fast(tmp_path):
 
 
 @pytest.mark.parametrize("bad,match", [({"vocab": 1}, "data.vocab"), ({"alpha": 0.0}, "data.alpha"),
-                                       ({"doc_len": 0}, "data.doc_len"), ({"seed": -1}, "data.seed")])
+                                       ({"doc_len": 0}, "data.doc_len"), ({"seed": -1}, "data.gen_seed")])
 def test_bad_params(tmp_path, bad, match):
     kw = dict(vocab=4, alpha=1.0, doc_len=16, n_train=8, n_heldout=4, seed=0)
     with pytest.raises(ValueError, match=match):

@@ -97,6 +97,7 @@ def test_power_law_queries_sit_nearer_their_pairs_than_uniform_ones(tmp_path):
     (dict(distance="zipf"), "data.distance"),
     (dict(power_a=0.0), "data.power_a"),
     (dict(n_queries=0), "data.n_queries"),
+    (dict(seed=-1), "data.gen_seed"),                            # the config's name for the generator's seed
 ])
 def test_bad_parameters_name_the_field_and_write_nothing(tmp_path, change, field):
     with pytest.raises(ValueError, match=field.replace("+", r"\+")) as err:

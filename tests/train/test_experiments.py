@@ -303,9 +303,13 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_resume_true_continues_whichever_stage_was_interrupted(compose, tmp_path):
-    """trainer.resume=true on a staged run: every stage resumes if it can (auto); a stage not started yet starts."""
+    """trainer.resume=true on a staged run: the first stage must have a checkpoint (else there is no such run: a
+    mistyped folder is refused, not trained afresh), every later stage resumes if it can (auto) or starts."""
     cfg = _tiny_staged(compose, tmp_path / "run", "trainer.resume=true")
-    assert [s.trainer.resume for _, s in plan(cfg, check=False)] == ["auto", "auto"]
+    assert [s.trainer.resume for _, s in plan(cfg, check=False)] == [True, "auto"]
+    with pytest.raises(FileNotFoundError, match="trainer.resume=true but .*stage1_ctx32 holds no checkpoint"):
+        StagedRun(cfg)
+    assert not (tmp_path / "run").exists()
     cfg = _tiny_staged(compose, tmp_path / "run", "trainer.resume=false")
     assert [s.trainer.resume for _, s in plan(cfg, check=False)] == [False, False]
 
