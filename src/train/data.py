@@ -92,6 +92,15 @@ def build_train_reader(splits: DataSplits, data_cfg: DictConfig, ctx: int, rank:
     return QueryTargets(reader, data_cfg) if trains_on_queries(data_cfg) else reader
 
 
+def epoch_tokens(reader, docs_per_batch: int, ctx: int) -> int:
+    """Tokens one pass over the training split serves (build_train_reader's reader, wrapped or not): its batches per
+    epoch times a batch's tokens. Fewer than the split holds where ctx does not divide the documents' length or the
+    batch their number: the reader leaves those positions and documents out."""
+    while isinstance(reader, MappedBatches):
+        reader = reader.reader
+    return len(reader) * docs_per_batch * ctx
+
+
 class MappedBatches:
     """A reader whose batches pass through `map_batch`; everything else (the batch order, state_dict, the array) is
     the reader's, so a checkpoint does not depend on the mapping."""

@@ -31,7 +31,7 @@ from longctx.train.config import check_context_parallel, validate
 from longctx.train.console import (close_logging, eta, format_duration, is_terminal, log, log_to_file, progress_bar,
                                    setup_logging)
 from longctx.train.estimate import check_fits
-from longctx.train.data import (ContextSlices, build_heldout, build_train_reader, resolve_splits,
+from longctx.train.data import (ContextSlices, build_heldout, build_train_reader, epoch_tokens, resolve_splits,
                                  trains_on_queries)
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.loggers import check_wandb
@@ -188,7 +188,6 @@ class Trainer:
         if not self.dist.is_main:
             self.splits = resolve_splits(cfg.data, cfg.ctx)
         self.spec: ModelSpec = model_spec(cfg, vocab_of(self.splits.info["vocab_size"]))
-        self.train_tokens = self.splits.info["num_docs"] * self.splits.info["doc_len"]  # one pass over the split
 
         self.model = set_context_parallel(build_model(self.spec).to(self.device), self.layout.cp)
         bf16 = cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and self.device.type == "cuda")
@@ -206,6 +205,7 @@ class Trainer:
         self.loss_on_queries = trains_on_queries(cfg.data)
         self.reader = build_train_reader(self.splits, cfg.data, cfg.ctx, self.layout.dp_rank, self.layout.dp_world,
                                          self.spec.vocab_size)
+        self.train_tokens = epoch_tokens(self.reader, cfg.data.docs_per_batch, cfg.ctx)  # one pass, as read
         if self.layout.cp is not None:
             self.reader = ContextSlices(self.reader, self.layout.cp.rank, self.layout.cp.world)
         self.heldout = build_heldout(self.splits, cfg.data, cfg.ctx, self.spec.vocab_size)

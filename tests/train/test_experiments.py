@@ -342,7 +342,8 @@ def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_pat
     assert final["flops_all_stages"] == pytest.approx(first["flops"] + final["flops"], rel=1e-12)
     # passes over the training split, and the heldout loss against the training loss
     info = dataset_info(_train_split(s2))
-    assert final["epochs"] == pytest.approx(final["tokens"] / (info["num_docs"] * info["doc_len"]), abs=1e-4)
+    served = (info["num_docs"] // 4) * 4 * (info["doc_len"] // 64) * 64   # whole batches of whole contexts
+    assert final["epochs"] == pytest.approx(final["tokens"] / served, abs=1e-4)
     assert final["heldout_minus_train"] == pytest.approx(final["heldout_loss"] - final["train_loss"])
     assert final["heldout_loss"] == pytest.approx(np.mean(final["per_position_loss"]), abs=1e-4)
     c1, c2 = OmegaConf.load(s1 / "config.yaml"), OmegaConf.load(s2 / "config.yaml")
@@ -352,6 +353,23 @@ def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_pat
     stage1_final = ckpt.load_checkpoint(ckpt.latest_checkpoint(s1)[1])["model"]
     assert all((built[1][k] == v).all() for k, v in stage1_final.items())
     assert any((built[0][k] != v).any() for k, v in stage1_final.items())
+
+
+def test_epochs_count_the_tokens_a_pass_serves(compose, tmp_path):
+    """Where ctx does not divide the documents' length the reader leaves each document's tail out: a pass is the
+    whole contexts of whole batches, and `epochs` counts passes of those (the data repeats at 1, not later)."""
+    from longctx.train.trainer import Trainer
+
+    cfg = compose(f"run_dir={tmp_path / 'run'}", "ctx=96", "data.docs_per_batch=4", "data.train_tokens=65536",
+                  "data.n_heldout=8", "data.eval_docs=4", "trainer.max_steps=2", "trainer.eval_every=2",
+                  "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu")
+    Trainer(cfg).fit()
+    info = dataset_info(_train_split(tmp_path / "run"))
+    assert info["doc_len"] % 96 != 0
+    final = _metrics(tmp_path / "run")[-1]
+    served = (info["num_docs"] // 4) * 4 * (info["doc_len"] // 96) * 96
+    assert final["tokens"] == 2 * 4 * 96 and final["epochs"] == pytest.approx(final["tokens"] / served, abs=1e-4)
+    assert served < info["num_docs"] * info["doc_len"]
 
 
 def _train_split(run: Path) -> Path:
