@@ -44,6 +44,18 @@ def _fail(index: int, key: str, value, why: str):
     raise ValueError(f"config: trainer.stages[{index}].{key}={value!r}: {why}")
 
 
+def _check_same_vocabulary(index: int, stage: DictConfig, first: DictConfig) -> None:
+    """A stage's data must have the first stage's vocabulary: the model's embedding and head are sized by it, and a
+    stage starts from the previous stage's weights (caught here, before the first stage trains)."""
+    from longctx.train.estimate import data_vocab
+
+    mine, theirs = data_vocab(stage), data_vocab(first)
+    if mine != theirs:
+        raise ValueError(f"config: trainer.stages[{index}]: its data has {mine} tokens in its vocabulary, stage 0's "
+                         f"{theirs}; a stage starts from the previous stage's weights, whose embedding is sized by "
+                         f"the vocabulary (keep data.vocab, data.n_keys and data.n_values across the stages)")
+
+
 def _overrides(cfg: DictConfig) -> list[dict]:
     """Each stage's overrides, their values resolved against the run's config (a stage may say ${contexts.c1024})."""
     stages = cfg.trainer.get("stages")
@@ -89,6 +101,8 @@ def plan(cfg: DictConfig, choices: dict | None = None, check: bool = True) -> li
                 check_values(stage)
         except ValueError as err:
             raise ValueError(f"trainer.stages[{i}]: {err}") from None
+        if check and stages:
+            _check_same_vocabulary(i, stage, stages[0][1])
         folder = run_dir / stage_dir_name(i, stage)
         stage.run_name = f"{cfg.run_name}_{folder.name}"
         stage.run_dir = str(folder)

@@ -272,6 +272,7 @@ def test_cpu_tiny_keeps_every_point_distinct_and_small(compose):
     ("[{ctx:-3},{}]", r"trainer.stages\[0\]: config: ctx=-3: must be a positive integer"),
     ("[]", r"trainer.stages=\[\]: must be a non-empty list"),
     ("[3,{}]", r"trainer.stages\[0\]=3: must be a dict"),
+    ("[{data.vocab:100},{}]", r"trainer.stages\[1\]: its data has 5 tokens in its vocabulary, stage 0's 101"),
 ])
 def test_bad_stages_name_the_stage_and_key(compose, tmp_path, stages, match):
     cfg = compose(f"run_dir={tmp_path / 'run'}", f"trainer.stages={stages}")
