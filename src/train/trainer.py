@@ -370,11 +370,18 @@ class Trainer:
         return budget is not None and self.tokens * self.flops["train_flops_per_token"] >= budget
 
     def _write_config(self) -> None:
+        """The config this launch trains with: config.yaml at step 0, config.resume_step{N}.yaml when it resumes
+        step N, and .launch{k} beside an earlier launch from the same step that ran with another config (a resume
+        that failed, then one with other overrides): every config a run trained under is on file, none overwritten."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        name = "config.yaml" if self.step == 0 else f"config.resume_step{self.step}.yaml"
-        path = self.run_dir / name
+        text = OmegaConf.to_yaml(self.cfg, resolve=True)
+        stem = "config" if self.step == 0 else f"config.resume_step{self.step}"
+        path, k = self.run_dir / f"{stem}.yaml", 1
+        while path.exists() and path.read_text() != text:
+            k += 1
+            path = self.run_dir / f"{stem}.launch{k}.yaml"
         if not path.exists():
-            write_atomic(path, OmegaConf.to_yaml(self.cfg, resolve=True))
+            write_atomic(path, text)
 
     def state_dict(self) -> dict:
         return self.checkpointer.state_dict()  # collective (RNG gather): every rank takes part

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from longctx.train.config import validate
 from longctx.eval import min_positions_for
@@ -147,6 +148,21 @@ def test_resume_after_interruption_is_exact(compose, tiny, tmp_path):
     assert [r["step"] for r in b] == [3, 6]
     for key in ("train_loss", "best_context_loss", "icl_curve", "per_position_loss", "tokens"):
         assert a[-1][key] == b[-1][key], key
+
+
+def test_each_launch_s_config_is_kept(compose, tiny, tmp_path):
+    """A resume from step N writes the config it trains with (config.resume_step{N}.yaml); a second resume from the
+    same step with another config (the first one failed) writes its own beside it, overwriting nothing."""
+    run = tmp_path / "run"
+    three = [o for o in tiny if not o.startswith("trainer.max_steps")] + ["trainer.max_steps=3"]
+    Trainer(compose(*three, "trainer.keep_checkpoints=5", f"run_dir={run}")).fit()
+    first = compose(*tiny, "trainer.resume=true", f"run_dir={run}", "optim.lr=0.5")
+    Trainer(first)._write_config()   # as a launch that then failed would have left it
+    Trainer(compose(*tiny, "trainer.resume=true", f"run_dir={run}", "optim.lr=0.002")).fit()
+    kept = sorted(p.name for p in run.glob("config*.yaml"))
+    assert kept == ["config.resume_step3.launch2.yaml", "config.resume_step3.yaml", "config.yaml"]
+    assert OmegaConf.load(run / "config.resume_step3.yaml").optim.lr == 0.5
+    assert OmegaConf.load(run / "config.resume_step3.launch2.yaml").optim.lr == 0.002
 
 
 @pytest.mark.parametrize("attention", ["exp", "power"])
