@@ -28,7 +28,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 def main(cfg: DictConfig) -> None:
     from longctx.train.checkpoint import CheckpointWriteError
     from longctx.train.config import resolve_resume
-    from longctx.train.stages import StagedRun
+    from longctx.train.stages import StagedRun, StageError
     from longctx.train.stop import StopRequested
     from longctx.train.trainer import Trainer
 
@@ -46,6 +46,11 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     try:
         trainer.fit()
+    except StageError as err:  # a later stage's own checks (trainer.stages): bad input, one line
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     except (CheckpointWriteError, FloatingPointError) as err:  # a full disk, a non-finite loss: one line, no traceback
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -116,6 +116,37 @@ def plan(cfg: DictConfig, choices: dict | None = None, check: bool = True) -> li
     return stages
 
 
+class StageError(ValueError):
+    """A later stage that cannot start or continue: said in one line, like a bad config (train.py)."""
+
+
+def _prior_tokens(folder: Path) -> int | None:
+    """The tokens a stage's weights had trained before it started (its first record's tokens_all_stages - tokens),
+    None before its first evaluation."""
+    from longctx.train.loggers import JsonlLogger
+
+    records = JsonlLogger(folder).records()
+    first = records[0] if records else {}
+    if "tokens_all_stages" not in first or "tokens" not in first:
+        return None
+    return int(first["tokens_all_stages"]) - int(first["tokens"])
+
+
+def _stale(index: int, previous: Path, folder: Path) -> str | None:
+    """Why stage `index` no longer follows from the stage before it: it started from weights that had trained N
+    tokens, and that stage has trained more since (a relaunch that lengthened it); None where it follows, or has
+    not started."""
+    from longctx.train.loggers import JsonlLogger
+
+    start, theirs = _prior_tokens(folder), JsonlLogger(previous).records()
+    now = theirs[-1].get("tokens_all_stages") if theirs else None
+    if start is None or now is None or int(now) == start:
+        return None
+    return (f"trainer.stages[{index}] ({folder.name}) started from {previous.name}'s weights after {start:,} tokens, "
+            f"and {previous.name} has trained to {int(now):,} since: continuing it would not follow from that stage's "
+            f"weights (start another run_name, or relaunch with the stages as they ran)")
+
+
 def _index(stages: list[tuple[Path, DictConfig]], cfg: DictConfig) -> dict:
     return {"stages": [{"dir": folder.name, "overrides": overrides}
                        for (folder, _), overrides in zip(stages, _overrides(cfg))]}
@@ -140,7 +171,17 @@ class StagedRun:
         # folder), before anything is written
         for i, (_, stage_cfg) in enumerate(self.stages[1:], 1):
             check_stage_fits(i, stage_cfg)
+        for i in range(1, len(self.stages)):   # a later stage that already ran from weights since trained further
+            why = _stale(i, self.stages[i - 1][0], self.stages[i][0])
+            if why:
+                raise StageError(f"config: {why}")
         self.first = self.make_trainer(self.stages[0][1])
+        if len(self.stages) > 1 and not self.first.complete and _prior_tokens(self.stages[1][0]) is not None:
+            self.first.close()   # let go of the run folder: nothing trains
+            raise StageError(f"config: trainer.stages[0] ({self.stages[0][0].name}) would train further (to "
+                             f"trainer.max_steps={self.stages[0][1].trainer.max_steps}) but {self.stages[1][0].name} "
+                             f"already started from its weights: start another run_name, or relaunch with the stages "
+                             f"as they ran")
 
     def fit(self) -> dict:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,8 +189,15 @@ class StagedRun:
         if not path.exists():
             write_atomic(path, json.dumps(self.index, indent=1) + "\n")
         record = self.first.fit()
-        for _, stage_cfg in self.stages[1:]:
-            record = self.make_trainer(stage_cfg).fit()
+        for i, (folder, stage_cfg) in enumerate(self.stages[1:], 1):
+            why = _stale(i, self.stages[i - 1][0], folder)   # the stage before may have trained on in this launch
+            if why:
+                raise StageError(f"config: {why}")
+            try:
+                trainer = self.make_trainer(stage_cfg)
+            except (ValueError, FileNotFoundError, FileExistsError) as err:  # its own checks, as the first stage's
+                raise StageError(f"trainer.stages[{i}]: {err}") from None
+            record = trainer.fit()
         return record
 
 

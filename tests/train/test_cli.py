@@ -157,7 +157,9 @@ def test_each_launch_s_config_is_kept(compose, tiny, tmp_path):
     three = [o for o in tiny if not o.startswith("trainer.max_steps")] + ["trainer.max_steps=3"]
     Trainer(compose(*three, "trainer.keep_checkpoints=5", f"run_dir={run}")).fit()
     first = compose(*tiny, "trainer.resume=true", f"run_dir={run}", "optim.lr=0.5")
-    Trainer(first)._write_config()   # as a launch that then failed would have left it
+    failed = Trainer(first)
+    failed._write_config()   # as a launch that then failed would have left it
+    failed.close()
     Trainer(compose(*tiny, "trainer.resume=true", f"run_dir={run}", "optim.lr=0.002")).fit()
     kept = sorted(p.name for p in run.glob("config*.yaml"))
     assert kept == ["config.resume_step3.launch2.yaml", "config.resume_step3.yaml", "config.yaml"]

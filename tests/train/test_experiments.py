@@ -356,6 +356,32 @@ def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_pat
     assert any((built[0][k] != v).any() for k, v in stage1_final.items())
 
 
+def test_a_later_stage_never_continues_from_weights_its_stage_before_has_trained_past(compose, tmp_path):
+    """Both stages ran; a relaunch that would train the first further (a longer trainer.max_steps, which the stages
+    index does not hold) is refused before anything trains, and so is a later stage whose records say it started
+    from fewer tokens than the stage before now holds: its weights would not follow from that stage's."""
+    from longctx.train.stages import StageError
+
+    def staged(steps):
+        return compose(f"run_dir={tmp_path / 'run'}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
+                       "data.n_heldout=8", "data.eval_docs=4", f"trainer.max_steps={steps}", "trainer.eval_every=2",
+                       "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu",
+                       "trainer.resume=auto", "trainer.stages=[{},{ctx:32}]")
+    StagedRun(staged(2)).fit()
+    s1, s2 = tmp_path / "run" / "stage1_ctx64", tmp_path / "run" / "stage2_ctx32"
+    before = (s2 / "metrics.jsonl").read_text()
+    with pytest.raises(StageError, match=r"trainer.stages\[0\] \(stage1_ctx64\) would train further"):
+        StagedRun(staged(4))
+    lines = (s1 / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    (s1 / "metrics.jsonl").write_text("\n".join(lines + [json.dumps({**last, "step": 4,
+                                                                      "tokens_all_stages": 2 * last["tokens"]})]) + "\n")
+    with pytest.raises(StageError, match=r"started from stage1_ctx64's weights after 512 tokens, and stage1_ctx64 "
+                                         r"has trained to 1,024 since"):
+        StagedRun(staged(2))
+    assert (s2 / "metrics.jsonl").read_text() == before   # nothing trained
+
+
 def test_epochs_count_the_tokens_a_pass_serves(compose, tmp_path):
     """Where ctx does not divide the documents' length the reader leaves each document's tail out: a pass is the
     whole contexts of whole batches, and `epochs` counts passes of those (the data repeats at 1, not later)."""
