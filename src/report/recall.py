@@ -478,8 +478,8 @@ def distance_tables(measured: list[tuple[Group, list]]) -> list[str]:
             by_bins.setdefault(tuple(map(tuple, bins)), []).append((g, seeds))
     lines = []
     for bins, rows in by_bins.items():
-        lines += ["", "Recall by distance from pair to query (tokens), seed means; the queries a seed asks in each bin "
-                  "in the last row:", ""]
+        lines += ["", "Recall by distance from pair to query (tokens; a bin a-b holds the distances from a up to, "
+                  "not including, b), seed means; the queries a seed asks in each bin in the last row:", ""]
         lines += table_head("| runs | " + " | ".join(f"{a}-{b}" for a, b in bins) + " |")
         for g, seeds in rows:
             cells = ["-" if not any(s[i][3] for s in seeds) else _pct(float(np.mean([s[i][2] for s in seeds])))
