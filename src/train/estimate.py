@@ -16,7 +16,7 @@ power/linear reference (scores, powers, normalizer over every key), `n_heads * 2
 masked blocks, a chunked form's states (`state_size / chunk` per token), RWKV7's time mixing `46 * d_model` (CPU
 chunked form) or `d_model` (FLA's chunk states). Under bf16 autocast the tensors it keeps in fp32 count twice
 (`autocast_fp32`: the norms' inputs, RWKV7's mixes, group-norm input and squared-ReLU hidden, a gated core's gate
-input). The constants were measured with torch.autograd.graph.saved_tensors_hooks (tests/train/test_estimate.py
+input, and under activation checkpointing each block's input). The constants were measured with torch.autograd.graph.saved_tensors_hooks (tests/train/test_estimate.py
 checks them within 30% on CPU, and the CUDA total against one measured bf16 step of GPT-2 and RWKV7 small at ctx
 16384: with power p=2 on an H100, 15.65 GiB estimated against a 15.70 GiB peak for GPT-2 and 28.07 against 29.66
 for RWKV7). Softmax through SDPA (flash/cuDNN on CUDA, the flash kernel on CPU) and FlexAttention
@@ -130,7 +130,8 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
     elif spec.attention == "window" and device_type != "cuda" and ctx > cfg.window:
         block += spec.n_heads * 2 * cfg.window * 2
     if checkpointing:
-        return spec.d_model, block
+        # each block's input, the residual stream: fp32 under autocast too (twice a bf16's bytes)
+        return spec.d_model * (2 if _bf16(cfg, device_type) else 1), block
     return block, 0.0
 
 
