@@ -458,6 +458,8 @@ def test_points_of_one_arm_at_several_rates_across_parts_are_drawn_at_the_best(r
     record = json.loads(new.read_text())
     (point,) = record["recall"]
     assert point["label"] == "softmax, lr 3e-3 (2 seeds)" and point["lrs"] == [0.001, 0.003]
+    (slower,) = point["other_rates"]   # what the other rate measured stays in the record, whole
+    assert slower["label"] == "softmax, lr 1e-3 (2 seeds)" and slower["lr"] == 0.001 and len(slower["seeds"]) == 2
     assert len(record["runs"]) == 4    # every run stays in the record: the pick is the point's, not the runs'
     (panel,) = [ax for ax in draw_recall_vs_state(record["recall"], "t").axes if ax.get_title().startswith("N = ")]
     assert [list(c.lines[0].get_ydata()) for c in panel.containers] == [[pytest.approx(np.mean(point["seeds"]))]]
@@ -604,6 +606,10 @@ def test_the_committed_recall_record_names_each_points_width_and_first_stages():
     assert sorted(p["d_model"] for p in record["recall"] if p.get("output_norm")) == [64, 128, 256, 512]
     assert all("output_normtrue" in name for p in record["recall"] if p.get("output_norm") for name in p["runs"])
     assert [p["d_model"] for p in record["recall"] if p.get("ungated")] == [512]
+    # width 64 ran at 3e-3 (part 3) and 6e-3 (part 5): drawn at 6e-3, the 3e-3 points and first stages kept beside
+    fast = [p for p in record["recall"] if p["d_model"] == 64 and p.get("lrs") == [0.003, 0.006]]
+    assert len(fast) == 3 and all(p["lr"] == 0.006 and p["other_rates"][0]["lr"] == 0.003
+                                  and len(p["other_rates"][0]["first_stage"]) == 3 for p in fast)
     assert all(("gatingfalse" in name) == bool(p.get("ungated")) for p in record["recall"] for name in p["runs"])
     # the longer last stage at ctx 16384: its own runs, named apart from the recipe's runs of the same folders
     longer = [p for p in record["recall"] if p.get("updates")]

@@ -155,7 +155,7 @@ def recall_points(groups: list[Group]) -> list[dict]:
     for tried in candidates.values():
         best = max(tried, key=lambda p: float(np.mean(p["seeds"])))
         if len(tried) > 1:
-            best = {**best, "lrs": sorted(p["lr"] for p in tried)}
+            best = {**best, "lrs": sorted(p["lr"] for p in tried), "other_rates": [p for p in tried if p is not best]}
         points.append(best)
     return points
 
@@ -168,7 +168,8 @@ BUT_RATE = ("attention", "tag", "p", "window", "state", "n_pairs", "ctx", "d_mod
 def best_rates(points: list[dict]) -> list[dict]:
     """Points of one arm, N, context and width at several rates, reported apart (parts of a record carried into
     one), as one point at its best rate, like recall_points within a report: the highest seed mean, with every rate
-    tried in `lrs`, in the place of the first of them. Points of one rate are left as they are."""
+    tried in `lrs` and the other rates' points, whole, in `other_rates` (the record keeps what they measured; the
+    figure draws the best), in the place of the first of them. Points of one rate are left as they are."""
     tried: dict[tuple, list[int]] = {}
     for i, point in enumerate(points):
         tried.setdefault(tuple(point.get(key) for key in BUT_RATE), []).append(i)
@@ -178,7 +179,10 @@ def best_rates(points: list[dict]) -> list[dict]:
             continue
         best = max((points[i] for i in members), key=lambda p: float(np.mean(p["seeds"])))
         rates = sorted({r for i in members for r in points[i].get("lrs", [points[i].get("lr")]) if r is not None})
-        out[members[0]] = {**best, "lrs": rates}
+        others = [q for i in members if points[i] is not best
+                  for q in [{k: v for k, v in points[i].items() if k != "other_rates"},
+                            *points[i].get("other_rates", [])]]
+        out[members[0]] = {**best, "lrs": rates, "other_rates": best.get("other_rates", []) + others}
         for i in members[1:]:
             out[i] = None
     return [p for p in out if p is not None]
