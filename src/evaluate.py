@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import re
 import sys
 import tempfile
@@ -183,6 +184,13 @@ def compose_data(run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
             raise ValueError(f"data.{key}: not a key of the {cfg.data.name} data config (keys: {', '.join(present)})"
                              f"{did_you_mean(key.split('.')[0], present)}")
         OmegaConf.update(cfg, f"data.{key}", value, merge=False)
+    if keys and "tag" not in dict(keys):   # a tag drawn from the data's keys (mqar_n${.n_pairs}) follows the overrides
+        raw = OmegaConf.load(CONF_DIR / "data" / f"{cfg.data.name}.yaml") \
+            if (CONF_DIR / "data" / f"{cfg.data.name}.yaml").is_file() else None
+        if raw is not None and OmegaConf.is_interpolation(raw, "tag"):
+            fresh = OmegaConf.create({"data": {**OmegaConf.to_container(cfg.data, resolve=False),
+                                               "tag": raw._get_node("tag")._value()}})
+            cfg.data.tag = str(fresh.data.tag)
     data_only = OmegaConf.create({"data": OmegaConf.to_container(cfg.data, resolve=False)})
     check_set(data_only)
     check_types(data_only, schema(CONF_DIR, {"data": option} if option else None))
@@ -208,11 +216,18 @@ def fits_memory(flag: str, contexts: list[int], model, cfg: DictConfig, micro_do
         check_evaluation_fits(flag, ctx, forward, device, held_per_token * ctx, held_what, advice)
 
 
-def run_facts(run_dir, model, run_cfg, cfg, splits) -> dict:
+def run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides=(), precision: str = "auto",
+              micro_docs: int | None = None) -> dict:
+    """What was evaluated and how: the checkpoint, the data (with the data.KEY= overrides given), the device, the
+    precision as resolved (auto: bf16 on CUDA, fp32 else) and the documents a forward held."""
+    device = next(model.parameters()).device
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     return {"run_dir": str(run_dir), "checkpoint": str(model.checkpoint_path), "step": model.checkpoint_step,
             "train_ctx": int(run_cfg.ctx), "data": {"name": cfg.data.name, "heldout": str(splits.heldout_path)},
-            "arch": model.spec.arch, "attention": model.spec.attention,
-            "attention_params": model.spec.attention_params}
+            "data_overrides": list(data_overrides), "arch": model.spec.arch, "attention": model.spec.attention,
+            "attention_params": model.spec.attention_params, "device": str(device),
+            "precision": "bf16" if bf16 else "fp32",
+            "micro_docs": int(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch)}
 
 
 def write_json(path: Path, record: dict) -> None:
@@ -291,7 +306,8 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
         raise FloatingPointError(f"non-finite heldout loss ({int((~np.isfinite(result.per_position)).sum())} of "
                                  f"{ctx} positions) from {model.checkpoint_path}: its weights are not usable; "
                                  f"nothing written")
-    record = {**run_facts(run_dir, model, run_cfg, cfg, splits), "task": "heldout", "ctx": ctx,
+    record = {**run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides, precision, micro_docs),
+              "task": "heldout", "ctx": ctx,
               "docs": evaluation.n_docs, "seconds": round(time.perf_counter() - start, 2)}
     record.update(result.summary)
     record["per_position_loss"] = [round(float(x), 5) for x in result.per_position]
@@ -362,7 +378,8 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
         result = run_retrieval(model, task, alphabet, contexts, depths or list(DEFAULT_DEPTHS), trials, digits,
                                micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision,
                                documents, seed, on_context=lambda _ctx: progress.update(1))
-    record = {**run_facts(run_dir, model, run_cfg, cfg, splits), **result, "seed": seed,
+    record = {**run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides, precision, micro_docs), **result,
+              "seed": seed,
               "seconds": round(time.perf_counter() - start, 2)}
     if text is not None and tuple(text[0](str(i))[0] for i in range(alphabet.base)) == alphabet.digits:
         record.update(alphabet_text(alphabet, text[1]))  # a word alphabet: say the words
@@ -440,6 +457,11 @@ def evaluate_harness(run_dir: str | Path, tasks: str | None = None, out: str | P
     device = check_device(device)
     out = check_out(str(out), "harness") if out is not None else None
     run_dir = Path(run_dir).expanduser()
+    config = run_dir / "config.yaml"
+    if config.is_file() and OmegaConf.select(OmegaConf.load(config), "data.pack", default=False):
+        raise ValueError(f"--harness: {run_dir} trained on packed documents (data.pack=true); the exported model's "
+                         f"forward has no document boundaries, so its scores would mix documents: evaluate it "
+                         f"without --harness")
     try:
         from longctx.hf.configuration import require
         require("lm_eval", what="longctx.evaluate --harness")
@@ -454,6 +476,11 @@ def evaluate_harness(run_dir: str | Path, tasks: str | None = None, out: str | P
     record = {"run_dir": str(run_dir), "step": step,
               **evaluate_run(run_dir, out.with_suffix(""), tasks, step=step, device=device, limit=limit, **options),
               "seconds": round(time.perf_counter() - start, 2)}
+    if limit is not None:  # lm-eval keeps each task's first rows: a smoke test, not the tasks' measures
+        record["limit_note"] = (f"--limit {limit}: each task scored its first {limit} rows only (heldout: the first "
+                                f"{limit} bins of the first document; passkey/needle: the shortest context's first "
+                                f"prompts), not the task's measure")
+        logging.getLogger("longctx").warning(record["limit_note"])
     with records_whole([out]):
         write_json(out, record)
     return record | {"out": str(out)}
@@ -480,9 +507,9 @@ def parse_args(argv):
     ret = parser.add_argument_group("retrieval tasks (passkey, needle)")
     ret.add_argument("--contexts", help="prompt lengths, comma-separated (default: 1/4, 1/2 and all of the run's ctx)")
     ret.add_argument("--depths", help="needle depths in [0, 1], comma-separated (default: 0,0.25,0.5,0.75,1)")
-    ret.add_argument("--trials", type=int, default=20, help="prompts per context and depth (default 20)")
-    ret.add_argument("--digits", type=int, default=5, help="symbols per key (default 5)")
-    ret.add_argument("--seed", type=int, default=0, help="seed of the keys and of an id alphabet (default 0)")
+    ret.add_argument("--trials", type=int, help="prompts per context and depth (default 20)")
+    ret.add_argument("--digits", type=int, help="symbols per key (default 5)")
+    ret.add_argument("--seed", type=int, help="seed of the keys and of an id alphabet (default 0)")
     ret.add_argument("--no-wandb", action="store_true", help="do not add the result to the run's wandb run")
     harness = parser.add_argument_group("lm-eval-harness (--harness: needs pip install 'longctx[hf]')")
     harness.add_argument("--harness", action="store_true", help="export the run, write its lm-eval tasks and run "
@@ -491,11 +518,22 @@ def parse_args(argv):
     harness.add_argument("--tasks", help="harness tasks, comma-separated: heldout, passkey, needle, mqar (default: "
                          "heldout, passkey, needle; heldout, mqar for an MQAR run)")
     harness.add_argument("--text", help="a UTF-8 text file as the harness's documents (default: the heldout split)")
-    harness.add_argument("--limit", type=int, help="lm-eval's limit: the first LIMIT documents of each task")
+    harness.add_argument("--limit", type=int, help="lm-eval's limit: the first LIMIT rows of each task (a smoke "
+                         "test: heldout's first bins of one document, not its measure; said in the JSON)")
     return parser.parse_intermixed_args(argv)
 
 
+RETRIEVAL_DEFAULTS = {"trials": 20, "digits": 5, "seed": 0}
+
+
 def run_command(args) -> dict:
+    # the retrieval tasks' options that were given (None: not given): a task that does not use one refuses it
+    retrieval = [(flag, value) for flag, value in (
+        ("--contexts", args.contexts), ("--depths", args.depths), ("--trials", args.trials),
+        ("--digits", args.digits), ("--seed", args.seed), ("--no-wandb", args.no_wandb or None)) if value is not None]
+    for key, default in RETRIEVAL_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     if not args.harness:
         given = [flag for flag, value in (("--tasks", args.tasks), ("--text", args.text), ("--limit", args.limit))
                  if value is not None]
@@ -507,18 +545,24 @@ def run_command(args) -> dict:
         if args.micro_docs is not None or args.precision != "auto":  # lm-eval: one document a forward, fp32
             raise ValueError(f"{'--micro-docs' if args.micro_docs is not None else '--precision'}: not an option of "
                              f"--harness")
+        if args.no_wandb:
+            raise ValueError("--no-wandb: not an option of --harness (it adds nothing to wandb)")
+        named = {t.strip() for t in (args.tasks or "").split(",") if t.strip()}
+        if named and not named & {"passkey", "needle"} and retrieval:
+            raise ValueError(f"{retrieval[0][0]}: an option of the harness's passkey and needle tasks (--tasks "
+                             f"{args.tasks} has neither)")
         options = {k: v for k, v in (("docs", args.docs), ("bins", args.bins)) if v is not None}
         return evaluate_harness(args.run_dir, args.tasks, args.out, args.overrides, step=args.step,
                                 device=args.device, limit=args.limit, text=args.text,
                                 contexts=int_list("--contexts", args.contexts), depths=depth_list(args.depths),
                                 trials=args.trials, digits=args.digits, seed=args.seed, **options)
     if args.task == "heldout":
-        given = [flag for flag, value in (("--contexts", args.contexts), ("--depths", args.depths)) if value]
-        if given:
-            raise ValueError(f"{given[0]}: an option of the retrieval tasks (--task passkey or needle)")
+        if retrieval:
+            raise ValueError(f"{retrieval[0][0]}: an option of the retrieval tasks (--task passkey or needle)")
         return evaluate(args.run_dir, args.ctx, args.out, args.overrides, docs=args.docs, step=args.step,
                         bins=args.bins, micro_docs=args.micro_docs, device=args.device, precision=args.precision)
-    given = [flag for flag, value in (("--ctx", args.ctx), ("--docs", args.docs), ("--bins", args.bins)) if value]
+    given = [flag for flag, value in (("--ctx", args.ctx), ("--docs", args.docs), ("--bins", args.bins))
+             if value is not None]
     if given:
         raise ValueError(f"{given[0]}: an option of the heldout task; retrieval tasks take --contexts, --depths, "
                          f"--trials")

@@ -122,6 +122,9 @@ def test_evaluate_at_twice_the_training_context(run, tmp_path, capsys, monkeypat
     assert list(marker.get_xdata()) == [64, 64]
     rec = json.loads(out.read_text())
     assert (rec["ctx"], rec["train_ctx"], rec["docs"], rec["step"]) == (128, 64, 6, 4)
+    # how it was evaluated: the device, the precision as resolved, the documents a forward held, no data overrides
+    assert (rec["device"], rec["precision"], rec["data_overrides"]) == ("cpu", "fp32", [])
+    assert rec["micro_docs"] >= 1
     assert len(rec["per_position_loss"]) == 128
     assert rec["icl_curve"][0][0] == 0 and rec["icl_curve"][-1][1] == 128
     # best context: the lowest bin among those wide enough to trust
@@ -180,6 +183,12 @@ def test_data_overrides_compose_the_real_data_group(run):
     assert cfg.ctx == run_cfg.ctx and cfg.model == run_cfg.model  # only the data changes
     lc = compose_data(run_cfg, ["data=longcrawl64", "data.path=/some/where", "data.eval_docs=3"])
     assert (lc.data.path, lc.data.eval_docs) == ("/some/where", 3)
+    # a tag drawn from the data's keys follows the overrides (the default file name and the record name the data)
+    mqar = compose_data(run_cfg, ["data=mqar", "data.n_pairs=4"])
+    assert mqar.data.tag == "mqar_n4"
+    assert compose_data(mqar, ["data.n_pairs=8"]).data.tag == "mqar_n8"
+    assert compose_data(mqar, ["data.eval_docs=4"]).data.tag == "mqar_n4"
+    assert compose_data(mqar, ["data.n_pairs=8", "data.tag=mine"]).data.tag == "mine"
 
 
 def test_default_out_is_a_new_file_in_the_run_folder(run, capsys):
@@ -227,6 +236,10 @@ BAD = {  # extra arguments -> the words of the one error line
     "out plot exists": (["--out", "{tmp}/old2.json"], "old2.png exists and is never overwritten"),
     "retrieval flag on heldout": (["--contexts", "64"], "--contexts: an option of the retrieval tasks"),
     "heldout flag on retrieval": (["--task", "passkey", "--docs", "3"], "--docs: an option of the heldout task"),
+    "seed on heldout": (["--seed", "7"], "--seed: an option of the retrieval tasks"),
+    "no-wandb on heldout": (["--no-wandb"], "--no-wandb: an option of the retrieval tasks"),
+    "trials on heldout": (["--trials", "2"], "--trials: an option of the retrieval tasks"),
+    "zero bins on retrieval": (["--task", "passkey", "--bins", "0"], "--bins: an option of the heldout task"),
     "contexts too short": (["--task", "passkey", "--contexts", "20"], "--contexts: 20 is shorter than a prompt's"),
     "contexts not numbers": (["--task", "passkey", "--contexts", "a,b"], "--contexts='a,b': expected comma-sep"),
     "depths out of range": (["--task", "needle", "--depths", "0,2"], "--depths='0,2': expected one or more fract"),

@@ -193,8 +193,9 @@ def write_tokenizer(run_dir: Path, cfg, folder: Path) -> tuple[str, dict]:
 
 # ----- model card --------------------------------------------------------------------------------------------
 
-def last_evaluation(run_dir: Path) -> dict | None:
-    """The last complete record of the run's metrics.jsonl (None without one)."""
+def last_evaluation(run_dir: Path, step: int | None = None) -> dict | None:
+    """The last complete record of the run's metrics.jsonl, or with `step` the last record of that step (the
+    checkpoint exported: an earlier step's weights carry that step's metrics); None without one."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None
@@ -204,7 +205,7 @@ def last_evaluation(run_dir: Path) -> dict | None:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a cut last line of a run still writing
-        if isinstance(record, dict) and "step" in record:
+        if isinstance(record, dict) and "step" in record and (step is None or record["step"] == step):
             last = record
     return last
 
@@ -217,7 +218,8 @@ def model_card(run_dir: Path, name: str, model, cfg, tokenizer_note: str) -> str
         identity = read_identity(run_dir)
     except ValueError as err:
         identity = {"unreadable": str(err)}
-    record = last_evaluation(run_dir)
+    step = getattr(model, "checkpoint_step", None)
+    record = last_evaluation(run_dir, step)
     metrics = {k: v for k, v in (record or {}).items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     lines = [
@@ -241,8 +243,10 @@ def model_card(run_dir: Path, name: str, model, cfg, tokenizer_note: str) -> str
         lines += ["Data identity (data_identity.json):", "", "```json", json.dumps(identity, indent=2), "```", ""]
     lines += ["## Metrics", ""]
     if metrics:
-        lines += ["The run's last evaluation (metrics.jsonl):", "", "| metric | value |", "|---|---|"]
+        lines += [f"The run's evaluation of the exported step (metrics.jsonl, step {record['step']}):", "",
+                  "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v:.6g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
     else:
-        lines.append("The run recorded no evaluation.")
+        lines.append(f"The run recorded no evaluation of step {step}." if step is not None
+                     else "The run recorded no evaluation.")
     return "\n".join(lines) + "\n"

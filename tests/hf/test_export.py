@@ -164,6 +164,14 @@ def test_model_card_names_the_run_its_data_and_metrics(exported, tmp_path):
     assert "run_with_metrics" in card and "step 7" in card and "icl_markov" in card
     assert "| best_context_loss | 1.2345 |" in card
     assert "trust_remote_code=True" in card and "pip install longctx" in card
+    # a later evaluation than the checkpoint: the card keeps the exported step's own metrics
+    with open(copy / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 9, "best_context_loss": 0.5}) + "\n")
+    card = (export_run(copy, tmp_path / "hf2") / "README.md").read_text()
+    assert "| best_context_loss | 1.2345 |" in card and "0.5 |" not in card and "| step | 7 |" in card
+    (copy / "metrics.jsonl").write_text(json.dumps({"step": 9, "best_context_loss": 0.5}) + "\n")
+    card = (export_run(copy, tmp_path / "hf3") / "README.md").read_text()
+    assert "The run recorded no evaluation of step 7." in card and "0.5 |" not in card
 
 
 def test_a_runs_bpe_tokenizer_travels(exported, tmp_path):

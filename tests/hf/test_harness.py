@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
@@ -142,6 +144,15 @@ def test_bad_arguments_are_one_line_and_write_nothing(text_run, tmp_path, capsys
     one_line(capsys, evaluate_main([run, "--harness", "--task", "passkey"]), "--harness: runs its own --tasks")
     one_line(capsys, evaluate_main([run, "--harness", "--precision", "bf16"]), "--precision: not an option of")
     one_line(capsys, evaluate_main([run, "--harness", "--limit", "0"]), "--limit=0: must be an integer >= 1")
+    one_line(capsys, evaluate_main([run, "--harness", "--no-wandb"]), "--no-wandb: not an option of --harness")
+    packed = tmp_path / "packed"
+    shutil.copytree(run, packed)
+    cfg = OmegaConf.load(packed / "config.yaml")
+    cfg.data.pack = True
+    OmegaConf.save(cfg, packed / "config.yaml")
+    one_line(capsys, evaluate_main([str(packed), "--harness"]), "trained on packed documents (data.pack=true)")
+    one_line(capsys, evaluate_main([run, "--harness", "--tasks", "heldout", "--seed", "3"]),
+             "--seed: an option of the harness's passkey and needle tasks (--tasks heldout has neither)")
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)
     one_line(capsys, harness_main([run, "--out", str(out)]), "pip install 'longctx[hf]'")
     one_line(capsys, evaluate_main([run, "--harness"]), "needs the optional package 'lm_eval'")
