@@ -36,7 +36,7 @@ from longctx.data import dataset_info, heldout_batch
 from longctx.data.longcrawl64 import joined_documents
 from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, eval_line, retrieval_line,
                           run_retrieval, write_doc_record)
-from longctx.eval.loss import model_device
+from longctx.eval.loss import model_device, uses_bf16
 from longctx.eval.plots import plot_icl, plot_retrieval
 from longctx.eval.retrieval import prompt_length
 from longctx.generate import run_codec
@@ -184,13 +184,13 @@ def compose_data(run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
             raise ValueError(f"data.{key}: not a key of the {cfg.data.name} data config (keys: {', '.join(present)})"
                              f"{did_you_mean(key.split('.')[0], present)}")
         OmegaConf.update(cfg, f"data.{key}", value, merge=False)
-    if keys and "tag" not in dict(keys):   # a tag drawn from the data's keys (mqar_n${.n_pairs}) follows the overrides
-        raw = OmegaConf.load(CONF_DIR / "data" / f"{cfg.data.name}.yaml") \
-            if (CONF_DIR / "data" / f"{cfg.data.name}.yaml").is_file() else None
-        if raw is not None and OmegaConf.is_interpolation(raw, "tag"):
-            fresh = OmegaConf.create({"data": {**OmegaConf.to_container(cfg.data, resolve=False),
-                                               "tag": raw._get_node("tag")._value()}})
-            cfg.data.tag = str(fresh.data.tag)
+    source = CONF_DIR / "data" / f"{cfg.data.name}.yaml"
+    if keys and "tag" not in dict(keys) and source.is_file():  # a tag drawn from the data's keys (mqar_n${.n_pairs})
+        raw = OmegaConf.load(source)                             # follows the overrides
+        if OmegaConf.is_interpolation(raw, "tag"):
+            data = {**OmegaConf.to_container(cfg.data, resolve=False),
+                    "tag": OmegaConf.to_container(raw, resolve=False)["tag"]}
+            cfg.data.tag = str(OmegaConf.create({"data": data}).data.tag)
     data_only = OmegaConf.create({"data": OmegaConf.to_container(cfg.data, resolve=False)})
     check_set(data_only)
     check_types(data_only, schema(CONF_DIR, {"data": option} if option else None))
@@ -210,7 +210,7 @@ def fits_memory(flag: str, contexts: list[int], model, cfg: DictConfig, micro_do
     """Refuse, before anything is built, a context at which the forward or the token arrays held on the host
     (`held_per_token` bytes per token of context) cannot fit: one line (longctx.train.estimate)."""
     device = model_device(model)
-    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    bf16 = uses_bf16(device, precision)
     for ctx in sorted(contexts):
         forward = forward_memory(model, cfg, ctx, micro_docs, device.type, bf16)
         check_evaluation_fits(flag, ctx, forward, device, held_per_token * ctx, held_what, advice)
@@ -220,13 +220,12 @@ def run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides=(), precision
               micro_docs: int | None = None) -> dict:
     """What was evaluated and how: the checkpoint, the data (with the data.KEY= overrides given), the device, the
     precision as resolved (auto: bf16 on CUDA, fp32 else) and the documents a forward held."""
-    device = next(model.parameters()).device
-    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    device = model_device(model)
     return {"run_dir": str(run_dir), "checkpoint": str(model.checkpoint_path), "step": model.checkpoint_step,
             "train_ctx": int(run_cfg.ctx), "data": {"name": cfg.data.name, "heldout": str(splits.heldout_path)},
             "data_overrides": list(data_overrides), "arch": model.spec.arch, "attention": model.spec.attention,
             "attention_params": model.spec.attention_params, "device": str(device),
-            "precision": "bf16" if bf16 else "fp32",
+            "precision": "bf16" if uses_bf16(device, precision) else "fp32",
             "micro_docs": int(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch)}
 
 

@@ -20,12 +20,17 @@ PRECISIONS = ("auto", "bf16", "fp32")
 RECALL_LOGITS_ELEMENTS = 1 << 27  # logits held at once when recall is measured (documents x positions x vocab)
 
 
+def uses_bf16(device: torch.device | str, precision: str) -> bool:
+    """Whether an evaluation at `precision` runs under bf16 autocast: bf16, or auto on CUDA."""
+    return precision == "bf16" or (precision == "auto" and torch.device(device).type == "cuda")
+
+
 def autocast(device: torch.device | str, precision: str):
     """bf16 autocast for precision bf16, or auto on CUDA; fp32 (no autocast) otherwise."""
     device = torch.device(device)
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {', '.join(PRECISIONS)}")
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    if uses_bf16(device, precision):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

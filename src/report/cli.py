@@ -294,8 +294,9 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     else:
         figs.append(("Best-context loss vs context", "best_context_vs_context.png", by_context))
     points = recall_points(groups)
-    seeds = {**{e["name"]: e.get("seed") for c in carried for e in c["record"]["runs"]}, **{r.name: r.seed for r in runs}}
-    recall = carry_points(carried, points, seeds if add_seeds else None)  # the figure's and the record's
+    seeds = {**{e["name"]: e.get("seed") for c in carried for e in c["record"]["runs"]},
+             **{r.name: r.seed for r in runs}} if add_seeds else None
+    recall = carry_points(carried, points, seeds)  # the figure's and the record's
     if recall:
         figs.append(("Recall vs state", "recall_vs_state.png", draw_recall_vs_state(recall, title)))
     figs.append(("ICL curves through training", "icl_over_training.png",

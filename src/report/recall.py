@@ -193,9 +193,8 @@ def point_key(point: dict) -> str:
     return re.sub(r" \(\d+ seeds\)$", "", point["label"])
 
 
-# what must agree for two points to be seeds of one (the per-seed lists are joined)
-SAME_POINT = ("attention", "tag", "p", "window", "state", "n_pairs", "ctx", "chance", "lr", "d_model", "output_norm",
-              "ungated", "updates")
+# what must agree for two points to be seeds of one (the per-seed lists are joined): the point and its rate
+SAME_POINT = BUT_RATE + ("chance", "lr")
 PER_SEED = ("seeds", "runs", "first_stage", "first_stage_steps", "first_stage_met", "by_distance")
 
 

@@ -109,17 +109,17 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
 
     PowerAttention = attention_class("power")
 
-    spec, ctx = model.spec, cfg.ctx
+    spec, ctx, bf16 = model.spec, cfg.ctx, _bf16(cfg, device_type)
     # the MLP's hidden activations: pre- and post-GELU, or SwiGLU's gate, up, silu(gate) and their product
     mlp = 4 * spec.ffn_dim if spec.arch == "llama" else 2 * spec.mlp_ratio * spec.d_model
     around_core = spec.arch == "rwkv7" and native_mixing(spec.arch, spec.attention) is None
     block = spec.d_model * (RWKV7_AROUND_CORE if around_core else ARCH_SAVED.get(spec.arch, 16)) + mlp
     cores = list(state_cores(model))  # RWKV7: its time mixing, then the attention core inside it
     core = next((c for c in cores if isinstance(c, PowerAttention)), cores[0] if cores else None)
-    if _bf16(cfg, device_type):
+    if bf16:
         block += autocast_fp32(spec, gated=getattr(core, "gate", None) is not None)
     if isinstance(core, PowerAttention):
-        dtype = torch.bfloat16 if _bf16(cfg, device_type) else torch.float32
+        dtype = torch.bfloat16 if bf16 else torch.float32
         chunk = core.chunk_size or default_chunk_size(ctx, core.p, core.head_dim, device_type == "cuda", dtype)
         if chunk is None and device_type != "cuda":
             block += core.n_heads * ctx * 5
@@ -131,7 +131,7 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
         block += spec.n_heads * 2 * cfg.window * 2
     if checkpointing:
         # each block's input, the residual stream: fp32 under autocast too (twice a bf16's bytes)
-        return spec.d_model * (2 if _bf16(cfg, device_type) else 1), block
+        return spec.d_model * (2 if bf16 else 1), block
     return block, 0.0
 
 

@@ -172,9 +172,7 @@ class StagedRun:
         for i, (_, stage_cfg) in enumerate(self.stages[1:], 1):
             check_stage_fits(i, stage_cfg)
         for i in range(1, len(self.stages)):   # a later stage that already ran from weights since trained further
-            why = _stale(i, self.stages[i - 1][0], self.stages[i][0])
-            if why:
-                raise StageError(f"config: {why}")
+            self._refuse_stale(i)
         self.first = self.make_trainer(self.stages[0][1])
         if len(self.stages) > 1 and not self.first.complete and _prior_tokens(self.stages[1][0]) is not None:
             self.first.close()   # let go of the run folder: nothing trains
@@ -183,16 +181,19 @@ class StagedRun:
                              f"already started from its weights: start another run_name, or relaunch with the stages "
                              f"as they ran")
 
+    def _refuse_stale(self, i: int) -> None:
+        why = _stale(i, self.stages[i - 1][0], self.stages[i][0])
+        if why:
+            raise StageError(f"config: {why}")
+
     def fit(self) -> dict:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / INDEX
         if not path.exists():
             write_atomic(path, json.dumps(self.index, indent=1) + "\n")
         record = self.first.fit()
-        for i, (folder, stage_cfg) in enumerate(self.stages[1:], 1):
-            why = _stale(i, self.stages[i - 1][0], folder)   # the stage before may have trained on in this launch
-            if why:
-                raise StageError(f"config: {why}")
+        for i, (_, stage_cfg) in enumerate(self.stages[1:], 1):
+            self._refuse_stale(i)   # the stage before may have trained on in this launch
             try:
                 trainer = self.make_trainer(stage_cfg)
             except (ValueError, FileNotFoundError, FileExistsError) as err:  # its own checks, as the first stage's
