@@ -56,9 +56,8 @@ def main(cfg: DictConfig) -> None:
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
-    except StopRequested as stopped:  # SIGTERM / SIGUSR1: the last step is checkpointed; exit as the signal would
-        print(stopped, file=sys.stderr)
-        sys.exit(128 + stopped.signum)
+    except StopRequested as stopped:  # SIGTERM / SIGUSR1: the last step is checkpointed (the trainer said so and how
+        sys.exit(128 + stopped.signum)  # to continue, on stdout and in train.log); exit as the signal would
 
 
 def remove_if_empty(run_dir: str) -> None:

@@ -10,7 +10,10 @@ Arrays (np.load(path, allow_pickle=False)):
     doc_index  int64 (n_docs,)           the heldout documents' indices in the heldout split
     hits       bool (n_docs, Q)          recall data only (MQAR): whether each query was answered right
     distance   int64 (n_docs, Q)         recall data only: each query's distance to its pair, in tokens
-The mean over documents of `loss` is the record's icl_curve (every document has the same length).
+    packed     bool ()                   rows of packed documents only (data.pack=true): `loss` is each row's mean
+                                         by position within its documents, NaN in a bin where the row has none
+The mean over documents of `loss` is the record's icl_curve (every document has the same length; packed rows: the
+mean over the rows that reach each bin, weighting rows, where the curve weights tokens).
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ def doc_record(evaluation: HeldoutEvaluation, result: HeldoutLoss) -> dict[str, 
               "doc_index": evaluation.doc_index.astype(np.int64)}
     if evaluation.bayes_doc_loss is not None:
         arrays["bayes"] = evaluation.bayes_doc_loss.astype(np.float32)
+    if result.reached is not None:  # packed rows: NaN marks a bin a row does not reach, not a diverged loss
+        arrays["packed"] = np.array(True)
     if result.hits is not None:  # recall data: each query answered right, and its distance to its pair
         arrays["hits"] = result.hits.astype(bool)
         arrays["distance"] = evaluation.queries[:, 1].numpy().astype(np.int64)

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from longctx.models.attention import CONF_ONLY_KEYS, attention_class
@@ -472,7 +473,8 @@ def same_records(a: Run, b: Run) -> bool:
     if fa["step"] != fb["step"] or fa["icl_curve"] != fb["icl_curve"]:
         return False
     da, db = a.doc_bins(fa), b.doc_bins(fb)
-    return da is None or db is None or (da.loss.shape == db.loss.shape and bool((da.loss == db.loss).all()))
+    return da is None or db is None or (da.loss.shape == db.loss.shape and np.array_equal(da.loss, db.loss,
+                                                                                          equal_nan=True))
 
 
 def data_difference(a: Run, b: Run) -> str:

@@ -9,7 +9,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_markov, heldout_batch
+from longctx.data.icl_markov import generator_params as icl_markov_generator_params
 from longctx.data.mqar import ensure_mqar, query_targets
+from longctx.data.mqar import generator_params as mqar_generator_params
 from longctx.models.context_parallel import ContextParallel, context_slice
 
 log = logging.getLogger("longctx")
@@ -36,6 +38,24 @@ def icl_markov_params(data_cfg, ctx: int) -> dict:
                 disjoint_sizes=data_cfg.get("disjoint_sizes", False))
 
 
+def mqar_params(data_cfg, ctx: int) -> dict:
+    """The generator's arguments (`ensure_mqar`, `mqar.generator_params`) an MQAR data config and context stand for:
+    a document is as long as the context (its queries are asked within it)."""
+    return dict(n_keys=data_cfg.n_keys, n_values=data_cfg.n_values, n_pairs=data_cfg.n_pairs,
+                n_queries=data_cfg.n_queries, doc_len=ctx, n_train=max(1, data_cfg.train_tokens // ctx),
+                n_heldout=data_cfg.n_heldout, distance=data_cfg.distance, power_a=data_cfg.power_a,
+                seed=data_cfg.gen_seed)
+
+
+def check_generated_data(data_cfg: DictConfig, ctx: int) -> None:
+    """A generated task's parameters checked without generating anything (ValueError naming the `data.` field), so
+    a bad value is named before a run folder or a cache is looked at."""
+    if data_cfg.name == "icl_markov":
+        icl_markov_generator_params(**icl_markov_params(data_cfg, ctx))
+    elif data_cfg.name == "mqar":
+        mqar_generator_params(**mqar_params(data_cfg, ctx))
+
+
 def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
     """Locate (and for the generated tasks, icl_markov and mqar, generate on first use) the train and heldout
     arrays. An MQAR document is as long as the context (its queries are asked within it)."""
@@ -44,11 +64,7 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
                                  progress=sys.stderr.isatty())  # a bar's redraws would flood a log file
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     elif data_cfg.name == "mqar":
-        root = ensure_mqar(
-            data_cfg.cache_dir, n_keys=data_cfg.n_keys, n_values=data_cfg.n_values, n_pairs=data_cfg.n_pairs,
-            n_queries=data_cfg.n_queries, doc_len=ctx, n_train=max(1, data_cfg.train_tokens // ctx),
-            n_heldout=data_cfg.n_heldout, distance=data_cfg.distance, power_a=data_cfg.power_a,
-            seed=data_cfg.gen_seed, progress=sys.stderr.isatty())
+        root = ensure_mqar(data_cfg.cache_dir, **mqar_params(data_cfg, ctx), progress=sys.stderr.isatty())
         train, heldout = Path(root) / "train.zarr", Path(root) / "heldout.zarr"
     else:
         if OmegaConf.is_missing(data_cfg, "path") or data_cfg.path in (None, ""):

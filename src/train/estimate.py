@@ -259,19 +259,21 @@ def describe(est: Estimate, device_name: str) -> str:
 
 
 def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
-               device_name: str | None = None, **kwargs) -> Estimate:
-    """Say the estimate; raise ValueError (one line, naming what to set) when the run cannot fit the memory.
+               device_name: str | None = None, say: bool = True, **kwargs) -> Estimate:
+    """Say the estimate (say=False: only refuse, as a staged run's up-front check of a later stage, which says its
+    own when it starts); raise ValueError (one line, naming what to set) when the run cannot fit the memory.
     trainer.activation_checkpointing=auto on CUDA turns checkpointing on by itself when needed."""
     device_name = device_name or (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     est = estimate(cfg, device, spec_for, world_size, **kwargs)
     kwargs.update(available=est.available_bytes, rate=kwargs.get("rate"))  # measured once
+    tell = log.info if say else log.debug
     if est.fits:
-        log.info(describe(est, device_name))
+        tell(describe(est, device_name))
         return est
     auto = cfg.trainer.activation_checkpointing == "auto" and device.type == "cuda"
     with_ckpt = estimate(cfg, device, spec_for, world_size, checkpointing=True, **kwargs)
     if auto and with_ckpt.fits:
-        log.info(describe(with_ckpt, device_name) + "; trainer.activation_checkpointing=auto will turn it on")
+        tell(describe(with_ckpt, device_name) + "; trainer.activation_checkpointing=auto will turn it on")
         return with_ckpt
     need = (f"memory: this run needs ~{_gib(est.total_bytes)} on {device_name} but {_gib(est.available_bytes)} "
             f"is available (ctx={cfg.ctx}, {est.micro_docs} docs per micro-batch, {est.parameters / 1e6:.2f}M "

@@ -203,17 +203,22 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     except ValueError as err:
         fail(str(err))
     if args.cfg:
-        check_shown_config(list(args.overrides), conf_dir, args.multirun)
+        run_dir = check_shown_config(list(args.overrides), conf_dir, args.multirun)
+        # run_dir is Hydra's output folder, which --cfg never makes (it would print null): show where a run would go
+        given = any(o.split("=", 1)[0].lstrip("+~") == "run_dir" for o in args.overrides)
+        if run_dir and not given and args.cfg in ("job", "all") and '"' not in run_dir and "\\" not in run_dir:
+            argv = [*argv, f'run_dir="{run_dir}"']
     if args.cfg in ("job", "all") and not (args.resolve or args.multirun):
         argv = [*argv, "--resolve"]
     return argv
 
 
-def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = False) -> None:
+def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = False) -> str | None:
     """`python train.py --cfg job ...` prints the config without running anything: check it first, as a run would
-    (keys, types, values), so a bad value is named instead of printed."""
+    (keys, types, values), so a bad value is named instead of printed. Returns the folder a run would write
+    (hydra.run.dir, absolute), None for a multirun or a config that does not compose."""
     if multirun:
-        return
+        return None
     from hydra import compose, initialize_config_dir
 
     from longctx.train.config import validate
@@ -222,7 +227,11 @@ def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = Fa
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
     except Exception:
-        return  # a composition error: Hydra reports it as it prints
+        return None  # a composition error: Hydra reports it as it prints
+    try:
+        run_dir = str(Path(cfg.hydra.run.dir).absolute())
+    except Exception:  # an interpolation only a running Hydra resolves
+        run_dir = None
     choices = {g: o for g, o in cfg.hydra.runtime.choices.items() if "/" not in g}
     OmegaConf.set_struct(cfg, False)
     cfg.pop("hydra")
@@ -230,3 +239,4 @@ def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = Fa
         validate(cfg, choices)
     except ValueError as err:
         fail(str(err))
+    return run_dir

@@ -214,7 +214,7 @@ def check_stage_fits(index: int, stage_cfg: DictConfig) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the trainer's process group has the same
     try:
         check_fits(stage_cfg, pick_device(stage_cfg.device),
-                   lambda vocab: model_spec(stage_cfg, model_vocab_size(vocab)), world_size)
+                   lambda vocab: model_spec(stage_cfg, model_vocab_size(vocab)), world_size, say=False)
         check_batch_fits(resolve_splits(stage_cfg.data, stage_cfg.ctx), stage_cfg.data)
     except (ValueError, FileNotFoundError) as err:
         raise ValueError(f"trainer.stages[{index}]: {err}") from None

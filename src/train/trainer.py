@@ -31,8 +31,8 @@ from longctx.train.config import check_context_parallel, validate
 from longctx.train.console import (close_logging, eta, format_duration, is_terminal, log, log_to_file, progress_bar,
                                    setup_logging)
 from longctx.train.estimate import check_fits
-from longctx.train.data import (ContextSlices, build_heldout, build_train_reader, epoch_tokens, resolve_splits,
-                                 trains_on_queries)
+from longctx.train.data import (ContextSlices, build_heldout, build_train_reader, check_generated_data, epoch_tokens,
+                                 resolve_splits, trains_on_queries)
 from longctx.train.flops import flops_report, format_ratio, mfu
 from longctx.train.loggers import check_wandb
 from longctx.models.context_parallel import ContextParallelModel, set_context_parallel
@@ -167,6 +167,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         check_context_parallel(cfg, self.dist.world_size)  # N | world, DP ranks | the batch
         self.layout = context_parallel_layout(self.dist, cfg.trainer.get("context_parallel", 1))
+        check_generated_data(cfg.data, cfg.ctx)  # a bad data value named before "the folder holds a run"
         self._lock_run_dir()
         check_no_links(self.run_dir)
         candidates = self._check_run_dir()

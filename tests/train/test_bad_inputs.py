@@ -5,7 +5,6 @@ falls back to the older one kept, a small prepared dataset evaluates on the held
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -185,6 +184,21 @@ def test_resume_with_a_changed_model_names_the_keys(compose, tiny, tmp_path):
         Trainer(compose(*tiny, "model.n_layers=2", "trainer.resume=true", f"run_dir={run}"))
     with pytest.raises(ValueError, match=r"model\.d_model: 64 -> 32; model\.n_heads: 2 -> 1"):
         Trainer(compose(*tiny, "model.d_model=32", "model.n_heads=1", "trainer.resume=true", f"run_dir={run}"))
+    assert snapshot(run) == before
+
+
+def test_a_bad_data_value_is_named_before_the_folders_run(compose, tiny, tmp_path):
+    """Pointed at a folder that already holds a run, a bad generated-data value is still what the error names (not
+    "already holds a run", which would hide it), and nothing in the folder changes."""
+    run = tmp_path / "run"
+    Trainer(compose(*tiny, f"run_dir={run}")).fit()
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=r"^data\.alpha: must be a positive number, got -1"):
+        Trainer(compose(*tiny, "data.alpha=-1", f"run_dir={run}"))
+    with pytest.raises(ValueError, match=r"^data\.n_pairs=300: more pairs than keys"):
+        Trainer(compose(*generic(tiny), "data=mqar", "data.n_pairs=300", "data.n_keys=256", f"run_dir={run}"))
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        Trainer(compose(*tiny, f"run_dir={run}"))
     assert snapshot(run) == before
 
 

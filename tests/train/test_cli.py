@@ -297,6 +297,12 @@ def test_cfg_job_prints_resolved_values(train_env, tmp_path):
     shown = yaml.safe_load(out.stdout)
     assert shown["attention"]["p"] == 3 and shown["attention"]["tag"] == "power_p3"
     assert shown["run_name"] == "gpt2_power_p3_d64l3_icl_markov_ctx128_s0"
+    # the folder a run would write (Hydra's output folder, which --cfg never makes), and a given one as given
+    assert shown["run_dir"] == str(tmp_path / "runs" / shown["run_name"])
+    for given, folder in (("run_dir=/tmp/a", "/tmp/a"), ("hydra.run.dir=/tmp/b", "/tmp/b")):
+        shown = yaml.safe_load(run_cli(["--cfg", "job", given], train_env, tmp_path).stdout)
+        assert shown["run_dir"] == folder
+    assert not (tmp_path / "runs").exists()  # printing made no folder
 
 
 def test_default_run_shorter_than_its_warmup_trains_with_a_scaled_warmup(train_env, tmp_path):

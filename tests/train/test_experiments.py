@@ -315,10 +315,12 @@ def test_resume_true_continues_whichever_stage_was_interrupted(compose, tmp_path
     assert [s.trainer.resume for _, s in plan(cfg, check=False)] == [False, False]
 
 
-def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_path):
+def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_path, monkeypatch):
     from longctx.train import checkpoint as ckpt
+    from longctx.train import estimate
     from longctx.train.trainer import Trainer
-    built = []
+    built, said = [], []
+    monkeypatch.setattr(estimate.log, "info", lambda msg, *a, **k: said.append(msg))
 
     def make_trainer(stage_cfg):
         trainer = Trainer(stage_cfg)
@@ -332,6 +334,8 @@ def test_staged_run_trains_each_stage_from_the_previous_weights(compose, tmp_pat
         {"dir": "stage1_ctx32", "overrides": {"ctx": 32, "data.docs_per_batch": 8, "trainer.max_steps": 1}},
         {"dir": "stage2_ctx64", "overrides": {}}]
     assert final_stage_dir(run) == s2 and final_stage_dir(s2) is None
+    # each stage says its memory estimate once, when it starts (the up-front check of stage 2 only refuses)
+    assert sum(msg.startswith("estimate: peak memory") for msg in said) == 2
     assert _metrics(s1)[-1]["step"] == 1 and _metrics(s1)[-1]["tokens"] == 8 * 32
     final = _metrics(s2)[-1]
     assert record["step"] == final["step"] == 2 and record["best_context_loss"] == final["best_context_loss"]

@@ -82,12 +82,14 @@ def test_the_stop_message_gives_the_command_that_resumes(train_env, tiny, tmp_pa
     args = [*tiny, "trainer.num_threads=1", "trainer.max_steps=200", "trainer.eval_every=100",
             "logger.console_every=1", f"hydra.run.dir={run}"]
     proc = subprocess.Popen([sys.executable, str(repo / "train.py"), *args], env=train_env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_step(proc, run / "train.log", 5)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    line = next(line for line in err.splitlines() if line.startswith("stopped by SIGTERM after step "))
+    said = [line for line in (out + err).splitlines() if line.startswith("stopped by SIGTERM after step ")]
+    assert len(said) == 1, said  # said once, on stdout (and in train.log)
+    line = said[0]
     command = line.split("; continue it with: ", 1)[1]
     assert command.endswith(" trainer.resume=true") and f"hydra.run.dir={run}" in command
     env = {**train_env, "PATH": f"{Path(sys.executable).parent}:{train_env['PATH']}"}  # `python`: this interpreter
