@@ -12,8 +12,8 @@ Arrays (np.load(path, allow_pickle=False)):
     distance   int64 (n_docs, Q)         recall data only: each query's distance to its pair, in tokens
     packed     bool ()                   rows of packed documents only (data.pack=true): `loss` is each row's mean
                                          by position within its documents, NaN in a bin where the row has none
-The mean over documents of `loss` is the record's icl_curve (every document has the same length; packed rows: the
-mean over the rows that reach each bin, weighting rows, where the curve weights tokens).
+The mean over documents of `loss` is the record's icl_curve (every document has the same length; not so for packed
+rows, whose curve averages each position over the documents reaching it: the report gives them no interval).
 """
 from __future__ import annotations
 

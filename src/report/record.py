@@ -156,8 +156,6 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
                            prefix + "doc_index": docs.doc_index})
             if docs.bayes is not None:
                 arrays[prefix + "bayes"] = docs.bayes.astype(np.float32)
-            if docs.packed:
-                arrays[prefix + "packed"] = np.array(True)
             found = run_hits(run)
             if found is not None:  # recall data: whether each query was recalled (its accuracy recomputes from it)
                 arrays[prefix + "hits"] = found[0].astype(np.uint8)

@@ -89,7 +89,18 @@ class Run:
             log.warning(f"warning: {path}: named by metrics.jsonl (step {record['step']}) but missing; "
                         f"no interval for that evaluation")
             return None
-        return load_doc_bins(path, prefix)
+        docs = load_doc_bins(path, prefix)
+        if docs.packed:  # each row's bin means cannot give the trainer's per-position means (their band would be
+            if self.name not in _PACKED_SAID:  # another quantity's): the run is tabled and drawn without one
+                _PACKED_SAID.add(self.name)
+                log.warning(f"warning: {self.name}: evaluated on rows of packed documents; its curve averages each "
+                            f"position over the documents reaching it, which the per-row record cannot resample: "
+                            f"no interval for this run")
+            return None
+        return docs
+
+
+_PACKED_SAID: set[str] = set()  # runs already told to have no interval (doc_bins is asked once per statistic)
 
 
 def training_flops(record: dict, default=None):

@@ -27,7 +27,6 @@ n_a x n_b seed pairs differ in the estimate's direction. Statistics that are one
 from __future__ import annotations
 
 import math
-import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +50,8 @@ class DocBins:
     edges: np.ndarray            # (n_bins, 2) int: each bin's [start, end) positions
     doc_index: np.ndarray        # (n_docs,) int: the heldout documents' indices
     bayes: np.ndarray | None = None  # (n_docs, n_bins) float, the optimum's, when the data has an exact one
-    packed: bool = False         # rows of packed documents: NaN where a row reaches no position of a bin
+    packed: bool = False         # rows of packed documents: NaN where a row reaches no position of a bin; the
+    #                              statistics below assume finite losses (the report gives such runs no interval)
 
     @property
     def n_docs(self) -> int:
@@ -78,7 +78,7 @@ def load_doc_bins(path: str | Path, prefix: str = "") -> DocBins:
                   packed=bool(arrays.get("packed", False)))
     for name in ("loss", "bayes"):
         values = getattr(rec, name)
-        # packed rows: NaN is a bin the row does not reach (load_doc_bins' callers leave it out); never an infinity
+        # packed rows: NaN is a bin the row does not reach; never an infinity
         bad_values = ~np.isfinite(values) if values is not None else None
         if bad_values is not None and rec.packed and name == "loss":
             bad_values &= ~np.isnan(values)
@@ -126,14 +126,9 @@ def resample_weights(n_docs: int, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = D
 
 
 def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
-    """The (1-level)/2 and (1+level)/2 percentiles of bootstrap replicates along axis 0. NaN replicates (packed rows:
-    a resample that drew no row reaching a bin) are left out; a statistic NaN on every resample stays NaN."""
+    """The (1-level)/2 and (1+level)/2 percentiles of bootstrap replicates along axis 0."""
     tail = 100 * (1 - level) / 2
-    if not np.isnan(replicates).any():
-        return np.percentile(replicates, tail, axis=0), np.percentile(replicates, 100 - tail, axis=0)
-    with warnings.catch_warnings():  # "All-NaN slice": a bin no row reaches, NaN as its estimate is
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanpercentile(replicates, tail, axis=0), np.nanpercentile(replicates, 100 - tail, axis=0)
+    return np.percentile(replicates, tail, axis=0), np.percentile(replicates, 100 - tail, axis=0)
 
 
 # ----- statistics of the mean curves: f(loss_curves (R, n_bins), bayes_curves (R, n_bins) | None, edges) -> (R,...)
@@ -146,7 +141,7 @@ def best_bins(curves: np.ndarray, edges: np.ndarray, min_positions: int | None =
     if min_positions is None:
         min_positions = min_positions_for(int(edges[-1, 1]))
     eligible = widths >= min(min_positions, widths.max())
-    masked = np.where(eligible[None, :] & ~np.isnan(curves), curves, np.inf)  # NaN: a bin no packed row reaches
+    masked = np.where(eligible[None, :], curves, np.inf)
     return np.argmin(masked, axis=1)
 
 
@@ -193,21 +188,11 @@ def stat_last_bin_loss(loss, bayes, edges):
 
 
 def stat_last10_loss(loss, bayes, edges):
-    return _reached_mean(loss, last_fraction_weights(edges))
+    return loss @ last_fraction_weights(edges)
 
 
 def stat_last10_gap(loss, bayes, edges):
-    return _reached_mean(loss - _need_bayes(bayes), last_fraction_weights(edges))
-
-
-def _reached_mean(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """values (..., n) @ weights (n,), the weights of NaN entries (bins no packed row reaches) given to the others:
-    the trainer's last-10% loss of packed rows leaves those positions out. values without NaN: the plain product."""
-    reached = ~np.isnan(values)
-    if reached.all():
-        return values @ weights
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(reached, values, 0.0) @ weights / (reached @ weights)
+    return (loss - _need_bayes(bayes)) @ last_fraction_weights(edges)
 
 
 STATISTICS: dict[str, Callable] = {
@@ -220,17 +205,7 @@ STATISTICS: dict[str, Callable] = {
 def _replicates(rec: DocBins, stat: Callable, weights: np.ndarray) -> np.ndarray:
     """Row 0: the statistic on all documents; rows 1..: on each resample."""
     bayes = None if rec.bayes is None else weights @ rec.bayes
-    return np.asarray(stat(_mean_curves(weights, rec.loss), bayes, rec.edges))
-
-
-def _mean_curves(weights: np.ndarray, loss: np.ndarray) -> np.ndarray:
-    """(R, n_docs) weights x (n_docs, n_bins) losses -> (R, n_bins) mean curves. Packed rows (NaN where a row reaches
-    no position of a bin): each bin's mean over the drawn rows that reach it, NaN where none does."""
-    reached = ~np.isnan(loss)
-    if reached.all():
-        return weights @ loss
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (weights @ np.where(reached, loss, 0.0)) / (weights @ reached)
+    return np.asarray(stat(weights @ rec.loss, bayes, rec.edges))
 
 
 def _interval(reps: np.ndarray, level: float, **extra) -> Interval:

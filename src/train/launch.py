@@ -9,6 +9,7 @@ of a config that `--cfg` only prints. A failed check is one line on stderr and e
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -206,8 +207,8 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
         run_dir = check_shown_config(list(args.overrides), conf_dir, args.multirun)
         # run_dir is Hydra's output folder, which --cfg never makes (it would print null): show where a run would go
         given = any(o.split("=", 1)[0].lstrip("+~") == "run_dir" for o in args.overrides)
-        if run_dir and not given and args.cfg in ("job", "all") and '"' not in run_dir and "\\" not in run_dir:
-            argv = [*argv, f'run_dir="{run_dir}"']
+        if run_dir and not given and args.cfg in ("job", "all") and not any(c in run_dir for c in ("'", "\\", "${")):
+            argv = [*argv, f"run_dir='{run_dir}'"]
     if args.cfg in ("job", "all") and not (args.resolve or args.multirun):
         argv = [*argv, "--resolve"]
     return argv
@@ -216,7 +217,8 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
 def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = False) -> str | None:
     """`python train.py --cfg job ...` prints the config without running anything: check it first, as a run would
     (keys, types, values), so a bad value is named instead of printed. Returns the folder a run would write
-    (hydra.run.dir, absolute), None for a multirun or a config that does not compose."""
+    (hydra.run.dir, absolute, with the run name these overrides give), None for a multirun or a config that does
+    not compose."""
     if multirun:
         return None
     from hydra import compose, initialize_config_dir
@@ -228,10 +230,7 @@ def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = Fa
             cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
     except Exception:
         return None  # a composition error: Hydra reports it as it prints
-    try:
-        run_dir = str(Path(cfg.hydra.run.dir).absolute())
-    except Exception:  # an interpolation only a running Hydra resolves
-        run_dir = None
+    run_dir = _run_folder(cfg, overrides)
     choices = {g: o for g, o in cfg.hydra.runtime.choices.items() if "/" not in g}
     OmegaConf.set_struct(cfg, False)
     cfg.pop("hydra")
@@ -240,3 +239,16 @@ def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = Fa
     except ValueError as err:
         fail(str(err))
     return run_dir
+
+
+def _run_folder(cfg: DictConfig, overrides: list[str]) -> str | None:
+    """hydra.run.dir of a composed config, absolute: the run name interpolated there is the one these overrides give
+    (composed outside a running Hydra, `${longctx.run_name:}` would see no overrides and drop their suffixes)."""
+    from longctx.naming import job_swept_keys, run_name
+
+    try:
+        if "longctx.run_name" in str(OmegaConf.to_container(cfg, resolve=False).get("run_name")):
+            cfg.run_name = run_name(cfg, overrides, job_swept_keys())
+        return os.path.abspath(str(cfg.hydra.run.dir))
+    except Exception:  # an interpolation only a running Hydra resolves
+        return None

@@ -175,18 +175,16 @@ def test_cpu_training_run_with_pack(packed, compose, tmp_path):
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and np.isfinite(last["best_context_loss"]) and last["icl_curve"][-1][1] == L
     assert np.isfinite(last["train_loss"])
-    # the report reads its per-document record (rows that do not reach a bin hold NaN there)
+    # the report tables and draws it; no interval (each row's bin means cannot resample the per-position means)
     from longctx.report.cli import main as report_main
     from longctx.report.stats import load_doc_bins
     docs = load_doc_bins(run / last["doc_bins"])
     assert docs.packed and np.isnan(docs.loss).any()
     report = report_main([str(run), "--out", str(tmp_path / "report"), "--bootstrap", "50"])
-    rows = [line for line in report.read_text().splitlines() if line.startswith("| exp")]
-    best = float(rows[-1].split("|")[5].split()[0])  # the intervals table: best-context loss [low, high]
-    from longctx.eval.metrics import min_positions_for
-    wide = (docs.edges[:, 1] - docs.edges[:, 0]) >= min_positions_for(L)
-    by_rows = np.nanmean(docs.loss, axis=0)  # each bin's mean over the rows that reach it
-    assert best == pytest.approx(float(np.nanmin(np.where(wide, by_rows, np.nan))), abs=6e-4)  # 3 decimals shown
+    text = report.read_text()
+    assert f"{last['best_context_loss']:.3f}" in text  # the trainer's number, as metrics.jsonl has it
+    rows = [line for line in text.splitlines() if line.startswith("| exp")]
+    assert rows[-1].split("|")[5].strip() == "-"  # the intervals table: no interval for a packed run
     # the retrieval evaluation reads the packed heldout text as haystacks
     from longctx.evaluate import main as evaluate_main
     needle = tmp_path / "needle.json"

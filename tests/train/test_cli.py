@@ -302,6 +302,8 @@ def test_cfg_job_prints_resolved_values(train_env, tmp_path):
     for given, folder in (("run_dir=/tmp/a", "/tmp/a"), ("hydra.run.dir=/tmp/b", "/tmp/b")):
         shown = yaml.safe_load(run_cli(["--cfg", "job", given], train_env, tmp_path).stdout)
         assert shown["run_dir"] == folder
+    shown = yaml.safe_load(run_cli(["--cfg", "job", "optim.lr=0.001"], train_env, tmp_path).stdout)
+    assert shown["run_name"].endswith("_lr0.001") and shown["run_dir"] == str(tmp_path / "runs" / shown["run_name"])
     assert not (tmp_path / "runs").exists()  # printing made no folder
 
 
