@@ -293,7 +293,8 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     fits_memory("--ctx", [ctx], model, cfg, min(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch,
                                                 held), precision, 16 * held, f"{held} heldout documents held",
                 "evaluate at a shorter --ctx, or with fewer --docs or --micro-docs")
-    evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size),
+    evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size,
+                                                 "--docs" if docs is not None else "data.eval_docs"),
                                    bins or int(run_cfg.trainer.icl_bins), bins_key="--bins")
     out = out or default_out(run_dir, f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}",
                              "heldout")

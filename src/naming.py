@@ -25,8 +25,8 @@ RESOLVER = "longctx.run_name"
 
 # Override keys the name already shows, or that do not change what is trained (prefixes end with a dot).
 NOT_IN_SUFFIX = (
-    "arch", "attention", "p", "window", "model", "model.name", "model.d_model", "model.n_layers", "data",
-    "data.tag", "data.n_pairs", "data.path", "data.cache_dir", "data.eval_docs", "data.n_heldout", "ctx", "seed",
+    "arch", "attention", "p", "window", "attention.p", "attention.window", "model", "model.name", "model.d_model",
+    "model.n_layers", "data", "data.tag", "data.n_pairs", "data.path", "data.cache_dir", "data.eval_docs", "data.n_heldout", "ctx", "seed",
     "run_name",
     "run_dir", "cache_dir", "device", "experiment", "hydra.", "logger.", "trainer.max_steps", "trainer.eval_every",
     "trainer.resume", "trainer.num_threads", "trainer.compile", "trainer.keep_checkpoints", "trainer.micro_docs",
@@ -36,8 +36,8 @@ NOT_IN_SUFFIX = (
 # Keys of NOT_IN_SUFFIX that name the jobs of a sweep over them (a run length: each value its own run)
 SWEEP_NAMED = ("trainer.max_steps", "trainer.flops_budget")
 # Keys of NOT_IN_SUFFIX the name's base shows (run_name: arch, attention tag, model, data, ctx, seed)
-SHOWN_BY_BASE = ("arch", "attention", "p", "window", "model", "model.name", "model.d_model", "model.n_layers", "data",
-                 "data.tag", "data.n_pairs", "data.path", "ctx", "seed")
+SHOWN_BY_BASE = ("arch", "attention", "p", "window", "attention.p", "attention.window", "model", "model.name",
+                 "model.d_model", "model.n_layers", "data", "data.tag", "data.n_pairs", "data.path", "ctx", "seed")
 # the SWEEP_NAMED keys a grid of plain runs varies (scripts/run_points.py sets it for its points): named as in a
 # multirun, so two points of different lengths never share a folder
 SWEPT_ENV = "LONGCTX_SWEPT_KEYS"
@@ -90,13 +90,17 @@ def task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
+def is_sweep_axis(override: str) -> bool:
+    """A sweep axis (`seed=0,1,2`, `range(...)`, `choice(...)`): its values name jobs, each in its own folder."""
+    value = override.split("=", 1)[1] if "=" in override else ""
+    return "," in value.replace("\\,", "") or value.startswith(("range(", "choice(", "glob("))
+
+
 def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:
     """The keys of SWEEP_NAMED that a multirun varies: on its command line (`trainer.max_steps=5,10`, range(...))
     or in its sweeper's params."""
-    from longctx.train.launch import _swept
-
-    swept = {o.split("=", 1)[0].lstrip("+~") for o in sweep_overrides if _swept(o)}
-    swept |= {k for k, v in (sweeper_params or {}).items() if _swept(f"{k}={v}")}
+    swept = {o.split("=", 1)[0].lstrip("+~") for o in sweep_overrides if is_sweep_axis(o)}
+    swept |= {k for k, v in (sweeper_params or {}).items() if is_sweep_axis(f"{k}={v}")}
     return swept & set(SWEEP_NAMED)
 
 

@@ -168,15 +168,18 @@ class QueryTargets(MappedBatches):
         return query_targets(batch, **self.ids)
 
 
-def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int, vocab_size: int) -> dict:
+def build_heldout(splits: DataSplits, data_cfg: DictConfig, ctx: int, vocab_size: int,
+                  docs_key: str = "data.eval_docs") -> dict:
     """The fixed evaluation documents, checked against the model's vocabulary now rather than at the first
     evaluation. A heldout split smaller than data.eval_docs (a small prepared dataset) is used whole, with a
-    warning: it is all the heldout data there is, and stopping would only make the user look up its size."""
+    warning: it is all the heldout data there is, and stopping would only make the user look up its size.
+    docs_key: how the caller sets the number (evaluate's `--docs`)."""
     available = dataset_info(splits.heldout_path)["num_docs"]
     n = data_cfg.eval_docs
     if n > available:
-        log.warning(f"data.eval_docs={n} but {splits.heldout_path} holds {available} documents: evaluating on all "
-                    f"{available} (set data.eval_docs={available} to silence this)")
+        sep = " " if docs_key.startswith("--") else "="
+        log.warning(f"{docs_key}{sep}{n} but {splits.heldout_path} holds {available} documents: evaluating on all "
+                    f"{available} (set {docs_key}{sep}{available} to silence this)")
         n = available
     packed = data_cfg.get("pack", False)
     if packed and not dataset_info(splits.heldout_path)["packed"]:

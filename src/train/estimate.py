@@ -127,8 +127,8 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
             block += core.state_size(ctx) / chunk
     elif spec.arch == "rwkv7" and spec.attention == "linear":  # its own time mixing: chunked delta rule
         block += spec.d_model * (46 if device_type != "cuda" else 1)
-    elif spec.attention == "window" and device_type != "cuda" and ctx > cfg.window:
-        block += spec.n_heads * 2 * cfg.window * 2
+    elif spec.attention == "window" and device_type != "cuda" and ctx > cfg.attention.window:
+        block += spec.n_heads * 2 * cfg.attention.window * 2
     if checkpointing:
         # each block's input, the residual stream: fp32 under autocast too (twice a bf16's bytes)
         return spec.d_model * (2 if bf16 else 1), block
@@ -161,7 +161,7 @@ def context_parallel_saved(model, cfg: DictConfig, n: int, device_type: str, byt
     if spec.attention == "exp":
         per_layer = 2 * spec.d_model * cfg.ctx * bytes_per
     elif spec.attention == "window":
-        per_layer = 2 * spec.d_model * min(cfg.window - 1, cfg.ctx) * bytes_per
+        per_layer = 2 * spec.d_model * min(cfg.attention.window - 1, cfg.ctx) * bytes_per
     else:
         from longctx.models.common import state_cores
         per_layer = n * state_cores(model)[0].state_size(cfg.ctx) * 4

@@ -17,6 +17,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from longctx.naming import hidden_from_name, is_sweep_axis, swept_keys
 from longctx.train.run_dir import check_run_name, check_writable_dir
 
 SLURM_LAUNCHERS = ("SlurmLauncher",)  # hydra-submitit's submitit_slurm (submitit_local runs here)
@@ -50,10 +51,22 @@ def _by_key(overrides: list[str]) -> dict[str, str]:
     return {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
 
 
-def _swept(override: str) -> bool:
-    """A sweep axis (`seed=0,1,2`, `range(...)`, `choice(...)`): its values name jobs, each in its own folder."""
-    value = override.split("=", 1)[1] if "=" in override else ""
-    return "," in value.replace("\\,", "") or value.startswith(("range(", "choice(", "glob("))
+
+
+def check_sweep_names(overrides: list[str]) -> None:
+    """A multirun's jobs are run in folders named by what they run (hydra.sweep.subdir = the run name): an axis whose
+    key the name does not show (trainer.icl_bins, data.eval_docs, ...) would put two jobs in one folder, the second
+    resuming the first and saying it had nothing to do. Refused naming the key, unless the subdir is the user's."""
+
+    if any(o.split("=", 1)[0].lstrip("+~") == "hydra.sweep.subdir" for o in overrides):
+        return
+    named = swept_keys(overrides)
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if is_sweep_axis(override) and hidden_from_name(key, named):
+            raise ValueError(f"config: {override}: the run names of a sweep do not show {key.lstrip('+~')}, so its "
+                             f"jobs would share one run folder (the second resuming the first); launch one sweep per "
+                             f"value (each with its own hydra.sweep.dir), or set hydra.sweep.subdir")
 
 
 def check_sweep_reuse(sweep: Path, overrides: list[str]) -> None:
@@ -72,7 +85,7 @@ def check_sweep_reuse(sweep: Path, overrides: list[str]) -> None:
                          f"pick a new hydra.sweep.dir") from None
     old, new = _by_key(saved), _by_key(overrides)
     diff = [f"{old[k]} -> {new[k]}" for k in new
-            if k in old and old[k] != new[k] and not (_swept(old[k]) or _swept(new[k]))]
+            if k in old and old[k] != new[k] and not (is_sweep_axis(old[k]) or is_sweep_axis(new[k]))]
     diff += [f"{new[k]} (new)" for k in new if k not in old]
     diff += [f"{old[k]} (dropped)" for k in old if k not in new]
     if diff:
@@ -201,6 +214,8 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
         return argv
     try:
         check_overrides(list(args.overrides), conf_dir)
+        if args.multirun:
+            check_sweep_names(list(args.overrides))
     except ValueError as err:
         fail(str(err))
     if args.cfg:

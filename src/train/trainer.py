@@ -323,8 +323,8 @@ class Trainer:
         if resume is False and used:
             raise FileExistsError(
                 f"{self.run_dir} already holds a run (checkpoint: {latest[1].name if latest else 'none'}); "
-                f"pass trainer.resume=true (or auto) to continue it, or run_name=<new name> to start another. "
-                f"Nothing was overwritten.")
+                f"pass trainer.resume=true (or auto) to continue it, or start another in a new folder (run_name=<new "
+                f"name>, or another run_dir / hydra.run.dir where one is given). Nothing was overwritten.")
         self.restart = latest is None and used  # resume=auto, killed before its first checkpoint
         if self.restart and self.dist.is_main:
             log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet; starting it from step 0")
@@ -404,6 +404,7 @@ class Trainer:
         self._check_same_model(state, path)
         notes = self._resume_decision(state)
         if self.dist.is_main:
+            self._set_aside_unreadable(state["trainer"]["step"])
             log.info(f"resuming from {path} (step {state['trainer']['step']})")
             for note in notes:
                 log.info(note)
@@ -413,6 +414,16 @@ class Trainer:
                 part.load_state_dict(state[name])
         self._restore_optimizer(state)
         self.checkpointer.parts["scheduler"] = self.scheduler  # rebuilt by _restore_optimizer
+
+    def _set_aside_unreadable(self, step: int) -> None:
+        """The checkpoints newer than the one resumed from were skipped as unreadable: renamed aside (kept, never
+        deleted), so the pruning of trainer.keep_checkpoints never keeps them in place of a readable one."""
+        for newer, path in ckpt.list_checkpoints(self.run_dir):
+            if newer > step and path.is_file():
+                aside = path.with_name(path.name + ".unreadable")
+                path.rename(aside)
+                log.warning(f"{path.name}: unreadable, kept aside as {aside.name} (the run continues from step {step}; "
+                            f"checkpoint pruning counts only readable ones)")
 
     def _resume_decision(self, state: dict) -> list[str]:
         """Compare the run's saved config with this launch's (longctx.train.resume): refuse a change the checkpoint

@@ -154,6 +154,12 @@ def test_small_prepared_dataset_trains_with_default_eval_docs(compose, tiny, tmp
     assert rec["step"] == 2 and np.isfinite(rec["best_context_loss"])
     err = capsys.readouterr().err
     assert "warning: data.eval_docs=64 but" in err and "holds 2 documents: evaluating on all 2" in err
+    # evaluate's --docs: the hint names its own flag, not the config key
+    from longctx.evaluate import main as evaluate_main
+    assert evaluate_main([str(tmp_path / "run"), "--docs", "9", "--device", "cpu",
+                          "--out", str(tmp_path / "ev.json")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --docs 9 but" in err and "(set --docs 2 to silence this)" in err
 
 
 def test_truncated_newest_checkpoint_falls_back_to_the_older_one(compose, tiny, tmp_path, capsys):
@@ -167,7 +173,15 @@ def test_truncated_newest_checkpoint_falls_back_to_the_older_one(compose, tiny, 
     rec = Trainer(compose(*tiny, "trainer.resume=true", f"run_dir={cut}")).fit()
     err = capsys.readouterr().err
     assert f"warning: checkpoint {newest} is unreadable" in err and "falling back to step_00000003.pt" in err
-    assert len(err.strip().splitlines()) == 1
+    assert "step_00000006.pt: unreadable, kept aside as step_00000006.pt.unreadable" in err
+    assert len(err.strip().splitlines()) == 2
+    # the cut file is kept aside, not in place: the pruning (keep 2) kept the readable step 3 beside the new step 6
+    from longctx.train import checkpoint as ckpt
+    assert [s for s, _ in ckpt.list_checkpoints(cut)] == [3, 6]
+    for _, path in ckpt.list_checkpoints(cut):
+        ckpt.read(path)
+    aside = newest.with_name("step_00000006.pt.unreadable")
+    assert aside.stat().st_size == (full / "checkpoints" / "step_00000006.pt").stat().st_size // 2
     a = json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])
     assert rec["step"] == 6
     for key in ("train_loss", "best_context_loss", "icl_curve", "per_position_loss", "tokens"):

@@ -145,6 +145,15 @@ def test_cli_launch_mistakes_are_one_line_exit_2_nothing_written(train_env, tiny
         assert shown.stdout == ""
     assert train(["--cfg", "job", "p=3"], train_env, tmp_path).stdout.count("p: 3") == 1  # a good config prints
 
+    # a sweep over a key the run names do not show: its jobs would share one folder (the second resuming the first)
+    hidden = train(["-m", "trainer.icl_bins=10,20", f"hydra.sweep.dir={tmp_path / 'hidden'}", *tiny], train_env,
+                   tmp_path)
+    assert hidden.returncode == 2 and hidden.stderr.strip().splitlines() == [
+        "error: config: trainer.icl_bins=10,20: the run names of a sweep do not show trainer.icl_bins, so its jobs "
+        "would share one run folder (the second resuming the first); launch one sweep per value (each with its own "
+        "hydra.sweep.dir), or set hydra.sweep.subdir"], hidden.stderr[-2000:]
+    assert not (tmp_path / "hidden").exists()
+
     sweep = tmp_path / "sweep"
     env = {**train_env, "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"}
     slurm = train(["-m", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={sweep}", *tiny], env, tmp_path)

@@ -27,6 +27,16 @@ def test_attention_parameters_and_seed_are_named(compose):
     assert compose("arch=rwkv7", "attention=window", "window=64").run_name.startswith("rwkv7_window64_")
 
 
+def test_the_attention_tag_is_the_degree_and_window_that_run(compose):
+    """attention.p / attention.window (the attention's own keys) name the run as p / window do: the tag follows the
+    value the core is built with, never the top-level default."""
+    for overrides, tag in ((["attention=power", "attention.p=3"], "power_p3"), (["attention=power", "p=4"], "power_p4"),
+                           (["attention=window", "attention.window=64"], "window64")):
+        cfg = compose(*overrides)
+        assert cfg.attention.tag == tag
+        assert run_name(cfg, overrides) == f"gpt2_{tag}_d64l3_icl_markov_ctx128_s0"  # no _p3 / _window64 suffix
+
+
 def test_a_prepared_dataset_is_named_by_its_folder(compose, tmp_path):
     cfg = compose("data=longcrawl64", f"data.path={tmp_path / 'pages'}", "ctx=1024")
     assert cfg.run_name == "gpt2_exp_d64l3_pages_ctx1024_s0"
