@@ -7,6 +7,7 @@
 Every key of conf/ can be overridden on the command line; `python train.py --help` lists the main ones.
 """
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -44,6 +45,11 @@ def main(cfg: DictConfig) -> None:
         remove_if_empty(hydra_cfg.runtime.output_dir)
         print(f"error: {err}", file=sys.stderr)  # bad input: one clear line naming the field, no traceback
         sys.exit(2)
+    unused = Path(hydra_cfg.runtime.output_dir).resolve()
+    if unused != Path(cfg.run_dir).resolve():  # run_dir=X given: Hydra's own runs/<name> stays unused
+        remove_if_empty(str(unused))
+        if unused.parent.name == "runs":
+            remove_if_empty(str(unused.parent))
     try:
         trainer.fit()
     except StageError as err:  # a later stage's own checks (trainer.stages): bad input, one line
@@ -56,8 +62,12 @@ def main(cfg: DictConfig) -> None:
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
-    except StopRequested as stopped:  # SIGTERM / SIGUSR1: the last step is checkpointed (the trainer said so and how
-        sys.exit(128 + stopped.signum)  # to continue, on stdout and in train.log); exit as the signal would
+    except StopRequested as stopped:  # SIGTERM / SIGUSR1 / Ctrl-C: the last step is checkpointed (the trainer said so
+        sys.exit(128 + stopped.signum)  # and how to continue, on stdout and in train.log); exit as the signal would
+    except KeyboardInterrupt:  # a second Ctrl-C: aborted mid-step, one line
+        print("aborted by a second Ctrl-C, without a checkpoint of the step in progress; relaunch with "
+              "trainer.resume=true to continue from the newest checkpoint", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
 
 
 def remove_if_empty(run_dir: str) -> None:

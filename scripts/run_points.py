@@ -25,6 +25,7 @@ import argparse
 import itertools
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -72,6 +73,8 @@ def shared_folder(grid: list[list[str]], swept) -> str | None:
         shown = tuple(o for o in point if not hidden_from_name(o.split("=", 1)[0], swept))
         if shown in seen:
             apart = [o for o in point if o not in seen[shown]]
+            if not apart:
+                return f"--grid: the point {' '.join(point)} comes twice (a value repeated in an axis)"
             return (f"--grid: points {' '.join(seen[shown])} and {' '.join(point)} differ only in "
                     f"{', '.join(o.split('=', 1)[0] for o in apart)}, which run names do not show: they would share "
                     f"one run folder (give each value a --dir of its own)")
@@ -185,6 +188,11 @@ def main(argv=None) -> int:
     clash = shared_folder(grid, swept)
     if clash:
         parser.error(clash)
+    from longctx.train.launch import check_overrides
+    try:  # a mistyped key or option: one line now, not a failure of every point (each point's value as train.py would)
+        check_overrides([*args.overrides, *{o for point in grid for o in point}], ROOT / "conf")
+    except ValueError as e:
+        parser.error(str(e))
     out = Path(args.dir).expanduser().absolute()  # the caller's folder, whatever the points' working folder
     named = {SWEPT_ENV: ",".join(swept)} if swept else {}   # a run length swept: each its own folder, as in a multirun
     points = [Point(ov, out / "logs" / f"{point_name(ov)}.log",
@@ -193,7 +201,7 @@ def main(argv=None) -> int:
     commands = [train_command(args.overrides, p.overrides, out) for p in points]
     if args.dry_run:
         for p, c in zip(points, commands):
-            print(" ".join(f"{k}={v}" for k, v in p.extra_env.items()), *c)
+            print(shlex.join([*(f"{k}={v}" for k, v in p.extra_env.items()), *c]))  # pasted into a shell as is
         return 0
     print(f"{len(points)} points, {args.jobs} at a time, into {out}/", flush=True)
     received: list[int] = []  # SIGTERM/SIGINT: stop the points (they checkpoint), then the table, not orphans

@@ -162,6 +162,40 @@ def test_a_cut_line_an_unfinished_and_an_empty_run_do_not_block_the_others(tmp_p
     assert "2_starting" not in rows and f"{sweep / '2_starting'}: no evaluation yet" in report
 
 
+def test_a_run_resumed_with_a_shorter_length_is_judged_by_its_newest_launch(tmp_path):
+    """A run launched for 100 steps, stopped, and resumed at step 10 with trainer.max_steps=20 (the trainer writes
+    that launch's config.resume_step10.yaml) ended where its newest launch said: complete, not 'unfinished'."""
+    run = fake_run(tmp_path / "sweep" / "resumed", "exp", 512, 0.1, steps=(10, 20), max_steps=100)
+    assert load_run(run).status == "unfinished: step 20 of trainer.max_steps=100"
+    cfg = OmegaConf.load(run / "config.yaml")
+    cfg.trainer.max_steps = 20
+    OmegaConf.save(cfg, run / "config.resume_step10.yaml")
+    assert load_run(run).status == "complete"
+    cfg.trainer.max_steps = 50  # a later launch from the same step, with another config: .launch2 is the newest
+    OmegaConf.save(cfg, run / "config.resume_step10.launch2.yaml")
+    assert load_run(run).status == "unfinished: step 20 of trainer.max_steps=50"
+
+
+def test_record_never_overwrites_a_file_that_is_not_a_report_record(tmp_path, capsys):
+    """--record onto an unrelated JSON (or beside an unrelated .npz) is refused, the file untouched; onto an earlier
+    report's record it is replaced, as the documented carry steps do."""
+    run = fake_run(tmp_path / "sweep" / "a", "exp", 512, 0.1, doc_bins=True)
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"mine": 1}')
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(run), "--out", str(tmp_path / "out"), "--record", str(mine), "--bootstrap", "10"])
+    assert exit_info.value.code == 2 and mine.read_text() == '{"mine": 1}'
+    assert "exists and is not a report's record" in capsys.readouterr().err
+    (tmp_path / "orphan.npz").write_bytes(b"data")
+    with pytest.raises(SystemExit):
+        main([str(run), "--out", str(tmp_path / "out"), "--record", str(tmp_path / "orphan.json"), "--bootstrap", "10"])
+    assert (tmp_path / "orphan.npz").read_bytes() == b"data" and not (tmp_path / "orphan.json").exists()
+    ok = tmp_path / "rec.json"
+    main([str(run), "--out", str(tmp_path / "out1"), "--record", str(ok), "--bootstrap", "10"])
+    main([str(run), "--out", str(tmp_path / "out2"), "--record", str(ok), "--bootstrap", "10"])  # a record: replaced
+    assert json.loads(ok.read_text())["kind"] == "report"
+
+
 def test_seeds_aggregate_with_intervals_and_paired_differences(tmp_path):
     sweep = tmp_path / "sweep"
     for seed in range(3):

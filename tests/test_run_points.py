@@ -32,6 +32,8 @@ def test_points_apart_only_in_what_names_do_not_show_are_refused(import_script, 
     assert clash.startswith("--grid: points seed=0 trainer.eval_every=100 and seed=0 trainer.eval_every=200 differ "
                             "only in trainer.eval_every")
     assert rp.shared_folder(rp.expand_grid(["seed=0,1", "trainer.max_steps=2,4"]), ["trainer.max_steps"]) is None
+    assert rp.shared_folder(rp.expand_grid(["seed=0,0"]), []) == "--grid: the point seed=0 comes twice (a value " \
+        "repeated in an axis)"
     r = subprocess.run([sys.executable, str(REPO / "scripts/run_points.py"), "--dir", str(tmp_path),
                         "--grid", "trainer.eval_every=1,2"], capture_output=True, text=True)
     assert r.returncode == 2 and "which run names do not show" in r.stderr.strip().splitlines()[-1]
@@ -39,6 +41,12 @@ def test_points_apart_only_in_what_names_do_not_show_are_refused(import_script, 
                         "--grid", "trainer.max_steps=2,4"], capture_output=True, text=True)
     assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == [
         "LONGCTX_SWEPT_KEYS=trainer.max_steps"] * 2
+    import shlex  # a printed command pastes into a shell as is: ${run_name} reaches Hydra, not the shell
+    assert f"hydra.run.dir={tmp_path}/${{run_name}}" in shlex.split(r.stdout.splitlines()[0])
+    r = subprocess.run([sys.executable, str(REPO / "scripts/run_points.py"), "--dir", str(tmp_path), "--dry-run",
+                        "trainer.max_stepz=2", "--grid", "seed=0,1"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+        "error: config: trainer.max_stepz=2: unknown key (no config file defines it; did you mean trainer.max_steps?)")
     from omegaconf import OmegaConf
 
     from longctx.naming import job_swept_keys, run_name

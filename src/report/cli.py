@@ -453,6 +453,20 @@ def refuse_overwrites(runs: list[Run], outputs: list[tuple[Path, str]], read: li
             raise ValueError(f"{flag} {path}: is also {seen[resolved]}, another of the report's outputs; "
                              f"give another path")
         seen[resolved] = path
+    records = [path for path, flag in outputs if flag == "--record"]
+    if records and (records[0].exists() or records[1].exists()) and not is_report_record(records[0]):
+        taken = records[0] if records[0].exists() else records[1]
+        raise ValueError(f"--record {records[0]}: {taken} exists and is not a report's record (longctx.report "
+                         f"--record writes a JSON with kind 'report' and its .npz); nothing is overwritten")
+
+
+def is_report_record(path: Path) -> bool:
+    """Whether `path` holds a compact record an earlier report wrote (which a new --record may replace)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("kind") == "report" and isinstance(record.get("runs"), list)
 
 
 def check_writable(outputs: list[tuple[Path, str]]) -> None:

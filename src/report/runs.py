@@ -43,6 +43,7 @@ class Run:
     status: str = "complete"
     eval_items: tuple = ()   # (key, value) items telling its heldout documents apart beyond the config (evaldata)
     group_key: tuple = ()    # the full config but the seed: runs sharing it (and the label) are seeds of one group
+    last_launch: dict = field(default_factory=dict)  # the flattened config of its newest resume (none: {})
 
     @property
     def attention(self) -> str:
@@ -230,6 +231,7 @@ def load_run(path: Path) -> Run:
         raise ValueError(f"{path / 'config.yaml'}: not a run config (no attention group or ctx)")
     run = Run(path=path, config=config, records=read_metrics(path / "metrics.jsonl"))
     run.flat = flat_config(config)
+    run.last_launch = newest_resume_config(path)
     own = own_stage_source(path, run.flat.get("trainer.init_from"))
     if own:
         run.flat["trainer.init_from"] = own
@@ -240,17 +242,35 @@ def load_run(path: Path) -> Run:
     return run
 
 
+_RESUME_CONFIG = re.compile(r"^config\.resume_step(\d+)(?:\.launch(\d+))?\.yaml$")
+
+
+def newest_resume_config(path: Path) -> dict:
+    """The flattened config of a run's newest resume (config.resume_step{N}[.launch{k}].yaml, the largest N, then
+    k: the trainer writes one per launch that resumed), {} when it never resumed or the file is unreadable."""
+    found = [(int(m.group(1)), int(m.group(2) or 1), p) for p in path.glob("config.resume_step*.yaml")
+             if (m := _RESUME_CONFIG.match(p.name))]
+    if not found:
+        return {}
+    try:
+        return flat_config(OmegaConf.to_container(OmegaConf.load(max(found)[2])))
+    except Exception:  # an unreadable file: the run's status falls back to config.yaml's bounds
+        return {}
+
+
 def run_status(run: Run) -> str:
     """'complete', 'no evaluation yet', or 'unfinished: step S of trainer.max_steps=M'. A run that stopped at its
-    trainer.flops_budget or at the evaluation meeting its trainer.stop_when is complete."""
+    trainer.flops_budget or at the evaluation meeting its trainer.stop_when is complete. The bounds are those of
+    its newest launch (a resume may have changed trainer.max_steps)."""
     if not run.records:
         return "no evaluation yet"
-    max_steps, budget = run.flat.get("trainer.max_steps"), run.flat.get("trainer.flops_budget")
+    bounds = run.last_launch or run.flat
+    max_steps, budget = bounds.get("trainer.max_steps"), bounds.get("trainer.flops_budget")
     final = run.final
     if isinstance(budget, (int, float)) and final.get("flops", 0) >= budget:
         return "complete"
     try:
-        stop_when = parse_stop_when(run.flat.get("trainer.stop_when"))
+        stop_when = parse_stop_when(bounds.get("trainer.stop_when"))
     except ValueError:
         stop_when = None   # a bound this release does not know: judged by its steps
     if stop_when is not None and stop_when.met(final):

@@ -1,16 +1,18 @@
-"""Stopping a run on request. SIGTERM (a scheduler's time limit, `kill`, the deadline of scripts/run_points.py) or
-SIGUSR1 (Slurm's `--signal=USR1@90`) ends the run after the step in progress, with a checkpoint of that step, so
-relaunching it with trainer.resume=true continues exactly where it stopped instead of at the last evaluation. The
-stop message gives that command (`resume_command`)."""
+"""Stopping a run on request. SIGTERM (a scheduler's time limit, `kill`, the deadline of scripts/run_points.py),
+SIGUSR1 (Slurm's `--signal=USR1@90`) or a first Ctrl-C (SIGINT) ends the run after the step in progress, with a
+checkpoint of that step, so relaunching it with trainer.resume=true continues exactly where it stopped instead of at
+the last evaluation. The stop message gives that command (`resume_command`). A second Ctrl-C aborts at once
+(KeyboardInterrupt, no checkpoint of the step in progress)."""
 from __future__ import annotations
 
 import os
 import shlex
 import signal
+import sys
 import threading
 from pathlib import Path
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class StopRequested(Exception):
@@ -60,6 +62,10 @@ class StopSignals:
         self._previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            if self.received is not None:  # asked twice: the user will not wait for the step to end
+                raise KeyboardInterrupt
+            sys.stderr.write("\nCtrl-C: stopping after this step, with its checkpoint (Ctrl-C again to abort now)\n")
         self.received = signum
 
     def __enter__(self) -> "StopSignals":

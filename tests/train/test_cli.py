@@ -305,6 +305,11 @@ def test_cfg_job_prints_resolved_values(train_env, tmp_path):
     shown = yaml.safe_load(run_cli(["--cfg", "job", "optim.lr=0.001"], train_env, tmp_path).stdout)
     assert shown["run_name"].endswith("_lr0.001") and shown["run_dir"] == str(tmp_path / "runs" / shown["run_name"])
     assert not (tmp_path / "runs").exists()  # printing made no folder
+    # a run given run_dir=X leaves no empty runs/<name> from Hydra in the folder it was launched from
+    done = run_cli(["trainer.max_steps=1", "trainer.eval_every=1", "logger.wandb.mode=disabled",
+                    f"run_dir={tmp_path / 'mine'}"], train_env, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "mine" / "metrics.jsonl").exists() and not (tmp_path / "runs").exists()
 
 
 def test_default_run_shorter_than_its_warmup_trains_with_a_scaled_warmup(train_env, tmp_path):

@@ -22,16 +22,24 @@ def _parent(proc_dir) -> int | None:
         return None
 
 
-def test_stop_signals_set_a_flag_and_restore_the_handlers():
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+def test_stop_signals_set_a_flag_and_restore_the_handlers(capsys):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     with StopSignals() as stop:
         assert stop.received is None
         os.kill(os.getpid(), signal.SIGUSR1)
         assert stop.received == signal.SIGUSR1     # handled: the process lives on
     assert {s: signal.getsignal(s) for s in before} == before
+    # Ctrl-C: the first stops after the step (said once), the second aborts at once
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT
+        assert "Ctrl-C: stopping after this step" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_a_stopped_run_resumes_as_if_never_stopped(compose, tiny, tmp_path, monkeypatch, signum):
     args = [*tiny, "trainer.max_steps=10", "trainer.eval_every=4"]
     clean = tmp_path / "clean"
