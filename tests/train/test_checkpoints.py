@@ -209,7 +209,9 @@ def test_resume_falls_back_and_redoes_the_steps_exactly(run, compose, tmp_path, 
     capsys.readouterr()
     rec = Trainer(compose(*TRAIN, "trainer.resume=true", f"run_dir={cut}")).fit()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"warning: checkpoint {newest} is unreadable"), err
+    assert len(err) == 2 and err[0].startswith(f"warning: checkpoint {newest} is unreadable"), err
+    assert err[1].startswith("warning: step_00000004.pt: unreadable, kept aside as step_00000004.pt.unreadable")
+    assert newest.with_name("step_00000004.pt.unreadable").is_file()  # kept, out of the pruning's way
     a = last_record(run)
     for key in ("step", "tokens", "train_loss", "best_context_loss", "icl_curve"):
         assert rec[key] == a[key], key
