@@ -176,6 +176,30 @@ def test_a_run_resumed_with_a_shorter_length_is_judged_by_its_newest_launch(tmp_
     assert load_run(run).status == "unfinished: step 20 of trainer.max_steps=50"
 
 
+def test_out_replaces_an_earlier_report_whole_and_never_an_edited_file(tmp_path, capsys):
+    """A second report into the same --out replaces the first's files, its figures no longer drawn removed (none left
+    beside a report.md that does not show them); a report.md edited since, or a file of a report's name that no
+    report wrote, is refused before anything is written."""
+    a = fake_run(tmp_path / "sweep" / "a", "exp", 512, 0.1)
+    b = fake_run(tmp_path / "sweep" / "b", "exp", 1024, 0.1)
+    out = tmp_path / "out"
+    main([str(a), str(b), "--out", str(out), "--bootstrap", "10"])
+    assert (out / "best_context_vs_context.png").exists()  # two contexts
+    main([str(a), "--out", str(out), "--bootstrap", "10"])
+    assert not (out / "best_context_vs_context.png").exists() and "vs context figure" in (out / "report.md").read_text()
+    (out / "report.md").write_text("my notes\n")
+    with pytest.raises(SystemExit):
+        main([str(a), "--out", str(out), "--bootstrap", "10"])
+    assert "report.md is not the file an earlier report wrote there" in capsys.readouterr().err
+    assert (out / "report.md").read_text() == "my notes\n"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "icl_curves.png").write_bytes(b"mine")
+    with pytest.raises(SystemExit):
+        main([str(a), "--out", str(other), "--bootstrap", "10"])
+    assert (other / "icl_curves.png").read_bytes() == b"mine" and not (other / "report.md").exists()
+
+
 def test_record_never_overwrites_a_file_that_is_not_a_report_record(tmp_path, capsys):
     """--record onto an unrelated JSON (or beside an unrelated .npz) is refused, the file untouched; onto an earlier
     report's record it is replaced, as the documented carry steps do."""

@@ -264,6 +264,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         raise ValueError("--add-seeds: needs --carry, the record whose points the new seeds join")
     runs, left_out = load_runs(paths)
     carried = [read_carried(path) for path in carry]
+    earlier = earlier_report(out)  # before any work: an --out holding files the report did not write is refused
     outputs = output_files(out, record)
     refuse_overwrites(runs, outputs, [f for c in carried for f in (c["path"], c["path"].with_suffix(".npz"))])
     check_carried(carried, runs)
@@ -360,6 +361,10 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     (out / "intervals.json").write_text(intervals)
     report = out / "report.md"
     report.write_text("\n".join(text) + "\n")
+    written = [name for _, name, _ in figs] + ["intervals.json", "report.md"]
+    for name in set(earlier) - set(written):  # an earlier report's figure this one does not draw: not left beside it
+        (out / name).unlink(missing_ok=True)
+    write_manifest(out, written)
     if record is not None:
         write_record(runs, title, Path(record), record_names, retrieval, recall, carried)
     return report
@@ -481,6 +486,37 @@ def check_writable(outputs: list[tuple[Path, str]]) -> None:
             raise ValueError(f"{flag} {path}: is read-only; nothing written")
         if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
             raise ValueError(f"{flag} {path}: {folder} is not writable; nothing written")
+
+
+MANIFEST = ".report_files.json"   # in --out: each file the report wrote there and its sha256
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def earlier_report(out: Path) -> list[str]:
+    """The files of the report's names in --out (an earlier report's, which a new report replaces). ValueError when one
+    of them is not, byte for byte, what an earlier report wrote there (edited by hand, or another tool's file of that
+    name): nothing is overwritten."""
+    out = Path(out)
+    present = [name for name in REPORT_FILES if (out / name).is_file()]
+    if not present:
+        return []
+    try:
+        wrote = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        wrote = {}
+    for name in present:
+        if not isinstance(wrote, dict) or wrote.get(name) != _sha256(out / name):
+            raise ValueError(f"--out {out}: {name} is not the file an earlier report wrote there (edited since, or "
+                             f"not a report's); give another --out, or move it away. Nothing was written")
+    return present
+
+
+def write_manifest(out: Path, names: list[str]) -> None:
+    (out / MANIFEST).write_text(json.dumps({name: _sha256(out / name) for name in sorted(names)}, indent=1) + "\n")
 
 
 def check_out(out: Path) -> str | None:
