@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> None:
     from longctx.train.checkpoint import CheckpointWriteError
     from longctx.train.config import resolve_resume
     from longctx.train.stages import StagedRun, StageError
-    from longctx.train.stop import StopRequested
+    from longctx.train.stop import AbortRequested, StopRequested
     from longctx.train.trainer import Trainer
 
     hydra_cfg = HydraConfig.get()
@@ -43,13 +43,10 @@ def main(cfg: DictConfig) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         remove_if_empty(hydra_cfg.runtime.output_dir)
+        remove_unused_runs_folder(hydra_cfg.runtime.output_dir, None)
         print(f"error: {err}", file=sys.stderr)  # bad input: one clear line naming the field, no traceback
         sys.exit(2)
-    unused = Path(hydra_cfg.runtime.output_dir).resolve()
-    if unused != Path(cfg.run_dir).resolve():  # run_dir=X given: Hydra's own runs/<name> stays unused
-        remove_if_empty(str(unused))
-        if unused.parent.name == "runs":
-            remove_if_empty(str(unused.parent))
+    remove_unused_runs_folder(hydra_cfg.runtime.output_dir, cfg.run_dir)
     try:
         trainer.fit()
     except StageError as err:  # a later stage's own checks (trainer.stages): bad input, one line
@@ -64,10 +61,26 @@ def main(cfg: DictConfig) -> None:
         sys.exit(1)
     except StopRequested as stopped:  # SIGTERM / SIGUSR1 / Ctrl-C: the last step is checkpointed (the trainer said so
         sys.exit(128 + stopped.signum)  # and how to continue, on stdout and in train.log); exit as the signal would
-    except KeyboardInterrupt:  # a second Ctrl-C: aborted mid-step, one line
+    except AbortRequested:  # a second Ctrl-C: aborted mid-step, one line
         print("aborted by a second Ctrl-C, without a checkpoint of the step in progress; relaunch with "
               "trainer.resume=true to continue from the newest checkpoint", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
+    except KeyboardInterrupt:  # Ctrl-C outside the training steps (a stage being built, a probe, the last save)
+        print("interrupted by Ctrl-C outside the training steps; relaunch with trainer.resume=true to continue from "
+              "the newest checkpoint, if any", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+
+
+def remove_unused_runs_folder(output_dir: str, run_dir: str | None) -> None:
+    """run_dir=X given (or a launch refused): Hydra's own output folder, runs/<name>, and a `runs/` left empty by
+    it, are removed when empty; never through a link (a `runs` linked elsewhere is the user's)."""
+    unused = Path(output_dir).absolute()
+    if run_dir is not None and unused == Path(run_dir).absolute():
+        return
+    if not unused.is_symlink():
+        remove_if_empty(str(unused))
+    if unused.parent.name == "runs" and not unused.parent.is_symlink():
+        remove_if_empty(str(unused.parent))
 
 
 def remove_if_empty(run_dir: str) -> None:

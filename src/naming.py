@@ -91,9 +91,15 @@ def task_overrides() -> list[str]:
 
 
 def is_sweep_axis(override: str) -> bool:
-    """A sweep axis (`seed=0,1,2`, `range(...)`, `choice(...)`): its values name jobs, each in its own folder."""
-    value = override.split("=", 1)[1] if "=" in override else ""
-    return "," in value.replace("\\,", "") or value.startswith(("range(", "choice(", "glob("))
+    """A sweep axis (`seed=0,1,2`, `range(...)`, `choice(...)`): its values name jobs, each in its own folder. Read by
+    Hydra's own override parser (a list `[a,b]`, a dict or a quoted string holding commas is one value); an override
+    it cannot parse falls back to the commas in its value."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        return bool(OverridesParser.create().parse_overrides([override])[0].is_sweep_override())
+    except Exception:  # Hydra reports a bad override itself, later
+        value = override.split("=", 1)[1] if "=" in override else ""
+        return "," in value.replace("\\,", "") or value.startswith(("range(", "choice(", "glob("))
 
 
 def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:

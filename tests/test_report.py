@@ -167,13 +167,19 @@ def test_a_run_resumed_with_a_shorter_length_is_judged_by_its_newest_launch(tmp_
     that launch's config.resume_step10.yaml) ended where its newest launch said: complete, not 'unfinished'."""
     run = fake_run(tmp_path / "sweep" / "resumed", "exp", 512, 0.1, steps=(10, 20), max_steps=100)
     assert load_run(run).status == "unfinished: step 20 of trainer.max_steps=100"
+    import os
     cfg = OmegaConf.load(run / "config.yaml")
     cfg.trainer.max_steps = 20
     OmegaConf.save(cfg, run / "config.resume_step10.yaml")
+    os.utime(run / "config.resume_step10.yaml", ns=(2 * 10**18, 2 * 10**18))  # written after config.yaml
     assert load_run(run).status == "complete"
     cfg.trainer.max_steps = 50  # a later launch from the same step, with another config: .launch2 is the newest
     OmegaConf.save(cfg, run / "config.resume_step10.launch2.yaml")
+    os.utime(run / "config.resume_step10.launch2.yaml", ns=(3 * 10**18, 3 * 10**18))
     assert load_run(run).status == "unfinished: step 20 of trainer.max_steps=50"
+    # a third launch repeating the first resume's config writes no file but touches it: it is the newest again
+    os.utime(run / "config.resume_step10.yaml", ns=(4 * 10**18, 4 * 10**18))
+    assert load_run(run).status == "complete"
 
 
 def test_out_replaces_an_earlier_report_whole_and_never_an_edited_file(tmp_path, capsys):

@@ -246,14 +246,15 @@ _RESUME_CONFIG = re.compile(r"^config\.resume_step(\d+)(?:\.launch(\d+))?\.yaml$
 
 
 def newest_resume_config(path: Path) -> dict:
-    """The flattened config of a run's newest resume (config.resume_step{N}[.launch{k}].yaml, the largest N, then
-    k: the trainer writes one per launch that resumed), {} when it never resumed or the file is unreadable."""
-    found = [(int(m.group(1)), int(m.group(2) or 1), p) for p in path.glob("config.resume_step*.yaml")
-             if (m := _RESUME_CONFIG.match(p.name))]
-    if not found:
+    """The flattened config of a run's newest launch when it resumed (config.resume_step{N}[.launch{k}].yaml; the
+    trainer writes one per launch, and touches it again when a launch repeats a config on file: the newest is the
+    latest written), {} when it never resumed, its first config is the newest, or the file is unreadable."""
+    found = [p for p in path.glob("config.resume_step*.yaml") if _RESUME_CONFIG.match(p.name)]
+    newest = max(found + [path / "config.yaml"], key=lambda p: (p.stat().st_mtime_ns, p.name))
+    if newest.name == "config.yaml":
         return {}
     try:
-        return flat_config(OmegaConf.to_container(OmegaConf.load(max(found)[2])))
+        return flat_config(OmegaConf.to_container(OmegaConf.load(newest)))
     except Exception:  # an unreadable file: the run's status falls back to config.yaml's bounds
         return {}
 

@@ -15,6 +15,10 @@ from pathlib import Path
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
+class AbortRequested(KeyboardInterrupt):
+    """A second Ctrl-C while a stop was pending: the run ends at once, without a checkpoint of the step in progress."""
+
+
 class StopRequested(Exception):
     """The run stopped at a stop signal, after saving the checkpoint of its last step."""
 
@@ -64,13 +68,15 @@ class StopSignals:
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT:
             if self.received is not None:  # asked twice: the user will not wait for the step to end
-                raise KeyboardInterrupt
+                raise AbortRequested
             sys.stderr.write("\nCtrl-C: stopping after this step, with its checkpoint (Ctrl-C again to abort now)\n")
         self.received = signum
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+            # an ignored signal stays ignored (SIGINT of a job started in the background with `&`)
+            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS
+                              if signal.getsignal(s) is not signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc) -> bool:

@@ -10,6 +10,7 @@ import datetime
 import io
 import json
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -238,6 +239,8 @@ class Trainer:
         self.wandb = None
         if self.dist.is_main and not self.complete:
             ckpt.remove_stale_temps(self.run_dir)  # left by a process killed mid-write
+            if candidates:
+                self._set_aside_unreadable(self.step)  # newer checkpoints that could not be read
             if self.new_identity is not None:
                 write_atomic(self.run_dir / IDENTITY_FILE, json.dumps(self.new_identity, indent=1) + "\n")
             self._write_config()
@@ -383,6 +386,8 @@ class Trainer:
             path = self.run_dir / f"{stem}.launch{k}.yaml"
         if not path.exists():
             write_atomic(path, text)
+        else:
+            os.utime(path)  # a launch repeating a config on file: it is the newest launch's (the report reads it)
 
     def state_dict(self) -> dict:
         return self.checkpointer.state_dict()  # collective (RNG gather): every rank takes part
@@ -404,7 +409,6 @@ class Trainer:
         self._check_same_model(state, path)
         notes = self._resume_decision(state)
         if self.dist.is_main:
-            self._set_aside_unreadable(state["trainer"]["step"])
             log.info(f"resuming from {path} (step {state['trainer']['step']})")
             for note in notes:
                 log.info(note)
@@ -420,10 +424,17 @@ class Trainer:
         deleted), so the pruning of trainer.keep_checkpoints never keeps them in place of a readable one."""
         for newer, path in ckpt.list_checkpoints(self.run_dir):
             if newer > step and path.is_file():
-                aside = path.with_name(path.name + ".unreadable")
-                path.rename(aside)
-                log.warning(f"{path.name}: unreadable, kept aside as {aside.name} (the run continues from step {step}; "
-                            f"checkpoint pruning counts only readable ones)")
+                twin = path.with_suffix(".safetensors")  # its weights: never taken for the newest weights either
+                moved = []
+                for part in [path] + ([twin] if twin.is_file() else []):
+                    aside, k = part.with_name(part.name + ".unreadable"), 1
+                    while aside.exists():  # a step set aside before: both kept
+                        k += 1
+                        aside = part.with_name(f"{part.name}.unreadable{k}")
+                    part.rename(aside)
+                    moved.append(aside.name)
+                log.warning(f"{path.name}: unreadable, kept aside as {' and '.join(moved)} (the run continues from "
+                            f"step {step}; checkpoint pruning counts only readable ones)")
 
     def _resume_decision(self, state: dict) -> list[str]:
         """Compare the run's saved config with this launch's (longctx.train.resume): refuse a change the checkpoint

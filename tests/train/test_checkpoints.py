@@ -212,6 +212,7 @@ def test_resume_falls_back_and_redoes_the_steps_exactly(run, compose, tmp_path, 
     assert len(err) == 2 and err[0].startswith(f"warning: checkpoint {newest} is unreadable"), err
     assert err[1].startswith("warning: step_00000004.pt: unreadable, kept aside as step_00000004.pt.unreadable")
     assert newest.with_name("step_00000004.pt.unreadable").is_file()  # kept, out of the pruning's way
+    assert newest.with_name("step_00000004.safetensors.unreadable").is_file()  # its weights too: never the newest
     a = last_record(run)
     for key in ("step", "tokens", "train_loss", "best_context_loss", "icl_curve"):
         assert rec[key] == a[key], key

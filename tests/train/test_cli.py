@@ -310,6 +310,13 @@ def test_cfg_job_prints_resolved_values(train_env, tmp_path):
                     f"run_dir={tmp_path / 'mine'}"], train_env, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "mine" / "metrics.jsonl").exists() and not (tmp_path / "runs").exists()
+    elsewhere = tmp_path / "scratch_runs"  # a `runs` linked elsewhere is the user's: nothing removed through it
+    elsewhere.mkdir()
+    (tmp_path / "runs").symlink_to(elsewhere)
+    done = run_cli(["trainer.max_steps=1", "trainer.eval_every=1", "logger.wandb.mode=disabled",
+                    f"run_dir={tmp_path / 'mine2'}"], train_env, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert elsewhere.is_dir() and (tmp_path / "runs").is_symlink()
 
 
 def test_default_run_shorter_than_its_warmup_trains_with_a_scaled_warmup(train_env, tmp_path):

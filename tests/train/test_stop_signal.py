@@ -37,6 +37,16 @@ def test_stop_signals_set_a_flag_and_restore_the_handlers(capsys):
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert {s: signal.getsignal(s) for s in before} == before
+    # a process that ignores SIGINT (a job started in the background) keeps ignoring it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.received is None
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[signal.SIGINT])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
