@@ -264,9 +264,9 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         raise ValueError("--add-seeds: needs --carry, the record whose points the new seeds join")
     runs, left_out = load_runs(paths)
     carried = [read_carried(path) for path in carry]
-    earlier = earlier_report(out)  # before any work: an --out holding files the report did not write is refused
     outputs = output_files(out, record)
     refuse_overwrites(runs, outputs, [f for c in carried for f in (c["path"], c["path"].with_suffix(".npz"))])
+    earlier = earlier_report(out)  # before any work: an --out holding files the report did not write is refused
     check_carried(carried, runs)
     keys = label_runs(runs, frozenset(entry["name"] for c in carried for entry in c["record"]["runs"]))
     relabel(runs, labels or [])
