@@ -87,10 +87,11 @@ def check_run_model(run_dir: Path, path: Path, state: dict) -> None:
     own = run_dir / "config.yaml"
     if state.get("config") is None or not own.is_file():
         return
-    try:
-        now = OmegaConf.to_container(OmegaConf.load(own), resolve=True)
-    except Exception:  # a config.yaml that does not read says nothing against the checkpoint's own config
-        return
+    try:  # as written (the trainer writes it resolved): no interpolation is resolved, none can hide a difference
+        now = OmegaConf.to_container(OmegaConf.load(own), resolve=False)
+    except Exception as err:  # YAML that does not parse: the checkpoint cannot be checked against it
+        raise RunError(f"{own}: unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                       f"{path} cannot be checked against the run's config") from None
     if not isinstance(now, dict):
         return
     _, _, refused = classify(config_changes(state["config"], now))

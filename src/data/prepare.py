@@ -95,14 +95,27 @@ def get_tokenizer(name: str = "auto"):
 
 # ----- sources -----------------------------------------------------------------------------------------
 def open_source(source: str, *, text_field: str = "text", split: str = "train", hf_config: str | None = None,
-                sample_by: str = "document", skipped: list | None = None, max_chars: int | None = None):
+                sample_by: str = "document", skipped: list | None = None, max_chars: int | None = None,
+                seen: set | None = None):
     """A streaming iterable of raw text documents and a short description of where they come from. Text files
     that are not UTF-8 are skipped with a warning naming them (and appended to `skipped`). Text files are read a
-    block at a time; a document of one is cut at `max_chars` characters (None: never)."""
+    block at a time; a document of one is cut at `max_chars` characters (None: never). Each real file is read once:
+    a file reached again (a link to a folder above it, an input named twice: `seen` holds the real paths read by
+    the inputs before) is left out, so no document is duplicated (nor stands in both splits)."""
+    seen = set() if seen is None else seen
     p = Path(os.path.expanduser(source))
     if p.is_dir():
-        files = sorted(f for f in glob.glob(str(p / "**" / "*"), recursive=True)
+        found = sorted(f for f in glob.glob(str(p / "**" / "*"), recursive=True)
                        if Path(f).suffix.lower() in TEXT_SUFFIXES and Path(f).is_file())
+        files = []
+        for f in found:
+            real = os.path.realpath(f)
+            if real not in seen:
+                seen.add(real)
+                files.append(f)
+        if found and not files:
+            raise ValueError(f"input: {str(p)!r}: every file in it was already read by an earlier input; name each "
+                             f"folder once")
         if not files:
             raise FileNotFoundError(f"input: {str(p)!r} holds no {', '.join(sorted(TEXT_SUFFIXES))} files")
         kinds = {TEXT_SUFFIXES[Path(f).suffix.lower()] for f in files}
@@ -112,6 +125,9 @@ def open_source(source: str, *, text_field: str = "text", split: str = "train", 
     elif p.is_file():
         if p.suffix.lower() not in TEXT_SUFFIXES:
             raise ValueError(f"input: {str(p)!r} has suffix {p.suffix!r}; expected one of {sorted(TEXT_SUFFIXES)}")
+        if os.path.realpath(p) in seen:
+            raise ValueError(f"input: {str(p)!r} was already read by an earlier input; name each file once")
+        seen.add(os.path.realpath(p))
         files, builder = [str(p)], TEXT_SUFFIXES[p.suffix.lower()]
     elif _looks_local(source):
         raise FileNotFoundError(f"input: {source!r} does not exist (a local path: no such file or folder)")
@@ -359,8 +375,10 @@ def prepare_dataset(cfg: PrepareConfig) -> dict:
     start = time.perf_counter()
     skipped: list[str] = []
     if cfg.group_by == "file":  # open the source first: a bad Hub name fails before anything is written
+        seen: set[str] = set()  # real paths: a file reached twice is read once
         sources = [open_source(s, text_field=cfg.text_field, split=cfg.split, hf_config=cfg.hf_config,
-                               sample_by=cfg.sample_by, skipped=skipped, max_chars=_read_chars(cfg.doc_len))
+                               sample_by=cfg.sample_by, skipped=skipped, max_chars=_read_chars(cfg.doc_len),
+                               seen=seen)
                    for s in cfg.inputs]
         tok = get_tokenizer(cfg.tokenizer)
     else:  # bpe is trained later, on the training packages

@@ -229,10 +229,22 @@ def save_weights(path: Path, state: dict) -> None:
                                    f"checkpoint {path.with_suffix('.pt').name} beside it is complete") from None
 
 
+def _regular_file(path: Path) -> None:
+    """A checkpoint is a regular file (a link to one is followed): a FIFO or device would block or stream forever."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or unreadable: the reader names it
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a directory: the reader's own message
+        raise CheckpointError(f"checkpoint {path} is unreadable (not a regular file)")
+
+
 def read_weights(path: str | Path) -> dict:
     """A step_XXXXXXXX.safetensors as a checkpoint state with only what a loader needs: {"schema_version", "model"
     (tied names restored), "config", "spec"}. Nothing is unpickled. Raises CheckpointError naming the file."""
     path = Path(path)
+    _regular_file(path)
     try:
         from safetensors import safe_open
         with safe_open(str(path), framework="pt") as f:
@@ -291,6 +303,7 @@ def read(path: str | Path, needs: Iterable[str] = ()) -> dict:
     (cut short, a directory, objects other than tensors and plain values), is of a newer schema, or lacks one of
     the parts in `needs`."""
     path = Path(path)
+    _regular_file(path)
     try:
         state = load_checkpoint(path)
     except Exception as err:  # torch.load raises RuntimeError, EOFError, UnpicklingError, OSError, ...

@@ -121,6 +121,30 @@ def test_bad_inputs(tmp_path, corpus):
     assert not (tmp_path / "o").exists()
 
 
+def test_each_real_file_is_read_once(tmp_path, corpus):
+    """A link to a folder above (a loop) or an input named twice would read files again, duplicating documents and
+    putting copies in both splits: each real file is read once, and an input that adds nothing is refused."""
+    import shutil
+    d, texts = corpus
+    tree = tmp_path / "tree"
+    shutil.copytree(d, tree)
+    (tree / "loop").symlink_to(tree)
+    summary = prepare_dataset(PrepareConfig(source=str(tree), out=str(tmp_path / "once"), doc_len=64,
+                                            heldout_docs=2, tokenizer="bytes", progress=False))
+    plain = prepare_dataset(PrepareConfig(source=str(d), out=str(tmp_path / "plain"), doc_len=64,
+                                          heldout_docs=2, tokenizer="bytes", progress=False))
+    assert (summary["train_docs"], summary["heldout_docs"]) == (plain["train_docs"], plain["heldout_docs"])
+    import zarr
+    train, held = (np.asarray(zarr.open(str(tmp_path / "once" / name), mode="r")[:])
+                   for name in ("train.zarr", "heldout.zarr"))
+    rows = {row.tobytes() for row in train}
+    assert not any(row.tobytes() in rows for row in held)  # no document in both splits
+    with pytest.raises(ValueError, match="every file in it was already read by an earlier input"):
+        prepare_dataset(PrepareConfig(source=[str(d), str(d) + "/"], out=str(tmp_path / "twice"), doc_len=64,
+                                      tokenizer="bytes", progress=False))
+    assert not (tmp_path / "twice").exists()
+
+
 def load_cli():
     spec = importlib.util.spec_from_file_location("prepare_dataset_cli", SCRIPT)
     cli = importlib.util.module_from_spec(spec)

@@ -143,6 +143,11 @@ def test_a_checkpoint_of_another_model_is_refused_by_every_loader(run6, compose,
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith(f"error: {foreign}") for line in lines)
     assert snapshot(run) == before
+    # an interpolation added to config.yaml (one that would not resolve) does not switch the check off
+    with open(run / "config.yaml", "a") as f:
+        f.write("junk: ${oc.env:LONGCTX_NOT_SET_ANYWHERE}\n")
+    with pytest.raises(RunError, match="a checkpoint of another model"):
+        load_run(run, device="cpu")
 
 
 def test_non_finite_weights_are_refused_naming_the_tensor(run6, tmp_path, capsys):

@@ -368,3 +368,16 @@ def test_old_config_without_a_newer_key_loads_with_its_default(run, tmp_path, ke
 def test_config_without_a_required_key_names_it(run, tmp_path):
     with pytest.raises(RunError, match=r"its config does not build a model: config: model\.d_model is missing"):
         load_run(config_only_run(run, tmp_path / "old", "model.d_model"), device="cpu")
+
+
+def test_a_checkpoint_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path):
+    """A FIFO (or a link to one) named like a checkpoint would block the reader forever: refused, naming it."""
+    import os
+    fifo = tmp_path / "step_00000009.pt"
+    os.mkfifo(fifo)
+    (tmp_path / "step_00000010.pt").symlink_to(fifo)
+    for path in (fifo, tmp_path / "step_00000010.pt"):
+        with pytest.raises(ckpt.CheckpointError, match="is unreadable \\(not a regular file\\)"):
+            ckpt.read(path)
+    with pytest.raises(ckpt.CheckpointError, match="not a regular file"):
+        ckpt.read_weights(tmp_path / "step_00000009.pt")
