@@ -42,8 +42,7 @@ def main(cfg: DictConfig) -> None:
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        remove_if_empty(hydra_cfg.runtime.output_dir)
-        remove_unused_runs_folder(hydra_cfg.runtime.output_dir, None)
+        remove_unused_runs_folder(hydra_cfg.runtime.output_dir, None)  # nothing was written: none of it is used
         print(f"error: {err}", file=sys.stderr)  # bad input: one clear line naming the field, no traceback
         sys.exit(2)
     remove_unused_runs_folder(hydra_cfg.runtime.output_dir, cfg.run_dir)

@@ -30,7 +30,6 @@ def _register_mqar_dense_ctx() -> None:
 _register_mqar_dense_ctx()
 
 
-
 def load_run(run_dir, step=None, device="auto"):
     """Load a trained run -> (model, cfg); see longctx.runs.load_run."""
     from longctx.runs import load_run as _load_run  # imported on use: `import longctx` stays light

@@ -216,6 +216,11 @@ def fits_memory(flag: str, contexts: list[int], model, cfg: DictConfig, micro_do
         check_evaluation_fits(flag, ctx, forward, device, held_per_token * ctx, held_what, advice)
 
 
+def forward_docs(micro_docs: int | None, run_cfg: DictConfig, cfg: DictConfig) -> int:
+    """Documents one forward holds: --micro-docs, else the run's trainer.micro_docs, else its data.docs_per_batch."""
+    return int(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch)
+
+
 def run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides=(), precision: str = "auto",
               micro_docs: int | None = None) -> dict:
     """What was evaluated and how: the checkpoint, the data (with the data.KEY= overrides given), the device, the
@@ -226,7 +231,7 @@ def run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides=(), precision
             "data_overrides": list(data_overrides), "arch": model.spec.arch, "attention": model.spec.attention,
             "attention_params": model.spec.attention_params, "device": str(device),
             "precision": "bf16" if uses_bf16(device, precision) else "fp32",
-            "micro_docs": int(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch)}
+            "micro_docs": forward_docs(micro_docs, run_cfg, cfg)}
 
 
 def write_json(path: Path, record: dict) -> None:
@@ -290,8 +295,8 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     splits = resolve_splits(cfg.data, ctx)  # refuses ctx longer than the documents
     data_vocab_fits(splits, model)
     held = min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"])  # inputs and targets, int64
-    fits_memory("--ctx", [ctx], model, cfg, min(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch,
-                                                held), precision, 16 * held, f"{held} heldout documents held",
+    fits_memory("--ctx", [ctx], model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), held), precision, 16 * held,
+                f"{held} heldout documents held",
                 "evaluate at a shorter --ctx, or with fewer --docs or --micro-docs")
     evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size,
                                                  "--docs" if docs is not None else "data.eval_docs"),
@@ -300,8 +305,7 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
                              "heldout")
     start = time.perf_counter()
     with command_progress(evaluation.n_docs, f"evaluate ctx {ctx}", "doc") as progress:
-        result = evaluation.run(model, micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision,
-                                on_batch=progress.update)
+        result = evaluation.run(model, forward_docs(micro_docs, run_cfg, cfg), precision, on_batch=progress.update)
     if not result.finite:
         raise FloatingPointError(f"non-finite heldout loss ({int((~np.isfinite(result.per_position)).sum())} of "
                                  f"{ctx} positions) from {model.checkpoint_path}: its weights are not usable; "
@@ -360,8 +364,7 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
                          f">= {shortest}")
     prompts = len(depths or DEFAULT_DEPTHS) * trials  # of one context, int64, held twice (+ BOS) with the haystacks
     needle_docs = min(dataset_info(splits.heldout_path)["num_docs"], 2 * trials + 16) if task == "needle" else 0
-    fits_memory("--contexts", contexts, model, cfg, min(micro_docs or run_cfg.trainer.micro_docs
-                                                        or cfg.data.docs_per_batch, prompts), precision,
+    fits_memory("--contexts", contexts, model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), prompts), precision,
                 8 * (2 * prompts + trials + needle_docs), f"{prompts} prompts of a context held",
                 "evaluate shorter --contexts, or with fewer --trials, --depths or --micro-docs")
     documents = None
@@ -376,8 +379,8 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     start = time.perf_counter()
     with command_progress(len(contexts), task, "context") as progress:
         result = run_retrieval(model, task, alphabet, contexts, depths or list(DEFAULT_DEPTHS), trials, digits,
-                               micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch, precision,
-                               documents, seed, on_context=lambda _ctx: progress.update(1))
+                               forward_docs(micro_docs, run_cfg, cfg), precision, documents, seed,
+                               on_context=lambda _ctx: progress.update(1))
     record = {**run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides, precision, micro_docs), **result,
               "seed": seed,
               "seconds": round(time.perf_counter() - start, 2)}

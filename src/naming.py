@@ -26,8 +26,8 @@ RESOLVER = "longctx.run_name"
 # Override keys the name already shows, or that do not change what is trained (prefixes end with a dot).
 NOT_IN_SUFFIX = (
     "arch", "attention", "p", "window", "attention.p", "attention.window", "model", "model.name", "model.d_model",
-    "model.n_layers", "data", "data.tag", "data.n_pairs", "data.path", "data.cache_dir", "data.eval_docs", "data.n_heldout", "ctx", "seed",
-    "run_name",
+    "model.n_layers", "data", "data.tag", "data.n_pairs", "data.path", "data.cache_dir", "data.eval_docs",
+    "data.n_heldout", "ctx", "seed", "run_name",
     "run_dir", "cache_dir", "device", "experiment", "hydra.", "logger.", "trainer.max_steps", "trainer.eval_every",
     "trainer.resume", "trainer.num_threads", "trainer.compile", "trainer.keep_checkpoints", "trainer.micro_docs",
     "trainer.activation_checkpointing", "trainer.icl_bins", "trainer.on_nonfinite", "trainer.max_skipped_steps",

@@ -38,6 +38,7 @@ on several machines over time keeps one record (the new runs' labels must not re
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -492,7 +493,6 @@ MANIFEST = ".report_files.json"   # in --out: each file the report wrote there a
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

@@ -44,6 +44,7 @@ class Run:
     eval_items: tuple = ()   # (key, value) items telling its heldout documents apart beyond the config (evaldata)
     group_key: tuple = ()    # the full config but the seed: runs sharing it (and the label) are seeds of one group
     last_launch: dict = field(default_factory=dict)  # the flattened config of its newest resume (none: {})
+    packed_said: bool = field(default=False, repr=False, compare=False)  # the packed-rows warning given
 
     @property
     def attention(self) -> str:
@@ -92,16 +93,13 @@ class Run:
             return None
         docs = load_doc_bins(path, prefix)
         if docs.packed:  # each row's bin means cannot give the trainer's per-position means (their band would be
-            if self.name not in _PACKED_SAID:  # another quantity's): the run is tabled and drawn without one
-                _PACKED_SAID.add(self.name)
+            if not self.packed_said:  # another quantity's): the run is tabled and drawn without one
+                self.packed_said = True
                 log.warning(f"warning: {self.name}: evaluated on rows of packed documents; its curve averages each "
                             f"position over the documents reaching it, which the per-row record cannot resample: "
                             f"no interval for this run")
             return None
         return docs
-
-
-_PACKED_SAID: set[str] = set()  # runs already told to have no interval (doc_bins is asked once per statistic)
 
 
 def training_flops(record: dict, default=None):

@@ -78,11 +78,12 @@ def load_doc_bins(path: str | Path, prefix: str = "") -> DocBins:
                   packed=bool(arrays.get("packed", False)))
     for name in ("loss", "bayes"):
         values = getattr(rec, name)
-        # packed rows: NaN is a bin the row does not reach; never an infinity
-        bad_values = ~np.isfinite(values) if values is not None else None
-        if bad_values is not None and rec.packed and name == "loss":
+        if values is None:
+            continue
+        bad_values = ~np.isfinite(values)
+        if rec.packed and name == "loss":  # packed rows: NaN is a bin the row does not reach; never an infinity
             bad_values &= ~np.isnan(values)
-        if bad_values is not None and bad_values.any():
+        if bad_values.any():
             raise ValueError(f"{path}: {prefix + name} holds {int(bad_values.sum())} non-finite value(s) "
                              f"({values[bad_values][0]}); a per-document record must hold finite losses"
                              + ("" if rec.packed else " (rows of packed documents are marked 'packed': evaluate "

@@ -16,12 +16,13 @@ power/linear reference (scores, powers, normalizer over every key), `n_heads * 2
 masked blocks, a chunked form's states (`state_size / chunk` per token), RWKV7's time mixing `46 * d_model` (CPU
 chunked form) or `d_model` (FLA's chunk states). Under bf16 autocast the tensors it keeps in fp32 count twice
 (`autocast_fp32`: the norms' inputs, RWKV7's mixes, group-norm input and squared-ReLU hidden, a gated core's gate
-input, and under activation checkpointing each block's input). The constants were measured with torch.autograd.graph.saved_tensors_hooks (tests/train/test_estimate.py
-checks them within 30% on CPU, and the CUDA total against one measured bf16 step of GPT-2 and RWKV7 small at ctx
-16384: with power p=2 on an H100, 15.65 GiB estimated against a 15.70 GiB peak for GPT-2 and 28.07 against 29.66
-for RWKV7). Softmax through SDPA (flash/cuDNN on CUDA, the flash kernel on CPU) and FlexAttention
-keep no score matrix. `bytes` is 2 under bf16 autocast, else 4. With activation checkpointing only each block's
-input is kept (`d_model` elements per token per layer) plus one block's activations while it is recomputed.
+input, and under activation checkpointing each block's input). The constants were measured with
+torch.autograd.graph.saved_tensors_hooks (tests/train/test_estimate.py checks them within 30% on CPU, and the CUDA
+total against one measured bf16 step of GPT-2 and RWKV7 small at ctx 16384: with power p=2 on an H100, 15.65 GiB
+estimated against a 15.70 GiB peak for GPT-2 and 28.07 against 29.66 for RWKV7). Softmax through SDPA (flash/cuDNN
+on CUDA, the flash kernel on CPU) and FlexAttention keep no score matrix. `bytes` is 2 under bf16 autocast, else 4.
+With activation checkpointing only each block's input is kept (`d_model` elements per token per layer) plus one
+block's activations while it is recomputed.
 
 Context parallelism (trainer.context_parallel=N, docs/gpu.md (Context parallelism)): a rank holds micro_docs * ctx / N
 tokens of activations, plus what its attention's exchange keeps for the backward, per document and layer (the

@@ -51,14 +51,11 @@ def _by_key(overrides: list[str]) -> dict[str, str]:
     return {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
 
 
-
-
 def check_sweep_names(overrides: list[str]) -> None:
     """A multirun's jobs are run in folders named by what they run (hydra.sweep.subdir = the run name): an axis whose
     key the name does not show (trainer.icl_bins, data.eval_docs, ...) would put two jobs in one folder, the second
     resuming the first and saying it had nothing to do. Refused naming the key, unless the subdir is the user's."""
-
-    if any(o.split("=", 1)[0].lstrip("+~") == "hydra.sweep.subdir" for o in overrides):
+    if "hydra.sweep.subdir" in _by_key(overrides):
         return
     named = swept_keys(overrides)
     for override in overrides:
@@ -221,8 +218,8 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     if args.cfg:
         run_dir = check_shown_config(list(args.overrides), conf_dir, args.multirun)
         # run_dir is Hydra's output folder, which --cfg never makes (it would print null): show where a run would go
-        given = any(o.split("=", 1)[0].lstrip("+~") == "run_dir" for o in args.overrides)
-        if run_dir and not given and args.cfg in ("job", "all") and not any(c in run_dir for c in ("'", "\\", "${")):
+        quotable = run_dir and not any(c in run_dir for c in ("'", "\\", "${"))
+        if quotable and "run_dir" not in _by_key(args.overrides) and args.cfg in ("job", "all"):
             argv = [*argv, f"run_dir='{run_dir}'"]
     if args.cfg in ("job", "all") and not (args.resolve or args.multirun):
         argv = [*argv, "--resolve"]
