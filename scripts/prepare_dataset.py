@@ -22,10 +22,10 @@ at least --doc-len tokens, truncates, shuffles, rolls, splits off a heldout set,
 Streams: the corpus is never held in memory (--group-by package holds the package texts).
 
 Every argument and path is checked before any work (one error line, exit 2, nothing written). An existing --out
-is refused unless --overwrite, which replaces only a dataset this script wrote (never a folder of other files,
-nor the input or a folder around it). A text file that is not UTF-8 is named in a warning and skipped. A failed
-write (a full disk) is one error line and exit 1, with nothing left behind and an --overwrite target untouched.
-See docs/data.md and `longctx.data.prepare` for the details.
+is refused unless --overwrite, which replaces only a dataset this script wrote (never a folder of other files, nor
+one you added a file to, inside its splits included, nor the input or a folder around it). A text file that is not
+UTF-8 is named in a warning and skipped. A failed write (a full disk) is one error line and exit 1, with nothing
+left behind and an --overwrite target untouched. See docs/data.md and `longctx.data.prepare` for the details.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="file, folder of files, or Hub dataset name (several with --group-by package)")
     ap.add_argument("--out", required=True, help="output folder (gets train.zarr, heldout.zarr, prepare.json)")
     ap.add_argument("--doc-len", type=int, default=65536, help="tokens per document (LongCrawl64: 65536)")
-    ap.add_argument("--heldout-frac", type=float, default=0.01, help="fraction of kept documents held out")
-    ap.add_argument("--heldout-docs", type=int, default=None, help="exact number of heldout documents")
+    ap.add_argument("--heldout-frac", type=float, default=0.01, help="fraction of kept documents held out, in (0, 1)")
+    ap.add_argument("--heldout-docs", type=int, default=None, help="exact number of heldout documents (>= 1)")
     ap.add_argument("--tokenizer", choices=["auto", "gpt2", "bytes", "bpe"], default="auto",
                     help="auto: gpt2 if its vocabulary loads, else bytes (bpe with --group-by package); bpe: "
                          "byte-level BPE trained on the training split (--group-by package)")

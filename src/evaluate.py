@@ -33,13 +33,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from longctx import provenance
 from longctx.data import dataset_info, heldout_batch
+from longctx.data.identity import IDENTITY_FILE
 from longctx.data.longcrawl64 import joined_documents
+from longctx.data.tokenizer import describe_tokens, split_tokens, tokens_differ
 from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, eval_line, retrieval_line,
                           run_retrieval, write_doc_record)
 from longctx.eval.loss import model_device, uses_bf16
 from longctx.eval.plots import plot_icl, plot_retrieval
 from longctx.eval.retrieval import prompt_length
-from longctx.generate import run_codec
+from longctx.generate import recorded_tokens, run_codec
 from longctx.runs import check_device, load_run
 from longctx.train.config import check_set, check_types, did_you_mean, schema
 from longctx.train.console import command_progress, setup_logging
@@ -205,6 +207,20 @@ def data_vocab_fits(splits, model) -> None:
                          f"model's vocabulary {vocab}: the run was trained on other data")
 
 
+def data_tokens_fit(run_dir: Path, splits) -> None:
+    """The evaluated heldout ids mean what the run's training ids meant: the tokenizer and BOS the run recorded at
+    its first launch (and the tokenizer file it keeps); another tokenizer's ids would score text the model never
+    read. A run without a record is not checked."""
+    recorded = recorded_tokens(run_dir)
+    if recorded is None:
+        return
+    data = split_tokens(splits.heldout_path)
+    if tokens_differ(recorded, data):
+        raise ValueError(f"data: {splits.heldout_path} holds ids of {describe_tokens(data)}, but {run_dir} was "
+                         f"trained on ids of {describe_tokens(recorded)}, as its {IDENTITY_FILE} records; evaluate "
+                         f"it on data of its own tokenizer")
+
+
 def fits_memory(flag: str, contexts: list[int], model, cfg: DictConfig, micro_docs: int, precision: str,
                 held_per_token: int, held_what: str, advice: str) -> None:
     """Refuse, before anything is built, a context at which the forward or the token arrays held on the host
@@ -294,6 +310,7 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
         cfg.data.eval_docs = docs
     splits = resolve_splits(cfg.data, ctx)  # refuses ctx longer than the documents
     data_vocab_fits(splits, model)
+    data_tokens_fit(run_dir, splits)
     held = min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"])  # inputs and targets, int64
     fits_memory("--ctx", [ctx], model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), held), precision, 16 * held,
                 f"{held} heldout documents held",
@@ -351,6 +368,7 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     longest = max(wanted)
     splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
     data_vocab_fits(splits, model)
+    data_tokens_fit(run_dir, splits)
     text = text_codec_of(cfg, None if data_overrides else run_dir)
     alphabet = alphabet_for(splits.info["vocab_size"], splits.info["bos_id"], longest,
                             None if text is None else text[0], seed)

@@ -3,8 +3,9 @@
     python -m longctx.generate RUN_DIR --prompt "The history of"
     python -m longctx.generate RUN_DIR --max-new-tokens 50 --prompt-ids 4,0,1,2 --temperature 0
 
-Prints the continuation and the decoding speed: with `--prompt TEXT` as text, through the tokenizer the run's data
-records (tiktoken GPT-2 for LongCrawl64, bytes for datasets prepared with the byte tokenizer); with `--prompt-ids`
+Prints the continuation and the decoding speed: with `--prompt TEXT` as text, through the tokenizer the run recorded
+(tiktoken GPT-2 for LongCrawl64, bytes for datasets prepared with the byte tokenizer, the BPE copy it keeps for a
+prepared corpus), never its dataset's current one where that differs (said in a warning); with `--prompt-ids`
 as ids (no tokenizer is loaded). Decoding uses the static decoder (preallocated states; on GPU the fast path: the
 step compiled, power's state updated by its fused kernel, one CUDA graph per token: models/decoding.py);
 `--no-compile` skips the compilation (seconds before the first token), `--no-static` takes the per-layer caches of
@@ -14,6 +15,7 @@ exit code 2.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -27,6 +29,8 @@ from longctx.models.decoding import compile_available, takes_fused_state
 from longctx.runs import check_device, load_run
 from longctx.train.estimate import available_memory
 from longctx.train.console import setup_logging
+
+log = logging.getLogger("longctx")
 
 
 def tokenizer_name(cfg) -> str | None:
@@ -67,17 +71,54 @@ def codec(name: str | None):
 def run_codec(cfg, run_dir=None):
     """The run's text tokenizer as (encode, decode), or None where its data has no text (loaded only for --prompt),
     from what the run itself recorded first: the tokenizer file it keeps (a prepared corpus's BPE, copied into the
-    run folder at launch); the dataset's own where the data is on this machine (`longctx.data.load_tokenizer`,
-    offline); the tokenizer name the run recorded with its data (data_identity.json); for a run that recorded none,
-    the one its data's name implies (LongCrawl64: GPT-2)."""
-    from longctx.data.tokenizer import TOKENIZER_FILE, BPETokenizer, NotText
+    run folder at launch); the tokenizer it recorded with its data (data_identity.json: bytes and GPT-2 load by
+    name, a BPE from its dataset only while the dataset still holds that one); for a run that recorded none, the
+    dataset's own where the data is on this machine (`longctx.data.load_tokenizer`, offline), else the one its data's
+    name implies (LongCrawl64: GPT-2). A dataset re-prepared with another tokenizer since is said in a warning
+    naming both, and never decodes."""
+    from longctx.data.tokenizer import TOKENIZER_FILE, BPETokenizer
 
     if cfg.data.name == "icl_markov":
         return None
     kept = Path(run_dir).expanduser() / TOKENIZER_FILE if run_dir is not None else None
+    recorded, current = recorded_tokens(run_dir), dataset_tokens(cfg)
     if kept is not None and kept.is_file():
         tok = BPETokenizer.from_file(kept)  # a damaged file: one line naming it
-        return tok.encode, tok.decode
+        found = tok.encode, tok.decode
+    elif recorded is not None:
+        found = recorded_codec(cfg, recorded, current)
+    else:
+        found = dataset_codec(cfg)
+    warn_retokenized(cfg, recorded, current)
+    return found
+
+
+def recorded_codec(cfg, recorded: dict, current: dict | None):
+    """(encode, decode) of the tokenizer a run recorded (`recorded_tokens`), None for ids without text: bytes and
+    GPT-2 by name; a BPE is a file of its dataset, used only while the dataset holds ids of that tokenizer."""
+    from longctx.data.tokenizer import describe_tokens, tokens_differ
+
+    name = recorded["tokenizer"]
+    if name is None and recorded["generator"] is not None:  # synthetic data: ids without text
+        return None
+    if name in (None, "bytes", "tiktoken-gpt2"):  # arrays that record none: LongCrawl64's GPT-2 ids
+        return codec(name or "tiktoken-gpt2")
+    path = cfg.data.get("path")
+    if current is None:
+        raise ValueError(f"--prompt: the run's tokenizer {name} is a file of its dataset, data.path={str(path)!r}, "
+                         f"which does not exist here; give --prompt-ids")
+    if tokens_differ(recorded, current):
+        raise ValueError(f"--prompt: the run was trained on ids of {describe_tokens(recorded)}, but its dataset, "
+                         f"data.path={str(path)!r}, now holds ids of {describe_tokens(current)}; the run's tokenizer "
+                         f"cannot be loaded: give --prompt-ids")
+    return dataset_codec(cfg)
+
+
+def dataset_codec(cfg):
+    """(encode, decode) of the tokenizer of the run's dataset as it is now (`load_tokenizer`, offline) where the data
+    is on this machine, else of the one its data's name implies; for runs that recorded no tokenizer."""
+    from longctx.data.tokenizer import NotText
+
     path = cfg.data.get("path")
     if path and Path(str(path)).expanduser().is_dir():
         from longctx.data import load_tokenizer
@@ -88,25 +129,67 @@ def run_codec(cfg, run_dir=None):
         except RuntimeError as err:  # GPT-2's tiktoken vocabulary not on this machine: one line, with the way out
             raise ValueError(f"--prompt: {err}; or give --prompt-ids") from None
         return tok.encode, tok.decode
-    name = recorded_tokenizer(run_dir)
-    if name is not None and name not in ("bytes", "tiktoken-gpt2"):  # a BPE of the dataset's own: only its file
-        raise ValueError(f"--prompt: the run's tokenizer {name} is a file of its dataset, data.path={str(path)!r}, "
-                         f"which does not exist here; give --prompt-ids")
-    if name is None and cfg.data.get("tag", cfg.data.name) != "longcrawl64":  # nothing says which tokenizer
+    if cfg.data.get("tag", cfg.data.name) != "longcrawl64":  # nothing says which tokenizer
         raise ValueError(f"--prompt: the run's dataset, data.path={str(path)!r}, does not exist here and the run "
                          f"records no tokenizer of its own; give --prompt-ids")
-    return codec(name or tokenizer_name(cfg))
+    return codec(tokenizer_name(cfg))
+
+
+def warn_retokenized(cfg, recorded: dict | None, current: dict | None) -> None:
+    """One warning line where the run's dataset now holds ids of another tokenizer than the run recorded: text
+    decoded with the dataset's would not be what the model meant."""
+    from longctx.data.identity import IDENTITY_FILE
+    from longctx.data.tokenizer import describe_tokens, tokens_differ
+
+    if recorded is not None and current is not None and tokens_differ(recorded, current):
+        log.warning(f"data.path={str(cfg.data.get('path'))!r} now holds ids of {describe_tokens(current)}; the run "
+                    f"was trained on ids of {describe_tokens(recorded)}, as its {IDENTITY_FILE} records: using the "
+                    f"run's tokenizer")
+
+
+def recorded_tokens(run_dir) -> dict | None:
+    """What the ids of the run's training split meant at its first launch, as `split_tokens` gives them: the
+    tokenizer and BOS of its record (data_identity.json), the tokenizer file the run keeps, and the data's
+    `generator` (synthetic data); None for a run without a record."""
+    from longctx.data.tokenizer import TOKENIZER_FILE
+
+    attrs = recorded_attrs(run_dir)
+    if attrs is None:
+        return None
+    kept = Path(run_dir).expanduser() / TOKENIZER_FILE
+    return {"tokenizer": attrs.get("tokenizer"), "bos_id": attrs.get("bos_id"), "generator": attrs.get("generator"),
+            "file": kept if kept.is_file() else None}
+
+
+def dataset_tokens(cfg) -> dict | None:
+    """`split_tokens` of the training split of the run's dataset as it is now, None where it is not on this machine
+    (or not readable: the run's own record decides then)."""
+    from longctx.data.tokenizer import split_tokens
+
+    path = cfg.data.get("path")
+    if not path:
+        return None
+    try:
+        return split_tokens(Path(str(path)).expanduser() / cfg.data.get("train_split", "train.zarr"))
+    except (FileNotFoundError, ValueError, OSError):
+        return None
+
+
+def recorded_attrs(run_dir) -> dict | None:
+    """The attributes of the training split a run recorded with its data at its first launch (longctx.data.identity),
+    None without a record (runs older than it)."""
+    if run_dir is None:
+        return None
+    from longctx.data.identity import read_identity
+
+    record = read_identity(Path(run_dir).expanduser())
+    return None if record is None else record.get("train", {}).get("attrs", {})
 
 
 def recorded_tokenizer(run_dir) -> str | None:
     """The tokenizer name a run recorded with its data at its first launch (longctx.data.identity), None without a
     record (runs older than it) or for data without a tokenizer."""
-    if run_dir is None:
-        return None
-    from longctx.data.identity import read_identity
-
-    record = read_identity(run_dir)
-    return (record or {}).get("train", {}).get("attrs", {}).get("tokenizer")
+    return (recorded_attrs(run_dir) or {}).get("tokenizer")
 
 
 def parse_ids(text: str) -> list[int]:
@@ -145,6 +228,7 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
         raise ValueError(f"--prompt-ids: id {bad[0]} is outside the model's vocabulary 0..{vocab - 1}")
+    check_positions(model, len(ids), max_new_tokens, "--prompt" if prompt is not None else "--prompt-ids")
     dev = next(model.parameters()).device
     check_decoding_memory(model, len(ids), max_new_tokens, dev)
     idx = torch.tensor([ids], device=dev)
@@ -163,6 +247,21 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     return {"prompt_ids": ids, "ids": new, "text": text[1](new) if text else None, "seconds": seconds,
             "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache,
             "decoder": decoder_name(use_cache, static, dev, compile, takes_fused_state(model))}
+
+
+def check_positions(model, prompt_len: int, max_new_tokens: int, prompt_flag: str = "--prompt-ids") -> None:
+    """Learned positions end at the model's ctx: a sequence past it is refused before any decoding, on every path
+    alike (the static decoder's position is a device tensor, which the embedding would read past its table). The
+    last new token is never fed back, so the model reads prompt_len + max_new_tokens - 1 positions."""
+    ctx, need = int(model.spec.ctx), prompt_len + max_new_tokens - 1
+    if model.spec.positions != "learned" or need <= ctx:
+        return
+    if prompt_len > ctx:
+        raise ValueError(f"{prompt_flag}: {prompt_len} tokens need positions up to {prompt_len}: "
+                         f"arch.positions=learned holds ctx={ctx} positions; give a shorter prompt")
+    raise ValueError(f"--max-new-tokens={max_new_tokens}: a prompt of {prompt_len} tokens and {max_new_tokens} new "
+                     f"ones need positions up to {need}: arch.positions=learned holds ctx={ctx} positions; ask for at "
+                     f"most {ctx - prompt_len + 1}")
 
 
 def check_decoding_memory(model, prompt_len: int, max_new_tokens: int, device: torch.device) -> None:

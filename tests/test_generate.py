@@ -1,6 +1,7 @@
 """`python -m longctx.generate` on a tiny trained run (CPU): the default static decoder, the eager cached path and
 recomputation print the same greedy ids; --prompt-ids loads no tokenizer; --max-new-tokens has a default; a NaN
-temperature is one line; a reader that stops early (`| head`) leaves no traceback."""
+temperature is one line; a reader that stops early (`| head`) leaves no traceback; learned positions past the
+model's ctx are the same one line on every decoding path."""
 from __future__ import annotations
 
 import subprocess
@@ -22,6 +23,13 @@ TRAIN = ["optim.warmup_steps=1",
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, train_run):
     return train_run(tmp_path_factory.mktemp("runs") / "power", TRAIN)
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory, train_run):
+    """GPT-2 with learned positions: a table of ctx=64 positions."""
+    return train_run(tmp_path_factory.mktemp("runs") / "learned",
+                     [*TRAIN[:-3], "arch=gpt2", "attention=exp", "arch.positions=learned"])
 
 
 def ids_printed(capsys) -> list[int]:
@@ -79,3 +87,31 @@ def test_a_closed_pipe_leaves_no_traceback(run):
                           f"--device cpu | head -c 0", shell=True, capture_output=True, text=True, timeout=300,
                           cwd=REPO)
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr[-2000:]
+
+
+PATHS = ([], ["--no-static"], ["--no-cache"], ["--no-compile"])
+
+
+@pytest.mark.parametrize("flags", PATHS, ids=lambda f: " ".join(f) or "static")
+def test_learned_positions_past_ctx_are_one_line_on_every_path(learned, capsys, flags):
+    """A prompt of 4 tokens reads positions 0..3, each new token but the last one more: 61 new tokens reach
+    position 63, the table's last; 62 would read position 64."""
+    assert generate_cli.main([str(learned), "--prompt-ids", "1,2,3,0", "--max-new-tokens", "61", "--device", "cpu",
+                              "--temperature", "0", *flags]) == 0
+    assert len(ids_printed(capsys)) == 61
+    code = generate_cli.main([str(learned), "--prompt-ids", "1,2,3,0", "--max-new-tokens", "62", "--device", "cpu",
+                              *flags])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip().splitlines() == [
+        "error: --max-new-tokens=62: a prompt of 4 tokens and 62 new ones need positions up to 65: "
+        "arch.positions=learned holds ctx=64 positions; ask for at most 61"]
+
+
+def test_a_prompt_past_learned_positions_is_one_line(learned, capsys):
+    code = generate_cli.main([str(learned), "--prompt-ids", ",".join(["1"] * 65), "--max-new-tokens", "1",
+                              "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.strip().splitlines() == [
+        "error: --prompt-ids: 65 tokens need positions up to 65: arch.positions=learned holds ctx=64 positions; give "
+        "a shorter prompt"]

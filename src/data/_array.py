@@ -17,6 +17,7 @@ Attributes we read when present (all optional; real LongCrawl64 has none):
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def open_tokens(path, *, field: str = "data.path") -> zarr.Array:
     else:
         p = Path(os.path.expanduser(str(path)))
         if not p.exists():
+            _refuse_split_as_folder(p, field)
             raise FileNotFoundError(f"{field}: {str(p)!r} does not exist")
         try:
             arr = zarr.open_array(str(p), mode="r")
@@ -59,6 +61,25 @@ def open_tokens(path, *, field: str = "data.path") -> zarr.Array:
     if arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ValueError(f"{field}: array is empty, shape {tuple(arr.shape)} at {_where(arr)}")
     return arr
+
+
+def _refuse_split_as_folder(p: Path, field: str) -> None:
+    """`p` (a split under a dataset folder) is missing because the folder given is itself one split's array
+    (`data.path=ds/train.zarr`): say so and name the folder to give, rather than a path that was never meant."""
+    given = next((a for a in p.parents if a.exists()), None)
+    if given is not None and _is_array_dir(given):
+        raise ValueError(f"{field}={str(given)!r}: is one split's zarr array, not a dataset folder; give the folder "
+                         f"holding train.zarr and heldout.zarr: {field}={str(given.parent)!r}")
+
+
+def _is_array_dir(p: Path) -> bool:
+    """Whether `p` holds a zarr array's metadata (v2 `.zarray`, or a v3 `zarr.json` of node_type array)."""
+    if (p / ".zarray").is_file():
+        return True
+    try:
+        return json.loads((p / "zarr.json").read_text()).get("node_type") == "array"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _where(arr: zarr.Array) -> str:

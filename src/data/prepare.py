@@ -31,8 +31,9 @@ attribute records it.
 
 Safety: every argument and path is checked before any work. The output is built in a hidden temporary folder
 beside `out` and renamed into place; `overwrite` replaces only a folder that this module wrote (its
-`prepare.json` manifest lists every entry, and the folder holds nothing else), and never one that is, contains
-or lies inside an input. A text file that is not UTF-8 is named in a warning and skipped.
+`prepare.json` manifest lists every entry, and the folder holds nothing else: in a split's folder, only its zarr
+array's metadata and chunks), and never one that is, contains or lies inside an input. A text file that is not
+UTF-8 is named in a warning and skipped.
 
 The arrays' attributes record `tokenizer`, `bos_id`, `vocab_size`, `max_token_id`, `rolled`, the preparation
 parameters, and `tokenizer_file` when the dataset carries its own tokenizer (`load_tokenizer` reads them).
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import codecs
 import glob
+import itertools
 import json
 import logging
 import os
@@ -62,6 +64,8 @@ TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".md": "text", ".json": "json"
 TOKENIZERS = ("auto", "gpt2", "bytes", "bpe")
 WRITTEN_BY = "longctx.data.prepare"
 LEGACY_FILES = {"train.zarr", "heldout.zarr", "prepare.json"}  # what versions without a manifest wrote
+# train.py trains on train.zarr and evaluates on heldout.zarr: a dataset lacking either is refused before any work
+NEEDS_BOTH_SPLITS = " (training needs documents in both train.zarr and heldout.zarr)"
 READ_CHARS = 1 << 16   # a text file is read this many characters at a time: its size never sets the memory
 log = logging.getLogger("longctx.data.prepare")
 
@@ -264,12 +268,12 @@ class PrepareConfig:
         self.inputs = [str(s) for s in self.inputs]
 
 
-def _int(name: str, v, lo: int, hi: int | None = None, *, none_ok: bool = False) -> None:
+def _int(name: str, v, lo: int, hi: int | None = None, *, none_ok: bool = False, why: str = "") -> None:
     if v is None and none_ok:
         return
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or (hi is not None and v > hi):
         bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name}: must be an integer {bound}, got {v!r}")
+        raise ValueError(f"{name}: must be an integer {bound}{why}, got {v!r}")
 
 
 def check_config(cfg: PrepareConfig) -> Path:
@@ -280,13 +284,14 @@ def check_config(cfg: PrepareConfig) -> Path:
     _int("chunk_len (--chunk-len)", cfg.chunk_len, 1)
     _int("batch_docs", cfg.batch_docs, 1)
     _int("max_docs (--max-docs)", cfg.max_docs, 1, none_ok=True)
-    _int("heldout_docs (--heldout-docs)", cfg.heldout_docs, 0, none_ok=True)
+    _int("heldout_docs (--heldout-docs)", cfg.heldout_docs, 1, none_ok=True, why=NEEDS_BOTH_SPLITS)
     _int("vocab_size (--vocab-size)", cfg.vocab_size, 258, 65536)
     _int("max_file_bytes (--max-file-bytes)", cfg.max_file_bytes, 1)
     _int("seed (--seed)", cfg.seed, 0)
     if isinstance(cfg.heldout_frac, bool) or not isinstance(cfg.heldout_frac, (int, float)) \
-            or not 0 <= cfg.heldout_frac < 1:
-        raise ValueError(f"heldout_frac (--heldout-frac): must be in [0, 1), got {cfg.heldout_frac!r}")
+            or not 0 < cfg.heldout_frac < 1:
+        raise ValueError(f"heldout_frac (--heldout-frac): must be in (0, 1){NEEDS_BOTH_SPLITS}, "
+                         f"got {cfg.heldout_frac!r}")
     if cfg.zarr_format not in (2, 3):
         raise ValueError(f"zarr_format (--zarr-format): must be 2 or 3, got {cfg.zarr_format!r}")
     if cfg.tokenizer not in TOKENIZERS:
@@ -360,11 +365,51 @@ def _check_replaceable(out: Path) -> None:
     if not ours:
         raise FileExistsError(f"out: {str(out)!r} is not a dataset written by prepare_dataset (no prepare.json of "
                               f"its own); --overwrite replaces only those: choose another --out")
-    allowed = set(manifest.get("files", LEGACY_FILES))
-    extra = sorted(e.name for e in out.iterdir() if e.name not in allowed)
+    extra = _foreign_files(out, set(manifest.get("files", LEGACY_FILES)))
     if extra:
         raise FileExistsError(f"out: {str(out)!r} holds files prepare_dataset did not write "
-                              f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}); refusing to replace it")
+                              f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}); refusing to replace it: "
+                              f"move them out of it or choose another --out")
+
+
+def _foreign_files(out: Path, listed: set[str]) -> list[str]:
+    """Paths under `out` (relative to it) that removing it would lose besides what this module wrote: entries the
+    manifest does not list, links (never written here), and inside a listed folder anything but its zarr array."""
+    found = []
+    for e in sorted(out.iterdir()):
+        if e.name not in listed or e.is_symlink():
+            found.append(e.name)
+        elif e.is_dir():
+            found += [f"{e.name}/{rel}" for rel in _not_array_files(e)]
+    return found
+
+
+def _not_array_files(folder: Path) -> list[str]:
+    """Files and links in `folder` (relative paths) that are neither the metadata nor a chunk of the zarr array
+    stored there: all of them when no array can be opened there, and any folder that cannot be read (unchecked)."""
+    keys = _array_keys(folder)
+    found, unreadable = [], []
+    for top, dirs, files in os.walk(folder, onerror=unreadable.append):
+        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, folder)
+            if rel.replace(os.sep, "/") not in keys or os.path.islink(path):
+                found.append(rel)
+    return sorted(found + [os.path.relpath(e.filename, folder) for e in unreadable])
+
+
+def _array_keys(folder: Path) -> set[str]:
+    """The metadata files and every chunk key of the zarr array in `folder` (empty if none opens): exactly what
+    `_shuffle_roll_write` wrote there, since it writes every chunk."""
+    import zarr
+
+    try:
+        arr = zarr.open_array(str(folder), mode="r")
+    except Exception:  # zarr raises several types: no metadata, bad json, a group
+        return set()
+    meta = {"zarr.json"} if arr.metadata.zarr_format == 3 else {".zarray", ".zattrs"}
+    grid = itertools.product(*(range(n) for n in arr.cdata_shape))
+    return meta | {arr.metadata.encode_chunk_key(c) for c in grid}
 
 
 # ----- preparation -------------------------------------------------------------------------------------
@@ -419,11 +464,7 @@ def _prepare_files(tmp: Path, sources, tok, cfg: PrepareConfig, skipped: list) -
     if kept == 0:
         raise ValueError(f"no document of {described} has >= doc_len={cfg.doc_len} tokens "
                          f"({seen} documents read, tokenizer {tok.name})")
-    n_held = cfg.heldout_docs if cfg.heldout_docs is not None else max(1, round(cfg.heldout_frac * kept))
-    if cfg.heldout_frac == 0 and cfg.heldout_docs is None:
-        n_held = 0
-    if not 0 <= n_held < kept:
-        raise ValueError(f"heldout_docs={n_held} must leave at least one training document (kept {kept})")
+    n_held = _heldout_count(cfg, kept)
     order = np.random.default_rng(cfg.seed).permutation(kept)
     summary = _shuffle_roll_write(tmp, flat, kept, order[:n_held], order[n_held:], tok, cfg, described)
     flat.unlink()
@@ -431,6 +472,19 @@ def _prepare_files(tmp: Path, sources, tok, cfg: PrepareConfig, skipped: list) -
     if cfg.pack:  # documents_kept counts rows; these the documents packed into them
         summary.update(packed_documents=packed)
     return summary
+
+
+def _heldout_count(cfg: PrepareConfig, kept: int) -> int:
+    """Documents of `kept` to hold out: at least one (check_config), and fewer than kept, which only the count of
+    documents kept can tell."""
+    if cfg.heldout_docs is not None:
+        n, given = cfg.heldout_docs, f"heldout_docs (--heldout-docs)={cfg.heldout_docs}"
+    else:
+        n, given = max(1, round(cfg.heldout_frac * kept)), f"heldout_frac (--heldout-frac)={cfg.heldout_frac}"
+    if n >= kept:
+        raise ValueError(f"{given} holds out {n} of the {kept} documents kept, leaving none to train on; "
+                         f"lower it or add documents")
+    return n
 
 
 def _pack_to_flat(texts, tok, cfg: PrepareConfig, flat: Path) -> tuple[int, int, int]:
@@ -551,18 +605,17 @@ def _prepare_packages(tmp: Path, cfg: PrepareConfig, tok) -> dict:
                          f"({len(texts)} packages with text)")
     rng = np.random.default_rng(cfg.seed)
     shuffled = [eligible[i] for i in rng.permutation(len(eligible))]
-    want_heldout = cfg.heldout_frac > 0 or (cfg.heldout_docs or 0) > 0
     target = cfg.heldout_frac * sum(nbytes[n] for n in eligible)
     # whole packages in a random order, skipping those that would overshoot twice the target (one package can be
     # a quarter of a corpus); the smallest one if none fits
     heldout, held_bytes = [], 0
-    for name in shuffled if want_heldout else []:
+    for name in shuffled:
         if held_bytes >= target and heldout:
             break
         if held_bytes + nbytes[name] <= 2 * target:
             heldout.append(name)
             held_bytes += nbytes[name]
-    if want_heldout and not heldout:
+    if not heldout:
         heldout = [min(shuffled, key=lambda n: nbytes[n])]
     train = [n for n in shuffled if n not in set(heldout)]
     if not train:
@@ -598,6 +651,10 @@ def _prepare_packages(tmp: Path, cfg: PrepareConfig, tok) -> dict:
         raise ValueError(f"heldout_docs (--heldout-docs): {cfg.heldout_docs} asked, but the heldout packages "
                          f"({', '.join(heldout[:5])}{', ...' if len(heldout) > 5 else ''}) make {n_held} documents "
                          f"of {L} tokens; raise --heldout-frac")
+    if n_held == 0:  # packages of enough bytes, but fewer tokens: the dataset would lack its heldout split
+        raise ValueError(f"heldout_frac (--heldout-frac)={cfg.heldout_frac}: the heldout packages "
+                         f"({', '.join(heldout[:5])}{', ...' if len(heldout) > 5 else ''}) make no document of {L} "
+                         f"tokens (tokenizer {tok.name}); raise --heldout-frac")
     if n_train == 0:
         raise ValueError(f"no training package holds >= doc_len={L} tokens (tokenizer {tok.name})")
     described = f"packages of {', '.join(cfg.inputs)}"

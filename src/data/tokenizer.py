@@ -163,3 +163,43 @@ def tokenizer_file_of(split_path) -> Path | None:
     split = Path(os.path.expanduser(str(split_path)))
     name = array_attrs(open_tokens(split, field="data.path")).get("tokenizer_file")
     return split.parent / name if name and (split.parent / name).is_file() else None
+
+
+def split_tokens(split_path) -> dict:
+    """What a split's ids mean: `tokenizer` (the name its array records; None where it records none: real
+    LongCrawl64, generated data), `bos_id` (GPT-2's EOT where none is recorded, as the readers take it) and `file`
+    (its BPE vocabulary file, `tokenizer_file_of`, or None)."""
+    from ._array import info, open_tokens
+
+    meta = info(open_tokens(Path(os.path.expanduser(str(split_path))), field="data.path"))
+    return {"tokenizer": meta["tokenizer"], "bos_id": meta["bos_id"], "file": tokenizer_file_of(split_path)}
+
+
+def tokens_differ(a: dict, b: dict) -> bool:
+    """Whether ids read as `a` and as `b` (`split_tokens` records) stand for other text: another BOS id, another
+    tokenizer (where both record one) or another BPE vocabulary (where both carry its file: two BPEs of one size
+    share their name)."""
+    if a.get("bos_id") is not None and b.get("bos_id") is not None and int(a["bos_id"]) != int(b["bos_id"]):
+        return True
+    if a.get("tokenizer") and b.get("tokenizer") and a["tokenizer"] != b["tokenizer"]:
+        return True
+    fa, fb = a.get("file"), b.get("file")
+    if not (fa and fb) or Path(fa).resolve() == Path(fb).resolve():
+        return False
+    return Path(fa).read_bytes() != Path(fb).read_bytes()
+
+
+def describe_tokens(t: dict) -> str:
+    """A `split_tokens` record in words: 'tokenizer bpe-512 (bos_id=0, /data/ds/tokenizer.json)'."""
+    where = f", {t['file']}" if t.get("file") else ""
+    return f"tokenizer {t.get('tokenizer') or 'none recorded'} (bos_id={t.get('bos_id')}{where})"
+
+
+def check_splits_agree(train_path, heldout_path) -> None:
+    """A dataset's splits hold ids of one tokenizer and BOS (`tokens_differ`): a heldout split prepared apart from
+    the training split would evaluate the model on ids that mean other text. ValueError naming both."""
+    train, heldout = split_tokens(train_path), split_tokens(heldout_path)
+    if tokens_differ(train, heldout):
+        raise ValueError(f"data.heldout_split: {heldout_path} holds ids of {describe_tokens(heldout)}, but "
+                         f"data.train_split {train_path} holds ids of {describe_tokens(train)}; prepare both splits "
+                         f"with one tokenizer")

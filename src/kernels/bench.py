@@ -33,12 +33,16 @@ def inputs(b, t, h, d, grad):
 
 def run_once(call, q, k, v, lg, backward):
     """One call of an implementation: the forward under no_grad, or forward and backward (upstream gradient of
-    ones, the benchmark's)."""
+    ones, the benchmark's). The backward returns the inputs' gradients (torch.autograd.grad) rather than adding
+    them into .grad: q, k, v are activations in a model, whose gradients flow on to the projections; accumulating
+    them into leaves timed one more elementwise add per input and call, for every implementation (H100, b=8, h=12,
+    64k: 0.9 ms of longctx's fwd+bwd, 3.8 ms of cuDNN's)."""
     if not backward:
         with torch.no_grad():
             return call(q, k, v, lg)
     o = call(q, k, v, lg)
-    o.backward(torch.ones_like(o))
+    leaves = [x for x in (q, k, v, lg) if x.requires_grad]
+    return torch.autograd.grad(o, leaves, torch.ones_like(o), allow_unused=True)     # softmax leaves log_g unused
 
 
 def make_sdpa(backend):

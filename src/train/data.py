@@ -12,6 +12,7 @@ from longctx.data import LongCrawl64, check_vocab, dataset_info, ensure_icl_mark
 from longctx.data.icl_markov import generator_params as icl_markov_generator_params
 from longctx.data.mqar import ensure_mqar, query_targets
 from longctx.data.mqar import generator_params as mqar_generator_params
+from longctx.data.tokenizer import check_splits_agree
 from longctx.models.context_parallel import ContextParallel, context_slice
 
 log = logging.getLogger("longctx")
@@ -74,6 +75,7 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
             raise FileNotFoundError(f"data.path={str(root)!r}: does not exist")
         train, heldout = root / data_cfg.train_split, root / data_cfg.heldout_split
     info = dataset_info(train)
+    check_splits_agree(train, heldout)  # ids of one tokenizer in both splits
     if data_cfg.get("pack", False) and not info["packed"]:
         raise ValueError(f"data.pack=true: {train} holds no document boundaries (one document per row, not "
                          f"prepared with --pack); prepare it with scripts/prepare_dataset.py --pack, or set "

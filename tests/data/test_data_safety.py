@@ -90,13 +90,52 @@ def test_overwrite_replaces_its_own_dataset_only_while_it_holds_nothing_else(cor
     assert (out / "results.csv").exists() and (out / "train.zarr").exists()
 
 
+@pytest.mark.parametrize("fmt", ["3", "2"])
+@pytest.mark.parametrize("added", ["notes.txt", "train.zarr/notes.txt", "heldout.zarr/sub/results.csv",
+                                   "train.zarr/zarr.json.bak"])
+def test_overwrite_never_removes_a_file_added_inside_the_dataset(corpus, tmp_path, capsys, fmt, added):
+    """A file the user put anywhere in the dataset folder, inside a split's array included, survives --overwrite:
+    the run is refused naming it, and a run after the file is moved out replaces the dataset."""
+    cli = load_cli()
+    out = tmp_path / "ds"
+    assert run(cli, capsys, "--input", corpus, "--out", out, "--zarr-format", fmt)[0] == 0
+    (out / added).parent.mkdir(parents=True, exist_ok=True)
+    (out / added).write_text("the user's own")
+    before = snapshot(out)
+    code, io = run(cli, capsys, "--input", corpus, "--out", out, "--zarr-format", fmt, "--overwrite", "--seed", "3")
+    assert code == 2
+    assert io.err.strip().splitlines() == [
+        f"prepare_dataset: error: out: {str(out)!r} holds files prepare_dataset did not write ({added}); refusing "
+        f"to replace it: move them out of it or choose another --out"]
+    assert snapshot(out) == before
+    (out / added).unlink()
+    assert run(cli, capsys, "--input", corpus, "--out", out, "--zarr-format", fmt, "--overwrite", "--seed", "3")[0] == 0
+    assert json.loads((out / "prepare.json").read_text())["params"]["seed"] == 3
+
+
+def test_overwrite_never_removes_a_link_inside_a_split(corpus, tmp_path, capsys):
+    cli = load_cli()
+    out = tmp_path / "ds"
+    assert run(cli, capsys, "--input", corpus, "--out", out)[0] == 0
+    (out / "train.zarr" / "c" / "mine").symlink_to(corpus, target_is_directory=True)
+    code, io = run(cli, capsys, "--input", corpus, "--out", out, "--overwrite")
+    assert code == 2 and "did not write (train.zarr/c/mine)" in io.err
+    assert (out / "train.zarr" / "c" / "mine").is_symlink()
+
+
 # ----- bad arguments: one line, exit 2, nothing written ----------------------------------------------------------
 @pytest.mark.parametrize("extra,message", [
     (["--chunk-len", "0"], "chunk_len (--chunk-len): must be an integer >= 1, got 0"),
     (["--chunk-docs", "0"], "chunk_docs (--chunk-docs): must be an integer >= 1, got 0"),
-    (["--heldout-docs", "-1"], "heldout_docs (--heldout-docs): must be an integer >= 0, got -1"),
+    (["--heldout-docs", "-1"], "heldout_docs (--heldout-docs): must be an integer >= 1 (training needs documents "
+                               "in both train.zarr and heldout.zarr), got -1"),
+    (["--heldout-docs", "0"], "heldout_docs (--heldout-docs): must be an integer >= 1 (training needs documents "
+                              "in both train.zarr and heldout.zarr), got 0"),
     (["--max-docs", "0"], "max_docs (--max-docs): must be an integer >= 1, got 0"),
-    (["--heldout-frac", "1.5"], "heldout_frac (--heldout-frac): must be in [0, 1), got 1.5"),
+    (["--heldout-frac", "1.5"], "heldout_frac (--heldout-frac): must be in (0, 1) (training needs documents in both "
+                                "train.zarr and heldout.zarr), got 1.5"),
+    (["--heldout-frac", "0"], "heldout_frac (--heldout-frac): must be in (0, 1) (training needs documents in both "
+                              "train.zarr and heldout.zarr), got 0.0"),
     (["--vocab-size", "100"], "vocab_size (--vocab-size): must be an integer in [258, 65536], got 100"),
     (["--tokenizer", "bpe"], "tokenizer=bpe: needs --group-by package"),
 ])
@@ -110,6 +149,31 @@ def test_bad_argument_is_one_line_before_any_work(corpus, tmp_path, capsys, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("prepare_dataset: error: ") and message in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+@pytest.mark.parametrize("extra,given,held", [(["--heldout-frac", "0.99"], "heldout_frac (--heldout-frac)=0.99", 12),
+                                              (["--heldout-docs", "12"], "heldout_docs (--heldout-docs)=12", 12),
+                                              (["--heldout-docs", "50"], "heldout_docs (--heldout-docs)=50", 50)])
+def test_heldout_that_leaves_no_training_document_is_one_line(corpus, tmp_path, capsys, extra, given, held):
+    """Whether the train split would be empty needs the count of documents kept (all 12 of the corpus): refused
+    naming the flag, nothing written."""
+    out = tmp_path / "o"
+    argv = ["--input", str(corpus), "--out", str(out), "--tokenizer", "bytes", "--doc-len", str(L), "--quiet", *extra]
+    assert load_cli().main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"prepare_dataset: error: {given} holds out {held} of the 12 documents kept, leaving none to train on; lower "
+        f"it or add documents"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_smallest_heldout_fraction_gives_a_dataset_training_can_use(corpus, tmp_path, capsys, compose):
+    out = tmp_path / "ds"
+    argv = ["--input", str(corpus), "--out", str(out), "--tokenizer", "bytes", "--doc-len", str(L), "--quiet",
+            "--heldout-frac", "0.001"]
+    assert load_cli().main(argv) == 0
+    splits = resolve_splits(compose("data=longcrawl64", f"data.path={out}").data, L)
+    heldout = build_heldout(splits, OmegaConf.create({"eval_docs": 4}), L, 257)
+    assert heldout["targets"].shape == (1, L)  # round(0.001 * 12) = 0, raised to one document
 
 
 def test_out_that_is_a_file_fails_before_any_work(corpus, tmp_path, capsys, monkeypatch):
@@ -231,6 +295,26 @@ def test_longcrawl64_without_path_is_one_line(compose):
     with pytest.raises(ValueError, match="^data.path: not set; point it at the folder holding train.zarr and "
                                          "heldout.zarr$"):
         resolve_splits(cfg.data, 64)
+
+
+@pytest.mark.parametrize("writer", [write_v3, write_v2_like_zarr2])
+def test_data_path_at_a_split_names_the_dataset_folder(compose, tmp_path, writer):
+    ds = tmp_path / "ds"
+    for name in ("train.zarr", "heldout.zarr"):
+        writer(ds / name, random_tokens(8, 32, vocab=50), (8, 16), attrs={"bos_id": 50, "vocab_size": 51})
+    for split in ("train.zarr", "heldout.zarr"):
+        cfg = compose("data=longcrawl64", f"data.path={ds / split}")
+        with pytest.raises(ValueError) as e:
+            resolve_splits(cfg.data, 16)
+        assert str(e.value) == (f"data.path={str(ds / split)!r}: is one split's zarr array, not a dataset folder; "
+                                f"give the folder holding train.zarr and heldout.zarr: data.path={str(ds)!r}")
+    splits = resolve_splits(compose("data=longcrawl64", f"data.path={ds}").data, 16)
+    assert (splits.train_path, splits.heldout_path, splits.info["num_docs"]) == (ds / "train.zarr",
+                                                                                ds / "heldout.zarr", 8)
+    missing = tmp_path / "nope"
+    (missing / "train.zarr").mkdir(parents=True)  # a folder without a dataset: still "does not exist"
+    with pytest.raises(FileNotFoundError, match=f"^data.path: {str(missing / 'train.zarr' / 'train.zarr')!r} does"):
+        resolve_splits(compose("data=longcrawl64", f"data.path={missing / 'train.zarr'}").data, 16)
 
 
 # ----- temporary folders of killed writers -------------------------------------------------------------------------

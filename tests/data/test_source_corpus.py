@@ -250,3 +250,19 @@ def test_package_mode_with_bytes_and_exact_heldout_count(tmp_path):
         prepare_dataset(PrepareConfig(source=[str(tmp_path / "site")], out=str(tmp_path / "ds2"), doc_len=512,
                                       group_by="package", tokenizer="bytes", heldout_docs=99, progress=False))
     assert not (tmp_path / "ds2").exists()
+
+
+def test_heldout_packages_without_a_document_are_refused(tmp_path):
+    """A package of >= doc_len bytes can make fewer than doc_len BPE tokens: a heldout split of such packages only
+    would be empty, and training needs one; refused naming the flag, nothing written."""
+    from longctx.data.prepare import PrepareConfig, prepare_dataset
+
+    text = "def f(x):\n    return x + 1\n"
+    make_tree(tmp_path / "site", {"big/__init__.py": text * 200, "small/__init__.py": text * 12})
+    out = tmp_path / "ds"
+    # heldout_frac 1% of the text: the smallest package, `small`; a vocabulary of at most 300 (fewer on this corpus)
+    with pytest.raises(ValueError, match=r"^heldout_frac \(--heldout-frac\)=0\.01: the heldout packages \(small\) make "
+                                         r"no document of 256 tokens \(tokenizer bpe-\d+\); raise --heldout-frac$"):
+        prepare_dataset(PrepareConfig(source=[str(tmp_path / "site")], out=str(out), doc_len=256, group_by="package",
+                                      vocab_size=300, heldout_frac=0.01, progress=False))
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
