@@ -33,20 +33,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from longctx import provenance
 from longctx.data import dataset_info, heldout_batch
-from longctx.data.identity import IDENTITY_FILE
 from longctx.data.longcrawl64 import joined_documents
-from longctx.data.tokenizer import describe_tokens, split_tokens, tokens_differ
 from longctx.eval import (TASKS, HeldoutEvaluation, alphabet_for, doc_record, eval_line, retrieval_line,
                           run_retrieval, write_doc_record)
 from longctx.eval.loss import model_device, uses_bf16
 from longctx.eval.plots import plot_icl, plot_retrieval
 from longctx.eval.retrieval import prompt_length
 from longctx.generate import recorded_tokens, run_codec
-from longctx.runs import check_device, load_run
+from longctx.runs import check_data_tokens, check_device, load_run
 from longctx.train.config import check_set, check_types, did_you_mean, schema
 from longctx.train.console import command_progress, setup_logging
 from longctx.train.data import build_heldout, resolve_splits
 from longctx.train.estimate import check_evaluation_fits, forward_memory
+
+# evaluate's way out where a run's heldout data holds another tokenizer's ids (runs.check_data_tokens)
+OWN_DATA = "evaluate it on data of its own tokenizer"
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
@@ -207,20 +208,6 @@ def data_vocab_fits(splits, model) -> None:
                          f"model's vocabulary {vocab}: the run was trained on other data")
 
 
-def data_tokens_fit(run_dir: Path, splits) -> None:
-    """The evaluated heldout ids mean what the run's training ids meant: the tokenizer and BOS the run recorded at
-    its first launch (and the tokenizer file it keeps); another tokenizer's ids would score text the model never
-    read. A run without a record is not checked."""
-    recorded = recorded_tokens(run_dir)
-    if recorded is None:
-        return
-    data = split_tokens(splits.heldout_path)
-    if tokens_differ(recorded, data):
-        raise ValueError(f"data: {splits.heldout_path} holds ids of {describe_tokens(data)}, but {run_dir} was "
-                         f"trained on ids of {describe_tokens(recorded)}, as its {IDENTITY_FILE} records; evaluate "
-                         f"it on data of its own tokenizer")
-
-
 def fits_memory(flag: str, contexts: list[int], model, cfg: DictConfig, micro_docs: int, precision: str,
                 held_per_token: int, held_what: str, advice: str) -> None:
     """Refuse, before anything is built, a context at which the forward or the token arrays held on the host
@@ -310,7 +297,7 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
         cfg.data.eval_docs = docs
     splits = resolve_splits(cfg.data, ctx)  # refuses ctx longer than the documents
     data_vocab_fits(splits, model)
-    data_tokens_fit(run_dir, splits)
+    check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
     held = min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"])  # inputs and targets, int64
     fits_memory("--ctx", [ctx], model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), held), precision, 16 * held,
                 f"{held} heldout documents held",
@@ -321,8 +308,10 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     out = out or default_out(run_dir, f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}",
                              "heldout")
     start = time.perf_counter()
-    with command_progress(evaluation.n_docs, f"evaluate ctx {ctx}", "doc") as progress:
-        result = evaluation.run(model, forward_docs(micro_docs, run_cfg, cfg), precision, on_batch=progress.update)
+    per_forward = forward_docs(micro_docs, run_cfg, cfg)
+    with command_progress(evaluation.n_docs, f"evaluate ctx {ctx}", "doc",
+                          evaluation.forwards_note(per_forward)) as progress:
+        result = evaluation.run(model, per_forward, precision, on_batch=progress.update)
     if not result.finite:
         raise FloatingPointError(f"non-finite heldout loss ({int((~np.isfinite(result.per_position)).sum())} of "
                                  f"{ctx} positions) from {model.checkpoint_path}: its weights are not usable; "
@@ -368,7 +357,7 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     longest = max(wanted)
     splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
     data_vocab_fits(splits, model)
-    data_tokens_fit(run_dir, splits)
+    check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
     text = text_codec_of(cfg, None if data_overrides else run_dir)
     alphabet = alphabet_for(splits.info["vocab_size"], splits.info["bos_id"], longest,
                             None if text is None else text[0], seed)

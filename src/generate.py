@@ -98,11 +98,11 @@ def recorded_codec(cfg, recorded: dict, current: dict | None):
     GPT-2 by name; a BPE is a file of its dataset, used only while the dataset holds ids of that tokenizer."""
     from longctx.data.tokenizer import describe_tokens, tokens_differ
 
-    name = recorded["tokenizer"]
-    if name is None and recorded["generator"] is not None:  # synthetic data: ids without text
+    name = recorded_tokenizer_name(recorded)
+    if name is None:  # synthetic data: ids without text
         return None
-    if name in (None, "bytes", "tiktoken-gpt2"):  # arrays that record none: LongCrawl64's GPT-2 ids
-        return codec(name or "tiktoken-gpt2")
+    if name in ("bytes", "tiktoken-gpt2"):
+        return codec(name)
     path = cfg.data.get("path")
     if current is None:
         raise ValueError(f"--prompt: the run's tokenizer {name} is a file of its dataset, data.path={str(path)!r}, "
@@ -112,6 +112,14 @@ def recorded_codec(cfg, recorded: dict, current: dict | None):
                          f"data.path={str(path)!r}, now holds ids of {describe_tokens(current)}; the run's tokenizer "
                          f"cannot be loaded: give --prompt-ids")
     return dataset_codec(cfg)
+
+
+def recorded_tokenizer_name(recorded: dict) -> str | None:
+    """The tokenizer a run's record (`recorded_tokens`) names: one naming none holds GPT-2's ids (LongCrawl64's
+    arrays record none), or ids without text (None) where the data was generated."""
+    if recorded["tokenizer"] is None:
+        return None if recorded["generator"] is not None else "tiktoken-gpt2"
+    return recorded["tokenizer"]
 
 
 def dataset_codec(cfg):
@@ -177,19 +185,17 @@ def dataset_tokens(cfg) -> dict | None:
 
 def recorded_attrs(run_dir) -> dict | None:
     """The attributes of the training split a run recorded with its data at its first launch (longctx.data.identity),
-    None without a record (runs older than it)."""
+    None without a record (runs older than it) or with an unreadable one (said in a warning)."""
     if run_dir is None:
         return None
     from longctx.data.identity import read_identity
 
-    record = read_identity(Path(run_dir).expanduser())
+    try:
+        record = read_identity(Path(run_dir).expanduser())
+    except ValueError as err:  # a damaged record: decode as a run without one rather than refuse to read the run
+        log.warning(f"{err}: the run's tokenizer is taken as if it recorded none")
+        return None
     return None if record is None else record.get("train", {}).get("attrs", {})
-
-
-def recorded_tokenizer(run_dir) -> str | None:
-    """The tokenizer name a run recorded with its data at its first launch (longctx.data.identity), None without a
-    record (runs older than it) or for data without a tokenizer."""
-    return (recorded_attrs(run_dir) or {}).get("tokenizer")
 
 
 def parse_ids(text: str) -> list[int]:

@@ -12,7 +12,10 @@ skipped with a warning when no step is asked for). A checkpoint that is not the 
 run: its config differs from config.yaml in a key that defines the model, or its weights from the model built) or
 whose weights are not finite is refused, naming the file and the key or tensor: evaluate and generate load through
 here. A step kept only as its safetensors weights (checkpoints/step_XXXXXXXX.safetensors, a run folder shared without
-its pickled checkpoints) loads from them; where both files are there the .pt is read.
+its pickled checkpoints) loads from them; where both files are there the .pt is read. A checkpoint holding objects a
+weights-only load refuses is one line naming the file and the global torch names (train.checkpoint), never torch's
+advice to load it unsafely. `check_data_tokens`: a split's ids mean what the run's ids meant when it trained
+(evaluate and the harness read a run's data through it).
 """
 from __future__ import annotations
 
@@ -101,6 +104,22 @@ def check_run_model(run_dir: Path, path: Path, state: dict) -> None:
         more = f"; and {len(differing) - 1} more" if len(differing) > 1 else ""
         raise RunError(f"{path}: a checkpoint of another model than {own} describes ({key}: {theirs!r} in the "
                        f"checkpoint, {ours!r} in the run{more}); it was copied in from another run?")
+
+
+def check_data_tokens(run_dir: Path, split_path, recorded: dict | None, advice: str) -> None:
+    """The ids of the split at `split_path` mean what the run's training ids meant: `recorded` (what the run
+    recorded at its first launch, longctx.generate.recorded_tokens: tokenizer, BOS, the tokenizer file it keeps);
+    another tokenizer's ids would be read as text the model never read. ValueError naming both, ending in `advice`.
+    A run without a record (None) is not checked."""
+    from longctx.data.identity import IDENTITY_FILE
+    from longctx.data.tokenizer import describe_tokens, split_tokens, tokens_differ
+
+    if recorded is None:
+        return
+    data = split_tokens(split_path)
+    if tokens_differ(recorded, data):
+        raise ValueError(f"data: {split_path} holds ids of {describe_tokens(data)}, but {run_dir} was trained on ids "
+                         f"of {describe_tokens(recorded)}, as its {IDENTITY_FILE} records; {advice}")
 
 
 def check_device(name, flag: str = "--device") -> str:

@@ -325,7 +325,8 @@ def test_evaluate_out_in_a_read_only_folder_is_refused_first(run, tmp_path, caps
 
 
 @pytest.mark.parametrize("task, args, first, last", [
-    ("heldout", ["--docs", "2"], "evaluate ctx 64: started (2 docs)", r"evaluate ctx 64: done, 2/2 docs in \d+s"),
+    ("heldout", ["--docs", "2"], "evaluate ctx 64: started (2 docs in 1 forward of up to 2, set by --micro-docs; "
+                                 "progress is counted per forward)", r"evaluate ctx 64: done, 2/2 docs in \d+s"),
     ("passkey", ["--task", "passkey", "--contexts", "40,64", "--trials", "2"], "passkey: started (2 contexts)",
      r"passkey: done, 2/2 contexts in \d+s")])
 def test_evaluate_says_its_progress_on_stderr_when_not_a_terminal(run, tmp_path, capsys, task, args, first, last):
@@ -338,6 +339,24 @@ def test_evaluate_says_its_progress_on_stderr_when_not_a_terminal(run, tmp_path,
     lines = err.splitlines()
     assert lines[0] == first and re.fullmatch(last, lines[-1]), lines
     assert "started" not in out and "done," not in out
+
+
+def test_evaluate_says_how_its_forwards_go_before_the_first(run, tmp_path, capsys, monkeypatch):
+    """Progress is counted per forward, and one forward of long documents can take minutes on a CPU: how many forwards
+    of how many documents is said before the first forward starts."""
+    from longctx.eval import loss
+
+    real, before = loss.nll_batches, []
+
+    def watched(*args, **kwargs):
+        before.append(capsys.readouterr().err)  # what stderr held when the forwards began
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(loss, "nll_batches", watched)
+    assert evaluate_main([str(run), "--docs", "5", "--micro-docs", "2", "--device", "cpu",
+                          "--out", str(tmp_path / "x.json")]) == 0
+    assert before[0].splitlines() == ["evaluate ctx 64: started (5 docs in 3 forwards of up to 2, set by --micro-docs; "
+                                      "progress is counted per forward)"]
 
 
 @pytest.mark.parametrize("task", ["passkey", "needle"])

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -224,6 +225,52 @@ def test_record_never_overwrites_a_file_that_is_not_a_report_record(tmp_path, ca
     main([str(run), "--out", str(tmp_path / "out1"), "--record", str(ok), "--bootstrap", "10"])
     main([str(run), "--out", str(tmp_path / "out2"), "--record", str(ok), "--bootstrap", "10"])  # a record: replaced
     assert json.loads(ok.read_text())["kind"] == "report"
+
+
+def test_record_replaces_the_pair_a_cut_short_write_left_and_nothing_else(tmp_path, capsys, monkeypatch):
+    """A --record write cut short between its two files (the .npz written, its JSON not) leaves files --out's
+    .report_files.json lists: the same command again replaces them with the whole pair, equal to one written in one
+    go. The same .npz edited since is refused, untouched."""
+    from longctx.report import manifest
+
+    run = fake_run(tmp_path / "sweep" / "a", "exp", 512, 0.1, doc_bins=True)
+    clean = tmp_path / "clean.json"
+    main([str(run), "--out", str(tmp_path / "out0"), "--record", str(clean), "--bootstrap", "10"])
+    rec = tmp_path / "rec.json"
+    args = [str(run), "--out", str(tmp_path / "out"), "--record", str(rec), "--bootstrap", "10"]
+
+    def same_as_clean():
+        with np.load(rec.with_suffix(".npz")) as mine, np.load(clean.with_suffix(".npz")) as theirs:
+            assert sorted(mine.files) == sorted(theirs.files) and mine.files
+            assert all(np.array_equal(mine[k], theirs[k]) for k in mine.files)
+        assert rec.read_text() == clean.read_text().replace("clean.npz#", "rec.npz#").replace('"clean_', '"rec_')
+
+    main(args)
+    rec.unlink()  # as a write stopped between the two files leaves them
+    main(args)
+    same_as_clean()
+    real = manifest.write_atomic
+
+    def cut_short(path, data):
+        if Path(path) == rec:
+            raise KeyboardInterrupt
+        return real(path, data)
+
+    monkeypatch.setattr(manifest, "write_atomic", cut_short)
+    rec.unlink()
+    rec.with_suffix(".npz").unlink()
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    monkeypatch.undo()
+    assert rec.with_suffix(".npz").exists() and not rec.exists()
+    main(args)
+    same_as_clean()
+    rec.unlink()
+    rec.with_suffix(".npz").write_bytes(b"edited")
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2 and rec.with_suffix(".npz").read_bytes() == b"edited" and not rec.exists()
+    assert f"{rec.with_suffix('.npz')} exists and is not a report's record" in capsys.readouterr().err
 
 
 def test_seeds_aggregate_with_intervals_and_paired_differences(tmp_path):

@@ -35,10 +35,10 @@ def write_packages(root: Path, words: list[str]) -> Path:
     return root
 
 
-def prepare(source: Path, out: Path, tokenizer: str) -> Path:
-    extra = {"vocab_size": 300} if tokenizer == "bpe" else {}
+def prepare(source: Path, out: Path, tokenizer: str, vocab_size: int = 300, heldout_docs: int = 6) -> Path:
+    extra = {"vocab_size": vocab_size} if tokenizer == "bpe" else {}
     prepare_dataset(PrepareConfig(source=[str(source)], out=str(out), doc_len=256, group_by="package",
-                                  tokenizer=tokenizer, heldout_docs=6, rolled=False, progress=False, **extra))
+                                  tokenizer=tokenizer, heldout_docs=heldout_docs, rolled=False, progress=False, **extra))
     return out
 
 
@@ -186,3 +186,19 @@ def test_evaluate_takes_data_of_the_runs_tokenizer(bpe_run, corpora, tmp_path):
     code = evaluate_main([str(bpe_run), "data=source_corpus", f"data.path={corpora['bpe']}", "--docs", "2",
                           "--out", str(tmp_path / "out.json"), "--device", "cpu"])
     assert code == 0 and (tmp_path / "out.json").is_file()
+
+
+def test_generate_reads_a_run_whose_data_record_is_damaged(bpe_run, tmp_path, capsys):
+    """An unreadable data_identity.json does not stop generate: the run's kept BPE still encodes the prompt (the
+    tokenizer file read on its own is the truth), and a warning names the damaged record."""
+    from longctx.data.tokenizer import BPETokenizer
+    from longctx.train.console import setup_logging
+
+    run = tmp_path / "run"
+    shutil.copytree(bpe_run, run)
+    (run / "data_identity.json").write_text("{not json")
+    setup_logging()
+    res = generate_cli.generate_from_run(run, 3, prompt=PROMPT, temperature=0, device="cpu")
+    assert res["prompt_ids"] == BPETokenizer.from_file(run / "tokenizer.json").encode(PROMPT)
+    assert stderr_lines(capsys) == [f"warning: {run / 'data_identity.json'}: unreadable data identity (JSONDecodeError)"
+                                    f": the run's tokenizer is taken as if it recorded none"]

@@ -107,10 +107,10 @@ LABELS = {"gluon_outer": ("outer products (keys + query side)", "state"), "sym2_
 
 
 def torch_label(name: str) -> str:
-    """A short label for a torch kernel of the profile (the benchmark harness accumulates .grad: that add is
+    """A short label for a torch kernel of the profile (fwd_bwd here accumulates the inputs' .grad: that add is
     not ours)."""
     if "CUDAFunctor_add<c10::BFloat16>" in name:
-        return "torch add bf16: .grad accumulation (harness)"
+        return "torch add bf16: .grad accumulation (this tool)"
     if "CUDAFunctor_add<float>" in name:
         return "torch add fp32"
     if "FillFunctor" in name:

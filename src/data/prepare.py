@@ -289,7 +289,7 @@ def check_config(cfg: PrepareConfig) -> Path:
     _int("max_file_bytes (--max-file-bytes)", cfg.max_file_bytes, 1)
     _int("seed (--seed)", cfg.seed, 0)
     if isinstance(cfg.heldout_frac, bool) or not isinstance(cfg.heldout_frac, (int, float)) \
-            or not 0 < cfg.heldout_frac < 1:
+            or not (0 < cfg.heldout_frac < 1 or cfg.heldout_docs is not None and 0 <= cfg.heldout_frac < 1):
         raise ValueError(f"heldout_frac (--heldout-frac): must be in (0, 1){NEEDS_BOTH_SPLITS}, "
                          f"got {cfg.heldout_frac!r}")
     if cfg.zarr_format not in (2, 3):

@@ -109,6 +109,21 @@ class HeldoutEvaluation:
     def n_docs(self) -> int:
         return int(self.targets.shape[0])
 
+    def docs_per_forward(self, micro_docs: int) -> int:
+        """Documents one forward holds: `micro_docs`, fewer on recall data (the logits of every position are held)."""
+        if self.queries is None:
+            return micro_docs
+        vocab = int(self.inputs.max()) + 1  # the BOS id, the largest of recall data's ids, + 1: the logits' width
+        return max(1, min(micro_docs, RECALL_LOGITS_ELEMENTS // (self.targets.shape[1] * max(vocab, 1))))
+
+    def forwards_note(self, micro_docs: int) -> str:
+        """How the documents are split into forwards, said before the first: progress is counted per forward, and
+        one forward of many long documents can take minutes."""
+        per = min(self.docs_per_forward(micro_docs), self.n_docs)
+        forwards = -(-self.n_docs // per)
+        return (f"in {forwards} forward{'s' * (forwards != 1)} of up to {per}, set by --micro-docs; progress is "
+                f"counted per forward")
+
     @torch.no_grad()
     def run(self, model, micro_docs: int, precision: str = "auto", docs: range | None = None,
             reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -173,8 +188,7 @@ class HeldoutEvaluation:
             yield from nll_batches(model, self.inputs, self.targets, micro_docs, precision, docs, self.doc_ids)
             return
         docs = range(self.n_docs) if docs is None else docs
-        vocab = int(self.inputs.max()) + 1  # the BOS id, the largest of recall data's ids, + 1: the logits' width
-        step = max(1, min(micro_docs, RECALL_LOGITS_ELEMENTS // (self.targets.shape[1] * max(vocab, 1))))
+        step = self.docs_per_forward(micro_docs)
         device = model_device(model)
         for s in range(docs.start, docs.stop, step):
             e = min(s + step, docs.stop)

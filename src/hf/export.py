@@ -136,18 +136,24 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def run_tokenizer(run_dir: Path, cfg):
-    """(a transformers tokenizer or None, a sentence for the card): the prepared corpus's BPE the run keeps, the
-    byte tokenizer, GPT-2's where its files are on this machine; None for data without text."""
+    """(a transformers tokenizer or None, a sentence for the card), by generate's rule (longctx.generate.run_codec):
+    the prepared corpus's BPE the run keeps, else the tokenizer its data_identity.json records (bytes; GPT-2's where
+    its files are on this machine; a BPE from its dataset only while the dataset holds ids of that one), else, for a
+    run older than the record, its dataset's; None for data without text. A dataset re-prepared with another
+    tokenizer since is said in a warning naming both, or refused (ExportError) where it was the only source."""
     from transformers import PreTrainedTokenizerFast
 
-    from longctx.data.tokenizer import EOT, TOKENIZER_FILE
-    from longctx.generate import recorded_tokenizer, tokenizer_name
+    from longctx.data.tokenizer import EOT
+    from longctx.generate import dataset_tokens, recorded_tokens, warn_retokenized
 
     try:
-        name = recorded_tokenizer(run_dir) or tokenizer_name(cfg)
-    except ValueError:  # an unreadable data_identity.json
-        name = tokenizer_name(cfg)
-    bpe = bpe_of(run_dir / TOKENIZER_FILE, name, cfg)
+        recorded = recorded_tokens(run_dir)
+    except ValueError:  # an unreadable data_identity.json: the dataset's own, as for a run without one
+        recorded = None
+    current = dataset_tokens(cfg) if cfg is not None else None
+    name = recorded_name(recorded, cfg)
+    bpe = bpe_of(run_dir, name, cfg, recorded, current)
+    warn_retokenized(cfg, recorded, current)
     if bpe is not None:
         bpe.tok.encode_special_tokens = False  # transformers' convention: the special token's text is the token
         tok = PreTrainedTokenizerFast(tokenizer_object=bpe.tok, bos_token=EOT, eos_token=EOT)
@@ -167,18 +173,32 @@ def run_tokenizer(run_dir: Path, cfg):
     return None, f"{name}, not included: a file of the run's dataset, which was not on the exporting machine"
 
 
-def bpe_of(kept: Path, name: str | None, cfg):
-    """The run's BPE tokenizer: the copy the run keeps, else its dataset's where the data is on this machine."""
-    from longctx.data.tokenizer import BPETokenizer
+def recorded_name(recorded: dict | None, cfg) -> str | None:
+    """The tokenizer the run's record names, read as generate reads it (`recorded_codec`: a record naming none is
+    GPT-2's ids, or ids without text for generated data); for a run without a record, its dataset's."""
+    from longctx.generate import recorded_tokenizer_name, tokenizer_name
 
+    return tokenizer_name(cfg) if recorded is None else recorded_tokenizer_name(recorded)
+
+
+def bpe_of(run_dir: Path, name: str | None, cfg, recorded: dict | None, current: dict | None):
+    """The run's BPE tokenizer: the copy the run keeps, else its dataset's where the data is on this machine and
+    still holds ids of the tokenizer the run recorded (ExportError naming both where it does not)."""
+    from longctx.data.tokenizer import TOKENIZER_FILE, BPETokenizer, describe_tokens, tokens_differ
+
+    kept = run_dir / TOKENIZER_FILE
     if kept.is_file():
         return BPETokenizer.from_file(kept)  # a damaged file: one line naming it
     path = cfg.data.get("path") if cfg is not None else None
-    if name and name.startswith("bpe") and path and Path(str(path)).expanduser().is_dir():
-        from longctx.data import load_tokenizer
-        found = load_tokenizer(Path(str(path)).expanduser())
-        return found if isinstance(found, BPETokenizer) else None
-    return None
+    if not (name and name.startswith("bpe") and path and Path(str(path)).expanduser().is_dir()):
+        return None
+    if recorded is not None and current is not None and tokens_differ(recorded, current):
+        raise ExportError(f"data.path={str(path)!r} now holds ids of {describe_tokens(current)}, but {run_dir} was "
+                          f"trained on ids of {describe_tokens(recorded)} and keeps no {TOKENIZER_FILE} of its own: "
+                          f"the run's tokenizer cannot be exported; put the run's {TOKENIZER_FILE} back in {run_dir}")
+    from longctx.data import load_tokenizer
+    found = load_tokenizer(Path(str(path)).expanduser())
+    return found if isinstance(found, BPETokenizer) else None
 
 
 def write_tokenizer(run_dir: Path, cfg, folder: Path) -> tuple[str, dict]:

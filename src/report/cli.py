@@ -38,7 +38,6 @@ on several machines over time keeps one record (the new runs' labels must not re
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -51,6 +50,7 @@ from longctx.plotting import save_figure
 from longctx.report import figures
 from longctx.report.runs import (Group, Run, data_difference, describe_comparison, group_runs, label_runs,
                                  load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
+from longctx.report.manifest import MANIFEST, sha256, update_manifest, wrote
 from longctx.report.markdown import table_head
 from longctx.report.record import (FIGURES, carried_entries, check_carried, check_seed_labels, read_carried,
                                    write_record)
@@ -267,6 +267,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     carried = [read_carried(path) for path in carry]
     outputs = output_files(out, record)
     refuse_overwrites(runs, outputs, [f for c in carried for f in (c["path"], c["path"].with_suffix(".npz"))])
+    if record is not None:
+        refuse_foreign_record(Path(record), out)
     earlier = earlier_report(out)  # before any work: an --out holding files the report did not write is refused
     check_carried(carried, runs)
     keys = label_runs(runs, frozenset(entry["name"] for c in carried for entry in c["record"]["runs"]))
@@ -367,7 +369,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         (out / name).unlink(missing_ok=True)
     write_manifest(out, written)
     if record is not None:
-        write_record(runs, title, Path(record), record_names, retrieval, recall, carried)
+        write_record(runs, title, Path(record), record_names, retrieval, recall, carried, listed_in=out)
     return report
 
 
@@ -459,11 +461,20 @@ def refuse_overwrites(runs: list[Run], outputs: list[tuple[Path, str]], read: li
             raise ValueError(f"{flag} {path}: is also {seen[resolved]}, another of the report's outputs; "
                              f"give another path")
         seen[resolved] = path
-    records = [path for path, flag in outputs if flag == "--record"]
-    if records and (records[0].exists() or records[1].exists()) and not is_report_record(records[0]):
-        taken = records[0] if records[0].exists() else records[1]
-        raise ValueError(f"--record {records[0]}: {taken} exists and is not a report's record (longctx.report "
-                         f"--record writes a JSON with kind 'report' and its .npz); nothing is overwritten")
+
+
+def refuse_foreign_record(record: Path, out: Path) -> None:
+    """An existing --record pair is replaced only when a report wrote it: its JSON is a report's record, or each of
+    its files is one a report with this --out wrote, unchanged (--out's list names it: a write cut short between the
+    two files). Anything else is refused, naming the file."""
+    present = [path for path in (record, record.with_suffix(".npz")) if path.exists()]
+    if not present or is_report_record(record):
+        return
+    foreign = [path for path in present if not wrote(out, path)]
+    if foreign:
+        raise ValueError(f"--record {record}: {foreign[0]} exists and is not a report's record (longctx.report "
+                         f"--record writes a JSON with kind 'report' and its .npz, listed in --out's {MANIFEST}; "
+                         f"an edited one is not its own); nothing is overwritten")
 
 
 def is_report_record(path: Path) -> bool:
@@ -489,34 +500,23 @@ def check_writable(outputs: list[tuple[Path, str]]) -> None:
             raise ValueError(f"{flag} {path}: {folder} is not writable; nothing written")
 
 
-MANIFEST = ".report_files.json"   # in --out: each file the report wrote there and its sha256
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def earlier_report(out: Path) -> list[str]:
     """The files of the report's names in --out (an earlier report's, which a new report replaces). ValueError when one
     of them is not, byte for byte, what an earlier report wrote there (edited by hand, or another tool's file of that
     name): nothing is overwritten."""
     out = Path(out)
     present = [name for name in REPORT_FILES if (out / name).is_file()]
-    if not present:
-        return []
-    try:
-        wrote = json.loads((out / MANIFEST).read_text())
-    except (OSError, ValueError):
-        wrote = {}
     for name in present:
-        if not isinstance(wrote, dict) or wrote.get(name) != _sha256(out / name):
+        if not wrote(out, out / name):
             raise ValueError(f"--out {out}: {name} is not the file an earlier report wrote there (edited since, or "
                              f"not a report's); give another --out, or move it away. Nothing was written")
     return present
 
 
 def write_manifest(out: Path, names: list[str]) -> None:
-    (out / MANIFEST).write_text(json.dumps({name: _sha256(out / name) for name in sorted(names)}, indent=1) + "\n")
+    """List the report files just written in --out (the files of its names it did not write are gone)."""
+    update_manifest(out, {out / name: sha256((out / name).read_bytes()) for name in names},
+                    dropped=[out / name for name in REPORT_FILES if name not in names])
 
 
 def check_out(out: Path) -> str | None:

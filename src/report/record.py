@@ -20,12 +20,14 @@ over several machines keeps one record without keeping every run folder). A run 
 """
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 
 from longctx.report import figures
+from longctx.report.manifest import write_listed
 from longctx.report.recall import run_hits
 from longctx.report.runs import Run, config_digest, group_runs, runs_from_record
 
@@ -125,11 +127,13 @@ def carried_entries(carried: list[dict], key: str) -> list[dict]:
 
 def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str, str],
                  retrieval: list[dict] | None = None, recall: list[dict] | None = None,
-                 carried: list[dict] = ()) -> Path:
+                 carried: list[dict] = (), listed_in: Path | None = None) -> Path:
     """The compact record of labelled runs (label_runs first), with each final per-document record beside it, and
     the runs' retrieval results (report.retrieval.retrieval_entries) and recall points (report.recall.recall_points)
     when there are any -- those of the `carried` records (read_carried) included by the caller. The carried records'
-    runs come first, as they were written, their per-document arrays renumbered into this record's npz."""
+    runs come first, as they were written, their per-document arrays renumbered into this record's npz. Both files
+    are listed in `listed_in`'s .report_files.json (the report's --out; default the record's folder) before either
+    is written (report.manifest), so a later report knows a pair an interrupted write left as its own."""
     path = Path(path)
     out = {"kind": "report", "title": title, "figures": figure_names, "runs": []}
     npz, arrays = path.with_suffix(".npz"), {}
@@ -161,19 +165,28 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
                 arrays[prefix + "hits"] = found[0].astype(np.uint8)
             entry["doc_bins"] = entry["records"][-1]["doc_bins"] = f"{npz.name}#{prefix}"
         out["runs"].append(entry)
-    if arrays:
-        np.savez_compressed(npz, **arrays)
-        if npz.stat().st_size > MAX_DOC_BINS_BYTES:  # too large to commit: the figures draw without intervals
-            npz.unlink()
-            for entry in out["runs"]:
-                entry.pop("doc_bins", None)
-                entry["records"][-1].pop("doc_bins", None)
+    packed = _npz_bytes(arrays) if arrays else None
+    if packed is not None and len(packed) > MAX_DOC_BINS_BYTES:  # too large to commit: figures without intervals
+        packed = None
+        npz.unlink(missing_ok=True)  # an earlier record's, checked replaceable
+        for entry in out["runs"]:
+            entry.pop("doc_bins", None)
+            entry["records"][-1].pop("doc_bins", None)
     if retrieval:
         out["retrieval"] = retrieval
     if recall:
         out["recall"] = recall
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    # the npz first, the JSON that names it last; both listed (report.manifest) before either is written
+    files = {**({npz: packed} if packed is not None else {}), path: (json.dumps(out, indent=1) + "\n").encode()}
+    write_listed(path.parent if listed_in is None else listed_in, files)
     return path
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """The compressed npz of `arrays`, in memory: its size decides whether it is written at all."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def draw_record(record: dict, folder: Path, n_boot: int = 2000, name: str | None = None) -> dict:

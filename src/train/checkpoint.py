@@ -274,9 +274,16 @@ def load_checkpoint(path: str | Path) -> dict:
 def _why_unreadable(err: Exception) -> str:
     """One line: what made torch.load refuse or fail."""
     text = str(err)
-    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-    if found:  # weights_only refused an object: the file asked to rebuild (or call) something not allowed
-        return f"it holds {found.group(1)}, not only tensors and plain values; not loaded, as that could run code"
+    if text.startswith("Weights only load failed") or "Unsupported global: GLOBAL" in text:
+        # weights_only refused an object: the file asked to rebuild (or call) something not allowed. torch names it
+        # as "GLOBAL x" (a global, allowed or from a blocked module) or as a class it got, or not at all (an opcode)
+        found = re.search(r"GLOBAL (\S+)|but got <class '([^']+)'>", text)
+        if found:
+            held = next(g for g in found.groups() if g)
+            return f"it holds {held}, not only tensors and plain values; not loaded, as that could run code"
+        # nothing named (an opcode the safe loader refuses): a damaged file as likely as other objects
+        return ("a pickle the weights-only loader refuses (a damaged file, or objects other than tensors and plain "
+                "values); not loaded")
     if isinstance(err, IsADirectoryError) or (isinstance(err, OSError) and Path(err.filename or "").is_dir()):
         return "it is a directory, not a file"
     first = next((line.strip() for line in text.splitlines() if line.strip()), "").split(". ")[0]  # torch's advice

@@ -145,11 +145,11 @@ class ProgressLines:
     every `every` seconds, and a done line, on stderr (stdout keeps the command's result), each with the elapsed time
     (a monotonic clock) and, once something is done, the ETA. The same update()/close() as a tqdm bar."""
 
-    def __init__(self, total: int, desc: str, unit: str, every: float = 10.0):
+    def __init__(self, total: int, desc: str, unit: str, every: float = 10.0, detail: str | None = None):
         self.total, self.desc, self.unit, self.every = total, desc, unit, every
         self.n = 0
         self.start = self.last = time.perf_counter()
-        self._say(f"started ({total} {unit}s)")
+        self._say(f"started ({total} {unit}s{' ' + detail if detail else ''})")
 
     def _say(self, text: str) -> None:
         print(f"{self.desc}: {text}", file=sys.stderr, flush=True)
@@ -178,8 +178,12 @@ class ProgressLines:
         return False
 
 
-def command_progress(total: int, desc: str, unit: str):
-    """A long command's progress: a tqdm bar (elapsed and ETA in it) on a terminal, else ProgressLines on stderr."""
+def command_progress(total: int, desc: str, unit: str, detail: str | None = None):
+    """A long command's progress: a tqdm bar (elapsed and ETA in it) on a terminal, else ProgressLines on stderr.
+    `detail` (how the work is split, e.g. "in 4 forwards of up to 8") is said at once, before any work: the first
+    update may be long in coming."""
     if is_terminal():
+        if detail:
+            print(f"{desc}: {total} {unit}s {detail}", file=sys.stderr, flush=True)
         return _Bar(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5, leave=False)
-    return ProgressLines(total, desc, unit)
+    return ProgressLines(total, desc, unit, detail=detail)

@@ -60,6 +60,27 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
+# Files a launch writes once its checks pass: one of them in a folder means a launch ran there
+LAUNCH_FILES = ("data_identity.json", "config.yaml", "provenance.json", "train.log", "metrics.jsonl")
+
+
+def launched_before(run_dir: str | Path) -> bool:
+    """Whether a launch got past its checks in `run_dir` (a folder holding only a `.lock` saw none)."""
+    return any((Path(run_dir) / name).exists() for name in LAUNCH_FILES)
+
+
+def set_aside(path: str | Path, tag: str) -> Path:
+    """Rename `path` to the first free `<stem>.<tag>[k]<suffix>` beside it (metrics.before_restart.jsonl, then
+    metrics.before_restart2.jsonl): kept, never overwritten. Returns the new path."""
+    path = Path(path)
+    aside, k = path.with_name(f"{path.stem}.{tag}{path.suffix}"), 1
+    while aside.exists() or aside.is_symlink():
+        k += 1
+        aside = path.with_name(f"{path.stem}.{tag}{k}{path.suffix}")
+    path.rename(aside)
+    return aside
+
+
 def linked_run_files(run_dir: str | Path) -> list[Path]:
     """The entries of RUN_FILES in `run_dir` that are symbolic links."""
     return [Path(run_dir) / name for name in RUN_FILES if (Path(run_dir) / name).is_symlink()]

@@ -120,25 +120,27 @@ class StageError(ValueError):
     """A later stage that cannot start or continue: said in one line, like a bad config (train.py)."""
 
 
-def _prior_tokens(folder: Path) -> int | None:
-    """The tokens a stage's weights had trained before it started (its first record's tokens_all_stages - tokens),
-    None before its first evaluation."""
+def _records(folder: Path) -> list[dict]:
+    """A stage's evaluation records (its metrics.jsonl; none before its first evaluation)."""
     from longctx.train.loggers import JsonlLogger
 
-    records = JsonlLogger(folder).records()
+    return JsonlLogger(folder).records()
+
+
+def _prior_tokens(records: list[dict]) -> int | None:
+    """The tokens a stage's weights had trained before it started (its first record's tokens_all_stages - tokens),
+    None before its first evaluation. `records`: the stage's (_records)."""
     first = records[0] if records else {}
     if "tokens_all_stages" not in first or "tokens" not in first:
         return None
     return int(first["tokens_all_stages"]) - int(first["tokens"])
 
 
-def _stale(index: int, previous: Path, folder: Path) -> str | None:
-    """Why stage `index` no longer follows from the stage before it: it started from weights that had trained N
-    tokens, and that stage has trained more since (a relaunch that lengthened it); None where it follows, or has
-    not started."""
-    from longctx.train.loggers import JsonlLogger
-
-    start, theirs = _prior_tokens(folder), JsonlLogger(previous).records()
+def _stale(index: int, previous: Path, folder: Path, theirs: list[dict], mine: list[dict]) -> str | None:
+    """Why stage `index` (in `folder`, its records `mine`) no longer follows from the stage before it (in `previous`,
+    its records `theirs`): it started from weights that had trained N tokens, and that stage has trained more since
+    (a relaunch that lengthened it); None where it follows, or has not started."""
+    start = _prior_tokens(mine)
     now = theirs[-1].get("tokens_all_stages") if theirs else None
     if start is None or now is None or int(now) == start:
         return None
@@ -161,6 +163,7 @@ class StagedRun:
 
         self.run_dir = Path(str(cfg.run_dir))
         self.stages = plan(cfg, choices)
+        self.read: dict[int, list[dict]] = {}  # stage index -> its records, read once until a stage trains
         self.index = _index(self.stages, cfg)
         self.make_trainer = make_trainer or (lambda stage_cfg: Trainer(stage_cfg, choices))
         path = self.run_dir / INDEX
@@ -174,15 +177,20 @@ class StagedRun:
         for i in range(1, len(self.stages)):   # a later stage that already ran from weights since trained further
             self._refuse_stale(i)
         self.first = self.make_trainer(self.stages[0][1])
-        if len(self.stages) > 1 and not self.first.complete and _prior_tokens(self.stages[1][0]) is not None:
+        if len(self.stages) > 1 and not self.first.complete and _prior_tokens(self._records(1)) is not None:
             self.first.close()   # let go of the run folder: nothing trains
             raise StageError(f"config: trainer.stages[0] ({self.stages[0][0].name}) would train further (to "
                              f"trainer.max_steps={self.stages[0][1].trainer.max_steps}) but {self.stages[1][0].name} "
                              f"already started from its weights: start another run_name, or relaunch with the stages "
                              f"as they ran")
 
+    def _records(self, i: int) -> list[dict]:
+        if i not in self.read:
+            self.read[i] = _records(self.stages[i][0])
+        return self.read[i]
+
     def _refuse_stale(self, i: int) -> None:
-        why = _stale(i, self.stages[i - 1][0], self.stages[i][0])
+        why = _stale(i, self.stages[i - 1][0], self.stages[i][0], self._records(i - 1), self._records(i))
         if why:
             raise StageError(f"config: {why}")
 
@@ -193,7 +201,8 @@ class StagedRun:
             write_atomic(path, json.dumps(self.index, indent=1) + "\n")
         record = self.first.fit()
         for i, (_, stage_cfg) in enumerate(self.stages[1:], 1):
-            self._refuse_stale(i)   # the stage before may have trained on in this launch
+            self.read.clear()       # the stage before may have trained on in this launch: read anew
+            self._refuse_stale(i)
             try:
                 trainer = self.make_trainer(stage_cfg)
             except (ValueError, FileNotFoundError, FileExistsError) as err:  # its own checks, as the first stage's

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from longctx.data.identity import IDENTITY_FILE, data_identity, read_identity
 from longctx.data.mqar import IGNORE
 from longctx.data.tokenizer import TOKENIZER_FILE, tokenizer_file_of
+from longctx.eval.records import RECORD_DIR
 from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
                           write_doc_record)
 from longctx.models import ModelSpec, build_model
@@ -46,7 +47,7 @@ from longctx.train.optim import (WARMUP_FRACTION, Schedule, apply_hyperparameter
 from longctx.train.resume import classify, config_changes, format_changes, refusal
 from longctx.train.rng import RNGState, seed_everything
 from longctx.train.run_dir import RunLock
-from longctx.train.run_files import check_no_links, write_atomic
+from longctx.train.run_files import check_no_links, launched_before, set_aside, write_atomic
 from longctx.train.stop import StopRequested, StopSignals, resume_command
 from longctx.train.stop_when import parse_stop_when
 
@@ -127,6 +128,10 @@ def compile_model(model: torch.nn.Module, how) -> torch.nn.Module:
 # prior_tokens/_flops: what the runs this one's weights came from (trainer.init_from, every stage before) trained
 COUNTERS = {"step": 0, "tokens": 0, "elapsed": 0.0, "skipped_steps": 0, "wandb_id": None, "train_loss_sum": 0.0,
             "train_loss_steps": 0, "prior_tokens": 0, "prior_flops": 0.0}
+# What a launch stopped before its first checkpoint wrote that describes its run, set aside when the folder starts
+# over (Trainer._start_over); train.log and provenance.json go on below it, as on a resume
+START_OVER_ASIDE = ("metrics.jsonl", RECORD_DIR, "icl_curves.png", "config.yaml", IDENTITY_FILE, TOKENIZER_FILE,
+                    "wandb_id")
 # ModelSpec fields that change how the model runs, not what it is: a resumed run may change them.
 RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 # The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
@@ -229,7 +234,9 @@ class Trainer:
             self._load(candidates)  # a changed config key is named first, then changed data of unchanged keys
         elif cfg.trainer.get("init_from"):
             self._init_weights(cfg.trainer.init_from)
-        self.new_identity = self._check_data_identity(bool(candidates) or self.restart)
+        # a run started over records the data of this launch (the stopped one's record is set aside)
+        self.new_identity = (data_identity(self.splits.train_path, self.splits.heldout_path) if self.restart
+                             else self._check_data_identity(bool(candidates)))
         # A relaunched finished run (a requeued sweep job, a resubmitted script) has nothing to do
         self.stop_when = parse_stop_when(cfg.trainer.get("stop_when"))
         self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget() or self._stop_met(metrics.records())
@@ -241,13 +248,15 @@ class Trainer:
             ckpt.remove_stale_temps(self.run_dir)  # left by a process killed mid-write
             if candidates:
                 self._set_aside_unreadable(self.step)  # newer checkpoints that could not be read
+            if self.restart:
+                self._start_over()  # before this launch's config and data record are written
             if self.new_identity is not None:
                 write_atomic(self.run_dir / IDENTITY_FILE, json.dumps(self.new_identity, indent=1) + "\n")
             self._write_config()
             self._keep_tokenizer()
             provenance.write(self.run_dir, self.device_name, self.dist.world_size)
             log_to_file(self.run_dir)
-            if candidates or self.restart:
+            if candidates:
                 self.jsonl.truncate_after(self.step)  # evaluations after the checkpoint are redone
             if cfg.logger.wandb.mode != "disabled":
                 self.wandb_id = wandb_id_for(self.run_dir, self.wandb_id)
@@ -314,24 +323,45 @@ class Trainer:
         return steps
 
     def _check_run_dir(self) -> list[Path]:
-        """Never overwrite an earlier run: continue it only when asked (trainer.resume). Returns the run
-        directory's checkpoints, newest first (empty: start from step 0)."""
+        """Never overwrite a run that saved a checkpoint: continue it only when asked (trainer.resume). A folder
+        holding none (its launch stopped before the first) is started over (_start_over), unless trainer.resume=true
+        asked to continue a run. Returns the run directory's checkpoints, newest first (empty: start from step 0)."""
         resume = self.cfg.trainer.resume or False  # null outside a multirun/Slurm job (train.py resolves it)
         found = ckpt.list_checkpoints(self.run_dir)
         latest = found[-1] if found else None
-        used = latest is not None or (self.run_dir / "metrics.jsonl").exists()
         if resume is True and latest is None:
             raise FileNotFoundError(f"trainer.resume=true but {self.run_dir} holds no checkpoint "
                                     f"(looked in {ckpt.checkpoint_dir(self.run_dir)})")
-        if resume is False and used:
+        if resume is False and latest is not None:
             raise FileExistsError(
-                f"{self.run_dir} already holds a run (checkpoint: {latest[1].name if latest else 'none'}); "
-                f"pass trainer.resume=true (or auto) to continue it, or start another in a new folder (run_name=<new "
-                f"name>, or another run_dir / hydra.run.dir where one is given). Nothing was overwritten.")
-        self.restart = latest is None and used  # resume=auto, killed before its first checkpoint
-        if self.restart and self.dist.is_main:
-            log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet; starting it from step 0")
+                f"{self.run_dir} already holds a run (checkpoint: {latest[1].name}); pass trainer.resume=true (or "
+                f"auto) to continue it, or start another in a new folder (run_name=<new name>, or another run_dir / "
+                f"hydra.run.dir where one is given). Nothing was overwritten.")
+        weights = ckpt.list_weights(self.run_dir)
+        if latest is None and weights:  # a run shared as its weights, or one whose .pt files were removed
+            raise FileExistsError(
+                f"{self.run_dir} holds a run's weights ({weights[-1][1].name}) but no checkpoint to continue from; "
+                f"start another in a new folder (run_name=<new name>, or another run_dir / hydra.run.dir where one is "
+                f"given; trainer.init_from={self.run_dir} starts one from its weights). Nothing was overwritten.")
+        self.restart = latest is None and launched_before(self.run_dir)
         return [path for _, path in reversed(found)]
+
+    def _start_over(self) -> None:
+        """The folder's earlier launch stopped before its first checkpoint: nothing of it carries over, and the run
+        starts from step 0, said in one line. What it wrote that describes a run (its evaluations, per-document
+        records, config, data record, kept tokenizer, wandb id) is set aside, never mixed with this run's: this
+        launch may train another model on other data."""
+        line = f"{self.run_dir} holds no checkpoint to continue from: starting the run over from step 0"
+        metrics = self.run_dir / "metrics.jsonl"
+        count = len(self.jsonl.records()) if metrics.exists() else 0
+        aside = []
+        for name in START_OVER_ASIDE:
+            if (self.run_dir / name).exists() or (self.run_dir / name).is_symlink():
+                moved = set_aside(self.run_dir / name, "before_restart").name
+                aside.append(f"{moved} ({count} evaluation{'s' * (count != 1)})" if name == "metrics.jsonl" else moved)
+        if aside:
+            line += f"; what the stopped launch wrote kept aside as {', '.join(aside)}"
+        log.info(line)
 
     def _check_data_identity(self, resuming: bool) -> dict | None:
         """The data this launch reads (longctx.data.identity) against what the run recorded at its first launch: a

@@ -359,3 +359,14 @@ def test_killed_generation_leftovers_are_cleaned_but_live_writers_are_not(tmp_pa
         ensure_icl_markov(tmp_path, vocab=4, alpha=1.0, doc_len=16, n_train=8, n_heldout=4, progress=False)
         assert not left.exists() and live.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_heldout_docs_given_takes_a_zero_heldout_frac(tmp_path):
+    """--heldout-docs decides the heldout split where given (file inputs), so --heldout-frac 0 beside it is valid;
+    without it, 0 leaves no heldout document and is refused."""
+    from longctx.data.prepare import PrepareConfig, check_config
+
+    (tmp_path / "x.txt").write_text("some text\n")
+    check_config(PrepareConfig(source=str(tmp_path / "x.txt"), out=str(tmp_path / "ds"), heldout_docs=3, heldout_frac=0.0))
+    with pytest.raises(ValueError, match=r"heldout_frac \(--heldout-frac\): must be in \(0, 1\)"):
+        check_config(PrepareConfig(source=str(tmp_path / "x.txt"), out=str(tmp_path / "ds"), heldout_frac=0.0))

@@ -232,11 +232,17 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
                                  "pip install 'longctx[hf]'")
 
 
+def recorded(tokenizer: str, bos_id: int) -> dict:
+    """A run's record of its ids (longctx.generate.recorded_tokens) for a run of a text dataset, keeping no file."""
+    return {"tokenizer": tokenizer, "bos_id": bos_id, "generator": None, "file": None}
+
+
 def test_gpt2s_tokenizer_travels_where_its_files_are_here_and_is_said_missing_elsewhere(exported, monkeypatch):
     import longctx.generate
     from longctx.hf.export import run_tokenizer
     run, _ = exported("gpt2", "exp")
-    monkeypatch.setattr(longctx.generate, "recorded_tokenizer", lambda run_dir: "tiktoken-gpt2")  # a LongCrawl64 run
+    gpt2 = recorded("tiktoken-gpt2", 50256)  # a LongCrawl64 run
+    monkeypatch.setattr(longctx.generate, "recorded_tokens", lambda run_dir: gpt2)
     tok, note = run_tokenizer(run, None)
     if tok is None:  # GPT-2's files are not in this machine's Hugging Face cache (an export never downloads)
         assert note.startswith("GPT-2's (tiktoken gpt2), not included: its files were not on the exporting machine")
@@ -250,7 +256,7 @@ def test_a_byte_runs_tokenizer_is_the_byte_tokenizer(exported, monkeypatch):
     import longctx.generate
     from longctx.hf.export import run_tokenizer
     run, _ = exported("gpt2", "exp")
-    monkeypatch.setattr(longctx.generate, "recorded_tokenizer", lambda run_dir: "bytes")
+    monkeypatch.setattr(longctx.generate, "recorded_tokens", lambda run_dir: recorded("bytes", 256))
     tok, note = run_tokenizer(run, None)
     assert tok("ok")["input_ids"] == [111, 107] and tok.eos_token_id == 256 and note.startswith("UTF-8 bytes")
 

@@ -40,3 +40,23 @@ def test_skip_names_an_unknown_implementation(import_script):
     assert bench_attention.without_skipped(impls, "") == impls
     with pytest.raises(SystemExit, match="'power_attention'"):
         bench_attention.without_skipped(impls, "sdpa_cudnn,power_attention")
+
+
+def test_run_once_returns_the_gradients_and_adds_nothing_into_grad():
+    """The benchmark's fwd+bwd returns the inputs' gradients (closed form of sum(q * k * v) + 0 * log_g unused) and
+    leaves every .grad None: an accumulation into leaves timed one more elementwise add per input and call."""
+    import torch
+
+    from longctx.kernels.bench import run_once
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 3, 4, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    lg = torch.randn(2, 5, 3, generator=g, dtype=torch.float64).requires_grad_()
+    grads = run_once(lambda q, k, v, lg: q * k * v, q, k, v, lg, True)      # log_g unused, as by softmax
+    for got, want in zip(grads, (k * v, q * v, q * k)):
+        assert torch.equal(got, want.detach())
+    assert grads[3] is None
+    assert all(x.grad is None for x in (q, k, v, lg))
+    with torch.no_grad():
+        want = q * k * v
+    assert torch.equal(run_once(lambda q, k, v, lg: q * k * v, q, k, v, lg, False), want)

@@ -386,6 +386,34 @@ def test_a_later_stage_never_continues_from_weights_its_stage_before_has_trained
     assert (s2 / "metrics.jsonl").read_text() == before   # nothing trained
 
 
+def test_the_checks_before_a_staged_run_trains_read_each_stages_records_once(compose, tmp_path, monkeypatch):
+    """Whether each later stage still follows from the stage before, and whether the first stage would train past a
+    later one's start, are judged from the stages' metrics.jsonl, each read once (here: the first stage would)."""
+    from types import SimpleNamespace
+
+    from longctx.train import loggers
+    from longctx.train.stages import StageError
+
+    cfg = _tiny_staged(compose, tmp_path / "run", "trainer.stages=[{ctx:32,trainer.max_steps:1},"
+                                                  "{ctx:32,trainer.max_steps:1},{}]")
+    tokens = {"stage1_ctx32": (256, 256), "stage2_ctx32": (256, 512), "stage3_ctx64": (512, 1024)}  # in sequence
+    for name, (mine, all_stages) in tokens.items():
+        (tmp_path / "run" / name).mkdir(parents=True)
+        (tmp_path / "run" / name / "metrics.jsonl").write_text(
+            json.dumps({"step": 1, "tokens": mine, "tokens_all_stages": all_stages}) + "\n")
+    reads, records = {}, loggers.JsonlLogger.records
+
+    def counted(self):
+        reads[self.path.parent.name] = reads.get(self.path.parent.name, 0) + 1
+        return records(self)
+
+    monkeypatch.setattr(loggers.JsonlLogger, "records", counted)
+    unfinished = SimpleNamespace(complete=False, close=lambda: None)
+    with pytest.raises(StageError, match=r"trainer.stages\[0\] \(stage1_ctx32\) would train further"):
+        StagedRun(cfg, make_trainer=lambda stage_cfg: unfinished)
+    assert reads == {name: 1 for name in tokens}
+
+
 def test_epochs_count_the_tokens_a_pass_serves(compose, tmp_path):
     """Where ctx does not divide the documents' length the reader leaves each document's tail out: a pass is the
     whole contexts of whole batches, and `epochs` counts passes of those (the data repeats at 1, not later)."""

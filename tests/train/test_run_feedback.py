@@ -71,6 +71,19 @@ def test_progress_lines_start_update_and_finish_with_elapsed_times(capsys, monke
         "evaluate ctx 1024: done, 4/4 docs in 31s"]
 
 
+def test_how_the_work_is_split_is_said_before_any_update(monkeypatch, capsys):
+    """On a terminal (a bar) as in a pipe (lines), `detail` is on stderr before the first update comes."""
+    for terminal in (True, False):
+        monkeypatch.setattr(console, "is_terminal", lambda: terminal)
+        capsys.readouterr()  # the bar before, cleared as it closed
+        with console.command_progress(4, "evaluate ctx 100000", "doc", "in 2 forwards of up to 2") as progress:
+            said = capsys.readouterr().err.splitlines()
+            progress.update(4)
+        want = "evaluate ctx 100000: 4 docs in 2 forwards of up to 2" if terminal else \
+            "evaluate ctx 100000: started (4 docs in 2 forwards of up to 2)"
+        assert said[0] == want and (terminal or len(said) == 1), (terminal, said)  # a bar draws below the line
+
+
 def test_a_terminal_gets_a_bar_and_a_pipe_gets_lines(monkeypatch, capsys):
     monkeypatch.setattr(console, "is_terminal", lambda: True)
     with console.command_progress(2, "evaluate ctx 64", "doc") as bar:

@@ -13,6 +13,8 @@ split (the first documents, as `python -m longctx.evaluate` reads them) decoded 
 run carries (`longctx.hf.export.run_tokenizer`), or from a local text file cut into documents of the context length;
 an export folder as the source gives its tokenizer and context and needs `--text`. Data without text (MQAR, the ICL
 Markov states) is written as its ids' numbers, and the folder keeps the tokenizer that reads them (`tokenizer=`).
+A run's data that now holds ids of another tokenizer than the run recorded at its first launch is refused in one line,
+as evaluate refuses it (`longctx.runs.check_data_tokens`).
 """
 from __future__ import annotations
 
@@ -64,9 +66,7 @@ class Source:
         tokenizer, self.tokenizer_note = run_tokenizer(self.path, self.cfg)
         self.data, self.ids = self.cfg.data.name, tokenizer is None
         if tokenizer is None:  # ids without text: written as numbers, read back by the tokenizer the folder keeps
-            from longctx.train.data import resolve_splits
-
-            info = resolve_splits(self.cfg.data, self.ctx).info
+            info = self.splits(self.ctx).info
             tokenizer = id_tokenizer(int(info["vocab_size"]), int(info["bos_id"]))
         self.codec = Codec(tokenizer)
 
@@ -89,6 +89,19 @@ class Source:
                              f"prompts are words (python -m longctx.evaluate --task {task} scores id prompts)")
         return self.codec
 
+    def splits(self, ctx: int):
+        """The run's data at `ctx`, refused where it now holds ids of another tokenizer than the run trained on
+        (longctx.runs.check_data_tokens, as evaluate checks it): its documents would not be what the model read."""
+        from longctx.generate import recorded_tokens
+        from longctx.runs import check_data_tokens
+        from longctx.train.data import resolve_splits
+
+        splits = resolve_splits(self.cfg.data, ctx)
+        advice = ("its data has no text, so --text cannot stand in: restore the data it trained on" if self.ids else
+                  "give --text FILE: documents of your own text, read with the run's tokenizer")
+        check_data_tokens(self.path, splits.heldout_path, recorded_tokens(self.path), advice)
+        return splits
+
     def documents(self, ctx: int, n: int) -> tuple[np.ndarray, dict]:
         """The first `n` documents (fewer where there are fewer) of `ctx` tokens -> (ids (n, ctx) int64, the
         heldout batch's other fields: MQAR's queries)."""
@@ -100,9 +113,8 @@ class Source:
                                  f"{ctx}")
             return ids[:k * ctx].reshape(k, ctx), {}
         from longctx.data import dataset_info, heldout_batch
-        from longctx.train.data import resolve_splits
 
-        splits = resolve_splits(self.cfg.data, ctx)
+        splits = self.splits(ctx)
         n = min(n, dataset_info(splits.heldout_path)["num_docs"])
         batch = heldout_batch(str(splits.heldout_path), ctx, n)
         return batch["targets"].numpy(), batch
