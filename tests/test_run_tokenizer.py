@@ -38,7 +38,8 @@ def write_packages(root: Path, words: list[str]) -> Path:
 def prepare(source: Path, out: Path, tokenizer: str, vocab_size: int = 300, heldout_docs: int = 6) -> Path:
     extra = {"vocab_size": vocab_size} if tokenizer == "bpe" else {}
     prepare_dataset(PrepareConfig(source=[str(source)], out=str(out), doc_len=256, group_by="package",
-                                  tokenizer=tokenizer, heldout_docs=heldout_docs, rolled=False, progress=False, **extra))
+                                  tokenizer=tokenizer, heldout_docs=heldout_docs, rolled=False, progress=False,
+                                  **extra))
     return out
 
 

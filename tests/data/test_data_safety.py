@@ -367,6 +367,7 @@ def test_heldout_docs_given_takes_a_zero_heldout_frac(tmp_path):
     from longctx.data.prepare import PrepareConfig, check_config
 
     (tmp_path / "x.txt").write_text("some text\n")
-    check_config(PrepareConfig(source=str(tmp_path / "x.txt"), out=str(tmp_path / "ds"), heldout_docs=3, heldout_frac=0.0))
+    check_config(PrepareConfig(source=str(tmp_path / "x.txt"), out=str(tmp_path / "ds"), heldout_docs=3,
+                               heldout_frac=0.0))
     with pytest.raises(ValueError, match=r"heldout_frac \(--heldout-frac\): must be in \(0, 1\)"):
         check_config(PrepareConfig(source=str(tmp_path / "x.txt"), out=str(tmp_path / "ds"), heldout_frac=0.0))
