@@ -157,16 +157,17 @@ def warn_retokenized(cfg, recorded: dict | None, current: dict | None) -> None:
 
 def recorded_tokens(run_dir) -> dict | None:
     """What the ids of the run's training split meant at its first launch, as `split_tokens` gives them: the
-    tokenizer and BOS of its record (data_identity.json), the tokenizer file the run keeps, and the data's
-    `generator` (synthetic data); None for a run without a record."""
-    from longctx.data.tokenizer import TOKENIZER_FILE
+    tokenizer and BOS of its record (data_identity.json), the tokenizer file the run keeps, its hash (recorded at
+    launch, else the kept file's), and the data's `generator` (synthetic data); None for a run without a record."""
+    from longctx.data.tokenizer import TOKENIZER_FILE, file_sha256
 
-    attrs = recorded_attrs(run_dir)
-    if attrs is None:
+    train = recorded_train(run_dir)
+    if train is None:
         return None
-    kept = Path(run_dir).expanduser() / TOKENIZER_FILE
+    attrs, kept = train.get("attrs", {}), Path(run_dir).expanduser() / TOKENIZER_FILE
+    sha = train.get("tokenizer_sha256") or (file_sha256(kept) if kept.is_file() else None)
     return {"tokenizer": attrs.get("tokenizer"), "bos_id": attrs.get("bos_id"), "generator": attrs.get("generator"),
-            "file": kept if kept.is_file() else None}
+            "file": kept if kept.is_file() else None, "sha256": sha}
 
 
 def dataset_tokens(cfg) -> dict | None:
@@ -183,9 +184,10 @@ def dataset_tokens(cfg) -> dict | None:
         return None
 
 
-def recorded_attrs(run_dir) -> dict | None:
-    """The attributes of the training split a run recorded with its data at its first launch (longctx.data.identity),
-    None without a record (runs older than it) or with an unreadable one (said in a warning)."""
+def recorded_train(run_dir) -> dict | None:
+    """The record of the training split a run made with its data at its first launch (longctx.data.identity: its
+    attrs, its BPE file's hash), None without a record (runs older than it) or with an unreadable one (said in a
+    warning)."""
     if run_dir is None:
         return None
     from longctx.data.identity import read_identity
@@ -195,7 +197,7 @@ def recorded_attrs(run_dir) -> dict | None:
     except ValueError as err:  # a damaged record: decode as a run without one rather than refuse to read the run
         log.warning(f"{err}: the run's tokenizer is taken as if it recorded none")
         return None
-    return None if record is None else record.get("train", {}).get("attrs", {})
+    return None if record is None else record.get("train", {})
 
 
 def parse_ids(text: str) -> list[int]:

@@ -129,6 +129,29 @@ def test_generate_refuses_when_the_runs_bpe_is_gone(bpe_run, tmp_path, capsys):
         f"loaded: give --prompt-ids"]
 
 
+def test_a_bpe_of_the_same_size_and_bos_is_told_apart_by_its_hash(tmp_path, train_run, corpora, capsys):
+    """Trained on one BPE of 300 ids, its dataset since prepared with another of 300 ids and the same BOS (other
+    text), the run's copy gone: the name and BOS agree, the file's SHA-256 recorded at launch does not, so generate
+    refuses rather than encode with the other vocabulary, and evaluate refuses the other data."""
+    import hashlib
+    import json
+
+    run = retokenized_run(tmp_path, train_run, corpora, "bpe", "bpe_other")
+    recorded = json.loads((run / "data_identity.json").read_text())["train"]["tokenizer_sha256"]
+    assert recorded == hashlib.sha256((corpora["bpe"] / "tokenizer.json").read_bytes()).hexdigest()
+    (run / "tokenizer.json").unlink()
+    code = generate_cli.main([str(run), "--prompt", "def f_1", "--max-new-tokens", "3", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --prompt: the run was trained on ids of "
+                                                              "tokenizer bpe-300 (bos_id=0), but its dataset")
+    code = evaluate_main([str(run), "--docs", "2", "--out", str(tmp_path / "out.json"), "--device", "cpu"])
+    last = stderr_lines(capsys)[-1]
+    assert code == 2 and not (tmp_path / "out.json").exists()
+    held = tmp_path / "ds" / "heldout.zarr"
+    assert last.startswith(f"error: data: {held} holds ids of tokenizer bpe-300 (bos_id=0, ")
+    assert last.endswith("evaluate it on data of its own tokenizer") and f"{run} was trained" in last
+
+
 # -- splits and evaluated data compared by tokenizer and BOS --------------------------------------------------------
 
 def mixed(root: Path, train: Path, heldout: Path) -> Path:

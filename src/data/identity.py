@@ -1,8 +1,9 @@
 """What data a run trains and evaluates on, as a record two runs (or a run and its resume) can compare.
 
 A split's identity is its absolute path, shape, dtype and recorded attributes (tokenizer, generator parameters,
-preparation parameters), plus a SHA-256 of its tokens: of the whole array up to `FULL_HASH_TOKENS` tokens, else of
-its first and last chunk-rows (`"hashed": "ends"`). A dataset replaced under the same path, an ICL Markov dataset
+preparation parameters), the SHA-256 of its BPE tokenizer file where it has one (`tokenizer_sha256`: two BPEs of
+one size share their name; not part of `id`), plus a SHA-256 of its tokens: of the whole array up to
+`FULL_HASH_TOKENS` tokens, else of its first and last chunk-rows (`"hashed": "ends"`). A dataset replaced under the same path, an ICL Markov dataset
 generated for another doc_len, or a prepared corpus from other text changes the digest; a folder moved or mounted
 elsewhere does not (the path is recorded but not part of `id`).
 
@@ -24,6 +25,7 @@ from ._array import info, open_tokens, read_region
 FULL_HASH_TOKENS = 1 << 24  # 32 MiB of uint16: hashed whole in well under a second
 IDENTITY_FILE = "data_identity.json"  # in a run folder, written at its first launch
 _IDENTITY_ATTRS = ("vocab_size", "bos_id", "tokenizer", "generator", "rolled", "max_token_id")
+NOT_IN_ID = ("path", "tokenizer_sha256")   # where the split lies; its BPE file's hash (the tokenizer's name is in)
 
 
 def _digest_rows(arr, field: str) -> tuple[str, str]:
@@ -44,18 +46,22 @@ def _digest_rows(arr, field: str) -> tuple[str, str]:
 
 def split_identity(path, *, field: str = "data.path") -> dict:
     """One split's identity: `path` (absolute), `shape`, `dtype`, the identifying attributes, `digest`, `hashed`."""
+    from .tokenizer import file_sha256, tokenizer_file_of
+
     arr = open_tokens(path, field=field)
     meta = info(arr)
     digest, hashed = _digest_rows(arr, field)
+    vocab = tokenizer_file_of(path)
     return {"path": str(Path(str(path)).expanduser().resolve()), "shape": [int(s) for s in arr.shape],
             "dtype": meta["dtype"], "attrs": {k: meta.get(k) for k in _IDENTITY_ATTRS},
-            "digest": digest, "hashed": hashed}
+            "digest": digest, "hashed": hashed, "tokenizer_sha256": file_sha256(vocab) if vocab else None}
 
 
 def data_identity(train_path, heldout_path, *, field: str = "data.path") -> dict:
     """Both splits' identities and `id`, a short digest of their contents and attributes (not their paths)."""
     train, heldout = split_identity(train_path, field=field), split_identity(heldout_path, field=field)
-    key = json.dumps([{k: v for k, v in s.items() if k != "path"} for s in (train, heldout)], sort_keys=True,
+    # the id of records written before the tokenizer file's hash was kept: that hash is recorded beside, not in it
+    key = json.dumps([{k: v for k, v in s.items() if k not in NOT_IN_ID} for s in (train, heldout)], sort_keys=True,
                      default=str)
     return {"id": hashlib.sha256(key.encode()).hexdigest()[:16], "train": train, "heldout": heldout}
 

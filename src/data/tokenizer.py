@@ -15,6 +15,7 @@ wherever it is, with or without its dataset.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -172,17 +173,27 @@ def split_tokens(split_path) -> dict:
     from ._array import info, open_tokens
 
     meta = info(open_tokens(Path(os.path.expanduser(str(split_path))), field="data.path"))
-    return {"tokenizer": meta["tokenizer"], "bos_id": meta["bos_id"], "file": tokenizer_file_of(split_path)}
+    vocab = tokenizer_file_of(split_path)
+    return {"tokenizer": meta["tokenizer"], "bos_id": meta["bos_id"], "file": vocab,
+            "sha256": file_sha256(vocab) if vocab else None}
+
+
+def file_sha256(path) -> str:
+    """SHA-256 of a (tokenizer) file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def tokens_differ(a: dict, b: dict) -> bool:
     """Whether ids read as `a` and as `b` (`split_tokens` records) stand for other text: another BOS id, another
-    tokenizer (where both record one) or another BPE vocabulary (where both carry its file: two BPEs of one size
-    share their name)."""
+    tokenizer (where both record one) or another BPE vocabulary (where both carry its file's hash, or the file: two
+    BPEs of one size share their name)."""
     if a.get("bos_id") is not None and b.get("bos_id") is not None and int(a["bos_id"]) != int(b["bos_id"]):
         return True
     if a.get("tokenizer") and b.get("tokenizer") and a["tokenizer"] != b["tokenizer"]:
         return True
+    ha, hb = a.get("sha256"), b.get("sha256")
+    if ha and hb:
+        return ha != hb
     fa, fb = a.get("file"), b.get("file")
     if not (fa and fb) or Path(fa).resolve() == Path(fb).resolve():
         return False
