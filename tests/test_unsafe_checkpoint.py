@@ -101,3 +101,30 @@ def test_a_refused_newest_checkpoint_is_said_plainly_and_the_older_one_taken(tmp
     warnings = [s for s in capsys.readouterr().err.splitlines() if s.strip()]
     assert warnings == [f"warning: {line}; falling back to step_00000000.pt"]
     assert not marker.exists()
+
+
+def test_a_damaged_pickle_is_not_said_to_hold_a_class(tmp_path):
+    """torch's weights-only loader words a broken pickle's structure as "..., but got <class 'dict'>" too: only its
+    builder refusals name a class the file asked for; the others read as a damaged file."""
+    import io
+    import zipfile
+
+    from longctx.train import checkpoint as ckpt
+
+    def with_pickle(pkl: bytes, name: str):
+        buf = io.BytesIO()
+        torch.save({"a": 1}, buf)
+        src, path = zipfile.ZipFile(io.BytesIO(buf.getvalue())), tmp_path / name
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as out:
+            for item in src.infolist():
+                out.writestr(item, pkl if item.filename.endswith("data.pkl") else src.read(item.filename))
+        return path
+
+    damaged = ("a pickle the weights-only loader refuses (a damaged file, or objects other than tensors and plain "
+               "values)")
+    for name, pkl, said in [("append.pt", b"\x80\x02}K\x01a.", damaged),           # APPEND onto a dict
+                            ("persid.pt", b"\x80\x02X\x03\x00\x00\x00abcQ.", damaged),  # a str persistent id
+                            ("system.pt", b"\x80\x02cos\nsystem\nq\x00.", "it holds os.system, " + PLAIN)]:
+        with pytest.raises(ckpt.CheckpointError) as err:
+            ckpt.read(with_pickle(pkl, name))
+        assert said in str(err.value), (name, str(err.value))

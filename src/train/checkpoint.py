@@ -277,7 +277,9 @@ def _why_unreadable(err: Exception) -> str:
     if text.startswith("Weights only load failed") or "Unsupported global: GLOBAL" in text:
         # weights_only refused an object: the file asked to rebuild (or call) something not allowed. torch names it
         # as "GLOBAL x" (a global, allowed or from a blocked module) or as a class it got, or not at all (an opcode)
-        found = re.search(r"GLOBAL (\S+)|but got <class '([^']+)'>", text)
+        # only the builder refusals name a class the file asked for; "Can only append to lists, but got <class ...>"
+        # and the like say the pickle's structure is broken (a damaged file)
+        found = re.search(r"GLOBAL (\S+)|Can only (?:build|create new object)[^<]*but got <class '([^']+)'>", text)
         if found:
             held = next(g for g in found.groups() if g)
             return f"it holds {held}, not only tensors and plain values; not loaded, as that could run code"

@@ -75,8 +75,8 @@ def new_wandb_id() -> str:
 
 
 def wandb_id_for(run_dir: str | Path, from_checkpoint: str | None = None) -> str:
-    """The run's one wandb id, kept in <run_dir>/wandb_id from its first launch on: every relaunch (resume,
-    requeue, even one killed before its first checkpoint) continues the same wandb run."""
+    """The run's one wandb id, kept in <run_dir>/wandb_id from its first launch on: every relaunch that continues
+    the run (resume, requeue) continues the same wandb run; a folder started over (no checkpoint) sets it aside."""
     path = Path(run_dir) / "wandb_id"
     stored = read_wandb_id(run_dir)
     if stored is not None:

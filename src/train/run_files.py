@@ -69,16 +69,24 @@ def launched_before(run_dir: str | Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in LAUNCH_FILES)
 
 
-def set_aside(path: str | Path, tag: str) -> Path:
-    """Rename `path` to the first free `<stem>.<tag>[k]<suffix>` beside it (metrics.before_restart.jsonl, then
-    metrics.before_restart2.jsonl): kept, never overwritten. Returns the new path."""
-    path = Path(path)
-    aside, k = path.with_name(f"{path.stem}.{tag}{path.suffix}"), 1
-    while aside.exists() or aside.is_symlink():
+def _aside_name(path: Path, tag: str, k: int) -> Path:
+    return path.with_name(f"{path.stem}.{tag}{k if k > 1 else ''}{path.suffix}")
+
+
+def set_aside(paths, tag: str) -> list[Path]:
+    """Rename each of `paths` (those that exist) to `<stem>.<tag>[k]<suffix>` beside it, with one k for all of
+    them, the first that is free for every one (metrics.before_restart.jsonl and config.before_restart.yaml, then
+    ...before_restart2...): kept, never overwritten, and the files of one set-aside share their number. Returns the
+    new paths."""
+    paths = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+    k = 1
+    while any(_aside_name(p, tag, k).exists() or _aside_name(p, tag, k).is_symlink() for p in paths):
         k += 1
-        aside = path.with_name(f"{path.stem}.{tag}{k}{path.suffix}")
-    path.rename(aside)
-    return aside
+    moved = []
+    for p in paths:
+        p.rename(_aside_name(p, tag, k))
+        moved.append(_aside_name(p, tag, k))
+    return moved
 
 
 def linked_run_files(run_dir: str | Path) -> list[Path]:

@@ -344,6 +344,12 @@ class Trainer:
                 f"start another in a new folder (run_name=<new name>, or another run_dir / hydra.run.dir where one is "
                 f"given; trainer.init_from={self.run_dir} starts one from its weights). Nothing was overwritten.")
         self.restart = latest is None and launched_before(self.run_dir)
+        logged = len(JsonlLogger(self.run_dir).records()) if self.restart else 0
+        if logged > 1:  # every evaluation is followed by a checkpoint: these were removed, not never written
+            raise FileExistsError(
+                f"{self.run_dir} holds {logged} evaluations but no checkpoint (removed?): nothing to continue from, "
+                f"and a run that trained this far is not started over; start another in a new folder (run_name=<new "
+                f"name>, or another run_dir / hydra.run.dir where one is given). Nothing was overwritten.")
         return [path for _, path in reversed(found)]
 
     def _start_over(self) -> None:
@@ -354,11 +360,9 @@ class Trainer:
         line = f"{self.run_dir} holds no checkpoint to continue from: starting the run over from step 0"
         metrics = self.run_dir / "metrics.jsonl"
         count = len(self.jsonl.records()) if metrics.exists() else 0
-        aside = []
-        for name in START_OVER_ASIDE:
-            if (self.run_dir / name).exists() or (self.run_dir / name).is_symlink():
-                moved = set_aside(self.run_dir / name, "before_restart").name
-                aside.append(f"{moved} ({count} evaluation{'s' * (count != 1)})" if name == "metrics.jsonl" else moved)
+        moved = set_aside([self.run_dir / name for name in START_OVER_ASIDE], "before_restart")
+        aside = [f"{p.name} ({count} evaluation{'s' * (count != 1)})" if p.name.startswith("metrics.") else p.name
+                 for p in moved]
         if aside:
             line += f"; what the stopped launch wrote kept aside as {', '.join(aside)}"
         log.info(line)

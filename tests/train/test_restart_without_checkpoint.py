@@ -137,13 +137,35 @@ def test_sigkill_before_the_first_checkpoint_then_a_plain_relaunch(train_env, ti
     assert [r["step"] for r in records(run)] == [3, 6]
 
 
-def test_a_second_set_aside_keeps_the_first(tmp_path):
+def test_a_second_set_aside_keeps_the_first_and_one_set_shares_its_number(tmp_path):
     from longctx.train.run_files import set_aside
 
     names = []
     for text in ("first\n", "second\n"):
         (tmp_path / "metrics.jsonl").write_text(text)
-        names.append(set_aside(tmp_path / "metrics.jsonl", "before_restart").name)
+        names += [p.name for p in set_aside([tmp_path / "metrics.jsonl"], "before_restart")]
     assert names == ["metrics.before_restart.jsonl", "metrics.before_restart2.jsonl"]
     assert [(tmp_path / n).read_text() for n in names] == ["first\n", "second\n"]
     assert not (tmp_path / "metrics.jsonl").exists()
+    # a launch that wrote a config but no metrics, then one that wrote both: each set-aside one number for all
+    (tmp_path / "config.yaml").write_text("third\n")
+    moved = set_aside([tmp_path / "metrics.jsonl", tmp_path / "config.yaml"], "before_restart")
+    assert [p.name for p in moved] == ["config.before_restart.yaml"]
+    (tmp_path / "config.yaml").write_text("fourth\n")
+    (tmp_path / "metrics.jsonl").write_text("fourth\n")
+    moved = set_aside([tmp_path / "metrics.jsonl", tmp_path / "config.yaml"], "before_restart")
+    assert [p.name for p in moved] == ["metrics.before_restart3.jsonl", "config.before_restart3.yaml"]
+    assert all(p.read_text() == "fourth\n" for p in moved)
+
+
+def test_a_folder_whose_checkpoints_were_removed_is_not_started_over(compose, tiny, tmp_path):
+    """Every evaluation is followed by a checkpoint, so two evaluations without one are a run whose checkpoints were
+    removed (to free disk), not a launch stopped early: refused, nothing renamed."""
+    run = tmp_path / "run"
+    Trainer(compose(*tiny, f"run_dir={run}")).fit()
+    shutil.rmtree(run / "checkpoints")
+    before = sorted(p.name for p in run.iterdir())
+    for resume in ("false", "auto"):
+        with pytest.raises(FileExistsError, match=r"holds 2 evaluations but no checkpoint \(removed\?\)"):
+            Trainer(compose(*tiny, f"trainer.resume={resume}", f"run_dir={run}"))
+    assert sorted(p.name for p in run.iterdir()) == before
