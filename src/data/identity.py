@@ -3,9 +3,9 @@
 A split's identity is its absolute path, shape, dtype and recorded attributes (tokenizer, generator parameters,
 preparation parameters), the SHA-256 of its BPE tokenizer file where it has one (`tokenizer_sha256`: two BPEs of
 one size share their name; not part of `id`), plus a SHA-256 of its tokens: of the whole array up to
-`FULL_HASH_TOKENS` tokens, else of its first and last chunk-rows (`"hashed": "ends"`). A dataset replaced under the same path, an ICL Markov dataset
-generated for another doc_len, or a prepared corpus from other text changes the digest; a folder moved or mounted
-elsewhere does not (the path is recorded but not part of `id`).
+`FULL_HASH_TOKENS` tokens, else of its first and last chunk-rows (`"hashed": "ends"`). A dataset replaced under the
+same path, an ICL Markov dataset generated for another doc_len, or a prepared corpus from other text changes the
+digest; a folder moved or mounted elsewhere does not (the path is recorded but not part of `id`).
 
     identity = data_identity(train_path, heldout_path)
     identity["id"], identity["heldout"]["digest"]

@@ -168,8 +168,8 @@ def tokenizer_file_of(split_path) -> Path | None:
 
 def split_tokens(split_path) -> dict:
     """What a split's ids mean: `tokenizer` (the name its array records; None where it records none: real
-    LongCrawl64, generated data), `bos_id` (GPT-2's EOT where none is recorded, as the readers take it) and `file`
-    (its BPE vocabulary file, `tokenizer_file_of`, or None)."""
+    LongCrawl64, generated data), `bos_id` (GPT-2's EOT where none is recorded, as the readers take it), `file`
+    (its BPE vocabulary file, `tokenizer_file_of`, or None) and `sha256` (that file's, or None)."""
     from ._array import info, open_tokens
 
     meta = info(open_tokens(Path(os.path.expanduser(str(split_path))), field="data.path"))
@@ -185,19 +185,13 @@ def file_sha256(path) -> str:
 
 def tokens_differ(a: dict, b: dict) -> bool:
     """Whether ids read as `a` and as `b` (`split_tokens` records) stand for other text: another BOS id, another
-    tokenizer (where both record one) or another BPE vocabulary (where both carry its file's hash, or the file: two
-    BPEs of one size share their name)."""
+    tokenizer (where both record one) or another BPE vocabulary (where both carry its file's hash: two BPEs of one
+    size share their name; a record carrying the file carries its hash)."""
     if a.get("bos_id") is not None and b.get("bos_id") is not None and int(a["bos_id"]) != int(b["bos_id"]):
         return True
     if a.get("tokenizer") and b.get("tokenizer") and a["tokenizer"] != b["tokenizer"]:
         return True
-    ha, hb = a.get("sha256"), b.get("sha256")
-    if ha and hb:
-        return ha != hb
-    fa, fb = a.get("file"), b.get("file")
-    if not (fa and fb) or Path(fa).resolve() == Path(fb).resolve():
-        return False
-    return Path(fa).read_bytes() != Path(fb).read_bytes()
+    return bool(a.get("sha256") and b.get("sha256") and a["sha256"] != b["sha256"])
 
 
 def describe_tokens(t: dict) -> str:

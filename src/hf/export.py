@@ -146,10 +146,7 @@ def run_tokenizer(run_dir: Path, cfg):
     from longctx.data.tokenizer import EOT
     from longctx.generate import dataset_tokens, recorded_tokens, warn_retokenized
 
-    try:
-        recorded = recorded_tokens(run_dir)
-    except ValueError:  # an unreadable data_identity.json: the dataset's own, as for a run without one
-        recorded = None
+    recorded = recorded_tokens(run_dir)  # an unreadable data_identity.json: None (a warning), as for a run without one
     current = dataset_tokens(cfg) if cfg is not None else None
     name = recorded_name(recorded, cfg)
     bpe = bpe_of(run_dir, name, cfg, recorded, current)

@@ -69,23 +69,27 @@ def launched_before(run_dir: str | Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in LAUNCH_FILES)
 
 
-def _aside_name(path: Path, tag: str, k: int) -> Path:
-    return path.with_name(f"{path.stem}.{tag}{k if k > 1 else ''}{path.suffix}")
+def _aside_name(path: Path, tag: str, k: int, after_name: bool) -> Path:
+    number = k if k > 1 else ""
+    if after_name:
+        return path.with_name(f"{path.name}.{tag}{number}")
+    return path.with_name(f"{path.stem}.{tag}{number}{path.suffix}")
 
 
-def set_aside(paths, tag: str) -> list[Path]:
-    """Rename each of `paths` (those that exist) to `<stem>.<tag>[k]<suffix>` beside it, with one k for all of
-    them, the first that is free for every one (metrics.before_restart.jsonl and config.before_restart.yaml, then
-    ...before_restart2...): kept, never overwritten, and the files of one set-aside share their number. Returns the
-    new paths."""
+def set_aside(paths, tag: str, after_name: bool = False) -> list[Path]:
+    """Rename each of `paths` (those that exist) to `<stem>.<tag>[k]<suffix>` beside it (`after_name`:
+    `<name>.<tag>[k]`), with one k for all of them, the first that is free for every one
+    (metrics.before_restart.jsonl and config.before_restart.yaml, then ...before_restart2...): kept, never
+    overwritten, and the files of one set-aside share their number. Returns the new paths."""
     paths = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
     k = 1
-    while any(_aside_name(p, tag, k).exists() or _aside_name(p, tag, k).is_symlink() for p in paths):
+    while any(_aside_name(p, tag, k, after_name).exists() or _aside_name(p, tag, k, after_name).is_symlink()
+              for p in paths):
         k += 1
     moved = []
     for p in paths:
-        p.rename(_aside_name(p, tag, k))
-        moved.append(_aside_name(p, tag, k))
+        p.rename(_aside_name(p, tag, k, after_name))
+        moved.append(_aside_name(p, tag, k, after_name))
     return moved
 
 

@@ -459,14 +459,7 @@ class Trainer:
         for newer, path in ckpt.list_checkpoints(self.run_dir):
             if newer > step and path.is_file():
                 twin = path.with_suffix(".safetensors")  # its weights: never taken for the newest weights either
-                moved = []
-                for part in [path] + ([twin] if twin.is_file() else []):
-                    aside, k = part.with_name(part.name + ".unreadable"), 1
-                    while aside.exists():  # a step set aside before: both kept
-                        k += 1
-                        aside = part.with_name(f"{part.name}.unreadable{k}")
-                    part.rename(aside)
-                    moved.append(aside.name)
+                moved = [p.name for p in set_aside([path, twin], "unreadable", after_name=True)]  # earlier ones kept
                 log.warning(f"{path.name}: unreadable, kept aside as {' and '.join(moved)} (the run continues from "
                             f"step {step}; checkpoint pruning counts only readable ones)")
 
