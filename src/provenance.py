@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
 import platform
 import shlex
 import subprocess
@@ -26,7 +25,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from longctx.train.run_files import write_atomic
+from longctx.train.run_files import set_aside, write_atomic
 
 FILE = "provenance.json"
 CODE_DIR = Path(__file__).resolve().parent  # the installed longctx package: its git tree is the code that runs
@@ -115,8 +114,8 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -
     try:
         earlier = read(run_dir)
     except (ValueError, OSError) as err:  # cut short or not a record: kept aside, never lost, never fatal
-        os.replace(run_dir / FILE, run_dir / f"{FILE}.unreadable")
-        logging.getLogger("longctx").warning(f"{err}; kept as {FILE}.unreadable, a new record starts")
+        kept = set_aside([run_dir / FILE], "unreadable", after_name=True)   # an earlier one kept too: numbered
+        logging.getLogger("longctx").warning(f"{err}; kept as {kept[0].name}, a new record starts")
         earlier = None
     launches = earlier.get("launches", [earlier]) if earlier else []
     if diff is not None:

@@ -126,6 +126,16 @@ def test_an_unreadable_record_is_kept_aside(tmp_path, monkeypatch):
     assert (tmp_path / "provenance.json.unreadable").read_text() == '{"command": ["tr'
 
 
+def test_a_second_unreadable_record_keeps_the_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "CODE_DIR", tmp_path)
+    for text in ('{"command": ["tr', "[1, 2]\n"):
+        (tmp_path / "provenance.json").write_text(text)
+        provenance.write(tmp_path, device="cpu")
+    assert (tmp_path / "provenance.json.unreadable").read_text() == '{"command": ["tr'
+    assert (tmp_path / "provenance.json.unreadable2").read_text() == "[1, 2]\n"
+    assert len(json.loads((tmp_path / "provenance.json").read_text())["launches"]) == 1
+
+
 def test_collect_describes_this_process():
     record = provenance.collect()
     assert record["command"] == sys.argv and record["world_size"] == 1
