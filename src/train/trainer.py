@@ -144,6 +144,28 @@ SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size
              "qkv_bias": "arch.qkv_bias"}
 
 
+def _repoint_records(moved: list[Path]) -> None:
+    """After a start-over's set-aside: the kept metrics' per-document record paths (`"doc_bins": "eval/..."`) name
+    the kept records folder (`eval.before_restart/...`), not the new run's `eval/`, which reuses their names. Only
+    those strings change; every other byte of the kept lines stays."""
+    metrics = next((p for p in moved if p.name.startswith("metrics.")), None)
+    records = next((p for p in moved if p.name.startswith(RECORD_DIR + ".")), None)
+    if metrics is None or records is None:
+        return
+    lines, changed = metrics.read_text().splitlines(keepends=True), False
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue                       # a malformed line is kept as it is
+        name = row.get("doc_bins") if isinstance(row, dict) else None
+        if isinstance(name, str) and name.startswith(RECORD_DIR + "/") and json.dumps(name) in line:
+            lines[i] = line.replace(json.dumps(name), json.dumps(records.name + name[len(RECORD_DIR):]), 1)
+            changed = True
+    if changed:
+        write_atomic(metrics, "".join(lines))
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, choices: dict | None = None):
         """Check everything (config, data, checkpoint) before the run directory is written to.
@@ -361,6 +383,7 @@ class Trainer:
         metrics = self.run_dir / "metrics.jsonl"
         count = len(self.jsonl.records()) if metrics.exists() else 0
         moved = set_aside([self.run_dir / name for name in START_OVER_ASIDE], "before_restart")
+        _repoint_records(moved)
         aside = [f"{p.name} ({count} evaluation{'s' * (count != 1)})" if p.name.startswith("metrics.") else p.name
                  for p in moved]
         if aside:

@@ -55,7 +55,10 @@ def test_a_folder_without_a_checkpoint_starts_over_saying_so(compose, tiny, tmp_
     assert_same_records(records(clean), records(run))  # the new run's evaluations only: steps 3 and 6
     assert [r["train_loss"] for r in records(run)] == [r["train_loss"] for r in records(clean)]
     kept = run / "metrics.before_restart.jsonl"
-    assert (kept.read_bytes() == old) if evaluated else not kept.exists()
+    # kept byte for byte, but for its per-document record's path, which now names the kept records folder
+    repointed = old.replace(b'"doc_bins": "eval/', b'"doc_bins": "eval.before_restart/')
+    assert repointed != old or not evaluated
+    assert (kept.read_bytes() == repointed) if evaluated else not kept.exists()
 
 
 def test_starting_over_with_another_model_leaves_a_folder_that_describes_the_new_run(compose, tiny, tmp_path):
@@ -78,6 +81,9 @@ def test_starting_over_with_another_model_leaves_a_folder_that_describes_the_new
     kept = run / "eval.before_restart"
     assert sorted(p.name for p in kept.iterdir()) == old_records
     assert {p.name: p.read_bytes() for p in kept.iterdir()} == old_npz  # the stopped launch's records untouched
+    kept_row = json.loads((run / "metrics.before_restart.jsonl").read_text())
+    assert (run / kept_row["doc_bins"]).read_bytes() == old_npz[Path(kept_row["doc_bins"]).name]
+    assert kept_row["doc_bins"].startswith("eval.before_restart/")   # not the new run's eval/, same names
 
 
 def test_a_folder_holding_weights_but_no_checkpoint_is_refused(compose, tiny, tmp_path):
