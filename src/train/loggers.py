@@ -59,6 +59,20 @@ class JsonlLogger:
                                  f"step); fix or remove that line")
         return out
 
+    def count_records(self) -> int:
+        """How many lines are evaluation records, never refusing: for a file about to be set aside (a start-over),
+        whose malformed lines are kept with it, not fixed first."""
+        if not self.path.exists():
+            return 0
+        count = 0
+        for line in self.path.read_bytes().split(b"\n"):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue
+            count += isinstance(record, dict) and isinstance(record.get("step"), int)
+        return count
+
     def truncate_after(self, step: int) -> None:
         """On resume: drop evaluations newer than the checkpoint (they are redone identically), atomically."""
         kept = [r for r in self.records() if r["step"] <= step]

@@ -200,9 +200,10 @@ class Trainer:
         check_no_links(self.run_dir)
         candidates = self._check_run_dir()
         metrics = JsonlLogger(self.run_dir)
-        metrics.records()  # a line that is not a record: named now, before anything is written
+        if not self.restart:  # a start-over sets both files aside as they are: nothing of them is read
+            metrics.records()  # a line that is not a record: named now, before anything is written
         check_wandb(cfg.logger)
-        if cfg.logger.wandb.mode != "disabled":
+        if cfg.logger.wandb.mode != "disabled" and not self.restart:
             read_wandb_id(self.run_dir)  # a stored id wandb would refuse: named now, not as wandb's traceback
         vocab_of = model_vocab(cfg)
         self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, vocab_of(vocab)),
@@ -261,7 +262,8 @@ class Trainer:
                              else self._check_data_identity(bool(candidates)))
         # A relaunched finished run (a requeued sweep job, a resubmitted script) has nothing to do
         self.stop_when = parse_stop_when(cfg.trainer.get("stop_when"))
-        self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget() or self._stop_met(metrics.records())
+        earlier = [] if self.restart else metrics.records()   # a start-over's are set aside unread
+        self.complete = self.step >= cfg.trainer.max_steps or self._out_of_budget() or self._stop_met(earlier)
 
         # Every check passed: from here on the run directory is written to
         self.jsonl = metrics if self.dist.is_main else None
@@ -366,7 +368,7 @@ class Trainer:
                 f"start another in a new folder (run_name=<new name>, or another run_dir / hydra.run.dir where one is "
                 f"given; trainer.init_from={self.run_dir} starts one from its weights). Nothing was overwritten.")
         self.restart = latest is None and launched_before(self.run_dir)
-        logged = len(JsonlLogger(self.run_dir).records()) if self.restart else 0
+        logged = JsonlLogger(self.run_dir).count_records() if self.restart else 0
         if logged > 1:  # every evaluation is followed by a checkpoint: these were removed, not never written
             raise FileExistsError(
                 f"{self.run_dir} holds {logged} evaluations but no checkpoint (removed?): nothing to continue from, "
@@ -380,8 +382,7 @@ class Trainer:
         records, config, data record, kept tokenizer, wandb id) is set aside, never mixed with this run's: this
         launch may train another model on other data."""
         line = f"{self.run_dir} holds no checkpoint to continue from: starting the run over from step 0"
-        metrics = self.run_dir / "metrics.jsonl"
-        count = len(self.jsonl.records()) if metrics.exists() else 0
+        count = self.jsonl.count_records()
         moved = set_aside([self.run_dir / name for name in START_OVER_ASIDE], "before_restart")
         _repoint_records(moved)
         aside = [f"{p.name} ({count} evaluation{'s' * (count != 1)})" if p.name.startswith("metrics.") else p.name

@@ -175,3 +175,23 @@ def test_a_folder_whose_checkpoints_were_removed_is_not_started_over(compose, ti
         with pytest.raises(FileExistsError, match=r"holds 2 evaluations but no checkpoint \(removed\?\)"):
             Trainer(compose(*tiny, f"trainer.resume={resume}", f"run_dir={run}"))
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_stopped_launchs_malformed_metrics_and_bad_wandb_id_go_aside_with_it(compose, tiny, tmp_path, monkeypatch):
+    """What a start-over sets aside is never read first: a malformed metrics line or a wandb id wandb would refuse
+    (each refused when it belongs to a run being continued) is kept aside as it is, and the run starts over."""
+    import longctx.train.trainer as trainer_module
+
+    run = tmp_path / "run"
+    stopped_before_its_checkpoint(compose, tiny, run, evaluated=False)
+    metrics = b'{"step": 3, "train_loss": 1.0}\n{"step": 3\n["not a record"]\n'   # 1 evaluation, 2 bad lines
+    (run / "metrics.jsonl").write_bytes(metrics)
+    (run / "wandb_id").write_text("not an id/at all\n")
+    ids = []
+    monkeypatch.setattr(trainer_module, "WandbLogger", lambda *args: ids.append(args[-1]))
+    Trainer(compose(*tiny, "logger.wandb.mode=offline", f"run_dir={run}"))
+    assert (run / "metrics.before_restart.jsonl").read_bytes() == metrics
+    assert (run / "wandb_id.before_restart").read_text() == "not an id/at all\n"
+    assert not (run / "metrics.jsonl").exists() and len(ids) == 1
+    assert (run / "wandb_id").read_text() == ids[0] + "\n" and ids[0] != "not an id/at all"
+
