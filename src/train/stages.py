@@ -177,7 +177,7 @@ class StagedRun:
         for i in range(1, len(self.stages)):   # a later stage that already ran from weights since trained further
             self._refuse_stale(i)
         self.first = self.make_trainer(self.stages[0][1])
-        if len(self.stages) > 1 and not self.first.complete and _prior_tokens(self._records(1)) is not None:
+        if len(self.stages) > 1 and not self.first.complete and _prior_tokens(self._continued(1)) is not None:
             self.first.close()   # let go of the run folder: nothing trains
             raise StageError(f"config: trainer.stages[0] ({self.stages[0][0].name}) would train further (to "
                              f"trainer.max_steps={self.stages[0][1].trainer.max_steps}) but {self.stages[1][0].name} "
@@ -189,8 +189,16 @@ class StagedRun:
             self.read[i] = _records(self.stages[i][0])
         return self.read[i]
 
+    def _continued(self, i: int) -> list[dict]:
+        """Stage i's records where its folder holds a checkpoint to continue from; none where its launch stopped
+        before its first: that stage starts over from the stage before's weights as they are then (its trainer sets
+        its records aside), so nothing of it can be stale."""
+        from longctx.train import checkpoint as ckpt
+
+        return self._records(i) if ckpt.list_checkpoints(self.stages[i][0]) else []
+
     def _refuse_stale(self, i: int) -> None:
-        why = _stale(i, self.stages[i - 1][0], self.stages[i][0], self._records(i - 1), self._records(i))
+        why = _stale(i, self.stages[i - 1][0], self.stages[i][0], self._records(i - 1), self._continued(i))
         if why:
             raise StageError(f"config: {why}")
 

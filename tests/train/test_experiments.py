@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -386,6 +387,23 @@ def test_a_later_stage_never_continues_from_weights_its_stage_before_has_trained
     assert (s2 / "metrics.jsonl").read_text() == before   # nothing trained
 
 
+def test_a_later_stage_stopped_before_its_first_checkpoint_starts_over_from_the_longer_stage(compose, tmp_path):
+    """A later stage whose launch stopped before its first checkpoint holds nothing to continue: a relaunch that trains
+    the stage before further is not refused over that stage's records; the stage starts over from the new weights."""
+    def staged(steps):
+        return compose(f"run_dir={tmp_path / 'run'}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
+                       "data.n_heldout=8", "data.eval_docs=4", f"trainer.max_steps={steps}", "trainer.eval_every=2",
+                       "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu",
+                       "trainer.resume=auto", "trainer.stages=[{},{ctx:32}]")
+    StagedRun(staged(2)).fit()
+    s1, s2 = tmp_path / "run" / "stage1_ctx64", tmp_path / "run" / "stage2_ctx32"
+    shutil.rmtree(s2 / "checkpoints")                  # its launch killed after its evaluation, before the checkpoint
+    StagedRun(staged(4)).fit()
+    first, second = (json.loads((s / "metrics.jsonl").read_text().splitlines()[i]) for s, i in ((s1, -1), (s2, 0)))
+    assert first["step"] == 4 and (s2 / "metrics.before_restart.jsonl").exists()
+    assert second["tokens_all_stages"] - second["tokens"] == first["tokens_all_stages"]   # from the longer stage
+
+
 def test_the_checks_before_a_staged_run_trains_read_each_stages_records_once(compose, tmp_path, monkeypatch):
     """Whether each later stage still follows from the stage before, and whether the first stage would train past a
     later one's start, are judged from the stages' metrics.jsonl, each read once (here: the first stage would)."""
@@ -398,7 +416,8 @@ def test_the_checks_before_a_staged_run_trains_read_each_stages_records_once(com
                                                   "{ctx:32,trainer.max_steps:1},{}]")
     tokens = {"stage1_ctx32": (256, 256), "stage2_ctx32": (256, 512), "stage3_ctx64": (512, 1024)}  # in sequence
     for name, (mine, all_stages) in tokens.items():
-        (tmp_path / "run" / name).mkdir(parents=True)
+        (tmp_path / "run" / name / "checkpoints").mkdir(parents=True)   # each stage ran to a checkpoint
+        (tmp_path / "run" / name / "checkpoints" / "step_00000001.pt").write_bytes(b"")
         (tmp_path / "run" / name / "metrics.jsonl").write_text(
             json.dumps({"step": 1, "tokens": mine, "tokens_all_stages": all_stages}) + "\n")
     reads, records = {}, loggers.JsonlLogger.records
