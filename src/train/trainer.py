@@ -368,7 +368,7 @@ class Trainer:
                 f"start another in a new folder (run_name=<new name>, or another run_dir / hydra.run.dir where one is "
                 f"given; trainer.init_from={self.run_dir} starts one from its weights). Nothing was overwritten.")
         self.restart = latest is None and launched_before(self.run_dir)
-        logged = JsonlLogger(self.run_dir).count_records() if self.restart else 0
+        logged = self.restart_logged = JsonlLogger(self.run_dir).count_records() if self.restart else 0
         if logged > 1:  # every evaluation is followed by a checkpoint: these were removed, not never written
             raise FileExistsError(
                 f"{self.run_dir} holds {logged} evaluations but no checkpoint (removed?): nothing to continue from, "
@@ -382,7 +382,7 @@ class Trainer:
         records, config, data record, kept tokenizer, wandb id) is set aside, never mixed with this run's: this
         launch may train another model on other data."""
         line = f"{self.run_dir} holds no checkpoint to continue from: starting the run over from step 0"
-        count = self.jsonl.count_records()
+        count = self.restart_logged   # counted by _check_run_dir
         moved = set_aside([self.run_dir / name for name in START_OVER_ASIDE], "before_restart")
         _repoint_records(moved)
         aside = [f"{p.name} ({count} evaluation{'s' * (count != 1)})" if p.name.startswith("metrics.") else p.name
