@@ -1,13 +1,15 @@
 """How a run was made: `<run_dir>/provenance.json`, written by rank 0 when a run starts.
 
-    {"command": [argv...], "overrides": [...], "git": {"commit", "dirty", "diff_file"},
+    {"command": [argv...], "overrides": [...], "git": {"commit", "dirty", "diff_file"}, "config_git": null or
+     {"dir", "commit", "dirty", "diff_file"} (conf/ from another checkout than the package's),
      "versions": {"torch", "triton", "fla", "longctx", "python"}, "device": "...", "world_size": N, "time": "...",
      "launches": [the record of every launch, the first one included]}
 
 The top level is the first launch (how the run was made); a resumed or requeued launch appends its own record to
 `launches` and never rewrites the earlier ones. A launch from a dirty git tree leaves its `git diff HEAD` beside the
-record (`provenance.diff`, then `provenance.launch<k>.diff`). Anything that cannot be known (no git, code outside a
-git tree, a package not installed) is null: recording provenance never stops a run.
+record (`provenance.diff`, then `provenance.launch<k>.diff`; `.config.diff` for conf/'s other tree). Anything that
+cannot be known (no git, code outside a git tree, a package not installed) is null: recording provenance never stops
+a run.
 
     from longctx import provenance
     record = provenance.read("runs/RUN")            # None for runs older than the record
@@ -43,22 +45,59 @@ def _version(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, where: Path | None = None) -> str | None:
+    """git's output in `where` (the package's folder by default), None where git fails or is missing."""
     try:
-        out = subprocess.run(["git", "-C", str(CODE_DIR), *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["git", "-C", str(where or CODE_DIR), *args], capture_output=True, text=True,
+                             timeout=30)
     except (OSError, subprocess.SubprocessError):  # no git, or it hung
         return None
     return out.stdout if out.returncode == 0 else None
 
 
-def git_state() -> tuple[dict, str | None]:
-    """({"commit", "dirty", "diff_file": None}, the diff of tracked files against HEAD or None when clean/unknown)."""
-    commit = _git("rev-parse", "HEAD")
-    if commit is None or _git("ls-files", "--error-unmatch", Path(__file__).name) is None:  # not our tree's code
+def _tree_state(where: Path | None = None) -> tuple[dict, str | None]:
+    """({"commit", "dirty", "diff_file": None}, the diff of tracked files against HEAD or None when clean/unknown) of
+    the git tree holding `where`."""
+    commit = _git("rev-parse", "HEAD", where=where)
+    if commit is None:
         return {"commit": None, "dirty": None, "diff_file": None}, None
-    diff = _git("diff", "HEAD")  # the whole tree: conf/ and train.py shape a run as much as the package
+    diff = _git("diff", "HEAD", where=where)  # the whole tree: conf/ and train.py shape a run as much as the package
     dirty = None if diff is None else bool(diff.strip())
     return {"commit": commit.strip(), "dirty": dirty, "diff_file": None}, diff if dirty else None
+
+
+def git_state() -> tuple[dict, str | None]:
+    """The package's git tree (_tree_state); nulls where the package is not in one of its own."""
+    if _git("ls-files", "--error-unmatch", Path(__file__).name) is None:  # not our tree's code
+        return {"commit": None, "dirty": None, "diff_file": None}, None
+    return _tree_state()
+
+
+def config_dir() -> Path | None:
+    """The folder of the primary config this Hydra job composed (train.py's conf/), None outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    for source in HydraConfig.get().runtime.config_sources:
+        if source.provider == "main" and source.schema == "file":
+            return Path(source.path)
+    return None
+
+
+def config_git_state(conf: Path | None, package_git: dict) -> tuple[dict | None, str | None]:
+    """Where the config came from when that is not the package's own tree (train.py and conf/ of one checkout, the
+    package installed from another): ({"dir", "commit", "dirty", "diff_file": None} of conf's git tree, nulls
+    outside one; its diff or None). (None, None) where conf/ lies in the package's tree (package_git: git_state's),
+    or outside a Hydra job."""
+    if conf is None:
+        return None, None
+    top = _git("rev-parse", "--show-toplevel") if package_git["commit"] is not None else None
+    if top is not None and Path(conf).resolve().is_relative_to(Path(top.strip()).resolve()):
+        return None, None
+    state, diff = _tree_state(Path(conf)) if Path(conf).is_dir() else ({"commit": None, "dirty": None,
+                                                                        "diff_file": None}, None)
+    return {"dir": str(conf), **state}, diff
 
 
 def hydra_overrides() -> list[str] | None:
@@ -75,21 +114,24 @@ def collect(device: str | None = None, world_size: int = 1) -> dict:
     return _collect(device, world_size)[0]
 
 
-def _collect(device: str | None, world_size: int) -> tuple[dict, str | None]:
-    """(this launch's record, its git diff: None when the tree is clean or unknown)."""
+def _collect(device: str | None, world_size: int) -> tuple[dict, dict]:
+    """(this launch's record, its diffs: {"git": the package tree's, "config_git": conf/'s tree's where that is
+    another}, each present only when that tree is dirty)."""
     if device is None:
         import torch
 
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     git, diff = git_state()
+    config_git, config_diff = config_git_state(config_dir(), git)
     record = {
-        "command": list(sys.argv), "overrides": hydra_overrides(), "git": git,
+        "command": list(sys.argv), "overrides": hydra_overrides(), "git": git, "config_git": config_git,
         "versions": {**{key: _version(names) for key, names in DISTRIBUTIONS.items()},
                      "python": platform.python_version()},
         "device": device, "world_size": int(world_size),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    return record, diff
+    diffs = {key: text for key, text in (("git", diff), ("config_git", config_diff)) if text is not None}
+    return record, diffs
 
 
 def read(run_dir: str | Path) -> dict | None:
@@ -110,7 +152,7 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -
     """Record this launch in <run_dir>/provenance.json (appended to `launches` when the run already has one).
     Returns the whole record."""
     run_dir = Path(run_dir)
-    record, diff = _collect(device, world_size)
+    record, diffs = _collect(device, world_size)
     try:
         earlier = read(run_dir)
     except (ValueError, OSError) as err:  # cut short or not a record: kept aside, never lost, never fatal
@@ -118,10 +160,10 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -
         logging.getLogger("longctx").warning(f"{err}; kept as {kept[0].name}, a new record starts")
         earlier = None
     launches = earlier.get("launches", [earlier]) if earlier else []
-    if diff is not None:
-        name = "provenance.diff" if not launches else f"provenance.launch{len(launches)}.diff"
-        write_atomic(run_dir / name, diff)
-        record["git"]["diff_file"] = name
+    for key, diff in diffs.items():   # provenance.diff / provenance.config.diff, then .launch<k>. of each
+        name = "provenance" + (f".launch{len(launches)}" if launches else "") + (".config" if key != "git" else "")
+        write_atomic(run_dir / f"{name}.diff", diff)
+        record[key]["diff_file"] = f"{name}.diff"
     whole = {k: v for k, v in earlier.items() if k != "launches"} if earlier else dict(record)
     whole["launches"] = [*launches, record]
     write_atomic(run_dir / FILE, json.dumps(whole, indent=1) + "\n")

@@ -47,6 +47,9 @@ def test_a_run_records_its_command_and_reruns_to_the_same_config(train_env, tiny
         assert (git["diff_file"] is not None) == git["dirty"]
         if git["dirty"]:
             assert (first / git["diff_file"]).read_text().startswith("diff --git")
+        assert record["config_git"] is None   # train.py's conf/ is in the package's own tree
+    else:
+        assert record["config_git"]["dir"] == str(REPO / "conf")   # Hydra's primary config folder, named
     assert len(record["launches"]) == 1 and record["launches"][0]["time"] == record["time"]
 
     # The reconstructed command (entry point + the job's overrides) trains the same config elsewhere.
@@ -159,3 +162,32 @@ def test_differences_from_now_name_each_version_and_commit_that_changed(tmp_path
     assert differs["versions.torch"] == ("0.0.1", now["versions"]["torch"])
     assert ("git.commit" in differs) == (now["git"]["commit"] is not None)
     assert set(differs) <= {"versions.torch", "git.commit"}
+
+
+def test_a_config_from_another_checkout_is_recorded_with_its_own_tree(tmp_path, monkeypatch):
+    """train.py and conf/ of one checkout, the package installed from another: the record names conf/'s tree and
+    commit (and its diff, dirty) beside the package's; conf/ inside the package's tree adds nothing."""
+    code, other = tmp_path / "code", tmp_path / "other"
+    for tree, text in ((code, "x = 1\n"), (other, "lr: 1\n")):
+        (tree / "conf").mkdir(parents=True)
+        (tree / Path(provenance.__file__).name).write_text(text)
+        (tree / "conf" / "config.yaml").write_text(text)
+        _git(tree, "init", "-q")
+        _git(tree, "add", ".")
+        _git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    monkeypatch.setattr(provenance, "CODE_DIR", code)
+    monkeypatch.setattr(provenance, "config_dir", lambda: code / "conf")
+    assert provenance.collect("cpu")["config_git"] is None
+    monkeypatch.setattr(provenance, "config_dir", lambda: other / "conf")
+    (other / "conf" / "config.yaml").write_text("lr: 2\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record = provenance.write(run_dir, device="cpu")
+    assert record["git"]["commit"] == _git(code, "rev-parse", "HEAD").strip() and record["git"]["dirty"] is False
+    assert record["config_git"] == {"dir": str(other / "conf"), "commit": _git(other, "rev-parse", "HEAD").strip(),
+                                    "dirty": True, "diff_file": "provenance.config.diff"}
+    assert "+lr: 2" in (run_dir / "provenance.config.diff").read_text() and not (run_dir / "provenance.diff").exists()
+    monkeypatch.setattr(provenance, "config_dir", lambda: tmp_path / "loose")          # not in any git tree
+    (tmp_path / "loose").mkdir()
+    assert provenance.collect("cpu")["config_git"] == {"dir": str(tmp_path / "loose"), "commit": None,
+                                                       "dirty": None, "diff_file": None}
