@@ -183,6 +183,13 @@ def test_routing_table_and_impl_env(monkeypatch):
 
     assert route(long, 2, 64, torch.bfloat16) == ("chunked", "p2", cfg.chunk_p2)
     assert route(short, 2, 64, torch.bfloat16) == ("attention", "", None)
+    aligned, chunk = cfg.chunked_min_t_aligned, cfg.chunk_p2   # whole chunks: the chunked form from a shorter t
+    assert aligned % chunk == 0 and aligned < long
+    assert route(aligned, 2, 64, torch.bfloat16) == ("chunked", "p2", chunk)
+    assert route(aligned - chunk, 2, 64, torch.bfloat16)[0] == "attention"
+    assert route(aligned + chunk // 2, 2, 64, torch.bfloat16)[0] == "attention"    # a padded tail: from `long` on
+    assert route(long + chunk // 2, 2, 64, torch.bfloat16)[0] == "chunked"
+    assert route(aligned, 4, 64, torch.bfloat16)[0] == "attention"
     assert route(long, 2, 64, torch.float32) == ("attention", "", None)
     assert route(long, 4, 64, torch.bfloat16) == ("attention", "", None)
     assert route(long, 1, 64, torch.float32) == ("chunked", "generic", cfg.default_chunk)
@@ -196,7 +203,7 @@ def test_routing_table_and_impl_env(monkeypatch):
     assert plan.make_plan(long, 2, 64, torch.bfloat16, "cpu").form == "reference"
     assert plan.make_plan(long, 2, 64, torch.bfloat16, compiling=True).launcher == "custom_op"
     assert plan.make_plan(100, 2, 64, torch.bfloat16, compiling=True, state_out=True).launcher == "function"
-    with config.dispatch.override(chunked_min_t=long + 1):             # the threshold is read at each call
+    with config.dispatch.override(chunked_min_t=long + 1, chunked_min_t_aligned=long + 1):   # read at each call
         assert route(long, 2, 64, torch.bfloat16)[0] == "attention"
     monkeypatch.setenv(plan.IMPL_ENV, "chunked")
     assert route(long, 2, 64, torch.float32) == ("chunked", "generic", cfg.default_chunk)

@@ -243,10 +243,12 @@ def test_bf16_decoding_steps_carry_an_fp32_state():
     assert rel_err(y, whole[:, -1:]) < 1e-2
 
 
-def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monkeypatch):
-    """t >= chunked_min_t, bf16, p=2: chunk_size=None takes the chunked form; it agrees with the attention form."""
+@pytest.mark.parametrize("threshold", ["chunked_min_t", "chunked_min_t_aligned"])
+def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monkeypatch, threshold):
+    """t >= chunked_min_t (or chunked_min_t_aligned, whole chunks), bf16, p=2: chunk_size=None takes the chunked form;
+    it agrees with the attention form."""
     from longctx.kernels.power import config, plan
-    t = config.dispatch.current().chunked_min_t
+    t = getattr(config.dispatch.current(), threshold)
     assert plan.cuda_chunk_size(t, 2, 64, torch.bfloat16) == plan.default_chunk(2, 64, torch.bfloat16)
     q, k, v, lg = make(1, t, 2, 2, 64, torch.bfloat16, True)
     y = power_attention(q, k, v, lg, p=2)

@@ -111,6 +111,8 @@ def test_dispatch_thresholds_pinned():
     cfg = config.dispatch.current()
     assert plan.cuda_chunk_size(cfg.chunked_min_t - 1, 2, 64, torch.bfloat16) is None
     assert plan.cuda_chunk_size(cfg.chunked_min_t, 2, 64, torch.bfloat16) == cfg.chunk_p2
+    assert plan.cuda_chunk_size(cfg.chunked_min_t_aligned, 2, 64, torch.bfloat16) == cfg.chunk_p2
+    assert plan.cuda_chunk_size(cfg.chunked_min_t_aligned - cfg.chunk_p2, 2, 64, torch.bfloat16) is None
     assert plan.cuda_chunk_size(65536, 4, 64, torch.bfloat16) is None  # p=4: always the attention form
     assert plan.cuda_chunk_size(cfg.chunked_min_t_linear, 1, 64, torch.bfloat16) == cfg.default_chunk
     assert plan.cuda_chunk_size(65536, 2, 64, torch.float32) is None  # p=2 outside bf16: attention form

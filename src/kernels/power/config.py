@@ -51,8 +51,11 @@ class GatesConfig:
 @dataclass(frozen=True)
 class DispatchConfig:
     """Which form a stateless call with chunk_size=None runs (dispatch.py), and the chunk it gets. Crossings measured
-    fwd+bwd, b=8, h=12, bf16, H100 (tools/bench_forms.py), chunked / attention form ms."""
-    chunked_min_t: int = 6144          # p=2, d=64: 4k 3.84 / 3.05, 6k 5.32 / 6.18, 8k 6.99 / 10.41
+    fwd+bwd, b=8, h=12, bf16, H100 (tools/bench_forms.py, tools/ab_switch.py), chunked / attention form ms. The
+    chunked form pads t to whole chunks, so a t just past a multiple of the chunk pays for one more whole chunk."""
+    chunked_min_t: int = 6144          # p=2, d=64, any t: 4864 4.35 / 3.86, 6144 4.46 / 6.05 (chunk 512)
+    # ... t a multiple of the chunk (no zero-padded tail): 4096 3.02 / 2.82, 4608 3.37 / 3.52, 5120 3.73 / 4.31
+    chunked_min_t_aligned: int = 4608
     chunked_min_t_wide: int = 16384    # p=2, d=128: 8k 57.4 / 32.3, 16k 116.5 / 128.4
     chunked_min_t_linear: int = 4096   # p=1: 2k 3.47 / 0.89, 4k 1.88 / 2.70, 8k 3.52 / 9.15
     default_chunk: int = 1024          # chunk when the caller gives none (512 and 2048 within 3%)

@@ -48,12 +48,15 @@ def p2_family(p: int, d: int, dtype) -> bool:
             and (cfg.force or dtype == torch.bfloat16))
 
 
-def min_chunked_t(p: int, d: int) -> int:
-    """Shortest t at which a stateless CUDA call takes the chunked form."""
+def min_chunked_t(p: int, d: int, aligned: bool = False) -> int:
+    """Shortest t at which a stateless CUDA call takes the chunked form; aligned: for a t that is a multiple of the
+    chunk (p=2 at d <= 64: no zero-padded tail, so the chunked form wins from a shorter t)."""
     cfg = config.dispatch.current()
     if p == 1:
         return cfg.chunked_min_t_linear
-    return cfg.chunked_min_t_wide if p == 2 and d >= 128 else cfg.chunked_min_t
+    if p == 2 and d >= 128:
+        return cfg.chunked_min_t_wide
+    return min(cfg.chunked_min_t, cfg.chunked_min_t_aligned) if aligned else cfg.chunked_min_t
 
 
 def rounds_carried_state(t: int, p: int, d: int, dtype, state_in: bool, state_out: bool) -> bool:
@@ -76,7 +79,7 @@ def default_chunk(p: int, d: int, dtype=None) -> int:
 
 def cuda_chunk_size(t: int, p: int, d: int, dtype=None, impl_: Optional[str] = None) -> Optional[int]:
     """Chunk length of a stateless CUDA call with chunk_size=None, or None for the attention form: the chunked form
-    where it is the faster one, t >= min_chunked_t and either p = 1 (a d x d state: cheap at any dtype) or the p=2
+    where it is the faster one, t >= min_chunked_t (sooner for a t of whole chunks) and either p = 1 (a d x d state: cheap at any dtype) or the p=2
     family (bf16); else the attention form (fastest at short t; the faster form for p >= 3 and for p = 2 in fp16 /
     fp32, where only the generic chunked kernels exist). impl_: LONGCTX_POWER_IMPL (None: read it)."""
     impl_ = impl() if impl_ is None else impl_
@@ -84,11 +87,10 @@ def cuda_chunk_size(t: int, p: int, d: int, dtype=None, impl_: Optional[str] = N
         return None
     if impl_ == "chunked" and p <= 2:
         return default_chunk(p, d, dtype)
-    if t < min_chunked_t(p, d):
+    if not (p == 1 or p2_family(p, d, dtype)):
         return None
-    if p == 1 or p2_family(p, d, dtype):
-        return default_chunk(p, d, dtype)
-    return None
+    chunk = default_chunk(p, d, dtype)
+    return chunk if t >= min_chunked_t(p, d, aligned=t % chunk == 0) else None
 
 
 def cpu_chunk_size(t: int, p: int) -> Optional[int]:
