@@ -224,6 +224,14 @@ def forward_docs(micro_docs: int | None, run_cfg: DictConfig, cfg: DictConfig) -
     return int(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch)
 
 
+def forward_docs_source(micro_docs: int | None, run_cfg: DictConfig) -> str:
+    """Where forward_docs' number came from, as the progress line says it."""
+    if micro_docs:
+        return "--micro-docs"
+    key = "trainer.micro_docs" if run_cfg.trainer.micro_docs else "data.docs_per_batch"
+    return f"the run's {key}; --micro-docs sets it"
+
+
 def run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides=(), precision: str = "auto",
               micro_docs: int | None = None) -> dict:
     """What was evaluated and how: the checkpoint, the data (with the data.KEY= overrides given), the device, the
@@ -310,7 +318,7 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     start = time.perf_counter()
     per_forward = forward_docs(micro_docs, run_cfg, cfg)
     with command_progress(evaluation.n_docs, f"evaluate ctx {ctx}", "doc",
-                          evaluation.forwards_note(per_forward)) as progress:
+                          evaluation.forwards_note(per_forward, forward_docs_source(micro_docs, run_cfg))) as progress:
         result = evaluation.run(model, per_forward, precision, on_batch=progress.update)
     if not result.finite:
         raise FloatingPointError(f"non-finite heldout loss ({int((~np.isfinite(result.per_position)).sum())} of "

@@ -325,8 +325,9 @@ def test_evaluate_out_in_a_read_only_folder_is_refused_first(run, tmp_path, caps
 
 
 @pytest.mark.parametrize("task, args, first, last", [
-    ("heldout", ["--docs", "2"], "evaluate ctx 64: started (2 docs in 1 forward of up to 2, set by --micro-docs; "
-                                 "progress is counted per forward)", r"evaluate ctx 64: done, 2/2 docs in \d+s"),
+    ("heldout", ["--docs", "2"], "evaluate ctx 64: started (2 docs in 1 forward of up to 2, set by the run's "
+                                 "data.docs_per_batch; --micro-docs sets it; progress is counted per forward)",
+     r"evaluate ctx 64: done, 2/2 docs in \d+s"),
     ("passkey", ["--task", "passkey", "--contexts", "40,64", "--trials", "2"], "passkey: started (2 contexts)",
      r"passkey: done, 2/2 contexts in \d+s")])
 def test_evaluate_says_its_progress_on_stderr_when_not_a_terminal(run, tmp_path, capsys, task, args, first, last):

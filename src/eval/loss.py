@@ -116,12 +116,12 @@ class HeldoutEvaluation:
         vocab = int(self.inputs.max()) + 1  # the BOS id, the largest of recall data's ids, + 1: the logits' width
         return max(1, min(micro_docs, RECALL_LOGITS_ELEMENTS // (self.targets.shape[1] * max(vocab, 1))))
 
-    def forwards_note(self, micro_docs: int) -> str:
+    def forwards_note(self, micro_docs: int, set_by: str = "--micro-docs") -> str:
         """How the documents are split into forwards, said before the first: progress is counted per forward, and
-        one forward of many long documents can take minutes."""
+        one forward of many long documents can take minutes. set_by: where micro_docs came from."""
         per = min(self.docs_per_forward(micro_docs), self.n_docs)
         forwards = -(-self.n_docs // per)
-        return (f"in {forwards} forward{'s' * (forwards != 1)} of up to {per}, set by --micro-docs; progress is "
+        return (f"in {forwards} forward{'s' * (forwards != 1)} of up to {per}, set by {set_by}; progress is "
                 f"counted per forward")
 
     @torch.no_grad()
