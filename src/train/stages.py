@@ -190,15 +190,19 @@ class StagedRun:
         return self.read[i]
 
     def _continued(self, i: int) -> list[dict]:
-        """Stage i's records where its folder holds a checkpoint to continue from; none where its launch stopped
-        before its first: that stage starts over from the stage before's weights as they are then (its trainer sets
-        its records aside), so nothing of it can be stale."""
-        from longctx.train import checkpoint as ckpt
+        """Stage i's records, none where its trainer will start it over (trainer.starts_over: its launch stopped
+        before its first checkpoint): it then starts from the stage before's weights as they are, its records set
+        aside unread, so nothing of it can be stale. A folder its trainer refuses keeps its records here: judged
+        before any stage trains."""
+        from longctx.train.trainer import starts_over
 
-        return self._records(i) if ckpt.list_checkpoints(self.stages[i][0]) else []
+        return [] if starts_over(self.stages[i][0]) else self._records(i)
 
     def _refuse_stale(self, i: int) -> None:
-        why = _stale(i, self.stages[i - 1][0], self.stages[i][0], self._records(i - 1), self._continued(i))
+        mine = self._continued(i)
+        if _prior_tokens(mine) is None:   # not started, or starting over: the stage before's records are not read
+            return
+        why = _stale(i, self.stages[i - 1][0], self.stages[i][0], self._records(i - 1), mine)
         if why:
             raise StageError(f"config: {why}")
 

@@ -144,26 +144,35 @@ SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size
              "qkv_bias": "arch.qkv_bias"}
 
 
+def starts_over(run_dir: str | Path) -> bool:
+    """Whether a launch in `run_dir` starts its run over (Trainer._check_run_dir): an earlier launch got past its
+    checks but saved no checkpoint, no weights, and at most one evaluation (more: its checkpoints were removed, and
+    the folder is refused instead)."""
+    return (launched_before(run_dir) and not ckpt.list_checkpoints(run_dir) and not ckpt.list_weights(run_dir)
+            and JsonlLogger(run_dir).count_records() <= 1)
+
+
 def _repoint_records(moved: list[Path]) -> None:
     """After a start-over's set-aside: the kept metrics' per-document record paths (`"doc_bins": "eval/..."`) name
-    the kept records folder (`eval.before_restart/...`), not the new run's `eval/`, which reuses their names. Only
-    those strings change; every other byte of the kept lines stays."""
-    metrics = next((p for p in moved if p.name.startswith("metrics.")), None)
-    records = next((p for p in moved if p.name.startswith(RECORD_DIR + ".")), None)
-    if metrics is None or records is None:
+    the kept records folder (`eval.before_restart[k]/...`, whether or not it was there to move), never the new run's
+    `eval/`, which reuses their names. Only those strings change; every other byte of the kept file stays."""
+    metrics = next((p for p in moved if p.name.startswith("metrics.") and p.suffix == ".jsonl"), None)
+    if metrics is None:
         return
-    lines, changed = metrics.read_text().splitlines(keepends=True), False
+    kept = f"{RECORD_DIR}.{metrics.name[len('metrics.'):-len('.jsonl')]}"   # set_aside's one number for all
+    lines, changed = metrics.read_bytes().split(b"\n"), False
     for i, line in enumerate(lines):
         try:
             row = json.loads(line)
-        except ValueError:
-            continue                       # a malformed line is kept as it is
+        except ValueError:                 # malformed or not UTF-8: kept as it is
+            continue
         name = row.get("doc_bins") if isinstance(row, dict) else None
-        if isinstance(name, str) and name.startswith(RECORD_DIR + "/") and json.dumps(name) in line:
-            lines[i] = line.replace(json.dumps(name), json.dumps(records.name + name[len(RECORD_DIR):]), 1)
+        old = b'"doc_bins": ' + json.dumps(name).encode()   # as JsonlLogger writes it
+        if isinstance(name, str) and name.startswith(RECORD_DIR + "/") and line.count(old) == 1:
+            lines[i] = line.replace(old, b'"doc_bins": ' + json.dumps(kept + name[len(RECORD_DIR):]).encode())
             changed = True
     if changed:
-        write_atomic(metrics, "".join(lines))
+        write_atomic(metrics, b"\n".join(lines))
 
 
 class Trainer:

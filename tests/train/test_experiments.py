@@ -404,6 +404,40 @@ def test_a_later_stage_stopped_before_its_first_checkpoint_starts_over_from_the_
     assert second["tokens_all_stages"] - second["tokens"] == first["tokens_all_stages"]   # from the longer stage
 
 
+@pytest.mark.parametrize("left", ["weights", "evaluations"])
+def test_a_later_stage_its_trainer_would_refuse_still_stops_the_run_before_anything_trains(compose, tmp_path, left):
+    """A later stage without a .pt checkpoint that its trainer refuses (weights kept, or two evaluations: its
+    checkpoints removed) is not taken for one that starts over: the first stage does not train further."""
+    from longctx.train.stages import StageError
+
+    def staged(steps):
+        return compose(f"run_dir={tmp_path / 'run'}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
+                       "data.n_heldout=8", "data.eval_docs=4", f"trainer.max_steps={steps}", "trainer.eval_every=1",
+                       "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu",
+                       "trainer.resume=auto", "trainer.stages=[{},{ctx:32}]")
+    StagedRun(staged(2)).fit()
+    s1, s2 = tmp_path / "run" / "stage1_ctx64", tmp_path / "run" / "stage2_ctx32"
+    for path in (s2 / "checkpoints").iterdir():
+        if left == "evaluations" or path.suffix == ".pt":
+            path.unlink()
+    before = (s1 / "metrics.jsonl").read_bytes()
+    with pytest.raises(StageError, match=r"trainer.stages\[0\] \(stage1_ctx64\) would train further"):
+        StagedRun(staged(4))
+    assert (s1 / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_first_stage_stopped_with_a_malformed_line_starts_over_in_a_staged_run(compose, tmp_path):
+    """The first stage's launch stopped before its checkpoint, leaving a malformed metrics line; the later stage
+    never started: nothing is stale, the stage's own trainer starts it over (its lines set aside unread)."""
+    cfg = _tiny_staged(compose, tmp_path / "run")
+    first = plan(cfg)[0][0]
+    first.mkdir(parents=True)
+    (first / "config.yaml").write_text("stopped: true\n")
+    (first / "metrics.jsonl").write_text('{"step": 1, "tokens": 256}\n{"step": 2\n["not a record"]\n')
+    staged = StagedRun(cfg)
+    assert staged.first.restart and staged.first.step == 0
+
+
 def test_the_checks_before_a_staged_run_trains_read_each_stages_records_once(compose, tmp_path, monkeypatch):
     """Whether each later stage still follows from the stage before, and whether the first stage would train past a
     later one's start, are judged from the stages' metrics.jsonl, each read once (here: the first stage would)."""

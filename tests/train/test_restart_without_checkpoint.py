@@ -195,3 +195,20 @@ def test_a_stopped_launchs_malformed_metrics_and_bad_wandb_id_go_aside_with_it(c
     assert not (run / "metrics.jsonl").exists() and len(ids) == 1
     assert (run / "wandb_id").read_text() == ids[0] + "\n" and ids[0] != "not an id/at all"
 
+
+
+def test_kept_metrics_name_the_kept_records_and_keep_every_other_byte(tmp_path):
+    """_repoint_records on what a stopped launch may leave: CRLF line ends, a line that is not UTF-8, another field
+    holding the same path, and a records folder that was never written (the path still leaves the new run's eval/)."""
+    from longctx.train.trainer import _repoint_records
+
+    metrics = tmp_path / "metrics.before_restart2.jsonl"
+    raw = (b'{"step": 2, "note": "eval/step_00000002.npz", "doc_bins": "eval/step_00000002.npz"}\r\n'
+           b'{"step": 3, "text": "\xff"}\n'
+           b'{"step": 4, "doc_bins": "eval/step_00000004.npz"}')
+    metrics.write_bytes(raw)
+    _repoint_records([metrics])
+    assert metrics.read_bytes() == (
+        b'{"step": 2, "note": "eval/step_00000002.npz", "doc_bins": "eval.before_restart2/step_00000002.npz"}\r\n'
+        b'{"step": 3, "text": "\xff"}\n'
+        b'{"step": 4, "doc_bins": "eval.before_restart2/step_00000004.npz"}')
