@@ -190,6 +190,11 @@ def test_routing_table_and_impl_env(monkeypatch):
     assert route(aligned + chunk // 2, 2, 64, torch.bfloat16)[0] == "attention"    # a padded tail: from `long` on
     assert route(long + chunk // 2, 2, 64, torch.bfloat16)[0] == "chunked"
     assert route(aligned, 4, 64, torch.bfloat16)[0] == "attention"
+    assert route(5120, 2, 96, torch.bfloat16)[0] == "attention"       # whole chunks of 1024, but measured at d <= 64
+    with config.dispatch.override(chunked_min_t=8192):                # the aligned threshold stays: raise both
+        assert route(aligned, 2, 64, torch.bfloat16)[0] == "chunked"
+    with config.dispatch.override(chunked_min_t=8192, chunked_min_t_aligned=8192):
+        assert route(aligned, 2, 64, torch.bfloat16)[0] == "attention"
     assert route(long, 2, 64, torch.float32) == ("attention", "", None)
     assert route(long, 4, 64, torch.bfloat16) == ("attention", "", None)
     assert route(long, 1, 64, torch.float32) == ("chunked", "generic", cfg.default_chunk)

@@ -50,13 +50,16 @@ def p2_family(p: int, d: int, dtype) -> bool:
 
 def min_chunked_t(p: int, d: int, aligned: bool = False) -> int:
     """Shortest t at which a stateless CUDA call takes the chunked form; aligned: for a t that is a multiple of the
-    chunk (p=2 at d <= 64: no zero-padded tail, so the chunked form wins from a shorter t)."""
+    chunk, where p=2 at d <= 64 (measured there only) takes it from chunked_min_t_aligned (no zero-padded tail). To
+    keep the attention form longer, raise both thresholds."""
     cfg = config.dispatch.current()
     if p == 1:
         return cfg.chunked_min_t_linear
     if p == 2 and d >= 128:
         return cfg.chunked_min_t_wide
-    return min(cfg.chunked_min_t, cfg.chunked_min_t_aligned) if aligned else cfg.chunked_min_t
+    if aligned and p == 2 and d <= 64:
+        return min(cfg.chunked_min_t, cfg.chunked_min_t_aligned)
+    return cfg.chunked_min_t
 
 
 def rounds_carried_state(t: int, p: int, d: int, dtype, state_in: bool, state_out: bool) -> bool:
@@ -79,9 +82,10 @@ def default_chunk(p: int, d: int, dtype=None) -> int:
 
 def cuda_chunk_size(t: int, p: int, d: int, dtype=None, impl_: Optional[str] = None) -> Optional[int]:
     """Chunk length of a stateless CUDA call with chunk_size=None, or None for the attention form: the chunked form
-    where it is the faster one, t >= min_chunked_t (sooner for a t of whole chunks) and either p = 1 (a d x d state: cheap at any dtype) or the p=2
-    family (bf16); else the attention form (fastest at short t; the faster form for p >= 3 and for p = 2 in fp16 /
-    fp32, where only the generic chunked kernels exist). impl_: LONGCTX_POWER_IMPL (None: read it)."""
+    where it is the faster one, t >= min_chunked_t (from a shorter t where t is whole chunks) and either p = 1 (a d x d
+    state: cheap at any dtype) or the p=2 family (bf16); else the attention form (fastest at short t; the faster form
+    for p >= 3 and for p = 2 in fp16 / fp32, where only the generic chunked kernels exist). impl_: LONGCTX_POWER_IMPL
+    (None: read it)."""
     impl_ = impl() if impl_ is None else impl_
     if impl_ in ("attention", "reference"):
         return None
