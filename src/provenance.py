@@ -1,15 +1,16 @@
 """How a run was made: `<run_dir>/provenance.json`, written by rank 0 when a run starts.
 
     {"command": [argv...], "overrides": [...], "git": {"commit", "dirty", "diff_file"}, "config_git": null or
-     {"dir", "commit", "dirty", "diff_file"} (conf/ from another checkout than the package's),
+     [{"dir", "commit", "dirty", "diff_file"} of each config folder outside the package's checkout (conf/ of another
+     checkout, a --config-dir)],
      "versions": {"torch", "triton", "fla", "longctx", "python"}, "device": "...", "world_size": N, "time": "...",
      "launches": [the record of every launch, the first one included]}
 
 The top level is the first launch (how the run was made); a resumed or requeued launch appends its own record to
 `launches` and never rewrites the earlier ones. A launch from a dirty git tree leaves its `git diff HEAD` beside the
-record (`provenance.diff`, then `provenance.launch<k>.diff`; `.config.diff` for conf/'s other tree). Anything that
-cannot be known (no git, code outside a git tree, a package not installed) is null: recording provenance never stops
-a run.
+record (`provenance.diff`, then `provenance.launch<k>.diff`; `.config.diff`, `.config2.diff` ... for config folders
+of other trees; untracked files under a config folder count, as new files). Anything that cannot be known (no git,
+code outside a git tree, a package not installed) is null: recording provenance never stops a run.
 
     from longctx import provenance
     record = provenance.read("runs/RUN")            # None for runs older than the record
@@ -55,49 +56,79 @@ def _git(*args: str, where: Path | None = None) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def _tree_state(where: Path | None = None) -> tuple[dict, str | None]:
-    """({"commit", "dirty", "diff_file": None}, the diff of tracked files against HEAD or None when clean/unknown) of
-    the git tree holding `where`."""
+UNTRACKED_MAX_BYTES = 1 << 20   # an untracked config file larger than this is named in the diff, not copied
+
+
+def _untracked_diff(where: Path, folders: list[Path]) -> str:
+    """New-file diffs of the untracked (not ignored) files under `folders` in where's git tree: a config file never
+    committed shapes a run as much as an edited one."""
+    names = _git("ls-files", "--others", "--exclude-standard", "-z", "--", *map(str, folders), where=where)
+    parts = []
+    for name in filter(None, (names or "").split("\0")):
+        if (Path(where) / name).stat().st_size > UNTRACKED_MAX_BYTES:
+            parts.append(f"# untracked, over {UNTRACKED_MAX_BYTES} bytes, not copied: {name}\n")
+            continue
+        try:   # exit status 1: the files differ
+            out = subprocess.run(["git", "-C", str(where), "diff", "--no-index", "--", "/dev/null", name],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            out = None
+        parts.append(out.stdout if out is not None and out.returncode == 1 else f"# untracked: {name}\n")
+    return "".join(parts)
+
+
+def _tree_state(where: Path | None = None, config: list[Path] = ()) -> tuple[dict, str | None]:
+    """({"commit", "dirty", "diff_file": None}, its diff or None when clean/unknown) of the git tree holding `where`:
+    tracked files against HEAD, and the untracked files under the config folders `config` of that tree."""
     commit = _git("rev-parse", "HEAD", where=where)
     if commit is None:
         return {"commit": None, "dirty": None, "diff_file": None}, None
     diff = _git("diff", "HEAD", where=where)  # the whole tree: conf/ and train.py shape a run as much as the package
+    if diff is not None and config:
+        diff += _untracked_diff(Path(where or CODE_DIR), config)
     dirty = None if diff is None else bool(diff.strip())
     return {"commit": commit.strip(), "dirty": dirty, "diff_file": None}, diff if dirty else None
 
 
-def git_state() -> tuple[dict, str | None]:
-    """The package's git tree (_tree_state); nulls where the package is not in one of its own."""
-    if _git("ls-files", "--error-unmatch", Path(__file__).name) is None:  # not our tree's code
-        return {"commit": None, "dirty": None, "diff_file": None}, None
-    return _tree_state()
-
-
-def config_dir() -> Path | None:
-    """The folder of the primary config this Hydra job composed (train.py's conf/), None outside a Hydra job."""
+def config_dirs() -> list[Path]:
+    """The folders this Hydra job composed its config from: the primary one (train.py's conf/) and any --config-dir;
+    none outside a Hydra job."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
-        return None
-    for source in HydraConfig.get().runtime.config_sources:
-        if source.provider == "main" and source.schema == "file":
-            return Path(source.path)
-    return None
+        return []
+    return [Path(source.path) for source in HydraConfig.get().runtime.config_sources
+            if source.schema == "file" and source.provider in ("main", "command-line")]
 
 
-def config_git_state(conf: Path | None, package_git: dict) -> tuple[dict | None, str | None]:
-    """Where the config came from when that is not the package's own tree (train.py and conf/ of one checkout, the
-    package installed from another): ({"dir", "commit", "dirty", "diff_file": None} of conf's git tree, nulls
-    outside one; its diff or None). (None, None) where conf/ lies in the package's tree (package_git: git_state's),
-    or outside a Hydra job."""
-    if conf is None:
-        return None, None
-    top = _git("rev-parse", "--show-toplevel") if package_git["commit"] is not None else None
-    if top is not None and Path(conf).resolve().is_relative_to(Path(top.strip()).resolve()):
-        return None, None
-    state, diff = _tree_state(Path(conf)) if Path(conf).is_dir() else ({"commit": None, "dirty": None,
-                                                                        "diff_file": None}, None)
-    return {"dir": str(conf), **state}, diff
+def _inside(folder: Path, top: str | None) -> bool:
+    return top is not None and folder.resolve().is_relative_to(Path(top.strip()).resolve())
+
+
+def git_states(folders: list[Path]) -> tuple[dict, list[dict] | None, dict[str, str]]:
+    """(the package's git tree, the trees of the config `folders` outside it, their diffs by record key). The
+    package's: nulls where it is not in a git tree of its own. Each other config folder: {"dir", "commit", "dirty",
+    "diff_file": None} of its tree (nulls outside one; a folder not committed there reads dirty, its files as new);
+    None where every folder lies in the package's tree."""
+    nulls = {"commit": None, "dirty": None, "diff_file": None}
+    ours = _git("ls-files", "--error-unmatch", Path(__file__).name) is not None   # else: not our tree's code
+    top = _git("rev-parse", "--show-toplevel") if ours else None
+    inside = [f for f in folders if _inside(f, top)]
+    git, diff = _tree_state(config=inside) if ours else (dict(nulls), None)
+    diffs = {"git": diff} if diff is not None else {}
+    others = []
+    for folder in (f for f in folders if not _inside(f, top)):
+        state, diff = (_tree_state(folder, [folder]) if folder.is_dir() else (dict(nulls), None))
+        if diff is not None:
+            diffs[f"config_git.{len(others)}"] = diff
+        others.append({"dir": str(folder), **state})
+    return git, others or None, diffs
+
+
+def git_state() -> tuple[dict, str | None]:
+    """The package's git tree alone (git_states): ({"commit", "dirty", "diff_file"}, its diff or None)."""
+    git, _, diffs = git_states([])
+    return git, diffs.get("git")
 
 
 def hydra_overrides() -> list[str] | None:
@@ -115,14 +146,13 @@ def collect(device: str | None = None, world_size: int = 1) -> dict:
 
 
 def _collect(device: str | None, world_size: int) -> tuple[dict, dict]:
-    """(this launch's record, its diffs: {"git": the package tree's, "config_git": conf/'s tree's where that is
-    another}, each present only when that tree is dirty)."""
+    """(this launch's record, its diffs: {"git": the package tree's, "config_git.<i>": the i-th config folder's
+    other tree's}, each present only when that tree is dirty)."""
     if device is None:
         import torch
 
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    git, diff = git_state()
-    config_git, config_diff = config_git_state(config_dir(), git)
+    git, config_git, diffs = git_states(config_dirs())
     record = {
         "command": list(sys.argv), "overrides": hydra_overrides(), "git": git, "config_git": config_git,
         "versions": {**{key: _version(names) for key, names in DISTRIBUTIONS.items()},
@@ -130,7 +160,6 @@ def _collect(device: str | None, world_size: int) -> tuple[dict, dict]:
         "device": device, "world_size": int(world_size),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    diffs = {key: text for key, text in (("git", diff), ("config_git", config_diff)) if text is not None}
     return record, diffs
 
 
@@ -160,10 +189,12 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -
         logging.getLogger("longctx").warning(f"{err}; kept as {kept[0].name}, a new record starts")
         earlier = None
     launches = earlier.get("launches", [earlier]) if earlier else []
-    for key, diff in diffs.items():   # provenance.diff / provenance.config.diff, then .launch<k>. of each
-        name = "provenance" + (f".launch{len(launches)}" if launches else "") + (".config" if key != "git" else "")
+    for key, diff in diffs.items():   # provenance.diff, provenance.config.diff, .config2.diff ..., then .launch<k>.
+        field, _, index = key.partition(".")
+        name = "provenance" + (f".launch{len(launches)}" if launches else "")
+        name += f".config{int(index) + 1 if int(index) else ''}" if index else ""
         write_atomic(run_dir / f"{name}.diff", diff)
-        record[key]["diff_file"] = f"{name}.diff"
+        (record[field][int(index)] if index else record[field])["diff_file"] = f"{name}.diff"
     whole = {k: v for k, v in earlier.items() if k != "launches"} if earlier else dict(record)
     whole["launches"] = [*launches, record]
     write_atomic(run_dir / FILE, json.dumps(whole, indent=1) + "\n")

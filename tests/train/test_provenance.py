@@ -49,7 +49,7 @@ def test_a_run_records_its_command_and_reruns_to_the_same_config(train_env, tiny
             assert (first / git["diff_file"]).read_text().startswith("diff --git")
         assert record["config_git"] is None   # train.py's conf/ is in the package's own tree
     else:
-        assert record["config_git"]["dir"] == str(REPO / "conf")   # Hydra's primary config folder, named
+        assert record["config_git"][0]["dir"] == str(REPO / "conf")   # Hydra's primary config folder, named
     assert len(record["launches"]) == 1 and record["launches"][0]["time"] == record["time"]
 
     # The reconstructed command (entry point + the job's overrides) trains the same config elsewhere.
@@ -165,8 +165,9 @@ def test_differences_from_now_name_each_version_and_commit_that_changed(tmp_path
 
 
 def test_a_config_from_another_checkout_is_recorded_with_its_own_tree(tmp_path, monkeypatch):
-    """train.py and conf/ of one checkout, the package installed from another: the record names conf/'s tree and
-    commit (and its diff, dirty) beside the package's; conf/ inside the package's tree adds nothing."""
+    """train.py and conf/ of one checkout, the package installed from another (or a --config-dir): the record names
+    each config folder outside the package's tree with its tree's commit (and its diff, dirty); untracked config
+    files count as new ones, in either tree; a folder no git tree holds reads null."""
     code, other = tmp_path / "code", tmp_path / "other"
     for tree, text in ((code, "x = 1\n"), (other, "lr: 1\n")):
         (tree / "conf").mkdir(parents=True)
@@ -176,18 +177,56 @@ def test_a_config_from_another_checkout_is_recorded_with_its_own_tree(tmp_path, 
         _git(tree, "add", ".")
         _git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     monkeypatch.setattr(provenance, "CODE_DIR", code)
-    monkeypatch.setattr(provenance, "config_dir", lambda: code / "conf")
-    assert provenance.collect("cpu")["config_git"] is None
-    monkeypatch.setattr(provenance, "config_dir", lambda: other / "conf")
+    monkeypatch.setattr(provenance, "config_dirs", lambda: [code / "conf"])
+    record = provenance.collect("cpu")
+    assert record["config_git"] is None and record["git"]["dirty"] is False
+    (code / "conf" / "new_group.yaml").write_text("added: 1\n")               # untracked, in the package's tree
+    git, _, diffs = provenance.git_states([code / "conf"])
+    assert git["dirty"] is True and "+added: 1" in diffs["git"] and "new_group.yaml" in diffs["git"]
+    (code / "conf" / "new_group.yaml").unlink()
+
+    loose = tmp_path / "loose"                                                 # in no git tree
+    loose.mkdir()
+    monkeypatch.setattr(provenance, "config_dirs", lambda: [other / "conf", loose])
     (other / "conf" / "config.yaml").write_text("lr: 2\n")
+    (other / "conf" / "extra.yaml").write_text("extra: 1\n")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     record = provenance.write(run_dir, device="cpu")
     assert record["git"]["commit"] == _git(code, "rev-parse", "HEAD").strip() and record["git"]["dirty"] is False
-    assert record["config_git"] == {"dir": str(other / "conf"), "commit": _git(other, "rev-parse", "HEAD").strip(),
-                                    "dirty": True, "diff_file": "provenance.config.diff"}
-    assert "+lr: 2" in (run_dir / "provenance.config.diff").read_text() and not (run_dir / "provenance.diff").exists()
-    monkeypatch.setattr(provenance, "config_dir", lambda: tmp_path / "loose")          # not in any git tree
-    (tmp_path / "loose").mkdir()
-    assert provenance.collect("cpu")["config_git"] == {"dir": str(tmp_path / "loose"), "commit": None,
-                                                       "dirty": None, "diff_file": None}
+    assert record["config_git"] == [
+        {"dir": str(other / "conf"), "commit": _git(other, "rev-parse", "HEAD").strip(), "dirty": True,
+         "diff_file": "provenance.config.diff"},
+        {"dir": str(loose), "commit": None, "dirty": None, "diff_file": None}]
+    diff = (run_dir / "provenance.config.diff").read_text()
+    assert "+lr: 2" in diff and "+extra: 1" in diff and not (run_dir / "provenance.diff").exists()
+
+
+def test_a_config_folder_never_committed_reads_dirty_with_its_files_new(tmp_path, monkeypatch):
+    other = tmp_path / "other"
+    (other / "conf").mkdir(parents=True)
+    (other / "README").write_text("r\n")
+    (other / "conf" / "config.yaml").write_text("lr: 3\n")
+    _git(other, "init", "-q")
+    _git(other, "add", "README")
+    _git(other, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    monkeypatch.setattr(provenance, "CODE_DIR", tmp_path / "code")             # the package: in no tree here
+    _, others, diffs = provenance.git_states([other / "conf"])
+    assert others[0]["dirty"] is True and "+lr: 3" in diffs["config_git.0"]
+
+
+def test_config_dirs_names_the_primary_folder_and_a_config_dir(tmp_path):
+    """Hydra's own record of where the job's config came from: the app's conf/ (provider main) and --config-dir."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("a: 1\n")
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "alt.yaml").write_text("a: 3\n")
+    (tmp_path / "app.py").write_text(
+        "import hydra\nfrom longctx import provenance\n\n"
+        "@hydra.main(version_base='1.3', config_path='conf', config_name='config')\n"
+        "def main(cfg):\n    print([str(p) for p in provenance.config_dirs()], cfg.a)\n\nmain()\n")
+    out = subprocess.run([sys.executable, "app.py", "--config-dir", "extra", "--config-name", "alt",
+                          "hydra.run.dir=.", "hydra.output_subdir=null"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"{[str(tmp_path / 'conf'), str(tmp_path / 'extra')]} 3"
