@@ -186,7 +186,8 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -
         earlier = read(run_dir)
     except (ValueError, OSError) as err:  # cut short or not a record: kept aside, never lost, never fatal
         kept = set_aside([run_dir / FILE], "unreadable", after_name=True)   # an earlier one kept too: numbered
-        logging.getLogger("longctx").warning(f"{err}; kept as {kept[0].name}, a new record starts")
+        where = kept[0].name if kept else FILE
+        logging.getLogger("longctx").warning(f"{err}; kept as {where}, a new record starts")
         earlier = None
     launches = earlier.get("launches", [earlier]) if earlier else []
     for key, diff in diffs.items():   # provenance.diff, provenance.config.diff, .config2.diff ..., then .launch<k>.
