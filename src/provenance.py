@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import platform
 import shlex
 import subprocess
@@ -46,86 +47,99 @@ def _version(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _git(*args: str, where: Path | None = None) -> str | None:
-    """git's output in `where` (the package's folder by default), None where git fails or is missing."""
+def _git(*args: str, where: Path | None = None, raw: bool = False) -> str | bytes | None:
+    """git's output in `where` (the package's folder by default; raw: bytes, as a diff of any encoding must stay),
+    None where git fails or is missing."""
     try:
-        out = subprocess.run(["git", "-C", str(where or CODE_DIR), *args], capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(["git", "-C", str(where or CODE_DIR), *args], capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):  # no git, or it hung
         return None
-    return out.stdout if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    return out.stdout if raw else out.stdout.decode(errors="replace")
 
 
 UNTRACKED_MAX_BYTES = 1 << 20   # an untracked config file larger than this is named in the diff, not copied
 
 
-def _untracked_diff(where: Path, folders: list[Path]) -> str:
-    """New-file diffs of the untracked (not ignored) files under `folders` in where's git tree: a config file never
-    committed shapes a run as much as an edited one."""
-    names = _git("ls-files", "--others", "--exclude-standard", "-z", "--", *map(str, folders), where=where)
+def _untracked_diff(top: Path, folders: list[Path]) -> bytes:
+    """New-file diffs of the untracked (not ignored) files under `folders` in the git tree at `top`, paths from `top`
+    as `git diff HEAD` writes them: a config file never committed shapes a run as much as an edited one. An entry
+    git cannot diff (a link to a folder, a nested repository, a file gone meanwhile, one over UNTRACKED_MAX_BYTES) is
+    named on a line of its own."""
+    names = _git("ls-files", "--others", "--exclude-standard", "-z", "--", *map(str, folders), where=top, raw=True)
     parts = []
-    for name in filter(None, (names or "").split("\0")):
-        if (Path(where) / name).stat().st_size > UNTRACKED_MAX_BYTES:
-            parts.append(f"# untracked, over {UNTRACKED_MAX_BYTES} bytes, not copied: {name}\n")
-            continue
-        try:   # exit status 1: the files differ
-            out = subprocess.run(["git", "-C", str(where), "diff", "--no-index", "--", "/dev/null", name],
-                                 capture_output=True, text=True, timeout=30)
+    for name in filter(None, (names or b"").split(b"\0")):
+        shown = name.decode(errors="replace")
+        try:
+            too_big = (top / os.fsdecode(name)).stat().st_size > UNTRACKED_MAX_BYTES
+            out = None if too_big else subprocess.run(["git", "-C", str(top), "diff", "--no-index", "--",
+                                                       "/dev/null", os.fsdecode(name)], capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
-            out = None
-        parts.append(out.stdout if out is not None and out.returncode == 1 else f"# untracked: {name}\n")
-    return "".join(parts)
+            too_big, out = False, None
+        if out is not None and out.returncode == 1 and out.stdout:   # exit status 1: the files differ
+            parts.append(out.stdout)
+        else:
+            why = f"over {UNTRACKED_MAX_BYTES} bytes, " if too_big else ""
+            parts.append(f"# untracked, {why}not copied: {shown}\n".encode())
+    return b"".join(parts)
 
 
-def _tree_state(where: Path | None = None, config: list[Path] = ()) -> tuple[dict, str | None]:
-    """({"commit", "dirty", "diff_file": None}, its diff or None when clean/unknown) of the git tree holding `where`:
-    tracked files against HEAD, and the untracked files under the config folders `config` of that tree."""
-    commit = _git("rev-parse", "HEAD", where=where)
+def _top(where: Path | None = None) -> Path | None:
+    """The root of the git tree holding `where` (the package's folder by default), None outside one."""
+    top = _git("rev-parse", "--show-toplevel", where=where)
+    return Path(top.strip()).resolve() if top else None
+
+
+def _tree_state(top: Path, config: list[Path] = ()) -> tuple[dict, bytes | None]:
+    """({"commit", "dirty", "diff_file": None}, its diff or None when clean/unknown) of the git tree at `top`:
+    tracked files against HEAD, and the untracked files under its config folders `config`."""
+    commit = _git("rev-parse", "HEAD", where=top)
     if commit is None:
         return {"commit": None, "dirty": None, "diff_file": None}, None
-    diff = _git("diff", "HEAD", where=where)  # the whole tree: conf/ and train.py shape a run as much as the package
+    diff = _git("diff", "HEAD", where=top, raw=True)   # the whole tree: conf/ and train.py shape a run too
     if diff is not None and config:
-        diff += _untracked_diff(Path(where or CODE_DIR), config)
+        diff += _untracked_diff(top, config)
     dirty = None if diff is None else bool(diff.strip())
     return {"commit": commit.strip(), "dirty": dirty, "diff_file": None}, diff if dirty else None
 
 
 def config_dirs() -> list[Path]:
-    """The folders this Hydra job composed its config from: the primary one (train.py's conf/) and any --config-dir;
-    none outside a Hydra job."""
+    """The folders this Hydra job composed its config from: the primary one (train.py's conf/) and any --config-dir
+    (each once); none outside a Hydra job."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return []
-    return [Path(source.path) for source in HydraConfig.get().runtime.config_sources
-            if source.schema == "file" and source.provider in ("main", "command-line")]
+    folders = [Path(source.path) for source in HydraConfig.get().runtime.config_sources
+               if source.schema == "file" and source.provider in ("main", "command-line")]
+    return list(dict.fromkeys(folders))
 
 
-def _inside(folder: Path, top: str | None) -> bool:
-    return top is not None and folder.resolve().is_relative_to(Path(top.strip()).resolve())
+NULLS = {"commit": None, "dirty": None, "diff_file": None}
 
 
-def git_states(folders: list[Path]) -> tuple[dict, list[dict] | None, dict[str, str]]:
-    """(the package's git tree, the trees of the config `folders` outside it, their diffs by record key). The
-    package's: nulls where it is not in a git tree of its own. Each other config folder: {"dir", "commit", "dirty",
-    "diff_file": None} of its tree (nulls outside one; a folder not committed there reads dirty, its files as new);
-    None where every folder lies in the package's tree."""
-    nulls = {"commit": None, "dirty": None, "diff_file": None}
+def git_states(folders: list[Path]) -> tuple[dict, list[dict] | None, dict[str, bytes]]:
+    """(the package's git tree, the trees of the config `folders` that are not the package's, their diffs by record
+    key). The package's: nulls where it is not in a git tree of its own. Each other config folder: {"dir", "commit",
+    "dirty", "diff_file": None} of the tree holding it (nulls outside one; a folder never committed there reads
+    dirty, its files as new); None where every folder lies in the package's tree (a checkout of its own nested in
+    the package's folder is another tree)."""
     ours = _git("ls-files", "--error-unmatch", Path(__file__).name) is not None   # else: not our tree's code
-    top = _git("rev-parse", "--show-toplevel") if ours else None
-    inside = [f for f in folders if _inside(f, top)]
-    git, diff = _tree_state(config=inside) if ours else (dict(nulls), None)
+    top = _top() if ours else None
+    tops = {folder: _top(folder) if folder.is_dir() else None for folder in folders}
+    git, diff = _tree_state(top, [f for f in folders if tops[f] == top]) if top else (dict(NULLS), None)
     diffs = {"git": diff} if diff is not None else {}
     others = []
-    for folder in (f for f in folders if not _inside(f, top)):
-        state, diff = (_tree_state(folder, [folder]) if folder.is_dir() else (dict(nulls), None))
+    for folder in (f for f in folders if top is None or tops[f] != top):
+        state, diff = _tree_state(tops[folder], [folder]) if tops[folder] else (dict(NULLS), None)
         if diff is not None:
             diffs[f"config_git.{len(others)}"] = diff
         others.append({"dir": str(folder), **state})
     return git, others or None, diffs
 
 
-def git_state() -> tuple[dict, str | None]:
+def git_state() -> tuple[dict, bytes | None]:
     """The package's git tree alone (git_states): ({"commit", "dirty", "diff_file"}, its diff or None)."""
     git, _, diffs = git_states([])
     return git, diffs.get("git")
@@ -152,7 +166,12 @@ def _collect(device: str | None, world_size: int) -> tuple[dict, dict]:
         import torch
 
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    git, config_git, diffs = git_states(config_dirs())
+    try:
+        git, config_git, diffs = git_states(config_dirs())
+    except Exception as err:   # recording provenance never stops a run: what it could not learn is null
+        logging.getLogger("longctx").warning(f"provenance: the git state could not be read ({type(err).__name__}: "
+                                             f"{err}); recorded as unknown")
+        git, config_git, diffs = dict(NULLS), None, {}
     record = {
         "command": list(sys.argv), "overrides": hydra_overrides(), "git": git, "config_git": config_git,
         "versions": {**{key: _version(names) for key, names in DISTRIBUTIONS.items()},
@@ -185,7 +204,8 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -
     try:
         earlier = read(run_dir)
     except (ValueError, OSError) as err:  # cut short or not a record: kept aside, never lost, never fatal
-        kept = set_aside([run_dir / FILE], "unreadable", after_name=True)   # an earlier one kept too: numbered
+        # its diffs go with it (their names are free again for this record's); an earlier set-aside is kept too
+        kept = set_aside([run_dir / FILE, *sorted(run_dir.glob("provenance*.diff"))], "unreadable", after_name=True)
         where = kept[0].name if kept else FILE
         logging.getLogger("longctx").warning(f"{err}; kept as {where}, a new record starts")
         earlier = None

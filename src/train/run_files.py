@@ -78,14 +78,15 @@ def _aside_name(path: Path, tag: str, k: int, after_name: bool) -> Path:
 
 def set_aside(paths, tag: str, after_name: bool = False) -> list[Path]:
     """Rename each of `paths` (those that exist) to `<stem>.<tag>[k]<suffix>` beside it (`after_name`:
-    `<name>.<tag>[k]`), with one k for all of them, the first that is free for every one
+    `<name>.<tag>[k]`), with one k for all of them, the first that is free for every name given, there or not
     (metrics.before_restart.jsonl and config.before_restart.yaml, then ...before_restart2...): kept, never
-    overwritten, and the files of one set-aside share their number. Returns the new paths."""
-    paths = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+    overwritten, and a number is never shared with the files of another set-aside. Returns the new paths."""
+    given = [Path(p) for p in paths]
     k = 1
     while any(_aside_name(p, tag, k, after_name).exists() or _aside_name(p, tag, k, after_name).is_symlink()
-              for p in paths):
+              for p in given):
         k += 1
+    paths = [p for p in given if p.exists() or p.is_symlink()]
     moved = []
     for p in paths:
         p.rename(_aside_name(p, tag, k, after_name))

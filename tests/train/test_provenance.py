@@ -182,7 +182,7 @@ def test_a_config_from_another_checkout_is_recorded_with_its_own_tree(tmp_path, 
     assert record["config_git"] is None and record["git"]["dirty"] is False
     (code / "conf" / "new_group.yaml").write_text("added: 1\n")               # untracked, in the package's tree
     git, _, diffs = provenance.git_states([code / "conf"])
-    assert git["dirty"] is True and "+added: 1" in diffs["git"] and "new_group.yaml" in diffs["git"]
+    assert git["dirty"] is True and b"+added: 1" in diffs["git"] and b"b/conf/new_group.yaml" in diffs["git"]
     (code / "conf" / "new_group.yaml").unlink()
 
     loose = tmp_path / "loose"                                                 # in no git tree
@@ -212,7 +212,60 @@ def test_a_config_folder_never_committed_reads_dirty_with_its_files_new(tmp_path
     _git(other, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     monkeypatch.setattr(provenance, "CODE_DIR", tmp_path / "code")             # the package: in no tree here
     _, others, diffs = provenance.git_states([other / "conf"])
-    assert others[0]["dirty"] is True and "+lr: 3" in diffs["config_git.0"]
+    assert others[0]["dirty"] is True and b"+lr: 3" in diffs["config_git.0"]
+
+
+def _committed_tree(path: Path, files: dict) -> Path:
+    for name, data in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(data)
+    _git(path, "init", "-q")
+    _git(path, "add", ".")
+    _git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    return path
+
+
+def test_a_config_diff_applies_whole_whatever_its_files_hold(tmp_path, monkeypatch):
+    """The recorded diff of a config tree applies to its commit (paths from the tree's root, bytes as they are: a
+    Latin-1 edit, CRLF lines); what git cannot diff (a link to a folder, a nested checkout) is named, and nothing of
+    it stops the record; a checkout nested in the package's folder is another tree."""
+    code = _committed_tree(tmp_path / "code", {Path(provenance.__file__).name: b"x = 1\n", ".gitignore": b"conf/\n"})
+    conf = _committed_tree(code / "conf", {"config.yaml": b"lr: 1\n"})       # its own checkout, ignored by code's
+    monkeypatch.setattr(provenance, "CODE_DIR", code)
+    (conf / "config.yaml").write_bytes(b"lr: 2 # caf\xe9\n")
+    (conf / "group").mkdir()
+    (conf / "group" / "new.yaml").write_bytes(b"a: 1\r\nb: 2\r\n")
+    (conf / "etc").symlink_to(tmp_path)
+    (conf / "gone.yaml").symlink_to(tmp_path / "missing")
+    git, others, diffs = provenance.git_states([conf])
+    assert git["dirty"] is False and others[0]["dirty"] is True and "git" not in diffs
+    diff = diffs["config_git.0"]
+    assert b"# untracked, not copied: etc" in diff
+    copy = tmp_path / "copy"
+    subprocess.run(["git", "clone", "-q", str(conf), str(copy)], check=True)
+    patch = tmp_path / "patch.diff"
+    patch.write_bytes(diff)
+    subprocess.run(["git", "-C", str(copy), "apply", "--exclude=gone.yaml", str(patch)], check=True,
+                   capture_output=True)
+    assert (copy / "config.yaml").read_bytes() == b"lr: 2 # caf\xe9\n"
+    assert (copy / "group" / "new.yaml").read_bytes() == b"a: 1\r\nb: 2\r\n"
+
+
+def test_an_unreadable_record_takes_its_diffs_with_it(tmp_path, monkeypatch):
+    """A cut provenance.json is set aside with the diffs its launches named (one number for all), so this record's
+    diff never overwrites an earlier launch's."""
+    code = _committed_tree(tmp_path / "code", {Path(provenance.__file__).name: b"x = 1\n"})
+    monkeypatch.setattr(provenance, "CODE_DIR", code)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (code / Path(provenance.__file__).name).write_text("x = 2\n")
+    provenance.write(run_dir, device="cpu")
+    (run_dir / "provenance.json").write_text('{"command": ["tr')
+    (code / Path(provenance.__file__).name).write_text("x = 3\n")
+    record = provenance.write(run_dir, device="cpu")
+    assert record["git"]["diff_file"] == "provenance.diff" and "+x = 3" in (run_dir / "provenance.diff").read_text()
+    assert "+x = 2" in (run_dir / "provenance.diff.unreadable").read_text()
+    assert (run_dir / "provenance.json.unreadable").read_text() == '{"command": ["tr'
 
 
 def test_config_dirs_names_the_primary_folder_and_a_config_dir(tmp_path):

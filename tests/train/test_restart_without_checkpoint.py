@@ -153,14 +153,15 @@ def test_a_second_set_aside_keeps_the_first_and_one_set_shares_its_number(tmp_pa
     assert names == ["metrics.before_restart.jsonl", "metrics.before_restart2.jsonl"]
     assert [(tmp_path / n).read_text() for n in names] == ["first\n", "second\n"]
     assert not (tmp_path / "metrics.jsonl").exists()
-    # a launch that wrote a config but no metrics, then one that wrote both: each set-aside one number for all
+    # a launch that wrote a config but no metrics, then one that wrote both: each set-aside one number for all, never
+    # one an earlier set-aside's files hold (config.before_restart.yaml would pair with the first metrics)
     (tmp_path / "config.yaml").write_text("third\n")
     moved = set_aside([tmp_path / "metrics.jsonl", tmp_path / "config.yaml"], "before_restart")
-    assert [p.name for p in moved] == ["config.before_restart.yaml"]
+    assert [p.name for p in moved] == ["config.before_restart3.yaml"]
     (tmp_path / "config.yaml").write_text("fourth\n")
     (tmp_path / "metrics.jsonl").write_text("fourth\n")
     moved = set_aside([tmp_path / "metrics.jsonl", tmp_path / "config.yaml"], "before_restart")
-    assert [p.name for p in moved] == ["metrics.before_restart3.jsonl", "config.before_restart3.yaml"]
+    assert [p.name for p in moved] == ["metrics.before_restart4.jsonl", "config.before_restart4.yaml"]
     assert all(p.read_text() == "fourth\n" for p in moved)
 
 
