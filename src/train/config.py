@@ -124,9 +124,12 @@ def did_you_mean(name: str, names) -> str:
 
 
 def unknown_key(key: str, known) -> str:
-    """Why `key` is refused: no config file defines it, and the closest known key (of its own group first)."""
-    group = key.split(".")[0]
-    hint = did_you_mean(key, [k for k in known if k.split(".")[0] == group]) or did_you_mean(key, known)
+    """Why `key` is refused: no config file defines it, and the closest known key or group of its depth (of its own
+    group first: `trainer.max_stepz` -> trainer.max_steps, `atention` -> attention), else of any depth."""
+    group, depth = key.split(".")[0], key.count(".") + 1
+    level = {".".join(k.split(".")[:depth]) for k in known}
+    hint = (did_you_mean(key, [k for k in level if k.split(".")[0] == group]) or did_you_mean(key, level)
+            or did_you_mean(key, known))
     return f"unknown key (no config file defines it{hint})"
 
 

@@ -135,6 +135,7 @@ def check_overrides(overrides: list[str], conf_dir: Path) -> None:
         if override.is_add() or override.is_force_add() or override.is_delete():
             continue
         _check_chosen_option_has(name, item, overrides, conf_dir)
+        _check_read(name, item, overrides, conf_dir)
 
 
 def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir: Path) -> None:
@@ -153,6 +154,23 @@ def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir
               if _defined(key, schema(conf_dir, {group: path.stem}))]
     raise ValueError(f"config: {item}: {group}={chosen} has no key {key[len(group) + 1:]} (only {group}="
                      f"{', '.join(having)}; pick one, e.g. {group}={having[0]} {item})")
+
+
+def _check_read(key: str, item: str, overrides: list[str], conf_dir: Path) -> None:
+    """`p=3` with attention=exp: a top-level key that only some options of one group read (`${p}` in
+    attention/power.yaml) set under an option that does not read it would change nothing but the run's name."""
+    if "." in key or not (conf_dir / "config.yaml").exists():
+        return
+    readers = [path for path in sorted(conf_dir.rglob("*.yaml")) if "${" + key + "}" in path.read_text()]
+    groups = {path.parent.relative_to(conf_dir).as_posix() for path in readers}
+    if len(groups) != 1 or "/" in next(iter(groups)) or next(iter(groups)) in (".", "experiment"):
+        return
+    group = next(iter(groups))
+    chosen = _chosen_option(group, overrides, conf_dir)
+    options = [path.stem for path in readers]
+    if chosen is not None and chosen not in options:
+        raise ValueError(f"config: {item}: {group}={chosen} does not read {key} (only {group}="
+                         f"{', '.join(options)} does); add {group}={options[0]}, or leave {key} out")
 
 
 def _chosen_option(group: str, overrides: list[str], conf_dir: Path) -> str | None:

@@ -227,7 +227,10 @@ def test_plan_is_frozen_and_the_command_line_names_bad_items():
     made = plan.make_plan(65536, 2, 64, torch.bfloat16)
     with pytest.raises(AttributeError):
         made.chunk = 1024
-    for bad, word in (("t=1 dtype=fp8", "dtype"), ("t=1 q=3", "q"), ("p=2", "t="), ("t=1 norm=yes", "norm")):
+    for bad, word in (("t=1 dtype=fp8", "dtype"), ("t=1 q=3", "q"), ("p=2", "t="), ("t=1 norm=yes", "norm"),
+                      ("t=abc", "^t='abc': expected a positive integer"), ("t=-5", "^t="), ("t=1 d=0", "^d="),
+                      ("t=1 p=5", "^p='5': expected an integer in 1..4"), ("t=1 p=0", "^p="),
+                      ("t=1 chunk_size=0", "^chunk_size=")):
         with pytest.raises(ValueError, match=word):
             plan.plan_of(bad.split())
     assert plan_cli.main(["t=1", "dtype=fp8"]) == 2

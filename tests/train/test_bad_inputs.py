@@ -40,6 +40,9 @@ def snapshot(folder: Path) -> dict:
     ("+trainer.max_stepz=3", "config: trainer.max_stepz=3: unknown key (no config file defines it; did you mean "
                              "trainer.max_steps?)"),
     ("optim.lr=abc", "config: optim.lr='abc': must be a number"),
+    ("atention=power", "config: atention=power: unknown key (no config file defines it; did you mean attention?)"),
+    ("p=3", "config: p=3: attention=exp does not read p (only attention=power does); add attention=power, or leave p "
+            "out"),
     ("seed=-1", "config: seed=-1: must be an integer in [0, 2**32)"),
     ("data=longcrawl64", "config: data.path is mandatory and not set: add data.path=<value> (the folder holding "
                          "train.zarr and heldout.zarr)"),

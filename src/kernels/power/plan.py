@@ -272,7 +272,14 @@ def parse_args(argv) -> dict:
         if not sep:
             raise ValueError(f"{item!r}: expected NAME=VALUE")
         if name in ("t", "p", "d", "chunk_size"):
-            out[name] = int(value)
+            low, high = (1, 4) if name == "p" else (1, None)   # p: the degrees the kernels and models take
+            try:
+                out[name] = int(value)
+            except ValueError:
+                out[name] = None
+            if out[name] is None or out[name] < low or (high is not None and out[name] > high):
+                want = f"an integer in {low}..{high}" if high else "a positive integer"
+                raise ValueError(f"{name}={value!r}: expected {want}")
         elif name == "dtype":
             if value not in _DTYPES:
                 raise ValueError(f"dtype={value!r}: expected one of {sorted(_DTYPES)}")
