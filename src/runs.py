@@ -40,6 +40,9 @@ class RunError(ValueError):
 
 def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path, dict]:
     """(step, path, state) of the asked step, or of the newest readable checkpoint (skipped ones said once each)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        parent = f"; its folder {str(run_dir.parent)!r} is a run" if (run_dir.parent / "checkpoints").is_dir() else ""
+        raise RunError(f"run directory {str(run_dir)!r} is a file, not a run folder{parent}")
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r} does not exist")
     found = ckpt.list_checkpoints(run_dir)
@@ -47,8 +50,11 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path, dict]:
     pt_steps = {s for s, _ in found}
     weights_only = [(s, p) for s, p in ckpt.list_weights(run_dir) if s not in pt_steps]
     if not found and not weights_only:
+        runs = sorted(p.name for p in run_dir.iterdir() if (p / "checkpoints").is_dir())
+        inside = (f"; it holds {len(runs)} run folder{'s' * (len(runs) != 1)} ({', '.join(runs[:3])}"
+                  f"{', ...' if len(runs) > 3 else ''}): name one of them" if runs else "")
         raise RunError(f"{run_dir} holds no checkpoint (looked in {ckpt.checkpoint_dir(run_dir)}); a run writes one "
-                       f"at every evaluation (trainer.eval_every)")
+                       f"at every evaluation (trainer.eval_every){inside}")
     try:
         if step is None and (not weights_only or found and found[-1][0] > weights_only[-1][0]):
             return ckpt.read_newest(found, ("model",), log.warning)

@@ -104,8 +104,14 @@ def test_load_run_errors_name_the_problem(run, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_run(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="holds no checkpoint"):
+    with pytest.raises(ValueError, match="holds no checkpoint") as err:
         load_run(tmp_path / "empty")
+    assert "run folder" not in str(err.value)
+    with pytest.raises(ValueError, match=rf"{run / 'config.yaml'}' is a file, not a run folder; its folder "
+                                         rf"'{run}' is a run"):
+        load_run(run / "config.yaml")
+    with pytest.raises(ValueError, match=rf"holds no checkpoint .*; it holds 1 run folder \({run.name}\): name one"):
+        load_run(run.parent)
     with pytest.raises(ValueError, match=r"step=3: .* has steps 4"):
         load_run(run, step=3)
 
