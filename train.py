@@ -11,6 +11,20 @@ import signal
 import sys
 from pathlib import Path
 
+
+def interrupted_while_starting(kind, value, traceback) -> None:
+    """sys.excepthook of a launch: Ctrl-C before the training steps catch it (an import, the checks) is one line, not
+    a traceback through whatever was loading; anything else prints as usual."""
+    if issubclass(kind, KeyboardInterrupt):
+        print("interrupted by Ctrl-C while starting, before the first training step; relaunch the same command to "
+              "start it", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, value, traceback)
+
+
+if __name__ == "__main__":
+    sys.excepthook = interrupted_while_starting
+
 # Triton keeps autotuning winners on disk (FLA benchmarks its kernels' configs on first use, ~90 s per shape on
 # an H100), so a second run on the same machine and shapes starts at once; TRITON_CACHE_AUTOTUNING=0 turns it off
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")

@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -601,6 +602,9 @@ def main(argv=None) -> int:
     except (FloatingPointError, OutputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # one line, not a traceback through the forward it stopped
+        print("interrupted by Ctrl-C before the result was written", file=sys.stderr)
+        return 128 + signal.SIGINT
     out = Path(rec["out"])
     try:
         differs = provenance.differences_from_now(provenance.read(rec["run_dir"]))

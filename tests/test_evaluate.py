@@ -452,3 +452,15 @@ def test_retrieval_without_the_tokenizer_uses_ids(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "the data's tokenizer is unavailable (ValueError: the run's tokenizer (tiktoken GPT-2) could not load its " \
            "vocabulary (ConnectionError)" in err and "id alphabet" in err and "--prompt" not in err
+
+
+def test_ctrl_c_is_one_line_and_writes_nothing(run, tmp_path, capsys, monkeypatch):
+    import longctx.evaluate as evaluate_module
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module, "run_command", interrupted)
+    assert evaluate_main([str(run), "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["interrupted by Ctrl-C before the result was written"]
+    assert not (tmp_path / "x.json").exists()

@@ -6,8 +6,10 @@ import math
 import os
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -354,3 +356,25 @@ def test_scripts_composing_configs_name_a_mistyped_override(tmp_path, script, ar
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith(message), out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_starting_is_one_line(train_env, tmp_path):
+    """Ctrl-C while train.py is still importing and checking (before the training steps' own handler): one line, not a
+    traceback through whatever was loading; the process ends as SIGINT would end it."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}"],
+                            env=train_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)                                  # torch alone takes longer than this to import
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT)
+    assert err.strip().splitlines() == ["interrupted by Ctrl-C while starting, before the first training step; "
+                                        "relaunch the same command to start it"]
+
+
+def test_the_hook_leaves_other_errors_to_python(capsys):
+    hook = runpy.run_path(str(REPO / "train.py"), run_name="train_module")["interrupted_while_starting"]
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as err:
+        hook(RuntimeError, err, err.__traceback__)
+    assert "Traceback" in capsys.readouterr().err
