@@ -192,8 +192,11 @@ def test_out_replaces_an_earlier_report_whole_and_never_an_edited_file(tmp_path,
     out = tmp_path / "out"
     main([str(a), str(b), "--out", str(out), "--bootstrap", "10"])
     assert (out / "best_context_vs_context.png").exists()  # two contexts
+    assert "earlier report" not in capsys.readouterr().err
     main([str(a), "--out", str(out), "--bootstrap", "10"])
     assert not (out / "best_context_vs_context.png").exists() and "vs context figure" in (out / "report.md").read_text()
+    assert (f"note: --out {out} held an earlier report: replaced (best_context_vs_context.png removed: not drawn this "
+            f"time)") in capsys.readouterr().err
     (out / "report.md").write_text("my notes\n")
     with pytest.raises(SystemExit):
         main([str(a), "--out", str(out), "--bootstrap", "10"])

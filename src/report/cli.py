@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from itertools import combinations
 from pathlib import Path
 
@@ -365,9 +366,13 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     report = out / "report.md"
     report.write_text("\n".join(text) + "\n")
     written = [name for _, name, _ in figs] + ["intervals.json", "report.md"]
-    for name in set(earlier) - set(written):  # an earlier report's figure this one does not draw: not left beside it
+    gone = sorted(set(earlier) - set(written))
+    for name in gone:  # an earlier report's figure this one does not draw: not left beside it
         (out / name).unlink(missing_ok=True)
     write_manifest(out, written)
+    if earlier:   # said, not silent: the user may have meant another --out
+        print(f"note: --out {out} held an earlier report: replaced" + (f" ({', '.join(gone)} removed: not drawn "
+              f"this time)" if gone else ""), file=sys.stderr)
     if record is not None:
         write_record(runs, title, Path(record), record_names, retrieval, recall, carried, listed_in=out)
     return report
