@@ -300,6 +300,14 @@ def _tiny_staged(compose, run_dir: Path, *extra: str):
                    "trainer.stages=[{ctx:32,data.docs_per_batch:8,trainer.max_steps:1},{}]", *extra)
 
 
+def _two_stages(compose, run_dir: Path, steps: int, eval_every: int = 2):
+    """A run of two stages (ctx 64, then 32), each of `steps` steps, resumed where it can be."""
+    return compose(f"run_dir={run_dir}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
+                   "data.n_heldout=8", "data.eval_docs=4", f"trainer.max_steps={steps}",
+                   f"trainer.eval_every={eval_every}", "trainer.num_threads=2", "optim.warmup_steps=1",
+                   "logger.wandb.mode=disabled", "device=cpu", "trainer.resume=auto", "trainer.stages=[{},{ctx:32}]")
+
+
 def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -368,10 +376,7 @@ def test_a_later_stage_never_continues_from_weights_its_stage_before_has_trained
     from longctx.train.stages import StageError
 
     def staged(steps):
-        return compose(f"run_dir={tmp_path / 'run'}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
-                       "data.n_heldout=8", "data.eval_docs=4", f"trainer.max_steps={steps}", "trainer.eval_every=2",
-                       "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu",
-                       "trainer.resume=auto", "trainer.stages=[{},{ctx:32}]")
+        return _two_stages(compose, tmp_path / "run", steps)
     StagedRun(staged(2)).fit()
     s1, s2 = tmp_path / "run" / "stage1_ctx64", tmp_path / "run" / "stage2_ctx32"
     before = (s2 / "metrics.jsonl").read_text()
@@ -391,10 +396,7 @@ def test_a_later_stage_stopped_before_its_first_checkpoint_starts_over_from_the_
     """A later stage whose launch stopped before its first checkpoint holds nothing to continue: a relaunch that trains
     the stage before further is not refused over that stage's records; the stage starts over from the new weights."""
     def staged(steps):
-        return compose(f"run_dir={tmp_path / 'run'}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
-                       "data.n_heldout=8", "data.eval_docs=4", f"trainer.max_steps={steps}", "trainer.eval_every=2",
-                       "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu",
-                       "trainer.resume=auto", "trainer.stages=[{},{ctx:32}]")
+        return _two_stages(compose, tmp_path / "run", steps)
     StagedRun(staged(2)).fit()
     s1, s2 = tmp_path / "run" / "stage1_ctx64", tmp_path / "run" / "stage2_ctx32"
     shutil.rmtree(s2 / "checkpoints")                  # its launch killed after its evaluation, before the checkpoint
@@ -411,10 +413,7 @@ def test_a_later_stage_its_trainer_would_refuse_still_stops_the_run_before_anyth
     from longctx.train.stages import StageError
 
     def staged(steps):
-        return compose(f"run_dir={tmp_path / 'run'}", "ctx=64", "data.docs_per_batch=4", "data.train_tokens=65536",
-                       "data.n_heldout=8", "data.eval_docs=4", f"trainer.max_steps={steps}", "trainer.eval_every=1",
-                       "trainer.num_threads=2", "optim.warmup_steps=1", "logger.wandb.mode=disabled", "device=cpu",
-                       "trainer.resume=auto", "trainer.stages=[{},{ctx:32}]")
+        return _two_stages(compose, tmp_path / "run", steps, eval_every=1)
     StagedRun(staged(2)).fit()
     s1, s2 = tmp_path / "run" / "stage1_ctx64", tmp_path / "run" / "stage2_ctx32"
     for path in (s2 / "checkpoints").iterdir():
