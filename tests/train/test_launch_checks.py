@@ -143,7 +143,7 @@ def test_cli_launch_mistakes_are_one_line_exit_2_nothing_written(train_env, tiny
         shown = train(["--cfg", "job", *args], train_env, tmp_path)
         assert shown.returncode == 2 and shown.stderr.strip().splitlines() == [f"error: {message}"], shown.stderr
         assert shown.stdout == ""
-    assert train(["--cfg", "job", "p=3"], train_env, tmp_path).stdout.count("p: 3") == 1  # a good config prints
+    assert train(["--cfg", "job", "seed=3"], train_env, tmp_path).stdout.count("seed: 3") == 1  # a good config prints
 
     # a sweep over a key the run names do not show: its jobs would share one folder (the second resuming the first)
     hidden = train(["-m", "trainer.icl_bins=10,20", f"hydra.sweep.dir={tmp_path / 'hidden'}", *tiny], train_env,
