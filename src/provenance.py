@@ -59,6 +59,7 @@ def _git(*args: str, where: Path | None = None, raw: bool = False) -> str | byte
     return out.stdout if raw else out.stdout.decode(errors="replace")
 
 
+NULLS = {"commit": None, "dirty": None, "diff_file": None}   # a tree whose state cannot be known
 UNTRACKED_MAX_BYTES = 1 << 20   # an untracked config file larger than this is named in the diff, not copied
 
 
@@ -96,7 +97,7 @@ def _tree_state(top: Path, config: list[Path] = ()) -> tuple[dict, bytes | None]
     tracked files against HEAD, and the untracked files under its config folders `config`."""
     commit = _git("rev-parse", "HEAD", where=top)
     if commit is None:
-        return {"commit": None, "dirty": None, "diff_file": None}, None
+        return dict(NULLS), None
     diff = _git("diff", "HEAD", where=top, raw=True)   # the whole tree: conf/ and train.py shape a run too
     if diff is not None and config:
         diff += _untracked_diff(top, config)
@@ -114,9 +115,6 @@ def config_dirs() -> list[Path]:
     folders = [Path(source.path) for source in HydraConfig.get().runtime.config_sources
                if source.schema == "file" and source.provider in ("main", "command-line")]
     return list(dict.fromkeys(folders))
-
-
-NULLS = {"commit": None, "dirty": None, "diff_file": None}
 
 
 def git_states(folders: list[Path]) -> tuple[dict, list[dict] | None, dict[str, bytes]]:
@@ -137,12 +135,6 @@ def git_states(folders: list[Path]) -> tuple[dict, list[dict] | None, dict[str, 
             diffs[f"config_git.{len(others)}"] = diff
         others.append({"dir": str(folder), **state})
     return git, others or None, diffs
-
-
-def git_state() -> tuple[dict, bytes | None]:
-    """The package's git tree alone (git_states): ({"commit", "dirty", "diff_file"}, its diff or None)."""
-    git, _, diffs = git_states([])
-    return git, diffs.get("git")
 
 
 def hydra_overrides() -> list[str] | None:

@@ -111,7 +111,7 @@ def check_overrides(overrides: list[str], conf_dir: Path) -> None:
 
     from longctx.train.config import schema, unknown_key
 
-    parser, known = OverridesParser.create(), None
+    parser, known, texts = OverridesParser.create(), None, {}
     searchpath = any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides)  # options from elsewhere
     for item in overrides:
         try:
@@ -135,7 +135,7 @@ def check_overrides(overrides: list[str], conf_dir: Path) -> None:
         if override.is_add() or override.is_force_add() or override.is_delete():
             continue
         _check_chosen_option_has(name, item, overrides, conf_dir)
-        _check_read(name, item, overrides, conf_dir)
+        _check_read(name, item, overrides, conf_dir, texts)
 
 
 def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir: Path) -> None:
@@ -156,12 +156,15 @@ def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir
                      f"{', '.join(having)}; pick one, e.g. {group}={having[0]} {item})")
 
 
-def _check_read(key: str, item: str, overrides: list[str], conf_dir: Path) -> None:
+def _check_read(key: str, item: str, overrides: list[str], conf_dir: Path, texts: dict) -> None:
     """`p=3` with attention=exp: a top-level key that only some options of one group read (`${p}` in
-    attention/power.yaml) set under an option that does not read it would change nothing but the run's name."""
+    attention/power.yaml) set under an option that does not read it would change nothing but the run's name. texts:
+    the config files' texts by path, read on the first call of a command line and kept for the others."""
     if "." in key or not (conf_dir / "config.yaml").exists():
         return
-    readers = [path for path in sorted(conf_dir.rglob("*.yaml")) if "${" + key + "}" in path.read_text()]
+    if not texts:
+        texts.update((path, path.read_text()) for path in sorted(conf_dir.rglob("*.yaml")))
+    readers = [path for path, text in texts.items() if "${" + key + "}" in text]
     groups = {path.parent.relative_to(conf_dir).as_posix() for path in readers}
     if len(groups) != 1 or "/" in next(iter(groups)) or next(iter(groups)) in (".", "experiment"):
         return

@@ -19,6 +19,11 @@ log = logging.getLogger("longctx")
 WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what wandb accepts as a run id (no '/', ':', spaces, ...)
 
 
+def is_record(value) -> bool:
+    """Whether one parsed metrics.jsonl line is an evaluation record: a JSON object with an integer step."""
+    return isinstance(value, dict) and isinstance(value.get("step"), int)
+
+
 class JsonlLogger:
     """One JSON object per evaluation, appended to <run_dir>/metrics.jsonl.
 
@@ -47,7 +52,7 @@ class JsonlLogger:
                 record = json.loads(line)
             except ValueError:
                 record = None
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
+            if is_record(record):
                 out.append(record)
             elif i == len(lines) - 1 and record is None:  # cut short by a kill mid-append
                 if not self._said_cut:
@@ -70,7 +75,7 @@ class JsonlLogger:
                 record = json.loads(line) if line.strip() else None
             except ValueError:
                 continue
-            count += isinstance(record, dict) and isinstance(record.get("step"), int)
+            count += is_record(record)
         return count
 
     def truncate_after(self, step: int) -> None:

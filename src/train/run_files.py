@@ -86,11 +86,10 @@ def set_aside(paths, tag: str, after_name: bool = False) -> list[Path]:
     while any(_aside_name(p, tag, k, after_name).exists() or _aside_name(p, tag, k, after_name).is_symlink()
               for p in given):
         k += 1
-    paths = [p for p in given if p.exists() or p.is_symlink()]
     moved = []
-    for p in paths:
-        p.rename(_aside_name(p, tag, k, after_name))
+    for p in (p for p in given if p.exists() or p.is_symlink()):
         moved.append(_aside_name(p, tag, k, after_name))
+        p.rename(moved[-1])
     return moved
 
 

@@ -79,7 +79,7 @@ def test_outside_a_git_tree_git_is_null(tmp_path, monkeypatch):
 
 def test_no_git_program_is_null(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `git` to run
-    assert provenance.git_state() == ({"commit": None, "dirty": None, "diff_file": None}, None)
+    assert provenance.git_states([]) == ({"commit": None, "dirty": None, "diff_file": None}, None, {})
 
 
 def _git(repo: Path, *args: str) -> str:
