@@ -5,6 +5,8 @@ the wall time per call, for the public API (b=8, h=12, d=64, bf16, gated, p=2) a
     python -m tools.profile_attn --ctxs 1024,4096
     python -m tools.profile_attn --ctxs 65536 --impls ours --modes fwd+bwd --top 0 --out DIR
         (every kernel of one 64k fwd+bwd: the small ones and the gaps between kernels; profile_attn.json in DIR)
+    python -m tools.profile_attn --ctxs 4096 --impls ours --switches fused_backward=1 concurrent_bwd=0
+        (ours under kernel switches, as tools.ab_switch's FIELD=VALUE items)
 """
 import argparse
 import json
@@ -16,6 +18,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from longctx.kernels.bench import inputs, make_ours, make_sdpa, run_once
+from longctx.kernels.power import switches
 
 
 def host_ms(fn, n=50):
@@ -37,7 +40,23 @@ def main():
     ap.add_argument("--batch", default="8", help="comma list of batch sizes")
     ap.add_argument("--top", type=int, default=14, help="profiler rows printed per call (0: all)")
     ap.add_argument("--out", default="", help="directory for profile_attn.json (every kernel of every call)")
+    ap.add_argument("--switches", nargs="*", default=[], help="FIELD=VALUE kernel switches for every call")
     args = ap.parse_args()
+    try:
+        switches.parse(args.switches)      # a bad item fails here, before any GPU time
+    except switches.SwitchError as err:
+        raise SystemExit(f"--switches: {err}") from None
+    items = list(args.switches)
+    if not any(item.split("=")[0].endswith("concurrent_bwd") for item in items):
+        # the chunked form's backward on two streams: under the profiler its calls never returned (H100, t=5120)
+        items.append("concurrent_bwd=0")
+        print("profile_attn: concurrent_bwd=0 (the chunked backward on one stream; --switches concurrent_bwd=1 to "
+              "profile both streams)", flush=True)
+    with switches.applied(items):
+        profile_calls(args)
+
+
+def profile_calls(args):
     makers = {"ours": lambda: make_ours(2), "cudnn": lambda: make_sdpa("cudnn")}
     unknown = [n for n in args.impls.split(",") if n not in makers]
     if unknown:

@@ -42,6 +42,12 @@ def main():
     for i, tiles in SPLIT_TILES:
         with config.attention.override(block_override=tiles):
             failed += not check(CASES[i], f" tiles={tiles}")
+    # the two-kernel backward (deterministic mode, fused_backward off): every case, and tiles of each kernel's own
+    with config.attention.override(fused_backward=False):
+        failed += sum(not check(case, " two-kernel backward") for case in CASES)
+        for i, tiles in SPLIT_TILES:
+            with config.attention.override(block_override=tiles):
+                failed += not check(CASES[i], f" two-kernel backward tiles={tiles}")
     failed += check_gate_cumsum()
     sys.exit(1 if failed else 0)
 

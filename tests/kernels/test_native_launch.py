@@ -70,7 +70,7 @@ class FakeJit:
 @pytest.fixture
 def fake_kernels(monkeypatch):
     log = []
-    for name in ("_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"):
+    for name in ("_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv", "_attn_bwd_prep", "_attn_bwd_dq_finish"):
         monkeypatch.setattr(ta, name, FakeJit(getattr(ta, name), log))
     monkeypatch.setattr(gates, "_segment_cumsum", FakeJit(gates._segment_cumsum, log))
     return log
@@ -99,10 +99,12 @@ def _cpp_launches(log: list) -> list:
 
 
 def test_param_tables_name_every_runtime_parameter():
-    """Every parameter of the five kernels that can reach a launch is named by a slot or a constant (a new kernel
+    """Every parameter of the seven kernels that can reach a launch is named by a slot or a constant (a new kernel
     parameter without one would leave the C++ path unable to place it: this fails first)."""
     kernels = [("fwd", ta._attn_fwd), ("dq", ta._attn_bwd_dq), ("dkdv", ta._attn_bwd_dkdv),
+               ("prep", ta._attn_bwd_prep), ("dq_finish", ta._attn_bwd_dq_finish),
                ("fwd_scan", gates._segment_cumsum), ("bwd_scan", gates._segment_cumsum)]
+    assert sorted(name for name, _ in kernels) == sorted(native.KERNELS)
     none_by_default = {"XT", "W"}            # the chunked form's copies: None (compiled away) in the attention form
     for name, fn in kernels:
         runtime = [p.name for p in fn.params if not p.is_constexpr]
@@ -149,9 +151,15 @@ def test_plan_key_changes_with_every_attention_switch():
         assert native.plan_key(q, q, None, 2, True) != base
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two_kernel_backward", "fused_backward"])
 @pytest.mark.parametrize("gated,norm,hq,hk,t", [(True, True, 4, 2, 48), (False, True, 2, 2, 37),
                                                 (True, False, 2, 1, 20), (False, False, 3, 3, 16)])
-def test_dry_run_launches_match_the_python_path(built, fake_kernels, gated, norm, hq, hk, t):
+def test_dry_run_launches_match_the_python_path(built, fake_kernels, gated, norm, hq, hk, t, fused):
+    with config.attention.override(fused_backward=fused):
+        _dry_run_matches_python(fake_kernels, gated, norm, hq, hk, t, fused)
+
+
+def _dry_run_matches_python(fake_kernels, gated, norm, hq, hk, t, fused):
     b, d, p, scale = 2, 32, 2 if norm else 3, 0.17
     torch.manual_seed(0)
     q = torch.randn(b, t, hq, d, dtype=torch.bfloat16, requires_grad=True)
@@ -161,13 +169,14 @@ def test_dry_run_launches_match_the_python_path(built, fake_kernels, gated, norm
     leaves = [x for x in (q, k, v, lg) if x is not None]
 
     # the Python node with a recorder: its launches (fakes) become a plan
-    record = {"key": ("test", gated, norm, hq, hk, t), "grad": True}
+    record = {"key": ("test", gated, norm, hq, hk, t, fused), "grad": True}
     autograd.AttentionForm.apply(q, k, v, lg, scale, p, norm, record).backward(dy)
     plan = native._plans[record["key"]]
     assert plan >= 0
     python = list(fake_kernels)
-    assert [k_ for k_ in ("fwd_scan", "fwd", "dq", "dkdv", "bwd_scan") if k_ in record] == \
-        (["fwd_scan", "fwd", "dq", "dkdv", "bwd_scan"] if gated else ["fwd", "dq", "dkdv"])
+    backward = ["prep", "dkdv", "dq_finish"] if fused else ["dq", "dkdv"]
+    assert [k_ for k_ in native.KERNELS if k_ in record] == \
+        (["fwd_scan", "fwd", *backward, "bwd_scan"] if gated else ["fwd", *backward])
 
     # the C++ node, dry run
     for x in leaves:

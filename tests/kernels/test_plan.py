@@ -234,3 +234,4 @@ def test_plan_is_frozen_and_the_command_line_names_bad_items():
         with pytest.raises(ValueError, match=word):
             plan.plan_of(bad.split())
     assert plan_cli.main(["t=1", "dtype=fp8"]) == 2
+

@@ -3,6 +3,7 @@
 Error measure: relative Frobenius error ||x - x_ref|| / ||x_ref|| of the output and of every gradient,
 the reference evaluated in float64 on the same (rounded) inputs.
 """
+import dataclasses
 import itertools
 
 import pytest
@@ -348,11 +349,17 @@ NATIVE_CASES = [  # p, norm, d, dtype, gated, hq, hk, t
                          ids=[f"p{c[0]}-{'norm' if c[1] else 'num'}-d{c[2]}-{str(c[3])[6:]}-{'gate' if c[4] else 'nogate'}"
                               f"-h{c[5]}x{c[6]}-t{c[7]}" for c in NATIVE_CASES])
 @pytest.mark.parametrize("stream", ["default", "side"])
-def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, stream, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_backward", "two_kernel_backward"])
+def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, stream, fused, monkeypatch):
     """The attention form's C++ node (native/) launches the kernels the Python node compiled: the same outputs
-    and gradients, bit for bit, on the current stream (also a side stream), with and without gradients."""
+    and gradients, bit for bit, on the current stream (also a side stream), with and without gradients. The
+    one-kernel backward adds dq by fp32 atomics, whose order varies from run to run: its dq and dlog_g agree to a
+    few units in the last place of their largest entry, y, dk and dv bit for bit."""
+    from longctx.kernels.power import config
     from longctx.kernels.power.autograd import attention_form
     from longctx.kernels.power.native import launcher as native
+    monkeypatch.setattr(config.attention, "_current", dataclasses.replace(config.attention.current(),
+                                                                        fused_backward=fused))
     assert native.wait(), native.status()
     # a registry of this test's own: a plan another test recorded for the same specialization in this process
     # (pytest -n puts tests in workers in varying order) would otherwise serve the first no-grad call
@@ -388,7 +395,11 @@ def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, st
     for label, native_run in (("forward-only plan", forward_only[:1]), ("full plan", cpp)):
         for name, a, b in zip(names, python, native_run):
             assert a.dtype == b.dtype and a.shape == b.shape, (label, name)
-            assert torch.equal(a, b), f"{label}, {name}: max |diff| {(a.float() - b.float()).abs().max().item()}"
+            diff = (a.float() - b.float()).abs().max().item()
+            if fused and name in ("dq", "dlog_g"):    # fp32 atomic adds in varying order
+                assert diff <= 64 * torch.finfo(a.dtype).eps * a.float().abs().max().item(), f"{label}, {name}: {diff}"
+            else:
+                assert torch.equal(a, b), f"{label}, {name}: max |diff| {diff}"
 
 
 def test_a_full_plan_serves_calls_without_gradients(monkeypatch):

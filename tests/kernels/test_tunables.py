@@ -2,6 +2,8 @@
 forward and backward, run on CPU tensors with the kernels replaced by recorders, takes the tile plan.Plan.launches
 shows for its stage, and that tile is the table row plan.Plan.table_keys names; overrides sit on top of the table."""
 import contextlib
+import dataclasses
+import re
 
 import pytest
 import torch
@@ -105,12 +107,12 @@ def test_every_launch_takes_its_table_row(t, p, d, dtype, form, p2):
             _run(pl)
     assert pl.family == ("p2" if form == "chunked" and (p2 or dtype == torch.bfloat16) and p == 2 else
                          "generic" if form == "chunked" else "")
-    for stage, (kernel, tile) in stages.items():
-        assert tile == tunables.TABLE[keys[stage]], (stage, keys[stage])   # no override: the row itself
+    for stage, (kernel, tile) in stages.items():      # no override: the row itself (no row: launch constants)
+        assert tile == (tunables.TABLE[keys[stage]] if stage in keys else None), (stage, keys.get(stage))
     # {launched kernel: its stage's tile}; a stage's kernel string names its kernel_index kernel first
-    want = {kernel.split(" + ")[0]: tile for kernel, tile in stages.values()}
-    tiled = [(name, kw) for name, kw in log if name in want]
-    assert {name for name, _ in tiled} == set(want), sorted({name for name, _ in log})
+    want = {re.split(r" [+(]", kernel)[0]: tile for kernel, tile in stages.values()}
+    assert {name for name, _ in log if name in want} == set(want), sorted({name for name, _ in log})
+    tiled = [(name, kw) for name, kw in log if want.get(name) is not None]
     for name, kw in tiled:
         got, entry = _tile(name, kw), want[name]
         if name.startswith(("sym2_", "attn_")):
@@ -150,3 +152,27 @@ def test_the_command_line_prints_the_rows_a_plan_reads(capsys):
     assert out.strip() == want.describe(rows=True)
     for stage, key in want.table_keys().items():
         assert f"{tunables.describe(key)}" in out and str(tunables.TABLE[key]) in out, stage
+
+
+@pytest.mark.parametrize("mode", ["default", "switch_off", "deterministic"])
+def test_attention_backward_launches_what_the_plan_prints(mode, monkeypatch):
+    """The attention form's backward is one key-block kernel adding dq by atomics between a prep and a finish pass,
+    unless fused_backward is off or torch runs deterministic algorithms (the atomics' order varies): then the dq and
+    dk/dv kernels. The plan printed for the call names the same kernels in the same order."""
+    if mode == "switch_off":
+        monkeypatch.setattr(config.attention, "_current",
+                            dataclasses.replace(config.attention.current(), fused_backward=False))
+    if mode == "deterministic":
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    log = []
+    names = ("attn_dq", "attn_dkdv", "attn_bwd_prep", "attn_dq_finish", "segment_cumsum")
+    b, t, d = 1, 64, 16
+    q, k, G, lse = torch.zeros(b, t, 2, d), torch.zeros(b, t, 1, d), torch.zeros(b, t, 1), torch.zeros(b, t, 2)
+    with kernel_index.stand_in({name: _Recorder(name, log) for name in names}):
+        parallel.attention_backward(q, q, k, k, G, q, lse, 0.25, 2, True, True)
+    fused = mode == "default"
+    want = ["attn_bwd_prep", "attn_dkdv", "attn_dq_finish"] if fused else ["attn_dq", "attn_dkdv"]
+    assert [(name, kw.get("ATOMIC_DQ", False)) for name, kw in log] == \
+        [(name, fused and name == "attn_dkdv") for name in want] + [("segment_cumsum", False)]
+    stages = plan.make_plan(t, 2, d, torch.bfloat16, "cuda", compiling=False, form="attention").launches()
+    assert [kernel.split(" ")[0] for stage, (kernel, _) in stages.items() if stage != "fwd"] == want

@@ -29,6 +29,10 @@ class AttentionConfig:
     # input floor too (0.35%), but the attention form's fwd+bwd 3-5x slower at 1k-8k (tf32x3), ~2x (tf32)
     offdiag_fp32_grads: bool = False
     offdiag_precision: str = "tf32x3"   # those fp32 tiles' matmuls: "tf32x3" (fp32-exact) or "tf32" (one pass)
+    # the attention form's backward as one kernel over key blocks with dq by fp32 atomics (5 tile matmuls, not 7 in
+    # two kernels; fwd+bwd 4k 2.812 -> 2.732 ms, 16k 38.7 -> 36.8, H100); off, or torch's deterministic mode (the
+    # atomic adds' order varies, and with it dq's last bits): the two kernels
+    fused_backward: bool = True
 
     def __post_init__(self):
         if self.offdiag_precision not in ("tf32x3", "tf32", "ieee"):

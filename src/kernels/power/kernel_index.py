@@ -32,6 +32,8 @@ INDEX: dict[str, Kernel] = {
     "attn_fwd": _K("parallel", "_attn_fwd", ("attn_fwd", "attn_fwd_short", "intra_fwd"), "attention forward"),
     "attn_dkdv": _K("parallel", "_attn_bwd_dkdv", ("attn_dkdv", "attn_dkdv_offdiag_fp32"), "attention dk, dv"),
     "attn_dq": _K("parallel", "_attn_bwd_dq", ("attn_dq",), "attention dq"),
+    "attn_bwd_prep": _K("parallel", "_attn_bwd_prep", (), "one-kernel backward: Delta, dq accumulator zeroed"),
+    "attn_dq_finish": _K("parallel", "_attn_bwd_dq_finish", (), "one-kernel backward: dq cast, query gate terms"),
     "segment_cumsum": _K("gates", "_segment_cumsum", ("segment_cumsum",), "gate log-decay cumsums (and reverse)"),
     # generic chunked form (chunk.py, chunk_stages.py): expanded state tiles of F = tile^p features
     "chunk_update_fwd": _K("chunk", "_update_state_fwd", ("chunk_state", "chunk_state_wide"), "per-chunk states"),

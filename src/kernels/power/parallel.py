@@ -1,4 +1,4 @@
-"""Attention form of power attention in Triton: flash-like forward, two-kernel backward.
+"""Attention form of power attention in Triton: flash-like forward, one-kernel backward (dq by atomics).
 
 Forward, per (query block, batch*q-head): loop over causal key blocks,
     a_ij = (s q_i.k_j)^p * exp(G_i - G_j)        (fp32; powers by multiplication)
@@ -17,8 +17,12 @@ Backward (D_i = normalizer, Delta_i = dy_i . y_i):
 The gate gradients use Euler's identity (a_ij is homogeneous of degree p in q_i and in k_j): one row dot product
 in each kernel's epilogue instead of a row or column reduction of a [BM, BN] tile per block (the column sums of
 the key kernel crossed warps through shared memory on every block).
-One kernel per key block (dk, dv, dG_k; loops over the query heads of its GQA group, so no atomics) and
-one per query block (dq, dG_q).
+One kernel per key block (dk, dv, dG_k; loops over the query heads of its GQA group, so no atomics for them) also
+adds each dS tile's share of dq into an fp32 buffer by atomics (ATOMIC_DQ: five tile matmuls per block pair against
+seven in two kernels, which recompute the scores and dy.v; a pass before forms Delta and zeroes the buffer, one after
+casts dq and forms dG_q). torch's deterministic mode, and the chunked form's intra-chunk attention (whose dq kernel
+also writes the queries' scaled copy), run the two-kernel backward: the key-block kernel and one per query block
+(dq, dG_q).
 """
 from __future__ import annotations
 
@@ -229,12 +233,58 @@ def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
 
 
 @triton.jit
+def _add_dq(ptrs, part, mask_m):
+    """dq rows += part by relaxed atomics (fp32: the order of the adds varies, so the last bits do; deterministic mode
+    keeps the two-kernel backward). part = dS k_f: phase 1's k_f is k (SHARED_ROUND, or ungated) or k times the key
+    factor's p-th root, which is exactly the share of the factor its dS tile lacks, so dS k_f is dq either way."""
+    tl.atomic_add(ptrs, part, mask=mask_m[:, None], sem="relaxed")
+
+
+@triton.jit
+def _attn_bwd_prep(O, DO, DELTA, DQA, T, HQ: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr):
+    """Before the one-kernel backward (ATOMIC_DQ), per query block: Delta = dy . y (fp32 products and sum, as
+    _query_tile's DELTA_OUT) and the block's rows of the dq accumulator DQA zeroed (no memset launch of its own)."""
+    pid_m = tl.program_id(0)
+    i_b, i_hq, _ = _query_heads(tl.program_id(1), HQ, HQ)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    mask_m = offs_m < T
+    off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + tl.arange(0, D)[None, :]
+    if NORM:
+        do = tl.load(DO + off, mask=mask_m[:, None], other=0.0).to(tl.float32)
+        y = tl.load(O + off, mask=mask_m[:, None], other=0.0).to(tl.float32)
+        tl.store(DELTA + i_b * T * HQ + offs_m * HQ + i_hq, tl.sum(do * y, axis=1), mask=mask_m)
+    tl.store(DQA + off, tl.zeros([BM, D], tl.float32), mask=mask_m[:, None])
+
+
+@triton.jit
+def _attn_bwd_dq_finish(Q, DQA, DQ, DGQ, T, HQ: tl.constexpr, D: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
+                        GATED: tl.constexpr, DOT_DT: tl.constexpr):
+    """After the one-kernel backward: dq in its dtype from the fp32 accumulator, and the query side's gate gradient
+    q . dq / p (Euler, as _attn_bwd_dq's epilogue, with q as the matmuls read it)."""
+    pid_m = tl.program_id(0)
+    i_b, i_hq, _ = _query_heads(tl.program_id(1), HQ, HQ)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    mask_m = offs_m < T
+    off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + tl.arange(0, D)[None, :]
+    dq = tl.load(DQA + off, mask=mask_m[:, None], other=0.0)
+    tl.store(DQ + off, dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
+    if GATED:
+        q = tl.load(Q + off, mask=mask_m[:, None], other=0.0).to(DOT_DT).to(tl.float32)
+        tl.store(DGQ + i_b * T * HQ + offs_m * HQ + i_hq, tl.sum(q * dq, axis=1) * (1.0 / P), mask=mask_m)
+
+
+@triton.jit
 def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
                    NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False,
-                   OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False):
-    """OFFDIAG_FP32: phase 1's gate-scaled keys and dS tiles stay fp32 (matmuls at OFFDIAG_PREC), as in _attn_bwd_dq
+                   OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False,
+                   DQA=None, ATOMIC_DQ: tl.constexpr = False):
+    """ATOMIC_DQ (the one-kernel backward, config.attention's fused_backward): each dS tile also gives its query rows'
+    share of dq, dS k, added into DQA (fp32 (b, t, hq, d), zeroed by _attn_bwd_prep) by relaxed atomics; dq is then
+    rounded from the very dS tiles dk is (no second kernel recomputing the scores and dy.v), and _attn_bwd_dq_finish
+    casts it and forms the query side's gate gradient.
+    OFFDIAG_FP32: phase 1's gate-scaled keys and dS tiles stay fp32 (matmuls at OFFDIAG_PREC), as in _attn_bwd_dq
     (config.attention's offdiag_fp32_grads and offdiag_precision). SHARED_ROUND (gated; the attention form's
     backward, backward_rounding): phase 1 keeps k as loaded and puts the whole key factor e^(G_r - G_j) into the P
     and dS tiles, so its dS tile is, bit for bit, the one _attn_bwd_dq rounds (same reference key r, same product order)."""
@@ -303,8 +353,13 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                     ds = da * xp1 * (P * r_q)[:, None]
                 if OFFDIAG_FP32:
                     dk += tl.dot(tl.trans(ds), q, input_precision=OFFDIAG_PREC)
+                    if ATOMIC_DQ:
+                        _add_dq(DQA + q_off, tl.dot(ds, k_f, input_precision=OFFDIAG_PREC), mask_m)
                 else:
-                    dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
+                    ds = ds.to(DOT_DT)
+                    dk += tl.dot(tl.trans(ds), q, input_precision=PREC)
+                    if ATOMIC_DQ:   # dS k_f is dq: k_f carries the key factor ds lacks (docstring of _add_dq)
+                        _add_dq(DQA + q_off, tl.dot(ds, k_f, input_precision=PREC), mask_m)
         if GATED and not SHARED_ROUND:
             dk = dk * c_k[:, None]
     # Phase 2, the diagonal query block(s) (every query block when not FAST)
@@ -318,7 +373,10 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
             causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
             pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC)
             dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
-            dk += tl.dot(tl.trans(ds.to(DOT_DT)), q, input_precision=PREC)
+            ds = ds.to(DOT_DT)
+            dk += tl.dot(tl.trans(ds), q, input_precision=PREC)
+            if ATOMIC_DQ:
+                _add_dq(DQA + q_off, tl.dot(ds, k, input_precision=PREC), mask_m)
     tl.store(DK + kv_off, dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
     if GATED:
@@ -539,6 +597,15 @@ def backward_rounding(gated: bool, dot_dt) -> dict:
     return dict(OFFDIAG_FP32=fp32, OFFDIAG_PREC=sw.offdiag_precision, SHARED_ROUND=gated and not fp32)
 
 
+EDGE_BM = 64     # rows per program of the one-kernel backward's prep and finish passes (elementwise, memory-bound)
+
+
+def fused_backward() -> bool:
+    """Whether this attention-form backward runs as one kernel with dq by atomics (config.attention's fused_backward;
+    never in torch's deterministic mode)."""
+    return config.attention.current().fused_backward and not torch.are_deterministic_algorithms_enabled()
+
+
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
                        record: dict | None = None):
     """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's.
@@ -555,6 +622,19 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     kv_cfg, q_cfg = (launch_config(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **backward_rounding(gated, dot_dt))
     sp = scale ** p
+    if fused_backward():
+        dqa = torch.empty(b, t, hq, d, device=q.device, dtype=torch.float32)
+        rows = (-(-t // EDGE_BM), b * hq)
+        kp = _attn_bwd_prep[rows](o, do, delta, dqa, t, HQ=hq, D=d, BM=EDGE_BM, NORM=norm, num_warps=4)
+        kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
+                                                              DQA=dqa, ATOMIC_DQ=True, **common, **kv_cfg)
+        kf = _attn_bwd_dq_finish[rows](q, dqa, dq, dgq, t, HQ=hq, D=d, P=p, BM=EDGE_BM, GATED=gated, DOT_DT=dot_dt,
+                                       num_warps=4)
+        if record is not None:
+            record["prep"], record["dkdv"], record["dq_finish"] = (kp, EDGE_BM, hq), (kkv, kv_cfg["BN"], hk), \
+                (kf, EDGE_BM, hq)
+        dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq, record=record) if gated else None
+        return dq, dk, dv, dlog_g
     kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
                                                       O=o, DELTA_OUT=norm, **common, **q_cfg)
     kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,

@@ -151,6 +151,10 @@ class Plan:
             t = None if chunked else self.t
             out[("intra_" if chunked else "") + kernel] = ("attn_" + kernel, parallel.tile_key(
                 self.d, kernel, dot_dt, chunked, t), parallel.blocks(self.d, kernel, dot_dt, chunked, t))
+        if not chunked and parallel.fused_backward():     # one backward kernel, dq by atomics (its tile: dk/dv's)
+            out = {"fwd": out["fwd"], "bwd_prep": ("attn_bwd_prep", None, None),     # launch constants
+                   "dkdv": ("attn_dkdv (+ dq by atomics)", *out["dkdv"][1:]),
+                   "dq_finish": ("attn_dq_finish", None, None)}
         if self.family == "generic":
             key = generic.state_tile_key(self.p, self.d, self.dtype)
             tile = tunables.TABLE[key]

@@ -28,16 +28,18 @@ from pathlib import Path
 
 import torch
 
-from .. import config, gates
+from .. import config
 
 ENV = "LONGCTX_NATIVE"
 SOURCE = Path(__file__).with_name("native_launch.cpp")
 
 # native_launch.cpp's enums
-TENSOR_SLOTS = ("Q", "K", "V", "LG", "G", "O", "LSE", "DO", "DELTA", "DQ", "DK", "DV", "DGQ", "DGK", "DLG")
+TENSOR_SLOTS = ("Q", "K", "V", "LG", "G", "O", "LSE", "DO", "DELTA", "DQ", "DK", "DV", "DGQ", "DGK", "DLG", "DQA")
 SCALAR_SLOTS = ("T", "SCALE", "SCALE_P")
 KIND_TENSOR, KIND_INT, KIND_FLOAT, KIND_CONST_INT, KIND_CONST_FLOAT = range(5)
-KERNELS = ("fwd_scan", "fwd", "dq", "dkdv", "bwd_scan")
+# in launch order; a backward runs dq, dkdv, or (the one-kernel backward, parallel.fused_backward) prep, dkdv,
+# dq_finish, with dq by atomics into the fp32 scratch DQA
+KERNELS = ("fwd_scan", "fwd", "dq", "prep", "dkdv", "dq_finish", "bwd_scan")
 
 # Each kernel's parameters by name: a tensor slot, a scalar slot, or a constant (the value the Python path passes).
 _INT, _FLOAT = "i32", "fp32"
@@ -49,7 +51,9 @@ PARAM_TABLES = {
     "dq": {"Q": "Q", "K": "K", "V": "V", "G": "G", "DO": "DO", "LSE": "LSE", "DELTA": "DELTA", "DQ": "DQ",
            "DGQ": "DGQ", "O": "O", **_ATTN_SCALARS},
     "dkdv": {"Q": "Q", "K": "K", "V": "V", "G": "G", "DO": "DO", "LSE": "LSE", "DELTA": "DELTA", "DK": "DK",
-             "DV": "DV", "DGK": "DGK", **_ATTN_SCALARS},
+             "DV": "DV", "DGK": "DGK", "DQA": "DQA", **_ATTN_SCALARS},
+    "prep": {"O": "O", "DO": "DO", "DELTA": "DELTA", "DQA": "DQA", "T": ("T", _INT)},
+    "dq_finish": {"Q": "Q", "DQA": "DQA", "DQ": "DQ", "DGQ": "DGQ", "T": ("T", _INT)},
     "bwd_scan": {"X": "DGK", "X2": "DGQ", "Y": "DLG", "T": ("T", _INT), "SEG": ("T", _INT)},
 }
 

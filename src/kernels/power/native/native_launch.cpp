@@ -94,13 +94,14 @@ void ensure_context(int device_index) {
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor slots and scalar slots a kernel parameter can name (launcher.py's SLOTS mirrors these numbers).
 enum TensorSlot : int64_t { S_Q, S_K, S_V, S_LG, S_G, S_O, S_LSE, S_DO, S_DELTA, S_DQ, S_DK, S_DV, S_DGQ, S_DGK, S_DLG,
-                            NUM_TENSOR_SLOTS };
+                            S_DQA, NUM_TENSOR_SLOTS };
 enum ScalarSlot : int64_t { T_INT, SCALE, SCALE_P, NUM_SCALAR_SLOTS };
 // Parameter kinds (launcher.py's KIND_*): a tensor's data pointer, an int32 or fp32 scalar slot, an int32 or fp32
 // constant (fp32 constants as their bits).
 enum ParamKind : int64_t { P_TENSOR, P_INT, P_FLOAT, P_CONST_INT, P_CONST_FLOAT };
-// Kernels of a plan, in launch order; grids: (cdiv(t, rows), b * heads).
-enum KernelIndex : int { K_FWD_SCAN, K_FWD, K_DQ, K_DKDV, K_BWD_SCAN, NUM_KERNELS };
+// Kernels of a plan, in launch order; grids: (cdiv(t, rows), b * heads). A backward runs K_DQ then K_DKDV, or (the
+// one-kernel backward) K_PREP, K_DKDV with dq by atomics into an fp32 scratch (S_DQA), K_FINISH.
+enum KernelIndex : int { K_FWD_SCAN, K_FWD, K_DQ, K_PREP, K_DKDV, K_FINISH, K_BWD_SCAN, NUM_KERNELS };
 
 struct Param {
   ParamKind kind;
@@ -157,9 +158,11 @@ int64_t register_plan(at::IntArrayRef spec) {
   }
   TORCH_CHECK(i == spec.size(), "longctx native launcher: plan spec has ", spec.size() - i, " values too many");
   // A forward-only plan (launcher.py registers one from a call without gradients) has no backward kernels.
-  const bool backward = plan->kernels[K_DQ].present;
+  const bool fused = plan->kernels[K_PREP].present, backward = plan->kernels[K_DQ].present || fused;
   TORCH_CHECK(plan->kernels[K_FWD].present && plan->kernels[K_DKDV].present == backward,
               "longctx native launcher: a plan needs the forward kernel, and dq with dk/dv or neither");
+  TORCH_CHECK(plan->kernels[K_FINISH].present == fused && !(fused && plan->kernels[K_DQ].present),
+              "longctx native launcher: a one-kernel backward needs its prep and finish passes and no dq kernel");
   TORCH_CHECK(!plan->gated || (plan->kernels[K_FWD_SCAN].present &&
                                plan->kernels[K_BWD_SCAN].present == backward),
               "longctx native launcher: a gated plan needs its gate scans");
@@ -296,7 +299,8 @@ struct AttentionFormNative : public torch::autograd::Function<AttentionFormNativ
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const Plan& plan = get_plan(ctx->saved_data["plan"].toInt());
-    TORCH_CHECK(plan.kernels[K_DQ].present, "longctx native launcher: plan ", ctx->saved_data["plan"].toInt(),
+    const bool fused = plan.kernels[K_PREP].present;
+    TORCH_CHECK(plan.kernels[K_DQ].present || fused, "longctx native launcher: plan ", ctx->saved_data["plan"].toInt(),
                 " is forward-only (launcher.py uses it only without gradients)");
     auto saved = ctx->get_saved_variables();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &G = saved[3], &o = saved[4], &lse = saved[5];
@@ -304,7 +308,7 @@ struct AttentionFormNative : public torch::autograd::Function<AttentionFormNativ
     Tensor dout = dense(grads[0]);
     const int64_t b = q.size(0), t = q.size(1);
     const auto f32 = q.options().dtype(at::kFloat);
-    // Delta = dy . y is formed by the dq kernel, which runs first (as attention_backward in Python)
+    // Delta = dy . y is formed by the kernel that runs first, dq or prep (as attention_backward in Python)
     Tensor delta = plan.norm ? at::empty({b, t, plan.hq}, f32) : lse;
     Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     Tensor dgq = plan.gated ? at::empty({b, t, plan.hq}, f32) : lse;
@@ -315,12 +319,15 @@ struct AttentionFormNative : public torch::autograd::Function<AttentionFormNativ
     a.ptr[S_LSE] = ptr(lse); a.ptr[S_DO] = ptr(dout); a.ptr[S_DELTA] = ptr(delta); a.ptr[S_DQ] = ptr(dq);
     a.ptr[S_DK] = ptr(dk); a.ptr[S_DV] = ptr(dv); a.ptr[S_DGQ] = ptr(dgq); a.ptr[S_DGK] = ptr(dgk);
     if (plan.gated) a.ptr[S_DLG] = ptr(dlg);
+    Tensor dqa = fused ? at::empty({b, t, plan.hq, plan.d}, f32) : Tensor();   // zeroed by prep
+    if (fused) a.ptr[S_DQA] = ptr(dqa);
     a.t = static_cast<int32_t>(t);
     a.scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
     a.scale_p = static_cast<float>(ctx->saved_data["scale_p"].toDouble());
     void* stream = current_stream(q);
-    launch(plan, K_DQ, a, b, t, stream);
+    launch(plan, fused ? K_PREP : K_DQ, a, b, t, stream);
     launch(plan, K_DKDV, a, b, t, stream);
+    if (fused) launch(plan, K_FINISH, a, b, t, stream);
     if (plan.gated) launch(plan, K_BWD_SCAN, a, b, t, stream);
     return {dq, dk, dv, dlg, Tensor(), Tensor(), Tensor()};
   }
