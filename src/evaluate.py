@@ -14,7 +14,8 @@ defaults to a new file in RUN_DIR/eval/; nothing is ever overwritten. Data overr
 (conf/data/NAME.yaml), `data.KEY=VALUE`; without them the run's own data is used. Every argument is checked before
 any work, a context's memory estimate included: bad input gives one line `error: ...` and exit code 2, and nothing is
 written. A failed write (a full disk) is one line and exit code 1; the records are written whole or not at all, and
-a figure that cannot be written leaves them whole. Progress goes to stderr (train/console.py's command_progress).
+a figure that cannot be written leaves them whole. Progress goes to stderr (train/console.py's command_progress),
+after a one-line estimate of the forwards' time (longctx.train.estimate; a long one names a shorter --ctx).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from longctx.runs import check_data_tokens, check_device, load_run
 from longctx.train.config import check_set, check_types, did_you_mean, schema
 from longctx.train.console import command_progress, setup_logging
 from longctx.train.data import build_heldout, resolve_splits
-from longctx.train.estimate import check_evaluation_fits, forward_memory
+from longctx.train.estimate import check_evaluation_fits, evaluation_line, forward_memory
 
 # evaluate's way out where a run's heldout data holds another tokenizer's ids (runs.check_data_tokens)
 OWN_DATA = "evaluate it on data of its own tokenizer"
@@ -220,6 +221,15 @@ def fits_memory(flag: str, contexts: list[int], model, cfg: DictConfig, micro_do
         check_evaluation_fits(flag, ctx, forward, device, held_per_token * ctx, held_what, advice)
 
 
+def say_time_estimate(model, contexts: list[int], docs: int, per_forward: int, precision: str, flag: str,
+                      shorter: list[list[int]], otherwise: str, unit: str = "doc") -> None:
+    """The forwards' time estimate, one line on stderr before the first (longctx.train.estimate.evaluation_line): one
+    forward of long documents on a CPU can run for many minutes with nothing else said."""
+    device = model_device(model)
+    print(evaluation_line(model, contexts, docs, min(per_forward, docs), device, uses_bf16(device, precision), flag,
+                          shorter, otherwise, unit), file=sys.stderr, flush=True)
+
+
 def forward_docs(micro_docs: int | None, run_cfg: DictConfig, cfg: DictConfig) -> int:
     """Documents one forward holds: --micro-docs, else the run's trainer.micro_docs, else its data.docs_per_batch."""
     return int(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch)
@@ -316,8 +326,11 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
                                    bins or int(run_cfg.trainer.icl_bins), bins_key="--bins")
     out = out or default_out(run_dir, f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}",
                              "heldout")
-    start = time.perf_counter()
     per_forward = forward_docs(micro_docs, run_cfg, cfg)
+    powers_below = [[2 ** k] for k in range((ctx - 1).bit_length() - 1, 0, -1)]
+    say_time_estimate(model, [ctx], evaluation.n_docs, evaluation.docs_per_forward(per_forward), precision, "--ctx",
+                      powers_below, "fewer --docs")
+    start = time.perf_counter()
     with command_progress(evaluation.n_docs, f"evaluate ctx {ctx}", "doc",
                           evaluation.forwards_note(per_forward, forward_docs_source(micro_docs, run_cfg))) as progress:
         result = evaluation.run(model, per_forward, precision, on_batch=progress.update)
@@ -392,6 +405,10 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
             documents = heldout_batch(str(splits.heldout_path), max(contexts), min(available, 2 * trials + 16))
             documents = documents["targets"].numpy()
     out = out or default_out(run_dir, f"{task}-step{model.checkpoint_step}", task)
+    ordered = sorted(contexts)
+    say_time_estimate(model, contexts, prompts, forward_docs(micro_docs, run_cfg, cfg), precision, "--contexts",
+                      [ordered[:n] for n in range(len(ordered) - 1, 0, -1)],
+                      "shorter --contexts, or fewer --trials or --depths", unit="prompt")
     start = time.perf_counter()
     with command_progress(len(contexts), task, "context") as progress:
         result = run_retrieval(model, task, alphabet, contexts, depths or list(DEFAULT_DEPTHS), trials, digits,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -339,18 +340,17 @@ def test_evaluate_out_in_a_read_only_folder_is_refused_first(run, tmp_path, caps
 def test_evaluate_says_its_progress_on_stderr_when_not_a_terminal(run, tmp_path, capsys, task, args, first, last):
     """No bar in a pipe or log file (stderr is not a terminal under pytest): a start line and a done line with the
     time it took; stdout keeps the result."""
-    import re
-
     assert evaluate_main([str(run), *args, "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 0
     out, err = capsys.readouterr()
     lines = err.splitlines()
-    assert lines[0] == first and re.fullmatch(last, lines[-1]), lines
+    assert lines[0].startswith("estimate: the forwards of ") and lines[1] == first, lines
+    assert re.fullmatch(last, lines[-1]), lines
     assert "started" not in out and "done," not in out
 
 
 def test_evaluate_says_how_its_forwards_go_before_the_first(run, tmp_path, capsys, monkeypatch):
-    """Progress is counted per forward, and one forward of long documents can take minutes on a CPU: how many forwards
-    of how many documents is said before the first forward starts."""
+    """Progress is counted per forward, and one forward of long documents can take minutes on a CPU: how long the
+    forwards take, and how many forwards of how many documents, is said before the first forward starts."""
     from longctx.eval import loss
 
     real, before = loss.nll_batches, []
@@ -362,8 +362,42 @@ def test_evaluate_says_how_its_forwards_go_before_the_first(run, tmp_path, capsy
     monkeypatch.setattr(loss, "nll_batches", watched)
     assert evaluate_main([str(run), "--docs", "5", "--micro-docs", "2", "--device", "cpu",
                           "--out", str(tmp_path / "x.json")]) == 0
-    assert before[0].splitlines() == ["evaluate ctx 64: started (5 docs in 3 forwards of up to 2, set by --micro-docs; "
-                                      "progress is counted per forward)"]
+    estimate, started = before[0].splitlines()
+    assert re.fullmatch(r"estimate: the forwards of 5 docs at ctx 64 take ~\d+ s on cpu \(\S+ forward FLOPs at ~\S+ "
+                        r"GFLOP/s, 50% of this CPU's fp32 matmul rate, measured now, plus the attention reference's "
+                        r"measured time; formulas: longctx.train.estimate\)", estimate), estimate
+    assert started == ("evaluate ctx 64: started (5 docs in 3 forwards of up to 2, set by --micro-docs; progress is "
+                       "counted per forward)")
+
+
+def test_a_long_evaluation_names_a_shorter_ctx(run, tmp_path, capsys, monkeypatch):
+    """An estimate over 10 minutes says so and names the longest power-of-two --ctx estimated under them. On a
+    machine slowed down (its matmul rate) until the run's ctx takes 15 minutes, against the time that rate gives the
+    forwards' FLOPs (the model's own count, which tests/train/test_flop_counter.py checks against torch's counter);
+    the reference's measured time, which cannot be slowed down, is left out."""
+    from longctx.train import estimate
+    from longctx.train.flops import flops_report
+
+    model, _ = load_run(run, device="cpu")
+
+    def flops(ctx):  # the forwards of 8 documents at ctx
+        report = flops_report(model, ctx, "cpu", torch.float32)
+        return 8 * ctx * (report["weight_flops_per_token"] + report["executed_state_flops_per_token"])
+
+    slow = 2 * flops(64) / (15 * 60)  # the estimate assumes half the matmul rate
+    monkeypatch.setattr(estimate, "cpu_matmul_rate", lambda: slow)
+    monkeypatch.setattr(estimate, "cpu_reference_seconds", lambda *args, **kwargs: 0.0)
+
+    def minutes(ctx):
+        return flops(ctx) / (slow / 2) / 60
+
+    shorter = max(c for c in (2, 4, 8, 16, 32) if minutes(c) <= 10)
+    assert evaluate_main([str(run), "--docs", "8", "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 0
+    line = capsys.readouterr().err.splitlines()[0]
+    said = re.search(r"take ~(\d+) min .*; that is long: --ctx (\d+) would take ~(\d+) (s|min)$", line)
+    assert said, line
+    assert int(said[1]) == 15 and int(said[2]) == shorter == 32, (line, shorter)
+    assert abs(int(said[3]) - minutes(32) * (60 if said[4] == "s" else 1)) <= 1, (line, minutes(32))
 
 
 @pytest.mark.parametrize("task", ["passkey", "needle"])

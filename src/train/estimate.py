@@ -39,13 +39,18 @@ host the token arrays it holds (heldout documents, or the retrieval prompts of o
 
 Time: trainer.max_steps * tokens per step * training FLOPs per token (longctx.train.flops) over an assumed rate:
 CUDA, 35% of the card's bf16 peak (the README's measured MFUs are 25-42%); CPU, half this machine's fp32 matmul
-rate measured at start (the default run reaches about that on 2 idle cores). An estimate to catch the impossible, not a
-promise: a loaded machine, or a form that runs far below the matmul rate (the CPU power reference at ctx 512 took
-several times the estimate on 2 cores), takes longer, so the trainer measures its first steps and says the time they
-make (trainer.py, MEASURED_STEPS).
+rate measured at start (the default run reaches about that on 2 idle cores). On a CPU, power and linear attention run
+the PyTorch reference, whose elementwise passes over each block's t x t scores take several times its matmuls (1.5 s
+of a ~2 s step of `attention=power ctx=512` on 2 cores, whose FLOPs at the rate made ~0.25 s): the time it takes
+beyond its FLOPs at the rate is measured at start, one layer of the run's micro-batch in the form that runs
+(`cpu_reference_seconds`), and added. An estimate to catch the impossible, not a promise: a loaded machine takes
+longer, so the trainer measures its first steps and says the time they make (trainer.py, MEASURED_STEPS). An
+evaluation's time (`evaluation_line`): the forward FLOPs of the contexts it runs over the same rate, plus on a CPU the
+reference's forward measured the same way.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -62,6 +67,11 @@ RWKV7_AROUND_CORE = 25     # RWKV7's blocks around an attention core (attention=
 LOSS_CHUNK = 8192          # tokens per chunk of the fused loss (models.common.nll_sum's chunk_tokens)
 CUDA_MFU, CPU_EFFICIENCY, CUDA_MEMORY_SHARE = 0.35, 0.5, 0.9
 GPT2_VOCAB = 50257
+# The CPU reference's time per score entry grows with the entries of one forward (10-30 ns forward and backward at
+# t = 512 from 1M to 16M entries, 2 cores): it is timed on the run's own micro-batch, one layer, up to these sizes.
+PROBE_MAX_ENTRIES = 2 ** 24  # score entries, ~1.5 s forward and backward on 2 cores
+PROBE_MAX_T = 1024           # tokens a document: the CPU's chunked form runs 4 chunks of 256, as a longer context does
+LONG_EVALUATION_S = 600      # an evaluation estimated longer is said to be long, with a shorter context that is not
 
 
 @dataclass
@@ -199,13 +209,78 @@ def cpu_matmul_rate(n: int = 1024, reps: int = 3) -> float:
     return 2 * n ** 3 / max(best, 1e-9)
 
 
+def assumed_rate(device: torch.device, world_size: int = 1) -> float | None:
+    """FLOP/s a run is assumed to reach (module docstring, Time): CUDA, CUDA_MFU of the card's bf16 peak per rank (None
+    for a card of unknown peak); CPU, CPU_EFFICIENCY of this machine's fp32 matmul rate, measured now."""
+    from longctx.train.flops import peak_bf16_flops
+
+    if device.type == "cuda":
+        peak = peak_bf16_flops(torch.cuda.get_device_name(device))
+        return peak * CUDA_MFU * world_size if peak else None
+    return cpu_matmul_rate() * CPU_EFFICIENCY
+
+
+def rate_basis(device: torch.device) -> str:
+    """What `assumed_rate` rests on, in words."""
+    if device.type == "cuda":
+        return f"{CUDA_MFU:.0%} of the card's bf16 peak"
+    return f"{CPU_EFFICIENCY:.0%} of this CPU's fp32 matmul rate, measured now"
+
+
+@functools.lru_cache(maxsize=None)
+def reference_token_seconds(p: int, norm: bool, heads: int, head_dim: int, t: int, chunk: int | None, docs: int,
+                            backward: bool) -> float:
+    """Seconds per token (one layer, all heads) of the CPU power reference on `docs` documents of t tokens in chunks
+    of `chunk` (None: the attention form), forward (and backward), matmuls included: the faster of two runs, timed
+    once a process."""
+    from longctx.kernels import power_attention  # CPU tensors: the reference
+
+    inputs = [torch.randn(docs, t, heads, head_dim, device="cpu", requires_grad=backward) for _ in range(3)]
+    inputs.append((-0.1 * torch.rand(docs, t, heads, device="cpu")).requires_grad_(backward))  # log-gates
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        with torch.set_grad_enabled(backward):
+            y = power_attention(*inputs, p=p, norm=norm, chunk_size=chunk)
+            if backward:
+                torch.autograd.grad(y.sum(), inputs)
+        best = min(best, time.perf_counter() - start)
+    return best / (docs * t)
+
+
+def cpu_reference_seconds(model, ctx: int, docs: int, rate: float, backward: bool) -> float:
+    """Seconds per token, all layers, that the CPU power reference (power and linear attention on a CPU) takes beyond
+    its FLOPs at `rate`: it builds each block's whole scores (the masked half too) and makes a dozen elementwise
+    passes over them (log-space power, gates, stabilizer; more in the backward), and the chunked form expands each
+    query and key to the state's D features, none of which a FLOP count holds. Timed (`reference_token_seconds`) on
+    `docs` documents (a forward's) of min(ctx, PROBE_MAX_T) tokens in the form that runs at ctx; the attention
+    form's time per token grows with the context, so a longer one is scaled up to ctx."""
+    from longctx.models.attention import attention_class
+    from longctx.models.common import state_cores
+    from longctx.train.flops import TRAIN_FLOPS_FACTOR
+
+    PowerAttention = attention_class("power")
+    seconds = 0.0
+    for core in state_cores(model):
+        if isinstance(core, PowerAttention):
+            block = core.block_length(ctx, "cpu", torch.float32)
+            t = min(ctx, PROBE_MAX_T)
+            chunk = block if block < t else None
+            probed = min(docs, max(1, PROBE_MAX_ENTRIES // (core.n_heads * t * min(block, t))))  # score entries
+            measured = reference_token_seconds(core.p, core.norm, core.n_heads, core.head_dim, t, chunk, probed,
+                                               backward)
+            counted = core.form_flops(t, chunk) * (TRAIN_FLOPS_FACTOR if backward else 1.0) / rate
+            seconds += max(0.0, measured - counted) * block / min(block, t)
+    return seconds
+
+
 def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
              micro_docs: int | None = None, checkpointing: bool | None = None, available: float | None = None,
              rate: float | None = None) -> Estimate:
     """The run's memory (one rank) and time. `spec_for(data_vocab) -> ModelSpec`: the model the trainer builds for
     that vocabulary; `micro_docs`/`checkpointing` override the config's, to try options."""
     from longctx.models import build_model
-    from longctx.train.flops import flops_report, peak_bf16_flops
+    from longctx.train.flops import flops_report
 
     spec = spec_for(data_vocab(cfg))
     with torch.device("meta"):  # shapes only: nothing allocated, no init time
@@ -226,13 +301,13 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     logits = 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4
     seconds = None
     if rate is None:
-        peak = peak_bf16_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-        rate = (peak * CUDA_MFU * world_size if peak else None) if device.type == "cuda" \
-            else cpu_matmul_rate() * CPU_EFFICIENCY
+        rate = assumed_rate(device, world_size)
     if rate:
         dtype = torch.bfloat16 if bytes_per == 2 else torch.float32
-        per_token = flops_report(model, cfg.ctx, device.type, dtype)["train_flops_per_token"]
-        seconds = cfg.trainer.max_steps * cfg.data.docs_per_batch * cfg.ctx * per_token / rate
+        per_token = flops_report(model, cfg.ctx, device.type, dtype)["train_flops_per_token"] / rate
+        if device.type != "cuda":
+            per_token += cpu_reference_seconds(model, cfg.ctx, micro, rate, backward=True)
+        seconds = cfg.trainer.max_steps * cfg.data.docs_per_batch * cfg.ctx * per_token
     if available is None:
         available = available_memory(device)
     return Estimate(params, 16.0 * params, activations, logits, available, seconds, micro, checkpointing)
@@ -276,6 +351,7 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
     if auto and with_ckpt.fits:
         tell(describe(with_ckpt, device_name) + "; trainer.activation_checkpointing=auto will turn it on")
         return with_ckpt
+    kwargs["rate"] = 0.0  # memory only from here: the options tried below are named by their memory, not their time
     need = (f"memory: this run needs ~{_gib(est.total_bytes)} on {device_name} but {_gib(est.available_bytes)} "
             f"is available (ctx={cfg.ctx}, {est.micro_docs} docs per micro-batch, {est.parameters / 1e6:.2f}M "
             f"parameters)")
@@ -327,6 +403,49 @@ def check_evaluation_fits(flag: str, ctx: int, forward: dict, device: torch.devi
         if available is not None and need > available:
             raise ValueError(f"{flag}: {ctx} needs ~{_gib(need)} of memory on {where} but {_gib(available)} is "
                              f"available ({detail}; formulas: longctx.train.estimate); {advice}")
+
+
+def evaluation_seconds(model, contexts: list[int], docs: int, per_forward: int, device: torch.device, bf16: bool,
+                       rate: float) -> tuple[float, float]:
+    """(forward FLOPs, seconds) of the forwards (no gradients) of `docs` documents at each of `contexts`,
+    `per_forward` at a time: the FLOPs of the form that runs at each context (longctx.train.flops) over `rate`
+    FLOP/s, plus on a CPU the attention reference's time beyond them (`cpu_reference_seconds`)."""
+    from longctx.train.flops import flops_report
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    flops = seconds = 0.0
+    for ctx in contexts:
+        report = flops_report(model, ctx, device.type, dtype)
+        per_token = report["weight_flops_per_token"] + report["executed_state_flops_per_token"]
+        flops += docs * ctx * per_token
+        seconds += docs * ctx * per_token / rate
+        if device.type != "cuda":
+            seconds += docs * ctx * cpu_reference_seconds(model, ctx, per_forward, rate, backward=False)
+    return flops, seconds
+
+
+def evaluation_line(model, contexts: list[int], docs: int, per_forward: int, device: torch.device, bf16: bool,
+                    flag: str, shorter: list[list[int]], otherwise: str, unit: str = "doc") -> str:
+    """One line, said before an evaluation's first forward: how long the forwards of `docs` documents (`unit`s) at
+    each of `contexts` take at `assumed_rate`, and what that rests on. Over LONG_EVALUATION_S it says so, naming the
+    first of `shorter` (lists of contexts to give `flag`, longest first) that is not, else `otherwise`."""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    each = "ctx" if len(contexts) == 1 else "each ctx of"
+    what = f"{docs} {unit}{'s' * (docs != 1)} at {each} {','.join(map(str, contexts))}"
+    rate = assumed_rate(device)
+    if rate is None:
+        return f"estimate: the time of the forwards of {what} is unknown on {where} (no bf16 peak known for this card)"
+    flops, seconds = evaluation_seconds(model, contexts, docs, per_forward, device, bf16, rate)
+    reference = ", plus the attention reference's measured time" if seconds > 1.01 * flops / rate else ""
+    line = (f"estimate: the forwards of {what} take {_duration(seconds)} on {where} ({flops:.2g} forward FLOPs at "
+            f"~{rate / 1e9:.3g} GFLOP/s, {rate_basis(device)}{reference}; formulas: longctx.train.estimate)")
+    if seconds <= LONG_EVALUATION_S:
+        return line
+    for option in shorter:
+        took = evaluation_seconds(model, option, docs, per_forward, device, bf16, rate)[1]
+        if took <= LONG_EVALUATION_S:
+            return f"{line}; that is long: {flag} {','.join(map(str, option))} would take {_duration(took)}"
+    return f"{line}; that is long: {otherwise}"
 
 
 # ----- command line: the longest context that fits N GPUs ---------------------------------------------------------

@@ -105,8 +105,13 @@ class PowerAttention(nn.Module):
     def forward_flops(self, ctx, device_type="cuda", dtype=torch.bfloat16):
         """Forward state FLOPs per token, one layer, of the form the kernels run at `ctx` on `device_type` with
         `dtype` inputs (the chunk length the kernels' `default_chunk_size` picks, or this core's own)."""
+        return self.form_flops(ctx, self.block_length(ctx, device_type, dtype))
+
+    def block_length(self, ctx, device_type="cuda", dtype=torch.bfloat16) -> int:
+        """Tokens of each block the form at `ctx` runs: ctx for the attention form, the chunk for the chunked form (this
+        core's own, or the one the kernels' `default_chunk_size` picks)."""
         chunk = self.chunk_size or default_chunk_size(ctx, self.p, self.head_dim, device_type == "cuda", dtype)
-        return self.form_flops(ctx, chunk)
+        return ctx if chunk is None or chunk >= ctx else chunk
 
     def form_flops(self, ctx, chunk):
         """The attention form (chunk None, or one chunk covering ctx): q.k and A.v over the causal keys, like softmax
