@@ -151,13 +151,18 @@ def recall_points(groups: list[Group]) -> list[dict]:
                 point["updates"] = int(updates)
         but_rate = tuple(item for item in g.first.group_key if item[0] != "optim.lr")
         candidates.setdefault(but_rate, []).append(point)
-    points = []
-    for tried in candidates.values():
-        best = max(tried, key=lambda p: float(np.mean(p["seeds"])))
-        if len(tried) > 1:
-            best = {**best, "lrs": sorted(p["lr"] for p in tried), "other_rates": [p for p in tried if p is not best]}
-        points.append(best)
-    return points
+    return [best_of_rates(tried) if len(tried) > 1 else tried[0] for tried in candidates.values()]
+
+
+def best_of_rates(tried: list[dict]) -> dict:
+    """One point for points of one arm, N, context and width at several rates: the highest seed mean, with every rate
+    tried in `lrs` and the other rates' points, whole, in `other_rates` (a member already picked among rates brings its
+    own `lrs` and `other_rates`)."""
+    best = max(tried, key=lambda p: float(np.mean(p["seeds"])))
+    rates = sorted({r for p in tried for r in p.get("lrs", [p.get("lr")]) if r is not None})
+    others = [q for p in tried if p is not best
+              for q in [{k: v for k, v in p.items() if k != "other_rates"}, *p.get("other_rates", [])]]
+    return {**best, "lrs": rates, "other_rates": best.get("other_rates", []) + others}
 
 
 # what a point is but its rate: points equal in these and apart in `lr` are one point tried at several rates
@@ -167,9 +172,9 @@ BUT_RATE = ("attention", "tag", "p", "window", "state", "n_pairs", "ctx", "d_mod
 
 def best_rates(points: list[dict]) -> list[dict]:
     """Points of one arm, N, context and width at several rates, reported apart (parts of a record carried into
-    one), as one point at its best rate, like recall_points within a report: the highest seed mean, with every rate
-    tried in `lrs` and the other rates' points, whole, in `other_rates` (the record keeps what they measured; the
-    figure draws the best), in the place of the first of them. Points of one rate are left as they are."""
+    one), as one point at its best rate, as recall_points picks within a report (best_of_rates: the record keeps what
+    the other rates measured; the figure draws the best), in the place of the first of them. Points of one rate are
+    left as they are."""
     tried: dict[tuple, list[int]] = {}
     for i, point in enumerate(points):
         tried.setdefault(tuple(point.get(key) for key in BUT_RATE), []).append(i)
@@ -177,12 +182,7 @@ def best_rates(points: list[dict]) -> list[dict]:
     for members in tried.values():
         if len({points[i].get("lr") for i in members}) < 2:
             continue
-        best = max((points[i] for i in members), key=lambda p: float(np.mean(p["seeds"])))
-        rates = sorted({r for i in members for r in points[i].get("lrs", [points[i].get("lr")]) if r is not None})
-        others = [q for i in members if points[i] is not best
-                  for q in [{k: v for k, v in points[i].items() if k != "other_rates"},
-                            *points[i].get("other_rates", [])]]
-        out[members[0]] = {**best, "lrs": rates, "other_rates": best.get("other_rates", []) + others}
+        out[members[0]] = best_of_rates([points[i] for i in members])
         for i in members[1:]:
             out[i] = None
     return [p for p in out if p is not None]
