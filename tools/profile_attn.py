@@ -48,7 +48,7 @@ def main():
         raise SystemExit(f"--switches: {err}") from None
     items = list(args.switches)
     if not any(item.split("=")[0].endswith("concurrent_bwd") for item in items):
-        # the chunked form's backward on two streams: under the profiler its calls never returned (H100, t=5120)
+        # the chunked backward's two streams: torch.profiler did not return from them (H100, t=5120); one stream does
         items.append("concurrent_bwd=0")
         print("profile_attn: concurrent_bwd=0 (the chunked backward on one stream; --switches concurrent_bwd=1 to "
               "profile both streams)", flush=True)

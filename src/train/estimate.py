@@ -69,7 +69,7 @@ CUDA_MFU, CPU_EFFICIENCY, CUDA_MEMORY_SHARE = 0.35, 0.5, 0.9
 GPT2_VOCAB = 50257
 # The CPU reference's time per score entry grows with the entries of one forward (10-30 ns forward and backward at
 # t = 512 from 1M to 16M entries, 2 cores): it is timed on the run's own micro-batch, one layer, up to these sizes.
-PROBE_MAX_ENTRIES = 2 ** 24  # score entries, ~1.5 s forward and backward on 2 cores
+PROBE_MAX_ENTRIES = 2 ** 24  # score and state-feature entries of one probe, ~1 s forward and backward on 2 cores
 PROBE_MAX_T = 1024           # tokens a document: the CPU's chunked form runs 4 chunks of 256, as a longer context does
 LONG_EVALUATION_S = 600      # an evaluation estimated longer is said to be long, with a shorter context that is not
 
@@ -196,17 +196,22 @@ def available_memory(device: torch.device) -> float | None:
     return None  # unknown: no refusal
 
 
-def cpu_matmul_rate(n: int = 1024, reps: int = 3) -> float:
-    """This machine's fp32 matmul FLOP/s: the fastest of a few 1024 x 1024 products (~0.1 s each; the fastest, since
-    a shared machine's other work only slows some of them)."""
-    a = torch.randn(n, n)
-    a @ a
+def fastest_seconds(work: Callable[[], object], repeats: int = 3) -> float:
+    """Seconds of the fastest of `repeats` runs of `work` after one untimed run (first-use allocations, lazy inits):
+    the fastest, since a shared machine's other work only slows some of them."""
+    work()
     best = float("inf")
-    for _ in range(reps):
+    for _ in range(repeats):
         start = time.perf_counter()
-        a @ a
+        work()
         best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / max(best, 1e-9)
+    return max(best, 1e-9)
+
+
+def cpu_matmul_rate(n: int = 1024, reps: int = 3) -> float:
+    """This machine's fp32 matmul FLOP/s: the fastest of a few 1024 x 1024 products (~0.1 s each)."""
+    a = torch.randn(n, n)
+    return 2 * n ** 3 / fastest_seconds(lambda: a @ a, reps)
 
 
 def assumed_rate(device: torch.device, world_size: int = 1) -> float | None:
@@ -229,23 +234,21 @@ def rate_basis(device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=None)
 def reference_token_seconds(p: int, norm: bool, heads: int, head_dim: int, t: int, chunk: int | None, docs: int,
-                            backward: bool) -> float:
-    """Seconds per token (one layer, all heads) of the CPU power reference on `docs` documents of t tokens in chunks
-    of `chunk` (None: the attention form), forward (and backward), matmuls included: the faster of two runs, timed
-    once a process."""
+                            backward: bool, threads: int) -> float:
+    """Seconds per token (one layer, `heads` heads) of the CPU power reference on `docs` documents of t tokens in
+    chunks of `chunk` (None: the attention form), forward (and backward), matmuls included, on `threads` threads
+    (torch.get_num_threads(): the cache's key); timed once a process (fastest_seconds, one run after a warm-up)."""
     from longctx.kernels import power_attention  # CPU tensors: the reference
 
     inputs = [torch.randn(docs, t, heads, head_dim, device="cpu", requires_grad=backward) for _ in range(3)]
     inputs.append((-0.1 * torch.rand(docs, t, heads, device="cpu")).requires_grad_(backward))  # log-gates
-    best = float("inf")
-    for _ in range(2):
-        start = time.perf_counter()
+
+    def run():
         with torch.set_grad_enabled(backward):
             y = power_attention(*inputs, p=p, norm=norm, chunk_size=chunk)
             if backward:
                 torch.autograd.grad(y.sum(), inputs)
-        best = min(best, time.perf_counter() - start)
-    return best / (docs * t)
+    return fastest_seconds(run, repeats=1) / (docs * t)
 
 
 def cpu_reference_seconds(model, ctx: int, docs: int, rate: float, backward: bool) -> float:
@@ -253,8 +256,11 @@ def cpu_reference_seconds(model, ctx: int, docs: int, rate: float, backward: boo
     its FLOPs at `rate`: it builds each block's whole scores (the masked half too) and makes a dozen elementwise
     passes over them (log-space power, gates, stabilizer; more in the backward), and the chunked form expands each
     query and key to the state's D features, none of which a FLOP count holds. Timed (`reference_token_seconds`) on
-    `docs` documents (a forward's) of min(ctx, PROBE_MAX_T) tokens in the form that runs at ctx; the attention
-    form's time per token grows with the context, so a longer one is scaled up to ctx."""
+    up to `docs` documents (a forward's) of min(ctx, PROBE_MAX_T) tokens in the form that runs at ctx, with as many
+    heads and documents as keep the probe's score and feature entries within PROBE_MAX_ENTRIES (its time and memory:
+    a few hundred MB), scaled to all heads; the attention form's time per token grows with the context, so a longer
+    one is scaled up to ctx."""
+    from longctx.kernels import state_dim
     from longctx.models.attention import attention_class
     from longctx.models.common import state_cores
     from longctx.train.flops import TRAIN_FLOPS_FACTOR
@@ -266,9 +272,12 @@ def cpu_reference_seconds(model, ctx: int, docs: int, rate: float, backward: boo
             block = core.block_length(ctx, "cpu", torch.float32)
             t = min(ctx, PROBE_MAX_T)
             chunk = block if block < t else None
-            probed = min(docs, max(1, PROBE_MAX_ENTRIES // (core.n_heads * t * min(block, t))))  # score entries
-            measured = reference_token_seconds(core.p, core.norm, core.n_heads, core.head_dim, t, chunk, probed,
-                                               backward)
+            # entries per head and document: the scores of each block, and the chunked form's expanded features
+            entries = t * (min(block, t) + (state_dim(core.p, core.head_dim) if chunk else 0))
+            heads = max(1, min(core.n_heads, PROBE_MAX_ENTRIES // entries))
+            probed = min(docs, max(1, PROBE_MAX_ENTRIES // (heads * entries)))
+            measured = reference_token_seconds(core.p, core.norm, heads, core.head_dim, t, chunk, probed, backward,
+                                               torch.get_num_threads()) * core.n_heads / heads
             counted = core.form_flops(t, chunk) * (TRAIN_FLOPS_FACTOR if backward else 1.0) / rate
             seconds += max(0.0, measured - counted) * block / min(block, t)
     return seconds
@@ -276,9 +285,11 @@ def cpu_reference_seconds(model, ctx: int, docs: int, rate: float, backward: boo
 
 def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
              micro_docs: int | None = None, checkpointing: bool | None = None, available: float | None = None,
-             rate: float | None = None) -> Estimate:
+             rate: float | None = None, probe: bool = False) -> Estimate:
     """The run's memory (one rank) and time. `spec_for(data_vocab) -> ModelSpec`: the model the trainer builds for
-    that vocabulary; `micro_docs`/`checkpointing` override the config's, to try options."""
+    that vocabulary; `micro_docs`/`checkpointing` override the config's, to try options. probe: on a CPU, time the
+    attention reference's work beyond its FLOPs (`cpu_reference_seconds`; else the time counts FLOPs only): only
+    for an estimate that is said, after the memory decided the run fits."""
     from longctx.models import build_model
     from longctx.train.flops import flops_report
 
@@ -305,7 +316,7 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     if rate:
         dtype = torch.bfloat16 if bytes_per == 2 else torch.float32
         per_token = flops_report(model, cfg.ctx, device.type, dtype)["train_flops_per_token"] / rate
-        if device.type != "cuda":
+        if probe and device.type != "cuda":
             per_token += cpu_reference_seconds(model, cfg.ctx, micro, rate, backward=True)
         seconds = cfg.trainer.max_steps * cfg.data.docs_per_batch * cfg.ctx * per_token
     if available is None:
@@ -340,10 +351,14 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
     own when it starts); raise ValueError (one line, naming what to set) when the run cannot fit the memory.
     trainer.activation_checkpointing=auto on CUDA turns checkpointing on by itself when needed."""
     device_name = device_name or (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    if kwargs.get("rate") is None:
+        kwargs["rate"] = assumed_rate(device, world_size)     # measured once (a CPU's), for every estimate below
     est = estimate(cfg, device, spec_for, world_size, **kwargs)
     kwargs.update(available=est.available_bytes, rate=kwargs.get("rate"))  # measured once
     tell = log.info if say else log.debug
     if est.fits:
+        if say and device.type != "cuda":   # the time said counts the CPU reference's measured work too
+            est = estimate(cfg, device, spec_for, world_size, probe=True, **kwargs)
         tell(describe(est, device_name))
         return est
     auto = cfg.trainer.activation_checkpointing == "auto" and device.type == "cuda"
@@ -351,7 +366,6 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
     if auto and with_ckpt.fits:
         tell(describe(with_ckpt, device_name) + "; trainer.activation_checkpointing=auto will turn it on")
         return with_ckpt
-    kwargs["rate"] = 0.0  # memory only from here: the options tried below are named by their memory, not their time
     need = (f"memory: this run needs ~{_gib(est.total_bytes)} on {device_name} but {_gib(est.available_bytes)} "
             f"is available (ctx={cfg.ctx}, {est.micro_docs} docs per micro-batch, {est.parameters / 1e6:.2f}M "
             f"parameters)")

@@ -48,6 +48,7 @@ def main():
         for i, tiles in SPLIT_TILES:
             with config.attention.override(block_override=tiles):
                 failed += not check(CASES[i], f" two-kernel backward tiles={tiles}")
+    failed += check_offdiag_fp32()
     failed += check_gate_cumsum()
     sys.exit(1 if failed else 0)
 
@@ -72,6 +73,25 @@ def check(case, note=""):
     print(f"{'ok  ' if ok else 'FAIL'} {dtype} p={p} norm={norm} gated={gated} hq={hq} hk={hk} t={t} "
           f"errs(y,dq,dk,dv,dlog_g)={['%.1e' % e for e in errs]} tol={tol}{note}", flush=True)
     return ok
+
+
+def check_offdiag_fp32():
+    """The backward's fp32 off-diagonal branch (OFFDIAG_FP32: gate-scaled keys, dS tiles in fp32), which only bf16 /
+    fp16 matmul operands reach on a GPU, forced here on fp32 inputs: gated GQA cases with tiles where dk/dv's diagonal
+    spans one and several query blocks, one-kernel and two-kernel backward. Returns the failures."""
+    from longctx.kernels.power import parallel
+    real = parallel.backward_rounding
+    parallel.backward_rounding = lambda gated, dot_dt: dict(OFFDIAG_FP32=gated, OFFDIAG_PREC="tf32x3",
+                                                            SHARED_ROUND=False)
+    failed = 0
+    try:
+        for fused in (True, False):
+            for i, tiles in [(0, {}), *SPLIT_TILES]:
+                with config.attention.override(fused_backward=fused, block_override=tiles):
+                    failed += not check(CASES[i], f" offdiag_fp32 fused={fused} tiles={tiles}")
+    finally:
+        parallel.backward_rounding = real
+    return failed
 
 
 def check_gate_cumsum():

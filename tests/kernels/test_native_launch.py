@@ -151,6 +151,15 @@ def test_plan_key_changes_with_every_attention_switch():
         assert native.plan_key(q, q, None, 2, True) != base
 
 
+def test_plan_key_changes_with_deterministic_mode(monkeypatch):
+    """torch's deterministic mode turns the one-kernel backward (dq by atomics) off: a plan recorded outside it must
+    not serve a call inside it, nor the other way round."""
+    q = torch.randn(1, 16, 2, 32)
+    base = native.plan_key(q, q, None, 2, True)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert not ta.fused_backward() and native.plan_key(q, q, None, 2, True) != base
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["two_kernel_backward", "fused_backward"])
 @pytest.mark.parametrize("gated,norm,hq,hk,t", [(True, True, 4, 2, 48), (False, True, 2, 2, 37),
                                                 (True, False, 2, 1, 20), (False, False, 3, 3, 16)])

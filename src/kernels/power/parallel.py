@@ -612,8 +612,8 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     record: as attention_forward's."""
     b, t, hq, d = q.shape
     hk = k.shape[2]
-    # Delta = dy . y (b,t,hq): formed and stored by the dq kernel, which runs first (one launch less than a separate
-    # pass: at short t every launch is host time)
+    # Delta = dy . y (b,t,hq): formed and stored by the first kernel, the prep pass of the one-kernel backward or the
+    # dq kernel of the two (no launch of its own: at short t every launch is host time)
     delta = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if norm else lse
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
