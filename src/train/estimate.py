@@ -22,7 +22,8 @@ total against one measured bf16 step of GPT-2 and RWKV7 small at ctx 16384: with
 estimated against a 15.70 GiB peak for GPT-2 and 28.07 against 29.66 for RWKV7). Softmax through SDPA (flash/cuDNN
 on CUDA, the flash kernel on CPU) and FlexAttention keep no score matrix. `bytes` is 2 under bf16 autocast, else 4.
 With activation checkpointing only each block's input is kept (`d_model` elements per token per layer) plus one
-block's activations while it is recomputed.
+block's activations while it is recomputed. One layer's backward at a time also holds its transients
+(`backward_transient`: the CUDA attention form's one-kernel backward keeps dq in fp32, `d_model` floats per token).
 
 Context parallelism (trainer.context_parallel=N, docs/gpu.md (Context parallelism)): a rank holds micro_docs * ctx / N
 tokens of activations, plus what its attention's exchange keeps for the backward, per document and layer (the
@@ -144,6 +145,25 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
         # each block's input, the residual stream: fp32 under autocast too (twice a bf16's bytes)
         return spec.d_model * (2 if bf16 else 1), block
     return block, 0.0
+
+
+def backward_transient(model, cfg: DictConfig, device_type: str) -> float:
+    """Elements per token (of the run's activation dtype) one layer's backward holds beyond what is kept: the
+    attention form's one-kernel backward adds dq in fp32 (parallel.fused_backward), on CUDA."""
+    from longctx.kernels import default_chunk_size
+    from longctx.kernels.power.parallel import fused_backward
+    from longctx.models.attention import attention_class
+    from longctx.models.common import state_cores
+
+    PowerAttention = attention_class("power")
+    core = next((c for c in state_cores(model) if isinstance(c, PowerAttention)), None)
+    if core is None or device_type != "cuda" or not fused_backward():
+        return 0.0
+    bf16 = _bf16(cfg, device_type)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    if (core.chunk_size or default_chunk_size(cfg.ctx, core.p, core.head_dim, True, dtype)) is not None:
+        return 0.0                 # the chunked form: its intra-chunk attention keeps the two-kernel backward
+    return core.n_heads * core.head_dim * (2 if bf16 else 1)
 
 
 def autocast_fp32(spec, gated: bool) -> float:
@@ -308,7 +328,8 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     exchanged = context_parallel_saved(model, cfg, n, device.type, bytes_per)
     if checkpointing:  # only the block being recomputed holds its exchange
         exchanged /= spec.n_layers
-    activations = tokens * (spec.n_layers * kept + recomputed) * bytes_per + micro * exchanged
+    activations = (tokens * (spec.n_layers * kept + recomputed + backward_transient(model, cfg, device.type)) * bytes_per
+                   + micro * exchanged)
     logits = 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4
     seconds = None
     if rate is None:

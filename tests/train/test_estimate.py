@@ -178,3 +178,26 @@ def test_cpu_evaluation_time_estimate_against_measured_forwards(attention, ctx, 
     measured = fastest_seconds(forwards, repeats=2)
     estimated = evaluation_seconds(model, [ctx], docs, docs, CPU, False, assumed_rate(CPU))[1]
     assert 1 / CPU_TIME_TOLERANCE < estimated / measured < CPU_TIME_TOLERANCE, (estimated, measured)
+
+
+@pytest.mark.parametrize("overrides, fp32_dq", [
+    (["attention=power", "p=3", "ctx=65536"], True),     # p >= 3: the attention form at every length
+    (["attention=power", "ctx=1024"], True),             # p=2 below the chunked form's threshold
+    (["attention=power", "ctx=65536"], False),           # p=2 at 64k: the chunked form (two-kernel intra-chunk)
+    (["attention=exp", "ctx=1024"], False),
+], ids=lambda o: " ".join(o) if isinstance(o, list) else str(o))
+def test_backward_transient_counts_the_one_kernel_backwards_fp32_dq(compose, overrides, fp32_dq, monkeypatch):
+    """On CUDA the attention form's one-kernel backward holds dq in fp32 (4 bytes a query feature) during one layer's
+    backward: counted once, whatever checkpointing keeps; none where it does not run (chunked form, deterministic
+    mode, a CPU)."""
+    from longctx.train.estimate import backward_transient
+
+    cfg = compose("run_dir=unused", *overrides)
+    with torch.device("meta"):
+        model = build_model(model_spec(cfg, model_vocab_size(cfg.data.vocab + 1)))
+    bytes_per = 4 if cfg.trainer.precision == "fp32" else 2      # auto: bf16 autocast on CUDA
+    want = cfg.model.d_model * 4 / bytes_per if fp32_dq else 0.0
+    assert backward_transient(model, cfg, "cuda") == want
+    assert backward_transient(model, cfg, "cpu") == 0.0
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert backward_transient(model, cfg, "cuda") == 0.0
