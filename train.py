@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> None:
     from longctx.train.checkpoint import CheckpointWriteError
     from longctx.train.config import resolve_resume
     from longctx.train.stages import StagedRun, StageError
-    from longctx.train.stop import AbortRequested, StopRequested
+    from longctx.train.stop import ABORT_LINE, AbortRequested, StopRequested
     from longctx.train.trainer import Trainer
 
     hydra_cfg = HydraConfig.get()
@@ -75,8 +75,7 @@ def main(cfg: DictConfig) -> None:
     except StopRequested as stopped:  # SIGTERM / SIGUSR1 / Ctrl-C: the last step is checkpointed (the trainer said so
         sys.exit(128 + stopped.signum)  # and how to continue, on stdout and in train.log); exit as the signal would
     except AbortRequested:  # a second Ctrl-C: aborted mid-step, one line
-        print("aborted by a second Ctrl-C, without a checkpoint of the step in progress; relaunch with "
-              "trainer.resume=true to continue from the newest checkpoint", file=sys.stderr)
+        print(ABORT_LINE, file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     except KeyboardInterrupt:  # Ctrl-C outside the training steps (a stage being built, a probe, the last save)
         print("interrupted by Ctrl-C outside the training steps; relaunch with trainer.resume=true to continue from "

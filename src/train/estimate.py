@@ -73,6 +73,7 @@ GPT2_VOCAB = 50257
 PROBE_MAX_ENTRIES = 2 ** 24  # score and state-feature entries of one probe, ~1 s forward and backward on 2 cores
 PROBE_MAX_T = 1024           # tokens a document: the CPU's chunked form runs 4 chunks of 256, as a longer context does
 LONG_EVALUATION_S = 600      # an evaluation estimated longer is said to be long, with a shorter context that is not
+LONG_CPU_RUN_S = 24 * 3600   # a CPU training run estimated longer is said to be long
 
 
 @dataclass
@@ -359,11 +360,15 @@ def _duration(seconds: float | None) -> str:
 
 def describe(est: Estimate, device_name: str) -> str:
     avail = f" of {_gib(est.available_bytes)} available" if est.available_bytes is not None else ""
-    return (f"estimate: peak memory ~{_gib(est.total_bytes)}{avail} on {device_name} ({est.parameters / 1e6:.2f}M "
+    line = (f"estimate: peak memory ~{_gib(est.total_bytes)}{avail} on {device_name} ({est.parameters / 1e6:.2f}M "
             f"parameters with AdamW {_gib(est.model_bytes)}, activations {_gib(est.activation_bytes)} per micro-batch "
             f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}); training time "
             f"{_duration(est.seconds)} at an assumed rate, measured after the first steps (formulas: "
             f"longctx.train.estimate)")
+    if device_name == "cpu" and est.seconds is not None and est.seconds > LONG_CPU_RUN_S:
+        line += ("; that is long for a CPU: a GPU (README: On GPUs), a shorter ctx or fewer trainer.max_steps "
+                 "(a step can take minutes before the first measured rate)")
+    return line
 
 
 def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,

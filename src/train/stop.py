@@ -2,7 +2,9 @@
 SIGUSR1 (Slurm's `--signal=USR1@90`) or a first Ctrl-C (SIGINT) ends the run after the step in progress, with a
 checkpoint of that step, so relaunching it with trainer.resume=true continues exactly where it stopped instead of at
 the last evaluation. The stop message gives that command (`resume_command`). A second Ctrl-C aborts at once
-(KeyboardInterrupt, no checkpoint of the step in progress)."""
+(KeyboardInterrupt, no checkpoint of the step in progress); a Python signal handler only runs between Python
+steps, so where the main thread sits in one long torch op (a CPU step at a long context) a watcher thread, woken by the
+signal itself (signal.set_wakeup_fd), ends the process ABORT_GRACE_S after that second Ctrl-C."""
 from __future__ import annotations
 
 import os
@@ -10,9 +12,13 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+ABORT_GRACE_S = 2.0     # the main thread's own abort (AbortRequested) first, where it can run
+ABORT_LINE = ("aborted by a second Ctrl-C, without a checkpoint of the step in progress; relaunch with "
+              "trainer.resume=true to continue from the newest checkpoint")
 
 
 class AbortRequested(KeyboardInterrupt):
@@ -64,13 +70,42 @@ class StopSignals:
     def __init__(self):
         self.received: int | None = None
         self._previous: dict = {}
+        self._wakeup: tuple | None = None      # (the pipe's write end, the wakeup fd before it)
+        self._closed = False
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT:
             if self.received is not None:  # asked twice: the user will not wait for the step to end
                 raise AbortRequested
             sys.stderr.write("\nCtrl-C: stopping after this step, with its checkpoint (Ctrl-C again to abort now)\n")
+            self._watch_for_abort()
         self.received = signum
+
+    def _watch_for_abort(self) -> None:
+        """From the first Ctrl-C on, every signal's number is written to a pipe by the C-level handler, at once even
+        while the main thread is inside a torch op; a thread reading it ends the process at a second SIGINT that the
+        main thread did not act on within ABORT_GRACE_S."""
+        if self._wakeup is not None:
+            return
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._wakeup = (write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+        threading.Thread(target=self._abort_on_second_sigint, args=(read,), name="longctx-abort", daemon=True).start()
+
+    def _abort_on_second_sigint(self, read: int) -> None:
+        try:
+            while int(signal.SIGINT) not in (got := os.read(read, 64)):
+                if not got:              # the write end closed: the watch is over
+                    return
+        except OSError:
+            return
+        finally:
+            os.close(read)
+        time.sleep(ABORT_GRACE_S)
+        if not self._closed:
+            sys.stderr.write(f"\n{ABORT_LINE}\n")
+            sys.stderr.flush()
+            os._exit(128 + signal.SIGINT)
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
@@ -80,6 +115,12 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc) -> bool:
+        self._closed = True
+        if self._wakeup is not None:
+            write, before = self._wakeup
+            signal.set_wakeup_fd(before)
+            os.close(write)
+            self._wakeup = None
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous = {}

@@ -201,3 +201,19 @@ def test_backward_transient_counts_the_one_kernel_backwards_fp32_dq(compose, ove
     assert backward_transient(model, cfg, "cpu") == 0.0
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     assert backward_transient(model, cfg, "cuda") == 0.0
+
+
+def test_a_cpu_run_estimated_past_a_day_is_said_to_be_long(compose):
+    """`ctx=100000 trainer.activation_checkpointing=true` on a CPU was estimated at ~1,082 h and simply started: past
+    LONG_CPU_RUN_S the estimate line says so and what to change; on a GPU, or shorter, it does not."""
+    from dataclasses import replace
+
+    from longctx.train.estimate import LONG_CPU_RUN_S, describe
+
+    est = estimate(compose("run_dir=unused"), CPU, spec_for(compose("run_dir=unused")), available=1e15, **KNOWN)
+    long_run = replace(est, seconds=2 * LONG_CPU_RUN_S)
+    assert describe(long_run, "cpu").endswith("that is long for a CPU: a GPU (README: On GPUs), a shorter ctx or "
+                                              "fewer trainer.max_steps (a step can take minutes before the first "
+                                              "measured rate)")
+    assert "that is long" not in describe(long_run, "NVIDIA H200")
+    assert "that is long" not in describe(replace(est, seconds=LONG_CPU_RUN_S / 2), "cpu")

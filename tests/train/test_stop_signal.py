@@ -149,3 +149,36 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(train_env, ti
     again = subprocess.run([*cmd, "trainer.resume=true"], env=train_env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [r["step"] for r in records(run)] == [200, 400]
+
+
+def test_a_second_ctrl_c_aborts_during_a_long_torch_op():
+    """A Python signal handler waits for the op the main thread is in: a second Ctrl-C during one long torch op (a CPU
+    step at a long context) still ends the process within ABORT_GRACE_S, saying so, with the exit code of SIGINT."""
+    import subprocess
+    import sys
+    import time
+
+    from longctx.train.stop import ABORT_GRACE_S, ABORT_LINE
+
+    child = ("import os, signal, sys, torch\n"
+             "from longctx.train.stop import StopSignals\n"
+             "torch.set_num_threads(1)\n"
+             "a = torch.randn(3000, 3000, dtype=torch.float64)\n"
+             "with StopSignals():\n"
+             "    os.kill(os.getpid(), signal.SIGINT)\n"
+             "    print('ready', flush=True)\n"
+             "    for _ in range(100):\n"
+             "        torch.linalg.matrix_power(a, 64)      # seconds in C++ without a Python step\n"
+             "print('finished', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT and "finished" not in out, (proc.returncode, out, err)
+    assert ABORT_LINE in err and took < ABORT_GRACE_S + 10, (took, err)
