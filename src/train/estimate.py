@@ -511,8 +511,9 @@ def longest_context(cfg: DictConfig, gpus: int, memory_gib: float, max_log2: int
 
 
 def main(argv=None) -> int:
-    """python -m longctx.train.estimate --gpus N --memory-gib M [train.py overrides]: the memory of one rank at
-    each power-of-two context, and the longest that fits, with and without activation checkpointing."""
+    """The memory of one GPU (a CUDA bf16 run, whatever machine this runs on) at each power-of-two context from 1024,
+    and the longest that fits, with and without activation checkpointing; a `ctx=` override is replaced by that
+    range (train.py's own estimate, at launch, covers a CPU run at its ctx)."""
     import argparse
     import sys
 
@@ -520,9 +521,10 @@ def main(argv=None) -> int:
 
     from longctx.train.config import CONF_DIR, validate
 
-    parser = argparse.ArgumentParser(prog="python -m longctx.train.estimate", description=main.__doc__.split(":")[0])
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs of one context-parallel group (its N)")
-    parser.add_argument("--memory-gib", type=float, default=141.0, help="memory of one GPU, GiB (H200: 141)")
+    parser = argparse.ArgumentParser(prog="python -m longctx.train.estimate", description=" ".join(main.__doc__.split()))
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of one context-parallel group (its N); default 1")
+    parser.add_argument("--memory-gib", type=float, default=141.0,
+                        help="memory of one GPU, GiB; default 141 (an H200; an H100: 80)")
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. attention=power p=2 model=small")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -538,7 +540,8 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     micro = rows[0][1].micro_docs
-    print(f"{' '.join(args.overrides) or 'the default config'}: one rank of trainer.context_parallel={args.gpus}, "
+    print(f"{' '.join(args.overrides) or 'the default config'}: a CUDA bf16 run, one rank of "
+          f"trainer.context_parallel={args.gpus}, "
           f"{micro} document(s) a micro-batch, {args.memory_gib:g} GiB a GPU ({CUDA_MEMORY_SHARE:.0%} usable)")
     print(f"{'ctx':>10} {'peak GiB':>10} {'checkpointed':>13}")
     for ctx, plain, ckpt in rows:
