@@ -329,8 +329,8 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     exchanged = context_parallel_saved(model, cfg, n, device.type, bytes_per)
     if checkpointing:  # only the block being recomputed holds its exchange
         exchanged /= spec.n_layers
-    activations = (tokens * (spec.n_layers * kept + recomputed + backward_transient(model, cfg, device.type)) * bytes_per
-                   + micro * exchanged)
+    transient = backward_transient(model, cfg, device.type)
+    activations = tokens * (spec.n_layers * kept + recomputed + transient) * bytes_per + micro * exchanged
     logits = 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4
     seconds = None
     if rate is None:
@@ -468,7 +468,8 @@ def evaluation_line(model, contexts: list[int], docs: int, per_forward: int, dev
                     flag: str, shorter: list[list[int]], otherwise: str, unit: str = "doc") -> str:
     """One line, said before an evaluation's first forward: how long the forwards of `docs` documents (`unit`s) at
     each of `contexts` take at `assumed_rate`, and what that rests on. Over LONG_EVALUATION_S it says so, naming the
-    first of `shorter` (lists of contexts to give `flag`, longest first) that is not, else `otherwise`."""
+    first of `shorter` (lists of contexts to give `flag`, longest first) that is not, and `otherwise` (fewer
+    documents: the context kept)."""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     each = "ctx" if len(contexts) == 1 else "each ctx of"
     what = f"{docs} {unit}{'s' * (docs != 1)} at {each} {','.join(map(str, contexts))}"
@@ -484,7 +485,8 @@ def evaluation_line(model, contexts: list[int], docs: int, per_forward: int, dev
     for option in shorter:
         took = evaluation_seconds(model, option, docs, per_forward, device, bf16, rate)[1]
         if took <= LONG_EVALUATION_S:
-            return f"{line}; that is long: {flag} {','.join(map(str, option))} would take {_duration(took)}"
+            return (f"{line}; that is long: {flag} {','.join(map(str, option))} would take {_duration(took)}, "
+                    f"or {otherwise}")
     return f"{line}; that is long: {otherwise}"
 
 
@@ -521,7 +523,8 @@ def main(argv=None) -> int:
 
     from longctx.train.config import CONF_DIR, validate
 
-    parser = argparse.ArgumentParser(prog="python -m longctx.train.estimate", description=" ".join(main.__doc__.split()))
+    parser = argparse.ArgumentParser(prog="python -m longctx.train.estimate",
+                                     description=" ".join(main.__doc__.split()))
     parser.add_argument("--gpus", type=int, default=1, help="GPUs of one context-parallel group (its N); default 1")
     parser.add_argument("--memory-gib", type=float, default=141.0,
                         help="memory of one GPU, GiB; default 141 (an H200; an H100: 80)")
