@@ -152,7 +152,7 @@ def backward_transient(model, cfg: DictConfig, device_type: str) -> float:
     """Elements per token (of the run's activation dtype) one layer's backward holds beyond what is kept: the
     attention form's one-kernel backward adds dq in fp32 (parallel.fused_backward), on CUDA."""
     from longctx.kernels import default_chunk_size
-    from longctx.kernels.power.parallel import fused_backward
+    from longctx.kernels.power import fused_backward
     from longctx.models.attention import attention_class
     from longctx.models.common import state_cores
 
