@@ -380,7 +380,7 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
     if kwargs.get("rate") is None:
         kwargs["rate"] = assumed_rate(device, world_size)     # measured once (a CPU's), for every estimate below
     est = estimate(cfg, device, spec_for, world_size, **kwargs)
-    kwargs.update(available=est.available_bytes, rate=kwargs.get("rate"))  # measured once
+    kwargs["available"] = est.available_bytes     # measured once too
     tell = log.info if say else log.debug
     if est.fits:
         if say and device.type != "cuda":   # the time said counts the CPU reference's measured work too

@@ -622,24 +622,24 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     kv_cfg, q_cfg = (launch_config(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **backward_rounding(gated, dot_dt))
     sp = scale ** p
-    if fused_backward():
+    atomic, dqa = fused_backward(), None
+    if atomic:      # the one-kernel backward: dq by atomics into an fp32 buffer, between a prep and a finish pass
         dqa = torch.empty(b, t, hq, d, device=q.device, dtype=torch.float32)
         rows = (-(-t // EDGE_BM), b * hq)
-        kp = _attn_bwd_prep[rows](o, do, delta, dqa, t, HQ=hq, D=d, BM=EDGE_BM, NORM=norm, num_warps=4)
-        kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
-                                                              DQA=dqa, ATOMIC_DQ=True, **common, **kv_cfg)
+        first = "prep", _attn_bwd_prep[rows](o, do, delta, dqa, t, HQ=hq, D=d, BM=EDGE_BM, NORM=norm, num_warps=4), \
+            EDGE_BM
+    else:
+        first = "dq", _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
+                                                                   O=o, DELTA_OUT=norm, **common, **q_cfg), q_cfg["BM"]
+    kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
+                                                          DQA=dqa, ATOMIC_DQ=atomic, **common, **kv_cfg)
+    if atomic:
         kf = _attn_bwd_dq_finish[rows](q, dqa, dq, dgq, t, HQ=hq, D=d, P=p, BM=EDGE_BM, GATED=gated, DOT_DT=dot_dt,
                                        num_warps=4)
-        if record is not None:
-            record["prep"], record["dkdv"], record["dq_finish"] = (kp, EDGE_BM, hq), (kkv, kv_cfg["BN"], hk), \
-                (kf, EDGE_BM, hq)
-        dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq, record=record) if gated else None
-        return dq, dk, dv, dlog_g
-    kq = _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
-                                                      O=o, DELTA_OUT=norm, **common, **q_cfg)
-    kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
-                                                          **common, **kv_cfg)
     if record is not None:
-        record["dq"], record["dkdv"] = (kq, q_cfg["BM"], hq), (kkv, kv_cfg["BN"], hk)
+        name, kernel, block = first
+        record[name], record["dkdv"] = (kernel, block, hq), (kkv, kv_cfg["BN"], hk)
+        if atomic:
+            record["dq_finish"] = (kf, EDGE_BM, hq)
     dlog_g = gates.segment_scan(dgk, t, reverse=True, extra=dgq, record=record) if gated else None
     return dq, dk, dv, dlog_g
