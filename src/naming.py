@@ -22,6 +22,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 RESOLVER = "longctx.run_name"
+# `${longctx.name_part:rb,${data.reshape_block}}` in a recipe's own run_name: `_rb1024`, or nothing when null
+PART_RESOLVER = "longctx.name_part"
 
 # Override keys the name already shows, or that do not change what is trained (prefixes end with a dot).
 NOT_IN_SUFFIX = (
@@ -139,7 +141,16 @@ def _resolve(*, _root_: DictConfig) -> str:
     return run_name(_root_)
 
 
+def name_part(prefix: str, value) -> str:
+    """`_<prefix><value>` for a part of a run name, or "" when the value is null (unset): a recipe's run_name shows
+    data.reshape_block or trainer.flops_budget only where it is set, never as `_rbNone`."""
+    return "" if value is None else f"_{prefix}{value}"
+
+
 def register() -> None:
-    """Make `${longctx.run_name:}` known to OmegaConf (done on `import longctx`)."""
+    """Make `${longctx.run_name:}` and `${longctx.name_part:PREFIX,VALUE}` known to OmegaConf (done on
+    `import longctx`)."""
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=False)
+    if not OmegaConf.has_resolver(PART_RESOLVER):
+        OmegaConf.register_new_resolver(PART_RESOLVER, name_part)

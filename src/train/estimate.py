@@ -38,7 +38,8 @@ An evaluation (`python -m longctx.evaluate`) runs forwards without gradients: th
 under autocast), one block's activations of a micro-batch at a time, one loss chunk (`forward_memory`), and on the
 host the token arrays it holds (heldout documents, or the retrieval prompts of one context).
 
-Time: trainer.max_steps * tokens per step * training FLOPs per token (longctx.train.flops) over an assumed rate:
+Time: the steps left (trainer.max_steps, less a resumed run's checkpoint step) * tokens per step * training FLOPs
+per token (longctx.train.flops) over an assumed rate:
 CUDA, 35% of the card's bf16 peak (the README's measured MFUs are 25-42%); CPU, half this machine's fp32 matmul
 rate measured at start (the default run reaches about that on 2 idle cores). On a CPU, power and linear attention run
 the PyTorch reference, whose elementwise passes over each block's t x t scores take several times its matmuls (1.5 s
@@ -86,6 +87,8 @@ class Estimate:
     seconds: float | None
     micro_docs: int
     checkpointing: bool
+    steps: int = 0        # the steps the time counts: trainer.max_steps less done_steps
+    done_steps: int = 0   # a resumed run's checkpoint step (0: a run from its start)
 
     @property
     def total_bytes(self) -> float:
@@ -306,11 +309,12 @@ def cpu_reference_seconds(model, ctx: int, docs: int, rate: float, backward: boo
 
 def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
              micro_docs: int | None = None, checkpointing: bool | None = None, available: float | None = None,
-             rate: float | None = None, probe: bool = False) -> Estimate:
+             rate: float | None = None, probe: bool = False, done_steps: int = 0) -> Estimate:
     """The run's memory (one rank) and time. `spec_for(data_vocab) -> ModelSpec`: the model the trainer builds for
     that vocabulary; `micro_docs`/`checkpointing` override the config's, to try options. probe: on a CPU, time the
     attention reference's work beyond its FLOPs (`cpu_reference_seconds`; else the time counts FLOPs only): only
-    for an estimate that is said, after the memory decided the run fits."""
+    for an estimate that is said, after the memory decided the run fits. done_steps: the step a resumed run
+    continues from; the time counts only the steps left to trainer.max_steps."""
     from longctx.models import build_model
     from longctx.train.flops import flops_report
 
@@ -332,7 +336,7 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     transient = backward_transient(model, cfg, device.type)
     activations = tokens * (spec.n_layers * kept + recomputed + transient) * bytes_per + micro * exchanged
     logits = 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4
-    seconds = None
+    seconds, steps = None, max(0, cfg.trainer.max_steps - done_steps)
     if rate is None:
         rate = assumed_rate(device, world_size)
     if rate:
@@ -340,10 +344,11 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
         per_token = flops_report(model, cfg.ctx, device.type, dtype)["train_flops_per_token"] / rate
         if probe and device.type != "cuda":
             per_token += cpu_reference_seconds(model, cfg.ctx, micro, rate, backward=True)
-        seconds = cfg.trainer.max_steps * cfg.data.docs_per_batch * cfg.ctx * per_token
+        seconds = steps * cfg.data.docs_per_batch * cfg.ctx * per_token
     if available is None:
         available = available_memory(device)
-    return Estimate(params, 16.0 * params, activations, logits, available, seconds, micro, checkpointing)
+    return Estimate(params, 16.0 * params, activations, logits, available, seconds, micro, checkpointing, steps,
+                    done_steps)
 
 
 def _gib(n: float) -> str:
@@ -358,12 +363,19 @@ def _duration(seconds: float | None) -> str:
     return f"~{seconds / 60:.0f} min" if seconds < 7200 else f"~{seconds / 3600:.1f} h"
 
 
+def _steps_left(est: Estimate) -> str:
+    """A resumed run's time counts only what is left: said, with the step it continues from."""
+    if not est.done_steps:
+        return ""
+    return f" for the {est.steps:,} steps left after step {est.done_steps:,}"
+
+
 def describe(est: Estimate, device_name: str) -> str:
     avail = f" of {_gib(est.available_bytes)} available" if est.available_bytes is not None else ""
     line = (f"estimate: peak memory ~{_gib(est.total_bytes)}{avail} on {device_name} ({est.parameters / 1e6:.2f}M "
             f"parameters with AdamW {_gib(est.model_bytes)}, activations {_gib(est.activation_bytes)} per micro-batch "
             f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}); training time "
-            f"{_duration(est.seconds)} at an assumed rate, measured after the first steps (formulas: "
+            f"{_duration(est.seconds)}{_steps_left(est)} at an assumed rate, measured after the first steps (formulas: "
             f"longctx.train.estimate)")
     if device_name == "cpu" and est.seconds is not None and est.seconds > LONG_CPU_RUN_S:
         line += ("; that is long for a CPU: a GPU (README: On GPUs), a shorter ctx or fewer trainer.max_steps "
@@ -374,8 +386,9 @@ def describe(est: Estimate, device_name: str) -> str:
 def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int = 1,
                device_name: str | None = None, say: bool = True, **kwargs) -> Estimate:
     """Say the estimate (say=False: only refuse, as a staged run's up-front check of a later stage, which says its
-    own when it starts); raise ValueError (one line, naming what to set) when the run cannot fit the memory.
-    trainer.activation_checkpointing=auto on CUDA turns checkpointing on by itself when needed."""
+    own when it starts; done_steps=K: a run resumed at step K, whose time counts the steps left); raise ValueError
+    (one line, naming what to set) when the run cannot fit the memory. trainer.activation_checkpointing=auto on CUDA
+    turns checkpointing on by itself when needed."""
     device_name = device_name or (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     if kwargs.get("rate") is None:
         kwargs["rate"] = assumed_rate(device, world_size)     # measured once (a CPU's), for every estimate below

@@ -215,8 +215,10 @@ class Trainer:
         if cfg.logger.wandb.mode != "disabled" and not self.restart:
             read_wandb_id(self.run_dir)  # a stored id wandb would refuse: named now, not as wandb's traceback
         vocab_of = model_vocab(cfg)
+        # a resumed run's time counts the steps after its newest checkpoint (named by its step; read in _load)
+        done = ckpt.list_checkpoints(self.run_dir)[-1][0] if candidates else 0
         self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, vocab_of(vocab)),
-                                   self.dist.world_size)  # before any data is generated or read
+                                   self.dist.world_size, done_steps=done)  # before any data is generated or read
         seed_everything(cfg.seed)
 
         # Data description first: the model's vocabulary comes from it. Rank 0 generates the default

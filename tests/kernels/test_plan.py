@@ -117,6 +117,22 @@ def _stop_at_launches(monkeypatch):
     monkeypatch.setattr(autograd.native, "lookup", lambda *a: (None, None))   # the Python node (no C++ plans)
 
 
+def test_the_printed_tiles_name_their_places(capsys):
+    """Each stage's tile is printed with its places' names (tunables.FIELDS), never as a bare tuple."""
+    assert plan_cli.main(["t=65536", "p=2", "d=64"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[5:]}
+    assert lines["intra_fwd"].endswith(" attn_fwd".ljust(53) + " BM=64 BN=32 warps=4 stages=3 maxnreg=96")
+    assert lines["intra_dkdv"].endswith(" BM=64 BN=64 warps=4 stages=3")
+    stages = plan.plan_of(["t=65536", "p=2", "d=64"]).launches()
+    assert set(lines) == set(stages) and all(tile for _, tile in stages.values())
+    for stage, line in lines.items():   # the Gluon kernels where Triton has Gluon, else their Triton versions
+        shown = line.split("  ")[-1]
+        assert "=" in shown and "(" not in shown and len(shown.split()) == len(stages[stage][1]), line
+    assert plan_cli.main(["t=8192", "p=1", "d=32", "dtype=fp32", "norm=0"]) == 0
+    assert re.search(r"^  states +chunk_update_fwd \+ discumsum +rows=64 cols=32 warps=8 stages=2$",
+                     capsys.readouterr().out, re.M)
+
+
 @pytest.mark.parametrize("items", [
     "t=65536 p=2 d=64",                       # long p=2 bf16: chunked, p=2 kernels
     "t=1024 p=2 d=64",                        # short: attention form

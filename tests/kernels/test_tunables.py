@@ -151,7 +151,21 @@ def test_the_command_line_prints_the_rows_a_plan_reads(capsys):
     want = plan.plan_of(["t=65536", "p=2", "d=64"])
     assert out.strip() == want.describe(rows=True)
     for stage, key in want.table_keys().items():
-        assert f"{tunables.describe(key)}" in out and str(tunables.TABLE[key]) in out, stage
+        assert f"{tunables.describe(key)}" in out and tunables.named(key[0], tunables.TABLE[key]) in out, stage
+    assert "  intra_fwd     intra_fwd[d<=64,bf16]" in out and " BM=64 BN=32 warps=4 stages=3 maxnreg=96\n" in out
+    assert "gluon_query_fwd_rows[any d,bf16]" in out and " rows=128 warps=8 slots=8 maxnreg=128\n" in out
+    assert not re.search(r"\(\d+(, \d+)*\)", out), out    # no tile as a bare tuple
+
+
+def test_every_place_of_an_entry_has_a_name():
+    """tunables.FIELDS names every place of every kernel's entries (the plan prints tiles by them), as KERNELS does."""
+    assert set(tunables.FIELDS) == set(tunables.KERNELS)
+    for (kernel, d, dtype), entry in tunables.TABLE.items():
+        assert entry is None or len(entry) <= len(tunables.FIELDS[kernel]), (kernel, d, dtype, entry)
+    assert tunables.named("attn_fwd", (128, 64, 4, 4)) == "BM=128 BN=64 warps=4 stages=4"
+    assert tunables.named("sym2_kdv_rows", (1, 128, 4, 1, 168)) == "JG=1 rows=128 warps=4 stages=1 maxnreg=168"
+    assert tunables.named("gluon_outer", (2, 64, 4)) == "JG=2 rows=64 stages=4"   # the launch's ring stages added
+    assert tunables.named("attn_fwd", None) == "None" and tunables.named("", (1, 2)) == "(1, 2)"
 
 
 @pytest.mark.parametrize("mode", ["default", "switch_off", "deterministic"])

@@ -201,6 +201,17 @@ def test_loaders_fall_back_to_the_newest_readable_checkpoint(run, compose, tmp_p
     assert all(torch.equal(v, older["model"][k]) for k, v in fresh.model.state_dict().items())
 
 
+def test_a_resumed_run_estimates_the_steps_left(run, compose, tmp_path, capsys):
+    """Resumed at step 4 of trainer.max_steps=10: the estimate line counts the 6 steps left."""
+    cut = copy_run(run, tmp_path / "resumed")
+    capsys.readouterr()
+    trainer = Trainer(compose(*TRAIN, "trainer.max_steps=10", "trainer.resume=true", f"run_dir={cut}"))
+    trainer.close()
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimate: ")]
+    assert len(said) == 1 and "for the 6 steps left after step 4 at an assumed rate" in said[0], said
+    assert (trainer.estimate.steps, trainer.step) == (6, 4)
+
+
 @pytest.mark.parametrize("how", ["truncated", "not a checkpoint"])
 def test_resume_falls_back_and_redoes_the_steps_exactly(run, compose, tmp_path, capsys, how):
     cut = copy_run(run, tmp_path / "cut")

@@ -2,6 +2,7 @@
 refusal that names what to set, said before any data is generated."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,34 @@ def test_a_cpu_run_estimated_past_a_day_is_said_to_be_long(compose):
                                               "measured rate)")
     assert "that is long" not in describe(long_run, "NVIDIA H200")
     assert "that is long" not in describe(replace(est, seconds=LONG_CPU_RUN_S / 2), "cpu")
+
+
+def test_a_resumed_run_estimates_only_the_steps_left(compose):
+    """trainer.resume=true at step 4 of trainer.max_steps=10: the time counts the 6 steps left, and the line says
+    so; a run from its start (or one past its last step) says no steps left."""
+    from longctx.train.estimate import describe
+
+    cfg = compose("run_dir=unused", "trainer.max_steps=10")
+    full = estimate(cfg, CPU, spec_for(cfg), available=1e15, **KNOWN)
+    resumed = estimate(cfg, CPU, spec_for(cfg), available=1e15, done_steps=4, **KNOWN)
+    assert (full.steps, resumed.steps, resumed.done_steps) == (10, 6, 4)
+    assert resumed.seconds == pytest.approx(full.seconds * 6 / 10)
+    assert "for the 6 steps left after step 4 at an assumed rate" in describe(resumed, "cpu")
+    assert "steps left" not in describe(full, "cpu")
+    assert estimate(cfg, CPU, spec_for(cfg), available=1e15, done_steps=12, **KNOWN).seconds == 0
+    said = check_fits(cfg, CPU, spec_for(cfg), available=1e15, done_steps=4, **KNOWN)
+    assert (said.steps, said.done_steps) == (6, 4)
+
+
+def test_the_readmes_one_gpu_commands_fit_an_80_gb_card(compose):
+    """The README's one-GPU train.py lines at 64k (quick start, experiment=paper) pass the launch's memory check on
+    an 80 GB card (a CUDA bf16 run: 90% of 80e9 bytes usable) instead of being refused."""
+    readme = (REPO / "README.md").read_text().splitlines()
+    commands = [line.split("#")[0].split()[2:] for line in readme
+                if re.match(r"python train\.py (?!-m ).*(ctx=65536|experiment=paper)", line)]
+    assert len(commands) >= 2, commands
+    for overrides in commands:
+        cfg = compose("run_dir=unused", *overrides)
+        est = check_fits(cfg, torch.device("cuda"), spec_for(cfg), device_name="an 80 GB GPU", available=0.9 * 80e9,
+                         rate=1e15)
+        assert est.fits, overrides

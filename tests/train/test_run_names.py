@@ -105,3 +105,14 @@ def test_every_shipped_sweep_gives_each_job_its_own_folder(compose, monkeypatch)
     assert len(names) >= 10
     for experiment, jobs in names.items():
         assert len(set(jobs)) == len(jobs), (experiment, jobs)
+
+
+def test_a_recipes_run_name_leaves_out_an_unset_part(compose):
+    """A recipe's own run_name (experiment=icl_small, paper_scale, flops_frontier) names data.reshape_block and
+    trainer.flops_budget only where they are set: never `_rbNone` or `_fNone`."""
+    assert compose("experiment=icl_small").run_name == "gpt2_exp_d256l4_icl_markov_long_ctx4096_b32_s0"
+    assert compose("experiment=icl_small", "data.reshape_block=512").run_name.endswith("_b32_rb512_s0")
+    for name in ("paper_scale", "flops_frontier", "reshape_ablation", "best_context_table_paper"):
+        assert "None" not in compose(f"experiment={name}").run_name, name
+    assert compose("experiment=flops_frontier", "trainer.flops_budget=1e16").run_name.endswith("_b32_f1e+16_s0")
+    assert naming.name_part("rb", None) == "" and naming.name_part("rb", 0) == "_rb0"

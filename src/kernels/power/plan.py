@@ -199,7 +199,7 @@ class Plan:
         text = str(self)
         if rows:
             lines = ["tunables (tunables.TABLE)"]
-            lines += [f"  {stage:13s} {tunables.describe(key):52s} {tunables.TABLE[key]}"
+            lines += [f"  {stage:13s} {tunables.describe(key):52s} {tunables.named(key[0], tunables.TABLE[key])}"
                       for stage, key in self.table_keys().items()]
             text += "\n" + "\n".join(lines)
         return text
@@ -215,8 +215,9 @@ class Plan:
                  f"chunk    {self.chunk}"]
         if self.family:
             lines.append(f"states   {names[state_dtype(self.family, self.dtype)]}, one per chunk")
-        lines += [f"  {stage:13s} {kernel:52s} {tile or ''}".rstrip()
-                  for stage, (kernel, tile) in self.launches().items()]
+        for stage, (kernel, key, tile) in self._stages().items():     # tiles with their places' names
+            shown = "" if tile is None else tunables.named(key[0] if key else "", tile)
+            lines.append(f"  {stage:13s} {kernel:52s} {shown}".rstrip())
         return "\n".join(lines)
 
 

@@ -52,6 +52,25 @@ KERNELS = {
     "decode_step": "(warps, programs per SM the split aims at) of _power_decode_step",
 }
 
+# The name of each place of an entry, as KERNELS says (an entry, or the tile a launch takes from it, may stop short of
+# the last: an optional register cap; the Gluon outer product's launch adds its ring's stages to its table entry)
+_ATTN = ("BM", "BN", "warps", "stages", "maxnreg")
+_SYM2 = ("JG", "rows", "warps", "stages", "maxnreg")
+_GLUON_ROWS = ("rows", "warps", "slots", "maxnreg")
+FIELDS = {
+    "attn_fwd": _ATTN, "attn_dkdv": _ATTN, "attn_dq": _ATTN, "attn_fwd_short": _ATTN, "attn_dkdv_offdiag_fp32": _ATTN,
+    "intra_fwd": _ATTN,
+    "chunk_state": ("rows", "cols", "warps", "stages"), "chunk_state_wide": ("rows", "cols", "warps", "stages"),
+    "discumsum": ("elements",), "segment_cumsum": ("steps",),
+    "sym2_outer": _SYM2, "sym2_qbwd": _SYM2, "sym2_kbwd": _SYM2, "sym2_qfwd_rows": _SYM2, "sym2_kdv_rows": _SYM2,
+    "sym2_qbwd_rows": _SYM2,
+    "gluon_outer": ("JG", "rows", "stages"),
+    "gluon_query_fwd_rows": _GLUON_ROWS, "gluon_query_bwd_rows": _GLUON_ROWS, "gluon_key_dv_rows": _GLUON_ROWS,
+    "gluon_key_dk_rows": _GLUON_ROWS,
+    "transpose_heads": ("rows", "warps"), "norm_chunk_sums": ("warps", "stages"), "norm_scan": ("rows",),
+    "decode_step": ("warps", "programs_per_sm"),
+}
+
 TABLE: dict[tuple, Optional[tuple]] = {
     # attention form: fixed tiles (no benchmarking autotuner). Register caps (5th entry) let more programs share an
     # SM: the chunked form's intra-chunk attention at 64k fwd 4.04 -> 3.46 ms, dq 4.43 -> 3.96; the attention form at
@@ -173,3 +192,12 @@ def describe(k: tuple) -> str:
         below = [rd for (name, rd, _) in TABLE if name == kernel and rd is not None]
         return f"{kernel}[{'d>' + str(max(below)) if below else 'any d'},{dtype}]"
     return f"{kernel}[d<={d},{dtype}]"
+
+
+def named(kernel: str, entry: Optional[tuple]) -> str:
+    """An entry (or the tile a launch of `kernel` takes) with the names of its places: `BM=64 BN=32 warps=4 stages=3
+    maxnreg=96`; None as "None"; one longer than its names, as the tuple."""
+    names = FIELDS.get(kernel, ())
+    if entry is None or len(entry) > len(names):
+        return str(entry)
+    return " ".join(f"{name}={value}" for name, value in zip(names, entry))
