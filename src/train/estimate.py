@@ -38,8 +38,9 @@ An evaluation (`python -m longctx.evaluate`) runs forwards without gradients: th
 under autocast), one block's activations of a micro-batch at a time, one loss chunk (`forward_memory`), and on the
 host the token arrays it holds (heldout documents, or the retrieval prompts of one context).
 
-Time: the steps left (trainer.max_steps, less a resumed run's checkpoint step) * tokens per step * training FLOPs
-per token (longctx.train.flops) over an assumed rate:
+Time: the steps left (to trainer.max_steps, or to the step trainer.flops_budget stops the run at when that comes
+first: longctx.train.flops.budget_steps, the trainer's own rule; less a resumed run's checkpoint step) * tokens per
+step * training FLOPs per token (longctx.train.flops) over an assumed rate:
 CUDA, 35% of the card's bf16 peak (the README's measured MFUs are 25-42%); CPU, half this machine's fp32 matmul
 rate measured at start (the default run reaches about that on 2 idle cores). On a CPU, power and linear attention run
 the PyTorch reference, whose elementwise passes over each block's t x t scores take several times its matmuls (1.5 s
@@ -87,8 +88,9 @@ class Estimate:
     seconds: float | None
     micro_docs: int
     checkpointing: bool
-    steps: int = 0        # the steps the time counts: trainer.max_steps less done_steps
+    steps: int = 0        # the steps the time counts: to the run's last step, less done_steps
     done_steps: int = 0   # a resumed run's checkpoint step (0: a run from its start)
+    budget_step: int | None = None  # the step trainer.flops_budget stops the run at, where before trainer.max_steps
 
     @property
     def total_bytes(self) -> float:
@@ -314,9 +316,10 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     that vocabulary; `micro_docs`/`checkpointing` override the config's, to try options. probe: on a CPU, time the
     attention reference's work beyond its FLOPs (`cpu_reference_seconds`; else the time counts FLOPs only): only
     for an estimate that is said, after the memory decided the run fits. done_steps: the step a resumed run
-    continues from; the time counts only the steps left to trainer.max_steps."""
+    continues from; the time counts only the steps left to trainer.max_steps, or to the step trainer.flops_budget
+    stops the run at when that comes first (`budget_step`)."""
     from longctx.models import build_model
-    from longctx.train.flops import flops_report
+    from longctx.train.flops import budget_steps, flops_report
 
     spec = spec_for(data_vocab(cfg))
     with torch.device("meta"):  # shapes only: nothing allocated, no init time
@@ -336,19 +339,24 @@ def estimate(cfg: DictConfig, device: torch.device, spec_for: Callable, world_si
     transient = backward_transient(model, cfg, device.type)
     activations = tokens * (spec.n_layers * kept + recomputed + transient) * bytes_per + micro * exchanged
     logits = 3 * min(tokens, LOSS_CHUNK) * spec.vocab_size * 4
-    seconds, steps = None, max(0, cfg.trainer.max_steps - done_steps)
+    dtype = torch.bfloat16 if bytes_per == 2 else torch.float32
+    train_flops = flops_report(model, cfg.ctx, device.type, dtype)["train_flops_per_token"]
+    tokens_per_step = cfg.data.docs_per_batch * cfg.ctx
+    budget_step = budget_steps(cfg.trainer.flops_budget, tokens_per_step, train_flops)  # the trainer's stop
+    if budget_step is not None and budget_step >= cfg.trainer.max_steps:
+        budget_step = None                                 # trainer.max_steps comes first
+    seconds, steps = None, max(0, (budget_step or cfg.trainer.max_steps) - done_steps)
     if rate is None:
         rate = assumed_rate(device, world_size)
     if rate:
-        dtype = torch.bfloat16 if bytes_per == 2 else torch.float32
-        per_token = flops_report(model, cfg.ctx, device.type, dtype)["train_flops_per_token"] / rate
+        per_token = train_flops / rate
         if probe and device.type != "cuda":
             per_token += cpu_reference_seconds(model, cfg.ctx, micro, rate, backward=True)
-        seconds = steps * cfg.data.docs_per_batch * cfg.ctx * per_token
+        seconds = steps * tokens_per_step * per_token
     if available is None:
         available = available_memory(device)
     return Estimate(params, 16.0 * params, activations, logits, available, seconds, micro, checkpointing, steps,
-                    done_steps)
+                    done_steps, budget_step)
 
 
 def _gib(n: float) -> str:
@@ -364,10 +372,13 @@ def _duration(seconds: float | None) -> str:
 
 
 def _steps_left(est: Estimate) -> str:
-    """A resumed run's time counts only what is left: said, with the step it continues from."""
-    if not est.done_steps:
-        return ""
-    return f" for the {est.steps:,} steps left after step {est.done_steps:,}"
+    """The steps the time counts, where not simply trainer.max_steps: a resumed run's steps left, with the step it
+    continues from; a run that trainer.flops_budget stops first, the steps the budget allows."""
+    budget = " the FLOP budget allows (trainer.flops_budget)" if est.budget_step is not None else ""
+    if est.done_steps:
+        of = f" of the {est.budget_step:,}{budget}" if budget else ""
+        return f" for the {est.steps:,} steps left after step {est.done_steps:,}{of}"
+    return f" for the {est.steps:,} steps{budget}" if budget else ""
 
 
 def describe(est: Estimate, device_name: str) -> str:
@@ -378,7 +389,8 @@ def describe(est: Estimate, device_name: str) -> str:
             f"{_duration(est.seconds)}{_steps_left(est)} at an assumed rate, measured after the first steps (formulas: "
             f"longctx.train.estimate)")
     if device_name == "cpu" and est.seconds is not None and est.seconds > LONG_CPU_RUN_S:
-        line += ("; that is long for a CPU: a GPU (README: On GPUs), a shorter ctx or fewer trainer.max_steps "
+        fewer = "a smaller trainer.flops_budget" if est.budget_step is not None else "fewer trainer.max_steps"
+        line += (f"; that is long for a CPU: a GPU (README: On GPUs), a shorter ctx or {fewer} "
                  "(a step can take minutes before the first measured rate)")
     return line
 
@@ -408,19 +420,45 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
     need = (f"memory: this run needs ~{_gib(est.total_bytes)} on {device_name} but {_gib(est.available_bytes)} "
             f"is available (ctx={cfg.ctx}, {est.micro_docs} docs per micro-batch, {est.parameters / 1e6:.2f}M "
             f"parameters)")
-    if with_ckpt.fits:
-        raise ValueError(f"{need}; set trainer.activation_checkpointing=true (~{_gib(with_ckpt.total_bytes)})")
-    local_docs = max(1, cfg.data.docs_per_batch // max(1, world_size // context_parallel(cfg)))
-    smaller_micros = [m for m in range(est.micro_docs - 1, 0, -1) if local_docs % m == 0]
-    for micro in smaller_micros:  # the largest micro-batch that fits, without recomputation if it can
-        for ckpt in dict.fromkeys((est.checkpointing, True)):
-            smaller = estimate(cfg, device, spec_for, world_size, micro_docs=micro, checkpointing=ckpt, **kwargs)
-            if smaller.fits:
-                also = " and trainer.activation_checkpointing=true" if ckpt and not est.checkpointing else ""
-                raise ValueError(f"{need}; set trainer.micro_docs={micro}{also} (~{_gib(smaller.total_bytes)})")
+    advice = fitting_advice(cfg, device, spec_for, world_size, est, with_ckpt, kwargs)
+    if advice:
+        raise ValueError(f"{need}; {advice}")
     least = estimate(cfg, device, spec_for, world_size, micro_docs=1, checkpointing=True, **kwargs)
     raise ValueError(f"{need}; even trainer.micro_docs=1 with trainer.activation_checkpointing=true needs "
                      f"~{_gib(least.total_bytes)}: a smaller ctx or model")
+
+
+def fitting_advice(cfg: DictConfig, device: torch.device, spec_for: Callable, world_size: int, est: Estimate,
+                   with_ckpt: Estimate, kwargs: dict) -> str:
+    """What to set for a run that does not fit (`est`; `with_ckpt`: the same micro-batch checkpointed), "" when
+    nothing does. First the largest micro-batch (a divisor of the rank's documents) that fits without activation
+    checkpointing, which recomputes each block's forward in the backward (~1/3 more compute a step); then, where it
+    lets a larger micro-batch fit than that (more tokens a forward, for a GPU that a small one leaves idle), the
+    largest that fits with checkpointing, as the other choice; checkpointing alone where nothing fits without it."""
+    local_docs = max(1, cfg.data.docs_per_batch // max(1, world_size // context_parallel(cfg)))
+    micros = [m for m in range(est.micro_docs - 1, 0, -1) if local_docs % m == 0]
+
+    def largest(ckpt: bool, tried: list[int]) -> Estimate | None:
+        for micro in tried:
+            smaller = estimate(cfg, device, spec_for, world_size, micro_docs=micro, checkpointing=ckpt, **kwargs)
+            if smaller.fits:
+                return smaller
+        return None
+
+    plain = None if est.checkpointing else largest(False, micros)
+    recomputed = with_ckpt if with_ckpt.fits else largest(True, micros)
+    if recomputed is not None and plain is not None and recomputed.micro_docs <= plain.micro_docs:
+        recomputed = None    # no larger micro-batch for the recomputation: not worth naming
+    options = []
+    if plain is not None:
+        options.append(f"trainer.micro_docs={plain.micro_docs} (~{_gib(plain.total_bytes)})")
+    if recomputed is not None:
+        parts = [f"trainer.micro_docs={recomputed.micro_docs}"] if recomputed.micro_docs != est.micro_docs else []
+        if not est.checkpointing:
+            parts.append("trainer.activation_checkpointing=true")
+        costs = "; it recomputes each block's forward, ~1/3 more compute a step" if plain is not None else ""
+        options.append(f"{' and '.join(parts)} (~{_gib(recomputed.total_bytes)}{costs})")
+    return f"set {', or '.join(options)}" if options else ""
 
 
 # ----- evaluation: forwards without gradients ------------------------------------------------------------------

@@ -13,6 +13,8 @@ Two state counts are kept apart:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from longctx.models.common import state_cores
@@ -60,6 +62,25 @@ def mfu(tokens_per_s: float, train_flops_per_token: float, device_name: str, n_d
     if peak is None:
         return None
     return tokens_per_s * train_flops_per_token / (peak * n_devices)
+
+
+def budget_reached(tokens: float, train_flops_per_token: float, budget: float | None) -> bool:
+    """Whether `tokens` trained tokens have spent a FLOP budget (trainer.flops_budget; None: no budget): the test
+    the trainer stops on after each step."""
+    return budget is not None and tokens * train_flops_per_token >= budget
+
+
+def budget_steps(budget: float | None, tokens_per_step: int, train_flops_per_token: float) -> int | None:
+    """The step at which a FLOP budget stops a run, the first whose tokens reach it (`budget_reached`); None without
+    a budget. The trainer's schedule ends there and its start-of-run estimate counts the steps to it."""
+    if budget is None:
+        return None
+    steps = max(1, math.ceil(budget / (tokens_per_step * train_flops_per_token)))
+    while steps > 1 and budget_reached((steps - 1) * tokens_per_step, train_flops_per_token, budget):
+        steps -= 1
+    while not budget_reached(steps * tokens_per_step, train_flops_per_token, budget):
+        steps += 1
+    return steps
 
 
 def format_ratio(wsfr: float) -> str:

@@ -35,7 +35,7 @@ from longctx.train.console import (close_logging, eta, format_duration, is_termi
 from longctx.train.estimate import check_fits
 from longctx.train.data import (ContextSlices, build_heldout, build_train_reader, check_generated_data, epoch_tokens,
                                  resolve_splits, trains_on_queries)
-from longctx.train.flops import flops_report, format_ratio, mfu
+from longctx.train.flops import budget_reached, budget_steps, flops_report, format_ratio, mfu
 from longctx.train.loggers import check_wandb
 from longctx.models.context_parallel import ContextParallelModel, set_context_parallel
 from longctx.train.distributed import (DistInfo, all_reduce_sum, barrier, context_parallel_layout, init_distributed,
@@ -346,16 +346,7 @@ class Trainer:
 
     def _budget_steps(self) -> int | None:
         """The step at which trainer.flops_budget stops the run (the first whose FLOPs reach it), None without one."""
-        budget = self.cfg.trainer.flops_budget
-        if budget is None:
-            return None
-        per_token, tokens = self.flops["train_flops_per_token"], self._tokens_per_step()
-        steps = max(1, math.ceil(budget / (tokens * per_token)))
-        while steps > 1 and (steps - 1) * tokens * per_token >= budget:  # the same test as _out_of_budget
-            steps -= 1
-        while steps * tokens * per_token < budget:
-            steps += 1
-        return steps
+        return budget_steps(self.cfg.trainer.flops_budget, self._tokens_per_step(), self.flops["train_flops_per_token"])
 
     def _check_run_dir(self) -> list[Path]:
         """Never overwrite a run that saved a checkpoint: continue it only when asked (trainer.resume). A folder
@@ -439,8 +430,7 @@ class Trainer:
         return self.stop_when is not None and self.step > 0 and bool(here) and self.stop_when.met(here[-1])
 
     def _out_of_budget(self) -> bool:
-        budget = self.cfg.trainer.flops_budget
-        return budget is not None and self.tokens * self.flops["train_flops_per_token"] >= budget
+        return budget_reached(self.tokens, self.flops["train_flops_per_token"], self.cfg.trainer.flops_budget)
 
     def _write_config(self) -> None:
         """The config this launch trains with: config.yaml at step 0, config.resume_step{N}.yaml when it resumes

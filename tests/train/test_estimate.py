@@ -2,6 +2,7 @@
 refusal that names what to set, said before any data is generated."""
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -59,18 +60,72 @@ def test_activation_formula_matches_what_autograd_keeps(compose, overrides):
 
 
 def test_refusal_names_what_to_set(compose):
+    """The refusal names the largest micro-batch that fits without activation checkpointing first (checkpointing
+    recomputes each block's forward), then checkpointing where it lets a larger micro-batch fit; checkpointing alone
+    where nothing fits without it."""
     cfg = compose("run_dir=unused", "ctx=4096", "data.docs_per_batch=32")
-    full = estimate(cfg, CPU, spec_for(cfg), available=1e15, **KNOWN)
-    ckpt = estimate(cfg, CPU, spec_for(cfg), checkpointing=True, available=1e15, **KNOWN)
-    assert ckpt.total_bytes < full.total_bytes
+
+    def at(micro, ckpt):
+        return estimate(cfg, CPU, spec_for(cfg), micro_docs=micro, checkpointing=ckpt, available=1e15, **KNOWN)
+
+    def gib(est):
+        return re.escape(f"(~{est.total_bytes / GIB:.3g} GiB")
+
+    full, ckpt, half = at(32, False), at(32, True), at(16, False)
+    assert ckpt.total_bytes < half.total_bytes < full.total_bytes
     assert check_fits(cfg, CPU, spec_for(cfg), available=full.total_bytes * 1.01, **KNOWN).fits
-    with pytest.raises(ValueError, match=r"^memory: .*set trainer.activation_checkpointing=true \("):
-        check_fits(cfg, CPU, spec_for(cfg), available=(full.total_bytes + ckpt.total_bytes) / 2, **KNOWN)
-    eighth = estimate(cfg, CPU, spec_for(cfg), micro_docs=4, checkpointing=True, available=1e15, **KNOWN)
-    with pytest.raises(ValueError, match=r"set trainer.micro_docs=4 and trainer.activation_checkpointing=true"):
-        check_fits(cfg, CPU, spec_for(cfg), available=eighth.total_bytes * 1.01, **KNOWN)
+    with pytest.raises(ValueError, match=rf"^memory: .*; set trainer.micro_docs=16 {gib(half)}\), or "
+                                         rf"trainer.activation_checkpointing=true {gib(ckpt)}; it recomputes each "
+                                         rf"block's forward, ~1/3 more compute a step\)$"):
+        check_fits(cfg, CPU, spec_for(cfg), available=half.total_bytes * 1.01, **KNOWN)
+    # a micro-batch of 1 fits without checkpointing beside 4 with it: the one without is named first
+    one, quarter_ckpt = at(1, False), at(4, True)
+    assert at(2, False).total_bytes > quarter_ckpt.total_bytes * 1.01 > one.total_bytes
+    assert at(8, True).total_bytes > quarter_ckpt.total_bytes * 1.01
+    with pytest.raises(ValueError, match=rf"; set trainer.micro_docs=1 {gib(one)}\), or trainer.micro_docs=4 and "
+                                         rf"trainer.activation_checkpointing=true {gib(quarter_ckpt)}; it recomputes"):
+        check_fits(cfg, CPU, spec_for(cfg), available=quarter_ckpt.total_bytes * 1.01, **KNOWN)
+    # no micro-batch fits without checkpointing: checkpointing, and the largest micro-batch with it
+    two_ckpt = at(2, True)
+    assert one.total_bytes > two_ckpt.total_bytes * 1.01
+    with pytest.raises(ValueError, match=rf"; set trainer.micro_docs=2 and trainer.activation_checkpointing=true "
+                                         rf"{gib(two_ckpt)}\)$"):
+        check_fits(cfg, CPU, spec_for(cfg), available=two_ckpt.total_bytes * 1.01, **KNOWN)
+    # one document a rank, no smaller micro-batch: checkpointing alone
+    single = compose("run_dir=unused", "ctx=4096", "data.docs_per_batch=1")
+    lone, lone_ckpt = (estimate(single, CPU, spec_for(single), checkpointing=c, available=1e15, **KNOWN)
+                       for c in (False, True))
+    with pytest.raises(ValueError, match=rf"; set trainer.activation_checkpointing=true {gib(lone_ckpt)}\)$"):
+        check_fits(single, CPU, spec_for(single), available=(lone.total_bytes + lone_ckpt.total_bytes) / 2, **KNOWN)
+    # checkpointing already on: a smaller micro-batch only
+    on = compose("run_dir=unused", "ctx=4096", "data.docs_per_batch=32", "trainer.activation_checkpointing=true")
+    with pytest.raises(ValueError, match=rf"; set trainer.micro_docs=4 {gib(quarter_ckpt)}\)$"):
+        check_fits(on, CPU, spec_for(on), available=quarter_ckpt.total_bytes * 1.01, **KNOWN)
     with pytest.raises(ValueError, match=r"even trainer.micro_docs=1 .*: a smaller ctx or model$"):
         check_fits(cfg, CPU, spec_for(cfg), available=full.model_bytes, **KNOWN)
+
+
+def test_a_64k_refusal_on_an_80_gb_card_names_the_micro_batch_without_recomputation_first(compose):
+    """`attention=power p=2 ctx=65536 model=small` (32 documents a micro-batch, ~922 GiB) on an 80 GB card: a
+    micro-batch fits without activation checkpointing, so that is the advice; checkpointing's larger micro-batch
+    comes second. Each named micro-batch is the largest that fits its way."""
+    cfg = compose("run_dir=unused", "attention=power", "p=2", "ctx=65536", "model=small")
+    cuda, available = torch.device("cuda"), 0.9 * 80e9
+
+    def fits(micro, ckpt):
+        return estimate(cfg, cuda, spec_for(cfg), micro_docs=micro, checkpointing=ckpt, available=available,
+                        rate=1e15).fits
+
+    with pytest.raises(ValueError) as refused:
+        check_fits(cfg, cuda, spec_for(cfg), device_name="an 80 GB GPU", available=available, rate=1e15)
+    said = str(refused.value)
+    found = re.search(r"; set trainer.micro_docs=(\d+) \(~[\d.]+ GiB\), or trainer.micro_docs=(\d+) and "
+                      r"trainer.activation_checkpointing=true \(~[\d.]+ GiB; it recomputes each block's forward, "
+                      r"~1/3 more compute a step\)$", said)
+    assert found, said
+    plain, ckpt = int(found[1]), int(found[2])
+    assert fits(plain, False) and not fits(2 * plain, False), said
+    assert ckpt > plain and fits(ckpt, True) and not fits(2 * ckpt, True), said
 
 
 def test_time_estimate_is_steps_times_tokens_times_flops_over_the_rate(compose):
@@ -235,6 +290,53 @@ def test_a_resumed_run_estimates_only_the_steps_left(compose):
     assert estimate(cfg, CPU, spec_for(cfg), available=1e15, done_steps=12, **KNOWN).seconds == 0
     said = check_fits(cfg, CPU, spec_for(cfg), available=1e15, done_steps=4, **KNOWN)
     assert (said.steps, said.done_steps) == (6, 4)
+
+
+def test_a_flops_budget_bounds_the_estimated_steps(compose):
+    """trainer.flops_budget stops a run at the first step whose training FLOPs reach it, before trainer.max_steps:
+    the time counts those steps and the line says the budget bounds them; a resumed run counts what is left of them;
+    a budget past trainer.max_steps leaves max_steps. The trainer's own stop test agrees on the step."""
+    from longctx.train.estimate import describe
+    from longctx.train.flops import budget_reached, flops_report
+
+    cfg = compose("run_dir=unused", "trainer.max_steps=1000")
+    with torch.device("meta"):
+        model = build_model(model_spec(cfg, model_vocab_size(cfg.data.vocab + 1)))
+    per_token = flops_report(model, cfg.ctx, "cpu", torch.float32)["train_flops_per_token"]
+    tokens = cfg.data.docs_per_batch * cfg.ctx
+    per_step = tokens * per_token
+
+    def at(budget, *overrides, done=0):
+        run = compose("run_dir=unused", "trainer.max_steps=1000", f"trainer.flops_budget={budget!r}", *overrides)
+        return estimate(run, CPU, spec_for(run), available=1e15, done_steps=done, **KNOWN)
+
+    est = at(2.5 * per_step)          # steps 1 and 2 spend 2x, step 3 reaches it: 3 steps
+    assert (est.steps, est.budget_step) == (3, 3)
+    assert est.seconds == pytest.approx(3 * per_step / KNOWN["rate"])
+    assert budget_reached(3 * tokens, per_token, 2.5 * per_step)
+    assert not budget_reached(2 * tokens, per_token, 2.5 * per_step)
+    assert re.search(r"training time ~\d+ s for the 3 steps the FLOP budget allows \(trainer.flops_budget\) at",
+                     describe(est, "cpu"))
+    assert at(4 * per_step).steps == 4  # the 4th step spends exactly the budget
+    resumed = at(2.5 * per_step, done=1)
+    assert (resumed.steps, resumed.done_steps, resumed.budget_step) == (2, 1, 3)
+    assert "for the 2 steps left after step 1 of the 3 the FLOP budget allows (trainer.flops_budget)" in describe(
+        resumed, "cpu")
+    bounded = at(2.5 * per_step, "trainer.max_steps=2")   # trainer.max_steps comes first
+    assert (bounded.steps, bounded.budget_step) == (2, None)
+    assert "FLOP budget" not in describe(bounded, "cpu")
+
+    # experiment=flops_frontier: trainer.max_steps=100000 is a bound only; the budget ends the last stage
+    frontier = compose("run_dir=unused", "experiment=flops_frontier", "+experiment/arm=power_p2",
+                       "trainer.flops_budget=1e16")
+    cuda = torch.device("cuda")
+    with torch.device("meta"):
+        model = build_model(spec_for(frontier)(frontier.data.vocab + 1))
+    per_token = flops_report(model, frontier.ctx, "cuda", torch.bfloat16)["train_flops_per_token"]
+    want = math.ceil(1e16 / (frontier.data.docs_per_batch * frontier.ctx * per_token))
+    est = estimate(frontier, cuda, spec_for(frontier), available=1e15, rate=1e14)
+    assert est.steps == est.budget_step == want < frontier.trainer.max_steps // 100
+    assert est.seconds == pytest.approx(want * frontier.data.docs_per_batch * frontier.ctx * per_token / 1e14)
 
 
 def test_the_readmes_one_gpu_commands_fit_an_80_gb_card(compose):

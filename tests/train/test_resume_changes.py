@@ -139,7 +139,9 @@ def test_flops_budget_run_anneals_to_its_budget(compose, tiny, tmp_path, capsys)
     for r in records(run):
         assert r["lr"] == pytest.approx(closed_form(r["step"], max_steps=5), rel=1e-12), r["step"]
     assert rec["lr"] == pytest.approx(MIN_LR)
-    assert "stopping at step 5: trainer.flops_budget" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stopping at step 5: trainer.flops_budget" in out
+    assert "for the 5 steps the FLOP budget allows (trainer.flops_budget)" in out  # the estimate, said at start
     Trainer(compose(*overrides, "trainer.resume=auto", f"run_dir={run}")).fit()
     out = capsys.readouterr().out
     assert "is complete (step 5: trainer.flops_budget=" in out and "reached" in out
