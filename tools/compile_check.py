@@ -208,6 +208,9 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
             cfg.update(ta.backward_rounding(gated, cfg["DOT_DT"]))   # as attention_backward launches them
             if xt:      # the chunked form's intra-chunk attention keeps separate roundings
                 cfg["SHARED_ROUND"] = False
+        if kernel == "dkdv" and not xt and ta.fused_backward():      # the one-kernel backward: dq by atomics,
+            # by bulk tensor reductions where the target has TMA
+            cfg.update(ATOMIC_DQ=True, TMA_DQ=arch >= 90 and power_config.attention.current().tma_dq)
         scalars = ints
         if xt and kernel != "dkdv":
             cfg["XT_MODE"] = 1 if kernel == "fwd" else 2

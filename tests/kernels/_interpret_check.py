@@ -49,18 +49,19 @@ def main():
             with config.attention.override(block_override=tiles):
                 failed += not check(CASES[i], f" two-kernel backward tiles={tiles}")
     failed += check_offdiag_fp32()
+    failed += check_tma_dq()
     failed += check_gate_cumsum()
     sys.exit(1 if failed else 0)
 
 
-def check(case, note=""):
+def check(case, note="", b=1):
     """One case's forward and gradients against the float64 reference; prints a line, returns whether it passed."""
     dtype, p, norm, gated, hq, hk, t, tol = case
     d = 16
-    q = torch.randn(1, t, hq, d, dtype=dtype, requires_grad=True)
-    k = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
-    v = torch.randn(1, t, hk, d, dtype=dtype, requires_grad=True)
-    lg = (-(3.0 if gated == "strong" else 0.3) * torch.rand(1, t, hk)).requires_grad_() if gated else None
+    q = torch.randn(b, t, hq, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, t, hk, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, t, hk, d, dtype=dtype, requires_grad=True)
+    lg = (-(3.0 if gated == "strong" else 0.3) * torch.rand(b, t, hk)).requires_grad_() if gated else None
     leaves = [q, k, v] + ([lg] if gated else [])
     y = attention_form(q, k, v, lg, p=p, scale=d ** -0.5, norm=norm)
     do = torch.randn_like(y)
@@ -91,6 +92,38 @@ def check_offdiag_fp32():
                     failed += not check(CASES[i], f" offdiag_fp32 fused={fused} tiles={tiles}")
     finally:
         parallel.backward_rounding = real
+    return failed
+
+
+def check_tma_dq():
+    """The one-kernel backward's dq by bulk tensor reductions (TMA_DQ: CUDA with TMA only), forced here, with the
+    descriptor reduction the interpreter lacks given as what it stands for, an fp32 add of the block's elements inside
+    the descriptor's bounds: the descriptor's shape, offsets and clipping of the rows past t (two batch rows, t not a
+    whole number of tiles, GQA, diagonal spanning one and several query blocks). Returns the failures."""
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+    from longctx.kernels.power import parallel
+
+    def create_descriptor_reduce(self, kind, desc, value, indices):
+        assert kind == ir.DESCRIPTOR_REDUCE_KIND.ADD, kind
+        ptrs, mask = desc.materialize_pointers(indices)
+        return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask, ir.MEM_SEMANTIC.RELAXED,
+                                      ir.MEM_SYNC_SCOPE.GPU)
+    builder = interpreter.InterpreterBuilder
+    had = hasattr(builder, "create_descriptor_reduce")
+    if not had:
+        builder.create_descriptor_reduce = create_descriptor_reduce
+    real = parallel.tma_dq
+    parallel.tma_dq = lambda x: True
+    failed = 0
+    try:
+        for i, tiles in [(0, {}), (3, {}), *SPLIT_TILES]:
+            with config.attention.override(fused_backward=True, block_override=tiles):
+                failed += not check(CASES[i], f" tma_dq b=2 tiles={tiles}", b=2)
+    finally:
+        parallel.tma_dq = real
+        if not had:
+            del builder.create_descriptor_reduce
     return failed
 
 

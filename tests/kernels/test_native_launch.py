@@ -32,6 +32,7 @@ class FakeJit:
     def __init__(self, fn, log: list):
         self.fn, self.log = fn, log
         self.kernels = {}
+        self.scratch = 0      # the compiled kernel's global scratch bytes per program (its tensor descriptors)
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
@@ -57,7 +58,8 @@ class FakeJit:
             key = tuple(signature.items()) + tuple(sorted(options.items()))
             if key not in self.kernels:
                 md = SimpleNamespace(num_warps=options["num_warps"], shared=4096, num_ctas=1, launch_pdl=False,
-                                     launch_cooperative_grid=False, global_scratch_size=0, profile_scratch_size=0)
+                                     launch_cooperative_grid=False, global_scratch_size=self.scratch,
+                                     profile_scratch_size=0)
                 self.kernels[key] = SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=md,
                                                     function=next(_function_ids))
             kernel = self.kernels[key]
@@ -119,7 +121,7 @@ def test_kernel_entry_refuses_what_it_cannot_launch():
     good = SimpleNamespace(src=SimpleNamespace(signature={"Q": "*bf16", "T": "i32", "HQ": "constexpr"}), metadata=md,
                            function=7)
     entry = native.kernel_entry(good, "fwd", 64, 12)
-    assert entry == [1, 7, 4, 0, 64, 12, 2, native.KIND_TENSOR, native.TENSOR_SLOTS.index("Q"),
+    assert entry == [1, 7, 4, 0, 64, 12, 0, 2, native.KIND_TENSOR, native.TENSOR_SLOTS.index("Q"),
                      native.KIND_INT, native.SCALAR_SLOTS.index("T")]
     for bad in ({"Q": "*bf16", "EXTRA": "*fp32"},          # a parameter without a slot
                 {"Q": "i32"},                              # a pointer slot passed as an int
@@ -127,9 +129,12 @@ def test_kernel_entry_refuses_what_it_cannot_launch():
         with pytest.raises(native.Unsupported):
             native.kernel_entry(SimpleNamespace(src=SimpleNamespace(signature=bad), metadata=md, function=7),
                                 "fwd", 64, 12)
-    scratch = SimpleNamespace(**{**vars(md), "global_scratch_size": 128})
-    with pytest.raises(native.Unsupported, match="global_scratch_size"):
-        native.kernel_entry(SimpleNamespace(src=good.src, metadata=scratch, function=7), "fwd", 64, 12)
+    # global scratch (a kernel's tensor descriptors) is the C++ side's to allocate; profile scratch is not
+    scratch = SimpleNamespace(**{**vars(md), "global_scratch_size": 128, "global_scratch_align": 128})
+    assert native.kernel_entry(SimpleNamespace(src=good.src, metadata=scratch, function=7), "fwd", 64, 12)[6] == 128
+    profiled = SimpleNamespace(**{**vars(md), "profile_scratch_size": 64})
+    with pytest.raises(native.Unsupported, match="profile_scratch_size"):
+        native.kernel_entry(SimpleNamespace(src=good.src, metadata=profiled, function=7), "fwd", 64, 12)
 
 
 def test_cpu_tensors_never_take_the_native_path():
@@ -164,6 +169,8 @@ def test_plan_key_changes_with_deterministic_mode(monkeypatch):
 @pytest.mark.parametrize("gated,norm,hq,hk,t", [(True, True, 4, 2, 48), (False, True, 2, 2, 37),
                                                 (True, False, 2, 1, 20), (False, False, 3, 3, 16)])
 def test_dry_run_launches_match_the_python_path(built, fake_kernels, gated, norm, hq, hk, t, fused):
+    if fused:     # as the bulk-reduction dq's kernel: a descriptor in 128 bytes of global scratch per program
+        ta._attn_bwd_dkdv.scratch = 128
     with config.attention.override(fused_backward=fused):
         _dry_run_matches_python(fake_kernels, gated, norm, hq, hk, t, fused)
 
@@ -205,7 +212,9 @@ def _dry_run_matches_python(fake_kernels, gated, norm, hq, hk, t, fused):
         assert function == kernel.function and threads == 32 * kernel.metadata.num_warps
         assert shared == kernel.metadata.shared
         assert grid == pgrid, name
-        assert len(cells) == len(values) + 2 and cells[-2:] == [0, 0]      # Triton's two scratch pointers: null
+        # Triton's two scratch pointers: the global one's bytes (a dry run logs them for the pointer), profile null
+        assert len(cells) == len(values) + 2
+        assert cells[-2:] == [pgrid[0] * pgrid[1] * kernel.metadata.global_scratch_size, 0], name
         for cell, value in zip(cells, values):
             if isinstance(value, int):
                 assert cell == value, name

@@ -363,6 +363,34 @@ def test_attention_backward_bitwise_reproducible_in_deterministic_mode():
         assert torch.equal(a, b), name
 
 
+TMA_CASES = [(2, True, 64, torch.bfloat16, True), (2, False, 32, torch.float16, False),
+             (3, False, 128, torch.float32, True), (4, True, 64, torch.bfloat16, False),
+             (1, False, 128, torch.bfloat16, True)]
+
+
+@pytest.mark.parametrize("p,norm,d,dtype,gated", TMA_CASES,
+                         ids=[f"p{p}-{'norm' if n else 'raw'}-d{d}-{str(dt)[6:]}-{'gated' if g else 'nogate'}"
+                              for p, n, d, dt, g in TMA_CASES])
+def test_one_kernel_backward_dq_by_bulk_reductions(p, norm, d, dtype, gated):
+    """The one-kernel backward with dq added by TMA bulk tensor reductions (tma_dq; rows past t clipped by the
+    descriptor, GQA, t not a whole number of tiles) against the float64 reference, and its dq within fp32 rounding of
+    the per-element atomics' dq."""
+    from longctx.kernels.power import config, parallel
+    from longctx.kernels.power.autograd import attention_form
+    q, k, v, lg = make(2, 777, 4, 2, d, dtype, gated, seed=5)
+    leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
+    dq = {}
+    for tma in (True, False):
+        with config.attention.override(fused_backward=True, tma_dq=tma):
+            assert parallel.tma_dq(q) == tma
+            y = attention_form(q, k, v, lg, p=p, scale=d ** -0.5, norm=norm)
+            if tma:
+                assert_matches_float64_reference(y, leaves, p=p, norm=norm, gated=gated, dtype=dtype)
+            dq[tma] = torch.autograd.grad(y, q, torch.ones_like(y))[0].float()
+    torch.testing.assert_close(dq[True], dq[False], rtol=2 * torch.finfo(dtype).eps,
+                               atol=1e-4 * dq[False].abs().max().item())
+
+
 NATIVE_CASES = [  # p, norm, d, dtype, gated, hq, hk, t
     (2, True, 64, torch.bfloat16, True, 12, 12, 1024), (2, True, 64, torch.bfloat16, False, 4, 2, 1000),
     (1, False, 32, torch.float16, True, 4, 4, 333), (3, False, 128, torch.float32, True, 2, 1, 256),
@@ -373,7 +401,8 @@ NATIVE_CASES = [  # p, norm, d, dtype, gated, hq, hk, t
                          ids=[f"p{c[0]}-{'norm' if c[1] else 'num'}-d{c[2]}-{str(c[3])[6:]}-{'gate' if c[4] else 'nogate'}"
                               f"-h{c[5]}x{c[6]}-t{c[7]}" for c in NATIVE_CASES])
 @pytest.mark.parametrize("stream", ["default", "side"])
-@pytest.mark.parametrize("fused", [True, False], ids=["fused_backward", "two_kernel_backward"])
+@pytest.mark.parametrize("fused", [True, "tma", False], ids=["fused_backward", "fused_backward_tma_dq",
+                                                             "two_kernel_backward"])
 def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, stream, fused, monkeypatch):
     """The attention form's C++ node (native/) launches the kernels the Python node compiled: the same outputs
     and gradients, bit for bit, on the current stream (also a side stream), with and without gradients. The
@@ -383,8 +412,8 @@ def test_native_node_matches_python_node(p, norm, d, dtype, gated, hq, hk, t, st
     from longctx.kernels.power import config
     from longctx.kernels.power.autograd import attention_form
     from longctx.kernels.power.native import launcher as native
-    monkeypatch.setattr(config.attention, "_current", dataclasses.replace(config.attention.current(),
-                                                                        fused_backward=fused))
+    monkeypatch.setattr(config.attention, "_current", dataclasses.replace(
+        config.attention.current(), fused_backward=bool(fused), tma_dq=fused == "tma"))
     assert native.wait(), native.status()
     # a registry of this test's own: a plan another test recorded for the same specialization in this process
     # (pytest -n puts tests in workers in varying order) would otherwise serve the first no-grad call

@@ -168,11 +168,16 @@ def test_every_place_of_an_entry_has_a_name():
     assert tunables.named("attn_fwd", None) == "None" and tunables.named("", (1, 2)) == "(1, 2)"
 
 
-@pytest.mark.parametrize("mode", ["default", "switch_off", "deterministic"])
+@pytest.mark.parametrize("mode", ["default", "switch_off", "deterministic", "tma"])
 def test_attention_backward_launches_what_the_plan_prints(mode, monkeypatch):
     """The attention form's backward is one key-block kernel adding dq by atomics between a prep and a finish pass,
     unless fused_backward is off or torch runs deterministic algorithms (the atomics' order varies): then the dq and
-    dk/dv kernels. The plan printed for the call names the same kernels in the same order."""
+    dk/dv kernels. The plan printed for the call names the same kernels in the same order. With tma_dq (on a card
+    with TMA, stood in for here) the one kernel adds dq by bulk reductions, and a CUDA plan says so."""
+    if mode == "tma":
+        monkeypatch.setattr(config.attention, "_current", dataclasses.replace(config.attention.current(),
+                                                                            tma_dq=True))
+        monkeypatch.setattr(parallel, "tma_dq", lambda x: True)
     if mode == "switch_off":
         monkeypatch.setattr(config.attention, "_current",
                             dataclasses.replace(config.attention.current(), fused_backward=False))
@@ -184,9 +189,15 @@ def test_attention_backward_launches_what_the_plan_prints(mode, monkeypatch):
     q, k, G, lse = torch.zeros(b, t, 2, d), torch.zeros(b, t, 1, d), torch.zeros(b, t, 1), torch.zeros(b, t, 2)
     with kernel_index.stand_in({name: _Recorder(name, log) for name in names}):
         parallel.attention_backward(q, q, k, k, G, q, lse, 0.25, 2, True, True)
-    fused = mode == "default"
+    fused, tma = mode in ("default", "tma"), mode == "tma"
     want = ["attn_bwd_prep", "attn_dkdv", "attn_dq_finish"] if fused else ["attn_dq", "attn_dkdv"]
-    assert [(name, kw.get("ATOMIC_DQ", False)) for name, kw in log] == \
-        [(name, fused and name == "attn_dkdv") for name in want] + [("segment_cumsum", False)]
+    assert [(name, kw.get("ATOMIC_DQ", False), kw.get("TMA_DQ", False)) for name, kw in log] == \
+        [(name, fused and name == "attn_dkdv", tma and name == "attn_dkdv") for name in want] \
+        + [("segment_cumsum", False, False)]
     stages = plan.make_plan(t, 2, d, torch.bfloat16, "cuda", compiling=False, form="attention").launches()
     assert [kernel.split(" ")[0] for stage, (kernel, _) in stages.items() if stage != "fwd"] == want
+    if fused:
+        adds = "bulk reductions" if tma else "atomics"
+        assert stages["dkdv"][0] == f"attn_dkdv (+ dq by {adds})"
+        cpu = plan.make_plan(t, 2, d, torch.float32, "cpu", compiling=False, form="attention").launches()
+        assert cpu["dkdv"][0] == "attn_dkdv (+ dq by atomics)"      # the interpreter: no bulk reductions

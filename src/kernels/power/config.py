@@ -33,6 +33,10 @@ class AttentionConfig:
     # two kernels; fwd+bwd 4k 2.812 -> 2.732 ms, 16k 38.7 -> 36.8, H100); off, or torch's deterministic mode (the
     # atomic adds' order varies, and with it dq's last bits): the two kernels
     fused_backward: bool = True
+    # ... its dq adds as one bulk tensor reduction per tile (TMA: sm_90+ only, the interpreter has none) instead of
+    # relaxed per-element atomics (~0.4 of the kernel's 1.94 ms at 4k, H100); off until timed on a card:
+    # `python -m tools.ab_switch --ctxs 4096,1024 --variants default tma_dq=1`
+    tma_dq: bool = False
 
     def __post_init__(self):
         if self.offdiag_precision not in ("tf32x3", "tf32", "ieee"):

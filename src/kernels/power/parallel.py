@@ -26,6 +26,9 @@ also writes the queries' scaled copy), run the two-kernel backward: the key-bloc
 """
 from __future__ import annotations
 
+import contextvars
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -233,11 +236,17 @@ def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
 
 
 @triton.jit
-def _add_dq(ptrs, part, mask_m):
-    """dq rows += part by relaxed atomics (fp32: the order of the adds varies, so the last bits do; deterministic mode
-    keeps the two-kernel backward). part = dS k_f: phase 1's k_f is k (SHARED_ROUND, or ungated) or k times the key
-    factor's p-th root, which is exactly the share of the factor its dS tile lacks, so dS k_f is dq either way."""
-    tl.atomic_add(ptrs, part, mask=mask_m[:, None], sem="relaxed")
+def _add_dq(DQA, dqa_desc, q_off, i_b, start_m, i_hq, part, mask_m, BM: tl.constexpr, D: tl.constexpr,
+            TMA_DQ: tl.constexpr):
+    """dq rows += part (fp32: the order of the adds varies, so the last bits do; deterministic mode keeps the
+    two-kernel backward). part = dS k_f: phase 1's k_f is k (SHARED_ROUND, or ungated) or k times the key factor's
+    p-th root, which is exactly the share of the factor its dS tile lacks, so dS k_f is dq either way.
+    TMA_DQ: the whole tile by one bulk reduction (cp.reduce.async.bulk.tensor; the descriptor's shape clips the rows
+    past T), else relaxed per-element atomics."""
+    if TMA_DQ:
+        dqa_desc.atomic_add([i_b.to(tl.int32), start_m, i_hq * D], part.reshape(1, BM, D))   # i_b: int64
+    else:
+        tl.atomic_add(DQA + q_off, part, mask=mask_m[:, None], sem="relaxed")
 
 
 @triton.jit
@@ -279,11 +288,12 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False,
                    OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False,
-                   DQA=None, ATOMIC_DQ: tl.constexpr = False):
+                   DQA=None, ATOMIC_DQ: tl.constexpr = False, TMA_DQ: tl.constexpr = False):
     """ATOMIC_DQ (the one-kernel backward, config.attention's fused_backward): each dS tile also gives its query rows'
     share of dq, dS k, added into DQA (fp32 (b, t, hq, d), zeroed by _attn_bwd_prep) by relaxed atomics; dq is then
     rounded from the very dS tiles dk is (no second kernel recomputing the scores and dy.v), and _attn_bwd_dq_finish
-    casts it and forms the query side's gate gradient.
+    casts it and forms the query side's gate gradient. TMA_DQ (sm_90+, not the interpreter): each tile's adds as one
+    bulk tensor reduction through a descriptor made here (Triton's scratch allocator holds it).
     OFFDIAG_FP32: phase 1's gate-scaled keys and dS tiles stay fp32 (matmuls at OFFDIAG_PREC), as in _attn_bwd_dq
     (config.attention's offdiag_fp32_grads and offdiag_precision). SHARED_ROUND (gated; the attention form's
     backward, backward_rounding): phase 1 keeps k as loaded and puts the whole key factor e^(G_r - G_j) into the P
@@ -301,6 +311,11 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
         g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
+    dqa_desc = DQA
+    if TMA_DQ:      # DQA as (b, t, hq * d): a tile is [1, BM, D] at (i_b, start_m, i_hq * D)
+        dqa_desc = tl.make_tensor_descriptor(DQA, shape=[tl.num_programs(1) // HK, T, HQ * D],
+                                             strides=[tl.cast(T, tl.int64) * (HQ * D), HQ * D, 1],
+                                             block_shape=[1, BM, D])
     lo = (pid_n * BN // BM) * BM
     hi_diag = T
     if FAST:
@@ -354,12 +369,14 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                 if OFFDIAG_FP32:
                     dk += tl.dot(tl.trans(ds), q, input_precision=OFFDIAG_PREC)
                     if ATOMIC_DQ:
-                        _add_dq(DQA + q_off, tl.dot(ds, k_f, input_precision=OFFDIAG_PREC), mask_m)
+                        _add_dq(DQA, dqa_desc, q_off, i_b, start_m, i_hq,
+                                tl.dot(ds, k_f, input_precision=OFFDIAG_PREC), mask_m, BM, D, TMA_DQ)
                 else:
                     ds = ds.to(DOT_DT)
                     dk += tl.dot(tl.trans(ds), q, input_precision=PREC)
                     if ATOMIC_DQ:   # dS k_f is dq: k_f carries the key factor ds lacks (docstring of _add_dq)
-                        _add_dq(DQA + q_off, tl.dot(ds, k_f, input_precision=PREC), mask_m)
+                        _add_dq(DQA, dqa_desc, q_off, i_b, start_m, i_hq, tl.dot(ds, k_f, input_precision=PREC),
+                                mask_m, BM, D, TMA_DQ)
         if GATED and not SHARED_ROUND:
             dk = dk * c_k[:, None]
     # Phase 2, the diagonal query block(s) (every query block when not FAST)
@@ -376,7 +393,8 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
             ds = ds.to(DOT_DT)
             dk += tl.dot(tl.trans(ds), q, input_precision=PREC)
             if ATOMIC_DQ:
-                _add_dq(DQA + q_off, tl.dot(ds, k, input_precision=PREC), mask_m)
+                _add_dq(DQA, dqa_desc, q_off, i_b, start_m, i_hq, tl.dot(ds, k, input_precision=PREC), mask_m,
+                        BM, D, TMA_DQ)
     tl.store(DK + kv_off, dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
     if GATED:
@@ -606,6 +624,29 @@ def fused_backward() -> bool:
     return config.attention.current().fused_backward and not torch.are_deterministic_algorithms_enabled()
 
 
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def tma_dq(x) -> bool:
+    """Whether the one-kernel backward adds dq by bulk tensor reductions (config.attention's tma_dq) for inputs like x:
+    on CUDA with TMA (sm_90+)."""
+    return config.attention.current().tma_dq and x.is_cuda and _has_tma(x.device.index or 0)
+
+
+def with_scratch(launch, device):
+    """launch() with Triton's scratch allocator (the tensor descriptors a kernel makes live there) set to torch's on
+    `device`, in a copy of the context: the caller's allocator, if any, stays."""
+    def scratch(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    def run():
+        triton.set_allocator(scratch)
+        return launch()
+    return contextvars.copy_context().run(run)
+
+
 def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool, gated: bool,
                        record: dict | None = None):
     """The attention form's backward launches: (dq, dk, dv, dlog_g or None). Tensors contiguous, as the forward's.
@@ -631,8 +672,13 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     else:
         first = "dq", _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
                                                                    O=o, DELTA_OUT=norm, **common, **q_cfg), q_cfg["BM"]
-    kkv = _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
-                                                          DQA=dqa, ATOMIC_DQ=atomic, **common, **kv_cfg)
+    tma = atomic and tma_dq(q)
+
+    def launch_dkdv():
+        return _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,
+                                                              DQA=dqa, ATOMIC_DQ=atomic, TMA_DQ=tma, **common,
+                                                              **kv_cfg)
+    kkv = with_scratch(launch_dkdv, q.device) if tma else launch_dkdv()
     if atomic:
         kf = _attn_bwd_dq_finish[rows](q, dqa, dq, dgq, t, HQ=hq, D=d, P=p, BM=EDGE_BM, GATED=gated, DOT_DT=dot_dt,
                                        num_warps=4)

@@ -14,7 +14,7 @@ How a call gets there:
    hand back the compiled kernels, and `register()` turns their signatures into a plan (which tensor or scalar
    each kernel parameter is) for the C++ side. A call without gradients records a forward-only plan.
 3. Later calls with that specialization run `torch.ops.longctx_native.attention_form`.
-Anything the plan builder does not recognize (a parameter it cannot name, scratch memory, clusters) marks the
+Anything the plan builder does not recognize (a parameter it cannot name, profile scratch memory, clusters) marks the
 specialization Python-only: correctness never depends on this module. `LONGCTX_NATIVE=0` turns it off.
 """
 from __future__ import annotations
@@ -179,12 +179,17 @@ def _f32_bits(x: float) -> int:
 
 def kernel_entry(kernel, name: str, rows: int, heads: int) -> list:
     """A plan's entry for one compiled kernel (Triton's CompiledKernel: src.signature, metadata, function):
-    [present, function, num_warps, shared, rows, heads, n, (kind, value) * n]. Raises Unsupported."""
+    [present, function, num_warps, shared, rows, heads, scratch, n, (kind, value) * n], scratch the global scratch
+    bytes per program (the tensor descriptors a kernel makes; the C++ side allocates them per launch). Raises
+    Unsupported."""
     md = kernel.metadata
     for field, fine in (("num_ctas", 1), ("launch_pdl", False), ("launch_cooperative_grid", False),
-                        ("global_scratch_size", 0), ("profile_scratch_size", 0)):
+                        ("profile_scratch_size", 0)):
         if getattr(md, field, fine) != fine:
             raise Unsupported(f"{name}: {field}={getattr(md, field)!r}")
+    scratch = int(getattr(md, "global_scratch_size", 0) or 0)
+    if scratch and (scratch > 1 << 16 or int(getattr(md, "global_scratch_align", 1)) > 256):
+        raise Unsupported(f"{name}: global scratch of {scratch} bytes aligned to {md.global_scratch_align}")
     table = PARAM_TABLES[name]
     params = []
     for arg, ty in kernel.src.signature.items():
@@ -211,7 +216,8 @@ def kernel_entry(kernel, name: str, rows: int, heads: int) -> list:
     function = kernel.function
     if not function:
         raise Unsupported(f"{name}: no loaded function")
-    return [1, int(function), int(md.num_warps), int(md.shared), int(rows), int(heads), len(params) // 2, *params]
+    return [1, int(function), int(md.num_warps), int(md.shared), int(rows), int(heads), scratch, len(params) // 2,
+            *params]
 
 
 def plan_spec(record: dict, hq: int, hk: int, d: int, device: int, norm: bool, gated: bool) -> list:
@@ -223,7 +229,7 @@ def plan_spec(record: dict, hq: int, hk: int, d: int, device: int, norm: bool, g
             kernel, rows, heads = record[name]
             spec += kernel_entry(kernel, name, rows, heads)
         else:
-            spec += [0, 0, 0, 0, 0, 0, 0]
+            spec += [0] * 8
     return spec
 
 

@@ -112,6 +112,7 @@ struct KernelSpec {
   bool present = false;
   uint64_t function = 0;
   int64_t num_warps = 0, shared = 0, rows = 0, heads = 0;   // grid: (cdiv(t, rows) or 1 if rows <= 0, b * heads)
+  int64_t scratch = 0;   // Triton's global scratch bytes per program (the tensor descriptors a kernel makes), or 0
   std::vector<Param> params;
 };
 
@@ -132,7 +133,7 @@ std::vector<int64_t> g_log;
 std::mutex g_log_mutex;
 
 // spec: [hq, hk, d, device, norm, gated, then per kernel: present, function, num_warps, shared, rows, heads,
-//        n_params, (kind, value) * n_params]
+//        scratch, n_params, (kind, value) * n_params]
 int64_t register_plan(at::IntArrayRef spec) {
   auto plan = std::make_unique<Plan>();
   size_t i = 0;
@@ -145,7 +146,8 @@ int64_t register_plan(at::IntArrayRef spec) {
   for (auto& k : plan->kernels) {
     k.present = next() != 0;
     k.function = static_cast<uint64_t>(next());
-    k.num_warps = next(); k.shared = next(); k.rows = next(); k.heads = next();
+    k.num_warps = next(); k.shared = next(); k.rows = next(); k.heads = next(); k.scratch = next();
+    TORCH_CHECK(k.scratch >= 0 && k.scratch <= (1 << 16), "longctx native launcher: bad scratch size ", k.scratch);
     int64_t n = next();
     TORCH_CHECK(n >= 0 && n < 64, "longctx native launcher: bad parameter count ", n);
     for (int64_t j = 0; j < n; ++j) {
@@ -224,12 +226,18 @@ void launch(const Plan& plan, KernelIndex which, const Args& a, int64_t b, int64
     params[n] = &cells[n];
     ++n;
   }
-  // Triton's two trailing scratch pointers (launcher.py registers only kernels that use neither): null.
-  for (int s = 0; s < 2; ++s) {
-    cells[n] = 0;
-    params[n] = &cells[n];
-    ++n;
-  }
+  // Triton's two trailing scratch pointers: the global scratch, grid x scratch bytes from torch's caching allocator on
+  // the current stream (stream-ordered, so freed at once), where the kernel makes tensor descriptors; the profile
+  // scratch (launcher.py registers no kernel that uses it) null. A dry run logs the global scratch's byte count.
+  Tensor scratch;
+  const int64_t scratch_bytes = grid_x * grid_y * k.scratch;
+  if (scratch_bytes > 0 && !g_dry_run.load())
+    scratch = at::empty({scratch_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, plan.device));
+  cells[n] = scratch.defined() ? reinterpret_cast<uint64_t>(scratch.data_ptr()) : static_cast<uint64_t>(scratch_bytes);
+  params[n] = &cells[n];
+  cells[n + 1] = 0;
+  params[n + 1] = &cells[n + 1];
+  n += 2;
   if (g_dry_run.load()) {
     std::lock_guard<std::mutex> lock(g_log_mutex);
     g_log.insert(g_log.end(), {static_cast<int64_t>(which), static_cast<int64_t>(k.function), grid_x, grid_y,
