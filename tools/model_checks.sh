@@ -8,14 +8,17 @@
 #   decode the decoding GPU tests alone (every arch x attention, fused kernel, graphs), each result in the log as it
 #          lands (-v), so a cut call keeps what finished
 #   decode-bench  scripts/bench_decode.py, every model, path and batch in one run (README's decoding table)
+#   kernel-bench  scripts/bench_attention.py, longctx beside cuDNN and retention 1.0.7 (README's kernel table; carry
+#          retention's wheel in .whl/, docs/gpu.md); bench.json and bench.png under $OUT/bench_attention
 # Logs and results land in $OUT (or ./gpu_out); the autotune winners are kept for the next machine.
-#   bash tools/model_checks.sh [kernels] [tests] [train] [paths] [bench] [decode] [decode-bench]
+#   bash tools/model_checks.sh [kernels] [tests] [train] [paths] [bench] [decode] [decode-bench] [kernel-bench]
 # One after another these cost more than a call's 10 minutes: run the tests stages alone, and never serially
 # (`pytest -m gpu tests/kernels` on one process runs past 7 minutes on an H100).
 stages=${*:-tests train paths bench}
 for stage in $stages; do   # a misspelt stage is refused before anything is installed or run
-  case $stage in kernels|tests|train|paths|bench|decode|decode-bench) ;;
-    *) echo "model_checks.sh: unknown stage '$stage' (kernels, tests, train, paths, bench, decode, decode-bench)" >&2
+  case $stage in kernels|tests|train|paths|bench|decode|decode-bench|kernel-bench) ;;
+    *) echo "model_checks.sh: unknown stage '$stage' (kernels, tests, train, paths, bench, decode, decode-bench," \
+            "kernel-bench)" >&2
        exit 2 ;;
   esac
 done
@@ -48,6 +51,10 @@ for stage in $stages; do
         --paths compiled-model+fused,compiled+fused,compiled-model,compiled,static,eager --profile \
         > "$OUT/bench_decode.log" 2>&1
       grep -E '^\{|^  |wrote' "$OUT/bench_decode.log" | cut -c1-260 | tail -90 ;;
+    kernel-bench) # one process, every context of the README's table (retention autotunes on first use: minutes)
+      timeout 580 python3 scripts/bench_attention.py --out "$OUT/bench_attention" --ctxs 1024,4096,8192,16384,65536 \
+        --skip sdpa_flash,longctx_p2_attention,power_attention_1.4.4_p2 > "$OUT/bench_attention.log" 2>&1
+      grep -A40 '^TABLE' "$OUT/bench_attention.log" | tail -40 ;;
     paths) timeout 580 python3 scripts/compare_train_paths.py --out "$OUT" 2>&1 | tee "$OUT/paths.log" | tail -12 ;;
     bench) timeout 580 python3 scripts/bench_train.py --out "$OUT" --variant recipe= \
              --variant before="trainer.compile=false trainer.activation_checkpointing=true" 2>&1 \

@@ -2,6 +2,7 @@
 the test stages spread their xdist workers over the GPUs and keep every result in a log under $OUT; a misspelt stage
 is one line, before anything is installed or run."""
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,3 +47,17 @@ def test_a_misspelt_stage_is_one_line_and_nothing_runs(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown stage 'kernel'" in proc.stderr
     assert not (tmp_path / "args.txt").exists() and not (tmp_path / "SETUP_RAN").exists()
     assert not (tmp_path / "out").exists()
+
+
+def test_kernel_bench_runs_the_readme_tables_command(tmp_path):
+    """The kernel-bench stage runs scripts/bench_attention.py with the contexts and skips of the README kernel table's
+    command (docs/kernels.md), its record under $OUT."""
+    proc = _run(tmp_path, "kernel-bench")
+    assert proc.returncode == 0, proc.stderr
+    (args,) = (tmp_path / "args.txt").read_text().splitlines()
+    doc = (REPO / "docs" / "kernels.md").read_text()
+    command = doc.split("### The README's kernel table")[1].split("```")[1]
+    assert args.startswith("scripts/bench_attention.py ") and f"--out {tmp_path / 'out'}/bench_attention" in args
+    for flag in ("--ctxs", "--skip"):
+        value = re.search(flag + r" (\S+)", command).group(1)
+        assert f"{flag} {value}" in args, (flag, value, args)
