@@ -120,7 +120,6 @@ def data_vocab(cfg: DictConfig) -> int:
 
 def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointing: bool) -> tuple[float, float]:
     """(elements kept per token per layer, elements of one block recomputed under checkpointing) (module docstring)."""
-    from longctx.kernels import default_chunk_size
     from longctx.models.attention import attention_class
     from longctx.models.common import state_cores
     from longctx.models.registry import native_mixing
@@ -138,7 +137,7 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
         block += autocast_fp32(spec, gated=getattr(core, "gate", None) is not None)
     if isinstance(core, PowerAttention):
         dtype = torch.bfloat16 if bf16 else torch.float32
-        chunk = core.chunk_size or default_chunk_size(ctx, core.p, core.head_dim, device_type == "cuda", dtype)
+        chunk = core.kernel_chunk(ctx, device_type, dtype)
         if chunk is None and device_type != "cuda":
             block += core.n_heads * ctx * 5
         elif chunk is not None and chunk < ctx:
@@ -156,7 +155,6 @@ def saved_per_token_layer(model, cfg: DictConfig, device_type: str, checkpointin
 def backward_transient(model, cfg: DictConfig, device_type: str) -> float:
     """Elements per token (of the run's activation dtype) one layer's backward holds beyond what is kept: the
     attention form's one-kernel backward adds dq in fp32 (parallel.fused_backward), on CUDA."""
-    from longctx.kernels import default_chunk_size
     from longctx.kernels.power import fused_backward
     from longctx.models.attention import attention_class
     from longctx.models.common import state_cores
@@ -167,7 +165,7 @@ def backward_transient(model, cfg: DictConfig, device_type: str) -> float:
         return 0.0
     bf16 = _bf16(cfg, device_type)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    if (core.chunk_size or default_chunk_size(cfg.ctx, core.p, core.head_dim, True, dtype)) is not None:
+    if core.kernel_chunk(cfg.ctx, device_type, dtype) is not None:
         return 0.0                 # the chunked form: its intra-chunk attention keeps the two-kernel backward
     return core.n_heads * core.head_dim * (2 if bf16 else 1)
 

@@ -107,10 +107,15 @@ class PowerAttention(nn.Module):
         `dtype` inputs (the chunk length the kernels' `default_chunk_size` picks, or this core's own)."""
         return self.form_flops(ctx, self.block_length(ctx, device_type, dtype))
 
+    def kernel_chunk(self, ctx, device_type="cuda", dtype=torch.bfloat16):
+        """The chunk the kernels run this core with at `ctx` on `device_type` with `dtype` inputs (its own, or the one
+        `default_chunk_size` picks); None: the attention form (on a CPU, the quadratic reference)."""
+        return self.chunk_size or default_chunk_size(ctx, self.p, self.head_dim, device_type == "cuda", dtype)
+
     def block_length(self, ctx, device_type="cuda", dtype=torch.bfloat16) -> int:
-        """Tokens of each block the form at `ctx` runs: ctx for the attention form, the chunk for the chunked form (this
-        core's own, or the one the kernels' `default_chunk_size` picks)."""
-        chunk = self.chunk_size or default_chunk_size(ctx, self.p, self.head_dim, device_type == "cuda", dtype)
+        """Tokens of each block the form at `ctx` runs: ctx for the attention form, the chunk for the chunked form
+        (kernel_chunk)."""
+        chunk = self.kernel_chunk(ctx, device_type, dtype)
         return ctx if chunk is None or chunk >= ctx else chunk
 
     def form_flops(self, ctx, chunk):
