@@ -99,13 +99,19 @@ def check_tma_dq():
     """The one-kernel backward's dq by bulk tensor reductions (TMA_DQ: CUDA with TMA only), forced here, with the
     descriptor reduction the interpreter lacks given as what it stands for, an fp32 add of the block's elements inside
     the descriptor's bounds: the descriptor's shape, offsets and clipping of the rows past t (two batch rows, t not a
-    whole number of tiles, GQA, diagonal spanning one and several query blocks). Returns the failures."""
+    whole number of tiles, GQA, diagonal spanning one and several query blocks; the clipping by the bounds' check in
+    the stand-in, as the rows past t add zeros). Returns the failures."""
     from triton._C.libtriton import ir
     from triton.runtime import interpreter
     from longctx.kernels.power import parallel
 
     def create_descriptor_reduce(self, kind, desc, value, indices):
         assert kind == ir.DESCRIPTOR_REDUCE_KIND.ADD, kind
+        # the clipping the hardware relies on: no dimension's bounds run into the next one's elements (a row past t
+        # would land in the next batch row, or past the buffer). The results cannot show it: the tile's rows past t
+        # are zeros, which add nothing wherever they land.
+        shape, strides = ([int(x.data.item()) for x in xs] for xs in (desc.shape, desc.strides))
+        assert all(shape[i] * strides[i] <= strides[i - 1] for i in range(1, len(shape))), (shape, strides)
         ptrs, mask = desc.materialize_pointers(indices)
         return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask, ir.MEM_SEMANTIC.RELAXED,
                                       ir.MEM_SYNC_SCOPE.GPU)

@@ -62,6 +62,34 @@ def test_chunked_kernels_compile_for_sm90():
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_tma_dq_kernel_compiles_for_sm90_as_the_native_launcher_takes_it(monkeypatch):
+    """config.attention.tma_dq is off until timed, so no other CPU test builds its kernel: the one-kernel backward's
+    dk/dv kernel with dq by bulk tensor reductions compiles for sm_90 (bf16 d=64, fp32 d=128), reduces by
+    cp.reduce.async.bulk.tensor, fits shared memory, and asks for global scratch (its descriptor) within what
+    native.kernel_entry accepts, so the C++ node keeps it."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from tools import compile_check
+    from longctx.kernels.power import config
+    built = {}
+
+    def keep(*args, **kwargs):
+        kernel = real(*args, **kwargs)
+        built[kernel.name] = kernel
+        return kernel
+    real = compile_check._compile
+    monkeypatch.setattr(compile_check, "_compile", keep)
+    for p, d, dtype in ((2, 64, "bf16"), (3, 128, "fp32")):
+        with config.attention.override(fused_backward=True, tma_dq=True):
+            compile_check.compile_attention(p, d, dtype)
+        kernel = built["_attn_bwd_dkdv"]
+        md = kernel.metadata
+        assert "cp.reduce.async.bulk.tensor" in kernel.asm["ptx"], (p, d, dtype)
+        assert md.shared <= compile_check.H100_SHARED, (p, d, dtype)
+        assert 0 < md.global_scratch_size <= 1 << 16 and md.global_scratch_align <= 256, (p, d, dtype)
+        assert md.profile_scratch_size == 0, (p, d, dtype)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_sym2_kernels_compile_for_sm90():
     """The p=2 kernels (chunk_p2, the CUDA default for bf16 p=2 from 16k) at d=64 with their H200-tuned blocks:
     compile for sm_90, fit shared memory, and the row-scaled query forward keeps its accumulators in registers
