@@ -625,14 +625,15 @@ def fused_backward() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _has_tma(device_index: int) -> bool:
+def has_tma(device_index: int) -> bool:
+    """Whether CUDA device `device_index` has the Tensor Memory Accelerator (sm_90+)."""
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def tma_dq(x) -> bool:
     """Whether the one-kernel backward adds dq by bulk tensor reductions (config.attention's tma_dq) for inputs like x:
     on CUDA with TMA (sm_90+)."""
-    return config.attention.current().tma_dq and x.is_cuda and _has_tma(x.device.index or 0)
+    return config.attention.current().tma_dq and x.is_cuda and has_tma(x.device.index or 0)
 
 
 def with_scratch(launch, device):
