@@ -110,12 +110,18 @@ def list_weights(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted((int(m.group(1)), folder / name) for name in os.listdir(folder) if (m := _WEIGHTS.match(name)))
 
 
+def step_of(path: str | Path) -> int | None:
+    """The step a checkpoint's file name says (step_00000400.pt -> 400), None for a name unlike a checkpoint's."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every entry named like a checkpoint, oldest first (readable or not: see `read`)."""
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), folder / name) for name in os.listdir(folder) if (m := _NAME.match(name))]
+    found = [(step, folder / name) for name in os.listdir(folder) if (step := step_of(name)) is not None]
     return sorted(found)
 
 

@@ -216,7 +216,7 @@ class Trainer:
             read_wandb_id(self.run_dir)  # a stored id wandb would refuse: named now, not as wandb's traceback
         vocab_of = model_vocab(cfg)
         # a resumed run's time counts the steps after its newest checkpoint (named by its step; read in _load)
-        done = ckpt.list_checkpoints(self.run_dir)[-1][0] if candidates else 0
+        done = ckpt.step_of(candidates[0]) if candidates else 0
         self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, vocab_of(vocab)),
                                    self.dist.world_size, done_steps=done)  # before any data is generated or read
         seed_everything(cfg.seed)
