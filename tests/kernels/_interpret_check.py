@@ -120,7 +120,7 @@ def check_tma_dq():
     if not had:
         builder.create_descriptor_reduce = create_descriptor_reduce
     real = parallel.tma_dq
-    parallel.tma_dq = lambda x: True
+    parallel.tma_dq = lambda device: True
     failed = 0
     try:
         for i, tiles in [(0, {}), (3, {}), *SPLIT_TILES]:

@@ -384,7 +384,7 @@ def test_one_kernel_backward_dq_by_bulk_reductions(p, norm, d, dtype, gated):
     dq = {}
     for tma in (True, False):
         with config.attention.override(fused_backward=True, tma_dq=tma):
-            assert parallel.tma_dq(q) == tma
+            assert parallel.tma_dq(q.device) == tma
             y = attention_form(q, k, v, lg, p=p, scale=d ** -0.5, norm=norm)
             if tma:
                 assert_matches_float64_reference(y, leaves, p=p, norm=norm, gated=gated, dtype=dtype)

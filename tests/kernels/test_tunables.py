@@ -177,7 +177,6 @@ def test_attention_backward_launches_what_the_plan_prints(mode, monkeypatch):
     if mode == "tma":
         monkeypatch.setattr(config.attention, "_current", dataclasses.replace(config.attention.current(),
                                                                             tma_dq=True))
-        monkeypatch.setattr(parallel, "tma_dq", lambda x: True)
     if mode == "switch_off":
         monkeypatch.setattr(config.attention, "_current",
                             dataclasses.replace(config.attention.current(), fused_backward=False))
@@ -187,7 +186,9 @@ def test_attention_backward_launches_what_the_plan_prints(mode, monkeypatch):
     names = ("attn_dq", "attn_dkdv", "attn_bwd_prep", "attn_dq_finish", "segment_cumsum")
     b, t, d = 1, 64, 16
     q, k, G, lse = torch.zeros(b, t, 2, d), torch.zeros(b, t, 1, d), torch.zeros(b, t, 1), torch.zeros(b, t, 2)
-    with kernel_index.stand_in({name: _Recorder(name, log) for name in names}):
+    with kernel_index.stand_in({name: _Recorder(name, log) for name in names}), monkeypatch.context() as card:
+        if mode == "tma":   # these CPU tensors stand in for a card with TMA, for the launch only
+            card.setattr(parallel, "tma_dq", lambda device: True)
         parallel.attention_backward(q, q, k, k, G, q, lse, 0.25, 2, True, True)
     fused, tma = mode in ("default", "tma"), mode == "tma"
     want = ["attn_bwd_prep", "attn_dkdv", "attn_dq_finish"] if fused else ["attn_dq", "attn_dkdv"]

@@ -630,10 +630,13 @@ def has_tma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def tma_dq(x) -> bool:
-    """Whether the one-kernel backward adds dq by bulk tensor reductions (config.attention's tma_dq) for inputs like x:
-    on CUDA with TMA (sm_90+)."""
-    return config.attention.current().tma_dq and x.is_cuda and has_tma(x.device.index or 0)
+def tma_dq(device: torch.device) -> bool:
+    """Whether the one-kernel backward adds dq by bulk tensor reductions (config.attention's tma_dq) for inputs on
+    `device`: on CUDA with TMA (sm_90+; a plan printed where no card is visible assumes sm_90's)."""
+    if not (config.attention.current().tma_dq and device.type == "cuda"):
+        return False
+    return not torch.cuda.is_available() or has_tma(
+        device.index if device.index is not None else torch.cuda.current_device())
 
 
 def with_scratch(launch, device):
@@ -673,7 +676,7 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     else:
         first = "dq", _attn_bwd_dq[(-(-t // q_cfg["BM"]), b * hq)](q, k, v, Gc, do, lse, delta, dq, dgq, scale, sp, t,
                                                                    O=o, DELTA_OUT=norm, **common, **q_cfg), q_cfg["BM"]
-    tma = atomic and tma_dq(q)
+    tma = atomic and tma_dq(q.device)
 
     def launch_dkdv():
         return _attn_bwd_dkdv[(-(-t // kv_cfg["BN"]), b * hk)](q, k, v, Gc, do, lse, delta, dk, dv, dgk, scale, sp, t,

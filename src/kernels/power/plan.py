@@ -152,10 +152,7 @@ class Plan:
             out[("intra_" if chunked else "") + kernel] = ("attn_" + kernel, parallel.tile_key(
                 self.d, kernel, dot_dt, chunked, t), parallel.blocks(self.d, kernel, dot_dt, chunked, t))
         if not chunked and parallel.fused_backward():     # one backward kernel, dq by atomics (its tile: dk/dv's)
-            # bulk reductions where tma_dq is on, on CUDA with TMA (the current card's; planned without one, sm_90's)
-            tma = self.device == "cuda" and (not torch.cuda.is_available()
-                                             or parallel.has_tma(torch.cuda.current_device()))
-            adds = "bulk reductions" if tma and config.attention.current().tma_dq else "atomics"
+            adds = "bulk reductions" if parallel.tma_dq(torch.device(self.device)) else "atomics"
             out = {"fwd": out["fwd"], "bwd_prep": ("attn_bwd_prep", None, None),     # launch constants
                    "dkdv": (f"attn_dkdv (+ dq by {adds})", *out["dkdv"][1:]),
                    "dq_finish": ("attn_dq_finish", None, None)}
