@@ -183,6 +183,24 @@ def test_a_run_resumed_with_a_shorter_length_is_judged_by_its_newest_launch(tmp_
     assert load_run(run).status == "complete"
 
 
+def test_a_resume_that_changed_the_learning_rate_is_no_seed_of_runs_that_kept_it(tmp_path):
+    """Three seeds of lr 3e-3; seed 2 resumed at step 10 with optim.lr=1e-3 (its config.resume_step10.yaml): it trained
+    under another schedule, so it is labelled by the change and grouped apart; seed 1 resumed with its own config (a
+    requeue) stays a seed of the group."""
+    runs = [fake_run(tmp_path / f"s{seed}", "exp", 512, 0.1, seed=seed, change={"optim": {"lr": 3e-3}})
+            for seed in (0, 1, 2)]
+    for run, lr in ((runs[1], 3e-3), (runs[2], 1e-3)):
+        cfg = OmegaConf.load(run / "config.yaml")
+        cfg.optim.lr = lr
+        OmegaConf.save(cfg, run / "config.resume_step10.yaml")
+    loaded = [load_run(run) for run in runs]
+    label_runs(loaded)
+    assert [r.label for r in loaded] == ["exp, seed=0, resumed=none", "exp, seed=1, resumed=none",
+                                         "exp, seed=2, resumed=at step 10: optim.lr 0.003 -> 0.001"]
+    assert [g.label for g in group_runs(loaded)] == ["exp, resumed=none (2 seeds)",
+                                                     "exp, resumed=at step 10: optim.lr 0.003 -> 0.001"]
+
+
 def test_out_replaces_an_earlier_report_whole_and_never_an_edited_file(tmp_path, capsys):
     """A second report into the same --out replaces the first's files, its figures no longer drawn removed (none left
     beside a report.md that does not show them); a report.md edited since, or a file of a report's name that no

@@ -229,6 +229,9 @@ def load_run(path: Path) -> Run:
         raise ValueError(f"{path / 'config.yaml'}: not a run config (no attention group or ctx)")
     run = Run(path=path, config=config, records=read_metrics(path / "metrics.jsonl"))
     run.flat = flat_config(config)
+    changed = resume_changes(path, run.flat)
+    if changed:  # what it trained under is more than config.yaml says: labelled, and never a seed of one that was not
+        run.flat[RESUMED] = changed
     run.last_launch = newest_resume_config(path)
     own = own_stage_source(path, run.flat.get("trainer.init_from"))
     if own:
@@ -255,6 +258,38 @@ def newest_resume_config(path: Path) -> dict:
         return flat_config(OmegaConf.to_container(OmegaConf.load(newest)))
     except Exception:  # an unreadable file: the run's status falls back to config.yaml's bounds
         return {}
+
+
+RESUMED = "resumed"  # the flattened config's entry for what a run's resumes changed (runs without any lack it)
+# keys a resume may change without changing what trains or what an evaluation measures
+NOT_TRAINING = {"trainer.eval_every", "trainer.compile", "trainer.activation_checkpointing", "trainer.micro_docs",
+                "trainer.context_parallel", "trainer.init_from", "attention.chunk_size"}
+
+
+def resume_changes(path: Path, first: dict) -> str | None:
+    """In words, every key a resume of the run changed from its launch before, by step (`at step 400: optim.lr 0.003
+    -> 0.001`), over the newest launch from each step; None when no resume changed one. A resume may change the
+    schedule, the optimizer's values, precision and the ICL bins (longctx.train.resume): config.yaml alone would file
+    such a run with runs that never changed them."""
+    newest: dict[int, tuple] = {}
+    for p in path.glob("config.resume_step*.yaml"):
+        match = _RESUME_CONFIG.match(p.name)
+        if match:
+            step, when = int(match.group(1)), (p.stat().st_mtime_ns, p.name)
+            if step not in newest or when > newest[step][0]:
+                newest[step] = (when, p)
+    changes, before = [], first
+    for step in sorted(newest):
+        try:
+            now = flat_config(OmegaConf.to_container(OmegaConf.load(newest[step][1])))
+        except Exception:  # an unreadable file: its launch is not compared
+            continue
+        moved = [f"{k} {show(k, before[k])} -> {show(k, now[k])}" for k in now
+                 if k in before and k not in NOT_TRAINING and before[k] != now[k]]
+        if moved:
+            changes.append(f"at step {step}: {', '.join(moved)}")
+        before = now
+    return "; ".join(changes) or None
 
 
 def run_status(run: Run) -> str:
@@ -431,7 +466,7 @@ def source_names(runs: list[Run]) -> dict[str, str]:
 
 def _label_part(run: Run, key: str, sources: dict[str, str] | None = None) -> str:
     group, _, rest = key.partition(".")
-    value = show(key, run.flat.get(key, UNSET))
+    value = show(key, run.flat.get(key, "none" if key == RESUMED else UNSET))
     if key == "trainer.init_from" and sources:
         value = sources.get(str(run.flat.get(key)), value)
     if group in CONF_GROUPS and key == _identity_key(group, run.flat):
