@@ -143,3 +143,25 @@ def test_recall_findings_refuse_a_shared_short_name_and_an_unknown_metric(tmp_pa
     assert {"power p=2, lr 1e-3, N=64", "power p=2, lr 3e-3, N=64"} <= set(named)
     with pytest.raises(ValueError, match=r"recall_state\[0\]\.metric='accuracy': must be one of best_context_loss"):
         judge(RESULTS / "recall_state.json", _recall_findings(tmp_path, metric="accuracy"), n_boot=50)
+
+
+def test_a_seed_recorded_before_its_run_ended_fails_convergence(tmp_path):
+    """A record may hold a run still training (its status 'unfinished: ...'): its last evaluation is not the run's
+    result, so the claim's convergence fails naming that seed, where the complete record's held."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    name = "best_context_table_seeds"
+    spec = OmegaConf.to_container(OmegaConf.load(PAPER_FINDINGS))[name][1]   # window1170 - exp: every arm settled
+    findings = tmp_path / "findings.yaml"
+    findings.write_text(json.dumps({name: [spec]}))
+    assert "convergence" not in judge(RESULTS / f"{name}.json", findings, n_boot=20)[0]["verdict"].failing()
+    record = json.loads((RESULTS / f"{name}.json").read_text())
+    run = next(r for r in record["runs"] if r["seed_label"].startswith("window1170") and r["seed"] == 1)
+    run["status"] = "unfinished: step 600 of trainer.max_steps=1200"
+    (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    shutil.copy(RESULTS / f"{name}.npz", tmp_path / f"{name}.npz")
+    verdict = judge(tmp_path / f"{name}.json", findings, n_boot=20)[0]["verdict"]
+    assert "convergence" in verdict.failing()
+    assert "window1170 seed 1 is unfinished: step 600 of trainer.max_steps=1200" in verdict.conditions["convergence"][1]

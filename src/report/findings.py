@@ -11,7 +11,8 @@ metric (`metric:`) is the final best-context loss (the default; lower is better)
 the queries (`recall_accuracy`; higher is better, its optimum 1). The document-level interval pairs the arms' seed
 means on the same heldout documents (the record's per-document arrays: binned losses, or each document's recall
 from its hits), the seed-level interval is Welch's t over the seeds' own values, and convergence reads each arm's
-metric over its evaluations and the reference arm's distance to the optimum (the last-bin gap to the Bayes loss; 1
+metric over its evaluations (a run the record marks unfinished fails it) and the reference arm's
+distance to the optimum (the last-bin gap to the Bayes loss; 1
 minus its recall).
 """
 from __future__ import annotations
@@ -145,6 +146,8 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
         curves = {f"{arm} seed {r.seed}": [e[metric] for e in r.records if metric in e]
                   for arm in (spec["a"], spec["b"]) for r in arms[arm]}
         untrained = _untrained(seed_of, [(spec[k], r) for k in ("a", "b") for r in arms[spec[k]]])
+        untrained += tuple(f"{spec[k]} seed {r.seed} is {r.status} (its record was written before it ended)"
+                           for k in ("a", "b") for r in arms[spec[k]] if r.status != "complete")
         gap = _distance_to_optimum(metric, arms[spec["reference"]])
         finding = Finding(spec["claim"], int(spec["sign"]), {k: tuple(v) for k, v in spec["axes"].items()},
                           **{k: float(spec[k]) for k in ("tolerance", "max_gap") if k in spec})
