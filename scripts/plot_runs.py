@@ -3,6 +3,8 @@ tokens or steps.
 
     python scripts/plot_runs.py runs/gpt2_exp_* runs/gpt2_power_p2_* --x flops --y best_context_loss -o cmp.png
 
+FLOPs and tokens count every stage the weights trained in (`flops_all_stages`: a run started from another's weights,
+`trainer.init_from` or a later stage of `trainer.stages`, starts at what those cost), as `longctx.report` does.
 A cut last line of a metrics.jsonl (a run still writing) is skipped with a warning naming the file and line.
 For intervals, seeds and labels from the runs' configs, use `python -m longctx.report`.
 """
@@ -45,12 +47,13 @@ def plot(run_dirs: list[Path], x: str, y: str, out: Path) -> Path:
             raise ValueError(f"--y={y!r}: not a key of {run_dir}/metrics.jsonl (keys: {', '.join(records[0])})")
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")  # room for the legend right of the axes
     for run_dir, records in loaded:
-        points = [(r[x], r[y]) for r in records if x in r and y in r]
+        points = [(r.get(f"{x}_all_stages", r[x]), r[y]) for r in records if x in r and y in r]
         if points:
             ax.plot(*zip(*points), marker=".", label=run_dir.name)
     if x == "flops":
         ax.set_xscale("log")
-    ax.set_xlabel({"flops": "training FLOPs (3x forward, model count)"}.get(x, x))
+    ax.set_xlabel({"flops": "training FLOPs, every stage (3x forward, model count)",
+                   "tokens": "training tokens, every stage"}.get(x, x))
     ax.set_ylabel(y)
     ax.grid(alpha=0.3, which="both")
     if ax.get_legend_handles_labels()[0]:   # right of the axes: never over a curve or the axis label

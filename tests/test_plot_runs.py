@@ -45,3 +45,19 @@ def test_bad_input_is_one_line_exit_2(tmp_path, import_script, capsys, args, mes
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and err.strip().count("\n") == 0
     assert not (tmp_path / "x.png").exists()
+
+
+def test_flops_and_tokens_count_the_stages_before(tmp_path, import_script, monkeypatch):
+    """A run started from another's weights (a later stage) records its own stage's flops and tokens and, in
+    flops_all_stages / tokens_all_stages, the weights' whole training: the loss-per-FLOP view draws the latter."""
+    plot_runs = import_script("plot_runs")
+    later = tmp_path / "stage2"
+    later.mkdir()
+    (later / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": s, "tokens": 100 * s, "flops": 1e12 * s, "tokens_all_stages": 500 + 100 * s,
+         "flops_all_stages": 5e12 + 1e12 * s, "best_context_loss": 2.0 / s}) + "\n" for s in (1, 2)))
+    for x, want in (("flops", [6e12, 7e12]), ("tokens", [600, 700]), ("step", [1, 2])):
+        drawn = {}
+        monkeypatch.setattr(plot_runs.plt, "close", lambda fig: drawn.setdefault("fig", fig))
+        plot_runs.main([str(later), "--x", x, "-o", str(tmp_path / f"{x}.png")])
+        assert list(drawn["fig"].axes[0].get_lines()[0].get_xdata()) == want
