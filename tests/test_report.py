@@ -186,12 +186,14 @@ def test_a_run_resumed_with_a_shorter_length_is_judged_by_its_newest_launch(tmp_
 def test_a_resume_that_changed_the_learning_rate_is_no_seed_of_runs_that_kept_it(tmp_path):
     """Three seeds of lr 3e-3; seed 2 resumed at step 10 with optim.lr=1e-3 (its config.resume_step10.yaml): it trained
     under another schedule, so it is labelled by the change and grouped apart; seed 1 resumed with its own config (a
-    requeue) stays a seed of the group."""
+    requeue: trainer.resume, logging and evaluation cadence aside) stays a seed of the group."""
     runs = [fake_run(tmp_path / f"s{seed}", "exp", 512, 0.1, seed=seed, change={"optim": {"lr": 3e-3}})
             for seed in (0, 1, 2)]
     for run, lr in ((runs[1], 3e-3), (runs[2], 1e-3)):
         cfg = OmegaConf.load(run / "config.yaml")
         cfg.optim.lr = lr
+        # what every relaunch changes without changing what trains: never a label
+        cfg.trainer.resume, cfg.trainer.eval_every, cfg.logger = True, 7, {"wandb": {"mode": "offline"}}
         OmegaConf.save(cfg, run / "config.resume_step10.yaml")
     loaded = [load_run(run) for run in runs]
     label_runs(loaded)
