@@ -170,10 +170,27 @@ def _check_read(key: str, item: str, overrides: list[str], conf_dir: Path, texts
         return
     group = next(iter(groups))
     chosen = _chosen_option(group, overrides, conf_dir)
-    options = [path.stem for path in readers]
+    options = _options_reading({path.stem for path in readers}, conf_dir / group)
     if chosen is not None and chosen not in options:
         raise ValueError(f"config: {item}: {group}={chosen} does not read {key} (only {group}="
                          f"{', '.join(options)} does); add {group}={options[0]}, or leave {key} out")
+
+
+def _options_reading(readers: set[str], group_dir: Path) -> list[str]:
+    """The options of a group that read a key: those whose file names it (`readers`) and those whose defaults list
+    composes one of them (data/icl_markov_long.yaml extends icl_markov, which reads `${cache_dir}`)."""
+    extends = {}
+    for path in sorted(group_dir.glob("*.yaml")):
+        defaults = OmegaConf.load(path).get("defaults") if path.read_text().strip() else None
+        extends[path.stem] = {str(entry) for entry in defaults or [] if isinstance(entry, str)}
+    found, grew = set(readers), True
+    while grew:
+        grew = False
+        for option, parents in extends.items():
+            if option not in found and parents & found:
+                found.add(option)
+                grew = True
+    return sorted(found)
 
 
 def _chosen_option(group: str, overrides: list[str], conf_dir: Path) -> str | None:

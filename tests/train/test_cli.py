@@ -290,6 +290,26 @@ def test_valid_overrides_of_every_kind_pass_the_override_check():
     check_overrides(["experiment=paper", "data.path=/x"], REPO / "conf")    # the recipe picks data=longcrawl64
 
 
+def test_top_level_key_is_refused_only_under_an_option_that_ignores_it():
+    """`cache_dir=` is refused exactly under the data options whose composed config does not read it: those
+    extending a reader through their defaults list (data=icl_markov_long extends icl_markov) read it too."""
+    from hydra import compose, initialize_config_dir
+
+    from longctx.train.launch import check_overrides
+
+    options = sorted(path.stem for path in (REPO / "conf" / "data").glob("*.yaml"))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        reads = {option: compose("config", [f"data={option}", "cache_dir=/elsewhere"]).data.get("cache_dir")
+                 == "/elsewhere" for option in options}
+    assert reads["icl_markov_long"] and not reads["longcrawl64"]
+    for option in options:
+        if reads[option]:
+            check_overrides([f"data={option}", "cache_dir=/elsewhere"], REPO / "conf")
+        else:
+            with pytest.raises(ValueError, match=f"data={option} does not read cache_dir"):
+                check_overrides([f"data={option}", "cache_dir=/elsewhere"], REPO / "conf")
+
+
 def test_cfg_job_prints_resolved_values(train_env, tmp_path):
     """`--cfg job` shows what a run gets: the attention's degree and the run name, not their `${...}` sources."""
     out = run_cli(["--cfg", "job", "attention=power", "p=3"], train_env, tmp_path)
