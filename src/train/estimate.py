@@ -571,6 +571,7 @@ def main(argv=None) -> int:
     from hydra import compose, initialize_config_dir
 
     from longctx.train.config import CONF_DIR, validate
+    from longctx.train.launch import check_overrides
 
     parser = argparse.ArgumentParser(prog="python -m longctx.train.estimate",
                                      description=" ".join(main.__doc__.split()))
@@ -582,6 +583,7 @@ def main(argv=None) -> int:
     try:
         if args.gpus < 1 or args.gpus & (args.gpus - 1) or args.memory_gib <= 0:
             raise ValueError(f"--gpus={args.gpus} --memory-gib={args.memory_gib}: a power of two and a positive size")
+        check_overrides(list(args.overrides), CONF_DIR)  # a mistyped key or option: named, before Hydra composes
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=list(args.overrides))
         validate(cfg)

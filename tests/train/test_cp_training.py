@@ -201,3 +201,12 @@ def test_estimate_command_prints_the_longest_context(capsys):
     assert rows[2 * plain] > 0.9 * 80 >= rows[plain]    # the longest that fits, and the next one does not
     assert estimate_main(["--gpus", "2", "arch=rwkv7", "attention=linear"]) == 2
     assert "trainer.context_parallel=2: arch=rwkv7" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override,named", [("model=smal", "model=smal: no such model option; did you mean small?"),
+                                            ("trainer.max_stepz=3", "did you mean trainer.max_steps?")])
+def test_estimate_command_names_a_mistyped_override_in_one_line(capsys, override, named):
+    """As train.py: a typo is one `error:` line with the closest valid name, exit 2, not Hydra's traceback."""
+    assert estimate_main([override]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: config: {override}: ") and named in lines[0], lines
