@@ -193,6 +193,75 @@ def _options_reading(readers: set[str], group_dir: Path) -> list[str]:
     return sorted(found)
 
 
+def check_under_experiment(overrides: list[str], conf_dir: Path) -> None:
+    """With an experiment picked, the options its recipe composes are known only once composed, so check_overrides
+    leaves two mistakes to this: a key the composed option lacks (`experiment=icl_small data.path=/x`: Hydra's
+    several lines) and a top-level key it does not read (`experiment=recall_state p=3` runs its softmax arm, p
+    unused). Both are refused naming the option the experiment composes. One run only: a sweep's jobs differ."""
+    from hydra import compose, initialize_config_dir
+
+    picked = _by_key(overrides)
+    if picked.get("experiment", "null").partition("=")[2] in ("", "null") \
+            or any(o.lstrip("+~").split("=")[0].split(".")[0] == "hydra" and "searchpath" in o for o in overrides):
+        return
+    options = [o for o in overrides if (conf_dir / o.lstrip("+~").split("=")[0].split("@")[0]).is_dir()]
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose("config", overrides=options, return_hydra_config=True)
+    except Exception:
+        return  # the options themselves do not compose: Hydra says why
+    choices = cfg.hydra.runtime.choices
+    composed = OmegaConf.to_container(cfg, resolve=False)
+    composed.pop("hydra", None)
+    experiment = f"experiment={choices.get('experiment')}"
+    texts: dict = {}
+    for item in overrides:
+        key, _, _ = item.partition("=")
+        if key.startswith(("+", "~")) or item in options or key.split(".")[0] == "hydra" or "@" in key:
+            continue
+        if not _has_key(composed, key):
+            group = key.split(".")[0]
+            raise ValueError(f"config: {item}: {experiment} composes {group}={choices.get(group)}, which has no key "
+                             f"{key[len(group) + 1:]}; pick another {group} with it, or leave {key} out")
+        if "." not in key:
+            group = _reading_group(key, conf_dir, texts)
+            if group is not None and "${" + key + "}" not in _strings(composed, skip=key):
+                readers = _options_reading({path.stem for path, text in texts.items() if "${" + key + "}" in text
+                                            and path.parent == conf_dir / group}, conf_dir / group)
+                raise ValueError(f"config: {item}: {experiment} composes {group}={choices.get(group)}, which does not "
+                                 f"read {key} (only {group}={', '.join(readers)} does); add {group}={readers[0]}, "
+                                 f"or leave {key} out")
+
+
+def _has_key(container: dict, key: str) -> bool:
+    """Whether a dotted key names a node of a composed config (its value may be unset, `???`)."""
+    node = container
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _reading_group(key: str, conf_dir: Path, texts: dict) -> str | None:
+    """The one config group (not experiment) whose options read top-level `key` as `${key}`; None if not one."""
+    if not texts:
+        texts.update((path, path.read_text()) for path in sorted(conf_dir.rglob("*.yaml")))
+    groups = {path.parent.relative_to(conf_dir).as_posix() for path, text in texts.items() if "${" + key + "}" in text}
+    if len(groups) != 1 or "/" in next(iter(groups)) or next(iter(groups)) in (".", "experiment"):
+        return None
+    return next(iter(groups))
+
+
+def _strings(node, skip: str) -> str:
+    """Every string value of a config container (top-level `skip` left out), joined: where `${key}` is looked for."""
+    if isinstance(node, dict):
+        return "\n".join(_strings(value, "") for key, value in node.items() if key != skip)
+    if isinstance(node, list):
+        return "\n".join(_strings(value, "") for value in node)
+    return node if isinstance(node, str) else ""
+
+
 def _chosen_option(group: str, overrides: list[str], conf_dir: Path) -> str | None:
     """The option of `group` a run composes, when plain: a single `group=option`, else the default of
     conf/config.yaml; None when an experiment may pick another or a sweep varies it."""
@@ -251,6 +320,8 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
         check_overrides(list(args.overrides), conf_dir)
         if args.multirun:
             check_sweep_names(list(args.overrides))
+        else:
+            check_under_experiment(list(args.overrides), conf_dir)
     except ValueError as err:
         fail(str(err))
     if args.cfg:

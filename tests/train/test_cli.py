@@ -265,6 +265,15 @@ OPTIONS = {group: ", ".join(sorted(p.stem for p in (REPO / "conf" / group).glob(
                        "pick one, e.g. data=longcrawl64 data.path=/x)"),
     (["attention=power", "attention.sink=true"], "config: attention.sink=true: attention=power has no key sink (only "
                                                  "attention=exp; pick one, e.g. attention=exp attention.sink=true)"),
+    # under an experiment, the options its recipe composes (Hydra's several lines; p was silently unused)
+    (["experiment=icl_small", "data.path=/x"], "config: data.path=/x: experiment=icl_small composes "
+                                               "data=icl_markov_long, which has no key path; pick another data with "
+                                               "it, or leave data.path out"),
+    (["experiment=recall_state", "p=3"], "config: p=3: experiment=recall_state composes attention=exp, which does not "
+                                         "read p (only attention=power does); add attention=power, or leave p out"),
+    (["experiment=icl_small", "window=64"], "config: window=64: experiment=icl_small composes attention=exp, which "
+                                            "does not read window (only attention=window does); add attention=window, "
+                                            "or leave window out"),
 ])
 def test_mistyped_override_is_one_line_with_the_closest_name(train_env, tmp_path, args, message):
     """A typo in a key or a group option (with or without `+`, in a sweep too) is named in one line with the closest
@@ -288,6 +297,11 @@ def test_valid_overrides_of_every_kind_pass_the_override_check():
                      "data=glob(icl_*)"], REPO / "conf")
     check_overrides(["data=longcrawl64", "data.path=/x"], REPO / "conf")    # a key of the chosen option
     check_overrides(["experiment=paper", "data.path=/x"], REPO / "conf")    # the recipe picks data=longcrawl64
+    from longctx.train.launch import check_under_experiment
+    for args in (["experiment=paper", "data.path=/x"], ["experiment=recall_state", "+experiment/arm=power_p3", "p=2"],
+                 ["experiment=icl_small", "attention=window", "window=64"], ["experiment=icl_small", "cache_dir=/c"],
+                 ["experiment=recall_state", "data.n_pairs=64", "optim.lr=1e-3", "hydra.run.dir=x"]):
+        check_under_experiment(args, REPO / "conf")    # what the recipe composes has and reads these keys
 
 
 def test_top_level_key_is_refused_only_under_an_option_that_ignores_it():
