@@ -15,6 +15,7 @@ would share one folder, the second resuming the first.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -24,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 RESOLVER = "longctx.run_name"
 # `${longctx.name_part:rb,${data.reshape_block}}` in a recipe's own run_name: `_rb1024`, or nothing when null
 PART_RESOLVER = "longctx.name_part"
+# `${longctx.name_suffix:KEY,...}` ending a recipe's own run_name: the overrides its parts (and the KEYs) do not show
+SUFFIX_RESOLVER = "longctx.name_suffix"
 
 # Override keys the name already shows, or that do not change what is trained (prefixes end with a dot).
 NOT_IN_SUFFIX = (
@@ -70,23 +73,44 @@ def hidden_from_name(key: str, swept=()) -> bool:
     return _named(key, swept) and "/" not in bare and bare not in SHOWN_BY_BASE
 
 
-def override_suffix(overrides: list[str], swept=()) -> str:
+def override_suffix(overrides: list[str], swept=(), shown: tuple | None = None) -> str:
     """`_lr0.001_gatingfalse` from ["optim.lr=0.001", "attention.gating=false", "ctx=64"]: the overrides that the
     name's other parts do not show, sorted by key; characters a folder name should not hold become '-'. `swept`:
-    keys of SWEEP_NAMED that the sweep varies, shown too."""
+    keys of SWEEP_NAMED that the sweep varies, shown too. `shown`: the keys a recipe's own name shows besides its
+    arch, attention, data, ctx and seed (recipe_suffix); its model part is the preset's label, so an override of
+    model.d_model or model.n_layers is appended there."""
     parts = []
     for item in sorted(o for o in overrides if "=" in o):
         key, value = item.split("=", 1)
-        if _named(key, swept):
+        bare = key.lstrip("+~")
+        if shown is not None and bare in shown:
+            continue
+        if _named(key, swept) and (shown is None or bare not in ("model.d_model", "model.n_layers")):
             continue
         parts.append(re.sub(r"[^A-Za-z0-9._\-]+", "-", key.lstrip("+~").split(".")[-1] + value).strip("-"))
     return "".join(f"_{p}" for p in parts if p)
+
+
+_GIVEN: list = []  # (overrides, swept) that name a config composed outside a Hydra job (given_overrides)
+
+
+@contextlib.contextmanager
+def given_overrides(overrides: list[str], swept=()):
+    """Within it, a recipe's `${longctx.name_suffix:...}` reads these overrides instead of a Hydra job's: for a
+    config composed outside one (`train.py --cfg job` shows the folder a run would get)."""
+    _GIVEN.append((list(overrides), set(swept)))
+    try:
+        yield
+    finally:
+        _GIVEN.pop()
 
 
 def task_overrides() -> list[str]:
     """This job's command-line overrides, from Hydra (empty outside a Hydra job, e.g. hydra.compose in a test)."""
     from hydra.core.hydra_config import HydraConfig
 
+    if _GIVEN:
+        return _GIVEN[-1][0]
     if not HydraConfig.initialized():
         return []
     return list(HydraConfig.get().overrides.task)
@@ -141,6 +165,14 @@ def _resolve(*, _root_: DictConfig) -> str:
     return run_name(_root_)
 
 
+def recipe_suffix(*shown: str) -> str:
+    """`${longctx.name_suffix:model.name,data.docs_per_batch,...}` at the end of a recipe's own run_name: the overrides
+    its other parts do not show (override_suffix), so `experiment=icl_small optim.lr=1e-3` and its lr=3e-3 point
+    are two runs in two folders, as under the default name."""
+    swept = _GIVEN[-1][1] if _GIVEN else job_swept_keys()
+    return override_suffix(task_overrides(), swept, shown=tuple(str(key) for key in shown))
+
+
 def name_part(prefix: str, value) -> str:
     """`_<prefix><value>` for a part of a run name, or "" when the value is null (unset): a recipe's run_name shows
     data.reshape_block or trainer.flops_budget only where it is set, never as `_rbNone`."""
@@ -154,3 +186,5 @@ def register() -> None:
         OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=False)
     if not OmegaConf.has_resolver(PART_RESOLVER):
         OmegaConf.register_new_resolver(PART_RESOLVER, name_part)
+    if not OmegaConf.has_resolver(SUFFIX_RESOLVER):
+        OmegaConf.register_new_resolver(SUFFIX_RESOLVER, recipe_suffix, use_cache=False)

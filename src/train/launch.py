@@ -365,11 +365,15 @@ def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = Fa
 def _run_folder(cfg: DictConfig, overrides: list[str]) -> str | None:
     """hydra.run.dir of a composed config, absolute: the run name interpolated there is the one these overrides give
     (composed outside a running Hydra, `${longctx.run_name:}` would see no overrides and drop their suffixes)."""
-    from longctx.naming import job_swept_keys, run_name
+    from longctx.naming import SUFFIX_RESOLVER, given_overrides, job_swept_keys, run_name
 
     try:
-        if "longctx.run_name" in str(OmegaConf.to_container(cfg, resolve=False).get("run_name")):
+        raw = str(OmegaConf.to_container(cfg, resolve=False).get("run_name"))
+        if "longctx.run_name" in raw:
             cfg.run_name = run_name(cfg, overrides, job_swept_keys())
+        elif SUFFIX_RESOLVER in raw:  # a recipe's own name: its suffix read from these overrides
+            with given_overrides(overrides, job_swept_keys()):
+                cfg.run_name = str(cfg.run_name)
         return os.path.abspath(str(cfg.hydra.run.dir))
     except Exception:  # an interpolation only a running Hydra resolves
         return None

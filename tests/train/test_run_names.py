@@ -116,3 +116,27 @@ def test_a_recipes_run_name_leaves_out_an_unset_part(compose):
         assert "None" not in compose(f"experiment={name}").run_name, name
     assert compose("experiment=flops_frontier", "trainer.flops_budget=1e16").run_name.endswith("_b32_f1e+16_s0")
     assert naming.name_part("rb", None) == "" and naming.name_part("rb", 0) == "_rb0"
+
+
+def test_a_recipes_run_name_shows_the_overrides_that_change_training(compose, train_env, tmp_path):
+    """A recipe's own run_name (experiment=icl_small, paper_scale, flops_frontier) ends in the overrides its parts do
+    not show, as the default name does: two points of an lr sweep are two runs in two folders (they shared one, the
+    second finding the first "complete" and training nothing), a shape override is named though the model part is
+    the preset's label, and the recipe's plain name is unchanged."""
+    def named(experiment, *overrides):
+        with naming.given_overrides([experiment, *overrides]):
+            return str(compose(experiment, *overrides).run_name)
+
+    plain = "gpt2_exp_d256l4_icl_markov_long_ctx4096_b32_s0"
+    assert named("experiment=icl_small") == plain
+    assert named("experiment=icl_small", "optim.lr=1e-3") == plain + "_lr1e-3"
+    assert named("experiment=icl_small", "optim.lr=1e-3") != named("experiment=icl_small", "optim.lr=3e-3")
+    assert named("experiment=icl_small", "model.d_model=128") == plain + "_d_model128"
+    assert named("experiment=icl_small", "data.docs_per_batch=16", "data.reshape_block=512", "trainer.max_steps=9",
+                 "+experiment/size=d64l2") == "gpt2_exp_d64l2_icl_markov_long_ctx4096_b16_rb512_s0"  # shown, or not
+    assert named("experiment=flops_frontier", "arch.token_shift=true").endswith("_s0_token_shifttrue")
+    assert named("experiment=paper_scale", "data.path=/x", "optim.lr=1e-4").endswith("_b32_s0_lr1e-4")
+    # what train.py itself names the folder (--cfg job: the run_dir a run would write)
+    shown = subprocess.run([sys.executable, str(REPO / "train.py"), "--cfg", "job", "experiment=icl_small",
+                            "optim.lr=1e-3"], env=train_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert yaml.safe_load(shown.stdout)["run_dir"] == str(tmp_path / "runs" / (plain + "_lr1e-3")), shown.stderr
