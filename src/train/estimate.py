@@ -381,11 +381,13 @@ def _steps_left(est: Estimate) -> str:
 
 def describe(est: Estimate, device_name: str) -> str:
     avail = f" of {_gib(est.available_bytes)} available" if est.available_bytes is not None else ""
+    # a relaunched finished run: no time to tell (the trainer says it is complete next)
+    time = (f"none, no step is left after step {est.done_steps:,}" if est.done_steps and not est.steps else
+            f"{_duration(est.seconds)}{_steps_left(est)} at an assumed rate, measured after the first steps")
     line = (f"estimate: peak memory ~{_gib(est.total_bytes)}{avail} on {device_name} ({est.parameters / 1e6:.2f}M "
             f"parameters with AdamW {_gib(est.model_bytes)}, activations {_gib(est.activation_bytes)} per micro-batch "
-            f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}); training time "
-            f"{_duration(est.seconds)}{_steps_left(est)} at an assumed rate, measured after the first steps (formulas: "
-            f"longctx.train.estimate)")
+            f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}); training time {time} "
+            f"(formulas: longctx.train.estimate)")
     if device_name == "cpu" and est.seconds is not None and est.seconds > LONG_CPU_RUN_S:
         fewer = "a smaller trainer.flops_budget" if est.budget_step is not None else "fewer trainer.max_steps"
         line += (f"; that is long for a CPU: a GPU (README: On GPUs), a shorter ctx or {fewer} "
@@ -406,7 +408,7 @@ def check_fits(cfg: DictConfig, device: torch.device, spec_for: Callable, world_
     kwargs["available"] = est.available_bytes     # measured once too
     tell = log.info if say else log.debug
     if est.fits:
-        if say and device.type != "cuda":   # the time said counts the CPU reference's measured work too
+        if say and device.type != "cuda" and est.steps:   # the time said counts the CPU reference's work too
             est = estimate(cfg, device, spec_for, world_size, probe=True, **kwargs)
         tell(describe(est, device_name))
         return est

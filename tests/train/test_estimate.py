@@ -287,7 +287,10 @@ def test_a_resumed_run_estimates_only_the_steps_left(compose):
     assert resumed.seconds == pytest.approx(full.seconds * 6 / 10)
     assert "for the 6 steps left after step 4 at an assumed rate" in describe(resumed, "cpu")
     assert "steps left" not in describe(full, "cpu")
-    assert estimate(cfg, CPU, spec_for(cfg), available=1e15, done_steps=12, **KNOWN).seconds == 0
+    finished = estimate(cfg, CPU, spec_for(cfg), available=1e15, done_steps=12, **KNOWN)
+    assert finished.seconds == 0
+    # a relaunched finished run: no time to tell ("~0 s for the 0 steps left" was said)
+    assert "training time none, no step is left after step 12 (formulas" in describe(finished, "cpu")
     said = check_fits(cfg, CPU, spec_for(cfg), available=1e15, done_steps=4, **KNOWN)
     assert (said.steps, said.done_steps) == (6, 4)
 
