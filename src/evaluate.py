@@ -314,7 +314,7 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     ctx = ctx or int(run_cfg.ctx)
     if docs is not None:
         cfg.data.eval_docs = docs
-    splits = resolve_splits(cfg.data, ctx)  # refuses ctx longer than the documents
+    splits = resolve_splits(cfg.data, ctx, "--ctx")  # refuses a --ctx longer than the documents
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
     held = min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"])  # inputs and targets, int64

@@ -217,7 +217,7 @@ BAD = {  # extra arguments -> the words of the one error line
     "missing run": ([], "does not exist"),
     "no checkpoints": ([], "holds no checkpoint"),
     "unknown attention": ([], "attention.name='flash': unknown attention; known: exp, linear, power"),
-    "ctx beyond documents": (["--ctx", "512"], "ctx=512 is larger than the documents"),
+    "ctx beyond documents": (["--ctx", "512"], "--ctx=512 is larger than the documents"),
     "ctx too small": (["--ctx", "1"], "--ctx=1: must be an integer >= 2"),
     "data vocabulary too large": (["data.vocab=9"], "data vocabulary 10"),
     "unknown data key": (["data.vocabb=9"], "data.vocabb: not a key of the icl_markov data config"),

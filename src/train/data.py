@@ -57,9 +57,10 @@ def check_generated_data(data_cfg: DictConfig, ctx: int) -> None:
         mqar_generator_params(**mqar_params(data_cfg, ctx))
 
 
-def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
+def resolve_splits(data_cfg: DictConfig, ctx: int, ctx_key: str = "ctx") -> DataSplits:
     """Locate (and for the generated tasks, icl_markov and mqar, generate on first use) the train and heldout
-    arrays. An MQAR document is as long as the context (its queries are asked within it)."""
+    arrays. An MQAR document is as long as the context (its queries are asked within it). ctx_key: what a ctx
+    longer than the documents is refused as (`--ctx` where a tool's flag gave it)."""
     if data_cfg.name == "icl_markov":
         root = ensure_icl_markov(data_cfg.cache_dir, **icl_markov_params(data_cfg, ctx),
                                  progress=sys.stderr.isatty())  # a bar's redraws would flood a log file
@@ -81,7 +82,7 @@ def resolve_splits(data_cfg: DictConfig, ctx: int) -> DataSplits:
                          f"prepared with --pack); prepare it with scripts/prepare_dataset.py --pack, or set "
                          f"data.pack=false")
     if ctx > info["doc_len"]:
-        raise ValueError(f"ctx={ctx} is larger than the documents of {train} (doc_len={info['doc_len']})")
+        raise ValueError(f"{ctx_key}={ctx} is larger than the documents of {train} (doc_len={info['doc_len']})")
     if info["packed"] and not data_cfg.get("pack", False):
         log.warning(f"data.pack=false: {train} holds packed documents; they attend to each other across their "
                     f"boundaries (set data.pack=true to keep them apart)")
