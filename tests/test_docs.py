@@ -166,3 +166,11 @@ def test_run_name_examples_are_names_the_naming_gives(compose, path, name):
         assert run_name(cfg, overrides=[]) == base
     else:  # a prepared dataset's folder name: the other parts must still be the naming's
         assert run_name(cfg, overrides=[]).replace(f"_{cfg.data.tag}_", f"_{parts['data']}_") == base
+
+
+def test_the_package_version_is_the_changelogs_newest():
+    """provenance.json records the installed package's version: it is the CHANGELOG's newest release, so a run's
+    record names the release whose changes it ran with."""
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    newest = re.search(r"^## (\d+\.\d+\.\d+)\b", (REPO / "CHANGELOG.md").read_text(), re.M).group(1)
+    assert version == newest
