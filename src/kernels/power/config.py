@@ -34,8 +34,8 @@ class AttentionConfig:
     # atomic adds' order varies, and with it dq's last bits): the two kernels
     fused_backward: bool = True
     # ... its dq adds as one bulk tensor reduction per tile (TMA: sm_90+ only, the interpreter has none) instead of
-    # relaxed per-element atomics (~0.4 of the kernel's 1.94 ms at 4k, H100); off until timed on a card:
-    # `python -m tools.ab_switch --ctxs 4096,1024 --variants default tma_dq=1`
+    # relaxed per-element atomics; off: fwd+bwd 4k 2.728 -> 2.715 ms, 1k 0.307 -> 0.315 (within the host's noise
+    # there), H100, `python -m tools.ab_switch --ctxs 1024,4096 --rounds 7 --variants default tma_dq=1`
     tma_dq: bool = False
 
     def __post_init__(self):
