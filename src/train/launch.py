@@ -162,18 +162,27 @@ def _check_read(key: str, item: str, overrides: list[str], conf_dir: Path, texts
     the config files' texts by path, read on the first call of a command line and kept for the others."""
     if "." in key or not (conf_dir / "config.yaml").exists():
         return
+    found = _key_readers(key, conf_dir, texts)
+    if found is None:
+        return
+    group, options = found
+    chosen = _chosen_option(group, overrides, conf_dir)
+    if chosen is not None and chosen not in options:
+        raise ValueError(f"config: {item}: {group}={chosen} does not read {key} (only {group}="
+                         f"{', '.join(options)} does); add {group}={options[0]}, or leave {key} out")
+
+
+def _key_readers(key: str, conf_dir: Path, texts: dict) -> tuple[str, list[str]] | None:
+    """The one config group (not experiment) whose options read top-level `key` as `${key}`, and those options with
+    the ones extending them; None when no single group does. texts: the config files' texts, read once and kept."""
     if not texts:
         texts.update((path, path.read_text()) for path in sorted(conf_dir.rglob("*.yaml")))
     readers = [path for path, text in texts.items() if "${" + key + "}" in text]
     groups = {path.parent.relative_to(conf_dir).as_posix() for path in readers}
     if len(groups) != 1 or "/" in next(iter(groups)) or next(iter(groups)) in (".", "experiment"):
-        return
+        return None
     group = next(iter(groups))
-    chosen = _chosen_option(group, overrides, conf_dir)
-    options = _options_reading({path.stem for path in readers}, conf_dir / group)
-    if chosen is not None and chosen not in options:
-        raise ValueError(f"config: {item}: {group}={chosen} does not read {key} (only {group}="
-                         f"{', '.join(options)} does); add {group}={options[0]}, or leave {key} out")
+    return group, _options_reading({path.stem for path in readers}, conf_dir / group)
 
 
 def _options_reading(readers: set[str], group_dir: Path) -> list[str]:
@@ -223,14 +232,12 @@ def check_under_experiment(overrides: list[str], conf_dir: Path) -> None:
             group = key.split(".")[0]
             raise ValueError(f"config: {item}: {experiment} composes {group}={choices.get(group)}, which has no key "
                              f"{key[len(group) + 1:]}; pick another {group} with it, or leave {key} out")
-        if "." not in key:
-            group = _reading_group(key, conf_dir, texts)
-            if group is not None and "${" + key + "}" not in _strings(composed, skip=key):
-                readers = _options_reading({path.stem for path, text in texts.items() if "${" + key + "}" in text
-                                            and path.parent == conf_dir / group}, conf_dir / group)
-                raise ValueError(f"config: {item}: {experiment} composes {group}={choices.get(group)}, which does not "
-                                 f"read {key} (only {group}={', '.join(readers)} does); add {group}={readers[0]}, "
-                                 f"or leave {key} out")
+        found = _key_readers(key, conf_dir, texts) if "." not in key else None
+        if found is not None and "${" + key + "}" not in _strings(composed, skip=key):
+            group, readers = found
+            raise ValueError(f"config: {item}: {experiment} composes {group}={choices.get(group)}, which does not "
+                             f"read {key} (only {group}={', '.join(readers)} does); add {group}={readers[0]}, "
+                             f"or leave {key} out")
 
 
 def _has_key(container: dict, key: str) -> bool:
@@ -241,16 +248,6 @@ def _has_key(container: dict, key: str) -> bool:
             return False
         node = node[part]
     return True
-
-
-def _reading_group(key: str, conf_dir: Path, texts: dict) -> str | None:
-    """The one config group (not experiment) whose options read top-level `key` as `${key}`; None if not one."""
-    if not texts:
-        texts.update((path, path.read_text()) for path in sorted(conf_dir.rglob("*.yaml")))
-    groups = {path.parent.relative_to(conf_dir).as_posix() for path, text in texts.items() if "${" + key + "}" in text}
-    if len(groups) != 1 or "/" in next(iter(groups)) or next(iter(groups)) in (".", "experiment"):
-        return None
-    return next(iter(groups))
 
 
 def _strings(node, skip: str) -> str:
