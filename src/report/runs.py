@@ -246,18 +246,30 @@ def load_run(path: Path) -> Run:
 _RESUME_CONFIG = re.compile(r"^config\.resume_step(\d+)(?:\.launch(\d+))?\.yaml$")
 
 
-def newest_resume_config(path: Path) -> dict:
-    """The flattened config of a run's newest launch when it resumed (config.resume_step{N}[.launch{k}].yaml; the
-    trainer writes one per launch, and touches it again when a launch repeats a config on file: the newest is the
-    latest written), {} when it never resumed, its first config is the newest, or the file is unreadable."""
-    found = [p for p in path.glob("config.resume_step*.yaml") if _RESUME_CONFIG.match(p.name)]
-    newest = max(found + [path / "config.yaml"], key=lambda p: (p.stat().st_mtime_ns, p.name))
-    if newest.name == "config.yaml":
-        return {}
+def _resume_configs(path: Path) -> list[Path]:
+    """A run's config.resume_step{N}[.launch{k}].yaml files: the trainer writes one per launch, and touches it again
+    when a launch repeats a config on file."""
+    return [p for p in path.glob("config.resume_step*.yaml") if _RESUME_CONFIG.match(p.name)]
+
+
+def _written(p: Path) -> tuple:
+    """Order of the launches' configs: the latest written is the newest."""
+    return p.stat().st_mtime_ns, p.name
+
+
+def _flat_config_file(p: Path) -> dict | None:
+    """A config file flattened as the run's own (flat_config), None when it cannot be read."""
     try:
-        return flat_config(OmegaConf.to_container(OmegaConf.load(newest)))
-    except Exception:  # an unreadable file: the run's status falls back to config.yaml's bounds
-        return {}
+        return flat_config(OmegaConf.to_container(OmegaConf.load(p)))
+    except Exception:
+        return None
+
+
+def newest_resume_config(path: Path) -> dict:
+    """The flattened config of a run's newest launch when it resumed, {} when it never resumed, its first config is
+    the newest, or the file is unreadable (the run's status then falls back to config.yaml's bounds)."""
+    newest = max(_resume_configs(path) + [path / "config.yaml"], key=_written)
+    return {} if newest.name == "config.yaml" else _flat_config_file(newest) or {}
 
 
 RESUMED = "resumed"  # the flattened config's entry for what a run's resumes changed (runs without any lack it)
@@ -271,18 +283,13 @@ def resume_changes(path: Path, first: dict) -> str | None:
     -> 0.001`), over the newest launch from each step; None when no resume changed one. A resume may change the
     schedule, the optimizer's values, precision and the ICL bins (longctx.train.resume): config.yaml alone would file
     such a run with runs that never changed them."""
-    newest: dict[int, tuple] = {}
-    for p in path.glob("config.resume_step*.yaml"):
-        match = _RESUME_CONFIG.match(p.name)
-        if match:
-            step, when = int(match.group(1)), (p.stat().st_mtime_ns, p.name)
-            if step not in newest or when > newest[step][0]:
-                newest[step] = (when, p)
+    newest: dict[int, Path] = {}
+    for p in sorted(_resume_configs(path), key=_written):
+        newest[int(_RESUME_CONFIG.match(p.name).group(1))] = p     # the latest written of each step stays
     changes, before = [], first
     for step in sorted(newest):
-        try:
-            now = flat_config(OmegaConf.to_container(OmegaConf.load(newest[step][1])))
-        except Exception:  # an unreadable file: its launch is not compared
+        now = _flat_config_file(newest[step])
+        if now is None:  # an unreadable file: its launch is not compared
             continue
         moved = [f"{k} {show(k, before[k])} -> {show(k, now[k])}" for k in now
                  if k in before and k not in NOT_TRAINING and before[k] != now[k]]
