@@ -97,11 +97,14 @@ def _distance_to_optimum(metric: str, runs: list) -> float | None:
 
 
 def _untrained(where: dict, arm_runs: list) -> tuple[str, ...]:
-    """In words, the seeds among (arm, run) whose first stage ended short of its stop bound, by the record's recall
+    """In words, the seeds among (arm, run) not trained to their end: a run the record marks unfinished (its last
+    evaluation is not its result), and one whose first stage ended short of its stop bound, by the record's recall
     points (`first_stage_failed`; where: run name -> (its point, its seed's index)): a staged recipe's later stage
     says nothing about state where its first failed."""
     out = []
     for arm, run in arm_runs:
+        if run.status != "complete":
+            out.append(f"{arm} seed {run.seed} is {run.status} (its record was written before it ended)")
         if run.name in where:
             point, i = where[run.name]
             if first_stage_failed(point)[i]:
@@ -146,8 +149,6 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
         curves = {f"{arm} seed {r.seed}": [e[metric] for e in r.records if metric in e]
                   for arm in (spec["a"], spec["b"]) for r in arms[arm]}
         untrained = _untrained(seed_of, [(spec[k], r) for k in ("a", "b") for r in arms[spec[k]]])
-        untrained += tuple(f"{spec[k]} seed {r.seed} is {r.status} (its record was written before it ended)"
-                           for k in ("a", "b") for r in arms[spec[k]] if r.status != "complete")
         gap = _distance_to_optimum(metric, arms[spec["reference"]])
         finding = Finding(spec["claim"], int(spec["sign"]), {k: tuple(v) for k, v in spec["axes"].items()},
                           **{k: float(spec[k]) for k in ("tolerance", "max_gap") if k in spec})
