@@ -22,7 +22,7 @@ from .chunk import chunked_backward, chunked_forward
 from .native import launcher as native
 from .parallel import attention_backward, attention_forward
 from .plan import Plan, make_plan, state_dtype
-from .reference import PowerState, state_dim
+from .reference import PowerState, state_dim, symmetrize_diagonal_blocks
 
 _F32 = torch.float32
 
@@ -258,7 +258,24 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size=None, norm, initial_sta
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)
+    # the p=2 kernels' backward reads the states' diagonal blocks as symmetric, as every state the keys write is:
+    # where gradients flow, an incoming state's antisymmetric part (no output but the returned state sees it) and the
+    # returned state's gradient's go around the kernels, exactly, decayed by the whole sequence's gates
+    around = plan.family == "p2" and (s0 is not None or return_state) and _needs_grad(q, k, v, log_g, s0, z0)
+    asym = None
+    if around and s0 is not None:
+        sym = symmetrize_diagonal_blocks(s0, d)
+        s0, asym = sym, s0 - sym
     y, s, z = ChunkedForm.apply(q, k, v, gl, s0, z0, float(scale), int(p), bool(norm), C, bool(return_state),
                                 plan.family)
+    if around and return_state:
+        s = symmetrize_diagonal_blocks(s, d)
+        if asym is not None:
+            s = s + (asym if log_g is None else torch.exp(log_g.float().sum(1))[..., None, None] * asym)
     y = y[:, :t] if pad else y
     return (y, PowerState(s, z)) if return_state else y
+
+
+def _needs_grad(*tensors) -> bool:
+    """Whether autograd records a call on these tensors (None: absent)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)

@@ -93,6 +93,17 @@ def expand(x: torch.Tensor, p: int, weighted: bool = False) -> torch.Tensor:
     return out.flatten(-2)                                              # (..., D)
 
 
+def symmetrize_diagonal_blocks(s: torch.Tensor, d: int) -> torch.Tensor:
+    """p=2 states (..., D, e) with each diagonal block (tiles (t, t), whose features (a, b) and (b, a) both have a
+    row) replaced by the mean of it and its transpose: what phi(q) . s sees of s (phi(q) is symmetric there), and the
+    only part the p=2 kernels' backward over the symmetric completion (chunk_p2 gluon_rows._sym_pass) reads right."""
+    tile = state_tile(2, d)
+    idx, _ = _ndmi(d // tile, 2)
+    blocks = s.reshape(*s.shape[:-2], len(idx), tile, tile, s.shape[-1])
+    diagonal = torch.tensor([a == b for a, b in idx], device=s.device)[:, None, None, None]
+    return torch.where(diagonal, 0.5 * (blocks + blocks.transpose(-3, -2)), blocks).reshape(s.shape)
+
+
 # ----------------------------------------------------------------------------------------------
 # the two forms; all tensors here are (b, h, t, d) and already in the compute dtype
 # ----------------------------------------------------------------------------------------------

@@ -152,6 +152,82 @@ def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.cons
 
 
 @gluon.jit
+def _sym_tile_rows(j, ti, TW: gl.constexpr, NT: gl.constexpr):
+    """Where the slices of first tile ti read the state's symmetric completion, per column j (1-D): slice
+    ti TW + m reads layout row base + m stride, the feature (i, j) where j's tile is not before i's, else the stored
+    (j, i) (each row carrying its stored multiplicity)."""
+    tj = j // TW
+    lo = gl.minimum(tj, ti)
+    blk = (_diag(lo, NT) + gl.maximum(tj, ti) - lo) * (TW * TW)
+    ahead = tj >= ti
+    return gl.where(ahead, blk + j % TW, blk + (j % TW) * TW), gl.where(ahead, TW, 1)
+
+
+@gluon.jit
+def _copy_sym_slice(ring, s_p, base, stride, m: gl.constexpr, slot: gl.constexpr, valid, D: gl.constexpr):
+    """cp.async of slice m of a first tile (its rows base + m stride, _sym_tile_rows; s_p: the slot's [1, D] column
+    addresses) into ring slot `slot` where valid; one commit group either way, so the waits count slices."""
+    if valid:
+        _cp_async(ring.index(slot), s_p + gl.expand_dims(base + m * stride, 1) * D)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr,
+              NW: gl.constexpr, A_L: gl.constexpr, MMA: gl.constexpr, UNIFORM: gl.constexpr):
+    """dphi/dx^T X [BM, D] (fp32, MMA) for X = a S^T on the tensor cores alone: with M~_i row i of the state's
+    symmetric completion (_sym_rows), sum_i (x_i a) M~_i^T, the stored rows' weights made the derivative's by column
+    factors: 2 on the columns of slice i's own tile, 1 elsewhere (in-tile features are stored in both orders with
+    weight 1, the others once with weight 2); UNIFORM (dU without the key multiplicities): 2 everywhere. The
+    operand (x_i a) is built in registers as bf16 products (as the forward's q_i q_j), slice i's matmul in flight
+    while slice i + 1's operand is built; the ring refilled NBUF - 2 slices ahead (_fwd_pass). Per first tile the
+    pipe drains once and the accumulator's columns are rescaled by powers of two (exact): tile ti's doubled, tile
+    ti + 1's halved before their own slices add to them."""
+    gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
+    gl.static_assert(NBUF >= 3, "a slot in flight, one in use, one or more landing")
+    NT: gl.constexpr = D // TW
+    ROWA: gl.constexpr = gl.SliceLayout(1, A_L)
+    CPM: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    ring = gl.allocate_shared_memory(gl.bfloat16, [NBUF, D, D], gl.NVMMASharedLayout.get_default_for([D, D],
+                                                                                                   gl.bfloat16))
+    gl.static_assert(NBUF - 2 <= TW, "the prefetch stays within the first tile")
+    j = gl.arange(0, D, layout=gl.SliceLayout(1, CPM))
+    s_p = S + s_base * D + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, CPM)), 0)
+    base, stride = _sym_tile_rows(j, 0, TW, NT)
+    for p in gl.static_range(NBUF - 2):
+        _copy_sym_slice(ring, s_p, base, stride, p, p % NBUF, True, D)
+    colt = gl.arange(0, D, layout=gl.SliceLayout(0, MMA)) // TW
+    acc = gl.zeros([BM, D], gl.float32, MMA)
+    prev = gl.zeros(a_op.shape, gl.bfloat16, A_L)
+    for ti in range(0, NT):
+        i0 = ti * TW
+        base_n, stride_n = _sym_tile_rows(j, ti + 1, TW, NT)     # the next tile's, which the late refills read
+        for a in gl.static_range(TW):
+            async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i landed
+            _barrier()                           # everyone's; every warpgroup's matmul of slice i - 2 is done
+            if a + NBUF - 2 < TW:                # the slice refilled, NBUF - 2 ahead: in this tile or the next
+                _copy_sym_slice(ring, s_p, base, stride, a + NBUF - 2, (a + NBUF - 2) % NBUF, True, D)
+            else:
+                _copy_sym_slice(ring, s_p, base_n, stride_n, a + NBUF - 2 - TW, (a + NBUF - 2) % NBUF, ti + 1 < NT,
+                                D)
+            op = a_op * gl.expand_dims(xT_s.index(i0 + a).load(ROWA), 1)
+            acc = warpgroup_mma(op, ring.index(a % NBUF).permute((1, 0)), acc, is_async=True)
+            if a + 1 < TW:
+                acc, prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, prev))
+                prev = op
+            else:
+                acc, op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, op))
+        if not UNIFORM:
+            acc = acc * gl.expand_dims(gl.where(colt == ti, 2.0, gl.where(colt == ti + 1, 0.5, 1.0)), 0)
+        base, stride = base_n, stride_n
+    async_copy.wait_group(0)
+    _barrier()     # every warp done with the ring before shared memory after it reuses it
+    if UNIFORM:
+        acc = acc * 2.0
+    return acc
+
+
+@gluon.jit
 def _zm(Z, s_base, D: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
     """Zm [D (j), D (i)] in layout L, Zm[j, i] = z of feature (i, j) (0 if j's tile is before i's): z . phi(x) =
     x Zm x^T."""
@@ -289,14 +365,57 @@ def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexp
 @gluon.jit
 def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
                    TW: gl.constexpr, MINW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
-                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr):
-    """The row-scaled backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index
-    `row`, mask, offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM),
-    DX (fp32, holding the intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and
-    DG = rg X . phi(x) (Euler's identity: the gate gradient) with GATED. KEYS: the key side's multiplicities. The
-    normalizer state of the slot starts at s_base of Z (packed, as S's slot). The
-    slices' windows halve down to MINW columns (_level_tiles); MINW = D / 2 is _sym2_query_bwd_rows' two windows.
-    STEP: slices per ring wait and barrier (_grad_pass)."""
+                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr,
+                   SYM: gl.constexpr = False):
+    """The backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index `row`, mask,
+    offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM), DX (fp32, holding the
+    intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and DG = rg X . phi(x)
+    (Euler's identity: the gate gradient) with GATED. KEYS: the key side's multiplicities. The normalizer state of
+    the slot starts at s_base of Z (packed, as S's slot). SYM: on the tensor cores alone over the state's symmetric
+    completion (_sym_grads), else row-scaled (_rows_grads: the slices' windows halve down to MINW columns, STEP
+    slices per ring wait and barrier)."""
+    NW: gl.constexpr = gl.num_warps()
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    if SYM:
+        tot, dg = _sym_grads(S, Z, s_base, x, a, dl, on, D, TW, BM, NBUF, KEYS, NORM)
+    else:
+        tot, dg = _rows_grads(X, S, Z, s_base, row, m2, x, a, dl, on, D, TW, MINW, BM, NBUF, KEYS, NORM, STEP)
+    dx = gl.load(DX + off, mask=m2, other=0.0) + tot * gl.expand_dims(rf, 1)
+    if CAST:
+        gl.store(DXO + off, dx.to(DXO.dtype.element_ty), mask=m2)
+    else:
+        gl.store(DX + off, dx, mask=m2)
+    if GATED:
+        gl.store(DG + row, dg * rg, mask=mask)
+
+
+@gluon.jit
+def _sym_grads(S, Z, s_base, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr,
+               KEYS: gl.constexpr, NORM: gl.constexpr):
+    """_rows_backward's (dphi/dx^T X [BM, D], X . phi(x) [BM]) in the coalesced layout, the state part by _sym_pass
+    and the gate term by Euler's identity (X . phi(x) = x . dphi/dx^T X / 2: phi is homogeneous of degree 2)."""
+    NW: gl.constexpr = gl.num_warps()
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] read a row (first index) at a time
+    xT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
+    xT_s = _as(xT_s, gl.bfloat16, [D, BM], ROWS_S)
+    tot = gl.zeros([BM, D], gl.float32, MMA)
+    if on > 0:     # constant loop bounds under a branch (as gluon_query_fwd_rows)
+        tot = _sym_pass(gl.convert_layout(a, A_L), S, s_base, xT_s, D, TW, BM, NBUF, NW, A_L, MMA, KEYS)
+    if NORM:      # dl x (Zm + Zm^T): the normalizer's part of X, after the pass (fewer live registers in it)
+        xz = _normalizer_dot(gl.convert_layout(x, A_L), Z, s_base, D, TW, BLK, MMA, BM, True, KEYS) * on
+        tot += xz * gl.expand_dims(gl.convert_layout(dl, gl.SliceLayout(1, MMA)), 1)
+    dg = 0.5 * gl.sum(gl.convert_layout(x, MMA).to(gl.float32) * tot, axis=1)
+    return gl.convert_layout(tot, BLK), gl.convert_layout(dg, gl.SliceLayout(1, BLK))
+
+
+@gluon.jit
+def _rows_grads(X, S, Z, s_base, row, m2, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr,
+                BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, STEP: gl.constexpr):
+    """_rows_backward's (dphi/dx^T X [BM, D], X . phi(x) [BM]) in the coalesced layout, row-scaled: per slice
+    X_i = a M_i^T on the tensor cores, its shares q_i X_i and the first-index sums on the CUDA cores (_grad_pass)."""
     NW: gl.constexpr = gl.num_warps()
     T1: gl.constexpr = _level_tiles(0, MINW, D, TW)[1]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
@@ -326,8 +445,8 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, r
     acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA, KEYS,
                          STEP)
 
-    # dx = DX + rf (acc + each later level's share on its window's columns + the first-index sums), the levels
-    # summed in shared memory
+    # acc + each later level's share on its window's columns + the first-index sums, the levels summed in shared
+    # memory
     st = gl.allocate_shared_memory(gl.float32, [BM, D], PLAIN, acc)
     dg_all = gl.convert_layout(dg, BROW)
     for lv in gl.static_range(1, _levels(MINW, D)):
@@ -336,21 +455,15 @@ def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, r
     _barrier()
     first = gl.permute(gl.reshape(_as(gT_s, gl.float32, [D * BM], ROWS_S).load(
         gl.BlockedLayout([4], [32], [NW], [0])), [D, BM]), [1, 0])                               # [BM, D]
-    tot = st.load(BLK) + gl.convert_layout(first, BLK)
-    dx = gl.load(DX + off, mask=m2, other=0.0) + tot * gl.expand_dims(rf, 1)
-    if CAST:
-        gl.store(DXO + off, dx.to(DXO.dtype.element_ty), mask=m2)
-    else:
-        gl.store(DX + off, dx, mask=m2)
-    if GATED:
-        gl.store(DG + row, dg_all * rg, mask=mask)
+    return st.load(BLK) + gl.convert_layout(first, BLK), dg_all
 
 
 @gluon.jit
 def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                          MINW: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
-                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr = 1):
+                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr = 1,
+                         SYM: gl.constexpr = False):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
     or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve
@@ -367,7 +480,7 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
         dn = dn * gl.expand_dims(inv, 1)
         dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
     _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, row, mask, off, m2, q, dn.to(gl.bfloat16), dl, r, r, on, D, TW,
-                   MINW, BM, NBUF, False, NORM, GATED, CAST, STEP)
+                   MINW, BM, NBUF, False, NORM, GATED, CAST, STEP, SYM)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -516,7 +629,7 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
                       C: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
                       NBUF: gl.constexpr, CAST: gl.constexpr, DU_MULT: gl.constexpr = False,
-                      STEP: gl.constexpr = 1):
+                      STEP: gl.constexpr = 1, SYM: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), the grouped `_sym2_key_bwd`'s dk row-scaled:
     X = v dU_n^T + dUz_n = dL/dph for ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) +=
     c dph/dk^T X (written to DKO in its dtype with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU
@@ -527,4 +640,4 @@ def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.cons
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
     _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, row, mask, off, m2, k, v, gl.where(mask, 1.0, 0.0), c, -c, on,
-                   D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, STEP)
+                   D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, STEP, SYM)
