@@ -266,15 +266,14 @@ STATE_PATHS = {
     "plain": (dict(qfwd_pipe=0, kdv_pipe=0), {}),               # the Triton row kernels without slice prefetch
     "streams": (dict(concurrent_bwd=False), {}),                # 1 vs 2 streams (retain_graph: not in place)
     "normahead": (dict(norm_sums_rows=1, norm_scan_ahead=0), {}),   # a program a chunk, no loads ahead
-    "levels": (dict(window_min=(0, 0)), dict(window_min=(16, 16))),   # two windows against halving to 16
-    "symbwd": ({}, dict(sym_bwd=True, qbwd_block=(128, 8, 8), qbwd_regs=128, kdk_block=(128, 8, 8), kdk_regs=128)),
+    "levels": (dict(window_min=0), dict(window_min=16)),      # two windows against halving to 16 (forward-type)
 }
 
 
 @pytest.mark.parametrize("mode", ["sym2-fp32", "sym2-bf16", "sym2-bf16-d32", "sym2-bf16-d128", "rows-fp32",
                                   "rows-bf16", "rows-bf16-d32", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
                                   "atomic-bf16-d128", "plain-fp32", "streams-bf16", "streams-bf16-d32",
-                                  "normahead-bf16", "levels-bf16", "symbwd-bf16", "symbwd-bf16-d32"])
+                                  "normahead-bf16", "levels-bf16"])
 def test_chunked_state_paths_agree(mode):
     """Two implementations of the chunked form's state term agree (STATE_PATHS: the chunk_p2 config of each run; the
     p=2 kernels forced for fp32): the generic expand-MMA kernels against the p=2 ones (sym2-*: the Gluon kernels for
@@ -308,16 +307,16 @@ def test_chunked_state_paths_agree(mode):
 
 @pytest.mark.parametrize("d", [32, 64])
 @pytest.mark.parametrize("chunk,norm,gated", [(128, True, True), (128, False, False), (40, True, True)])
-def test_symmetric_backward_matches_float64_reference(d, chunk, norm, gated):
-    """The Gluon query backward and key dk over the state's symmetric completion (config sym_bwd) against the float64
-    reference: chunk 128 (dU from the Gluon scan, carrying the key multiplicities) and 40 (not a multiple of the
-    Gluon outer products' 16-row steps: Triton's outer products, dU without them, the uniform factor)."""
-    from longctx.kernels.power.chunk_p2 import config as p2_config
+def test_gluon_backward_over_the_symmetric_completion(d, chunk, norm, gated):
+    """The Gluon query backward and key dk (gluon_rows._sym_pass) against the float64 reference: chunk 128 (dU from
+    the Gluon scan, carrying the key multiplicities) and 40 (not a multiple of the Gluon outer products' 16-row steps:
+    Triton's outer products, dU without them, the uniform factor)."""
+    from longctx.kernels.power.chunk_p2 import kernels as p2_kernels
     q, k, v, lg = make(1, 777, 4, 2, d, torch.bfloat16, gated)
+    assert p2_kernels.gluon_rows_apply(q, d) and p2_kernels.gluon_outer_applies(q, d, chunk) == (chunk == 128)
     leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
-    with p2_config.override(**STATE_PATHS["symbwd"][1]):
-        y = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=norm)
-        assert_matches_float64_reference(y, leaves, p=2, norm=norm, gated=gated, dtype=torch.bfloat16)
+    y = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=norm)
+    assert_matches_float64_reference(y, leaves, p=2, norm=norm, gated=gated, dtype=torch.bfloat16)
 
 
 def test_chunked_backward_twice_with_retain_graph():

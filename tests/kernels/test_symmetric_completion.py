@@ -1,4 +1,4 @@
-"""The p=2 backward over the state's symmetric completion (gluon_rows._sym_pass, config sym_bwd), as a float64
+"""The p=2 backward over the state's symmetric completion (gluon_rows._sym_pass), as a float64
 identity on the reference's tiled layout: the slice rows its copies read are the features {i, j}, and the sum over
 slices i of (x_i a) M~_i^T with its column factors is the gradient of phi(x) . X, X = a S^T, whose half dotted with x
 is X . phi(x) (Euler: the gate term). The kernel itself runs on GPUs only (tests/kernels/test_power_gpu.py)."""

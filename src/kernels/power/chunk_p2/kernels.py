@@ -753,10 +753,10 @@ def half_window(d: int) -> int:
     return d // 2 if d >= 32 else d
 
 
-def gluon_window_min(d: int, kernel: str = "qfwd") -> int:
-    """MINW of the Gluon row kernel `kernel` ("qfwd", "kdv": config window_min[0]; "qbwd", "kdk": [1]) for head dim
-    d: that minimum where it is a power of two from 16 to d / 2, else half_window(d)."""
-    w = config.current().window_min[kernel in ("qbwd", "kdk")]
+def gluon_window_min(d: int) -> int:
+    """MINW of the Gluon forward-type row kernels (query forward, key dv) for head dim d: config window_min where it
+    is a power of two from 16 to d / 2, else half_window(d)."""
+    w = config.current().window_min
     if w and w >= 16 and w & (w - 1) == 0 and w <= d // 2:
         return w
     return half_window(d)
