@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from longctx.kernels import power_attention, power_attention_step
-from longctx.kernels.power.reference import PowerState, power_attention_reference
+from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
 from longctx.kernels.power.autograd import chunked_form
 
 pytestmark = pytest.mark.gpu
@@ -317,6 +317,32 @@ def test_gluon_backward_over_the_symmetric_completion(d, chunk, norm, gated):
     leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
     y = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=norm)
     assert_matches_float64_reference(y, leaves, p=2, norm=norm, gated=gated, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("d", [32, 64])
+def test_chunked_state_with_antisymmetric_blocks_bf16(d):
+    """An incoming state with antisymmetric diagonal blocks and a returned state's gradient with them (the p=2 Gluon
+    backward reads those blocks as symmetric; chunked_form takes the rest around it), weak gates so that the part
+    taken around still counts at the end: output, returned state and every gradient against the float64 reference."""
+    q, k, v, lg = make(1, 700, 4, 2, d, torch.bfloat16, True, seed=5)
+    lg = lg * 0.01
+    g = torch.Generator(device="cuda").manual_seed(6)
+    D = state_dim(2, d)
+    s0 = torch.randn(1, 2, D, d, device="cuda", generator=g)
+    z0 = torch.rand(1, 2, D, device="cuda", generator=g)
+    leaves = [x.requires_grad_() for x in (q, k, v, lg, s0, z0)]
+    y, st = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True, initial_state=leaves[4:],
+                         return_state=True)
+    seeds = [torch.randn(x.shape, device="cuda", generator=g) for x in (y, st.s, st.z)]
+    grads = torch.autograd.grad([y, st.s, st.z], leaves, seeds)
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    y_ref, st_ref = power_attention_reference(*ref[:4], p=2, scale=0.125, norm=True, chunk_size=128,
+                                              initial_state=PowerState(*ref[4:]), return_state=True)
+    grads_ref = torch.autograd.grad([y_ref, st_ref.s, st_ref.z], ref, [x.double() for x in seeds])
+    for name, a, b in zip(["y", "s", "z"], (y, st.s, st.z), (y_ref, st_ref.s, st_ref.z)):
+        assert rel_err(a, b) < TOL[torch.bfloat16], name
+    for name, g_, gr in zip("q k v log_g s0 z0".split(), grads, grads_ref):
+        assert rel_err(g_, gr) < 2 * TOL[torch.bfloat16], name
 
 
 def test_chunked_backward_twice_with_retain_graph():

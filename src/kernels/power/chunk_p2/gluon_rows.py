@@ -1,29 +1,26 @@
-"""The p=2 row-scaled state kernels in Gluon, default for bf16 d=32/64: the query backward (`kernels.
-_sym2_query_bwd_rows`; H100 64k 10.44 -> 9.56 ms), the query forward (`_sym2_query_fwd_rows`; 7.10 -> 6.42 ms), the
-key backward's dv (`_sym2_key_dv_rows`; 6.44 -> 5.58 ms) and its dk (the grouped `_sym2_key_bwd`; 10.48 -> 9.88 ms).
-Elsewhere (interpreter, other GPUs, older Triton) the Triton versions run (kernels.gluon_rows_apply).
+"""The p=2 row kernels in Gluon, default for bf16 d=32/64: the query forward (`kernels._sym2_query_fwd_rows`; H100
+64k 7.10 -> 6.42 ms), the key backward's dv (`_sym2_key_dv_rows`; 6.44 -> 5.58 ms), the query backward
+(`_sym2_query_bwd_rows`) and the key backward's dk (the grouped `_sym2_key_bwd`). Elsewhere (interpreter, other GPUs,
+older Triton) the Triton versions run (kernels.gluon_rows_apply).
 
-The forward's slices M_i come through the same ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16
-products and accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8
-warps both warpgroups are done with a slot before it is overwritten). The key backward's dv is the same pass over dU
-with the key side's multiplicities (gluon_key_dv_rows), and the key backward's dk the backward's passes with them
-(gluon_key_dk_rows).
+The forward-type kernels (query forward, key dv): the state's slices M_i [KW, D] (the features (i, j) over a window of
+columns j) come through a cp.async ring; the operand (q_i q_j) [rows, KW] is built in registers as bf16 products and
+accumulated on the tensor cores with one matmul in flight (refilled two slices ahead, so that with 8 warps both
+warpgroups are done with a slot before it is overwritten); the windows halve as the first index's tile moves right
+(_level_tiles). The key dv is the same pass over dU with the key side's multiplicities.
 
-The backward. What Triton's kernel spends per first index i (= per slice M_i of the state, 64 of them at d=64),
-from ncu / SASS: it waits on every non-accumulating wgmma right after issuing it, its first-index sums
-sit in a [rows, 8] tile in the matmul's layout (32 selects a slice) read-modify-written per tile, and each slice's
-column q_i is a global load. Here:
-- the slices M_i [KW, D] come through a cp.async ring (NBUF slots, prefetched NBUF - 1 slices ahead), one scalar
-  offset per slice on hoisted addresses;
-- X_i = dn M_i^T runs asynchronously with one in flight: slice i + 1's matmul is issued before slice i's FMAs and row
-  sums, into other registers;
-- q_i per row comes from a transposed copy of the block's q in shared memory (one row of it per slice);
-- the first-index sums g_i (one per row) go to a [D, rows] shared tile, added to dq once at the end; dq is written
-  once per row (the block owns its rows: no atomics), in the inputs' dtype with CAST;
-- the normalizer term dl x (Zm + Zm^T) is two bf16 matmuls (x is exact in bf16; hi / lo splits of Zm + Zm^T, ~2^-16
-  relative).
-Same grids, arguments and results as Triton's kernels (the backward needs no ATOMIC). Gluon does not run under
-TRITON_INTERPRET: a GPU test compares it with Triton's kernel.
+The backward-type kernels (query backward, key dk) run the same way over the state's symmetric completion
+(_sym_pass): slice i holds the features {i, j} for every j, the stored (i, j) where j's tile is not before i's, else
+the stored (j, i), so dphi/dx^T X = sum_i (x_i a) M~_i^T is one chain of matmuls with the operand built in registers,
+as the forward's, where the row-scaled form (Triton's) adds x_i X_i and the first-index sums X_i x on the CUDA cores
+per slice (H100 64k fwd+bwd 46.48 -> 43.96 ms). Its price: 64 full slices of d columns, where the row-scaled form
+reads the triangle. The gate term comes by Euler's identity from the result. Exact where each diagonal block of the
+state is symmetric (autograd.chunked_form hands these kernels no other).
+
+The normalizer term dl x (Zm + Zm^T) of the backward is two bf16 matmuls (x is exact in bf16; hi / lo splits of
+Zm + Zm^T, ~2^-16 relative). dq / dk are written once per row (the block owns its rows: no atomics), in the inputs'
+dtype with CAST. Same grids, arguments and results as Triton's kernels. Gluon does not run under TRITON_INTERPRET: the
+GPU tests compare it with Triton's kernels and the float64 reference.
 """
 from __future__ import annotations
 
