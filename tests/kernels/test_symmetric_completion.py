@@ -1,7 +1,10 @@
 """The p=2 backward over the state's symmetric completion (gluon_rows._sym_pass), as a float64
-identity on the reference's tiled layout: the slice rows its copies read are the features {i, j}, and the sum over
-slices i of (x_i a) M~_i^T with its column factors is the gradient of phi(x) . X, X = a S^T, whose half dotted with x
-is X . phi(x) (Euler: the gate term). The kernel itself runs on GPUs only (tests/kernels/test_power_gpu.py)."""
+identity on the reference's tiled layout: the slice rows its copies read (the kernel's own _sym_tile_rows, run on
+torch tensors) are the features {i, j}, and the sum over slices i of (x_i a) M~_i^T with its column factors is the
+gradient of phi(x) . X, X = a S^T, whose half dotted with x is X . phi(x) (Euler: the gate term). The kernel itself
+runs on GPUs only (tests/kernels/test_power_gpu.py)."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -11,19 +14,19 @@ TW = 8      # chunk_p2.config.TILE2
 
 
 def completion_rows(i: int, d: int) -> list[int]:
-    """Layout row of the feature {i, j} for every column j, as gluon_rows._sym_tile_rows addresses it: (i, j) where
-    j's tile is not before i's, else the stored (j, i)."""
-    nt = d // TW
-
-    def diag(t):
-        return t * nt - t * (t - 1) // 2
-
-    rows = []
-    for j in range(d):
-        ti, tj = i // TW, j // TW
-        blk = (diag(min(ti, tj)) + max(ti, tj) - min(ti, tj)) * TW * TW
-        rows.append(blk + (i % TW) * TW + j % TW if tj >= ti else blk + (j % TW) * TW + i % TW)
-    return rows
+    """Layout row of the feature {i, j} for every column j, from the kernel's own gluon_rows._sym_tile_rows (its
+    Gluon body run on torch tensors): slice i of first tile ti reads row base + (i % TW) stride."""
+    gluon_rows = pytest.importorskip("longctx.kernels.power.chunk_p2.gluon_rows")
+    fn = gluon_rows._sym_tile_rows.fn
+    names = fn.__globals__
+    saved = {k: names[k] for k in ("gl", "_diag")}
+    names["gl"] = SimpleNamespace(minimum=torch.minimum, maximum=torch.maximum, where=torch.where)
+    names["_diag"] = gluon_rows._diag.fn
+    try:
+        base, stride = fn(torch.arange(d), torch.tensor(i // TW), TW, d // TW)
+    finally:
+        names.update(saved)
+    return (base + (i % TW) * stride).tolist()
 
 
 def completion_grad(x, a, S, uniform):

@@ -98,10 +98,16 @@ def symmetrize_diagonal_blocks(s: torch.Tensor, d: int) -> torch.Tensor:
     row) replaced by the mean of it and its transpose: what phi(q) . s sees of s (phi(q) is symmetric there), and the
     only part the p=2 kernels' backward over the symmetric completion (chunk_p2 gluon_rows._sym_pass) reads right."""
     tile = state_tile(2, d)
-    idx, _ = _ndmi(d // tile, 2)
-    blocks = s.reshape(*s.shape[:-2], len(idx), tile, tile, s.shape[-1])
-    diagonal = torch.tensor([a == b for a, b in idx], device=s.device)[:, None, None, None]
+    blocks = s.reshape(*s.shape[:-2], -1, tile, tile, s.shape[-1])
+    diagonal = _diagonal_blocks(d, str(s.device))[:, None, None, None]
     return torch.where(diagonal, 0.5 * (blocks + blocks.transpose(-3, -2)), blocks).reshape(s.shape)
+
+
+@lru_cache(maxsize=None)     # one host-to-device copy per (d, device), not one per call
+def _diagonal_blocks(d: int, device: str) -> torch.Tensor:
+    """Which blocks of the p=2 tiled layout are diagonal (tiles (t, t)), as a bool tensor on `device`."""
+    idx, _ = _ndmi(d // state_tile(2, d), 2)
+    return torch.tensor([a == b for a, b in idx], device=device)
 
 
 # ----------------------------------------------------------------------------------------------

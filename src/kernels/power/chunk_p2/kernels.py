@@ -18,7 +18,8 @@ Gate gradients use Euler's identity for the degree-2 form: X . phi = sum_a x[8i 
 The query forward needs no phi at all: _sym2_query_fwd_rows scales the rows of plain matmuls with slices of S
 instead (section "row-scaled" below). The key
 backward's dv and (for d <= 64) the query backward are row-scaled the same way (_sym2_key_dv_rows,
-_sym2_query_bwd_rows); the key dk stays grouped (its row-scaled Triton version measured slower).
+_sym2_query_bwd_rows); the key dk stays grouped (its row-scaled Triton version measured slower). Where Gluon runs
+(gluon_rows.py) the query backward and key dk go over the state's symmetric completion instead.
 
 Same buffers, slots and semantics as the generic kernels (chunk.py's docstring); bf16 inputs keep the
 per-chunk states in bf16 (chunk.ChunkedForm), matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32
@@ -812,8 +813,9 @@ def gluon_rows_regs(kernel: str) -> dict:
 
 
 def gluon_rows_apply(x, d: int) -> bool:
-    """Whether the row-scaled kernels (query forward and backward, key dv and dk) run as their Gluon versions in
-    gluon_rows: bf16 on CUDA, d = 32 or 64, a Triton with its Gluon."""
+    """Whether the row kernels (query forward and backward, key dv and dk) run as their Gluon versions in gluon_rows
+    (the backward-type ones over the state's symmetric completion): bf16 on CUDA, d = 32 or 64, a Triton with its
+    Gluon."""
     return gluon_rows_run(x.is_cuda, x.dtype, d)
 
 
