@@ -53,6 +53,7 @@ class P2Config:
     qbwd_regs: int = _ROWS["qbwd"][3]
     kdv_regs: int = _ROWS["kdv"][3]
     kdk_regs: int = _ROWS["kdk"][3]
+    sym_acc_factor: bool = False      # A/B: the completion's own-tile factor on the accumulator, not in shared memory
     window_min: int = 16              # narrowest slice window of the forward-type row kernels (0: half_window):
     #                                   key dv 4.15 -> 4.03 ms at 16
     norm_sums_bk: int = 64            # rows per _norm_chunk_sums step (both scans 0.78 ms; 128: 0.81, 32: 0.86)

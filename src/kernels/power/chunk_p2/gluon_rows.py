@@ -105,23 +105,33 @@ def _copy_sym_slice(ring, s_p, base, stride, m: gl.constexpr, slot: gl.constexpr
     async_copy.commit_group()
 
 
+@gluon.constexpr_function
+def _copy_vector(D, NW):
+    """Elements per cp.async of a [D, D] slice over NW warps: 8 (16 bytes) where the slice has that many per
+    thread, fewer at d=32 on 8 warps, so that every element has one owner (the thread that copies, doubles and stores
+    it)."""
+    return min(8, D * D // (32 * NW))
+
+
 @gluon.jit
 def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr,
-              NW: gl.constexpr, A_L: gl.constexpr, MMA: gl.constexpr, UNIFORM: gl.constexpr):
+              NW: gl.constexpr, A_L: gl.constexpr, MMA: gl.constexpr, UNIFORM: gl.constexpr,
+              ACC_FACTOR: gl.constexpr = False):
     """dphi/dx^T X [BM, D] (fp32, MMA) for X = a S^T on the tensor cores alone: with M~_i row i of the state's
     symmetric completion (_sym_tile_rows), sum_i (x_i a) M~_i^T, the stored rows' weights made the derivative's:
     2 on the columns of slice i's own tile, 1 elsewhere (in-tile features are stored in both orders with weight 1, the
     others once with weight 2; exact where the diagonal blocks are symmetric, which autograd.chunked_form ensures);
     UNIFORM (dU without the key multiplicities): 2 everywhere. The 2s double the slice's rows in shared memory, each
-    by the thread that copied it (no barrier more; a factor on the accumulator between tiles made ptxas serialize
-    every matmul: C7514, Triton 3.9). The operand (x_i a) is built in registers as bf16 products (as the forward's
+    by the thread that copied it (Triton orders the read-modify-write with two barriers more per slice; a factor on
+    the accumulator between tiles made ptxas serialize every matmul instead: C7514, Triton 3.9). The operand (x_i a) is built in registers as bf16 products (as the forward's
     q_i q_j), slice i's matmul in flight while slice i + 1's operand is built; the ring refilled NBUF - 2 slices ahead
     (_fwd_pass)."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     gl.static_assert(NBUF >= 3, "a slot in flight, one in use, one or more landing")
     NT: gl.constexpr = D // TW
     ROWA: gl.constexpr = gl.SliceLayout(1, A_L)
-    CPM: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
+    VEC: gl.constexpr = _copy_vector(D, NW)
+    CPM: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (D // VEC), D // VEC], [NW, 1], [1, 0])
     ring = gl.allocate_shared_memory(gl.bfloat16, [NBUF, D, D], gl.NVMMASharedLayout.get_default_for([D, D],
                                                                                                    gl.bfloat16))
     gl.static_assert(NBUF - 2 <= TW, "the prefetch stays within the first tile")
@@ -131,6 +141,7 @@ def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.c
     for p in gl.static_range(NBUF - 2):
         _copy_sym_slice(ring, s_p, base, stride, p, p % NBUF, True, D)
     acc = gl.zeros([BM, D], gl.float32, MMA)
+    colt = gl.arange(0, D, layout=gl.SliceLayout(0, MMA)) // TW
     prev = gl.zeros(a_op.shape, gl.bfloat16, A_L)
     for ti in range(0, NT):
         i0 = ti * TW
@@ -138,7 +149,7 @@ def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.c
         own = gl.expand_dims(gl.where(j // TW == ti, 2.0, 1.0).to(gl.bfloat16), 1)
         for a in gl.static_range(TW):
             async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i landed
-            if not UNIFORM:                      # its rows in tile ti doubled, by the thread that copied them
+            if not UNIFORM and not ACC_FACTOR:   # its rows in tile ti doubled, by the thread that copied them
                 slot = ring.index(a % NBUF)
                 slot.store(slot.load(CPM) * own)
                 fence_async_shared()             # before the tensor cores read them (async proxy)
@@ -155,6 +166,8 @@ def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.c
                 prev = op
             else:
                 acc, op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, op))
+        if not UNIFORM and ACC_FACTOR:
+            acc = acc * gl.expand_dims(gl.where(colt == ti, 2.0, gl.where(colt == ti + 1, 0.5, 1.0)), 0)
         base, stride = base_n, stride_n
     async_copy.wait_group(0)
     _barrier()     # every warp done with the ring before shared memory after it reuses it
@@ -276,13 +289,13 @@ def _window_cols(X, row, m2, KW: gl.constexpr, D: gl.constexpr, NW: gl.constexpr
 @gluon.jit
 def _rows_backward(DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
                    TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr,
-                   GATED: gl.constexpr, CAST: gl.constexpr):
+                   GATED: gl.constexpr, CAST: gl.constexpr, ACC_FACTOR: gl.constexpr = False):
     """The backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout; flat row index `row`, mask,
     offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM), DX (fp32, holding the
     intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and DG = rg X . phi(x)
     (the gate gradient) with GATED (_sym_grads). KEYS: dU without the key side's multiplicities. The normalizer state
     of the slot starts at s_base of Z (packed, as S's slot)."""
-    tot, dg = _sym_grads(S, Z, s_base, x, a, dl, on, D, TW, BM, NBUF, KEYS, NORM)
+    tot, dg = _sym_grads(S, Z, s_base, x, a, dl, on, D, TW, BM, NBUF, KEYS, NORM, ACC_FACTOR)
     dx = gl.load(DX + off, mask=m2, other=0.0) + tot * gl.expand_dims(rf, 1)
     if CAST:
         gl.store(DXO + off, dx.to(DXO.dtype.element_ty), mask=m2)
@@ -294,7 +307,7 @@ def _rows_backward(DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, rf, 
 
 @gluon.jit
 def _sym_grads(S, Z, s_base, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr,
-               KEYS: gl.constexpr, NORM: gl.constexpr):
+               KEYS: gl.constexpr, NORM: gl.constexpr, ACC_FACTOR: gl.constexpr = False):
     """_rows_backward's (dphi/dx^T X [BM, D], X . phi(x) [BM]) in the coalesced layout, the state part by _sym_pass
     and the gate term by Euler's identity (X . phi(x) = x . dphi/dx^T X / 2: phi is homogeneous of degree 2)."""
     NW: gl.constexpr = gl.num_warps()
@@ -310,7 +323,7 @@ def _sym_grads(S, Z, s_base, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, BM
     tot = gl.zeros([BM, D], gl.float32, BLK)
     if on > 0:
         tot = gl.convert_layout(_sym_pass(gl.convert_layout(a, A_L), S, s_base, xT_s, D, TW, BM, NBUF, NW, A_L, MMA,
-                                          KEYS), BLK)
+                                          KEYS, ACC_FACTOR), BLK)
     if NORM:      # dl x (Zm + Zm^T): the normalizer's part of X, after the pass (fewer live registers in it)
         xz = _normalizer_dot(gl.convert_layout(x, A_L), Z, s_base, D, TW, BLK, MMA, BM, True, KEYS) * on
         tot += gl.convert_layout(xz * gl.expand_dims(gl.convert_layout(dl, gl.SliceLayout(1, MMA)), 1), BLK)
@@ -321,7 +334,7 @@ def _sym_grads(S, Z, s_base, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, BM
 def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
                          BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr, HAS_S0: gl.constexpr,
-                         NBUF: gl.constexpr, CAST: gl.constexpr):
+                         NBUF: gl.constexpr, CAST: gl.constexpr, ACC_FACTOR: gl.constexpr = False):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
     or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i)."""
@@ -337,7 +350,7 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
         dn = dn * gl.expand_dims(inv, 1)
         dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
     _rows_backward(DQ, DQO, DGQ, S, Z, s_base, row, mask, off, m2, q, dn.to(gl.bfloat16), dl, r, r, on, D, TW, BM,
-                   NBUF, False, NORM, GATED, CAST)
+                   NBUF, False, NORM, GATED, CAST, ACC_FACTOR)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -485,7 +498,7 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 @gluon.jit
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
                       C: gl.constexpr, TW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr,
-                      CAST: gl.constexpr, DU_MULT: gl.constexpr = False):
+                      CAST: gl.constexpr, DU_MULT: gl.constexpr = False, ACC_FACTOR: gl.constexpr = False):
     """Program (key block of a chunk, chunk n, b*hk), the grouped `_sym2_key_bwd`'s dk:
     X = v dU_n^T + dUz_n = dL/dph for ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) +=
     c dph/dk^T X (written to DKO in its dtype with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU
@@ -496,4 +509,4 @@ def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.cons
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
     _rows_backward(DK, DKO, DGK, DU, DUZ, u_base, row, mask, off, m2, k, v, gl.where(mask, 1.0, 0.0), c, -c, on, D,
-                   TW, BK, NBUF, not DU_MULT, True, GATED, CAST)
+                   TW, BK, NBUF, not DU_MULT, True, GATED, CAST, ACC_FACTOR)

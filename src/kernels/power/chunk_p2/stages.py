@@ -104,7 +104,7 @@ def query_backward(q, G, S, Z, dy, lse, delta, dq, dq_out, dgq_state, scale_p, C
         gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, dy, lse, delta, dq, dq_out, dgq_state, scale_p,
             T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE2, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf,
-            CAST=cast, num_warps=warps, **kernels.gluon_rows_regs("qbwd"))
+            CAST=cast, ACC_FACTOR=cfg.sym_acc_factor, num_warps=warps, **kernels.gluon_rows_regs("qbwd"))
     elif kernels.row_scaled_qbwd(d):
         _, bm, _, _ = kernels.blocks("qbwd_rows", d)
         kernels._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -148,7 +148,7 @@ def key_backward(k, v, G, dU, dUz, dk, dk_out, dv, dgk_state, C, gated, cast, du
         bk, warps, nbuf = cfg.kdk_block
         gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
             k, v, G, dU, dUz, dk, dk_out, dgk_state, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE2,
-            BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, num_warps=warps,
+            BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, ACC_FACTOR=cfg.sym_acc_factor, num_warps=warps,
             **kernels.gluon_rows_regs("kdk"))
         bk, warps, nbuf = cfg.kdv_block
         gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
