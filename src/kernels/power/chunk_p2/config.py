@@ -53,9 +53,10 @@ class P2Config:
     qbwd_regs: int = _ROWS["qbwd"][3]
     kdv_regs: int = _ROWS["kdv"][3]
     kdk_regs: int = _ROWS["kdk"][3]
-    sym_acc_factor: bool = False      # A/B: the completion's own-tile factor on the accumulator, not in shared memory
-    window_min: int = 16              # narrowest slice window of the forward-type row kernels (0: half_window):
-    #                                   key dv 4.15 -> 4.03 ms at 16
+    sym_bwd: bool = False             # the Gluon query backward / key dk on the tensor cores alone (gluon_rows._sym_pass)
+    bwd_step: tuple = (1, 2)          # slices per cp.async wait (query bwd, key dk): key dk 9.41 -> 8.33 ms
+    window_min: tuple = (16, 0)       # narrowest slice window (forward-type, backward-type; 0: half_window):
+    #                                   key dv 4.15 -> 4.03 ms at 16; the backward-type lose (8.65 -> 9.07)
     norm_sums_bk: int = 64            # rows per _norm_chunk_sums step (both scans 0.78 ms; 128: 0.81, 32: 0.86)
     norm_sums_rows: int = 1024        # rows per _norm_chunk_sums program (whole chunks)
     norm_scan_ahead: int = 1          # _norm_scan loads the next chunk's inputs before adding this one's
