@@ -47,6 +47,15 @@ def _as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _transposed_rows(x, D: gl.constexpr, BM: gl.constexpr):
+    """x^T [D, BM] in shared memory, read one row (first index) at a time: a flat allocation seen with a 1-D layout,
+    so .index(i) is a plain [BM] row."""
+    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    x_t = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
+    return _as(x_t, gl.bfloat16, [D, BM], ROWS_S)
+
+
+@gluon.jit
 def _diag(ti, NT: gl.constexpr):
     """Block index l(ti, ti) of the lexicographic layout of blocks (i, j >= i)."""
     return ti * NT - (ti * (ti - 1)) // 2
@@ -407,9 +416,7 @@ def _sym_grads(S, Z, s_base, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, BM
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] read a row (first index) at a time
-    xT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
-    xT_s = _as(xT_s, gl.bfloat16, [D, BM], ROWS_S)
+    xT_s = _transposed_rows(x, D, BM)
     # constant loop bounds under a branch (as gluon_query_fwd_rows), leaving it in the coalesced layout: an
     # accumulator merged at the branch's end is read between its matmuls' start and end for ptxas (C7514: every
     # matmul serialized, Triton 3.6)
@@ -440,8 +447,7 @@ def _rows_grads(X, S, Z, s_base, row, m2, x, a, dl, on, D: gl.constexpr, TW: gl.
 
     # x^T and the first-index sums as [D, BM] tiles read / written one row (first index) at a time: flat
     # allocations seen as [D, BM] with a 1-D layout, so .index(i) is a plain [BM] row
-    qT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
-    qT_s = _as(qT_s, gl.bfloat16, [D, BM], ROWS_S)
+    qT_s = _transposed_rows(x, D, BM)
     gT_s = gl.allocate_shared_memory(gl.float32, [D * BM], ROWS_S,
                                      gl.zeros([D * BM], gl.float32, gl.BlockedLayout([4], [32], [NW], [0])))
     gT_s = _as(gT_s, gl.float32, [D, BM], ROWS_S)
@@ -558,10 +564,7 @@ def _rows_forward(X, S, s_base, row, m2, x, on, D: gl.constexpr, TW: gl.constexp
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] read a row (first index) at a time
-    # x^T as a [D, BM] tile: a flat allocation seen with a 1-D layout, so .index(i) is one row
-    xT_s = gl.allocate_shared_memory(gl.bfloat16, [D * BM], ROWS_S, gl.reshape(gl.permute(x, [1, 0]), [D * BM]))
-    xT_s = _as(xT_s, gl.bfloat16, [D, BM], ROWS_S)
+    xT_s = _transposed_rows(x, D, BM)
     num = gl.zeros([BM, D], gl.float32, MMA)
     num = _fwd_pass(num, gl.convert_layout(x, A_L), S, s_base, xT_s, 0, T1 * on, 0, D, D, TW, NBUF, NW, A_L, KEYS)
     for lv in gl.static_range(1, _levels(MINW, D)):
