@@ -264,7 +264,7 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size=None, norm, initial_sta
     # output but the returned state sees it) and the returned state's gradient's go around the kernels, exactly,
     # decayed by the whole sequence's gates
     around = plan.family == "p2" and p2_config.current().sym_bwd and (s0 is not None or return_state) \
-        and _needs_grad(q, k, v, log_g, s0, z0)
+        and native.needs_grad(q, k, v, log_g, s0, z0)
     asym = None
     if around and s0 is not None:
         sym = symmetrize_diagonal_blocks(s0, d)
@@ -277,8 +277,3 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size=None, norm, initial_sta
             s = s + (asym if log_g is None else torch.exp(log_g.float().sum(1))[..., None, None] * asym)
     y = y[:, :t] if pad else y
     return (y, PowerState(s, z)) if return_state else y
-
-
-def _needs_grad(*tensors) -> bool:
-    """Whether autograd records a call on these tensors (None: absent)."""
-    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)

@@ -197,9 +197,9 @@ def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.c
     others once with weight 2; exact where the diagonal blocks are symmetric, which autograd.chunked_form ensures);
     UNIFORM (dU without the key multiplicities): 2 everywhere. The 2s double the slice's rows in shared memory, each
     by the thread that copied it (Triton orders the read-modify-write with two barriers more per slice; a factor on
-    the accumulator between tiles made ptxas serialize every matmul instead: C7514, Triton 3.9). The operand (x_i a) is built in registers as bf16 products (as the forward's
-    q_i q_j), slice i's matmul in flight while slice i + 1's operand is built; the ring refilled NBUF - 2 slices ahead
-    (_fwd_pass)."""
+    the accumulator between tiles made ptxas serialize every matmul instead: C7514, Triton 3.9). The operand (x_i a)
+    is built in registers as bf16 products (as the forward's q_i q_j), slice i's matmul in flight while slice i + 1's
+    operand is built; the ring refilled NBUF - 2 slices ahead (_fwd_pass)."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     gl.static_assert(NBUF >= 3, "a slot in flight, one in use, one or more landing")
     NT: gl.constexpr = D // TW
@@ -485,7 +485,8 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
     or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve
-    down to MINW columns (_level_tiles). STEP: slices per ring wait and barrier (_grad_pass)."""
+    down to MINW columns (_level_tiles). STEP: slices per ring wait and barrier (_grad_pass). SYM: over the state's
+    symmetric completion instead (_sym_grads; MINW and STEP unused)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
     # the block's rows in the coalesced layout: q, dn = dy / Den, dl = -Delta / Den, r
@@ -649,7 +650,8 @@ def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.cons
     X = v dU_n^T + dUz_n = dL/dph for ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) +=
     c dph/dk^T X (written to DKO in its dtype with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU
     slots per (b, hk)). The query backward's passes with the key side's multiplicities (KEYS; DU_MULT: dU / dUz
-    already carry them) and dl = 1. STEP: slices per ring wait and barrier (_grad_pass)."""
+    already carry them) and dl = 1. STEP: slices per ring wait and barrier (_grad_pass). SYM: as the query
+    backward's."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)

@@ -149,9 +149,9 @@ def plan_key(q, k, log_g, p: int, norm: bool):
             norm, t % 16 == 0, t == 1, t <= config.attention.current().short_fwd_t, fused_backward(), _switches())
 
 
-def needs_grad(q, k, v, log_g) -> bool:
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                        or (log_g is not None and log_g.requires_grad))
+def needs_grad(*tensors) -> bool:
+    """Whether autograd records a call on these tensors (None: an absent input, such as log_g)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
 def lookup(q, k, v, log_g, p: int, norm: bool):
