@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from longctx.kernels import power_attention, power_attention_step
-from longctx.kernels.power.reference import PowerState, power_attention_reference, state_dim
+from longctx.kernels.power.reference import PowerState, power_attention_reference, \
+    symmetrize_diagonal_blocks
 from longctx.kernels.power.autograd import chunked_form
 
 pytestmark = pytest.mark.gpu
@@ -330,13 +331,20 @@ def test_gluon_backward_over_the_symmetric_completion(d, chunk, norm, gated):
 def test_chunked_state_with_antisymmetric_blocks_bf16(d, sym):
     """An incoming state with antisymmetric diagonal blocks and a returned state's gradient with them (the p=2 Gluon
     backward reads those blocks as symmetric; chunked_form takes the rest around it), weak gates so that the part
-    taken around still counts at the end: output, returned state and every gradient against the float64 reference."""
+    taken around still counts at the end: output, returned state and every gradient against the float64 reference.
+    The incoming state is one the keys of an earlier stretch wrote plus antisymmetric noise in its diagonal blocks
+    (which no output sees): its normalizer stays positive, as every reachable one (a random one crosses zero, and
+    1 / Den with it)."""
     q, k, v, lg = make(1, 700, 4, 2, d, torch.bfloat16, True, seed=5)
     lg = lg * 0.01
+    _, st = power_attention_reference(*make(1, 300, 4, 2, d, torch.float32, True, seed=4), p=2, norm=True,
+                                      chunk_size=128, return_state=True)
     g = torch.Generator(device="cuda").manual_seed(6)
-    D = state_dim(2, d)
-    s0 = torch.randn(1, 2, D, d, device="cuda", generator=g)
-    z0 = torch.rand(1, 2, D, device="cuda", generator=g)
+    noise = torch.randn(st.s.shape[:-1] + (st.s.shape[-1] + 1,), device="cuda", generator=g)
+    noise = noise - symmetrize_diagonal_blocks(noise, d)          # antisymmetric within diagonal blocks, 0 elsewhere
+    assert noise.abs().amax() > 0.1
+    s0 = st.s + noise[..., :-1] * st.s.abs().mean()
+    z0 = st.z + noise[..., -1] * st.z.abs().mean()
     leaves = [x.requires_grad_() for x in (q, k, v, lg, s0, z0)]
     from longctx.kernels.power.chunk_p2 import config as p2_config
     with p2_config.override(**(SYM_BWD if sym else {})):
