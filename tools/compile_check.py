@@ -275,7 +275,7 @@ def compile_sym2(d, *, norm=True, gated=True, hq=4, hk=2, chunk=1024, arch=90, b
 
 
 def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
-    """The row-scaled kernels in Gluon (gluon_rows.gluon_query_fwd_rows / gluon_query_bwd_rows / gluon_key_dv_rows /
+    """The row kernels in Gluon (gluon_rows.gluon_query_fwd_rows / gluon_query_bwd_rows / gluon_key_dv_rows /
     gluon_key_dk_rows) as they would launch with the current chunk_p2 config, register caps included:
     [(name, shared, registers, stack)]."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -293,14 +293,14 @@ def compile_gluon_rows(d, *, norm=True, hq=4, hk=2, chunk=1024, arch=90):
              dict(queries)),
             (jit("gluon_query_bwd_rows"), "qbwd", cfg.qbwd_block,
              {"Q": "*bf16", "S": "*bf16", "DO": "*bf16", "DQO": "*bf16", "DQ": low, "Z": zt}, query_ints,
-             dict(queries, CAST=True, STEP=cfg.bwd_step[0], SYM=cfg.sym_bwd)),
+             dict(queries, CAST=True)),
             (jit("gluon_key_dv_rows"), "kdv", cfg.kdv_block, {"K": "*bf16", "DU": "*bf16", "DV": "*bf16"},
              key_ints, dict(shape, HK=hk, DU_MULT=True)),
             (jit("gluon_key_dk_rows"), "kdk", cfg.kdk_block,
              {"K": "*bf16", "V": "*bf16", "DU": "*bf16", "DKO": "*bf16", "DK": low, "DUZ": zt},
-             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=True, STEP=cfg.bwd_step[1], SYM=cfg.sym_bwd))):
+             key_ints, dict(shape, HK=hk, CAST=True, DU_MULT=True))):
         rows, warps, nbuf = block
-        consts = dict(consts, NBUF=nbuf, MINW=s2.gluon_window_min(d, kind),
+        consts = dict(consts, NBUF=nbuf, **({"MINW": s2.gluon_window_min(d)} if kind in ("qfwd", "kdv") else {}),
                       **({"BM": rows} if kind.startswith("q") else {"BK": rows}))
         k = _compile(fn, ptrs, ints, consts, warps, 1, arch, s2.gluon_rows_regs(kind).get("maxnreg"),
                      source=GluonASTSource)

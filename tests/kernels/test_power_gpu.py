@@ -259,8 +259,6 @@ def test_default_routing_long_bf16_p2_is_chunked_and_matches_attention_form(monk
     assert rel_err(y, y_attn) < 1e-2
 
 
-# the Gluon query backward / key dk over the state's symmetric completion, with its tiles (chunk_p2 config sym_bwd)
-SYM_BWD = dict(sym_bwd=True, qbwd_block=(128, 8, 8), qbwd_regs=128, kdk_block=(128, 8, 8), kdk_regs=128)
 # mode family -> (config fields of the first run, of the second): the two paths a mode compares (chunk_p2 config)
 STATE_PATHS = {
     "sym2": None,                                               # the generic kernels against the p=2 ones
@@ -269,15 +267,14 @@ STATE_PATHS = {
     "plain": (dict(qfwd_pipe=0, kdv_pipe=0), {}),               # the Triton row kernels without slice prefetch
     "streams": (dict(concurrent_bwd=False), {}),                # 1 vs 2 streams (retain_graph: not in place)
     "normahead": (dict(norm_sums_rows=1, norm_scan_ahead=0), {}),   # a program a chunk, no loads ahead
-    "levels": (dict(window_min=(0, 0)), dict(window_min=(16, 16))),   # two windows against halving to 16
-    "symbwd": ({}, SYM_BWD),                                    # row-scaled against the symmetric completion
+    "levels": (dict(window_min=0), dict(window_min=16)),      # two windows against halving to 16 (forward-type)
 }
 
 
 @pytest.mark.parametrize("mode", ["sym2-fp32", "sym2-bf16", "sym2-bf16-d32", "sym2-bf16-d128", "rows-fp32",
                                   "rows-bf16", "rows-bf16-d32", "atomic-fp32", "atomic-bf16", "atomic-bf16-d32",
                                   "atomic-bf16-d128", "plain-fp32", "streams-bf16", "streams-bf16-d32",
-                                  "normahead-bf16", "levels-bf16", "symbwd-bf16", "symbwd-bf16-d32"])
+                                  "normahead-bf16", "levels-bf16"])
 def test_chunked_state_paths_agree(mode):
     """Two implementations of the chunked form's state term agree (STATE_PATHS: the chunk_p2 config of each run; the
     p=2 kernels forced for fp32): the generic expand-MMA kernels against the p=2 ones (sym2-*: the Gluon kernels for
@@ -312,23 +309,19 @@ def test_chunked_state_paths_agree(mode):
 @pytest.mark.parametrize("d", [32, 64])
 @pytest.mark.parametrize("chunk,norm,gated", [(128, True, True), (128, False, False), (40, True, True)])
 def test_gluon_backward_over_the_symmetric_completion(d, chunk, norm, gated):
-    """The Gluon query backward and key dk over the state's symmetric completion (gluon_rows._sym_pass, config
-    sym_bwd) against the float64 reference: chunk 128 (dU from the Gluon scan, carrying the key multiplicities) and 40
-    (not a multiple of the Gluon outer products' 16-row steps: Triton's outer products, dU without them, the uniform
-    factor)."""
-    from longctx.kernels.power.chunk_p2 import config as p2_config
+    """The Gluon query backward and key dk (gluon_rows._sym_pass) against the float64 reference: chunk 128 (dU from
+    the Gluon scan, carrying the key multiplicities) and 40 (not a multiple of the Gluon outer products' 16-row steps:
+    Triton's outer products, dU without them, the uniform factor)."""
     from longctx.kernels.power.chunk_p2 import kernels as p2_kernels
     q, k, v, lg = make(1, 777, 4, 2, d, torch.bfloat16, gated)
     assert p2_kernels.gluon_rows_apply(q, d) and p2_kernels.gluon_outer_applies(q, d, chunk) == (chunk == 128)
     leaves = [x.requires_grad_() for x in (q, k, v) + ((lg,) if gated else ())]
-    with p2_config.override(**SYM_BWD):
-        y = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=norm)
-        assert_matches_float64_reference(y, leaves, p=2, norm=norm, gated=gated, dtype=torch.bfloat16)
+    y = chunked_form(q, k, v, lg, p=2, scale=d ** -0.5, chunk_size=chunk, norm=norm)
+    assert_matches_float64_reference(y, leaves, p=2, norm=norm, gated=gated, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("sym", [False, True])
 @pytest.mark.parametrize("d", [32, 64])
-def test_chunked_state_with_antisymmetric_blocks_bf16(d, sym):
+def test_chunked_state_with_antisymmetric_blocks_bf16(d):
     """An incoming state with antisymmetric diagonal blocks and a returned state's gradient with them (the p=2 Gluon
     backward reads those blocks as symmetric; chunked_form takes the rest around it), weak gates so that the part
     taken around still counts at the end: output, returned state and every gradient against the float64 reference.
@@ -346,12 +339,10 @@ def test_chunked_state_with_antisymmetric_blocks_bf16(d, sym):
     s0 = st.s + noise[..., :-1] * st.s.abs().mean()
     z0 = st.z + noise[..., -1] * st.z.abs().mean()
     leaves = [x.requires_grad_() for x in (q, k, v, lg, s0, z0)]
-    from longctx.kernels.power.chunk_p2 import config as p2_config
-    with p2_config.override(**(SYM_BWD if sym else {})):
-        y, st = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True, initial_state=leaves[4:],
-                             return_state=True)
-        seeds = [torch.randn(x.shape, device="cuda", generator=g) for x in (y, st.s, st.z)]
-        grads = torch.autograd.grad([y, st.s, st.z], leaves, seeds)
+    y, st = chunked_form(*leaves[:4], p=2, scale=0.125, chunk_size=128, norm=True, initial_state=leaves[4:],
+                         return_state=True)
+    seeds = [torch.randn(x.shape, device="cuda", generator=g) for x in (y, st.s, st.z)]
+    grads = torch.autograd.grad([y, st.s, st.z], leaves, seeds)
     ref = [x.detach().double().requires_grad_() for x in leaves]
     y_ref, st_ref = power_attention_reference(*ref[:4], p=2, scale=0.125, norm=True, chunk_size=128,
                                               initial_state=PowerState(*ref[4:]), return_state=True)

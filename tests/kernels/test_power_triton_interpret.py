@@ -120,30 +120,30 @@ def test_sym2_kernels_compile_for_sm90():
     for name in ("gluon_outer_keys", "gluon_outer"):
         assert out[name][1] in (None, 0), f"{name} spills {out[name][1]} bytes"
     # the row kernels run under register caps (config *_regs: more programs per SM pay despite a few spilled rows;
-    # Triton 3.6 spills 32 / 160 / 0 bytes in the query forward / query backward / key dv, 3.9 0 / 360 / 0): the caps
-    # reach the build, and what they push to the stack stays a few rows, not the accumulators
+    # at d=64 Triton 3.6 spills 32 / 160 / 0 / 56 bytes in the query forward / query backward / key dv / key dk, 3.9
+    # 0 / 104 / 0 / 56): the caps reach the build, and what they push to the stack stays a few rows, not the
+    # accumulators
     from longctx.kernels.power.chunk_p2 import kernels as s2
     regs = {name: r for name, _, r, _ in built}
-    for name, kind in (("gluon_query_fwd_rows", "qfwd"), ("gluon_query_bwd_rows", "qbwd"),
-                       ("gluon_key_dv_rows", "kdv")):
+    kinds = {"gluon_query_fwd_rows": "qfwd", "gluon_query_bwd_rows": "qbwd", "gluon_key_dv_rows": "kdv",
+             "gluon_key_dk_rows": "kdk"}
+    for name, kind in kinds.items():
         cap = s2.gluon_rows_regs(kind).get("maxnreg", 255)
         assert regs[name] is None or regs[name] <= cap, (name, regs[name], cap)
         assert out[name][1] in (None, 0) or out[name][1] <= 512, f"{name} spills {out[name][1]} bytes"
-    # the Gluon query forward and key dv keep one accumulating matmul in flight and drain the pipe once per first
-    # tile: a loop-carried in-flight accumulator made ptxas serialize every matmul (C7515: a full wait per HGMMA)
+    # every Gluon row kernel keeps one accumulating matmul in flight and drains the pipe once per first tile: a
+    # loop-carried in-flight accumulator made ptxas serialize every matmul (C7515: a full wait per HGMMA)
     from tools.compile_check import wgmma_waits
-    for name in ("gluon_query_fwd_rows", "gluon_key_dv_rows"):
+    for name in kinds:
         waits = wgmma_waits(sass_of(name))
         assert waits["full_waits"] * 4 < waits["hgmma"], (name, waits)
-    # the slice loops as sass_loop_counts sees them: one loop per window level, whose matmuls are the closed form
-    # TW slices x (contraction / 16) HGMMA: at d=64 the full window's 8 x 64/16 = 32 in every kernel, a window of w
-    # columns 8 x w/16 where it contracts the window (forward-type: window_min[0] = 16, windows 64 / 32 / 16)
-    # and 32 where it contracts d (backward-type, two windows)
+    # the slice loops as sass_loop_counts sees them, whose matmuls are the closed form TW slices x (contraction / 16)
+    # HGMMA: the forward-type kernels one loop per window level, contracting the window (window_min = 16: windows
+    # 64 / 32 / 16 columns, 8 x w/16), the backward-type one loop over every first tile, contracting d (8 x 64/16)
     from tools.compile_check import sass_loop_counts
-    fwd = [8 * (64 >> lv) // 16 for lv in range(3 if s2.gluon_window_min(64, "qfwd") == 16 else 2)]
-    bwd = [32] * (3 if s2.gluon_window_min(64, "qbwd") == 16 else 2)
-    expect = {"gluon_query_fwd_rows": fwd, "gluon_key_dv_rows": fwd, "gluon_query_bwd_rows": bwd,
-              "gluon_key_dk_rows": bwd}
+    fwd = [8 * (64 >> lv) // 16 for lv in range(3 if s2.gluon_window_min(64) == 16 else 2)]
+    expect = {"gluon_query_fwd_rows": fwd, "gluon_key_dv_rows": fwd, "gluon_query_bwd_rows": [32],
+              "gluon_key_dk_rows": [32]}
     for name, hgmma in expect.items():
         loops = sass_loop_counts(sass_of(name))
         assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
@@ -153,18 +153,16 @@ def test_sym2_kernels_compile_for_sm90():
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("d", [32, 64])
 def test_gluon_backward_over_the_symmetric_completion_builds(d):
-    """config sym_bwd: the Gluon query backward and key dk over the state's symmetric completion build with their
-    tiles (128 rows, 8 warps, 8 slots, capped at 128 registers), one slice loop over every first tile whose matmuls are
-    8 slices x d / 16 HGMMA, kept in flight (not serialized by ptxas: C7514), a few rows on the stack at most."""
+    """The Gluon query backward and key dk over the state's symmetric completion build with their tiles (128 rows,
+    8 warps, 8 slots, capped at 128 registers) at d = 32 and 64: one slice loop over every first tile whose matmuls
+    are 8 slices x d / 16 HGMMA, kept in flight (not serialized by ptxas: C7514, which the own tile's accumulator
+    rescale caused where it stood at a tile's end), a few rows on the stack at most."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power.chunk_p2 import config as p2_config
     from longctx.kernels.power.chunk_p2 import kernels as s2
     from tools.compile_check import compile_gluon_rows, sass_loop_counts, wgmma_waits
     if not s2.gluon_available():
         pytest.skip("this Triton has no Gluon")
-    with p2_config.override(sym_bwd=True, qbwd_block=(128, 8, 8), qbwd_regs=128, kdk_block=(128, 8, 8),
-                            kdk_regs=128):
-        built = {name: (regs, stack) for name, _, regs, stack in compile_gluon_rows(d)}
+    built = {name: (regs, stack) for name, _, regs, stack in compile_gluon_rows(d)}
     for name in ("gluon_query_bwd_rows", "gluon_key_dk_rows"):
         regs, stack = built[name]
         assert (regs is None or regs <= 128) and (stack in (None, 0) or stack <= 512), (name, regs, stack)
@@ -176,10 +174,10 @@ def test_gluon_backward_over_the_symmetric_completion_builds(d):
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_gluon_rows_window_levels():
-    """config window_min = 16 at d=64: the slices' windows halve 64 -> 32 -> 16 columns, each level serving the first
-    tiles whose features (i, j >= tile(i)) it covers (0-3, 4-5, 6-7 of 8): one slice loop per level, whose HGMMA count
-    is the closed form 8 slices x contraction / 16 (the forward contracts the window: 32, 16, 8; the backward d: 32
-    each). An invalid minimum falls back to the two windows."""
+    """config window_min = 16 at d=64: the forward-type kernels' slice windows halve 64 -> 32 -> 16 columns, each
+    level serving the first tiles whose features (i, j >= tile(i)) it covers (0-3, 4-5, 6-7 of 8): one slice loop per
+    level, whose HGMMA count is the closed form 8 slices x window / 16 (32, 16, 8). An invalid minimum falls back to
+    the two windows."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from longctx.kernels.power.chunk_p2 import config as p2_config, gluon_rows
     from longctx.kernels.power.chunk_p2 import kernels as s2
@@ -191,49 +189,15 @@ def test_gluon_rows_window_levels():
     assert levels(32, 64) == 2 and [tiles(lv, 32, 64, 8) for lv in range(2)] == [(0, 4), (4, 8)]
     assert levels(16, 32) == 2 and [tiles(lv, 16, 32, 8) for lv in range(2)] == [(0, 2), (2, 4)]
     for w, d, expect in ((16, 64, 16), (0, 64, 32), (24, 64, 32), (64, 64, 32), (16, 32, 16)):
-        with p2_config.override(window_min=(w, 0)):
-            assert s2.gluon_window_min(d, "qfwd") == s2.gluon_window_min(d, "kdv") == expect, (w, d)
-            assert s2.gluon_window_min(d, "qbwd") == s2.gluon_window_min(d, "kdk") == d // 2, (w, d)
-    with p2_config.override(window_min=(16, 16)):
+        with p2_config.override(window_min=w):
+            assert s2.gluon_window_min(d) == expect, (w, d)
+    with p2_config.override(window_min=0):
         built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
-    expect = {"gluon_query_fwd_rows": [32, 16, 8], "gluon_key_dv_rows": [32, 16, 8],
-              "gluon_query_bwd_rows": [32, 32, 32], "gluon_key_dk_rows": [32, 32, 32]}
-    for name in expect:
-        assert built[name] in (None, 0) or built[name] <= 512, (name, built[name])
+    expect = {"gluon_query_fwd_rows": [32, 16], "gluon_key_dv_rows": [32, 16]}
     for name, hgmma in expect.items():
+        assert built[name] in (None, 0) or built[name] <= 512, (name, built[name])
         loops = sass_loop_counts(sass_of(name))
         assert [loop["ops"].get("HGMMA", 0) for loop in loops] == hgmma, (name, loops)
-
-
-@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_gluon_key_dk_two_slices_per_barrier():
-    """config bwd_step: key dk (the default, 8 ring slots) waits for its copies and meets at the CTA barrier once per
-    two slices: its slice loops hold fewer barriers than with one slice a step, and the same matmuls (8 slices x 64 / 16
-    HGMMA per first tile). A ring too short for the step (4 slots: the step's two slices landing, two being refilled,
-    one in use) is refused at build time."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    from longctx.kernels.power.chunk_p2 import config as p2_config
-    from longctx.kernels.power.chunk_p2 import kernels as s2
-    from tools.compile_check import compile_gluon_rows, sass_loop_counts
-    if not s2.gluon_available():
-        pytest.skip("this Triton has no Gluon")
-    assert p2_config.current().bwd_step[1] == 2 and p2_config.current().kdk_block[2] == 8
-    bars = {}
-    for step in (1, 2):
-        with p2_config.override(bwd_step=(1, step)):
-            built = {name: stack for name, _, _, stack in compile_gluon_rows(64)}
-        assert built["gluon_key_dk_rows"] in (None, 0) or built["gluon_key_dk_rows"] <= 512
-        loops = sass_loop_counts(sass_of("gluon_key_dk_rows"))
-        assert [loop["ops"].get("HGMMA", 0) for loop in loops] == [32, 32], loops
-        bars[step] = sum(loop["ops"].get("BAR", 0) for loop in loops)
-    assert bars[2] < bars[1], bars
-    with pytest.raises(Exception) as err, p2_config.override(kdk_block=(64, 4, 4)):
-        compile_gluon_rows(32)
-    chain, e = [], err.value
-    while e is not None:
-        chain.append(str(e))
-        e = e.__cause__ or e.__context__
-    assert any("landing" in text for text in chain), chain
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
@@ -253,7 +217,7 @@ def test_gluon_rows_refuse_a_ring_too_short_to_pipeline(block):
     while e is not None:                    # the assertion's message sits in the compiler error's chain
         chain.append(str(e))
         e = e.__cause__ or e.__context__
-    assert any("landing" in text for text in chain), chain      # _grad_pass / _fwd_pass: "... one landing ..."
+    assert any("landing" in text for text in chain), chain      # _sym_pass / _fwd_pass: "... one landing ..."
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")

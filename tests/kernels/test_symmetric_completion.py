@@ -70,12 +70,11 @@ def test_completion_sum_is_the_gradient_and_euler_gives_the_gate_term(d, uniform
 
 
 def test_states_go_around_the_kernels_exactly(monkeypatch):
-    """chunked_form on the p=2 family with config sym_bwd hands its kernels only states whose diagonal blocks are
+    """chunked_form on the p=2 family hands its kernels only states whose diagonal blocks are
     symmetric: an incoming state with an antisymmetric part and a returned state's gradient with one reach the
     kernels symmetrized, and the parts taken off go around them so that the output, the returned state and every
     gradient are the float64 reference's (the kernels stood in for by the reference on what they are handed)."""
     from longctx.kernels.power import autograd, plan as plan_mod
-    from longctx.kernels.power.chunk_p2 import config as p2_config
     from longctx.kernels.power.reference import power_attention_reference
     monkeypatch.setattr(plan_mod, "p2_family", lambda p, d, dtype: p == 2)
     g = torch.Generator().manual_seed(0)
@@ -96,9 +95,8 @@ def test_states_go_around_the_kernels_exactly(monkeypatch):
         return y, st.s, st.z
     monkeypatch.setattr(autograd.ChunkedForm, "apply", kernels)
     monkeypatch.setattr(autograd.gates, "gate_cumsum", lambda lg, C: None)      # a Triton scan; the stand-in reads lg
-    with p2_config.override(sym_bwd=True):      # the backward that reads only symmetric diagonal blocks
-        y, st = autograd.chunked_form(*leaves[:4], p=2, scale=0.25, chunk_size=C, norm=True,
-                                      initial_state=(leaves[4], leaves[5]), return_state=True)
+    y, st = autograd.chunked_form(*leaves[:4], p=2, scale=0.25, chunk_size=C, norm=True,
+                                  initial_state=(leaves[4], leaves[5]), return_state=True)
     ref = [x.clone().requires_grad_() for x in (q, k, v, lg, s0, z0)]
     y_ref, st_ref = power_attention_reference(*ref[:4], p=2, scale=0.25, norm=True, chunk_size=C,
                                               initial_state=PowerState(ref[4], ref[5]), return_state=True)

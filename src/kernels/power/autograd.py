@@ -18,7 +18,6 @@ from typing import Optional
 import torch
 
 from . import gates
-from .chunk_p2 import config as p2_config
 from .chunk import chunked_backward, chunked_forward
 from .native import launcher as native
 from .parallel import attention_backward, attention_forward
@@ -259,12 +258,11 @@ def chunked_form(q, k, v, log_g, *, p, scale, chunk_size=None, norm, initial_sta
     s0 = z0 = None
     if initial_state is not None:
         s0, z0 = (x.float() for x in initial_state)
-    # the p=2 backward over the symmetric completion (chunk_p2 config sym_bwd) reads the states' diagonal blocks as
-    # symmetric, as every state the keys write is: where gradients flow, an incoming state's antisymmetric part (no
-    # output but the returned state sees it) and the returned state's gradient's go around the kernels, exactly,
-    # decayed by the whole sequence's gates
-    around = plan.family == "p2" and p2_config.current().sym_bwd and (s0 is not None or return_state) \
-        and native.needs_grad(q, k, v, log_g, s0, z0)
+    # the p=2 backward over the symmetric completion (chunk_p2 gluon_rows._sym_pass) reads the states' diagonal
+    # blocks as symmetric, as every state the keys write is: where gradients flow, an incoming state's antisymmetric
+    # part (no output but the returned state sees it) and the returned state's gradient's go around the kernels,
+    # exactly, decayed by the whole sequence's gates
+    around = plan.family == "p2" and (s0 is not None or return_state) and native.needs_grad(q, k, v, log_g, s0, z0)
     asym = None
     if around and s0 is not None:
         sym = symmetrize_diagonal_blocks(s0, d)

@@ -59,10 +59,10 @@ INDEX: dict[str, Kernel] = {
     "gluon_query_fwd_rows": _K("chunk_p2.gluon_rows", "gluon_query_fwd_rows", ("gluon_query_fwd_rows",),
                                "query forward, row-scaled"),
     "gluon_query_bwd_rows": _K("chunk_p2.gluon_rows", "gluon_query_bwd_rows", ("gluon_query_bwd_rows",),
-                               "query backward (row-scaled, or over the symmetric completion)"),
+                               "query backward over the symmetric completion"),
     "gluon_key_dv_rows": _K("chunk_p2.gluon_rows", "gluon_key_dv_rows", ("gluon_key_dv_rows",), "key dv, row-scaled"),
     "gluon_key_dk_rows": _K("chunk_p2.gluon_rows", "gluon_key_dk_rows", ("gluon_key_dk_rows",),
-                            "key dk (row-scaled, or over the symmetric completion)"),
+                            "key dk over the symmetric completion"),
     # decoding (decode_kernel.py)
     "decode_step": _K("decode_kernel", "_power_decode_step", ("decode_step",), "one fused decoding step"),
 }

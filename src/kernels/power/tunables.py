@@ -129,10 +129,11 @@ TABLE: dict[tuple, Optional[tuple]] = {
     ("gluon_outer", 128, "bf16"): (1, 32),
     # two warpgroups share each slice: 64k 56.41 -> 55.47 ms; register caps: query fwd 6.38 -> 6.22 ms (152: 6.47)
     ("gluon_query_fwd_rows", None, "bf16"): (128, 8, 8, 128),
-    ("gluon_query_bwd_rows", None, "bf16"): (64, 4, 4, 168),   # 128 rows: 10.22 ms against 9.43; cap 9.64 -> 9.36
+    # the backward-type over the symmetric completion as the forward: 64k query bwd 6.52, key dk 5.99 ms (an earlier
+    # form: fwd+bwd 43.96 ms; uncapped 46.76, (64, 4, 8) 47.74)
+    ("gluon_query_bwd_rows", None, "bf16"): (128, 8, 8, 128),
     ("gluon_key_dv_rows", None, "bf16"): (128, 8, 8, 128),     # cap: 5.58 -> 4.75 ms
-    ("gluon_key_dk_rows", None, "bf16"): (64, 4, 8, 0),        # 8 slots for two slices per barrier; capped at 168:
-    #                                                            9.82 -> 10.85 ms, so none
+    ("gluon_key_dk_rows", None, "bf16"): (128, 8, 8, 128),
     ("transpose_heads", None, ANY): (64, 4),
     ("norm_chunk_sums", 64, ANY): (4, 3),
     ("norm_chunk_sums", None, ANY): (8, 3),

@@ -53,13 +53,8 @@ class P2Config:
     qbwd_regs: int = _ROWS["qbwd"][3]
     kdv_regs: int = _ROWS["kdv"][3]
     kdk_regs: int = _ROWS["kdk"][3]
-    sym_bwd: bool = False             # the Gluon query backward / key dk over the state's symmetric completion, on the
-    #                                   tensor cores alone (gluon_rows._sym_pass), with qbwd_block = kdk_block =
-    #                                   (128, 8, 8) and qbwd_regs = kdk_regs = 128: off until its present form is timed
-    #                                   on a card (an earlier one: 64k 46.48 -> 43.96 ms, H100)
-    bwd_step: tuple = (1, 2)          # slices per cp.async wait (query bwd, key dk): key dk 9.41 -> 8.33 ms
-    window_min: tuple = (16, 0)       # narrowest slice window (forward-type, backward-type; 0: half_window):
-    #                                   key dv 4.15 -> 4.03 ms at 16; the backward-type lose (8.65 -> 9.07)
+    window_min: int = 16              # narrowest slice window of the forward-type row kernels (0: half_window):
+    #                                   key dv 4.15 -> 4.03 ms at 16
     norm_sums_bk: int = 64            # rows per _norm_chunk_sums step (both scans 0.78 ms; 128: 0.81, 32: 0.86)
     norm_sums_rows: int = 1024        # rows per _norm_chunk_sums program (whole chunks)
     norm_scan_ahead: int = 1          # _norm_scan loads the next chunk's inputs before adding this one's

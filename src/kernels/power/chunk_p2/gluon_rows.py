@@ -9,15 +9,13 @@ accumulated on the tensor cores with one matmul in flight (refilled two slices a
 warpgroups are done with a slot before it is overwritten); the windows halve as the first index's tile moves right
 (_level_tiles). The key dv is the same pass over dU with the key side's multiplicities.
 
-The backward-type kernels (query backward, key dk) are row-scaled (_rows_grads): per slice X_i = a M_i^T on the
-tensor cores, with x_i X_i and the first-index sums X_i x on the CUDA cores. With config sym_bwd (off until this form
-is timed on a card) they run as the forward-type ones over the state's symmetric completion (_sym_pass): slice i
-holds the features {i, j} for every j, the stored (i, j) where j's tile is not before i's, else the stored (j, i),
-so dphi/dx^T X = sum_i (x_i a) M~_i^T is one chain of matmuls with the operand built in registers, as the forward's
-(H100 64k fwd+bwd 46.48 -> 43.96 ms in an earlier form, the own-tile factor on the accumulator, which Triton 3.9's
-ptxas serializes). Its price: 64 full slices of d columns, where the row-scaled form reads the triangle. The gate
-term comes by Euler's identity from the result. Exact where each diagonal block of the state is symmetric
-(autograd.chunked_form hands these kernels no other).
+The backward-type kernels (query backward, key dk) run as the forward-type ones, over the state's symmetric
+completion (_sym_pass): slice i holds the features {i, j} for every j, the stored (i, j) where j's tile is not before
+i's, else the stored (j, i), so dphi/dx^T X = sum_i (x_i a) M~_i^T is one chain of matmuls with the operand built in
+registers. Its price: 64 full slices of d columns where the forward reads the triangle; against the row-scaled form it
+replaced (per slice X_i = a M_i^T on the tensor cores, x_i X_i and the first-index sums on the CUDA cores), H100 64k
+query backward 9.30 -> 6.52 ms, key dk 8.53 -> 5.99 ms. The gate term comes by Euler's identity from the result.
+Exact where each diagonal block of the state is symmetric (autograd.chunked_form hands these kernels no other).
 
 The normalizer term dl x (Zm + Zm^T) of the backward is two bf16 matmuls (x is exact in bf16; hi / lo splits of
 Zm + Zm^T, ~2^-16 relative). dq / dk are written once per row (the block owns its rows: no atomics), in the inputs'
@@ -96,70 +94,6 @@ def _ring_start(S, s_base, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr, D: gl
 
 
 @gluon.jit
-def _slice_step(acc, dg, x, xw, qT_s, gT_s, i, ROW: gl.constexpr):
-    """Slice i's share, X_i = x: acc += X_i q_i, g_i = sum_j X_i[:, j] q_j into gT_s[i], dg += q_i g_i."""
-    q_i = qT_s.index(i).load(ROW).to(gl.float32)
-    acc += x * gl.expand_dims(q_i, 1)
-    g_i = gl.sum(x * xw, axis=1)
-    gT_s.index(i).store(g_i)
-    return acc, dg + q_i * g_i
-
-
-@gluon.jit
-def _grad_pass(acc, dg, a_op, xw, S, s_base, qT_s, gT_s, t_lo, t_hi, J0: gl.constexpr, KW: gl.constexpr,
-               D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
-               MMA: gl.constexpr, KEYS: gl.constexpr = False, STEP: gl.constexpr = 1):
-    """First tiles ti in [t_lo, t_hi), window [J0, J0 + KW): for each slice i = TW ti + a, X_i = a_op M_i^T [BM, KW]
-    (dL/dphi over the features (i, j)), then _slice_step. xw: q's window columns in MMA's layout (fp32).
-    The slices of a tile are unrolled: slice i + 1's matmul is issued before slice i is used, into the other of two
-    accumulators, so no in-flight accumulator crosses a loop iteration (a loop-carried one made ptxas serialize
-    every wgmma: C7514). Between tiles the pipe drains once. KEYS: X_i carries the key side's multiplicities (1 on
-    tile ti's columns, 2 after them). STEP: slices per ring wait and CTA barrier: a step starting at slice i waits
-    for slices up to i + STEP (the last matmul it issues) and refills the STEP slots of slices i - STEP .. i - 1
-    (every warpgroup's matmul of slice i - 1 is done at its barrier), NBUF - STEP slices ahead."""
-    gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
-    gl.static_assert(TW % STEP == 0, "steps must tile the first tiles")
-    # slice i + 1's copy must be issued a step before its matmul, into a slot slice i does not hold: with 2 slots it
-    # would land in the slot being read (such a build once timed "faster", and wrong)
-    gl.static_assert(NBUF >= 2 * STEP + 1, "a slot in use, the step's slices landing, its slots being refilled")
-    NT: gl.constexpr = D // TW
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    ring, m_p, tj, dtrue, i_end = _ring_start(S, s_base, t_lo, t_hi, J0, KW, D, TW, NW, NBUF, NBUF - STEP)
-    async_copy.wait_group(NBUF - STEP - 1)
-    _barrier()
-    zero = gl.zeros([BM, KW], gl.float32, MMA)
-    for ti in range(t_lo, t_hi):
-        i0 = ti * TW
-        wv = gl.full([1, KW], 1.0, gl.float32, MMA)
-        if KEYS:
-            jw = (J0 + gl.arange(0, KW, layout=gl.SliceLayout(0, MMA))) // TW
-            wv = gl.expand_dims(gl.where(jw == ti, 1.0, 2.0), 0)
-        cur = warpgroup_mma(a_op, ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-        for a in gl.static_range(TW):
-            if a % STEP == 0:
-                async_copy.wait_group(NBUF - 2 * STEP - 1)  # this thread's copies of slices up to i + STEP landed
-                _barrier()                       # everyone's, and every warpgroup is done with slice i - 1's slot
-                for k in gl.static_range(STEP):
-                    _copy_slice(ring, m_p, tj, dtrue, i0 + a + NBUF - STEP + k, i_end, NBUF, D, TW, NT)
-            if a + 1 < TW:
-                nxt = warpgroup_mma(a_op, ring.index((a + 1) % NBUF).permute((1, 0)), zero, use_acc=False,
-                                    is_async=True)
-                x, nxt = warpgroup_mma_wait(num_outstanding=1, deps=(cur, nxt))
-                if KEYS:
-                    x = x * wv
-                acc, dg = _slice_step(acc, dg, x, xw, qT_s, gT_s, i0 + a, ROW)
-                cur = nxt
-            else:
-                x = warpgroup_mma_wait(num_outstanding=0, deps=(cur,))
-                if KEYS:
-                    x = x * wv
-                acc, dg = _slice_step(acc, dg, x, xw, qT_s, gT_s, i0 + a, ROW)
-    async_copy.wait_group(0)
-    _barrier()     # every warp done with the ring before shared memory after it (next pass's ring, epilogue) reuses it
-    return acc, dg
-
-
-@gluon.jit
 def _sym_tile_rows(j, ti, TW: gl.constexpr, NT: gl.constexpr):
     """Where the slices of first tile ti read the state's symmetric completion, per column j (1-D): slice
     ti TW + m reads layout row base + m stride, the feature (i, j) where j's tile is not before i's, else the stored
@@ -183,8 +117,7 @@ def _copy_sym_slice(ring, s_p, base, stride, m: gl.constexpr, slot: gl.constexpr
 @gluon.constexpr_function
 def _copy_vector(D, NW):
     """Elements per cp.async of a [D, D] slice over NW warps: 8 (16 bytes) where the slice has that many per
-    thread, fewer at d=32 on 8 warps, so that every element has one owner (the thread that copies, doubles and stores
-    it)."""
+    thread, fewer at d=32 on 8 warps, so that each element is copied once (not twice by replicas of the layout)."""
     return min(8, D * D // (32 * NW))
 
 
@@ -195,11 +128,15 @@ def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.c
     symmetric completion (_sym_tile_rows), sum_i (x_i a) M~_i^T, the stored rows' weights made the derivative's:
     2 on the columns of slice i's own tile, 1 elsewhere (in-tile features are stored in both orders with weight 1, the
     others once with weight 2; exact where the diagonal blocks are symmetric, which autograd.chunked_form ensures);
-    UNIFORM (dU without the key multiplicities): 2 everywhere. The 2s double the slice's rows in shared memory, each
-    by the thread that copied it (Triton orders the read-modify-write with two barriers more per slice; a factor on
-    the accumulator between tiles made ptxas serialize every matmul instead: C7514, Triton 3.9). The operand (x_i a)
-    is built in registers as bf16 products (as the forward's q_i q_j), slice i's matmul in flight while slice i + 1's
-    operand is built; the ring refilled NBUF - 2 slices ahead (_fwd_pass)."""
+    UNIFORM (dU without the key multiplicities): 2 everywhere. The operand (x_i a) is built in registers as bf16
+    products (as the forward's q_i q_j), slice i's matmul in flight while slice i + 1's operand is built; the ring
+    refilled NBUF - 2 slices ahead (_fwd_pass).
+
+    The own tile's 2 is a rescale of the accumulator's columns by powers of two (exact) where the pipe is drained,
+    at the start of each first tile ti: tile ti's halved before its own slices add to them, tile ti - 1's doubled
+    after (the last tile's after the loop). Where it stands matters to ptxas: the same rescale at the end of a tile
+    (after its last wait) made Triton 3.9 copy accumulator registers before that wait, and ptxas then serializes every
+    matmul (C7514); doubling the rows in shared memory instead costs two barriers a slice (64k 47.2 -> 48.3 ms)."""
     gl.static_assert(TW % NBUF == 0, "ring slots must repeat per tile")
     gl.static_assert(NBUF >= 3, "a slot in flight, one in use, one or more landing")
     NT: gl.constexpr = D // TW
@@ -214,18 +151,16 @@ def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.c
     base, stride = _sym_tile_rows(j, 0, TW, NT)
     for p in gl.static_range(NBUF - 2):
         _copy_sym_slice(ring, s_p, base, stride, p, p % NBUF, True, D)
+    col_tile = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, MMA)) // TW, 0)
     acc = gl.zeros([BM, D], gl.float32, MMA)
     prev = gl.zeros(a_op.shape, gl.bfloat16, A_L)
     for ti in range(0, NT):
         i0 = ti * TW
         base_n, stride_n = _sym_tile_rows(j, ti + 1, TW, NT)     # the next tile's, which the late refills read
-        own = gl.expand_dims(gl.where(j // TW == ti, 2.0, 1.0).to(gl.bfloat16), 1)
+        if not UNIFORM:
+            acc = acc * gl.where(col_tile == ti - 1, 2.0, gl.where(col_tile == ti, 0.5, 1.0))
         for a in gl.static_range(TW):
             async_copy.wait_group(NBUF - 3)      # this thread's copies of slice i landed
-            if not UNIFORM:                      # its rows in tile ti doubled, by the thread that copied them
-                slot = ring.index(a % NBUF)
-                slot.store(slot.load(CPM) * own)
-                fence_async_shared()             # before the tensor cores read them (async proxy)
             _barrier()                           # everyone's; every warpgroup's matmul of slice i - 2 is done
             if a + NBUF - 2 < TW:                # the slice refilled, NBUF - 2 ahead: in this tile or the next
                 _copy_sym_slice(ring, s_p, base, stride, a + NBUF - 2, (a + NBUF - 2) % NBUF, True, D)
@@ -243,8 +178,8 @@ def _sym_pass(a_op, S, s_base, xT_s, D: gl.constexpr, TW: gl.constexpr, BM: gl.c
     async_copy.wait_group(0)
     _barrier()     # every warp done with the ring before shared memory after it reuses it
     if UNIFORM:
-        acc = acc * 2.0
-    return acc
+        return acc * 2.0
+    return acc * gl.where(col_tile == NT - 1, 2.0, 1.0)
 
 
 @gluon.jit
@@ -331,7 +266,7 @@ def _query_block(Q, G, scale_p, T, NSLOT, DS, HQ: gl.constexpr, HK: gl.constexpr
 
 @gluon.constexpr_function
 def _levels(MINW, D):
-    """How many window levels the row kernels' slices take: D, D / 2, ... down to MINW columns."""
+    """How many window levels the forward-type row kernels' slices take: D, D / 2, ... down to MINW columns."""
     n, kw = 1, D
     while kw > MINW:
         n, kw = n + 1, kw // 2
@@ -358,46 +293,15 @@ def _window_cols(X, row, m2, KW: gl.constexpr, D: gl.constexpr, NW: gl.constexpr
 
 
 @gluon.jit
-def _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, LV: gl.constexpr, MINW: gl.constexpr,
-                D: gl.constexpr, TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, NW: gl.constexpr,
-                KEYS: gl.constexpr, STEP: gl.constexpr):
-    """Window level LV >= 1 of _rows_backward (_level_tiles): its first tiles over the window [J0, D) of D >> LV
-    columns, their X_i q_i added to st's window columns (st [BM, D] fp32 in shared memory; each element's owner
-    thread is the same in every window width's matmul layout, so the read-modify-write needs no barrier). Returns
-    the level's share of the gate gradient's sum, [BM] in the coalesced layout."""
-    KW: gl.constexpr = D >> LV
-    J0: gl.constexpr = D - KW
-    MMA_W: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, KW, 16])
-    A_W: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_W, k_width=2)
-    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-    xw = gl.convert_layout(_window_cols(X, row, m2, KW, D, NW), MMA_W).to(gl.float32)
-    accw = gl.zeros([BM, KW], gl.float32, MMA_W)
-    dgw = gl.zeros([BM], gl.float32, gl.SliceLayout(1, MMA_W))
-    t0: gl.constexpr = _level_tiles(LV, MINW, D, TW)[0]
-    t1: gl.constexpr = _level_tiles(LV, MINW, D, TW)[1]
-    accw, dgw = _grad_pass(accw, dgw, gl.convert_layout(a_op, A_W), xw, S, s_base, qT_s, gT_s, t0,
-                           t0 + (t1 - t0) * on, J0, KW, D, TW, BM, NBUF, NW, MMA_W, KEYS, STEP)
-    win = st.slice(J0, KW, dim=1)
-    win.store(win.load(MMA_W) + accw)
-    return gl.convert_layout(dgw, gl.SliceLayout(1, BLK))
-
-
-@gluon.jit
-def _rows_backward(X, DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
-                   TW: gl.constexpr, MINW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr,
-                   NORM: gl.constexpr, GATED: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr,
-                   SYM: gl.constexpr = False):
-    """The backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout BLK; flat row index `row`, mask,
+def _rows_backward(DX, DXO, DG, S, Z, s_base, row, mask, off, m2, x, a, dl, rf, rg, on, D: gl.constexpr,
+                   TW: gl.constexpr, BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr,
+                   GATED: gl.constexpr, CAST: gl.constexpr):
+    """The backward of phi(x) for the block's rows x [BM, D] (bf16, coalesced layout; flat row index `row`, mask,
     offsets `off`): with X = a S^T + dl Z (a [BM, D] bf16, dl [BM]; the Z term with NORM), DX (fp32, holding the
     intra-chunk part) += rf dphi/dx^T X, written to DXO in its dtype (CAST) or back to DX, and DG = rg X . phi(x)
-    (Euler's identity: the gate gradient) with GATED. KEYS: the key side's multiplicities. The normalizer state of
-    the slot starts at s_base of Z (packed, as S's slot). SYM: on the tensor cores alone over the state's symmetric
-    completion (_sym_grads), else row-scaled (_rows_grads: the slices' windows halve down to MINW columns, STEP
-    slices per ring wait and barrier)."""
-    if SYM:
-        tot, dg = _sym_grads(S, Z, s_base, x, a, dl, on, D, TW, BM, NBUF, KEYS, NORM)
-    else:
-        tot, dg = _rows_grads(X, S, Z, s_base, row, m2, x, a, dl, on, D, TW, MINW, BM, NBUF, KEYS, NORM, STEP)
+    (the gate gradient) with GATED (_sym_grads). KEYS: dU without the key side's multiplicities. The normalizer state
+    of the slot starts at s_base of Z (packed, as S's slot)."""
+    tot, dg = _sym_grads(S, Z, s_base, x, a, dl, on, D, TW, BM, NBUF, KEYS, NORM)
     dx = gl.load(DX + off, mask=m2, other=0.0) + tot * gl.expand_dims(rf, 1)
     if CAST:
         gl.store(DXO + off, dx.to(DXO.dtype.element_ty), mask=m2)
@@ -431,62 +335,13 @@ def _sym_grads(S, Z, s_base, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, BM
 
 
 @gluon.jit
-def _rows_grads(X, S, Z, s_base, row, m2, x, a, dl, on, D: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr,
-                BM: gl.constexpr, NBUF: gl.constexpr, KEYS: gl.constexpr, NORM: gl.constexpr, STEP: gl.constexpr):
-    """_rows_backward's (dphi/dx^T X [BM, D], X . phi(x) [BM]) in the coalesced layout, row-scaled: per slice
-    X_i = a M_i^T on the tensor cores, its shares q_i X_i and the first-index sums on the CUDA cores (_grad_pass)."""
-    NW: gl.constexpr = gl.num_warps()
-    T1: gl.constexpr = _level_tiles(0, MINW, D, TW)[1]
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [NW, 1], [1, 0])
-    BROW: gl.constexpr = gl.SliceLayout(1, BLK)
-    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    ROWS_S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])     # [D, BM] tiles read and written a row at a time
-
-    # x^T and the first-index sums as [D, BM] tiles read / written one row (first index) at a time: flat
-    # allocations seen as [D, BM] with a 1-D layout, so .index(i) is a plain [BM] row
-    qT_s = _transposed_rows(x, D, BM)
-    gT_s = gl.allocate_shared_memory(gl.float32, [D * BM], ROWS_S,
-                                     gl.zeros([D * BM], gl.float32, gl.BlockedLayout([4], [32], [NW], [0])))
-    gT_s = _as(gT_s, gl.float32, [D, BM], ROWS_S)
-    xf = gl.convert_layout(x, MMA).to(gl.float32)
-    dl_m = gl.convert_layout(dl, ROW)
-    acc = gl.zeros([BM, D], gl.float32, MMA)
-    dg = gl.zeros([BM], gl.float32, ROW)
-    if NORM:      # dl x (Zm + Zm^T): the normalizer's part of X, no per-slice work
-        xz = _normalizer_dot(gl.convert_layout(x, A_L), Z, s_base, D, TW, BLK, MMA, BM, True, KEYS) * on
-        dg = 0.5 * dl_m * gl.sum(xf * xz, axis=1)
-        acc = xz * gl.expand_dims(dl_m, 1)
-    a_op = gl.convert_layout(a, A_L)
-    acc, dg = _grad_pass(acc, dg, a_op, xf, S, s_base, qT_s, gT_s, 0, T1 * on, 0, D, D, TW, BM, NBUF, NW, MMA, KEYS,
-                         STEP)
-
-    # acc + each later level's share on its window's columns + the first-index sums, the levels summed in shared
-    # memory
-    st = gl.allocate_shared_memory(gl.float32, [BM, D], PLAIN, acc)
-    dg_all = gl.convert_layout(dg, BROW)
-    for lv in gl.static_range(1, _levels(MINW, D)):
-        dg_all += _grad_level(X, row, m2, a_op, S, s_base, qT_s, gT_s, st, on, lv, MINW, D, TW, BM, NBUF, NW, KEYS,
-                              STEP)
-    _barrier()
-    first = gl.permute(gl.reshape(_as(gT_s, gl.float32, [D * BM], ROWS_S).load(
-        gl.BlockedLayout([4], [32], [NW], [0])), [D, BM]), [1, 0])                               # [BM, D]
-    return st.load(BLK) + gl.convert_layout(first, BLK), dg_all
-
-
-@gluon.jit
 def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, NC, DS,
                          HQ: gl.constexpr, HK: gl.constexpr, D: gl.constexpr, C: gl.constexpr, TW: gl.constexpr,
-                         MINW: gl.constexpr, BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr,
-                         HAS_S0: gl.constexpr, NBUF: gl.constexpr, CAST: gl.constexpr, STEP: gl.constexpr = 1,
-                         SYM: gl.constexpr = False):
+                         BM: gl.constexpr, NORM: gl.constexpr, GATED: gl.constexpr, HAS_S0: gl.constexpr,
+                         NBUF: gl.constexpr, CAST: gl.constexpr):
     """Program (query block of a chunk, chunk n, b*hq): X = r (dn S_n^T + dl z_n) = dL/dphi(q) of its rows,
     dq = DQ (the intra-chunk part, fp32) + dphi/dq^T X, DGQ = X . phi(q) (Euler); written to DQO in its dtype (CAST)
-    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i). The slices' windows halve
-    down to MINW columns (_level_tiles). STEP: slices per ring wait and barrier (_grad_pass). SYM: over the state's
-    symmetric completion instead (_sym_grads; MINW and STEP unused)."""
+    or back to DQ. dn = dy / Den, dl = -Delta / Den, r = s^p e^(g_i), Den = e^(lse_i)."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     BROW: gl.constexpr = gl.SliceLayout(1, BLK)
     # the block's rows in the coalesced layout: q, dn = dy / Den, dl = -Delta / Den, r
@@ -498,8 +353,8 @@ def gluon_query_bwd_rows(Q, G, S, Z, DO, LSE, DELTA, DQ, DQO, DGQ, scale_p, T, N
         inv = gl.exp(-gl.load(LSE + row, mask=mask, other=0.0))
         dn = dn * gl.expand_dims(inv, 1)
         dl = -gl.load(DELTA + row, mask=mask, other=0.0) * inv
-    _rows_backward(Q, DQ, DQO, DGQ, S, Z, s_base, row, mask, off, m2, q, dn.to(gl.bfloat16), dl, r, r, on, D, TW,
-                   MINW, BM, NBUF, False, NORM, GATED, CAST, STEP, SYM)
+    _rows_backward(DQ, DQO, DGQ, S, Z, s_base, row, mask, off, m2, q, dn.to(gl.bfloat16), dl, r, r, on, D, TW, BM,
+                   NBUF, False, NORM, GATED, CAST)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -643,18 +498,16 @@ def gluon_key_dv_rows(K, G, DU, DV, T, NC, DS, NU, HK: gl.constexpr, D: gl.const
 
 @gluon.jit
 def gluon_key_dk_rows(K, V, G, DU, DUZ, DK, DKO, DGK, T, NC, DS, NU, HK: gl.constexpr, D: gl.constexpr,
-                      C: gl.constexpr, TW: gl.constexpr, MINW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
-                      NBUF: gl.constexpr, CAST: gl.constexpr, DU_MULT: gl.constexpr = False,
-                      STEP: gl.constexpr = 1, SYM: gl.constexpr = False):
-    """Program (key block of a chunk, chunk n, b*hk), the grouped `_sym2_key_bwd`'s dk row-scaled:
+                      C: gl.constexpr, TW: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr, NBUF: gl.constexpr,
+                      CAST: gl.constexpr, DU_MULT: gl.constexpr = False):
+    """Program (key block of a chunk, chunk n, b*hk), the grouped `_sym2_key_bwd`'s dk:
     X = v dU_n^T + dUz_n = dL/dph for ph = w phi(k) c_j, c_j = e^(gt_n - g_j): DK (intra-chunk part, fp32) +=
     c dph/dk^T X (written to DKO in its dtype with CAST), DGK = -c X . ph; dU_n / dUz_n are slot n of DU / DUZ (NU
-    slots per (b, hk)). The query backward's passes with the key side's multiplicities (KEYS; DU_MULT: dU / dUz
-    already carry them) and dl = 1. STEP: slices per ring wait and barrier (_grad_pass). SYM: as the query
-    backward's."""
+    slots per (b, hk)). The query backward's pass with the key side's multiplicities (KEYS; DU_MULT: dU / dUz
+    already carry them) and dl = 1."""
     BLK: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [gl.num_warps(), 1], [1, 0])
     row, mask, off, m2, k, c, on, u_base = _query_block(K, G, 1.0, T, NU, DS, HK, HK, D, C, BK, True, False, BLK)
     c = _decay_to_chunk_end(G, T, row, mask, c, HK, C, GATED)
     v = gl.load(V + off, mask=m2, other=0.0)
-    _rows_backward(K, DK, DKO, DGK, DU, DUZ, u_base, row, mask, off, m2, k, v, gl.where(mask, 1.0, 0.0), c, -c, on,
-                   D, TW, MINW, BK, NBUF, not DU_MULT, True, GATED, CAST, STEP, SYM)
+    _rows_backward(DK, DKO, DGK, DU, DUZ, u_base, row, mask, off, m2, k, v, gl.where(mask, 1.0, 0.0), c, -c, on, D,
+                   TW, BK, NBUF, not DU_MULT, True, GATED, CAST)

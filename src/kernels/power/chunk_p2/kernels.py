@@ -19,7 +19,7 @@ The query forward needs no phi at all: _sym2_query_fwd_rows scales the rows of p
 instead (section "row-scaled" below). The key
 backward's dv and (for d <= 64) the query backward are row-scaled the same way (_sym2_key_dv_rows,
 _sym2_query_bwd_rows); the key dk stays grouped (its row-scaled Triton version measured slower). Where Gluon runs
-(gluon_rows.py) with config sym_bwd, the query backward and key dk go over the state's symmetric completion instead.
+(gluon_rows.py), the query backward and key dk go over the state's symmetric completion instead.
 
 Same buffers, slots and semantics as the generic kernels (chunk.py's docstring); bf16 inputs keep the
 per-chunk states in bf16 (chunk.ChunkedForm), matmul operands are DOT_DT (bf16 for bf16 inputs) with fp32
@@ -754,10 +754,10 @@ def half_window(d: int) -> int:
     return d // 2 if d >= 32 else d
 
 
-def gluon_window_min(d: int, kernel: str = "qfwd") -> int:
-    """MINW of the Gluon row kernel `kernel` ("qfwd", "kdv": config window_min[0]; "qbwd", "kdk": [1]) for head dim
-    d: that minimum where it is a power of two from 16 to d / 2, else half_window(d)."""
-    w = config.current().window_min[kernel in ("qbwd", "kdk")]
+def gluon_window_min(d: int) -> int:
+    """MINW of the Gluon forward-type row kernels (query forward, key dv) for head dim d: config window_min where it
+    is a power of two from 16 to d / 2, else half_window(d)."""
+    w = config.current().window_min
     if w and w >= 16 and w & (w - 1) == 0 and w <= d // 2:
         return w
     return half_window(d)
@@ -814,7 +814,7 @@ def gluon_rows_regs(kernel: str) -> dict:
 
 def gluon_rows_apply(x, d: int) -> bool:
     """Whether the row kernels (query forward and backward, key dv and dk) run as their Gluon versions in gluon_rows
-    (with config sym_bwd, the backward-type ones over the state's symmetric completion): bf16 on CUDA, d = 32 or 64,
+    (the backward-type ones over the state's symmetric completion): bf16 on CUDA, d = 32 or 64,
     a Triton with its Gluon."""
     return gluon_rows_run(x.is_cuda, x.dtype, d)
 

@@ -51,7 +51,7 @@ def query_states(q, G, S, Z, o_intra, lse_intra, y, lse, scale_p, C, norm, gated
         bm, warps, nbuf = config.current().qfwd_block
         gluon_query_fwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, o_intra, lse_intra, y, lse, scale_p, T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE2,
-            MINW=kernels.gluon_window_min(d, "qfwd"), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf,
+            MINW=kernels.gluon_window_min(d), BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf,
             num_warps=warps, **kernels.gluon_rows_regs("qfwd"))
         return
     sdt, sprec = state_operands(q.dtype)
@@ -103,9 +103,8 @@ def query_backward(q, G, S, Z, dy, lse, delta, dq, dq_out, dgq_state, scale_p, C
         bm, warps, nbuf = cfg.qbwd_block
         gluon_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
             q, G, S, Z, dy, lse, delta, dq, dq_out, dgq_state, scale_p,
-            T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE2, MINW=kernels.gluon_window_min(d, "qbwd"), BM=bm, NORM=norm,
-            GATED=gated, HAS_S0=has_s0, NBUF=nbuf, CAST=cast, STEP=cfg.bwd_step[0], SYM=cfg.sym_bwd,
-            num_warps=warps, **kernels.gluon_rows_regs("qbwd"))
+            T, NC, DS, HQ=hq, HK=hk, D=d, C=C, TW=TILE2, BM=bm, NORM=norm, GATED=gated, HAS_S0=has_s0, NBUF=nbuf,
+            CAST=cast, num_warps=warps, **kernels.gluon_rows_regs("qbwd"))
     elif kernels.row_scaled_qbwd(d):
         _, bm, _, _ = kernels.blocks("qbwd_rows", d)
         kernels._sym2_query_bwd_rows[(triton.cdiv(C, bm), NC, b * hq)](
@@ -149,11 +148,11 @@ def key_backward(k, v, G, dU, dUz, dk, dk_out, dv, dgk_state, C, gated, cast, du
         bk, warps, nbuf = cfg.kdk_block
         gluon_key_dk_rows[(triton.cdiv(C, bk), NC, b * hk)](
             k, v, G, dU, dUz, dk, dk_out, dgk_state, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE2,
-            MINW=kernels.gluon_window_min(d, "kdk"), BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult,
-            STEP=cfg.bwd_step[1], SYM=cfg.sym_bwd, num_warps=warps, **kernels.gluon_rows_regs("kdk"))
+            BK=bk, GATED=gated, NBUF=nbuf, CAST=cast, DU_MULT=du_mult, num_warps=warps,
+            **kernels.gluon_rows_regs("kdk"))
         bk, warps, nbuf = cfg.kdv_block
         gluon_key_dv_rows[(triton.cdiv(C, bk), NC, b * hk)](
-            k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE2, MINW=kernels.gluon_window_min(d, "kdv"), BK=bk,
+            k, G, dU, dv, T, NC, DS, NU, HK=hk, D=d, C=C, TW=TILE2, MINW=kernels.gluon_window_min(d), BK=bk,
             GATED=gated, NBUF=nbuf, DU_MULT=du_mult, num_warps=warps, **kernels.gluon_rows_regs("kdv"))
         return
     jg, bk, _, _ = kernels.blocks("kbwd", d)
