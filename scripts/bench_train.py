@@ -89,14 +89,15 @@ def write_random_dataset(root: Path, doc_len: int, n_train: int, n_heldout: int,
 
 
 def compose_cfg(arch: str, attention: str, ctx: int, docs: int, tokens: int, data: Path, run_dir: Path,
-                extra: list[str]):
+                extra: list[str], steps: int):
     """The recipe's config for one row: micro-batches of `tokens` tokens (exp@1024: 64 documents), `docs` of them
-    per step."""
+    per step, `steps` steps (warmup and timed: what the trainer's start-up estimate then counts; the row calls
+    train_step itself, so the steps --min-seconds adds run past it on the schedule's flat tail)."""
     micro = max(1, tokens // ctx)
     overrides = ["experiment=paper", f"arch={arch}", f"attention={'exp' if attention == 'none' else attention}",
                  f"ctx={ctx}", f"data.path={data}", f"data.docs_per_batch={docs * micro}", "data.eval_docs=1",
                  f"trainer.micro_docs={micro}", "logger.wandb.mode=disabled", f"run_dir={run_dir}",
-                 "trainer.max_steps=1000000", *extra]
+                 f"trainer.max_steps={steps}", *extra]
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = compose("config", overrides=overrides)
     return cfg
@@ -116,7 +117,8 @@ def bench_row(arch, attention, ctx, variant, extra, args, data, scratch) -> dict
 
 def _bench_row(arch, attention, ctx, variant, extra, overrides, args, data, scratch) -> dict:
     run_dir = scratch / f"{arch}_{attention}_{ctx}_{variant}"
-    cfg = compose_cfg(arch, attention, ctx, args.docs, args.tokens, data, run_dir, overrides)
+    cfg = compose_cfg(arch, attention, ctx, args.docs, args.tokens, data, run_dir, overrides,
+                      args.warmup + args.steps)
     trainer = Trainer(cfg)
     cuda = trainer.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -10,7 +10,7 @@ from longctx.models.common import rotary, rotary_tables
 CPU = "model=tiny device=cpu trainer.compile=false trainer.precision=fp32"
 
 
-def test_bench_rows_run_the_trainer_and_record_what_ran(import_script, tmp_path):
+def test_bench_rows_run_the_trainer_and_record_what_ran(import_script, tmp_path, capfd):
     bench = import_script("bench_train")
     record = bench.main(["--archs", "gpt2", "--rows", "exp@64", "none@64", "--tokens", "128", "--docs", "1",
                          "--steps", "1", "--min-seconds", "0.3", "--warmup", "1", "--out", str(tmp_path),
@@ -27,6 +27,10 @@ def test_bench_rows_run_the_trainer_and_record_what_ran(import_script, tmp_path)
     assert rows["none", "eager"]["train_flops_per_token"] < rows["exp", "eager"]["train_flops_per_token"]
     saved = json.loads((tmp_path / "bench_train.json").read_text())
     assert saved["rows"] == record["rows"] and (tmp_path / "bench_train.md").read_text().count("| gpt2 |") == 4
+    # the trainer's start-up estimate counts the row's warmup and timed steps (2), not a run of a million steps
+    out = capfd.readouterr()
+    times = [line.split("training time ")[1] for line in (out.out + out.err).splitlines() if "estimate:" in line]
+    assert len(times) == 4 and all(t.startswith("~") and t.split()[1] == "s" for t in times), times
 
 
 def test_bench_data_has_longcrawl64_chunks(import_script, tmp_path):
