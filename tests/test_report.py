@@ -250,6 +250,17 @@ def test_record_never_overwrites_a_file_that_is_not_a_report_record(tmp_path, ca
     assert json.loads(ok.read_text())["kind"] == "report"
 
 
+def test_record_goes_into_a_folder_not_made_yet(tmp_path):
+    """--record inside the --out the report makes, or in a folder of its own not made yet: both folders are made, as
+    --out's, and the record is a report's."""
+    run = fake_run(tmp_path / "sweep" / "a", "exp", 512, 0.1, doc_bins=True)
+    for out, rec in ((tmp_path / "new", tmp_path / "new" / "record.json"),
+                     (tmp_path / "out", tmp_path / "records" / "deep" / "record.json")):
+        main([str(run), "--out", str(out), "--record", str(rec), "--bootstrap", "10"])
+        assert (out / "report.md").is_file() and json.loads(rec.read_text())["kind"] == "report"
+        assert rec.with_suffix(".npz").is_file()
+
+
 def test_record_replaces_the_pair_a_cut_short_write_left_and_nothing_else(tmp_path, capsys, monkeypatch):
     """A --record write cut short between its two files (the .npz written, its JSON not) leaves files --out's
     .report_files.json lists: the same command again replaces them with the whole pair, equal to one written in one

@@ -374,6 +374,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         print(f"note: --out {out} held an earlier report: replaced" + (f" ({', '.join(gone)} removed: not drawn "
               f"this time)" if gone else ""), file=sys.stderr)
     if record is not None:
+        Path(record).parent.mkdir(parents=True, exist_ok=True)    # as --out's: inside it, or a folder of its own
         write_record(runs, title, Path(record), record_names, retrieval, recall, carried, listed_in=out)
     return report
 
@@ -567,9 +568,8 @@ def main(argv=None) -> Path:
                              "icl_curves, gap_to_optimum, paired_differences, best_context_vs_flops, "
                              "best_context_vs_context)")
     args = parser.parse_args(argv)
-    if args.record is not None and (args.record.suffix != ".json" or args.record.is_dir()
-                                    or not args.record.parent.is_dir()):
-        parser.exit(2, f"error: --record {args.record}: give a .json file in an existing folder\n")
+    if args.record is not None and (args.record.suffix != ".json" or args.record.is_dir()):
+        parser.exit(2, f"error: --record {args.record}: give a .json file (its folder is made, as --out's)\n")
     if not 1 <= args.bootstrap <= MAX_BOOTSTRAP:
         parser.exit(2, f"error: --bootstrap {args.bootstrap}: must be between 1 and {MAX_BOOTSTRAP}\n")
     if args.at_flops is not None and not (math.isfinite(args.at_flops) and args.at_flops > 0):
