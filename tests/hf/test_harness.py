@@ -21,7 +21,7 @@ from longctx.data.tokenizer import EOT, ByteTokenizer  # noqa: E402
 from longctx.eval import alphabet_for, exponential_bins, per_token_loss, run_retrieval  # noqa: E402
 from longctx.eval.retrieval import MARKER_TEXT  # noqa: E402
 from longctx.evaluate import main as evaluate_main  # noqa: E402
-from longctx.hf.harness import generate, run_lm_eval  # noqa: E402
+from longctx.hf.harness import generate, git_hash_quietly, run_lm_eval  # noqa: E402
 from longctx.hf.harness.__main__ import main as harness_main  # noqa: E402
 
 CTX = 128
@@ -167,6 +167,30 @@ def greedy(model, ids: list[int], n: int) -> list[int]:
     for _ in range(n):
         ids = ids + [int(model(torch.tensor([ids]))[0, -1].argmax())]
     return ids[-n:]
+
+
+def test_lm_eval_asks_git_quietly_outside_a_repository(tmp_path, monkeypatch, capfd):
+    """lm-eval records the working folder's commit by asking git, whose "fatal: not a git repository" reached the
+    console outside one: within run_lm_eval it is asked quietly, None outside a repository, the commit inside."""
+    import subprocess
+    import lm_eval
+    import lm_eval.evaluator
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))   # no repository above tmp_path counts
+    asked = []
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: asked.append(lm_eval.evaluator.get_git_commit_hash()))
+    monkeypatch.setattr("lm_eval.tasks.TaskManager", lambda **kw: None)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"ctx": 64}')
+    run_lm_eval(tmp_path / "model", tmp_path, ["longctx_heldout"])
+    assert asked == [None] and "fatal" not in capfd.readouterr().err
+    assert lm_eval.evaluator.get_git_commit_hash is not git_hash_quietly          # lm-eval's own again after it
+    if shutil.which("git"):
+        subprocess.run(["git", "init", "-q"], check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "c"],
+                       check=True)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        assert git_hash_quietly() == head
 
 
 @pytest.mark.slow

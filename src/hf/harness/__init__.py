@@ -18,7 +18,9 @@ as evaluate refuses it (`longctx.runs.check_data_tokens`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -219,9 +221,35 @@ def run_lm_eval(model_dir, task_dir, tasks: list[str], limit: int | None = None,
     if tokenizer is not None:
         args["tokenizer"] = str(tokenizer)
     manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-    return lm_eval.simple_evaluate(model="hf", model_args=args, tasks=list(tasks), limit=limit,
-                                   batch_size=batch_size, task_manager=manager, log_samples=log_samples,
-                                   bootstrap_iters=0)
+    with quiet_git_hash():
+        return lm_eval.simple_evaluate(model="hf", model_args=args, tasks=list(tasks), limit=limit,
+                                       batch_size=batch_size, task_manager=manager, log_samples=log_samples,
+                                       bootstrap_iters=0)
+
+
+def git_hash_quietly() -> str | None:
+    """`git describe --always` of the working folder, as lm-eval records it in its results, or None outside a
+    repository (git's own "fatal: not a git repository" kept off the console, where lm-eval's call prints it)."""
+    try:
+        out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)
+    except OSError:          # no git on this machine
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def quiet_git_hash():
+    """lm-eval's evaluator asks git for the working folder's commit with git's errors on the console: within this
+    block it asks git_hash_quietly instead."""
+    import lm_eval.evaluator as evaluator
+    original = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = git_hash_quietly
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
 
 
 def evaluate_run(run_dir, folder, tasks: str | None = None, step: int | None = None, device: str = "cpu",
