@@ -145,11 +145,44 @@ SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size
 
 
 def starts_over(run_dir: str | Path) -> bool:
-    """Whether a launch in `run_dir` starts its run over (Trainer._check_run_dir): an earlier launch got past its
-    checks but saved no checkpoint, no weights, and at most one evaluation (more: its checkpoints were removed, and
-    the folder is refused instead)."""
-    return (launched_before(run_dir) and not ckpt.list_checkpoints(run_dir) and not ckpt.list_weights(run_dir)
-            and JsonlLogger(run_dir).count_records() <= 1)
+    """Whether a launch in `run_dir` starts its run over (check_run_dir without trainer.resume=true): an earlier
+    launch got past its checks but saved no checkpoint, no weights, and at most one evaluation (more: its
+    checkpoints were removed, and the folder is refused instead)."""
+    try:
+        return check_run_dir(Path(run_dir), "auto")[1]
+    except FileExistsError:
+        return False
+
+
+def check_run_dir(run_dir: Path, resume) -> tuple[list[Path], bool, int]:
+    """Never overwrite a run that saved a checkpoint: continue it only when asked (trainer.resume: True, False or
+    "auto"). A folder holding none (its launch stopped before the first) is started over, unless resume=True asked to
+    continue a run. Returns (the folder's checkpoints, newest first; whether the launch starts an earlier one over;
+    the evaluations that launch logged)."""
+    found = ckpt.list_checkpoints(run_dir)
+    latest = found[-1] if found else None
+    if resume is True and latest is None:
+        raise FileNotFoundError(f"trainer.resume=true but {run_dir} holds no checkpoint "
+                                f"(looked in {ckpt.checkpoint_dir(run_dir)})")
+    if resume is False and latest is not None:
+        raise FileExistsError(
+            f"{run_dir} already holds a run (checkpoint: {latest[1].name}); pass trainer.resume=true (or "
+            f"auto) to continue it, or start another in a new folder (run_name=<new name>, or another run_dir / "
+            f"hydra.run.dir where one is given). Nothing was overwritten.")
+    weights = ckpt.list_weights(run_dir)
+    if latest is None and weights:  # a run shared as its weights, or one whose .pt files were removed
+        raise FileExistsError(
+            f"{run_dir} holds a run's weights ({weights[-1][1].name}) but no checkpoint to continue from; "
+            f"start another in a new folder (run_name=<new name>, or another run_dir / hydra.run.dir where one is "
+            f"given; trainer.init_from={run_dir} starts one from its weights). Nothing was overwritten.")
+    restart = latest is None and launched_before(run_dir)
+    logged = JsonlLogger(run_dir).count_records() if restart else 0
+    if logged > 1:  # every evaluation is followed by a checkpoint: these were removed, not never written
+        raise FileExistsError(
+            f"{run_dir} holds {logged} evaluations but no checkpoint (removed?): nothing to continue from, "
+            f"and a run that trained this far is not started over; start another in a new folder (run_name=<new "
+            f"name>, or another run_dir / hydra.run.dir where one is given). Nothing was overwritten.")
+    return [path for _, path in reversed(found)], restart, logged
 
 
 def _repoint_records(moved: list[Path]) -> None:
@@ -349,34 +382,11 @@ class Trainer:
         return budget_steps(self.cfg.trainer.flops_budget, self._tokens_per_step(), self.flops["train_flops_per_token"])
 
     def _check_run_dir(self) -> list[Path]:
-        """Never overwrite a run that saved a checkpoint: continue it only when asked (trainer.resume). A folder
-        holding none (its launch stopped before the first) is started over (_start_over), unless trainer.resume=true
-        asked to continue a run. Returns the run directory's checkpoints, newest first (empty: start from step 0)."""
-        resume = self.cfg.trainer.resume or False  # null outside a multirun/Slurm job (train.py resolves it)
-        found = ckpt.list_checkpoints(self.run_dir)
-        latest = found[-1] if found else None
-        if resume is True and latest is None:
-            raise FileNotFoundError(f"trainer.resume=true but {self.run_dir} holds no checkpoint "
-                                    f"(looked in {ckpt.checkpoint_dir(self.run_dir)})")
-        if resume is False and latest is not None:
-            raise FileExistsError(
-                f"{self.run_dir} already holds a run (checkpoint: {latest[1].name}); pass trainer.resume=true (or "
-                f"auto) to continue it, or start another in a new folder (run_name=<new name>, or another run_dir / "
-                f"hydra.run.dir where one is given). Nothing was overwritten.")
-        weights = ckpt.list_weights(self.run_dir)
-        if latest is None and weights:  # a run shared as its weights, or one whose .pt files were removed
-            raise FileExistsError(
-                f"{self.run_dir} holds a run's weights ({weights[-1][1].name}) but no checkpoint to continue from; "
-                f"start another in a new folder (run_name=<new name>, or another run_dir / hydra.run.dir where one is "
-                f"given; trainer.init_from={self.run_dir} starts one from its weights). Nothing was overwritten.")
-        self.restart = latest is None and launched_before(self.run_dir)
-        logged = self.restart_logged = JsonlLogger(self.run_dir).count_records() if self.restart else 0
-        if logged > 1:  # every evaluation is followed by a checkpoint: these were removed, not never written
-            raise FileExistsError(
-                f"{self.run_dir} holds {logged} evaluations but no checkpoint (removed?): nothing to continue from, "
-                f"and a run that trained this far is not started over; start another in a new folder (run_name=<new "
-                f"name>, or another run_dir / hydra.run.dir where one is given). Nothing was overwritten.")
-        return [path for _, path in reversed(found)]
+        """check_run_dir of this run's folder under trainer.resume (null outside a multirun/Slurm job, which
+        train.py resolves); keeps whether the launch starts over and what it logged. Returns the checkpoints, newest
+        first (empty: start from step 0)."""
+        found, self.restart, self.restart_logged = check_run_dir(self.run_dir, self.cfg.trainer.resume or False)
+        return found
 
     def _start_over(self) -> None:
         """The folder's earlier launch stopped before its first checkpoint: nothing of it carries over, and the run
