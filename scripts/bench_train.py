@@ -92,7 +92,9 @@ def compose_cfg(arch: str, attention: str, ctx: int, docs: int, tokens: int, dat
                 extra: list[str], steps: int):
     """The recipe's config for one row: micro-batches of `tokens` tokens (exp@1024: 64 documents), `docs` of them
     per step, `steps` steps (warmup and timed: what the trainer's start-up estimate then counts; the row calls
-    train_step itself, so the steps --min-seconds adds run past it on the schedule's flat tail)."""
+    train_step itself, so the steps --min-seconds adds run past it on the schedule's flat tail). The recipe's warmup
+    is fitted to so short a run: the steps train at the recipe's learning rate, so a row's loss is one of real
+    training steps, not comparable with records whose steps sat at the start of a long warmup."""
     micro = max(1, tokens // ctx)
     overrides = ["experiment=paper", f"arch={arch}", f"attention={'exp' if attention == 'none' else attention}",
                  f"ctx={ctx}", f"data.path={data}", f"data.docs_per_batch={docs * micro}", "data.eval_docs=1",

@@ -252,13 +252,20 @@ def test_record_never_overwrites_a_file_that_is_not_a_report_record(tmp_path, ca
 
 def test_record_goes_into_a_folder_not_made_yet(tmp_path):
     """--record inside the --out the report makes, or in a folder of its own not made yet: both folders are made, as
-    --out's, and the record is a report's."""
+    --out's, and the record is a report's; a file where its folder would be is refused before anything is written."""
     run = fake_run(tmp_path / "sweep" / "a", "exp", 512, 0.1, doc_bins=True)
     for out, rec in ((tmp_path / "new", tmp_path / "new" / "record.json"),
                      (tmp_path / "out", tmp_path / "records" / "deep" / "record.json")):
         main([str(run), "--out", str(out), "--record", str(rec), "--bootstrap", "10"])
         assert (out / "report.md").is_file() and json.loads(rec.read_text())["kind"] == "report"
         assert rec.with_suffix(".npz").is_file()
+    (tmp_path / "afile").write_text("x")       # a file where the record's folder would be: refused before any write
+    (tmp_path / "afile").chmod(0o755)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(run), "--out", str(tmp_path / "out3"), "--record", str(tmp_path / "afile" / "r.json"),
+              "--bootstrap", "10"])
+    assert exit_info.value.code == 2 and not (tmp_path / "out3").exists()
+    assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_record_replaces_the_pair_a_cut_short_write_left_and_nothing_else(tmp_path, capsys, monkeypatch):

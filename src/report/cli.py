@@ -493,11 +493,14 @@ def is_report_record(path: Path) -> bool:
 
 
 def check_writable(outputs: list[tuple[Path, str]]) -> None:
-    """ValueError naming the first output that cannot be written (its folder or the file itself read-only)."""
+    """ValueError naming the first output that cannot be written (its folder or the file itself read-only, or a file
+    where its folder would be made)."""
     for path, flag in outputs:
         folder = path.parent
         while not folder.exists():
             folder = folder.parent
+        if not folder.is_dir():
+            raise ValueError(f"{flag} {path}: {folder} is a file, where the output's folder would be; nothing written")
         if path.is_dir():
             raise ValueError(f"{flag} {path}: is a folder, where the report writes a file; nothing written")
         if path.exists() and not os.access(path, os.W_OK):

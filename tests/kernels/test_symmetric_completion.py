@@ -31,14 +31,18 @@ def completion_rows(i: int, d: int) -> list[int]:
 
 def completion_grad(x, a, S, uniform):
     """sum_i (x_i a) M~_i^T, M~_i = S[completion_rows(i)], each slice's columns times 2 on its own tile and 1
-    elsewhere (uniform: 2 everywhere), as _sym_pass accumulates it."""
+    elsewhere (uniform: 2 everywhere), in _sym_pass's schedule: the accumulator's columns rescaled at each first tile
+    ti's start (tile ti's halved, tile ti - 1's doubled) and the last tile's doubled after the loop (uniform: all
+    doubled after it)."""
     d = x.shape[-1]
-    tiles = torch.arange(d) // TW
+    col_tile = torch.arange(d) // TW
     acc = torch.zeros_like(x)
-    for i in range(d):
-        w = torch.full((d,), 2.0, dtype=x.dtype) if uniform else torch.where(tiles == i // TW, 2.0, 1.0).double()
-        acc += ((x[:, i:i + 1] * a) @ S[completion_rows(i, d)].T) * w
-    return acc
+    for ti in range(d // TW):
+        if not uniform:
+            acc = acc * torch.where(col_tile == ti - 1, 2.0, torch.where(col_tile == ti, 0.5, 1.0)).to(x.dtype)
+        for i in range(ti * TW, (ti + 1) * TW):
+            acc = acc + (x[:, i:i + 1] * a) @ S[completion_rows(i, d)].T
+    return acc * 2.0 if uniform else acc * torch.where(col_tile == d // TW - 1, 2.0, 1.0).to(x.dtype)
 
 
 @pytest.mark.parametrize("d", [16, 32, 64])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -228,15 +229,17 @@ def run_lm_eval(model_dir, task_dir, tasks: list[str], limit: int | None = None,
 
 
 def git_hash_quietly() -> str | None:
-    """`git describe --always` of the working folder, as lm-eval records it in its results, or None outside a
-    repository (git's own "fatal: not a git repository" kept off the console, where lm-eval's call prints it)."""
+    """`git describe --always` of the working folder, as lm-eval records it in its results; where git fails or is
+    missing, lm-eval's own fallback (the commit read from .git, None outside a repository). Git's "fatal: not a git
+    repository" stays off the console, where lm-eval's call prints it."""
+    from lm_eval.loggers.utils import get_commit_from_path
     try:
         out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)
     except OSError:          # no git on this machine
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+        out = None
+    if out is not None and out.returncode == 0 and out.stdout.strip():
+        return out.stdout.strip()
+    return get_commit_from_path(os.getcwd())
 
 
 @contextlib.contextmanager

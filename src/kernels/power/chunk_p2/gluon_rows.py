@@ -12,7 +12,7 @@ warpgroups are done with a slot before it is overwritten); the windows halve as 
 The backward-type kernels (query backward, key dk) run as the forward-type ones, over the state's symmetric
 completion (_sym_pass): slice i holds the features {i, j} for every j, the stored (i, j) where j's tile is not before
 i's, else the stored (j, i), so dphi/dx^T X = sum_i (x_i a) M~_i^T is one chain of matmuls with the operand built in
-registers. Its price: 64 full slices of d columns where the forward reads the triangle; against the row-scaled form it
+registers. Its price: d full slices of d columns where the forward reads the triangle; against the row-scaled form it
 replaced (per slice X_i = a M_i^T on the tensor cores, x_i X_i and the first-index sums on the CUDA cores), H100 64k
 query backward 9.30 -> 6.52 ms, key dk 8.53 -> 5.99 ms. The gate term comes by Euler's identity from the result.
 Exact where each diagonal block of the state is symmetric (autograd.chunked_form hands these kernels no other).
