@@ -50,6 +50,10 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if "/" not in group}
     cfg.trainer.resume = resolve_resume(cfg.trainer.resume, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
+    sweep = hydra_cfg.sweeper.get("params") or {}
+    if hydra_cfg.mode != RunMode.MULTIRUN and sweep:  # an experiment that is a grid, launched without -m: one point
+        print(f"note: experiment={choices.get('experiment')} sweeps {', '.join(sweep)} (hydra.sweeper.params); "
+              f"without -m this trains one point, its defaults: add -m to run the grid", file=sys.stderr)
     try:
         # every check of the config, data and checkpoint happens here; trainer.stages: every stage's config too
         trainer = (StagedRun if cfg.trainer.get("stages") else Trainer)(cfg, choices)

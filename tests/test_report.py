@@ -257,7 +257,8 @@ def test_record_goes_into_a_folder_not_made_yet(tmp_path):
     for out, rec in ((tmp_path / "new", tmp_path / "new" / "record.json"),
                      (tmp_path / "out", tmp_path / "records" / "deep" / "record.json")):
         main([str(run), "--out", str(out), "--record", str(rec), "--bootstrap", "10"])
-        assert (out / "report.md").is_file() and json.loads(rec.read_text())["kind"] == "report"
+        assert (out / "report.md").read_text().count("\n1 run: `a`") == 1     # one run, said so
+        assert json.loads(rec.read_text())["kind"] == "report"
         assert rec.with_suffix(".npz").is_file()
     (tmp_path / "afile").write_text("x")       # a file where the record's folder would be: refused before any write
     (tmp_path / "afile").chmod(0o755)

@@ -316,7 +316,8 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
         record_names = {kind: f"{Path(record).stem}_{kind}.png" for kind in kinds
                         if record_figures is None or kind in record_figures}
 
-    text = [f"# {title}", "", f"{len(runs)} runs: " + ", ".join(f"`{r.name}` ({r.label})" for r in runs), ""]
+    text = [f"# {title}", "", f"{len(runs)} run{'s' * (len(runs) != 1)}: " + ", ".join(f"`{r.name}` ({r.label})"
+                                                                                for r in runs), ""]
     for c in carried:
         text += [f"Carried into the record from `{c['path']}` as it was written: {len(c['record']['runs'])} runs, "
                  f"{len(c['record'].get('recall', []))} recall points (in the recall figure; the tables below are "

@@ -166,9 +166,9 @@ def check_run_dir(run_dir: Path, resume) -> tuple[list[Path], bool, int]:
                                 f"(looked in {ckpt.checkpoint_dir(run_dir)})")
     if resume is False and latest is not None:
         raise FileExistsError(
-            f"{run_dir} already holds a run (checkpoint: {latest[1].name}); pass trainer.resume=true (or "
-            f"auto) to continue it, or start another in a new folder (run_name=<new name>, or another run_dir / "
-            f"hydra.run.dir where one is given). Nothing was overwritten.")
+            f"{run_dir} already holds a run (checkpoint: {latest[1].name}); start another in a new folder "
+            f"(run_name=<new name>, or another run_dir / hydra.run.dir where one is given), or pass "
+            f"trainer.resume=true (or auto) to continue this one. Nothing was overwritten.")
     weights = ckpt.list_weights(run_dir)
     if latest is None and weights:  # a run shared as its weights, or one whose .pt files were removed
         raise FileExistsError(

@@ -231,6 +231,19 @@ def test_cli_bad_value_is_one_line_naming_the_key(train_env, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing written: not even the empty folder Hydra made
 
 
+def test_an_experiment_grid_without_multirun_says_it_trains_one_point(train_env, tmp_path):
+    """experiment=X whose config sweeps (hydra.sweeper.params), launched without -m, says so before anything runs
+    (here a resume with nothing to resume stops it next); a plain launch says nothing of the kind."""
+    out = run_cli(["experiment=recall_state_cpu", "trainer.resume=true", f"hydra.run.dir={tmp_path / 'run'}"],
+                  train_env, tmp_path)
+    assert out.returncode == 2
+    note, error = out.stderr.strip().splitlines()
+    assert note.startswith("note: experiment=recall_state_cpu sweeps +experiment/arm, data.n_pairs") and "-m" in note
+    assert error.startswith("error: trainer.resume=true but")
+    plain = run_cli(["trainer.resume=true", f"hydra.run.dir={tmp_path / 'run2'}"], train_env, tmp_path)
+    assert plain.returncode == 2 and "note:" not in plain.stderr
+
+
 def test_train_keeps_autotune_winners_unless_told(monkeypatch):
     """train.py turns on Triton's on-disk autotuning cache (FLA's first-call benchmarks, ~90 s per shape) unless the
     environment already says otherwise."""
@@ -322,6 +335,18 @@ def test_top_level_key_is_refused_only_under_an_option_that_ignores_it():
         else:
             with pytest.raises(ValueError, match=f"data={option} does not read cache_dir"):
                 check_overrides([f"data={option}", "cache_dir=/elsewhere"], REPO / "conf")
+
+
+def test_a_top_level_key_and_the_group_key_reading_it_are_not_both_set():
+    """`p=2 attention.p=3`: attention.p would win and p be silently unused (the run's config showing both); refused
+    naming both, in either order. Either alone passes."""
+    from longctx.train.launch import check_overrides
+
+    for args in (["attention=power", "p=2", "attention.p=3"], ["attention=power", "attention.p=3", "p=2"]):
+        with pytest.raises(ValueError, match=r"p=2 and attention.p=3|attention.p=3 and p=2"):
+            check_overrides(args, REPO / "conf")
+    check_overrides(["attention=power", "p=3"], REPO / "conf")
+    check_overrides(["attention=power", "attention.p=3"], REPO / "conf")
 
 
 def test_cfg_job_prints_resolved_values(train_env, tmp_path):
