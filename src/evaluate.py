@@ -161,7 +161,9 @@ def parse_data_overrides(overrides: list[str]) -> tuple[str | None, list[tuple[s
         elif key.startswith("data.") and len(key) > 5:
             keys.append((key[5:], parsed.value()))
         else:
-            raise ValueError(f"{item!r}: expected a data override, data=NAME or data.KEY=VALUE")
+            flag = "--" + key.replace("_", "-")
+            hint = f" (the option {flag} {item.partition('=')[2]}?)" if flag in _parser()._option_string_actions else ""
+            raise ValueError(f"{item!r}: expected a data override, data=NAME or data.KEY=VALUE{hint}")
     return option, keys
 
 
@@ -524,9 +526,14 @@ def evaluate_harness(run_dir: str | Path, tasks: str | None = None, out: str | P
 
 # ----- command line ---------------------------------------------------------------------------------------
 def parse_args(argv):
+    return _parser().parse_intermixed_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m longctx.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's directory (checkpoints/, config.yaml)")
-    parser.add_argument("overrides", nargs="*", help="data overrides: data=NAME, data.KEY=VALUE")
+    parser.add_argument("overrides", nargs="*", default=[], help="data overrides: data=NAME, data.KEY=VALUE "
+                        "(optional)")
     parser.add_argument("--task", default="heldout", choices=("heldout", *TASKS),
                         help="heldout (loss, ICL curve; default), passkey, or needle (a key hidden in heldout text)")
     parser.add_argument("--out", help="the JSON to write (must not exist); the plot goes beside it "
@@ -556,7 +563,7 @@ def parse_args(argv):
     harness.add_argument("--text", help="a UTF-8 text file as the harness's documents (default: the heldout split)")
     harness.add_argument("--limit", type=int, help="lm-eval's limit: the first LIMIT rows of each task (a smoke "
                          "test: heldout's first bins of one document, not its measure; said in the JSON)")
-    return parser.parse_intermixed_args(argv)
+    return parser
 
 
 RETRIEVAL_DEFAULTS = {"trials": 20, "digits": 5, "seed": 0}

@@ -226,6 +226,8 @@ BAD = {  # extra arguments -> the words of the one error line
     "mistyped data config": (["data=longcrawl"], "source_corpus; did you mean longcrawl64?"),
     "data null": (["data=null"], "'data=null': expected data=NAME, the name of a conf/data config"),
     "not a data override": (["model.d_model=8"], "'model.d_model=8': expected a data override"),
+    "a flag written as an override": (["ctx=256"], "expected a data override, data=NAME or data.KEY=VALUE (the "
+                                                   "option --ctx 256?)"),
     "data path missing": (["data=longcrawl64"], "config: data.path is mandatory and not set"),
     "data path nowhere": (["data=longcrawl64", "data.path=/nowhere/lc64"], "data.path='/nowhere/lc64': does not"),
     "eval_docs not a number": (["data.eval_docs=abc"], "config: data.eval_docs='abc': must be an integer"),
@@ -254,6 +256,14 @@ BAD = {  # extra arguments -> the words of the one error line
     "needle trials beyond documents": (["--task", "needle", "--trials", "40", "--contexts", "64"],
                                        "--trials=40: only 16 of the 16 heldout documents"),
 }
+
+
+def test_evaluate_without_arguments_asks_only_for_the_run(capsys):
+    """The data overrides are optional: argparse's usage line names only the run folder as required."""
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.strip().endswith("the following arguments are required: run_dir"), err
 
 
 @pytest.mark.parametrize("case", list(BAD))
