@@ -386,7 +386,8 @@ def describe(est: Estimate, device_name: str) -> str:
             f"{_duration(est.seconds)}{_steps_left(est)} at an assumed rate, measured after the first steps")
     line = (f"estimate: peak memory ~{_gib(est.total_bytes)}{avail} on {device_name} ({est.parameters / 1e6:.2f}M "
             f"parameters with AdamW {_gib(est.model_bytes)}, activations {_gib(est.activation_bytes)} per micro-batch "
-            f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}); training time {time} "
+            f"of {est.micro_docs} docs{', checkpointed' if est.checkpointing else ''}, a loss chunk's logits "
+            f"{_gib(est.logits_bytes)}); training time {time} "
             f"(formulas: longctx.train.estimate)")
     if device_name == "cpu" and est.seconds is not None and est.seconds > LONG_CPU_RUN_S:
         fewer = "a smaller trainer.flops_budget" if est.budget_step is not None else "fewer trainer.max_steps"

@@ -275,6 +275,21 @@ def test_a_cpu_run_estimated_past_a_day_is_said_to_be_long(compose):
     assert "that is long" not in describe(replace(est, seconds=LONG_CPU_RUN_S / 2), "cpu")
 
 
+def test_the_estimate_line_names_every_part_of_its_total(compose):
+    """The line's parts (AdamW and weights, activations, the loss chunk's logits) add up to its peak (to the 3
+    digits said): with GPT-2's vocabulary the logits were the largest part and left out."""
+    import re
+
+    from longctx.train.estimate import describe
+
+    cfg = compose("run_dir=unused", "data.vocab=50000")
+    est = estimate(cfg, CPU, spec_for(cfg), available=1e15, **KNOWN)
+    line = describe(est, "cpu")
+    total, *parts = (float(x) for x in re.findall(r"([0-9.e+-]+) GiB", line.split(" of ")[0] + line.split(" on cpu")[1]))
+    assert len(parts) == 3 and est.logits_bytes > est.activation_bytes, line
+    assert sum(parts) == pytest.approx(total, rel=3e-3), line
+
+
 def test_a_resumed_run_estimates_only_the_steps_left(compose):
     """trainer.resume=true at step 4 of trainer.max_steps=10: the time counts the 6 steps left, and the line says
     so; a run from its start (or one past its last step) says no steps left."""
