@@ -66,6 +66,15 @@ def check_sweep_names(overrides: list[str]) -> None:
                              f"value (each with its own hydra.sweep.dir), or set hydra.sweep.subdir")
 
 
+def check_no_sweep(overrides: list[str]) -> None:
+    """`attention=power,exp` without -m: several values for one run (Hydra's answer spans five lines and points at
+    HYDRA_FULL_ERROR). Refused naming it and the flag that sweeps."""
+    for override in overrides:
+        if is_sweep_axis(override):
+            raise ValueError(f"config: {override}: several values are a sweep, which runs with -m "
+                             f"(python train.py -m ... {override}); one run takes one value")
+
+
 def check_sweep_reuse(sweep: Path, overrides: list[str]) -> None:
     """A sweep folder holds one sweep. Its jobs' folders are named by what they run, so a relaunch that sweeps the
     same axes over other values (a subset to resume, new seeds) adds or resumes jobs and never mixes two runs in one
@@ -334,6 +343,7 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
         if args.multirun:
             check_sweep_names(list(args.overrides))
         else:
+            check_no_sweep(list(args.overrides))
             check_under_experiment(list(args.overrides), conf_dir)
     except ValueError as err:
         fail(str(err))

@@ -337,6 +337,19 @@ def test_top_level_key_is_refused_only_under_an_option_that_ignores_it():
                 check_overrides([f"data={option}", "cache_dir=/elsewhere"], REPO / "conf")
 
 
+def test_a_sweep_without_multirun_is_one_line_naming_it(train_env, tmp_path):
+    """`attention=power,exp` without -m: one line naming the override and -m (Hydra's own answer spans five lines);
+    a list value is one value, and the same sweep with -m passes the check."""
+    out = run_cli(["attention=power,exp", f"hydra.run.dir={tmp_path / 'run'}"], train_env, tmp_path)
+    assert out.returncode == 2 and not (tmp_path / "run").exists()
+    assert out.stderr.strip().splitlines() == ["error: config: attention=power,exp: several values are a sweep, "
+                                               "which runs with -m (python train.py -m ... attention=power,exp); "
+                                               "one run takes one value"]
+    from longctx.train.launch import check_command_line
+    for argv in (["optim.betas=[0.9,0.95]"], ["-m", "attention=power,exp"]):
+        assert check_command_line(argv, REPO / "conf")[:len(argv)] == argv
+
+
 def test_a_top_level_key_and_the_group_key_reading_it_are_not_both_set():
     """`p=2 attention.p=3`: attention.p would win and p be silently unused (the run's config showing both); refused
     naming both, in either order. Either alone passes."""
