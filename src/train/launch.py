@@ -145,7 +145,6 @@ def check_overrides(overrides: list[str], conf_dir: Path) -> None:
             continue
         _check_chosen_option_has(name, item, overrides, conf_dir)
         _check_read(name, item, overrides, conf_dir, texts)
-        _check_not_set_twice(name, item, overrides, conf_dir, texts)
 
 
 def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir: Path) -> None:
@@ -167,9 +166,10 @@ def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir
 
 
 def _check_read(key: str, item: str, overrides: list[str], conf_dir: Path, texts: dict) -> None:
-    """`p=3` with attention=exp: a top-level key that only some options of one group read (`${p}` in
-    attention/power.yaml) set under an option that does not read it would change nothing but the run's name. texts:
-    the config files' texts by path, read on the first call of a command line and kept for the others."""
+    """A top-level key that only some options of one group read (`${p}` in attention/power.yaml): `p=3` with
+    attention=exp, an option that does not read it, would change nothing but the run's name; `p=2 attention.p=3`
+    sets it twice, the group's value winning unseen (the run's config showing both). texts: the config files' texts
+    by path, read on the first call of a command line and kept for the others."""
     if "." in key or not (conf_dir / "config.yaml").exists():
         return
     found = _key_readers(key, conf_dir, texts)
@@ -180,21 +180,11 @@ def _check_read(key: str, item: str, overrides: list[str], conf_dir: Path, texts
     if chosen is not None and chosen not in options:
         raise ValueError(f"config: {item}: {group}={chosen} does not read {key} (only {group}="
                          f"{', '.join(options)} does); add {group}={options[0]}, or leave {key} out")
-
-
-def _check_not_set_twice(key: str, item: str, overrides: list[str], conf_dir: Path, texts: dict) -> None:
-    """`p=2 attention.p=3`: a top-level key and the group key that reads it (attention/power.yaml's `p: ${p}`) both
-    set; the group's value wins and the top-level one is silently unused (the run's config shows both)."""
-    if "." in key:
-        return
-    found = _key_readers(key, conf_dir, texts)
-    if found is None:
-        return
-    inner = f"{found[0]}.{key}"
+    inner = f"{group}.{key}"
     other = next((o for o in overrides if o.lstrip("+").partition("=")[0] == inner), None)
     if other is not None:
-        raise ValueError(f"config: {item} and {other}: both set {key} ({inner} reads {key}: {found[0]}/"
-                         f"{found[1][0]}.yaml), and {inner} would win unseen; give one of them")
+        raise ValueError(f"config: {item} and {other}: both set {key} ({inner} reads {key}: {group}/"
+                         f"{options[0]}.yaml), and {inner} would win unseen; give one of them")
 
 
 def _key_readers(key: str, conf_dir: Path, texts: dict) -> tuple[str, list[str]] | None:
