@@ -126,3 +126,16 @@ def fresh_logging():
     yield
     close_logging()
     _drop_leaked_root_handlers()
+
+
+_THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def fresh_torch_numerics():
+    """Each test starts with torch's process-wide numerics as a new process has them: a Trainer built in-process
+    sets the thread count (trainer.num_threads) and flushes denormals on CPU, which would otherwise carry into the
+    tests an xdist worker runs after it (other summation blockings, tiny values read as zero)."""
+    yield
+    torch.set_num_threads(_THREADS)
+    torch.set_flush_denormal(False)
