@@ -46,7 +46,7 @@ from longctx.runs import check_data_tokens, check_device, load_run
 from longctx.train.config import check_set, check_types, did_you_mean, schema
 from longctx.train.console import command_progress, setup_logging
 from longctx.train.data import build_heldout, resolve_splits
-from longctx.train.estimate import check_evaluation_fits, evaluation_line, forward_memory
+from longctx.train.estimate import check_evaluation_fits, data_vocab, evaluation_line, forward_memory
 
 # evaluate's way out where a run's heldout data holds another tokenizer's ids (runs.check_data_tokens)
 OWN_DATA = "evaluate it on data of its own tokenizer"
@@ -205,6 +205,18 @@ def compose_data(run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def generated_vocab_fits(cfg: DictConfig, model) -> None:
+    """A generated dataset's vocabulary (icl_markov, mqar) read from its config alone, before resolve_splits
+    generates anything: `data=mqar` on a run of another vocabulary is refused at once, not after its generation."""
+    if cfg.data.name not in ("icl_markov", "mqar"):  # a prepared dataset: data_vocab_fits reads its metadata
+        return
+    needed, vocab = data_vocab(cfg), model.spec.vocab_size
+    if needed > vocab:
+        what = "data.vocab + BOS" if cfg.data.name == "icl_markov" else "data.n_keys + data.n_values + filler + BOS"
+        raise ValueError(f"data vocabulary {needed} (data={cfg.data.name}: {what}) does not fit the model's "
+                         f"vocabulary {vocab}: the run was trained on other data; nothing was generated")
+
+
 def data_vocab_fits(splits, model) -> None:
     vocab = model.spec.vocab_size
     if splits.info["vocab_size"] > vocab:
@@ -316,6 +328,7 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     ctx = ctx or int(run_cfg.ctx)
     if docs is not None:
         cfg.data.eval_docs = docs
+    generated_vocab_fits(cfg, model)
     splits = resolve_splits(cfg.data, ctx, "--ctx")  # refuses a --ctx longer than the documents
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
@@ -379,6 +392,7 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     train_ctx = int(run_cfg.ctx)
     wanted = contexts or [train_ctx // 4, train_ctx // 2, train_ctx]
     longest = max(wanted)
+    generated_vocab_fits(cfg, model)
     splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)

@@ -301,6 +301,24 @@ def test_evaluate_bad_input_is_one_line(run, tmp_path, capsys, case):
     assert files_under(tmp_path) == before_tmp and files_under(run) == before_run
 
 
+@pytest.mark.parametrize("task", ["heldout", "passkey"])
+def test_generated_data_of_another_vocabulary_is_refused_before_generation(run, tmp_path, capsys, monkeypatch, task):
+    """`data=mqar` on an ICL-Markov run: the vocabularies (4,098 against the model's 5) are compared from the
+    configs, so the refusal comes before the MQAR dataset is generated (nothing generated, nothing written)."""
+    import longctx.train.data as train_data
+
+    generated = []
+    monkeypatch.setattr(train_data, "ensure_mqar", lambda *a, **k: generated.append(k) or pytest.fail("generated"))
+    monkeypatch.setattr(train_data, "ensure_icl_markov", lambda *a, **k: generated.append(k) or pytest.fail("gen"))
+    before = files_under(run)
+    for overrides, words in ((["data=mqar"], "data vocabulary 4098 (data=mqar: data.n_keys + data.n_values + "
+                                             "filler + BOS) does not fit the model's vocabulary 5"),
+                             (["data.vocab=9"], "data vocabulary 10 (data=icl_markov: data.vocab + BOS)")):
+        args = [str(run), *overrides, "--task", task, "--device", "cpu", "--out", str(tmp_path / "x.json")]
+        one_error_line(capsys, evaluate_main(args), words)
+    assert generated == [] and files_under(tmp_path) == [] and files_under(run) == before
+
+
 def test_evaluate_non_finite_checkpoint_is_one_line_and_writes_nothing(run, tmp_path, capsys):
     run_dir = tmp_path / "nan"
     (run_dir / "checkpoints").mkdir(parents=True)
