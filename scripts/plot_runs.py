@@ -3,6 +3,9 @@ tokens or steps.
 
     python scripts/plot_runs.py runs/gpt2_exp_* runs/gpt2_power_p2_* --x flops --y best_context_loss -o cmp.png
 
+Without -o the figure is runs_comparison.png in the current folder; a relative -o is taken from the current folder
+too, and the absolute path written is printed. An existing file is refused unless --overwrite is given.
+
 FLOPs and tokens count every stage the weights trained in (`flops_all_stages`: a run started from another's weights,
 `trainer.init_from` or a later stage of `trainer.stages`, starts at what those cost), as `longctx.report` does.
 A cut last line of a metrics.jsonl (a run still writing) is skipped with a warning naming the file and line.
@@ -23,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from longctx.plotting import save_figure, widen_for_legend  # noqa: E402
 
 AXES = ("flops", "tokens", "step")
+DEFAULT_OUT = "runs_comparison.png"
 
 
 def load(run_dir: Path) -> list[dict]:
@@ -66,15 +70,21 @@ def main(argv=None) -> Path:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (holding metrics.jsonl)")
     parser.add_argument("--x", choices=AXES, default="flops")
     parser.add_argument("--y", default="best_context_loss")
-    parser.add_argument("-o", "--out", type=Path, default=Path("runs_comparison.png"))
+    parser.add_argument("-o", "--out", type=Path, default=Path(DEFAULT_OUT),
+                        help=f"the PNG to write (default: {DEFAULT_OUT} in the current folder; a relative path is "
+                             f"taken from the current folder)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the -o file when it exists already")
     args = parser.parse_args(argv)
+    args.out = args.out.expanduser().absolute()
     if args.out.is_dir() or not args.out.parent.is_dir():
         parser.exit(2, f"error: -o {args.out}: give a PNG file path in an existing folder\n")
+    if (args.out.exists() or args.out.is_symlink()) and not args.overwrite:
+        parser.exit(2, f"error: -o {args.out}: exists; pass --overwrite to replace it, or give another -o\n")
     try:
         path = plot(args.runs, args.x, args.y, args.out)
     except (FileNotFoundError, ValueError) as err:
         parser.exit(2, f"error: {err}\n")
-    print(path)
+    print(f"wrote {path}")
     return path
 
 

@@ -61,3 +61,24 @@ def test_flops_and_tokens_count_the_stages_before(tmp_path, import_script, monke
         monkeypatch.setattr(plot_runs.plt, "close", lambda fig: drawn.setdefault("fig", fig))
         plot_runs.main([str(later), "--x", x, "-o", str(tmp_path / f"{x}.png")])
         assert list(drawn["fig"].axes[0].get_lines()[0].get_xdata()) == want
+
+
+def test_the_default_output_is_named_and_never_written_over(tmp_path, import_script, capsys, monkeypatch):
+    """Without -o the figure lands in the current folder as runs_comparison.png and the line printed is its absolute
+    path; a second run refuses the existing file (kept byte for byte) until --overwrite is given."""
+    plot_runs = import_script("plot_runs")
+    a = _run(tmp_path / "a", 1.0)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    plot_runs.main([str(a)])
+    written = work / "runs_comparison.png"
+    assert capsys.readouterr().out.strip() == f"wrote {written}" and written.stat().st_size > 5000
+    before = written.read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        plot_runs.main([str(a), "--x", "step"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"-o {written}: exists; pass --overwrite" in err, err
+    assert written.read_bytes() == before
+    plot_runs.main([str(a), "--x", "step", "--overwrite", "-o", "runs_comparison.png"])
+    assert capsys.readouterr().out.strip() == f"wrote {written}" and written.read_bytes() != before

@@ -223,6 +223,14 @@ def test_cli_exports(exported, tmp_path, capsys):
     assert (tmp_path / "empty" / "model.safetensors").is_file()
 
 
+def test_a_relative_out_is_printed_as_the_absolute_folder_written(exported, tmp_path, capsys, monkeypatch):
+    run, _ = exported("gpt2", "exp")
+    monkeypatch.chdir(tmp_path)
+    assert export_cli.main([str(run), "--out", "hf/rel"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"exported {run} to {tmp_path / 'hf' / 'rel'}")
+    assert (tmp_path / "hf" / "rel" / "model.safetensors").is_file()
+
+
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
     from longctx.hf.configuration import require
     monkeypatch.setitem(__import__("sys").modules, "safetensors", None)  # as if not installed
