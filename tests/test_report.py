@@ -112,6 +112,27 @@ def test_labels_name_every_config_key_that_differs(tmp_path):
                                                     "power_p2, output_norm=true", "exp"]
 
 
+def test_the_evaluation_cadence_labels_runs_only_where_it_is_all_that_differs(tmp_path):
+    """trainer.eval_every (how often a run evaluated and checkpointed) tells nothing about what trained: beside another
+    difference it stays out of the labels and the keys compared; between runs it alone tells apart it stays in."""
+    def runs(folder, specs):
+        return [load_run(fake_run(tmp_path / folder / name, att, 512, 0.1, seed=seed,
+                                  change={"trainer": {"eval_every": every}})) for name, att, seed, every in specs]
+
+    mixed = runs("mixed", [("e", "exp", 0, 100), ("p", "power", 0, 250)])
+    assert label_runs(mixed) == [] and [r.label for r in mixed] == ["exp", "power_p2"]
+    seeds = runs("seeds", [("s0", "exp", 0, 100), ("s1", "exp", 1, 100), ("l0", "linear", 0, 50)])
+    assert label_runs(seeds) == ["seed"]
+    assert [g.label for g in group_runs(seeds)] == ["exp (2 seeds)", "linear"]
+    only = runs("only", [("a", "exp", 0, 100), ("b", "exp", 0, 200)])
+    assert label_runs(only) == ["trainer.eval_every"]
+    assert [r.label for r in only] == ["exp, trainer.eval_every=100", "exp, trainer.eval_every=200"]
+    # the other seed of another cadence: without it both would be one label over two groups
+    apart = runs("apart", [("a", "exp", 0, 100), ("b", "exp", 1, 200)])
+    assert label_runs(apart) == ["seed", "trainer.eval_every"]
+    assert [g.label for g in group_runs(apart)] == ["exp, trainer.eval_every=100", "exp, trainer.eval_every=200"]
+
+
 def test_runs_on_other_data_get_their_own_label_and_optimum(tmp_path):
     from longctx.report.figures import draw_icl_overlay, optima
     runs = [load_run(fake_run(tmp_path / f"v{v}", "exp", 512, 0.1, change={"data": {"vocab": v}})) for v in (4, 8)]

@@ -25,6 +25,9 @@ CONF_GROUPS = ("arch", "attention", "data", "model", "optim", "trainer", "logger
 IGNORED_KEYS = {"run_dir", "run_name", "cache_dir", "data.cache_dir", "data.path", "device", "p", "window",
                 "attention.tag", "trainer.resume", "trainer.keep_checkpoints", "trainer.num_threads"}
 IGNORED_PREFIXES = ("logger.", "hydra.")
+# how often a run evaluated and checkpointed (logger.* and trainer.keep_checkpoints are IGNORED_KEYS): never what a
+# label says, unless it is all that tells two runs apart (label_runs)
+CADENCE_KEYS = {"trainer.eval_every"}
 # data keys that change how training reads the data, not which heldout documents the evaluation sees
 # (data.id covers the training split too: the heldout documents are compared by their own digest)
 TRAINING_ONLY_DATA_KEYS = {"data.docs_per_batch", "data.reshape_block", "data.train_tokens", "data.id"}
@@ -481,18 +484,37 @@ def _label_part(run: Run, key: str, sources: dict[str, str] | None = None) -> st
     return f"{rest}={value}" if group == "attention" else f"{key}={value}"
 
 
-def label_runs(runs: list[Run], taken: frozenset = frozenset()) -> list[str]:
-    """Label each run by its attention plus every config key that differs between the runs; return those keys.
-    taken: names the runs must not take (name_runs)."""
-    name_runs(runs, taken)
-    keys = differing_keys(runs)
-    sources = source_names(runs)
+def _labels(runs: list[Run], keys: list[str], sources: dict[str, str]) -> list[tuple[str, str]]:
+    """(label, label without the seed) of each run: its attention's tag, then each of `keys` that differs among the
+    runs compared with it (`_partition`)."""
+    out = []
     for run in runs:
         parts = [_label_part(run, k, sources) for k in keys
                  if len({_compared(k, r.flat.get(k, UNSET)) for r in runs
                          if _partition(k, r) == _partition(k, run)}) > 1]
-        run.label = ", ".join([run.tag] + parts)
-        run.seed_label = ", ".join([run.tag] + [p for p in parts if not p.startswith("seed=")])
+        unseeded = [p for p in parts if not p.startswith("seed=")]
+        out.append((", ".join([run.tag] + parts), ", ".join([run.tag] + unseeded)))
+    return out
+
+
+def label_runs(runs: list[Run], taken: frozenset = frozenset()) -> list[str]:
+    """Label each run by its attention plus every config key that differs between the runs; return those keys.
+    A cadence key (CADENCE_KEYS: how often a run evaluated and checkpointed) labels the runs only where it is all
+    that tells two of them apart (their labels without the seed would be one otherwise).
+    taken: names the runs must not take (name_runs)."""
+    name_runs(runs, taken)
+    keys = differing_keys(runs)
+    sources = source_names(runs)
+    labels = _labels(runs, keys, sources)
+    shown = [k for k in keys if k not in CADENCE_KEYS]
+    if shown != keys:
+        without = _labels(runs, shown, sources)
+        told_apart = all(without[i][1] != without[j][1] for i in range(len(runs)) for j in range(i + 1, len(runs))
+                         if labels[i][1] != labels[j][1])
+        if told_apart:
+            keys, labels = shown, without
+    for run, (label, seed_label) in zip(runs, labels):
+        run.label, run.seed_label = label, seed_label
     return keys
 
 
