@@ -49,6 +49,27 @@ def test_the_command_prints_the_table_and_names_a_bad_input(capsys, tmp_path):
     assert PAPER_FINDINGS.exists()
 
 
+def test_a_record_named_after_no_claim_set_says_why_and_what_to_pass(capsys, tmp_path):
+    """A record whose file name names no claim set (`record.json`, report --record's usual name): the error says the
+    claim set is the file name, lists the sets, and names --claims / --findings; --claims NAME judges it as that set."""
+    record = tmp_path / "record.json"
+    record.write_text((RESULTS / "best_context_table_seeds.json").read_text())
+    npz = "best_context_table_seeds.npz"  # named by the record itself
+    (tmp_path / npz).write_bytes((RESULTS / npz).read_bytes())
+    assert main([str(record), "--bootstrap", "100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: no findings for the record 'record': no claim set is named "
+                                                   "for it (the claim set is the record's file name, and --findings")
+    assert "lists equal_state_seeds, best_context_table_seeds, recall_state); pass --claims NAME" in err
+    assert "or --findings FILE.yaml listing its claims under 'record:'" in err
+    assert main([str(record), "--bootstrap", "100", "--claims", "best_context_table_seeds"]) == 0
+    named = capsys.readouterr().out
+    assert main([str(RESULTS / "best_context_table_seeds.json"), "--bootstrap", "100"]) == 0
+    assert named == capsys.readouterr().out and "(Table 3)" in named
+    assert main([str(record), "--claims", "nosuch"]) == 2
+    assert "--claims nosuch: no such claim set in --findings" in capsys.readouterr().err
+
+
 def test_the_claims_figure_shows_each_difference_its_intervals_and_verdict(capsys, tmp_path):
     """--figure draws a row per claim: the seed means' difference, the document-level interval and the seed-level
     Welch interval as judged, the verdict in words beside it; an existing file is never overwritten."""

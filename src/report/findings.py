@@ -5,8 +5,8 @@
     python -m longctx.report.findings RECORD.json --findings my_findings.yaml --bootstrap 2000
 
 The claims of the committed records are in `paper_findings.yaml` beside this module, keyed by the record's file name
-(without `.json`); `--findings` names another file of the same form. An arm is the record's `seed_label`, whole or
-up to its first comma (`power_p2`, `window1170`, `exp`; a short name that several labels share is refused). The
+(without `.json`) unless `--claims NAME` names the set; `--findings` names another file of the same form. An arm is
+the record's `seed_label`, whole or up to its first comma (`power_p2`, `window1170`, `exp`; a short name that several labels share is refused). The
 metric (`metric:`) is the final best-context loss (the default; lower is better) or, for recall data, the recall at
 the queries (`recall_accuracy`; higher is better, its optimum 1). The document-level interval pairs the arms' seed
 means on the same heldout documents (the record's per-document arrays: binned losses, or each document's recall
@@ -38,15 +38,22 @@ AXIS_LABELS = {"best_context_loss": "a minus b, final best-context loss (nats/to
                "recall_accuracy": "a minus b, final recall at the queries (fraction; above 0: a recalls more)"}
 
 
-def load_findings(path: Path, record_name: str) -> list[dict]:
-    """The findings listed for `record_name` in a findings file (YAML, read without running code)."""
+def load_findings(path: Path, record_name: str, named: bool = False) -> list[dict]:
+    """The findings listed for `record_name` in a findings file (YAML, read without running code). named: the claim
+    set was given by --claims, not taken from the record's file name."""
     try:
         table = OmegaConf.to_container(OmegaConf.load(path))
     except Exception as err:
         raise ValueError(f"--findings {str(path)!r}: unreadable ({type(err).__name__})") from None
     if not isinstance(table, dict) or record_name not in table:
-        raise ValueError(f"--findings {str(path)!r}: no findings for the record {record_name!r} "
-                         f"(it lists {', '.join(table) if isinstance(table, dict) else 'nothing'})")
+        sets = ", ".join(table) if isinstance(table, dict) and table else "nothing"
+        if named:
+            raise ValueError(f"--claims {record_name}: no such claim set in --findings {str(path)!r} (it lists "
+                             f"{sets})")
+        raise ValueError(f"no findings for the record {record_name!r}: no claim set is named for it (the claim set is "
+                         f"the record's file name, and --findings {str(path)!r} lists {sets}); pass --claims NAME to "
+                         f"judge it against one of those, or --findings FILE.yaml listing its claims under "
+                         f"'{record_name}:'")
     findings = table[record_name]
     for i, f in enumerate(findings):
         keys = set(f) if isinstance(f, dict) else set()
@@ -113,25 +120,26 @@ def _untrained(where: dict, arm_runs: list) -> tuple[str, ...]:
     return tuple(out)
 
 
-def judge(record_path: Path, findings_path: Path = PAPER_FINDINGS, n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
+def judge(record_path: Path, findings_path: Path = PAPER_FINDINGS, n_boot: int = DEFAULT_BOOTSTRAP,
+          claims: str | None = None) -> list[dict]:
     """[{finding fields..., "verdict": Verdict, "difference": (estimate, low, high), "seed_interval": (...)}] for
-    the record's findings."""
+    the record's findings: the claim set `claims`, by default the one of the record's file name."""
     record_path = Path(record_path)
     try:
         record = json.loads(record_path.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"{record_path}: not a readable record ({type(err).__name__})") from None
-    return judge_record(record, record_path.parent, record_path.stem, findings_path, n_boot)
+    return judge_record(record, record_path.parent, record_path.stem, findings_path, n_boot, claims)
 
 
 def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PAPER_FINDINGS,
-                 n_boot: int = DEFAULT_BOOTSTRAP) -> list[dict]:
+                 n_boot: int = DEFAULT_BOOTSTRAP, claims: str | None = None) -> list[dict]:
     """judge() of a record already read: `name` is its file name without .json, `folder` holds its arrays."""
     where = Path(folder) / f"{name}.json"
     arms, shared = _arms(runs_from_record(record, Path(folder)))
     seed_of = {name: (point, i) for point in record.get("recall") or [] for i, name in enumerate(point["runs"])}
     out = []
-    for spec in load_findings(Path(findings_path), name):
+    for spec in load_findings(Path(findings_path), claims or name, named=claims is not None):
         for arm in (spec["a"], spec["b"], spec["reference"]):
             if arm in shared:
                 raise ValueError(f"{where}: the arm {arm!r} of the finding {spec['claim']!r} names several runs' "
@@ -213,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m longctx.report.findings", description=__doc__.split("\n\n")[0])
     parser.add_argument("record", type=Path, help="a compact record written by longctx.report --record")
     parser.add_argument("--findings", type=Path, default=PAPER_FINDINGS, help="the claims to judge (YAML)")
+    parser.add_argument("--claims", help="the claim set of --findings to judge (default: the record's file name "
+                        "without .json)")
     parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, help="document resamples")
     parser.add_argument("--figure", type=Path, help="also draw the claims figure into this PNG (never overwritten)")
     args = parser.parse_args(argv)
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--bootstrap={args.bootstrap}: must be between 1 and 100000")
         if args.figure is not None and args.figure.exists():
             raise ValueError(f"--figure {str(args.figure)!r}: exists; nothing is overwritten")
-        judged = judge(args.record, args.findings, args.bootstrap)
+        judged = judge(args.record, args.findings, args.bootstrap, args.claims)
         print(markdown(judged))
         if args.figure is not None:
             from longctx.plotting import save_figure
