@@ -239,6 +239,35 @@ def test_routing_table_and_impl_env(monkeypatch):
         route(long, 2, 64, torch.bfloat16)
 
 
+@pytest.mark.parametrize("items, why", [
+    ("t=65536 p=2 d=63", "d=63 is not a supported CUDA head dim (32, 64, 128): power_attention refuses CUDA inputs"),
+    ("t=65536 p=2 d=64 dtype=fp32", "dtype=fp32: the p=2 state kernels run bf16 inputs only; without them the "
+                                    "attention form is faster than the generic chunked kernels"),
+    ("t=65536 p=4 d=64", "p=4: the p=2 state kernels serve p=2 only; without them the attention form is faster"),
+    ("t=1024 p=2 d=64", "t=1024 is below {aligned} (config.dispatch chunked_min_t_aligned), from where the chunked"),
+    ("t=8192 p=2 d=128", "t=8192 is below {wide} (config.dispatch chunked_min_t_wide)"),
+    ("t=100 p=2 d=64 state_in=1", "a state carried over t=100 tokens, fewer than a chunk (512): the generic chunked"),
+    ("t=65536 p=2 d=64 form=attention", "form=attention asked"),
+    ("t=65536 p=2 d=64 device=cpu", "device=cpu: the PyTorch reference"),
+    ("t=4096 p=2 d=20 device=cpu form=chunked", "d=20 is not a multiple of 8: the p=2 state kernels take head dims of "
+                                                "whole 8-wide tiles; the generic chunked kernels run instead"),
+    ("t=65536 p=2 d=64", None),                        # the fast route: nothing to explain
+])
+def test_the_printed_plan_says_why_it_leaves_the_fast_route(monkeypatch, capsys, items, why):
+    """The line under the form names what keeps the call off the p=2 state kernels' chunked form; the fast route
+    prints none."""
+    monkeypatch.delenv(plan.IMPL_ENV, raising=False)
+    cfg = config.dispatch.current()
+    assert plan_cli.main(items.split()) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("form ")
+    if why is None:
+        assert not any(line.startswith("why ") for line in lines) and plan.plan_of(items.split()).why() == ""
+    else:
+        want = why.format(aligned=cfg.chunked_min_t_aligned, wide=cfg.chunked_min_t_wide)
+        assert lines[2].startswith("why      " + want), lines[2]
+
+
 def test_plan_is_frozen_and_the_command_line_names_bad_items():
     made = plan.make_plan(65536, 2, 64, torch.bfloat16)
     with pytest.raises(AttributeError):

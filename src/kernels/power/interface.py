@@ -5,10 +5,9 @@ from typing import Optional
 
 import torch
 
-from .plan import make_plan
+from .plan import CUDA_HEAD_DIMS, make_plan
 from .reference import PowerState, power_attention_reference, state_dim
 
-CUDA_HEAD_DIMS = (32, 64, 128)
 CUDA_POWERS = (1, 2, 3, 4)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

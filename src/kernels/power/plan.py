@@ -29,6 +29,7 @@ LAUNCHERS = ("function", "custom_op", "reference")
 IMPL_ENV = "LONGCTX_POWER_IMPL"
 IMPLS = ("auto", "chunked", "attention", "reference")
 TILE2 = p2_config.TILE2
+CUDA_HEAD_DIMS = (32, 64, 128)   # the head dims power_attention takes on CUDA (interface.check_inputs)
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
 
@@ -42,24 +43,46 @@ def impl() -> str:
 
 def p2_family(p: int, d: int, dtype) -> bool:
     """Whether a chunked p=2 call runs the p=2 state kernels (chunk_p2/): config enabled; bf16, or any dtype with config
-    force (the interpreter tests run them in fp32); head dims of whole tiles. The one place that decides it."""
+    force (the interpreter tests run them in fp32); head dims of whole tiles. The one place that decides it
+    (not_p2_family says why not)."""
+    return not not_p2_family(p, d, dtype)
+
+
+def not_p2_family(p: int, d: int, dtype) -> str:
+    """Why a chunked call does not run the p=2 state kernels, in words; "" where it does (p2_family)."""
     cfg = p2_config.current()
-    return (cfg.enabled and p == 2 and d % TILE2 == 0 and dtype is not None
-            and (cfg.force or dtype == torch.bfloat16))
+    if p != 2:
+        return f"p={p}: the p=2 state kernels serve p=2 only"
+    if not cfg.enabled:
+        return "the p=2 state kernels are switched off (chunk_p2 config enabled=False)"
+    if d % TILE2:
+        return f"d={d} is not a multiple of {TILE2}: the p=2 state kernels take head dims of whole {TILE2}-wide tiles"
+    if dtype is None or not (cfg.force or dtype == torch.bfloat16):
+        return f"dtype={_name(dtype)}: the p=2 state kernels run bf16 inputs only"
+    return ""
+
+
+def _name(dtype) -> str:
+    return {v: k for k, v in _DTYPES.items()}.get(dtype, str(dtype))
 
 
 def min_chunked_t(p: int, d: int, aligned: bool = False) -> int:
     """Shortest t at which a stateless CUDA call takes the chunked form; aligned: for a t that is a multiple of the
     chunk, where p=2 at d <= 64 (measured there only) takes it from chunked_min_t_aligned (no zero-padded tail). To
     keep the attention form longer, raise both thresholds."""
+    return _min_chunked_t(p, d, aligned)[0]
+
+
+def _min_chunked_t(p: int, d: int, aligned: bool) -> tuple[int, str]:
+    """(min_chunked_t, the config.dispatch field it comes from)."""
     cfg = config.dispatch.current()
     if p == 1:
-        return cfg.chunked_min_t_linear
+        return cfg.chunked_min_t_linear, "chunked_min_t_linear"
     if p == 2 and d >= 128:
-        return cfg.chunked_min_t_wide
-    if aligned and p == 2 and d <= 64:
-        return min(cfg.chunked_min_t, cfg.chunked_min_t_aligned)
-    return cfg.chunked_min_t
+        return cfg.chunked_min_t_wide, "chunked_min_t_wide"
+    if aligned and p == 2 and d <= 64 and cfg.chunked_min_t_aligned < cfg.chunked_min_t:
+        return cfg.chunked_min_t_aligned, "chunked_min_t_aligned"
+    return cfg.chunked_min_t, "chunked_min_t"
 
 
 def rounds_carried_state(t: int, p: int, d: int, dtype, state_in: bool, state_out: bool) -> bool:
@@ -195,6 +218,35 @@ class Plan:
                 out["key_dv"] = triton_kernel("sym2_kdv_rows", "kdv_rows")
         return out
 
+    def why(self) -> str:
+        """Why the call does not take the fast route (the chunked form on the p=2 state kernels), in words; "" where
+        it does. Worked out when asked (the printed plan), from the same rules as the route, never per call."""
+        t, p, d, dtype = self.t, self.p, self.d, self.dtype
+        if self.device == "cuda" and d not in CUDA_HEAD_DIMS:      # power_attention's own check refuses it first
+            return (f"d={d} is not a supported CUDA head dim ({', '.join(map(str, CUDA_HEAD_DIMS))}): power_attention "
+                    f"refuses CUDA inputs of this d")
+        if self.form == "reference":
+            return (f"device={self.device}: the PyTorch reference (the kernels run on CUDA tensors)"
+                    if self.device != "cuda" else f"{IMPL_ENV}=reference")
+        if self.form == "attention":
+            impl_ = impl()
+            if impl_ == "attention":
+                return f"{IMPL_ENV}=attention"
+            if self.device != "cuda" or self.state_in or self.state_out or cuda_chunk_size(t, p, d, dtype, impl_):
+                return "form=attention asked"
+            if not (p == 1 or p2_family(p, d, dtype)):
+                return (f"{not_p2_family(p, d, dtype)}; without them the attention form is faster than the generic "
+                        f"chunked kernels" + (f" ({IMPL_ENV}=chunked takes them for p <= 2)" if p <= 2 else ""))
+            least, field = _min_chunked_t(p, d, aligned=t % default_chunk(p, d, dtype) == 0)
+            return f"t={t} is below {least} (config.dispatch {field}), from where the chunked form is the faster"
+        if self.family == "generic":
+            if not p2_family(p, d, dtype):
+                return f"{not_p2_family(p, d, dtype)}; the generic chunked kernels run instead"
+            return (f"a state carried over t={t} tokens, fewer than a chunk ({default_chunk(p, d, dtype)}): the "
+                    f"generic chunked kernels keep it in fp32 (the p=2 state kernels' bf16 states drift call after "
+                    f"call)")
+        return ""
+
     def describe(self, rows: bool = False) -> str:
         """str(plan); rows: also the tunables table's rows its launches read (key, then the table's entry)."""
         text = str(self)
@@ -207,11 +259,13 @@ class Plan:
 
     def __str__(self) -> str:
         names = {v: k for k, v in _DTYPES.items()}
-        name = names.get(self.dtype, str(self.dtype))
+        name = _name(self.dtype)
+        why = self.why()
         state = "+".join(x for x, on in (("in", self.state_in), ("out", self.state_out)) if on) or "none"
         lines = [f"call     t={self.t} p={self.p} d={self.d} dtype={name} device={self.device} norm={self.norm} "
                  f"state={state} compiling={self.compiling}",
                  f"form     {self.form}" + (f" ({self.family} state kernels)" if self.family else ""),
+                 *([f"why      {why}"] if why else []),
                  f"launcher {self.launcher}",
                  f"chunk    {self.chunk}"]
         if self.family:
