@@ -5,7 +5,10 @@
 Prints a table; the last line is one JSON object with weight_flops_per_token, state_flops_per_token, wsfr and
 wsfr_no_lm_head. WSFR is printed both ways, labelled: with the LM head's weight FLOPs (the model's full count, what
 training records carry) and without them (as the paper's table appears to count, and README.md's WSFR table does).
-The vocabulary is the data's: icl_markov's `vocab + 1`, LongCrawl64's GPT-2 50257 (padded to 50304).
+The vocabulary is the data's: icl_markov's `vocab + 1`, LongCrawl64's GPT-2 50257, padded to 50304 as the trainer
+builds the model (longctx.models.spec.model_vocab_size): a vocabulary of 1024 or more is rounded up to a multiple of 64
+so that the embedding and LM-head matmuls run whole tensor-core tiles (nanoGPT's GPT-2 recipe pads 50257 the same
+way); the 47 extra ids are never data tokens, and their LM-head FLOPs are counted, as training spends them.
 Bad overrides are one line naming the key (`error: config: ...`), exit code 2, as train.py answers them.
 """
 from __future__ import annotations
@@ -34,7 +37,7 @@ def main(overrides: list[str]) -> dict:
         cfg = compose("config", overrides=["run_dir=unused", *overrides])
     validate(cfg)
     vocab = cfg.data.vocab + 1 if cfg.data.name == "icl_markov" else GPT2_VOCAB
-    spec = model_spec(cfg, model_vocab_size(vocab))
+    spec = model_spec(cfg, model_vocab_size(vocab))  # padded as the trainer pads it: GPT-2's 50257 -> 50304 (64 x 786)
     with torch.device("meta"):  # shapes only: no memory, no init time, even for large models
         model = build_model(spec)
     report = flops_report(model, cfg.ctx)

@@ -138,7 +138,8 @@ class ModelSpec:
 
 
 def model_vocab_size(data_vocab: int) -> int:
-    """Large vocabularies are padded to a multiple of 64 (faster matmuls; nanoGPT's 50257 -> 50304)."""
+    """Large vocabularies are padded to a multiple of 64: the embedding and LM-head matmuls then run whole
+    tensor-core tiles (nanoGPT's GPT-2 recipe: 50257 -> 50304). Small ones (the ICL tasks') stay as they are."""
     return data_vocab if data_vocab < 1024 else 64 * math.ceil(data_vocab / 64)
 
 

@@ -48,6 +48,22 @@ def test_gpt2_small_exp_closed_form():
     assert r["wsfr"] == pytest.approx(r["weight_flops_per_token"] / r["state_flops_per_token"])
 
 
+def test_the_padded_vocabulary_is_the_trainers_and_its_reason_is_said():
+    """GPT-2's 50257 ids are counted as the 50304 the trainer builds (the next multiple of 64, model_vocab_size), and
+    the script's --help says why the vocabulary is padded; a small vocabulary (ICL Markov's 5) is not padded."""
+    from longctx.models.spec import model_vocab_size
+
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "flops.py"), "arch=gpt2", "model=small",
+                          "attention=exp", "ctx=1024", "data=longcrawl64"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (vocab,) = [int(line.split()[-1]) for line in out.stdout.splitlines() if line.startswith("vocab ")]
+    assert vocab == model_vocab_size(50257) == 50304 == 64 * -(-50257 // 64)
+    assert model_vocab_size(5) == 5
+    usage = subprocess.run([sys.executable, str(REPO / "scripts" / "flops.py"), "--help"], capture_output=True,
+                           text=True, timeout=300).stdout
+    assert "padded to 50304" in usage and "multiple of 64" in usage and "tensor-core tiles" in usage
+
+
 def test_state_flops_scale_with_context_only_for_exp():
     exp = [flops_main("model=small", "attention=exp", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
     assert exp[1] / exp[0] == pytest.approx(8, rel=0.01)
