@@ -5,10 +5,12 @@
 Prints a table; the last line is one JSON object with weight_flops_per_token, state_flops_per_token, wsfr and
 wsfr_no_lm_head. WSFR is printed both ways, labelled: with the LM head's weight FLOPs (the model's full count, what
 training records carry) and without them (as the paper's table appears to count, and README.md's WSFR table does).
-The vocabulary is the data's: icl_markov's `vocab + 1`, LongCrawl64's GPT-2 50257, padded to 50304 as the trainer
-builds the model (longctx.models.spec.model_vocab_size): a vocabulary of 1024 or more is rounded up to a multiple of 64
-so that the embedding and LM-head matmuls run whole tensor-core tiles (nanoGPT's GPT-2 recipe pads 50257 the same
-way); the 47 extra ids are never data tokens, and their LM-head FLOPs are counted, as training spends them.
+The vocabulary is the data's, as the trainer's start-up estimate reads it (longctx.train.estimate.data_vocab):
+icl_markov's `vocab + 1`, mqar's keys + values + 2, a prepared dataset's recorded one (`data.path`), else LongCrawl64's
+GPT-2 50257, padded to 50304 as the trainer builds the model (longctx.models.spec.model_vocab_size): a vocabulary of
+1024 or more is rounded up to a multiple of 64 so that the embedding and LM-head matmuls run whole tensor-core tiles
+(nanoGPT's GPT-2 recipe pads 50257 the same way); the 47 extra ids are never data tokens, and their LM-head FLOPs are
+counted, as training spends them.
 Bad overrides are one line naming the key (`error: config: ...`), exit code 2, as train.py answers them.
 """
 from __future__ import annotations
@@ -19,7 +21,6 @@ import sys
 from pathlib import Path
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GPT2_VOCAB = 50257
 
 
 def main(overrides: list[str]) -> dict:
@@ -28,6 +29,7 @@ def main(overrides: list[str]) -> dict:
 
     from longctx.models import build_model
     from longctx.train.config import validate
+    from longctx.train.estimate import data_vocab
     from longctx.train.launch import check_overrides
     from longctx.train.flops import flops_report, format_ratio
     from longctx.train.trainer import model_spec, model_vocab_size
@@ -36,7 +38,7 @@ def main(overrides: list[str]) -> dict:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["run_dir=unused", *overrides])
     validate(cfg)
-    vocab = cfg.data.vocab + 1 if cfg.data.name == "icl_markov" else GPT2_VOCAB
+    vocab = data_vocab(cfg)  # no token read or generated
     spec = model_spec(cfg, model_vocab_size(vocab))  # padded as the trainer pads it: GPT-2's 50257 -> 50304 (64 x 786)
     with torch.device("meta"):  # shapes only: no memory, no init time, even for large models
         model = build_model(spec)

@@ -64,6 +64,27 @@ def test_the_padded_vocabulary_is_the_trainers_and_its_reason_is_said():
     assert "padded to 50304" in usage and "multiple of 64" in usage and "tensor-core tiles" in usage
 
 
+def test_the_vocabulary_is_the_datas_as_the_trainer_builds_it(tmp_path):
+    """data=mqar counts its own 2048 + 2048 + 2 ids (padded: 4160), a prepared dataset its recorded vocabulary, as the
+    model the trainer builds: both were counted with GPT-2's 50304."""
+    import zarr
+
+    from longctx.models.spec import model_vocab_size
+
+    def vocab(*overrides):
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "flops.py"), *overrides], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return next(int(line.split()[-1]) for line in out.stdout.splitlines() if line.startswith("vocab "))
+
+    assert vocab("data=mqar", "ctx=512") == model_vocab_size(2048 + 2048 + 2) == 4160
+    for split in ("train.zarr", "heldout.zarr"):
+        zarr.create_array(str(tmp_path / split), shape=(2, 256), chunks=(2, 256), dtype="uint16",
+                          attributes={"bos_id": 8191, "vocab_size": 8192, "max_token_id": 8190})
+    assert vocab("data=longcrawl64", f"data.path={tmp_path}") == 8192
+    assert vocab("data=longcrawl64") == 50304  # no data.path: GPT-2's
+
+
 def test_state_flops_scale_with_context_only_for_exp():
     exp = [flops_main("model=small", "attention=exp", f"ctx={c}")["state_flops_per_token"] for c in (1024, 8192)]
     assert exp[1] / exp[0] == pytest.approx(8, rel=0.01)
