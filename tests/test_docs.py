@@ -101,6 +101,19 @@ def test_readme_is_short():
     assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES}: move details into docs/)"
 
 
+def test_the_run_folder_table_names_every_file_a_launch_leaves():
+    """README's "What a run produces" table has a row for each file every launch writes once its checks pass
+    (run_files.LAUNCH_FILES) and for the wandb id a logging run keeps (loggers.wandb_id_for), each said in words."""
+    from longctx.train.run_files import LAUNCH_FILES
+
+    text = (REPO / "README.md").read_text()
+    table = text.split("## What a run produces", 1)[1].split("\n\n", 2)[1]
+    rows = {name: line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`([^`]+)`", line.split("|")[1])}
+    for name in (*LAUNCH_FILES, "wandb_id"):
+        assert name in rows and len(rows[name]) > 20, (name, sorted(rows))
+
+
 def test_readme_starts_with_setup_and_tests():
     match = re.search(r"```[a-z]*\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     assert match, "README.md has no code block"
