@@ -75,6 +75,67 @@ def check_no_sweep(overrides: list[str]) -> None:
                              f"(python train.py -m ... {override}); one run takes one value")
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_jobs(overrides: list[str], conf_dir: Path) -> list[list[str]] | None:
+    """Each job's overrides of a `-m` launch, as Hydra's basic sweeper crosses them: the recipe's hydra.sweeper.params
+    and the command line's axes. None where another sweeper runs the grid, or where it does not compose or parse
+    (Hydra names why when it launches)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    try:
+        with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
+            primary = GlobalHydra.instance().hydra.compose_config("config", list(overrides),
+                                                                  run_mode=RunMode.MULTIRUN)
+        if primary.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+            return None
+        params = primary.hydra.sweeper.get("params")
+        params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
+        parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(overrides))
+        return BasicSweeper.split_arguments(parsed, None)[0]
+    except Exception:  # a glob sweep (it needs Hydra's config loader), an option that does not compose: Hydra's
+        return None
+
+
+def check_sweep_jobs(overrides: list[str], conf_dir: Path) -> None:
+    """Every job of a `-m` sweep has its config checked as its run will check it (validate), before the first job
+    starts: a bad value at the grid's fifth point is named now, in one line with the job's swept values, not after
+    four jobs trained (or, under Slurm, when its job starts). A job whose config does not compose is left to Hydra,
+    which composes every job before launching any."""
+    from hydra import compose, initialize_config_dir
+
+    from longctx.train.config import resolve_resume, validate
+
+    jobs = sweep_jobs(overrides, conf_dir)
+    if not jobs or len(jobs) < 2:
+        return
+    keys = [o.split("=", 1)[0] for o in jobs[0]]
+    varying = {k for i, k in enumerate(keys) if len({job[i] for job in jobs}) > 1}  # every job: these keys, in order
+    swept = swept_keys(overrides, {k: ",".join(sorted({j[i].split("=", 1)[1] for j in jobs}))
+                                   for i, k in enumerate(keys) if k in varying})
+    with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
+        for n, job in enumerate(jobs, 1):
+            try:
+                cfg = compose("config", overrides=job, return_hydra_config=True)
+            except Exception:
+                continue
+            choices = {g: o for g, o in cfg.hydra.runtime.choices.items() if "/" not in g}
+            _run_folder(cfg, job, swept)
+            OmegaConf.set_struct(cfg, False)
+            cfg.pop("hydra")
+            try:
+                cfg.trainer.resume = resolve_resume(cfg.trainer.resume, multirun=True)
+                validate(cfg, choices, conf_dir, for_run=True)
+            except ValueError as err:
+                shown = " ".join(o for o in job if o.split("=", 1)[0] in varying)
+                raise ValueError(f"{err} (sweep job {n} of {len(jobs)}: {shown}); no job was launched") from None
+
+
 def check_sweep_reuse(sweep: Path, overrides: list[str]) -> None:
     """A sweep folder holds one sweep. Its jobs' folders are named by what they run, so a relaunch that sweeps the
     same axes over other values (a subset to resume, new seeds) adds or resumes jobs and never mixes two runs in one
@@ -332,6 +393,8 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
         check_overrides(list(args.overrides), conf_dir)
         if args.multirun:
             check_sweep_names(list(args.overrides))
+            if not args.cfg:
+                check_sweep_jobs(list(args.overrides), conf_dir)
         else:
             check_no_sweep(list(args.overrides))
             check_under_experiment(list(args.overrides), conf_dir)
@@ -375,17 +438,19 @@ def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = Fa
     return run_dir
 
 
-def _run_folder(cfg: DictConfig, overrides: list[str]) -> str | None:
+def _run_folder(cfg: DictConfig, overrides: list[str], swept: set[str] | None = None) -> str | None:
     """hydra.run.dir of a composed config, absolute: the run name interpolated there is the one these overrides give
-    (composed outside a running Hydra, `${longctx.run_name:}` would see no overrides and drop their suffixes)."""
+    (composed outside a running Hydra, `${longctx.run_name:}` would see no overrides and drop their suffixes).
+    swept: the keys a multirun sweeps (naming.swept_keys), for a job of one."""
     from longctx.naming import SUFFIX_RESOLVER, given_overrides, job_swept_keys, run_name
 
+    swept = job_swept_keys() if swept is None else swept
     try:
         raw = str(OmegaConf.to_container(cfg, resolve=False).get("run_name"))
         if "longctx.run_name" in raw:
-            cfg.run_name = run_name(cfg, overrides, job_swept_keys())
+            cfg.run_name = run_name(cfg, overrides, swept)
         elif SUFFIX_RESOLVER in raw:  # a recipe's own name: its suffix read from these overrides
-            with given_overrides(overrides, job_swept_keys()):
+            with given_overrides(overrides, swept):
                 cfg.run_name = str(cfg.run_name)
         return os.path.abspath(str(cfg.hydra.run.dir))
     except Exception:  # an interpolation only a running Hydra resolves

@@ -181,3 +181,37 @@ def test_reused_sweep_folder_with_other_overrides_is_refused(train_env, tiny, tm
     assert line.startswith(f"error: hydra.sweep.dir='{sweep}' already holds a sweep launched with other overrides "
                            f"(optim.lr=1e-3 (new)); relaunch it with its own overrides"), line
     assert snapshot(sweep) == before
+
+
+def test_a_bad_value_anywhere_in_a_sweep_grid_is_named_before_any_job(train_env, tiny, tmp_path):
+    """`-m attention=power p=2,7`: the second job's p=7 is refused when the sweep is launched, in one line naming the
+    value and the job, exit 2, with no sweep folder made and no job trained (the first job used to train, the second
+    to fail when it started)."""
+    sweep = tmp_path / "sweep"
+    out = train(["-m", "attention=power", "p=2,7", f"hydra.sweep.dir={sweep}", *tiny], train_env, tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        "error: config: p=7: power attention supports integer degrees 1..4 (sweep job 2 of 2: p=7); no job was "
+        "launched"]
+    assert not sweep.exists() and "Launching" not in out.stdout + out.stderr
+
+
+def test_every_job_of_a_recipe_grid_and_the_command_lines_axes_is_checked():
+    """The grid is the basic sweeper's: a recipe's hydra.sweeper.params crossed with the command line's axes. The first
+    bad job is named with its swept values and its place; a grid of good values, a glob sweep (Hydra expands it) and
+    a single job pass (the run checks its own config)."""
+    from longctx.train.launch import check_sweep_jobs, sweep_jobs
+
+    conf = REPO / "conf"
+    jobs = sweep_jobs(["experiment=recall_state_cpu", "optim.lr=1e-3,-1"], conf)
+    assert len(jobs) == 4 * 2 * 2 and jobs[1] == ["+experiment/arm=exp", "data.n_pairs=2",
+                                             "experiment=recall_state_cpu", "optim.lr=-1"]
+    with pytest.raises(ValueError) as caught:
+        check_sweep_jobs(["experiment=recall_state_cpu", "optim.lr=1e-3,-1"], conf)
+    assert str(caught.value) == ("config: optim.lr=-1: must be > 0 (sweep job 2 of 16: +experiment/arm=exp "
+                                 "data.n_pairs=2 optim.lr=-1); no job was launched")
+    with pytest.raises(ValueError, match=r"^config: ctx=0: must be a positive integer \(sweep job 2 of 4: seed=0 "):
+        check_sweep_jobs(["seed=0,1", "ctx=64,0"], conf)
+    for good in (["experiment=recall_state_cpu"], ["attention=exp,power", "p=2,3"], ["data=glob(icl_*)", "seed=0,1"],
+                 ["ctx=0"]):
+        check_sweep_jobs(good, conf)
