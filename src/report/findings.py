@@ -5,15 +5,14 @@
     python -m longctx.report.findings RECORD.json --findings my_findings.yaml --bootstrap 2000
 
 The claims of the committed records are in `paper_findings.yaml` beside this module, keyed by the record's file name
-(without `.json`) unless `--claims NAME` names the set; `--findings` names another file of the same form. An arm is
-the record's `seed_label`, whole or up to its first comma (`power_p2`, `window1170`, `exp`; a short name that several labels share is refused). The
-metric (`metric:`) is the final best-context loss (the default; lower is better) or, for recall data, the recall at
-the queries (`recall_accuracy`; higher is better, its optimum 1). The document-level interval pairs the arms' seed
-means on the same heldout documents (the record's per-document arrays: binned losses, or each document's recall
-from its hits), the seed-level interval is Welch's t over the seeds' own values, and convergence reads each arm's
-metric over its evaluations (a run the record marks unfinished fails it) and the reference arm's
-distance to the optimum (the last-bin gap to the Bayes loss; 1
-minus its recall).
+(without `.json`) unless `--claims NAME` names the set; `--findings` names another file of the same form. An arm is the
+record's `seed_label`, whole or up to its first comma (`power_p2`, `window1170`, `exp`; a short name that several labels
+share is refused). The metric (`metric:`) is the final best-context loss (the default; lower is better) or, for recall
+data, the recall at the queries (`recall_accuracy`; higher is better, its optimum 1). The document-level interval pairs
+the arms' seed means on the same heldout documents (the record's per-document arrays: binned losses, or each document's
+recall from its hits), the seed-level interval is Welch's t over the seeds' own values, and convergence reads each arm's
+metric over its evaluations (a run the record marks unfinished fails it) and the reference arm's distance to the optimum
+(the last-bin gap to the Bayes loss; 1 minus its recall).
 """
 from __future__ import annotations
 
