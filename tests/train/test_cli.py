@@ -272,6 +272,9 @@ OPTIONS = {group: ", ".join(sorted(p.stem for p in (REPO / "conf" / group).glob(
                                                f"power? (options: {OPTIONS['attention']})"),
     (["-m", "seed=0,1", "optim.lrr=1e-3,3e-3"], "config: optim.lrr=1e-3,3e-3: unknown key (no config file defines "
                                                 "it; did you mean optim.lr?)"),
+    # a key typed without its group: the one key of that name, not the closest spelling (max_steps -> first_steps)
+    (["max_steps=5"], "config: max_steps=5: unknown key (no config file defines it; did you mean trainer.max_steps?)"),
+    (["lr=1e-3"], "config: lr=1e-3: unknown key (no config file defines it; did you mean optim.lr?)"),
     (["~trainer.compil"], "config: ~trainer.compil: unknown key (no config file defines it; did you mean "
                           "trainer.compile?)"),
     (["data.path=/x"], "config: data.path=/x: data=icl_markov has no key path (only data=longcrawl64, source_corpus; "
