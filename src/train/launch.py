@@ -9,6 +9,8 @@ of a config that `--cfg` only prints. A failed check is one line on stderr and e
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import sys
@@ -377,6 +379,25 @@ def _check_options(override, conf_dir: Path) -> None:
                          f"(options: {', '.join(o for o in options if '/' not in o)})")
 
 
+def _check_dashed_keys(argv: list[str], conf_dir: Path) -> None:
+    """`--ctx 512`, `--trainer.max_steps=5` or `--max-steps 5`: a config key typed as an option (Hydra's parser only
+    says `unrecognized arguments`) is named with the override it means, in one line."""
+    from longctx.train.config import schema
+
+    for i, item in enumerate(argv):
+        if not item.startswith("--") or item == "--":
+            continue
+        name, sep, value = item[2:].partition("=")
+        key, known = name.replace("-", "_"), schema(conf_dir)
+        if key not in known and not (conf_dir / key).is_dir():  # `--max-steps`: the one key of that last name
+            same_leaf = [k for k in known if k.split(".")[-1] == key]
+            key = same_leaf[0] if len(same_leaf) == 1 else None
+        if key is not None:
+            if not sep and i + 1 < len(argv) and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
+                value = argv[i + 1]
+            fail(f"config: {item}: overrides are key=value, without dashes: {key}={value or '<value>'}")
+
+
 def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     """train.py's arguments, checked before Hydra sees them: its overrides (check_overrides), and the config that
     `--cfg` prints. Returns them, with `--resolve` added to `--cfg job` / `--cfg all`, so that the printed config
@@ -384,8 +405,10 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     from hydra._internal.utils import get_args_parser
 
     try:
-        args = get_args_parser().parse_args(argv)
+        with contextlib.redirect_stderr(io.StringIO()):  # Hydra parses again and reports it: its usage once, not twice
+            args = get_args_parser().parse_args(argv)
     except SystemExit:
+        _check_dashed_keys(argv, conf_dir)
         return argv  # Hydra's own parser reports it
     if args.help or args.hydra_help or args.info is not None or args.shell_completion:
         return argv

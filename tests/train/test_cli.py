@@ -301,6 +301,29 @@ def test_mistyped_override_is_one_line_with_the_closest_name(train_env, tmp_path
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--ctx", "512"], "config: --ctx: overrides are key=value, without dashes: ctx=512"),
+    (["--trainer.max_steps=5"], "config: --trainer.max_steps=5: overrides are key=value, without dashes: "
+                                "trainer.max_steps=5"),
+    (["--max-steps", "5"], "config: --max-steps: overrides are key=value, without dashes: trainer.max_steps=5"),
+    (["--attention", "power"], "config: --attention: overrides are key=value, without dashes: attention=power"),
+])
+def test_a_key_typed_as_an_option_is_one_line_naming_the_override(train_env, tmp_path, args, message):
+    """`--ctx 512` (argparse habit) names the override it means, in one line, exit 2; Hydra's usage printed twice
+    with `unrecognized arguments` said neither."""
+    out = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], train_env, tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_option_prints_hydra_s_usage_once(train_env, tmp_path):
+    out = run_cli(["--bogus"], train_env, tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.count("usage: train.py") == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "train.py: error: unrecognized arguments: --bogus"
+
+
 def test_valid_overrides_of_every_kind_pass_the_override_check():
     """Sweeps, `~key` deletion, `hydra.*` and Hydra's groups, lists, dict values and null options are Hydra's valid
     syntax and keys: the check lets them through (a refusal would raise)."""
