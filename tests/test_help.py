@@ -111,6 +111,15 @@ def test_package_cli_help(module):
     assert "torch._dynamo" not in out.stderr
 
 
+@pytest.mark.parametrize("module", ["longctx.export", "longctx.report.findings", "longctx.train.estimate",
+                                    "longctx.hf.import_weights"])
+def test_other_readme_cli_help(module):
+    """The README's other commands answer --help on stdout with exit 0 (longctx.hf imports transformers, and with
+    it torch._dynamo, before any argument is read)."""
+    out = run(["-m", module, "--help"])
+    assert out.returncode == 0 and "usage" in out.stdout.lower(), out.stderr[-2000:]
+
+
 def test_trainer_import_does_not_load_dynamo():
     """torch._dynamo costs ~2.5 s of every command's start; the models load it only when torch.compile runs."""
     code = "import sys, longctx.train.trainer, longctx.evaluate; print('torch._dynamo' in sys.modules)"

@@ -309,9 +309,13 @@ def main(argv=None) -> int:
     import sys
 
     args = sys.argv[1:] if argv is None else argv
+    usage = ("usage: python -m longctx.hf.import_weights <Hugging Face folder>\n"
+             "prints the train.py overrides that build its model")
+    if args in (["-h"], ["--help"]):
+        print(usage)
+        return 0
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m longctx.hf.import_weights <Hugging Face folder>\n"
-              "prints the train.py overrides that build its model", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     try:
         print(" ".join(overrides(args[0]) + [f"trainer.init_from={args[0]}"]))
