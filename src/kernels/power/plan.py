@@ -351,8 +351,9 @@ def parse_args(argv) -> dict:
         elif name in ("device", "form"):
             out[name] = value
         else:
+            hint = f"; the context length is t (t={value})" if name in ("ctx", "T", "seq_len", "seqlen") else ""
             raise ValueError(f"{item!r}: no argument {name!r} (t, p, d, dtype, device, chunk_size, norm, state_in, "
-                             "state_out, compiling, form)")
+                             f"state_out, compiling, form){hint}")
     if "t" not in out:
         raise ValueError("t=... is required")
     return out
