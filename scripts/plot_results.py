@@ -195,7 +195,14 @@ def main(argv=None) -> list[Path]:
     unknown = [t for t in args.tables if t not in known and t not in compact]
     if unknown:
         parser.error(f"unknown table {unknown[0]!r}; tables: {', '.join([*known, *compact])}")
+    absent = [t for t in args.tables if t not in records]
+    if absent:
+        parser.exit(2, f"error: --dir {args.dir} has no {absent[0]}.json (the record {absent[0]!r} is drawn from)\n")
     chosen = args.tables or [t for t in [*known, *compact] if t in records]
+    if not chosen:  # a report's --out or a run folder: say so, rather than draw nothing and exit 0
+        others = f" ({', '.join(f'{t}.json' for t in sorted(records))}: none is one)" if records else ""
+        parser.exit(2, f"error: --dir {args.dir}: no record to draw{others}; records are docs/results' <table>.json "
+                       f"and the report records of python -m longctx.report RUNS --out DIR --record FILE.json\n")
     try:
         targets = [args.dir / name for t in chosen for name in figure_names(t, records[t], t in compact)]
         check_writable(targets)

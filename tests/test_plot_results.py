@@ -30,6 +30,25 @@ def test_unknown_table_is_named(import_script, capsys):
     assert "unknown table 'kernels'" in capsys.readouterr().err
 
 
+def test_a_folder_without_records_is_one_line(tmp_path, import_script, capsys):
+    """A report's --out folder (report.md, intervals.json) holds no record: refused in one line, exit 2, nothing drawn
+    (it printed nothing and exited 0)."""
+    plot_results = import_script("plot_results")
+    (tmp_path / "intervals.json").write_text("{}")
+    (tmp_path / "report.md").write_text("# r\n")
+    with pytest.raises(SystemExit) as exit_:
+        plot_results.main(["--dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.strip().count("\n") == 0
+    assert err.startswith(f"error: --dir {tmp_path}: no record to draw (intervals.json: none is one); ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["intervals.json", "report.md"]
+    with pytest.raises(SystemExit) as exit_:   # a table named but not in --dir (it was a KeyError traceback)
+        plot_results.main(["--dir", str(tmp_path), "kernel_benchmark"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"error: --dir {tmp_path} has no kernel_benchmark.json (the record "
+                                       f"'kernel_benchmark' is drawn from)\n")
+
+
 def _shown(fig) -> dict[str, np.ndarray]:
     """{legend label: y values} of the lines a figure draws (the numbers it shows)."""
     return {line.get_label(): np.asarray(line.get_ydata(), float) for line in fig.axes[0].get_lines()
