@@ -42,6 +42,10 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path, dict]:
     """(step, path, state) of the asked step, or of the newest readable checkpoint (skipped ones said once each)."""
     if run_dir.exists() and not run_dir.is_dir():
         parent = f"; its folder {str(run_dir.parent)!r} is a run" if (run_dir.parent / "checkpoints").is_dir() else ""
+        run = run_dir.parent.parent
+        step_of = {p.name: s for s, p in ckpt.list_checkpoints(run)} if run_dir.parent.name == "checkpoints" else {}
+        if run_dir.name in step_of:  # <run>/checkpoints/step_N.pt: the run and the step that pick it
+            parent = f"; it is a checkpoint of the run {str(run)!r}: name the run, with --step {step_of[run_dir.name]}"
         raise RunError(f"run directory {str(run_dir)!r} is a file, not a run folder{parent}")
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r} does not exist")

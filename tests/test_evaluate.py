@@ -111,6 +111,9 @@ def test_load_run_errors_name_the_problem(run, tmp_path):
     with pytest.raises(ValueError, match=rf"{run / 'config.yaml'}' is a file, not a run folder; its folder "
                                          rf"'{run}' is a run"):
         load_run(run / "config.yaml")
+    with pytest.raises(ValueError, match=rf"{run / 'checkpoints' / 'step_00000004.pt'}' is a file, not a run folder; "
+                                         rf"it is a checkpoint of the run '{run}': name the run, with --step 4$"):
+        load_run(run / "checkpoints" / "step_00000004.pt")
     with pytest.raises(ValueError, match=rf"holds no checkpoint .*; it holds 1 run folder \({run.name}\): name one"):
         load_run(run.parent)
     with pytest.raises(ValueError, match=r"step=3: .* has steps 4"):
