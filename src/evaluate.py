@@ -202,6 +202,8 @@ def compose_data(run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
     check_set(data_only)
     check_types(data_only, schema(CONF_DIR, {"data": option} if option else None))
     positive_int("data.eval_docs", cfg.data.get("eval_docs"))
+    # an experiment's `${...}` for it makes the type pass skip it; it sets the documents per forward (forward_docs)
+    positive_int("data.docs_per_batch", cfg.data.get("docs_per_batch"))
     return cfg
 
 

@@ -234,6 +234,8 @@ BAD = {  # extra arguments -> the words of the one error line
     "data path missing": (["data=longcrawl64"], "config: data.path is mandatory and not set"),
     "data path nowhere": (["data=longcrawl64", "data.path=/nowhere/lc64"], "data.path='/nowhere/lc64': does not"),
     "eval_docs not a number": (["data.eval_docs=abc"], "config: data.eval_docs='abc': must be an integer"),
+    "docs_per_batch not a number": (["data.docs_per_batch=abc"], "data.docs_per_batch='abc': must be an integer >= 1"),
+    "docs_per_batch zero": (["data.docs_per_batch=0"], "data.docs_per_batch=0: must be an integer >= 1"),
     "micro-docs negative": (["--micro-docs", "-1"], "--micro-docs=-1: must be an integer >= 1"),
     "micro-docs zero": (["--micro-docs", "0"], "--micro-docs=0: must be an integer >= 1"),
     "bins zero": (["--bins", "0"], "--bins=0: must be an integer >= 1"),
