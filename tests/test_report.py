@@ -432,8 +432,14 @@ def test_old_records_and_broken_folders_are_reported_or_left_out_with_a_line(tmp
     (old / "metrics.jsonl").write_text("\n".join([json.dumps(r) for r in recs] + ['{"note": "hello"}']) + "\n")
     bad = fake_run(tmp_path / "bad", "power", 512, 0.1)
     (bad / "config.yaml").write_text("ctx: [unclosed\n")
+    early = tmp_path / "early"   # stopped before its first evaluation: a run folder without metrics.jsonl
+    (early / "checkpoints").mkdir(parents=True)
+    (early / "train.log").write_text("stopped by SIGTERM after step 97\n")
+    (early / "config.yaml").write_text("ctx: 512\n")
     with caplog.at_level(logging.WARNING, logger="longctx.report"):
         report = main([str(tmp_path), "--out", str(tmp_path / "out")]).read_text()
+    assert f"{early}: no evaluation yet (no metrics.jsonl: it stopped, or is running, before its first " \
+           f"trainer.eval_every)" in report
     assert f"{old / 'metrics.jsonl'}:3: not an evaluation record (no 'step'); skipped" in caplog.text
     assert f"{bad / 'config.yaml'}: unreadable" in report
     row = table(report, "run")["old"]

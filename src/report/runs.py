@@ -328,7 +328,16 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
     """Every run below `paths` that has an evaluation, and one line for each run left out (and why): one run
     still starting never blocks the others."""
     runs, left_out = [], []
-    for path in find_runs(paths):
+    found = find_runs(paths)
+    for path in paths:  # a run folder (train.log) with no metrics.jsonl: stopped or still before its first evaluation
+        for log_file in sorted(Path(path).rglob("train.log")):
+            run = log_file.parent
+            if (run / "metrics.jsonl").exists() or (run / "stages.json").exists() or earlier_stage(run):
+                continue   # evaluated, a staged run's own folder (its stages are runs), or an earlier stage
+            if (run / "config.yaml").exists() and run.resolve() not in found:
+                left_out.append(f"{run}: no evaluation yet (no metrics.jsonl: it stopped, or is running, before its "
+                                f"first trainer.eval_every)")
+    for path in found:
         try:
             run = load_run(path)
         except RecordError:
