@@ -276,7 +276,8 @@ def test_plan_is_frozen_and_the_command_line_names_bad_items():
                       ("t=abc", "^t='abc': expected a positive integer"), ("t=-5", "^t="), ("t=1 d=0", "^d="),
                       ("t=1 p=5", "^p='5': expected an integer in 1..4"), ("t=1 p=0", "^p="),
                       ("t=1 chunk_size=0", "^chunk_size="),
-                      ("ctx=65536 p=2", r"^'ctx=65536': no argument 'ctx' \(t, .*\); the context length is t \(t=65536\)$")):
+                      ("ctx=65536 p=2",
+                       r"^'ctx=65536': no argument 'ctx' \(t, .*\); the context length is t \(t=65536\)$")):
         with pytest.raises(ValueError, match=word):
             plan.plan_of(bad.split())
     assert plan_cli.main(["t=1", "dtype=fp8"]) == 2
