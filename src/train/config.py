@@ -123,18 +123,25 @@ def did_you_mean(name: str, names) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+def same_leaf_key(name: str, known) -> str | None:
+    """The one known key other than `name` whose last part is `name`'s last part (`max_steps` -> trainer.max_steps,
+    `trainer.lr` -> optim.lr); None where none or several are."""
+    leaf = name.split(".")[-1]
+    found = [k for k in known if k != name and k.split(".")[-1] == leaf]
+    return found[0] if len(found) == 1 else None
+
+
 def unknown_key(key: str, known) -> str:
     """Why `key` is refused: no config file defines it, and the one known key of the same last name if there is one
     (`max_steps` -> trainer.max_steps, `lr` -> optim.lr: the group left out or mistaken), else the closest known key
     or group of its depth (of its own group first: `trainer.max_stepz` -> trainer.max_steps, `atention` ->
     attention), else of any depth."""
     group, depth = key.split(".")[0], key.count(".") + 1
-    leaf = key.split(".")[-1]
-    same_leaf = [k for k in known if k != key and k.split(".")[-1] == leaf]
+    same_leaf = same_leaf_key(key, known)
     level = {".".join(k.split(".")[:depth]) for k in known}
-    hint = (f"; did you mean {same_leaf[0]}?" if len(same_leaf) == 1 else ""
-            ) or (did_you_mean(key, [k for k in level if k.split(".")[0] == group]) or did_you_mean(key, level)
-                  or did_you_mean(key, known))
+    hint = (f"; did you mean {same_leaf}?" if same_leaf else
+            did_you_mean(key, [k for k in level if k.split(".")[0] == group]) or did_you_mean(key, level)
+            or did_you_mean(key, known))
     return f"unknown key (no config file defines it{hint})"
 
 

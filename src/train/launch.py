@@ -382,16 +382,16 @@ def _check_options(override, conf_dir: Path) -> None:
 def _check_dashed_keys(argv: list[str], conf_dir: Path) -> None:
     """`--ctx 512`, `--trainer.max_steps=5` or `--max-steps 5`: a config key typed as an option (Hydra's parser only
     says `unrecognized arguments`) is named with the override it means, in one line."""
-    from longctx.train.config import schema
+    from longctx.train.config import same_leaf_key, schema
 
+    known = schema(conf_dir)
     for i, item in enumerate(argv):
         if not item.startswith("--") or item == "--":
             continue
         name, sep, value = item[2:].partition("=")
-        key, known = name.replace("-", "_"), schema(conf_dir)
+        key = name.replace("-", "_")
         if key not in known and not (conf_dir / key).is_dir():  # `--max-steps`: the one key of that last name
-            same_leaf = [k for k in known if k.split(".")[-1] == key]
-            key = same_leaf[0] if len(same_leaf) == 1 else None
+            key = same_leaf_key(key, known)
         if key is not None:
             if not sep and i + 1 < len(argv) and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
                 value = argv[i + 1]
