@@ -109,7 +109,7 @@ def check_sweep_jobs(overrides: list[str], conf_dir: Path) -> None:
     starts: a bad value at the grid's fifth point is named now, in one line with the job's swept values, not after
     four jobs trained (or, under Slurm, when its job starts). A job whose config does not compose is left to Hydra,
     which composes every job before launching any."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
 
     from longctx.train.config import resolve_resume, validate
 
@@ -122,14 +122,10 @@ def check_sweep_jobs(overrides: list[str], conf_dir: Path) -> None:
                                    for i, k in enumerate(keys) if k in varying})
     with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
         for n, job in enumerate(jobs, 1):
-            try:
-                cfg = compose("config", overrides=job, return_hydra_config=True)
-            except Exception:
+            composed = _run_config(job, swept)
+            if composed is None:
                 continue
-            choices = {g: o for g, o in cfg.hydra.runtime.choices.items() if "/" not in g}
-            _run_folder(cfg, job, swept)
-            OmegaConf.set_struct(cfg, False)
-            cfg.pop("hydra")
+            cfg, choices, _ = composed
             try:
                 cfg.trainer.resume = resolve_resume(cfg.trainer.resume, multirun=True)
                 validate(cfg, choices, conf_dir, for_run=True)
@@ -441,24 +437,37 @@ def check_shown_config(overrides: list[str], conf_dir: Path, multirun: bool = Fa
     not compose."""
     if multirun:
         return None
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
 
     from longctx.train.config import validate
 
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-    except Exception:
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        composed = _run_config(overrides)
+    if composed is None:
         return None  # a composition error: Hydra reports it as it prints
-    run_dir = _run_folder(cfg, overrides)
-    choices = {g: o for g, o in cfg.hydra.runtime.choices.items() if "/" not in g}
-    OmegaConf.set_struct(cfg, False)
-    cfg.pop("hydra")
+    cfg, choices, run_dir = composed
     try:
         validate(cfg, choices)
     except ValueError as err:
         fail(str(err))
     return run_dir
+
+
+def _run_config(overrides: list[str], swept: set[str] | None = None) -> tuple[DictConfig, dict, str | None] | None:
+    """Inside an initialized Hydra: (the config a run of these overrides gets, without its hydra node and with its
+    run name resolved; the groups' chosen options; the folder it would write, _run_folder), or None where the
+    overrides do not compose (Hydra reports that itself). swept: as _run_folder's."""
+    from hydra import compose
+
+    try:
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    except Exception:
+        return None
+    run_dir = _run_folder(cfg, overrides, swept)
+    choices = {g: o for g, o in cfg.hydra.runtime.choices.items() if "/" not in g}
+    OmegaConf.set_struct(cfg, False)
+    cfg.pop("hydra")
+    return cfg, choices, run_dir
 
 
 def _run_folder(cfg: DictConfig, overrides: list[str], swept: set[str] | None = None) -> str | None:
