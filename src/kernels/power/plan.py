@@ -234,14 +234,16 @@ class Plan:
                 return f"{IMPL_ENV}=attention"
             if self.device != "cuda" or self.state_in or self.state_out or cuda_chunk_size(t, p, d, dtype, impl_):
                 return "form=attention asked"
-            if not (p == 1 or p2_family(p, d, dtype)):
-                return (f"{not_p2_family(p, d, dtype)}; without them the attention form is faster than the generic "
+            reason = not_p2_family(p, d, dtype)
+            if p != 1 and reason:
+                return (f"{reason}; without them the attention form is faster than the generic "
                         f"chunked kernels" + (f" ({IMPL_ENV}=chunked takes them for p <= 2)" if p <= 2 else ""))
             least, field = _min_chunked_t(p, d, aligned=t % default_chunk(p, d, dtype) == 0)
             return f"t={t} is below {least} (config.dispatch {field}), from where the chunked form is the faster"
         if self.family == "generic":
-            if not p2_family(p, d, dtype):
-                return f"{not_p2_family(p, d, dtype)}; the generic chunked kernels run instead"
+            reason = not_p2_family(p, d, dtype)
+            if reason:
+                return f"{reason}; the generic chunked kernels run instead"
             return (f"a state carried over t={t} tokens, fewer than a chunk ({default_chunk(p, d, dtype)}): the "
                     f"generic chunked kernels keep it in fp32 (the p=2 state kernels' bf16 states drift call after "
                     f"call)")
@@ -258,7 +260,6 @@ class Plan:
         return text
 
     def __str__(self) -> str:
-        names = {v: k for k, v in _DTYPES.items()}
         name = _name(self.dtype)
         why = self.why()
         state = "+".join(x for x, on in (("in", self.state_in), ("out", self.state_out)) if on) or "none"
@@ -269,7 +270,7 @@ class Plan:
                  f"launcher {self.launcher}",
                  f"chunk    {self.chunk}"]
         if self.family:
-            lines.append(f"states   {names[state_dtype(self.family, self.dtype)]}, one per chunk")
+            lines.append(f"states   {_name(state_dtype(self.family, self.dtype))}, one per chunk")
         for stage, (kernel, key, tile) in self._stages().items():     # tiles with their places' names
             shown = "" if tile is None else tunables.named(key[0] if key else "", tile)
             lines.append(f"  {stage:13s} {kernel:52s} {shown}".rstrip())
