@@ -130,6 +130,21 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
+def unevaluated_runs(paths: list[Path]) -> list[Path]:
+    """Run folders (train.log and config.yaml) among `paths` and below them that find_runs leaves out for having no
+    metrics.jsonl: stopped, or still running, before their first evaluation. A staged run's own folder (its stages
+    are the runs) and its earlier stages are not runs of their own."""
+    out = []
+    for path in paths:
+        for log_file in sorted(Path(path).rglob("train.log")):
+            run = log_file.parent
+            if (run / "metrics.jsonl").exists() or (run / "stages.json").exists() or earlier_stage(run):
+                continue
+            if (run / "config.yaml").exists():
+                out.append(run)
+    return out
+
+
 def run_stages(run: Path) -> list[dict]:
     """The stages ({"dir", "overrides"}) of the staged run (trainer.stages) that `run` is a stage of, in order ([]
     for a plain run): the run folder's stages.json lists them."""
@@ -327,16 +342,10 @@ def run_status(run: Run) -> str:
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
     """Every run below `paths` that has an evaluation, and one line for each run left out (and why): one run
     still starting never blocks the others."""
-    runs, left_out = [], []
+    runs = []
     found = find_runs(paths)
-    for path in paths:  # a run folder (train.log) with no metrics.jsonl: stopped or still before its first evaluation
-        for log_file in sorted(Path(path).rglob("train.log")):
-            run = log_file.parent
-            if (run / "metrics.jsonl").exists() or (run / "stages.json").exists() or earlier_stage(run):
-                continue   # evaluated, a staged run's own folder (its stages are runs), or an earlier stage
-            if (run / "config.yaml").exists() and run.resolve() not in found:
-                left_out.append(f"{run}: no evaluation yet (no metrics.jsonl: it stopped, or is running, before its "
-                                f"first trainer.eval_every)")
+    left_out = [f"{run}: no evaluation yet (no metrics.jsonl: it stopped, or is running, before its first "
+                f"trainer.eval_every)" for run in unevaluated_runs(paths)]
     for path in found:
         try:
             run = load_run(path)
