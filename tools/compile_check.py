@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows
     python tools/compile_check.py 2,64,bf16 4,64,fp32      # p,d,dtype ...
     python tools/compile_check.py sym2,64                  # the p=2 kernels (the tunables table's sym2_* rows)
     python tools/compile_check.py attn,2,64,bf16           # the attention form (p,d,dtype)
+    python tools/compile_check.py intra,2,64,bf16          # its kernels as the chunked form's intra-chunk attention
     python tools/compile_check.py decode,2,64,bf16         # the fused decoding step (p,d,dtype of q/k/v; fp32 state)
     python tools/compile_check.py --ptx DIR 2,64,bf16 sym2,64   # also write each kernel's PTX
     python tools/compile_check.py --loops sym2,64 attn,2,64,bf16  # + instruction mix per loop
@@ -12,8 +13,9 @@ TRITON_INTERPRET=1 accepts but the compiler rejects, and shared-memory overflows
 --ptx writes DIR/<case>_<kernel>_<i>.ptx without line info and label names: run it on two trees and diff the
 folders (`diff -r`) to show that a refactor of the kernel sources compiles to the same code.
 --loops also prints, per kernel, the instruction mix of each loop body of its PTX (`loop_op_counts`): what a step
-of the main loop costs besides its matmuls (lane shuffles, barriers, shared-memory round trips, global loads). That
-view found two of the largest wins; read it before sweeping blocks.
+of the main loop costs besides its matmuls (lane shuffles, barriers, shared-memory round trips, global loads), and
+for the attention kernels each loop's SASS instruction count and top opcodes (`sass_loop_counts`, where cuobjdump is
+bundled): the issue slots a step takes. That view found several of the largest wins; read it before sweeping blocks.
 """
 from __future__ import annotations
 
@@ -188,10 +190,11 @@ def compile_chunked(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, chunk=102
     return out
 
 
-def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90, xt=False):
+def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90, xt=False, t=None):
     """Compile the attention-form kernels (forward, the two backward kernels) for one (p, d, dtype) with the blocks
     and operand types AttentionForm uses; returns [(name, shared bytes, registers, spill stack bytes)]. xt: as the
-    chunked form launches them with the Gluon outer products' scaled copies (forward XT_MODE 1, dq XT_MODE 2)."""
+    chunked form launches them with the Gluon outer products' scaled copies (forward XT_MODE 1, dq XT_MODE 2), on
+    chunks of 512 rows; t: the attention form's sequence length (None: one that is not whole tiles, masks kept)."""
     torch_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     ints = {"scale": "fp32", "scale_p": "fp32", "T": "i32"}
@@ -200,7 +203,8 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     for fn, kernel, ptrs in ((jit("attn_fwd"), "fwd", {"Q": io, "K": io, "V": io, "O": io}),
                              (jit("attn_dkdv"), "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
                              (jit("attn_dq"), "dq", {"Q": io, "K": io, "V": io, "DO": io, "O": io})):
-        cfg = ta.launch_config(d, kernel, *ta.dot_dtype(torch_dt, norm, kernel != "fwd"), chunked=xt)
+        cfg = ta.launch_config(d, kernel, *ta.dot_dtype(torch_dt, norm, kernel != "fwd"), chunked=xt,
+                               t=512 if xt else t)
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
         if kernel == "dq":
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
@@ -380,6 +384,14 @@ def compile_decode(p, d, dtype, *, rep=1, gated=True, arch=90, heads=12, sms=132
 def _print_loops(name):
     for loop in loop_op_counts(PTX_OF.get(name, "")):
         print("      loop: " + " ".join(f"{op}={n}" for op, n in loop.items() if n), flush=True)
+    _print_sass_loops(name)
+
+
+def _print_sass_loops(name):
+    for loop in sass_loop_counts(SASS_OF.get(name) or ""):
+        top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:6]
+        print(f"    loop {loop['start']:#x}: {loop['instructions']} instructions, "
+              + ", ".join(f"{k} {v}" for k, v in top), flush=True)
 
 
 def main(argv):
@@ -407,10 +419,7 @@ def main(argv):
             print(f"gluon kernels d={d}", flush=True)
             for name, shared, regs, stack in compile_gluon_rows(d) + compile_gluon_outer(d):
                 print(f"  {name:22s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
-                for loop in sass_loop_counts(SASS_OF.get(name) or ""):
-                    top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:6]
-                    print(f"    loop {loop['start']:#x}: {loop['instructions']} instructions, "
-                          + ", ".join(f"{k} {v}" for k, v in top), flush=True)
+                _print_sass_loops(name)
             continue
         if case.startswith("decode"):
             _, p, d, dtype = case.split(",")
@@ -418,10 +427,12 @@ def main(argv):
             for name, shared, regs, stack in compile_decode(int(p), int(d), dtype):
                 print(f"  {name:34s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
             continue
-        if case.startswith("attn"):
-            _, p, d, dtype = case.split(",")
-            print(f"attention form p={p} d={d} {dtype}", flush=True)
-            for name, shared, regs, stack in compile_attention(int(p), int(d), dtype):
+        if case.startswith(("attn", "intra")):
+            form, p, d, dtype = case.split(",")
+            xt = form == "intra"
+            print(f"{'intra-chunk attention (chunks of 512)' if xt else 'attention form'} p={p} d={d} {dtype}",
+                  flush=True)
+            for name, shared, regs, stack in compile_attention(int(p), int(d), dtype, xt=xt):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
                 if loops:
                     _print_loops(name)

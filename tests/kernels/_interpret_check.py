@@ -48,6 +48,7 @@ def main():
         for i, tiles in SPLIT_TILES:
             with config.attention.override(block_override=tiles):
                 failed += not check(CASES[i], f" two-kernel backward tiles={tiles}")
+    failed += check_even_tiles()
     failed += check_offdiag_fp32()
     failed += check_tma_dq()
     failed += check_gate_cumsum()
@@ -74,6 +75,26 @@ def check(case, note="", b=1):
     print(f"{'ok  ' if ok else 'FAIL'} {dtype} p={p} norm={norm} gated={gated} hq={hq} hk={hk} t={t} "
           f"errs(y,dq,dk,dv,dlog_g)={['%.1e' % e for e in errs]} tol={tol}{note}", flush=True)
     return ok
+
+
+def check_even_tiles():
+    """Sequences of whole tiles (t = 256 with tiles that divide it): the launches take EVEN (no row or key masks), one-
+    and two-kernel backward, GQA, mild and strong gates; t = 200 keeps the masks. Returns the failures."""
+    from longctx.kernels.power import parallel
+    failed = 0
+    tiles = {"fwd": (64, 32, 4, 1), "dq": (64, 64, 4, 1), "dkdv": (64, 64, 4, 1)}
+    for t in (256, 200):
+        for fused in (True, False):
+            with config.attention.override(fused_backward=fused, block_override=tiles):
+                even = [parallel.launch_config(16, kernel, *parallel.dot_dtype(torch.float32, True, kernel != "fwd"),
+                                               t=t)["EVEN"] for kernel in ("fwd", "dq", "dkdv")]
+                if even != [t == 256] * 3:
+                    print(f"FAIL whole tiles t={t}: EVEN={even}")
+                    failed += 1
+                for gated in (True, "strong"):
+                    torch.manual_seed(t)        # the draws of the cases above (strong gates: errors up to ~7e-6)
+                    failed += not check((torch.float32, 2, True, gated, 2, 1, t, 1e-5), f" EVEN={even[0]} fused={fused}")
+    return failed
 
 
 def check_offdiag_fp32():

@@ -1,7 +1,8 @@
 """Run by test_power_triton_interpret.py in a subprocess with TRITON_INTERPRET=1: the Triton chunked-form
 kernels (chunk.py, chunk_p2/kernels.py), forward and every gradient (q, k, v, log_g, initial state), plus the returned
 state, against the float64 reference at tiny sizes. Prints one line per case; exits non-zero on a failure.
-Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...] [sym2] [groups|rows]
+Error measure: relative Frobenius error. Usage: _interpret_chunked_check.py [case indices...] [sym2] [groups|rows],
+or _interpret_chunked_check.py intra (the intra-chunk attention on chunks of whole tiles)
 The cases run the generic state kernels (_update_state_fwd / _query_grad_state + _discumsum); the p=2 cases rerun
 some through the p=2 kernels (chunk_p2 config force), grouped and row-scaled, with atomics and barriers."""
 import contextlib
@@ -209,8 +210,29 @@ def norm_scan(keys, gated, du_mult, rows=None, ahead=None):
     return ok
 
 
+INTRA_TILES = {"fwd": (64, 32, 4, 1), "dq": (64, 64, 4, 1), "dkdv": (64, 64, 4, 1)}
+
+
+def intra_whole_tiles():
+    """Chunks of whole tiles (128 rows, the tiles above): the intra-chunk attention's launches take EVEN (no row or key
+    masks; the CASES' chunks of 8 to 37 rows keep them), against the float64 reference with mild and strong gates,
+    GQA."""
+    from longctx.kernels.power import chunk_stages
+    with config.attention.override(block_override=INTRA_TILES):
+        even = {(kernel, C): chunk_stages.intra_tiles(16, kernel, torch.float32, True, C)["EVEN"]
+                for kernel in ("fwd", "dq", "dkdv") for C in (128, 96)}
+        ok = all(e == (C == 128) for (_, C), e in even.items())
+        print(f"{'ok  ' if ok else 'FAIL'} EVEN on chunks of whole tiles only", flush=True)
+        for gated in (True, "strong"):
+            torch.manual_seed(0)
+            ok &= run((torch.float32, 2, True, gated, 2, 1, 16, 256, 128, False, False, 1e-4))
+    return ok
+
+
 def main():
     torch.manual_seed(0)
+    if sys.argv[1:] == ["intra"]:
+        sys.exit(0 if intra_whole_tiles() else 1)
     args = [a for a in sys.argv[1:] if a not in ("sym2", "groups", "rows")]
     which = [int(a) for a in args] or range(len(CASES))
     rows = False if "groups" in sys.argv else (True if "rows" in sys.argv else None)

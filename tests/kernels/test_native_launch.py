@@ -156,6 +156,17 @@ def test_plan_key_changes_with_every_attention_switch():
         assert native.plan_key(q, q, None, 2, True) != base
 
 
+def test_plan_key_changes_where_the_masks_fold_away():
+    """The kernels drop their row / key masks where t is whole tiles (launch_config's EVEN): a plan recorded at t = 4096
+    (whole 64- and 128-row tiles) must not serve t = 4112 (whole 16s, as Triton specializes t, but not whole tiles),
+    while lengths of the same whole tiles share one."""
+    keys = {t: native.plan_key(torch.randn(1, t, 2, 32), torch.randn(1, t, 2, 32), None, 2, True)
+            for t in (4096, 4112, 8192)}
+    assert ta.launch_config(64, "dq", *ta.dot_dtype(torch.bfloat16, True, True), t=4096)["EVEN"]
+    assert not ta.launch_config(64, "dq", *ta.dot_dtype(torch.bfloat16, True, True), t=4112)["EVEN"]
+    assert keys[4096] != keys[4112] and keys[4096] == keys[8192]
+
+
 def test_plan_key_changes_with_deterministic_mode(monkeypatch):
     """torch's deterministic mode turns the one-kernel backward (dq by atomics) off: a plan recorded outside it must
     not serve a call inside it, nor the other way round."""

@@ -31,9 +31,10 @@ def test_sass_of_skips_visibly_without_a_listing(monkeypatch):
 @pytest.mark.parametrize("script, args", [
     ("_interpret_check.py", []),
     ("_interpret_chunked_check.py", ["0", "7"]),   # padding + state in/out, and one decoding step
+    ("_interpret_chunked_check.py", ["intra"]),    # the intra-chunk attention on chunks of whole tiles (EVEN)
     pytest.param("_interpret_chunked_check.py", [], marks=pytest.mark.slow),   # every case and kernel variant
     pytest.param("_interpret_ops_check.py", [], marks=pytest.mark.slow),
-], ids=["attention_form", "chunked_form_two_cases", "chunked_form", "compile_ops"])
+], ids=["attention_form", "chunked_form_two_cases", "intra_whole_tiles", "chunked_form", "compile_ops"])
 def test_triton_kernels_under_interpreter(script, args):
     env = dict(os.environ, TRITON_INTERPRET="1")
     path = Path(__file__).with_name(script)
@@ -52,13 +53,30 @@ def test_chunked_kernels_compile_for_sm90():
     for name, shared, _, _ in built:
         assert shared <= H100_SHARED, name
     # the chunked form's intra-chunk forward runs its own tile, capped at 96 registers (5 programs per SM): the cap
-    # reaches the build and pushes no more than a few values to the stack (with the row sums by matmul, ROWSUM_MMA:
-    # Triton 3.6 24 bytes, 3.9 56), none of them in the off-diagonal key loop, where the time goes
+    # reaches the build and pushes no more than a few values to the stack (with the row sums by matmul, ROWSUM_MMA,
+    # and no masks on chunks of whole tiles: Triton 3.6 none, 3.9 32 bytes), none of them in the off-diagonal key
+    # loop, where the time goes
     intra = {name: (shared, regs, stack) for name, shared, regs, stack in compile_attention(2, 64, "bf16", xt=True)}
     shared, regs, stack = intra["_attn_fwd"]
     assert shared <= H100_SHARED and regs <= 96 and (stack or 0) <= 64, intra["_attn_fwd"]
     hot = sass_loop_counts(sass_of("_attn_fwd"))[0]["ops"]
     assert hot.get("STL", 0) == 0 and hot.get("LDL", 0) == 0 and hot.get("HGMMA", 0) > 0, hot
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_gate_exps_in_the_attention_loops_are_one_flushing_ex2():
+    """On NVIDIA builds the attention kernels' gate exps are one ex2.approx.ftz each (_common._exp with launch_config's
+    FTZ): tl.exp's ex2.approx.f32 costs a compare and two multiplies more per element (4k fwd+bwd 2.759 -> 2.680 ms,
+    H100). In the loops of the chunked form's intra-chunk kernels and the attention form's, the non-flushing one is
+    left only for the rows' e^-lse (a normalizer may pass 2^126; two per row block)."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from tools.compile_check import PTX_OF, compile_attention, loop_op_counts
+    for xt in (True, False):
+        compile_attention(2, 64, "bf16", xt=xt, t=4096)
+        for name in ("_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"):
+            loops = loop_op_counts(PTX_OF[name], ops=("ex2.approx.ftz.f32", "ex2.approx.f32"))
+            assert loops and all(loop["ex2.approx.f32"] <= 2 for loop in loops), (xt, name, loops)
+            assert sum(loop["ex2.approx.ftz.f32"] for loop in loops) > 0, (xt, name, loops)
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")

@@ -77,10 +77,10 @@ def state_operands(dtype):
     return (tl.bfloat16, "tf32") if dtype == torch.bfloat16 else (tl.float32, "tf32x3")
 
 
-def intra_tiles(d, kernel, dtype, norm):
-    """The tile constexprs and launch options of the intra-chunk attention kernel `kernel` ("fwd", "dkdv", "dq"):
-    the one place that picks them (parallel.blocks' chunked entries)."""
-    return launch_config(d, kernel, *dot_dtype(dtype, norm, kernel != "fwd"), chunked=True)
+def intra_tiles(d, kernel, dtype, norm, C):
+    """The tile constexprs and launch options of the intra-chunk attention kernel `kernel` ("fwd", "dkdv", "dq") on
+    chunks of C rows: the one place that picks them (parallel.blocks' chunked entries)."""
+    return launch_config(d, kernel, *dot_dtype(dtype, norm, kernel != "fwd"), chunked=True, t=C)
 
 
 def intra_forward(q, k, v, G, o, lse, scale, C, p, norm, gated, copy_k=None):
@@ -91,7 +91,7 @@ def intra_forward(q, k, v, G, o, lse, scale, C, p, norm, gated, copy_k=None):
     hk, NC, nb = k.shape[2], T // C, b * (T // C)
     cq, ck, cv, co = (chunk_view(x, nb, C) for x in (q, k, v, o))
     cG, cl = chunk_view(G, nb, C, gated), chunk_view(lse, nb, C, norm)
-    cfg = intra_tiles(d, "fwd", q.dtype, norm)
+    cfg = intra_tiles(d, "fwd", q.dtype, norm, C)
     for sl in chunk_batches(nb, hq):
         side = dict(XT=copy_k[0], CB0=sl.start, NCH=NC, T_FULL=T, XT_MODE=1) if copy_k else {}
         launch_fwd(cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, co[sl], cl[sl] if norm else cl, scale, scale ** p,
@@ -107,7 +107,7 @@ def intra_backward_dq(q, k, v, G, dy, y, lse, delta, dq, dgq, scale, C, p, norm,
     cG, cdgq = chunk_view(G, nb, C, gated), chunk_view(dgq, nb, C, gated)
     cl, cdl = chunk_view(lse, nb, C, norm), chunk_view(delta, nb, C, norm)
     cw = chunk_view(copy_q[1], nb, C, norm) if copy_q else None
-    cfg = intra_tiles(d, "dq", q.dtype, norm)
+    cfg = intra_tiles(d, "dq", q.dtype, norm, C)
     sp = scale ** p
     for sl in chunk_batches(nb, hq):
         side = dict(XT=copy_q[0], W=cw[sl] if norm else cw, sqrt_scale_p=sp ** 0.5, CB0=sl.start, NCH=NC, T_FULL=T,
@@ -125,7 +125,7 @@ def intra_backward_dkdv(q, k, v, G, dy, lse, delta, dk, dv, dgk, scale, C, p, no
     cq, ck, cv, cdy, cdk, cdv = (chunk_view(x, nb, C) for x in (q, k, v, dy, dk, dv))
     cG, cdgk = chunk_view(G, nb, C, gated), chunk_view(dgk, nb, C, gated)
     cl, cdl = chunk_view(lse, nb, C, norm), chunk_view(delta, nb, C, norm)
-    cfg = intra_tiles(d, "dkdv", q.dtype, norm)
+    cfg = intra_tiles(d, "dkdv", q.dtype, norm, C)
     for sl in chunk_batches(nb, hq):
         parallel._attn_bwd_dkdv[(triton.cdiv(C, cfg["BN"]), (sl.stop - sl.start) * hk)](
             cq[sl], ck[sl], cv[sl], cG[sl] if gated else G, cdy[sl], cl[sl] if norm else cl,

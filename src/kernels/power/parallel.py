@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import os
 
 import torch
 import triton
@@ -35,7 +36,7 @@ import triton.language as tl
 
 
 from . import config, gates, tunables
-from ._common import _kv_heads, _query_heads, _store_norm_weights, _store_transposed, launch_options
+from ._common import _exp, _kv_heads, _query_heads, _store_norm_weights, _store_transposed, launch_options
 
 
 @triton.jit
@@ -56,6 +57,17 @@ def _pow(s, P: tl.constexpr):
 
 
 @triton.jit
+def _in_range(offs, T, EVEN: tl.constexpr):
+    """offs < T; EVEN (T a multiple of every tile: the chunked form's chunks) a constant true, so the masks built from
+    it fold away (no compare or predicate per element)."""
+    if EVEN:
+        m = tl.full(offs.shape, 1, tl.int1)
+    else:
+        m = offs < T
+    return m
+
+
+@triton.jit
 def _xt_rows(XT, i_cb, i_h, CB0, NCH, T_FULL, C, H: tl.constexpr, D: tl.constexpr):
     """XT_ROWS of _store_transposed for a chunked-form attention program on chunk-batch entry i_cb of a launch
     starting at entry CB0 (NCH chunks of C rows per sequence of T_FULL): head i_h's plane of the (b, H, D, T_FULL)
@@ -69,7 +81,8 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
               HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
               NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
-              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0):
+              XT=None, CB0=0, NCH=1, T_FULL=0, XT_MODE: tl.constexpr = 0, FTZ: tl.constexpr = False,
+              EVEN: tl.constexpr = False):
     """XT_MODE 1 (the chunked form, each chunk a batch entry of T = C rows): the first query head of each GQA group
     also writes its block's keys, times e^((gt - g_j) / 2) (gt: G at the chunk's last row), into XT, the
     (b, hk, D, T_FULL) copy the Gluon outer products read (chunk_p2/gluon_outer.py), so that
@@ -81,7 +94,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
     i_b, i_hq, i_hk = _query_heads(tl.program_id(1), HQ, HK)
     offs_m = pid_m * BM + tl.arange(0, BM)                               # [BM]
     offs_d = tl.arange(0, D)                                             # [D]
-    mask_m = offs_m < T
+    mask_m = _in_range(offs_m, T, EVEN)
     q = tl.load(Q + i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :],
                 mask=mask_m[:, None], other=0.0).to(DOT_DT)              # [BM, D]
     k_base = K + i_b * T * HK * D + i_hk * D
@@ -122,7 +135,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
                 g_k = tl.load(g_base + offs_n * HK)
             a = _pow(tl.dot(q, tl.trans(k), input_precision=PREC), P)    # [BM, BN]
             if GATED:   # the key factor on the scores: k stays a plain loaded operand
-                a = a * tl.exp(g_r - g_k)[None, :]
+                a = a * _exp(g_r - g_k, FTZ)[None, :]
             a = a.to(DOT_DT)
             if RS:
                 l_mma = tl.dot(a, ones, l_mma, input_precision=PREC)
@@ -134,13 +147,13 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
             l_mma = tl.zeros([BM, 16], tl.float32)
         row_f = tl.full([BM], 1.0, tl.float32) * scale_p
         if GATED:
-            row_f = row_f * tl.exp(g_q - g_r)
+            row_f = row_f * _exp(g_q - g_r, FTZ)
         row_f = tl.where(mask_m, row_f, 0.0)                             # padded rows: exp(-g_r) may be inf
         acc = acc * row_f[:, None]
         l_i = l_i * row_f
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)                              # [BN]
-        mask_n = offs_n < T
+        mask_n = _in_range(offs_n, T, EVEN)
         k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
                     other=0.0).to(DOT_DT)                                # [BN, D]
         v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
@@ -149,7 +162,7 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
         causal = (offs_m[:, None] >= offs_n[None, :]) & mask_n[None, :]
         if GATED:
             g_k = tl.load(g_base + offs_n * HK, mask=mask_n, other=0.0)
-            a = _pow(s, P) * tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
+            a = _pow(s, P) * _exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")), FTZ)
         else:
             a = tl.where(causal, _pow(s, P), 0.0)
         if NORM and not FAST:
@@ -185,12 +198,12 @@ def _attn_fwd(Q, K, V, G, O, LSE, scale, scale_p, T,
 @triton.jit
 def _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ: tl.constexpr, HK: tl.constexpr,
                 D: tl.constexpr, BM: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, DOT_DT: tl.constexpr,
-                O=None, DELTA_OUT: tl.constexpr = False):
+                O=None, DELTA_OUT: tl.constexpr = False, EVEN: tl.constexpr = False):
     """Query rows offs_m of head i_hq for a backward kernel: q and dy (operand dtype), lse, Delta and G_q (zeros when
     unused), the rows' mask and their [BM, D] offsets. DELTA_OUT: Delta = dy . y is formed here from dy and the
     output O (fp32 products and sum) and stored to DELTA for the kernels after this one (no separate pass)."""
     offs_d = tl.arange(0, D)
-    mask_m = offs_m < T
+    mask_m = _in_range(offs_m, T, EVEN)
     q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
     q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
     do_in = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0)
@@ -214,11 +227,12 @@ def _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ: tl.constex
 
 @triton.jit
 def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale,
-                     P: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
+                     P: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+                     FTZ: tl.constexpr = False):
     """Shared tile math of both backward kernels: returns (pn, ds), both [BM, BN] fp32."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
     if GATED:
-        e = tl.exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")))
+        e = _exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")), FTZ)
     else:
         e = tl.where(causal, 1.0, 0.0)
     pm1 = _pow(s, P - 1) * e
@@ -288,7 +302,8 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False,
                    OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False,
-                   DQA=None, ATOMIC_DQ: tl.constexpr = False, TMA_DQ: tl.constexpr = False):
+                   DQA=None, ATOMIC_DQ: tl.constexpr = False, TMA_DQ: tl.constexpr = False,
+                   FTZ: tl.constexpr = False, EVEN: tl.constexpr = False):
     """ATOMIC_DQ (the one-kernel backward, config.attention's fused_backward): each dS tile also gives its query rows'
     share of dq, dS k, added into DQA (fp32 (b, t, hq, d), zeroed by _attn_bwd_prep) by relaxed atomics; dq is then
     rounded from the very dS tiles dk is (no second kernel recomputing the scores and dy.v), and _attn_bwd_dq_finish
@@ -303,7 +318,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
     REP: tl.constexpr = HQ // HK
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
-    mask_n = offs_n < T
+    mask_n = _in_range(offs_n, T, EVEN)
     kv_off = i_b * T * HK * D + offs_n[:, None] * (HK * D) + i_hk * D + offs_d[None, :]
     v = tl.load(V + kv_off, mask=mask_n[:, None], other=0.0).to(DOT_DT)
     g_k = tl.zeros([BN], tl.float32)
@@ -331,7 +346,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
         if GATED:
             g_r = tl.load(G + i_b * T * HK + tl.minimum(pid_n * BN + BN - 1, T - 1) * HK + i_hk)
             if SHARED_ROUND:
-                c_k = tl.exp(g_r - g_k)                                  # [BN] <= 1, into the P and dS tiles
+                c_k = _exp(g_r - g_k, FTZ)                               # [BN] <= 1, into the P and dS tiles
             else:
                 c_k = tl.exp((g_r - g_k) * (1.0 / P))                    # [BN] <= 1
                 k_f = k_f * c_k[:, None]
@@ -341,7 +356,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
             i_hq = i_hk * REP + r
             for start_m in range(lo + DIAG, T, BM):
                 offs_m = start_m + tl.arange(0, BM)
-                mask_m = offs_m < T
+                mask_m = _in_range(offs_m, T, EVEN)
                 q_off = i_b * T * HQ * D + offs_m[:, None] * (HQ * D) + i_hq * D + offs_d[None, :]
                 q = tl.load(Q + q_off, mask=mask_m[:, None], other=0.0).to(tl.float32 if OFFDIAG_FP32 else DOT_DT)
                 do = tl.load(DO + q_off, mask=mask_m[:, None], other=0.0).to(DOT_DT)
@@ -351,7 +366,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                     r_q = r_q * tl.exp(-tl.load(LSE + row, mask=mask_m, other=0.0))
                 if GATED:
                     g_q = tl.load(G + i_b * T * HK + offs_m * HK + i_hk, mask=mask_m, other=0.0)
-                    r_q = r_q * tl.exp(g_q - g_r)
+                    r_q = r_q * _exp(g_q - g_r, FTZ)
                 r_q = tl.where(mask_m, r_q, 0.0)                             # padded rows: exp(-g_r) may be inf
                 x = tl.dot(q, tl.trans(k_f), input_precision=OFFDIAG_PREC if OFFDIAG_FP32 else PREC)   # [BM, BN]
                 xp1 = _pow(x, P - 1)
@@ -386,9 +401,9 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
         for start_m in range(lo, hi_diag, BM):
             offs_m = start_m + tl.arange(0, BM)
             q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T,
-                                                                HQ, HK, D, BM, NORM, GATED, DOT_DT)
+                                                                HQ, HK, D, BM, NORM, GATED, DOT_DT, EVEN=EVEN)
             causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
-            pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC)
+            pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC, FTZ)
             dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
             ds = ds.to(DOT_DT)
             dk += tl.dot(tl.trans(ds), q, input_precision=PREC)
@@ -409,7 +424,8 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
                  O=None, DELTA_OUT: tl.constexpr = False, XT=None, W=None, sqrt_scale_p=1.0, CB0=0, NCH=1, T_FULL=0,
                  XT_MODE: tl.constexpr = 0, OFFDIAG_FP32: tl.constexpr = False,
-                 OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False):
+                 OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False,
+                 FTZ: tl.constexpr = False, EVEN: tl.constexpr = False):
     """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
     (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
     copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
@@ -428,7 +444,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ, HK, D,
-                                                        BM, NORM, GATED, DOT_DT, O, DELTA_OUT)
+                                                        BM, NORM, GATED, DOT_DT, O, DELTA_OUT, EVEN)
     if XT_MODE == 2:    # before the key loop: nothing it needs stays live through the loop for this
         half = tl.zeros([BM], tl.float32)
         if GATED:
@@ -456,7 +472,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             c = tl.full([BN], 1.0, tl.float32)
             if GATED:
                 g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk)
-                c = tl.exp(g_r - g_k)
+                c = _exp(g_r - g_k, FTZ)
             x = tl.dot(q, tl.trans(k), input_precision=PREC)
             xp1 = _pow(x, P - 1)
             da = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -464,11 +480,11 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                 da = da - delta[:, None]
             if SHARED_ROUND:
                 g_rb = tl.load(G + i_b * T * HK + (start_n + BN - 1) * HK + i_hk)
-                c = tl.exp(g_rb - g_k)
+                c = _exp(g_rb - g_k, FTZ)
                 r_b = tl.full([BM], 1.0, tl.float32) * scale_p          # as the key kernel's r_q
                 if NORM:
                     r_b = r_b * tl.exp(-lse)
-                r_b = r_b * tl.exp(g_q - g_rb)
+                r_b = r_b * _exp(g_q - g_rb, FTZ)
                 r_b = tl.where(mask_m, r_b, 0.0)
                 ds = da * xp1 * c[None, :] * (P * r_b)[:, None]
                 dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
@@ -487,12 +503,12 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
             if NORM:
                 r_q = r_q * tl.exp(-lse)
             if GATED:
-                r_q = r_q * tl.exp(g_q - g_r)
+                r_q = r_q * _exp(g_q - g_r, FTZ)
             r_q = tl.where(mask_m, r_q, 0.0)
             dq = dq * (P * r_q)[:, None]
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
-        mask_n = offs_n < T
+        mask_n = _in_range(offs_n, T, EVEN)
         k = tl.load(k_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
                     other=0.0).to(DOT_DT)
         v = tl.load(v_base + offs_n[:, None] * (HK * D) + offs_d[None, :], mask=mask_n[:, None],
@@ -501,7 +517,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
         if GATED:
             g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
         causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
-        pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC)
+        pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, P, NORM, GATED, PREC, FTZ)
         dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
     tl.store(DQ + q_off, dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
     if GATED:
@@ -572,11 +588,17 @@ def blocks(d, kernel, dot_dt, chunked=False, t=None):
 
 def launch_config(d, kernel, dot_dt, prec, chunked=False, t=None):
     """The tile constexprs and launch options (launch_options) of one attention-form kernel (chunked: as the chunked
-    form's intra-chunk attention; t: as blocks)."""
+    form's intra-chunk attention; t: as blocks, and the rows per sequence or chunk for EVEN)."""
     entry = blocks(d, kernel, dot_dt, chunked, t)
     BM, BN = entry[:2]
-    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN),
-                **launch_options(entry))
+    return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN), FTZ=ptx_exp(),
+                EVEN=t is not None and t % BM == 0 and t % BN == 0, **launch_options(entry))
+
+
+def ptx_exp() -> bool:
+    """Whether the kernels' gate exps run as inline PTX (_common._exp's FTZ): on NVIDIA GPUs, not in Triton's CPU
+    interpreter (TRITON_INTERPRET=1) or on ROCm, which have none."""
+    return os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.version.hip is None
 
 
 def attention_forward(q, k, v, log_g, scale: float, p: int, norm: bool, record: dict | None = None):
@@ -664,7 +686,7 @@ def attention_backward(do, q, k, v, Gc, o, lse, scale: float, p: int, norm: bool
     dgq = torch.empty(b, t, hq, device=q.device, dtype=torch.float32) if gated else lse
     dgk = torch.empty(b, t, hk, device=q.device, dtype=torch.float32) if gated else lse
     dot_dt, prec = dot_dtype(q.dtype, norm, True)
-    kv_cfg, q_cfg = (launch_config(d, kernel, dot_dt, prec) for kernel in ("dkdv", "dq"))
+    kv_cfg, q_cfg = (launch_config(d, kernel, dot_dt, prec, t=t) for kernel in ("dkdv", "dq"))
     common = dict(HQ=hq, HK=hk, D=d, P=p, NORM=norm, GATED=gated, **backward_rounding(gated, dot_dt))
     sp = scale ** p
     atomic, dqa = fused_backward(), None

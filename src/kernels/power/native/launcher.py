@@ -142,11 +142,13 @@ def _switches():
 
 def plan_key(q, k, log_g, p: int, norm: bool):
     """What the compiled kernels depend on beyond the pointers: Triton specializes t on t % 16 == 0 and t == 1, the
-    forward's tile on t <= short_fwd_t (parallel.blocks), and the backward's kernels on parallel.fused_backward (off
-    in torch's deterministic mode, which the attention config does not hold)."""
+    forward's tile on t <= short_fwd_t (parallel.blocks), the kernels' masks on whole tiles (parallel.even_tiles: t's
+    largest power-of-two factor), and the backward's kernels on parallel.fused_backward (off in torch's deterministic
+    mode, which the attention config does not hold)."""
     t = q.shape[1]
     return (q.device.index, q.dtype, None if log_g is None else log_g.dtype, q.shape[2], k.shape[2], q.shape[3], p,
-            norm, t % 16 == 0, t == 1, t <= config.attention.current().short_fwd_t, fused_backward(), _switches())
+            norm, t % 16 == 0, t == 1, t <= config.attention.current().short_fwd_t, fused_backward(), min(t & -t, 256),
+            _switches())
 
 
 def needs_grad(*tensors) -> bool:
