@@ -93,7 +93,8 @@ def check_even_tiles():
                     failed += 1
                 for gated in (True, "strong"):
                     torch.manual_seed(t)        # the draws of the cases above (strong gates: errors up to ~7e-6)
-                    failed += not check((torch.float32, 2, True, gated, 2, 1, t, 1e-5), f" EVEN={even[0]} fused={fused}")
+                    failed += not check((torch.float32, 2, True, gated, 2, 1, t, 1e-5),
+                                        f" EVEN={even[0]} fused={fused}")
     return failed
 
 

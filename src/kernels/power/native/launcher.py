@@ -142,7 +142,7 @@ def _switches():
 
 def plan_key(q, k, log_g, p: int, norm: bool):
     """What the compiled kernels depend on beyond the pointers: Triton specializes t on t % 16 == 0 and t == 1, the
-    forward's tile on t <= short_fwd_t (parallel.blocks), the kernels' masks on whole tiles (parallel.even_tiles: t's
+    forward's tile on t <= short_fwd_t (parallel.blocks), the kernels' masks on whole tiles (launch_config's EVEN: t's
     largest power-of-two factor), and the backward's kernels on parallel.fused_backward (off in torch's deterministic
     mode, which the attention config does not hold)."""
     t = q.shape[1]
