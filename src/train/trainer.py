@@ -248,10 +248,13 @@ class Trainer:
         if cfg.logger.wandb.mode != "disabled" and not self.restart:
             read_wandb_id(self.run_dir)  # a stored id wandb would refuse: named now, not as wandb's traceback
         vocab_of = model_vocab(cfg)
-        # a resumed run's time counts the steps after its newest checkpoint (named by its step; read in _load)
-        done = ckpt.step_of(candidates[0]) if candidates else 0
-        self.estimate = check_fits(cfg, self.device, lambda vocab: model_spec(cfg, vocab_of(vocab)),
-                                   self.dist.world_size, done_steps=done)  # before any data is generated or read
+
+        def fits(say: bool, done: int):
+            return check_fits(cfg, self.device, lambda vocab: model_spec(cfg, vocab_of(vocab)), self.dist.world_size,
+                              done_steps=done, say=say)
+        # before any data is generated or read; a resume says it once its checkpoint takes this config (after _load:
+        # a refused resume is its one error line), counting the steps after the checkpoint it resumed from
+        self.estimate = fits(not candidates, ckpt.step_of(candidates[0]) if candidates else 0)
         seed_everything(cfg.seed)
 
         # Data description first: the model's vocabulary comes from it. Rank 0 generates the default
@@ -268,7 +271,7 @@ class Trainer:
         self.flops = flops_report(self.model, cfg.ctx, self.device.type, torch.bfloat16 if bf16 else torch.float32)
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.schedule = self._planned_schedule()
+        self.schedule = self._planned_schedule(say=not candidates)    # a resume's own note says its schedule
         self.scheduler = build_scheduler(self.optimizer, self.schedule)
         self.train_model = compile_model(self.model, cfg.trainer.compile)
         if self.dist.enabled:
@@ -299,6 +302,7 @@ class Trainer:
             meta=lambda: {"config": OmegaConf.to_container(self.cfg, resolve=True), "spec": dict(self.spec.__dict__)})
         if candidates:
             self._load(candidates)  # a changed config key is named first, then changed data of unchanged keys
+            self.estimate = fits(True, self.step)
         elif cfg.trainer.get("init_from"):
             self._init_weights(cfg.trainer.init_from)
         # a run started over records the data of this launch (the stopped one's record is set aside)
@@ -358,16 +362,16 @@ class Trainer:
             self.lock.release(undo=undo)
             self.lock = None
 
-    def _planned_schedule(self) -> Schedule:
+    def _planned_schedule(self, say: bool = True) -> Schedule:
         """The schedule of this launch's config: the cosine ends at trainer.max_steps, or at the step
-        trainer.flops_budget stops the run when that comes first."""
+        trainer.flops_budget stops the run when that comes first (say: a warmup longer than the run is said)."""
         cfg = self.cfg
         end = cfg.trainer.max_steps
         budget_steps = self._budget_steps()
         if budget_steps is not None and budget_steps < end:
             end = budget_steps
         schedule = Schedule.from_config(cfg.optim, end)
-        if schedule.warmup_steps != cfg.optim.warmup_steps and self.dist.is_main:
+        if schedule.warmup_steps != cfg.optim.warmup_steps and self.dist.is_main and say:
             stops = "trainer.max_steps" if end == cfg.trainer.max_steps else "trainer.flops_budget"
             steps = f"{schedule.warmup_steps} step{'s' * (schedule.warmup_steps != 1)}"
             log.info(f"optim.warmup_steps={cfg.optim.warmup_steps} is longer than the run ({end} steps, {stops}): "

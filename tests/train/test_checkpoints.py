@@ -218,7 +218,9 @@ def test_resume_falls_back_and_redoes_the_steps_exactly(run, compose, tmp_path, 
     newest = ckpt.checkpoint_dir(cut) / "step_00000004.pt"
     spoil(newest, how)
     capsys.readouterr()
-    rec = Trainer(compose(*TRAIN, "trainer.resume=true", f"run_dir={cut}")).fit()
+    trainer = Trainer(compose(*TRAIN, "trainer.resume=true", f"run_dir={cut}"))
+    assert (trainer.step, trainer.estimate.steps) == (2, 2)   # the estimate counts from the checkpoint resumed
+    rec = trainer.fit()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith(f"warning: checkpoint {newest} is unreadable"), err
     assert err[1].startswith("warning: step_00000004.pt: unreadable, kept aside as step_00000004.pt.unreadable")

@@ -114,6 +114,23 @@ def test_resume_refuses_a_change_the_checkpoint_cannot_take(compose, tiny, nine_
     assert snapshot(run) == before
 
 
+def test_a_refused_resume_is_its_error_alone(compose, tiny, nine_steps, tmp_path, capsys):
+    """A resume the checkpoint cannot take says nothing before its error: the start-up estimate and the warmup note
+    come once the checkpoint is known to take the config (they read as if the run were starting)."""
+    run = tmp_path / "run"
+    shutil.copytree(nine_steps, run)
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"trainer\.resume: .*seed: 0 -> 1"):
+        Trainer(compose(*tiny, "trainer.max_steps=12", "optim.warmup_steps=50", "seed=1", "trainer.resume=true",
+                        f"run_dir={run}"))
+    out = capsys.readouterr().out
+    assert "estimate:" not in out and "warmup_steps" not in out, out
+    resumed = Trainer(compose(*tiny, "trainer.max_steps=12", "trainer.resume=true", f"run_dir={run}"))
+    said = capsys.readouterr().out
+    assert said.count("estimate: peak memory") == 1 and said.index("resuming from") < said.index("estimate:"), said
+    resumed.close()
+
+
 def test_optimizer_values_changed_on_resume_are_applied(compose, tiny, nine_steps, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(nine_steps, run)
