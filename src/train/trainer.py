@@ -32,7 +32,7 @@ from longctx.train import checkpoint as ckpt
 from longctx.train.config import check_context_parallel, validate
 from longctx.train.console import (close_logging, eta, format_duration, is_terminal, log, log_to_file, progress_bar,
                                    setup_logging)
-from longctx.train.estimate import check_fits
+from longctx.train.estimate import assumed_rate, check_fits
 from longctx.train.data import (ContextSlices, build_heldout, build_train_reader, check_generated_data, epoch_tokens,
                                  resolve_splits, trains_on_queries)
 from longctx.train.flops import budget_reached, budget_steps, flops_report, format_ratio, mfu
@@ -248,10 +248,11 @@ class Trainer:
         if cfg.logger.wandb.mode != "disabled" and not self.restart:
             read_wandb_id(self.run_dir)  # a stored id wandb would refuse: named now, not as wandb's traceback
         vocab_of = model_vocab(cfg)
+        rate = assumed_rate(self.device, self.dist.world_size)   # a CPU's measured once, for both of a resume's
 
-        def fits(say: bool, done: int):
+        def fits(say: bool, done: int, available: float | None = None):
             return check_fits(cfg, self.device, lambda vocab: model_spec(cfg, vocab_of(vocab)), self.dist.world_size,
-                              done_steps=done, say=say)
+                              done_steps=done, say=say, rate=rate, available=available)
         # before any data is generated or read; a resume says it once its checkpoint takes this config (after _load:
         # a refused resume is its one error line), counting the steps after the checkpoint it resumed from
         self.estimate = fits(not candidates, ckpt.step_of(candidates[0]) if candidates else 0)
@@ -302,7 +303,8 @@ class Trainer:
             meta=lambda: {"config": OmegaConf.to_container(self.cfg, resolve=True), "spec": dict(self.spec.__dict__)})
         if candidates:
             self._load(candidates)  # a changed config key is named first, then changed data of unchanged keys
-            self.estimate = fits(True, self.step)
+            # the memory measured before the data and model were loaded, as the first estimate's
+            self.estimate = fits(True, self.step, self.estimate.available_bytes)
         elif cfg.trainer.get("init_from"):
             self._init_weights(cfg.trainer.init_from)
         # a run started over records the data of this launch (the stopped one's record is set aside)

@@ -114,7 +114,7 @@ def test_resume_refuses_a_change_the_checkpoint_cannot_take(compose, tiny, nine_
     assert snapshot(run) == before
 
 
-def test_a_refused_resume_is_its_error_alone(compose, tiny, nine_steps, tmp_path, capsys):
+def test_a_refused_resume_is_its_error_alone(compose, tiny, nine_steps, tmp_path, capsys, monkeypatch):
     """A resume the checkpoint cannot take says nothing before its error: the start-up estimate and the warmup note
     come once the checkpoint is known to take the config (they read as if the run were starting)."""
     run = tmp_path / "run"
@@ -125,9 +125,14 @@ def test_a_refused_resume_is_its_error_alone(compose, tiny, nine_steps, tmp_path
                         f"run_dir={run}"))
     out = capsys.readouterr().out
     assert "estimate:" not in out and "warmup_steps" not in out, out
+    from longctx.train import estimate
+    measured = []
+    rate = estimate.cpu_matmul_rate
+    monkeypatch.setattr(estimate, "cpu_matmul_rate", lambda: measured.append(1) or rate())
     resumed = Trainer(compose(*tiny, "trainer.max_steps=12", "trainer.resume=true", f"run_dir={run}"))
     said = capsys.readouterr().out
     assert said.count("estimate: peak memory") == 1 and said.index("resuming from") < said.index("estimate:"), said
+    assert len(measured) == 1    # the CPU's rate is measured once for the check before the data and the line after
     resumed.close()
 
 
