@@ -73,7 +73,7 @@ def _expected(compact: dict, kind: str) -> dict[str, np.ndarray]:
     return out
 
 
-def test_a_compact_report_record_redraws_with_bands(tmp_path, import_script):
+def test_a_compact_report_record_redraws_with_bands(tmp_path, import_script, caplog):
     """`longctx.report --record` writes a compact record (per-document npz beside it); plot_results redraws its
     figures from it alone, curves and bands equal to the report's."""
     from report_fixtures import fake_run
@@ -103,6 +103,11 @@ def test_a_compact_report_record_redraws_with_bands(tmp_path, import_script):
     iv = seed_aggregate([load_doc_bins(docs / "cmp.npz", r["doc_bins"].split("#")[1]) for r in compact["runs"][:2]],
                         "gap_curve", 100)
     assert np.isclose(band.min(), iv.low.min()) and np.isclose(band.max(), iv.high.max())
+
+    (docs / "cmp.npz").unlink()                              # the arrays gone: the warning names the record
+    with caplog.at_level("WARNING", logger="longctx.report"):
+        draw_record(compact, docs, n_boot=100, name="cmp")
+    assert f"{docs / 'cmp.npz'}: named by cmp.json (step " in caplog.text and "metrics.jsonl" not in caplog.text
 
 
 def _drawn(plot_results, monkeypatch, table: str):

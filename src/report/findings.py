@@ -135,7 +135,7 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                  n_boot: int = DEFAULT_BOOTSTRAP, claims: str | None = None) -> list[dict]:
     """judge() of a record already read: `name` is its file name without .json, `folder` holds its arrays."""
     where = Path(folder) / f"{name}.json"
-    arms, shared = _arms(runs_from_record(record, Path(folder)))
+    arms, shared = _arms(runs_from_record(record, Path(folder), where.name))
     seed_of = {name: (point, i) for point in record.get("recall") or [] for i, name in enumerate(point["runs"])}
     out = []
     for spec in load_findings(Path(findings_path), claims or name, named=claims is not None):

@@ -192,7 +192,7 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def draw_record(record: dict, folder: Path, n_boot: int = 2000, name: str | None = None) -> dict:
     """{figure kind: matplotlib figure} of the kinds the record lists (a kind with nothing to show is left out).
     `claims` (the paper's claims this record tests, `longctx.report.findings`) needs the record's file name."""
-    runs = runs_from_record(record, folder)
+    runs = runs_from_record(record, folder, f"{name}.json" if name else "the report record")
     groups = group_runs(runs)
     title = record["title"]
     drawn = {}

@@ -48,6 +48,7 @@ class Run:
     group_key: tuple = ()    # the full config but the seed: runs sharing it (and the label) are seeds of one group
     last_launch: dict = field(default_factory=dict)  # the flattened config of its newest resume (none: {})
     packed_said: bool = field(default=False, repr=False, compare=False)  # the packed-rows warning given
+    source: str = "metrics.jsonl"  # the file its records were read from (a report record's, for runs_from_record)
 
     @property
     def attention(self) -> str:
@@ -91,7 +92,7 @@ class Run:
         name, _, prefix = str(record["doc_bins"]).partition("#")  # FILE.npz#r3_: run 3's arrays of a record
         path = self.path / name
         if not path.exists():
-            log.warning(f"warning: {path}: named by metrics.jsonl (step {record['step']}) but missing; "
+            log.warning(f"warning: {path}: named by {self.source} (step {record['step']}) but missing; "
                         f"no interval for that evaluation")
             return None
         docs = load_doc_bins(path, prefix)
@@ -662,8 +663,9 @@ def _hashable(value):
     return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def runs_from_record(record: dict, folder: Path) -> list[Run]:
-    """Run objects the figure functions draw, from a compact record (per-document files relative to `folder`)."""
+def runs_from_record(record: dict, folder: Path, source: str = "the report record") -> list[Run]:
+    """Run objects the figure functions draw, from a compact record (per-document files relative to `folder`;
+    `source`, the record's file name, is what a warning about a missing one names)."""
     runs = []
     for entry in record["runs"]:
         run = Run(path=Path(folder), config={"attention": {"name": entry["attention"], "tag": entry["attention"]},
@@ -671,6 +673,6 @@ def runs_from_record(record: dict, folder: Path) -> list[Run]:
                   records=entry["records"], flat={"data.heldout": re.sub(r", ctx=\d+$", "", entry["heldout"]),
                                                  "seed": entry.get("seed")},
                   name=entry["name"], label=entry["label"], seed_label=entry.get("seed_label", entry["label"]),
-                  status=entry.get("status", "complete"))
+                  status=entry.get("status", "complete"), source=source)
         runs.append(run)
     return runs
