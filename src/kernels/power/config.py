@@ -37,6 +37,8 @@ class AttentionConfig:
     # relaxed per-element atomics; off: fwd+bwd 4k 2.728 -> 2.715 ms, 1k 0.307 -> 0.315 (within the host's noise
     # there), H100, `python -m tools.ab_switch --ctxs 1024,4096 --rounds 7 --variants default tma_dq=1`
     tma_dq: bool = False
+    # A/B: the backward's weights and dS tiles from one shared factor (PN_SCALED)
+    scaled_weights: bool = True
 
     def __post_init__(self):
         if self.offdiag_precision not in ("tf32x3", "tf32", "ieee"):
