@@ -37,8 +37,6 @@ class AttentionConfig:
     # relaxed per-element atomics; off: fwd+bwd 4k 2.728 -> 2.715 ms, 1k 0.307 -> 0.315 (within the host's noise
     # there), H100, `python -m tools.ab_switch --ctxs 1024,4096 --rounds 7 --variants default tma_dq=1`
     tma_dq: bool = False
-    # A/B: the backward's weights and dS tiles from one shared factor (PN_SCALED)
-    scaled_weights: bool = True
 
     def __post_init__(self):
         if self.offdiag_precision not in ("tf32x3", "tf32", "ieee"):
@@ -61,11 +59,14 @@ class GatesConfig:
 @dataclass(frozen=True)
 class DispatchConfig:
     """Which form a stateless call with chunk_size=None runs (dispatch.py), and the chunk it gets. Crossings measured
-    fwd+bwd, b=8, h=12, bf16, H100 (tools/bench_forms.py, tools/ab_switch.py), chunked / attention form ms. The
+    fwd+bwd, b=8, h=12, bf16, H100 unless noted (tools/bench_forms.py, tools/ab_switch.py), chunked / attention form ms. The
     chunked form pads t to whole chunks, so a t just past a multiple of the chunk pays for one more whole chunk."""
-    chunked_min_t: int = 6144          # p=2, d=64, any t: 4864 4.35 / 3.86, 6144 4.46 / 6.05 (chunk 512)
-    # ... t a multiple of the chunk (no zero-padded tail): 4096 3.02 / 2.82, 4608 3.37 / 3.52, 5120 3.73 / 4.31
-    chunked_min_t_aligned: int = 4608
+    chunked_min_t: int = 6144          # p=2, d=64, any t: 4864 4.35 / 3.86, 6144 4.46 / 6.05 (chunk 512); H200:
+    #                                    5376 4.12 / 3.93, 5888 4.51 / 4.68
+    # ... t a multiple of the chunk (no zero-padded tail), H200: 4608 3.21-3.35 / 2.96 (two runs), 5120 3.26 / 3.58,
+    # 5632 3.51 / 4.28, 6144 3.88 / 5.08 (H100, before the attention form's flushing exps and unmasked tiles: 4608
+    # 3.37 / 3.52)
+    chunked_min_t_aligned: int = 5120
     chunked_min_t_wide: int = 16384    # p=2, d=128: 8k 57.4 / 32.3, 16k 116.5 / 128.4
     chunked_min_t_linear: int = 4096   # p=1: 2k 3.47 / 0.89, 4k 1.88 / 2.70, 8k 3.52 / 9.15
     default_chunk: int = 1024          # chunk when the caller gives none (512 and 2048 within 3%)

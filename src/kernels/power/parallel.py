@@ -226,39 +226,25 @@ def _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T, HQ: tl.constex
 
 
 @triton.jit
-def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, scale_p,
+def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale_p,
                      P: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-                     FTZ: tl.constexpr = False, PN_SCALED: tl.constexpr = False):
-    """Shared tile math of both backward kernels: returns (pn, ds), both [BM, BN] fp32. PN_SCALED: pn is p times the
-    weights (the dk/dv kernel divides dv by p at its end) and both come from one factor
-    w = x^(p-1) e p s^p / D_i of the unscaled scores x: pn = w x, dS = (dA - Delta) w."""
+                     FTZ: tl.constexpr = False):
+    """Shared tile math of both backward kernels: returns (pn, ds), both [BM, BN] fp32, from one factor
+    w = x^(p-1) e p s^p / D_i of the unscaled scores x: pn = w x is p times the weights (the dk/dv kernel divides dv
+    by p at its end) and dS = (dA - Delta) w: four multiplies per element at p=2 where separate products took seven."""
     if GATED:
         e = _exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")), FTZ)
     else:
         e = tl.where(causal, 1.0, 0.0)
-    if PN_SCALED:
-        x = tl.dot(q, tl.trans(k), input_precision=PREC)
-        r = tl.full(lse.shape, P * scale_p, tl.float32)
-        if NORM:
-            r = r * tl.exp(-lse)
-        w = _pow(x, P - 1) * e * r[:, None]
-        da = tl.dot(do, tl.trans(v), input_precision=PREC)
-        if NORM:
-            da = da - delta[:, None]
-        return w * x, da * w
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-    pm1 = _pow(s, P - 1) * e
-    a = pm1 * s                                                          # unnormalized A
-    dpn = tl.dot(do, tl.trans(v), input_precision=PREC)                  # dy_i . v_j
+    x = tl.dot(q, tl.trans(k), input_precision=PREC)
+    r = tl.full(lse.shape, P * scale_p, tl.float32)
     if NORM:
-        inv = tl.exp(-lse)
-        pn = a * inv[:, None]
-        da = (dpn - delta[:, None]) * inv[:, None]
-    else:
-        pn = a
-        da = dpn
-    ds = da * pm1 * (P * scale)
-    return pn, ds
+        r = r * tl.exp(-lse)
+    w = _pow(x, P - 1) * e * r[:, None]
+    da = tl.dot(do, tl.trans(v), input_precision=PREC)
+    if NORM:
+        da = da - delta[:, None]
+    return w * x, da * w
 
 
 @triton.jit
@@ -315,7 +301,7 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                    DOT_DT: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, OFFDIAG_FP32: tl.constexpr = False,
                    OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False,
                    DQA=None, ATOMIC_DQ: tl.constexpr = False, TMA_DQ: tl.constexpr = False,
-                   FTZ: tl.constexpr = False, EVEN: tl.constexpr = False, PN_SCALED: tl.constexpr = False):
+                   FTZ: tl.constexpr = False, EVEN: tl.constexpr = False):
     """ATOMIC_DQ (the one-kernel backward, config.attention's fused_backward): each dS tile also gives its query rows'
     share of dq, dS k, added into DQA (fp32 (b, t, hq, d), zeroed by _attn_bwd_prep) by relaxed atomics; dq is then
     rounded from the very dS tiles dk is (no second kernel recomputing the scores and dy.v), and _attn_bwd_dq_finish
@@ -382,26 +368,18 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
                 r_q = tl.where(mask_m, r_q, 0.0)                             # padded rows: exp(-g_r) may be inf
                 x = tl.dot(q, tl.trans(k_f), input_precision=OFFDIAG_PREC if OFFDIAG_FP32 else PREC)   # [BM, BN]
                 xp1 = _pow(x, P - 1)
-                if PN_SCALED:   # one factor for both tiles (_attn_tile_grads); SHARED_ROUND: _attn_bwd_dq's order
-                    if SHARED_ROUND:
-                        w = xp1 * c_k[None, :] * (P * r_q)[:, None]
-                    else:
-                        w = xp1 * (P * r_q)[:, None]
-                    pn = w * x
+                # one factor for both tiles, as _attn_tile_grads (pn: p times the weights); SHARED_ROUND: the
+                # product order of _attn_bwd_dq's
+                if SHARED_ROUND:
+                    w = xp1 * c_k[None, :] * (P * r_q)[:, None]
                 else:
-                    pn = xp1 * x * r_q[:, None]
-                    if SHARED_ROUND:
-                        pn = pn * c_k[None, :]
+                    w = xp1 * (P * r_q)[:, None]
+                pn = w * x
                 dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
                 da = tl.dot(do, tl.trans(v), input_precision=PREC)
                 if NORM:
                     da = da - tl.load(DELTA + row, mask=mask_m, other=0.0)[:, None]
-                if PN_SCALED:
-                    ds = da * w
-                elif SHARED_ROUND:    # the product order of _attn_bwd_dq's
-                    ds = da * xp1 * c_k[None, :] * (P * r_q)[:, None]
-                else:
-                    ds = da * xp1 * (P * r_q)[:, None]
+                ds = da * w
                 if OFFDIAG_FP32:
                     dk += tl.dot(tl.trans(ds), q, input_precision=OFFDIAG_PREC)
                     if ATOMIC_DQ:
@@ -424,16 +402,15 @@ def _attn_bwd_dkdv(Q, K, V, G, DO, LSE, DELTA, DK, DV, DGK, scale, scale_p, T,
             q, do, lse, delta, g_q, mask_m, q_off = _query_tile(Q, DO, LSE, DELTA, G, i_b, i_hq, i_hk, offs_m, T,
                                                                 HQ, HK, D, BM, NORM, GATED, DOT_DT, EVEN=EVEN)
             causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
-            pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, scale_p, P, NORM, GATED,
-                                      PREC, FTZ, PN_SCALED)
+            pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale_p, P, NORM, GATED, PREC,
+                                      FTZ)
             dv += tl.dot(tl.trans(pn.to(DOT_DT)), do, input_precision=PREC)
             ds = ds.to(DOT_DT)
             dk += tl.dot(tl.trans(ds), q, input_precision=PREC)
             if ATOMIC_DQ:
                 _add_dq(DQA, dqa_desc, q_off, i_b, start_m, i_hq, tl.dot(ds, k, input_precision=PREC), mask_m,
                         BM, D, TMA_DQ)
-    if PN_SCALED:
-        dv = dv * (1.0 / P)                                              # exact for p = 2, 4
+    dv = dv * (1.0 / P)                      # the weights' tiles were p times theirs (exact for p = 2, 4)
     tl.store(DK + kv_off, dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
     if GATED:
@@ -449,7 +426,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                  O=None, DELTA_OUT: tl.constexpr = False, XT=None, W=None, sqrt_scale_p=1.0, CB0=0, NCH=1, T_FULL=0,
                  XT_MODE: tl.constexpr = 0, OFFDIAG_FP32: tl.constexpr = False,
                  OFFDIAG_PREC: tl.constexpr = "tf32x3", SHARED_ROUND: tl.constexpr = False,
-                 FTZ: tl.constexpr = False, EVEN: tl.constexpr = False, PN_SCALED: tl.constexpr = False):
+                 FTZ: tl.constexpr = False, EVEN: tl.constexpr = False):
     """XT_MODE 2 (the chunked form, each chunk a batch entry of T = C rows): the block's queries, times
     (s^p e^(g_i - lse_i))^(1/2) (sqrt_scale_p = s^(p/2); lse with NORM), also go into XT, the (b, hq, D, T_FULL)
     copy the Gluon outer products read, and with NORM the rows' weights [hi, lo] of -Delta into W (chunk view of
@@ -510,10 +487,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
                     r_b = r_b * tl.exp(-lse)
                 r_b = r_b * _exp(g_q - g_rb, FTZ)
                 r_b = tl.where(mask_m, r_b, 0.0)
-                if PN_SCALED:   # the key kernel's product order either way
-                    ds = da * (xp1 * c[None, :] * (P * r_b)[:, None])
-                else:
-                    ds = da * xp1 * c[None, :] * (P * r_b)[:, None]
+                ds = da * (xp1 * c[None, :] * (P * r_b)[:, None])       # the key kernel's product order
                 dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
             elif OFFDIAG_FP32:
                 dxp = da * xp1
@@ -544,8 +518,7 @@ def _attn_bwd_dq(Q, K, V, G, DO, LSE, DELTA, DQ, DGQ, scale, scale_p, T,
         if GATED:
             g_k = tl.load(G + i_b * T * HK + offs_n * HK + i_hk, mask=mask_n, other=0.0)
         causal = (offs_m[:, None] >= offs_n[None, :]) & mask_m[:, None] & mask_n[None, :]
-        pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale, scale_p, P, NORM, GATED, PREC,
-                                  FTZ, PN_SCALED)
+        pn, ds = _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale_p, P, NORM, GATED, PREC, FTZ)
         dq += tl.dot(ds.to(DOT_DT), k, input_precision=PREC)
     tl.store(DQ + q_off, dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
     if GATED:
@@ -619,9 +592,8 @@ def launch_config(d, kernel, dot_dt, prec, chunked=False, t=None):
     form's intra-chunk attention; t: as blocks, and the rows per sequence or chunk for EVEN)."""
     entry = blocks(d, kernel, dot_dt, chunked, t)
     BM, BN = entry[:2]
-    scaled = {} if kernel == "fwd" else dict(PN_SCALED=config.attention.current().scaled_weights)
     return dict(BM=BM, BN=BN, DOT_DT=dot_dt, PREC=prec, FAST=_fast_paths(kernel, dot_dt, BM, BN), FTZ=ptx_exp(),
-                EVEN=t is not None and t % BM == 0 and t % BN == 0, **scaled, **launch_options(entry))
+                EVEN=t is not None and t % BM == 0 and t % BN == 0, **launch_options(entry))
 
 
 def ptx_exp() -> bool:
