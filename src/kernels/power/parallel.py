@@ -14,6 +14,8 @@ Backward (D_i = normalizer, Delta_i = dy_i . y_i):
     dS_ij = dA_ij * p (s q_i.k_j)^(p-1) exp(G_i - G_j) * s
     dq = dS k, dk = dS^T q, dv = (a / D)^T dy,
     dG_i += sum_j dA_ij a_ij = q_i . dq_i / p,   dG_j -= sum_i dA_ij a_ij = -k_j . dk_j / p
+dS and a / D come from one factor per tile, w_ij = p x_ij^(p-1) exp(G_i - G_j) s^p / D_i with x = q_i.k_j unscaled:
+dS = dA_ij D_i w_ij, and w x is p times the weights (dv is divided by p at the end).
 The gate gradients use Euler's identity (a_ij is homogeneous of degree p in q_i and in k_j): one row dot product
 in each kernel's epilogue instead of a row or column reduction of a [BM, BN] tile per block (the column sums of
 the key kernel crossed warps through shared memory on every block).
