@@ -59,8 +59,9 @@ class GatesConfig:
 @dataclass(frozen=True)
 class DispatchConfig:
     """Which form a stateless call with chunk_size=None runs (dispatch.py), and the chunk it gets. Crossings measured
-    fwd+bwd, b=8, h=12, bf16, H100 unless noted (tools/bench_forms.py, tools/ab_switch.py), chunked / attention form ms. The
-    chunked form pads t to whole chunks, so a t just past a multiple of the chunk pays for one more whole chunk."""
+    fwd+bwd, b=8, h=12, bf16, H100 unless noted (tools/bench_forms.py, tools/ab_switch.py), chunked / attention form
+    ms. The chunked form pads t to whole chunks, so a t just past a multiple of the chunk pays for one more whole
+    chunk."""
     chunked_min_t: int = 6144          # p=2, d=64, any t: 4864 4.35 / 3.86, 6144 4.46 / 6.05 (chunk 512); H200:
     #                                    5376 4.12 / 3.93, 5888 4.51 / 4.68
     # ... t a multiple of the chunk (no zero-padded tail), H200: 4608 3.21-3.35 / 2.96 (two runs), 5120 3.26 / 3.58,
