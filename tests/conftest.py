@@ -148,4 +148,3 @@ def no_data_wait_warning(request, monkeypatch):
     random. Off for in-process runs, but in the tests of the warning itself (test_data_wait.py)."""
     if request.module.__name__.rpartition(".")[2] != "test_data_wait":
         monkeypatch.setattr(importlib.import_module("longctx.train.trainer"), "DATA_WAIT_WARN", float("inf"))
-    yield

@@ -194,7 +194,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     """Compile the attention-form kernels (forward, the two backward kernels) for one (p, d, dtype) with the blocks
     and operand types AttentionForm uses; returns [(name, shared bytes, registers, spill stack bytes)]. xt: as the
     chunked form launches them with the Gluon outer products' scaled copies (forward XT_MODE 1, dq XT_MODE 2), on
-    chunks of 512 rows; t: the attention form's sequence length (None: one that is not whole tiles, masks kept)."""
+    chunks of config.dispatch's chunk_p2 rows; t: the attention form's sequence length (None: one that is not whole tiles, masks kept)."""
     torch_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     ints = {"scale": "fp32", "scale_p": "fp32", "T": "i32"}
@@ -204,7 +204,7 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
                              (jit("attn_dkdv"), "dkdv", {"Q": io, "K": io, "V": io, "DO": io}),
                              (jit("attn_dq"), "dq", {"Q": io, "K": io, "V": io, "DO": io, "O": io})):
         cfg = ta.launch_config(d, kernel, *ta.dot_dtype(torch_dt, norm, kernel != "fwd"), chunked=xt,
-                               t=512 if xt else t)
+                               t=power_config.dispatch.current().chunk_p2 if xt else t)
         warps, stages, reg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
         if kernel == "dq":
             cfg["DELTA_OUT"] = norm         # as launched: it forms Delta = dy . y itself
@@ -430,8 +430,9 @@ def main(argv):
         if case.startswith(("attn", "intra")):
             form, p, d, dtype = case.split(",")
             xt = form == "intra"
-            print(f"{'intra-chunk attention (chunks of 512)' if xt else 'attention form'} p={p} d={d} {dtype}",
-                  flush=True)
+            title = f"intra-chunk attention (chunks of {power_config.dispatch.current().chunk_p2})" if xt else \
+                "attention form"
+            print(f"{title} p={p} d={d} {dtype}", flush=True)
             for name, shared, regs, stack in compile_attention(int(p), int(d), dtype, xt=xt):
                 print(f"  {name:20s} shared={shared:7d} regs={regs} spill_stack={stack}", flush=True)
                 if loops:

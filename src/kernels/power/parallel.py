@@ -233,7 +233,8 @@ def _attn_tile_grads(q, k, v, do, lse, delta, g_q, g_k, causal, scale_p,
                      FTZ: tl.constexpr = False):
     """Shared tile math of both backward kernels: returns (pn, ds), both [BM, BN] fp32, from one factor
     w = x^(p-1) e p s^p / D_i of the unscaled scores x: pn = w x is p times the weights (the dk/dv kernel divides dv
-    by p at its end) and dS = (dA - Delta) w: four multiplies per element at p=2 where separate products took seven."""
+    by p at its end) and dS = (dy_i.v_j - Delta_i) w: four multiplies per element at p=2 where separate products took
+    seven."""
     if GATED:
         e = _exp(tl.where(causal, g_q[:, None] - g_k[None, :], float("-inf")), FTZ)
     else:
