@@ -14,7 +14,14 @@
 #   bash tools/model_checks.sh [kernels] [tests] [train] [paths] [bench] [decode] [decode-bench] [kernel-bench]
 # One after another these cost more than a call's 10 minutes: run the tests stages alone, and never serially
 # (`pytest -m gpu tests/kernels` on one process runs past 7 minutes on an H100).
+# A stage stops after STAGE_S seconds (default 580, the tests 560): give less where the call has less left, so that
+# the autotune winners and what finished are still kept (STAGE_S=300 bash tools/model_checks.sh kernel-bench).
 stages=${*:-tests train paths bench}
+stage_s=${STAGE_S:-580}
+case $stage_s in   # a bad limit is refused before anything runs, as a misspelt stage is
+  ''|*[!0-9]*) echo "model_checks.sh: STAGE_S='$stage_s' is not a whole number of seconds" >&2; exit 2 ;;
+esac
+if [ "$stage_s" -lt 60 ]; then echo "model_checks.sh: STAGE_S=$stage_s is under 60 seconds" >&2; exit 2; fi
 for stage in $stages; do   # a misspelt stage is refused before anything is installed or run
   case $stage in kernels|tests|train|paths|bench|decode|decode-bench|kernel-bench) ;;
     *) echo "model_checks.sh: unknown stage '$stage' (kernels, tests, train, paths, bench, decode, decode-bench," \
@@ -27,7 +34,7 @@ OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 n=$(nvidia-smi -L | wc -l)   # GPUs: the test stages spread their xdist workers over them
 gpu_tests() {  # $1: log under $OUT, $2: xdist workers, $3: the lines shown here, then the test paths; every result
   local log=$1 workers=$2 shown=$3; shift 3   # in the log by name (-v), so a call cut by its limit keeps what finished
-  LONGCTX_TEST_GPUS=$n timeout 560 python3 -m pytest -n "$workers" -v -o addopts="" -p no:cacheprovider "$@" \
+  LONGCTX_TEST_GPUS=$n timeout $((stage_s - 20)) python3 -m pytest -n "$workers" -v -o addopts="" -p no:cacheprovider "$@" \
     -m gpu --durations=15 2>&1 | tee "$OUT/$log" | grep -E "$shown" | tail -70
 }
 summary="FAILED|ERROR|passed|failed|slowest|^[0-9.]+s "
@@ -47,16 +54,16 @@ for stage in $stages; do
     decode) # three xdist workers on each GPU: the cases compile on the CPU side by side (correctness, not timing)
       gpu_tests decode_tests.log $((3 * n)) "PASSED|$summary" tests/models/test_decoding_gpu.py ;;
     decode-bench) # README's decoding table: every model, path and batch in one run
-      timeout 580 python3 scripts/bench_decode.py --out "$OUT/bench_decode" --budget-s 500 \
+      timeout $stage_s python3 scripts/bench_decode.py --out "$OUT/bench_decode" --budget-s 500 \
         --paths compiled-model+fused,compiled+fused,compiled-model,compiled,static,eager --profile \
         > "$OUT/bench_decode.log" 2>&1
       grep -E '^\{|^  |wrote' "$OUT/bench_decode.log" | cut -c1-260 | tail -90 ;;
     kernel-bench) # one process, every context of the README's table (retention autotunes on first use: minutes)
-      timeout 580 python3 scripts/bench_attention.py --out "$OUT/bench_attention" --ctxs 1024,4096,8192,16384,65536 \
+      timeout $stage_s python3 scripts/bench_attention.py --out "$OUT/bench_attention" --ctxs 1024,4096,8192,16384,65536 \
         --skip sdpa_flash,longctx_p2_attention,power_attention_1.4.4_p2 > "$OUT/bench_attention.log" 2>&1
       grep -A40 '^TABLE' "$OUT/bench_attention.log" | tail -40 ;;
-    paths) timeout 580 python3 scripts/compare_train_paths.py --out "$OUT" 2>&1 | tee "$OUT/paths.log" | tail -12 ;;
-    bench) timeout 580 python3 scripts/bench_train.py --out "$OUT" --variant recipe= \
+    paths) timeout $stage_s python3 scripts/compare_train_paths.py --out "$OUT" 2>&1 | tee "$OUT/paths.log" | tail -12 ;;
+    bench) timeout $stage_s python3 scripts/bench_train.py --out "$OUT" --variant recipe= \
              --variant before="trainer.compile=false trainer.activation_checkpointing=true" 2>&1 \
              | tee "$OUT/bench_train.log" | tail -40 ;;
   esac

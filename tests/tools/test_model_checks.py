@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def _run(tmp_path, *stages):
+def _run(tmp_path, *stages, **env_extra):
     (tmp_path / "tools").mkdir()
     shutil.copy(REPO / "tools" / "model_checks.sh", tmp_path / "tools")
     (tmp_path / "tools" / "setup_device.sh").write_text("touch SETUP_RAN\n")
@@ -21,11 +21,12 @@ def _run(tmp_path, *stages):
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     for name, body in {"nvidia-smi": 'echo "GPU 0"; echo "GPU 1"',
-                       "python3": 'echo "$*" >> "$ARGS_FILE"; echo "3 passed in 1.0s"'}.items():
+                       "python3": 'echo "$*" >> "$ARGS_FILE"; echo "3 passed in 1.0s"',
+                       "timeout": 'echo "$1" >> "$LIMITS_FILE"; shift; exec "$@"'}.items():
         (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_ / name).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", ARGS_FILE=str(tmp_path / "args.txt"),
-               OUT=str(tmp_path / "out"))
+               OUT=str(tmp_path / "out"), LIMITS_FILE=str(tmp_path / "limits.txt"), **env_extra)
     return subprocess.run(["bash", "tools/model_checks.sh", *stages], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -61,3 +62,19 @@ def test_kernel_bench_runs_the_readme_tables_command(tmp_path):
     for flag in ("--ctxs", "--skip"):
         value = re.search(flag + r" (\S+)", command).group(1)
         assert f"{flag} {value}" in args, (flag, value, args)
+
+
+def test_stage_s_sets_each_stages_limit_and_a_bad_one_is_one_line(tmp_path):
+    """STAGE_S bounds each stage below the call's own limit (so the autotune winners are kept when a call has less than
+    ten minutes left); the test stages keep 20 s for their logs."""
+    default, short, bad, low = (tmp_path / n for n in ("default", "short", "bad", "low"))
+    for folder in (default, short, bad, low):
+        folder.mkdir()
+    assert _run(default, "kernel-bench", "kernels").returncode == 0
+    assert (default / "limits.txt").read_text().split() == ["580", "560"]
+    assert _run(short, "kernel-bench", "kernels", STAGE_S="300").returncode == 0
+    assert (short / "limits.txt").read_text().split() == ["300", "280"]
+    for folder, value, words in ((bad, "5m", "STAGE_S='5m' is not a whole number"), (low, "30", "under 60 seconds")):
+        proc = _run(folder, "kernel-bench", STAGE_S=value)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+        assert not (folder / "args.txt").exists() and not (folder / "SETUP_RAN").exists()
