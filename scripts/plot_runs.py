@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from longctx.plotting import save_figure, widen_for_legend  # noqa: E402
+from longctx.report.runs import load_run, short_names  # noqa: E402
 
 AXES = ("flops", "tokens", "step")
 DEFAULT_OUT = "runs_comparison.png"
@@ -44,16 +45,27 @@ def load(run_dir: Path) -> list[dict]:
     return records
 
 
+def unfinished_mark(run_dir: Path) -> str:
+    """' (unfinished: step S of ...)' for a run short of its bound (longctx.report's status), '' otherwise or when its
+    config cannot tell."""
+    try:
+        status = load_run(run_dir).status
+    except (OSError, ValueError):
+        return ""
+    return f" ({status})" if status.startswith("unfinished") else ""
+
+
 def plot(run_dirs: list[Path], x: str, y: str, out: Path) -> Path:
     loaded = [(run_dir, load(run_dir)) for run_dir in run_dirs]   # every run read before anything is drawn
     for run_dir, records in loaded:
         if records and y not in records[0]:
             raise ValueError(f"--y={y!r}: not a key of {run_dir}/metrics.jsonl (keys: {', '.join(records[0])})")
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")  # room for the legend right of the axes
-    for run_dir, records in loaded:
+    names = short_names([run_dir.resolve() for run_dir in run_dirs])  # two sweeps' runs of one name stay apart
+    for (run_dir, records), name in zip(loaded, names):
         points = [(r.get(f"{x}_all_stages", r[x]), r[y]) for r in records if x in r and y in r]
         if points:
-            ax.plot(*zip(*points), marker=".", label=run_dir.name)
+            ax.plot(*zip(*points), marker=".", label=name + unfinished_mark(run_dir))
     if x == "flops":
         ax.set_xscale("log")
     ax.set_xlabel({"flops": "training FLOPs, every stage (3x forward, model count)",

@@ -269,7 +269,7 @@ def run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides=(), precision
             "data_overrides": list(data_overrides), "arch": model.spec.arch, "attention": model.spec.attention,
             "attention_params": model.spec.attention_params, "device": str(device),
             "precision": "bf16" if uses_bf16(device, precision) else "fp32",
-            "micro_docs": forward_docs(micro_docs, run_cfg, cfg)}
+            "micro_docs": forward_docs(micro_docs, run_cfg, cfg), "code": provenance.code_now()}
 
 
 def write_json(path: Path, record: dict) -> None:
@@ -647,7 +647,7 @@ def main(argv=None) -> int:
         return 128 + signal.SIGINT
     out = Path(rec["out"])
     try:
-        differs = provenance.differences_from_now(provenance.read(rec["run_dir"]))
+        differs = provenance.differences_from_now(provenance.read(rec["run_dir"]), rec["run_dir"])
     except (ValueError, OSError):  # an unreadable record says nothing; the evaluation stands on its own
         differs = {}
     for key, (then, now) in differs.items():  # a result today may owe something to code the run was not trained with

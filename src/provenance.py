@@ -4,6 +4,7 @@
      [{"dir", "commit", "dirty", "diff_file"} of each config folder outside the package's checkout (conf/ of another
      checkout, a --config-dir)],
      "versions": {"torch", "triton", "fla", "longctx", "python"}, "device": "...", "world_size": N, "time": "...",
+     "config_file": "config.yaml" (the config the launch trained under: config.resume_step{N}.yaml on a resume),
      "launches": [the record of every launch, the first one included]}
 
 The top level is the first launch (how the run was made); a resumed or requeued launch appends its own record to
@@ -19,6 +20,7 @@ code outside a git tree, a package not installed) is null: recording provenance 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -188,11 +190,14 @@ def read(run_dir: str | Path) -> dict | None:
     return record
 
 
-def write(run_dir: str | Path, device: str | None = None, world_size: int = 1) -> dict:
+def write(run_dir: str | Path, device: str | None = None, world_size: int = 1, config_file: str | None = None) -> dict:
     """Record this launch in <run_dir>/provenance.json (appended to `launches` when the run already has one).
-    Returns the whole record."""
+    config_file: the name of the config file the launch trains under (config.yaml, config.resume_step{N}.yaml ...):
+    the report reads the newest launch's bounds from it. Returns the whole record."""
     run_dir = Path(run_dir)
     record, diffs = _collect(device, world_size)
+    if config_file is not None:
+        record["config_file"] = config_file
     try:
         earlier = read(run_dir)
     except (ValueError, OSError) as err:  # cut short or not a record: kept aside, never lost, never fatal
@@ -230,14 +235,35 @@ def format_command(record: dict) -> str:
     return shlex.join(command_line(record))
 
 
-def differences_from_now(record: dict | None) -> dict[str, tuple]:
+def _diff_digest(diff: bytes | None) -> str | None:
+    return None if diff is None else hashlib.sha256(diff).hexdigest()[:16]
+
+
+def code_now() -> dict:
+    """This process's code, as an evaluation's result records it: the package tree's commit, whether it is dirty and
+    a digest of its uncommitted diff, and longctx's version."""
+    record, diffs = _collect("cpu", 1)
+    return {"commit": record["git"].get("commit"), "dirty": record["git"].get("dirty"),
+            "diff_sha256": _diff_digest(diffs.get("git")), "longctx": record["versions"].get("longctx")}
+
+
+def differences_from_now(record: dict | None, run_dir: str | Path | None = None) -> dict[str, tuple]:
     """{key: (then, now)} for the package versions and git commit of the run's latest launch that differ from this
-    process's: what evaluating or reporting a run today may owe to code it was not trained with. Empty for a record
-    that is missing (older runs) or the same."""
+    process's, and its uncommitted edits (git.diff: a digest of each side's diff, 'none' for a clean tree; with
+    `run_dir`, where the launch's diff file lies): what evaluating or reporting a run today may owe to code it was not
+    trained with. Empty for a record that is missing (older runs) or the same."""
     if not record:
         return {}
     then = (record.get("launches") or [record])[-1]
-    now, _ = _collect("cpu", 1)
+    now, diffs = _collect("cpu", 1)
     pairs = {f"versions.{k}": (then.get("versions", {}).get(k), v) for k, v in now["versions"].items()}
-    pairs["git.commit"] = ((then.get("git") or {}).get("commit"), now["git"]["commit"])
+    then_git = then.get("git") or {}
+    pairs["git.commit"] = (then_git.get("commit"), now["git"]["commit"])
+    if run_dir is not None and then_git.get("dirty") is not None and now["git"].get("dirty") is not None:
+        diff_file = Path(run_dir) / str(then_git.get("diff_file") or "")
+        then_diff = ("none" if not then_git["dirty"] else _diff_digest(diff_file.read_bytes())
+                     if then_git.get("diff_file") and diff_file.is_file() else "unknown")
+        now_diff = _diff_digest(diffs.get("git")) or "none"
+        if then_diff != "unknown":
+            pairs["git.diff"] = (then_diff, now_diff)
     return {k: (a, b) for k, (a, b) in pairs.items() if a != b and a is not None and b is not None}

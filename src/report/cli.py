@@ -49,12 +49,12 @@ import numpy as np
 
 from longctx.plotting import save_figure
 from longctx.report import figures
-from longctx.report.runs import (Group, Run, data_difference, describe_comparison, group_runs, label_runs,
-                                 load_runs, log, provenance_differences, refuse_duplicate_seeds, training_flops)
+from longctx.report.runs import (Group, Run, check_seed_labels, data_difference, describe_comparison, group_runs,
+                                 label_runs, load_runs, log, provenance_differences, refuse_duplicate_seeds,
+                                 training_flops)
 from longctx.report.manifest import MANIFEST, sha256, update_manifest, wrote
 from longctx.report.markdown import table_head
-from longctx.report.record import (FIGURES, carried_entries, check_carried, check_seed_labels, read_carried,
-                                   write_record)
+from longctx.report.record import FIGURES, carried_entries, check_carried, read_carried, write_record
 from longctx.report.recall import (best_rates, draw_recall_vs_state, merge_seeds, point_key, recall_points,
                                    recall_section)
 from longctx.report.retrieval import retrieval_entries, retrieval_section
@@ -138,8 +138,19 @@ def interval_rows(groups: list[Group], n_boot: int) -> list[dict]:
             row[stat] = seed_aggregate(docs, stat, n_boot) if ok else None
         finals = [r.final["best_context_loss"] for r in group.runs]
         row["best_context_loss_seeds"] = finals
+        row["unfinished"] = unfinished(group)
         rows.append(row)
     return rows
+
+
+def unfinished(group: Group) -> list[str]:
+    """The names of a group's runs that are still short of their bound (Run.status): their seeds are averaged in."""
+    return [run.name for run in group.runs if run.status != "complete"]
+
+
+def marked(label: str, names: list[str]) -> str:
+    """A table's group label, saying which of its seeds are unfinished."""
+    return label if not names else f"{label} (unfinished: {', '.join(names)})"
 
 
 def interval_table(rows: list[dict]) -> str:
@@ -151,7 +162,7 @@ def interval_table(rows: list[dict]) -> str:
         spread = ("-" if len(seeds) < 2 else
                   f"{np.std(seeds, ddof=1):.3f}; {min(seeds):.3f}-{max(seeds):.3f}")
         steps = "/".join(str(s) for s in r["steps"])
-        lines.append(f"| {r['group']} | {r['n_seeds']} | {steps} | {_num(r['docs'], 'd')} | "
+        lines.append(f"| {marked(r['group'], r['unfinished'])} | {r['n_seeds']} | {steps} | {_num(r['docs'], 'd')} | "
                      + " | ".join(fmt_interval(r[s], "+.3f" if needs else ".3f") for s, _, needs in INTERVAL_STATS)
                      + f" | {spread} |")
     return "\n".join(lines)
@@ -185,9 +196,13 @@ def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]
     """Paired differences (first minus second) between groups evaluated on the same heldout documents, and one
     line for each pair refused (same data, other documents)."""
     with_docs = [(g, _final_docs(g)) for g in groups]
+    without = [g for g, d in with_docs if d is None]
     with_docs = [(g, d) for g, d in with_docs if d is not None]
     pairs = list(combinations(with_docs, 2))
-    refused = different_data_lines([g for g, _ in with_docs])
+    refused = [f"{g.label}: " + ", ".join(r.name for r in g.runs if r.doc_bins(r.final) is None) + " has no usable "
+               "per-document record of its final evaluation (eval/step_*.npz: missing, or rows of packed documents); "
+               "the group is in no paired difference" for g in without] if len(groups) > 1 else []
+    refused += different_data_lines([g for g, _ in with_docs])
     pairs = [(a, b) for a, b in pairs if _documents_key(a[0]) == _documents_key(b[0])]
     if len(pairs) > MAX_PAIRS:
         firsts = {}
@@ -197,7 +212,7 @@ def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]
     rows = []
     for (ga, da), (gb, db) in pairs:
         try:
-            row = {"a": ga.label, "b": gb.label}
+            row = {"a": ga.label, "b": gb.label, "unfinished_a": unfinished(ga), "unfinished_b": unfinished(gb)}
             for stat, _ in PAIRED_STATS:
                 row[stat] = paired_seed_difference(da, db, stat, ga.label, gb.label, n_boot, same_bins=False)
             if len(da) > 1 or len(db) > 1:
@@ -218,7 +233,8 @@ def paired_table(rows: list[dict]) -> str:
     lines = table_head(head)
     for r in rows:
         k, n = r["seed_pairs"]
-        lines.append(f"| {r['a']} | {r['b']} | " + " | ".join(fmt_interval(r[s], "+.4f") for s, _ in PAIRED_STATS)
+        lines.append(f"| {marked(r['a'], r['unfinished_a'])} | {marked(r['b'], r['unfinished_b'])} | "
+                     + " | ".join(fmt_interval(r[s], "+.4f") for s, _ in PAIRED_STATS)
                      + f" | {fmt_interval(r.get('best_context_loss_seeds'), '+.4f')} | {k}/{n} |")
     return "\n".join(lines)
 
@@ -239,6 +255,7 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
     for group, row in zip(groups, irows):
         docs = _final_docs(group)
         entry = {"label": group.label, "runs": [r.name for r in group.runs], "steps": row["steps"],
+                 "unfinished": row["unfinished"],
                  **{stat: _iv_json(row[stat]) for stat, _, _ in INTERVAL_STATS}}
         if docs is not None:
             entry["bins"] = docs[0].edges.tolist()
@@ -248,6 +265,7 @@ def intervals_json(groups: list[Group], irows: list[dict], prows: list[dict], n_
         out["groups"].append(entry)
     for row in prows:
         out["paired"].append({"run": row["a"], "minus": row["b"],
+                              "unfinished": row["unfinished_a"] + row["unfinished_b"],
                               **{stat: _iv_json(row[stat]) for stat, _ in PAIRED_STATS},
                               "best_context_loss_seeds_resampled": _iv_json(row.get("best_context_loss_seeds")),
                               "seed_pairs_agreeing": list(row["seed_pairs"])})
@@ -276,8 +294,7 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     relabel(runs, labels or [])
     groups = group_runs(runs)
     refuse_duplicate_seeds(groups)
-    if carried:
-        check_seed_labels(carried, runs)
+    check_seed_labels(carried, runs)  # a --label joining two configs (or one seed twice) under one label is refused
     title = title or describe_comparison(runs, keys)
     figs = [("ICL curves", "icl_curves.png", figures.draw_icl_overlay(groups, runs, title, at_flops, n_boot))]
     if any("bayes_curve" in run.final for run in runs):

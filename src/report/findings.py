@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from longctx.report.recall import accuracy_docs, first_stage_failed
-from longctx.report.runs import runs_from_record
+from longctx.report.runs import check_record_labels, runs_from_record
 from longctx.report.stats import DEFAULT_BOOTSTRAP, paired_seed_difference
 from longctx.report.verdict import Finding, decide, welch_interval
 
@@ -135,6 +136,7 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                  n_boot: int = DEFAULT_BOOTSTRAP, claims: str | None = None) -> list[dict]:
     """judge() of a record already read: `name` is its file name without .json, `folder` holds its arrays."""
     where = Path(folder) / f"{name}.json"
+    check_record_labels(record, str(where))
     arms, shared = _arms(runs_from_record(record, Path(folder), where.name))
     seed_of = {name: (point, i) for point in record.get("recall") or [] for i, name in enumerate(point["runs"])}
     out = []
@@ -150,6 +152,11 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
         a, b = arms[spec["a"]], arms[spec["b"]]
         docs_a, finals_a = _metric(metric, a, spec["claim"], where)
         docs_b, finals_b = _metric(metric, b, spec["claim"], where)
+        for arm, members, finals in ((spec["a"], a, finals_a), (spec["b"], b, finals_b)):
+            bad = [r.name for r, value in zip(members, finals) if not math.isfinite(value)]
+            if bad:
+                raise ValueError(f"{where}: the finding {spec['claim']!r}: run {bad[0]} of the arm {arm!r} ends with a "
+                                 f"non-finite {metric} (a diverged run); judge the claim without it")
         stat = "best_context_loss" if metric == "best_context_loss" else "curve"  # recall: each document's one bin
         ci = paired_seed_difference(docs_a, docs_b, stat, spec["a"], spec["b"], n_boot=n_boot,
                                     same_bins=all(r.ctx == a[0].ctx for r in a + b))

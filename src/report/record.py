@@ -29,7 +29,7 @@ import numpy as np
 from longctx.report import figures
 from longctx.report.manifest import write_listed
 from longctx.report.recall import run_hits
-from longctx.report.runs import Run, config_digest, group_runs, runs_from_record
+from longctx.report.runs import Run, check_record_labels, config_digest, group_runs, runs_from_record
 
 RECORD_KEYS = ("step", "flops", "tokens", "flops_all_stages", "tokens_all_stages", "epochs", "heldout_minus_train",
                "best_context_loss", "last10_loss", "icl_curve", "bayes_curve", "recall_accuracy", "recall_chance")
@@ -90,34 +90,6 @@ def _same_run(run, entry: dict) -> bool:
     same = ("step", "tokens", "flops", "best_context_loss", "recall_accuracy")
     return ("/" + run.path.as_posix()).endswith("/" + entry["name"]) and 0 < len(carried) <= len(run.records) and all(
         mine.get(key) == theirs.get(key) for mine, theirs in zip(run.records, carried) for key in same)
-
-
-def check_seed_labels(carried: list[dict], runs: list[Run]) -> None:
-    """ValueError when one label (without its seed) would hold two runs of one seed, or runs of two configs (their
-    digests, where the records hold them), across the carried records and the runs reported: a record's readers
-    (plot_results, the findings) take a label's runs as the seeds of one config."""
-    members: dict[str, list[tuple]] = {}
-    for c in carried:
-        for entry in c["record"]["runs"]:
-            members.setdefault(entry.get("seed_label", entry["label"]), []).append(
-                (entry["name"], entry.get("seed"), entry.get("config")))
-    for run in runs:
-        members.setdefault(run.seed_label, []).append((run.name, run.seed, config_digest(run)))
-    for label, held in members.items():
-        seeds: dict = {}
-        for name, seed, _ in held:
-            if seed is not None and seed in seeds:
-                raise ValueError(f"label {label!r}: runs {seeds[seed]} and {name} are both seed {seed}; a label's runs "
-                                 f"are the seeds of one config (rename one side with --label)")
-            seeds[seed] = name
-        configs: dict = {}
-        for name, _, config in held:
-            if config is not None:
-                configs.setdefault(config, name)
-        if len(configs) > 1:
-            a, b = list(configs.values())[:2]
-            raise ValueError(f"label {label!r}: runs {a} and {b} differ in their config beyond the seed; a label's "
-                             f"runs are the seeds of one config (rename one side with --label)")
 
 
 def carried_entries(carried: list[dict], key: str) -> list[dict]:
@@ -192,7 +164,9 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def draw_record(record: dict, folder: Path, n_boot: int = 2000, name: str | None = None) -> dict:
     """{figure kind: matplotlib figure} of the kinds the record lists (a kind with nothing to show is left out).
     `claims` (the paper's claims this record tests, `longctx.report.findings`) needs the record's file name."""
-    runs = runs_from_record(record, folder, f"{name}.json" if name else "the report record")
+    source = f"{name}.json" if name else "the report record"
+    check_record_labels(record, source)
+    runs = runs_from_record(record, folder, source)
     groups = group_runs(runs)
     title = record["title"]
     drawn = {}

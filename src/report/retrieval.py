@@ -18,7 +18,7 @@ from longctx.eval.summary import percent
 from longctx.report.markdown import table_head
 from longctx.report.runs import Run
 
-RESULT_FILE = re.compile(r"^(passkey|needle)-step(\d+)\.json$")
+RESULT_FILE = re.compile(r"^(passkey|needle)-step(\d+)(?:-(\d+))?\.json$")  # a second result of a step: -2, -3 ...
 KEPT = ("task", "step", "contexts", "depths", "trials", "digits", "base", "chance", "key_accuracy", "digit_accuracy",
         "choice_accuracy", "mean_key_accuracy", "mean_digit_accuracy", "mean_choice_accuracy")
 Z95 = 1.959963984540054
@@ -35,13 +35,32 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 
 
 def newest_results(run_dir: Path) -> list[dict]:
-    """The run's newest result of each retrieval task (by checkpoint step), passkey first."""
-    newest: dict[str, tuple[int, Path]] = {}
+    """The run's newest result of each retrieval task (by checkpoint step, then the later of a step's results:
+    evaluate writes a second one as <task>-step<N>-2.json), passkey first. ValueError naming a result file that is
+    not one (cut short, edited, or missing a field the table reads)."""
+    newest: dict[str, tuple[tuple[int, int], Path]] = {}
     for path in sorted((Path(run_dir) / "eval").glob("*-step*.json")):
         match = RESULT_FILE.match(path.name)
-        if match and int(match[2]) >= newest.get(match[1], (-1, None))[0]:
-            newest[match[1]] = (int(match[2]), path)
-    return [json.loads(newest[task][1].read_text()) for task in ("passkey", "needle") if task in newest]
+        if match:
+            order = (int(match[2]), int(match[3] or 1))
+            if order > newest.get(match[1], ((-1, 0), None))[0]:
+                newest[match[1]] = (order, path)
+    return [read_result(newest[task][1]) for task in ("passkey", "needle") if task in newest]
+
+
+REQUIRED = ("task", "step", "contexts", "depths", "trials", "digits", "chance")
+
+
+def read_result(path: Path) -> dict:
+    """A retrieval result file, checked for the fields the table reads."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable retrieval result ({type(err).__name__}: {err})") from None
+    missing = [key for key in REQUIRED if not isinstance(result, dict) or key not in result]
+    if missing:
+        raise ValueError(f"{path}: not a retrieval result (no {missing[0]!r}); move it out of eval/ or evaluate again")
+    return result
 
 
 def symbols(entry: dict) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +98,8 @@ class Run:
                         f"no interval for that evaluation")
             return None
         docs = load_doc_bins(path, prefix)
+        if not docs.packed:
+            check_doc_bins(docs, record, f"{path}" + (f" ({prefix.rstrip('_')})" if prefix else ""), self.source)
         if docs.packed:  # each row's bin means cannot give the trainer's per-position means (their band would be
             if not self.packed_said:  # another quantity's): the run is tabled and drawn without one
                 self.packed_said = True
@@ -106,6 +110,25 @@ class Run:
         return docs
 
 
+def check_doc_bins(docs: DocBins, record: dict, where: str, source: str) -> None:
+    """ValueError naming the file when a per-document record is not its evaluation's: its bins are not the record's
+    icl_curve bins, or its means over documents are not the curve (the trainer writes both from one evaluation; a
+    file copied over from another run or step would lend its numbers to this one's intervals)."""
+    curve = record["icl_curve"]
+    edges = [[int(a), int(b)] for a, b, _ in curve]
+    if docs.edges.tolist() != edges:
+        raise ValueError(f"{where}: its bins {docs.edges.tolist()[:3]}... are not {source}'s icl_curve bins at step "
+                         f"{record['step']} ({edges[:3]}...): not this evaluation's per-document record")
+    means = docs.loss.mean(axis=0)
+    losses = np.array([v for *_, v in curve], dtype=np.float64)
+    off = ~np.isclose(means, losses, rtol=1e-4, atol=1e-6, equal_nan=True)
+    if off.any():
+        i = int(np.flatnonzero(off)[0])
+        raise ValueError(f"{where}: its mean over documents in bin {edges[i]} is {means[i]:.6g}, where {source}'s "
+                         f"icl_curve at step {record['step']} says {losses[i]:.6g}: not this evaluation's per-document "
+                         f"record (copied over from another run or step?)")
+
+
 def training_flops(record: dict, default=None):
     """The training FLOPs behind an evaluation's weights, every stage before included (records older than
     `flops_all_stages` hold their own stage's `flops` only)."""
@@ -114,18 +137,48 @@ def training_flops(record: dict, default=None):
 
 # ----- loading ----------------------------------------------------------------------------------------------
 
-def find_runs(paths: list[Path]) -> list[Path]:
-    """Run directories (holding metrics.jsonl) among `paths` and below them, in path order, each once."""
-    found = []
+def _walk_run_folders(path: Path) -> list[Path]:
+    """Every folder at and below `path` holding metrics.jsonl or train.log, in path order. Linked folders are followed
+    (a sweep assembled from links to its runs), each real folder once (a link back up the tree is not walked again)."""
+    out, seen = [], set()
+    for root, dirs, files in os.walk(path, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs.sort()
+        if "metrics.jsonl" in files or "train.log" in files:
+            out.append(Path(root))
+    return sorted(out)
+
+
+def _run_folders(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(run folders holding metrics.jsonl, run folders with train.log and config.yaml but no metrics.jsonl yet) among
+    `paths` and below them, from one walk of each path. A staged run's earlier stages (and the staged run's own
+    folder, whose stages are the runs) are neither."""
+    evaluated, unevaluated = [], []
     for path in paths:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such run or sweep directory")
         if (path / "metrics.jsonl").exists():
-            found.append(path)
-        else:
-            found.extend(sorted(p.parent for p in path.rglob("metrics.jsonl") if not earlier_stage(p.parent)))
-    runs = list(dict.fromkeys(p.resolve() for p in found))
+            evaluated.append(path)
+            continue
+        for run in _walk_run_folders(path):
+            if earlier_stage(run):
+                continue
+            if (run / "metrics.jsonl").exists():
+                evaluated.append(run)
+            elif not (run / "stages.json").exists() and (run / "config.yaml").exists():
+                unevaluated.append(run)
+    return evaluated, unevaluated
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories (holding metrics.jsonl) among `paths` and below them (linked folders followed), in path order,
+    each once."""
+    runs = list(dict.fromkeys(p.resolve() for p in _run_folders(paths)[0]))
     if not runs:
         raise FileNotFoundError(f"no metrics.jsonl under {', '.join(str(p) for p in paths)}: nothing to report")
     return runs
@@ -135,15 +188,7 @@ def unevaluated_runs(paths: list[Path]) -> list[Path]:
     """Run folders (train.log and config.yaml) among `paths` and below them that find_runs leaves out for having no
     metrics.jsonl: stopped, or still running, before their first evaluation. A staged run's own folder (its stages
     are the runs) and its earlier stages are not runs of their own."""
-    out = []
-    for path in paths:
-        for log_file in sorted(Path(path).rglob("train.log")):
-            run = log_file.parent
-            if (run / "metrics.jsonl").exists() or (run / "stages.json").exists() or earlier_stage(run):
-                continue
-            if (run / "config.yaml").exists():
-                out.append(run)
-    return out
+    return list(dict.fromkeys(_run_folders(paths)[1]))
 
 
 def run_stages(run: Path) -> list[dict]:
@@ -191,7 +236,7 @@ REQUIRED_RECORD_KEYS = ("step", "icl_curve", "best_context_loss")  # every evalu
 def read_metrics(path: Path) -> list[dict]:
     """The complete records of a metrics.jsonl; a cut or malformed line (a run still writing, a full disk) is
     skipped with a warning naming the file and the line."""
-    records = []
+    records, last = [], None
     for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
@@ -205,6 +250,11 @@ def read_metrics(path: Path) -> list[dict]:
             log.warning(f"warning: {path}:{number}: not an evaluation record (no {missing[0]!r}); skipped")
             continue
         check_record(record, f"{path}:{number}")
+        if last is not None and not record["step"] > last[0]:  # the trainer drops the records past a resume's step
+            raise RecordError(f"{path}:{number}: step {record['step']} after step {last[0]} (line {last[1]}): an "
+                              f"evaluation repeated or out of order, which the trainer never writes (a file edited "
+                              f"or joined from two runs?)")
+        last = (record["step"], number)
         records.append(record)
     return records
 
@@ -233,6 +283,10 @@ def check_record(record: dict, where: str) -> None:
         if key in record and not (isinstance(curve, list) and curve and all(
                 isinstance(b, list) and len(b) == 3 and all(_is_number(x) for x in b) for b in curve)):
             raise RecordError(f"{where}: {key} is not a list of [start, end, loss] bins")
+    best, losses = record["best_context_loss"], [b[2] for b in record["icl_curve"]]
+    if not (best in losses or (math.isnan(best) and any(math.isnan(v) for v in losses))):
+        raise RecordError(f"{where}: best_context_loss {best} is none of its icl_curve's bins' losses (the trainer "
+                          f"takes it from one): the record was edited")
 
 
 def load_run(path: Path) -> Run:
@@ -272,8 +326,24 @@ def _resume_configs(path: Path) -> list[Path]:
 
 
 def _written(p: Path) -> tuple:
-    """Order of the launches' configs: the latest written is the newest."""
-    return p.stat().st_mtime_ns, p.name
+    """Order of the launches' configs: by the step each resumed from (config.yaml's launch: step 0), then, among the
+    launches from one step, the latest written (a launch repeating a config on file touches it). File times order
+    only the launches from one step: a copy that does not keep them (cp -r, scp, git) cannot reorder the steps."""
+    match = _RESUME_CONFIG.match(p.name)
+    return int(match.group(1)) if match else 0, p.stat().st_mtime_ns, p.name
+
+
+def _recorded_newest(path: Path) -> Path | None:
+    """The config file of the run's newest launch as provenance.json names it (launches record the config they
+    trained under), None for runs made before they did or without a readable record."""
+    try:
+        record = json.loads((path / "provenance.json").read_text())
+        name = (record.get("launches") or [record])[-1].get("config_file")
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    if not isinstance(name, str) or Path(name).name != name or not (path / name).is_file():
+        return None
+    return path / name
 
 
 def _flat_config_file(p: Path) -> dict | None:
@@ -287,7 +357,7 @@ def _flat_config_file(p: Path) -> dict | None:
 def newest_resume_config(path: Path) -> dict:
     """The flattened config of a run's newest launch when it resumed, {} when it never resumed, its first config is
     the newest, or the file is unreadable (the run's status then falls back to config.yaml's bounds)."""
-    newest = max(_resume_configs(path) + [path / "config.yaml"], key=_written)
+    newest = _recorded_newest(path) or max(_resume_configs(path) + [path / "config.yaml"], key=_written)
     return {} if newest.name == "config.yaml" else _flat_config_file(newest) or {}
 
 
@@ -426,19 +496,27 @@ def show(key: str, value) -> str:
 
 # ----- names, labels, groups --------------------------------------------------------------------------------
 
+def short_names(paths: list[Path], taken: frozenset = frozenset()) -> list[str]:
+    """Each path's shortest trailing part that no other path shares and that is not `taken`."""
+    def suffix(path: Path, depth: int) -> str:
+        return "/".join(path.parts[-depth:])
+
+    names = []
+    for i, path in enumerate(paths):
+        others = [p for j, p in enumerate(paths) if j != i]
+        depth = 1
+        while depth < len(path.parts) and (suffix(path, depth) in taken
+                                           or any(suffix(path, depth) == suffix(p, depth) for p in others)):
+            depth += 1
+        names.append(suffix(path, depth))
+    return names
+
+
 def name_runs(runs: list[Run], taken: frozenset = frozenset()) -> None:
     """Each run's name: the shortest trailing part of its path that no other run shares and that is not `taken` (the
     names of runs carried from earlier records: another folder's run of the same name is another run)."""
-    def suffix(run: Run, depth: int) -> str:
-        return "/".join(run.path.parts[-depth:])
-
-    for run in runs:
-        others = [r for r in runs if r is not run]
-        depth = 1
-        while depth < len(run.path.parts) and (suffix(run, depth) in taken
-                                               or any(suffix(run, depth) == suffix(r, depth) for r in others)):
-            depth += 1
-        run.name = suffix(run, depth)
+    for run, name in zip(runs, short_names([run.path for run in runs], taken)):
+        run.name = name
 
 
 def _identity_key(group: str, flat: dict) -> str:
@@ -632,11 +710,41 @@ def read_provenance(run: Run) -> dict | None:
     return flatten(data) if isinstance(data, dict) else None
 
 
+CODE_KEY = "code of every launch"  # provenance_differences' entry: each launch's commit and uncommitted diff
+
+
+def launches_code(run: Run) -> str | None:
+    """The code each launch of a run trained with, in launch order, repeats dropped: its commit, '+diff <digest>' when
+    the tree was dirty (the digest of the provenance diff beside the record: two runs of one commit with other
+    uncommitted edits differ here), joined by ' -> '. None for a run without a record."""
+    import hashlib
+
+    try:
+        record = json.loads((run.path / "provenance.json").read_text())
+        launches = record.get("launches") or [record]
+    except (OSError, ValueError, AttributeError):
+        return None
+    codes = []
+    for launch in launches:
+        git = launch.get("git") if isinstance(launch, dict) else None
+        git = git if isinstance(git, dict) else {}
+        code = str(git.get("commit"))[:12]
+        if git.get("dirty"):
+            diff = run.path / str(git.get("diff_file") or "")
+            digest = hashlib.sha256(diff.read_bytes()).hexdigest()[:10] if git.get("diff_file") and diff.is_file() \
+                else "unknown"
+            code += f"+diff {digest}"
+        if not codes or codes[-1] != code:
+            codes.append(code)
+    return " -> ".join(codes)
+
+
 def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
     """{field: {run name: value}} for the provenance fields that differ between runs; runs without a
     provenance.json show as '(none)'. Fields that differ by design between the runs of one sweep (time, command,
     overrides, each launch's record, the diff file's name) are left out: the run table shows what differs in the
-    config, this lists code, versions and machines."""
+    config, this lists code, versions and machines. CODE_KEY compares the code of every launch (a resume under
+    another commit, or uncommitted edits that differ): listed when it differs between runs or within one."""
     prov = {run.name: read_provenance(run) for run in runs}
     if all(p is None for p in prov.values()):
         return {}
@@ -647,6 +755,9 @@ def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
                          else p[key]) for name, p in prov.items()}
         if len(set(values.values())) > 1:
             out[key] = values
+    code = {run.name: launches_code(run) or "(none)" for run in runs}
+    if len(set(code.values())) > 1 or any(" -> " in c for c in code.values()):
+        out[CODE_KEY] = code
     return out
 
 
@@ -656,6 +767,43 @@ def config_digest(run: Run) -> str:
     import hashlib
 
     return hashlib.sha1(repr(run.group_key).encode()).hexdigest()[:12]
+
+
+def check_record_labels(record: dict, where: str) -> None:
+    """check_seed_labels of a record's own runs (a record edited, or written before the report refused such labels):
+    ValueError naming the record."""
+    try:
+        check_seed_labels([{"record": record}], [])
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+def check_seed_labels(carried: list[dict], runs: list[Run]) -> None:
+    """ValueError when one label (without its seed) would hold two runs of one seed, or runs of two configs (their
+    digests, where the records hold them), across the carried records and the runs reported: a record's readers
+    (plot_results, the findings) take a label's runs as the seeds of one config."""
+    members: dict[str, list[tuple]] = {}
+    for c in carried:
+        for entry in c["record"]["runs"]:
+            members.setdefault(entry.get("seed_label", entry["label"]), []).append(
+                (entry["name"], entry.get("seed"), entry.get("config")))
+    for run in runs:
+        members.setdefault(run.seed_label, []).append((run.name, run.seed, config_digest(run)))
+    for label, held in members.items():
+        seeds: dict = {}
+        for name, seed, _ in held:
+            if seed is not None and seed in seeds:
+                raise ValueError(f"label {label!r}: runs {seeds[seed]} and {name} are both seed {seed}; a label's runs "
+                                 f"are the seeds of one config (rename one side with --label)")
+            seeds[seed] = name
+        configs: dict = {}
+        for name, _, config in held:
+            if config is not None:
+                configs.setdefault(config, name)
+        if len(configs) > 1:
+            a, b = list(configs.values())[:2]
+            raise ValueError(f"label {label!r}: runs {a} and {b} differ in their config beyond the seed; a label's "
+                             f"runs are the seeds of one config (rename one side with --label)")
 
 
 def _hashable(value):

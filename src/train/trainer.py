@@ -326,9 +326,9 @@ class Trainer:
                 self._start_over()  # before this launch's config and data record are written
             if self.new_identity is not None:
                 write_atomic(self.run_dir / IDENTITY_FILE, json.dumps(self.new_identity, indent=1) + "\n")
-            self._write_config()
+            config_file = self._write_config()
             self._keep_tokenizer()
-            provenance.write(self.run_dir, self.device_name, self.dist.world_size)
+            provenance.write(self.run_dir, self.device_name, self.dist.world_size, config_file=config_file.name)
             log_to_file(self.run_dir)
             if candidates:
                 self.jsonl.truncate_after(self.step)  # evaluations after the checkpoint are redone
@@ -448,10 +448,11 @@ class Trainer:
     def _out_of_budget(self) -> bool:
         return budget_reached(self.tokens, self.flops["train_flops_per_token"], self.cfg.trainer.flops_budget)
 
-    def _write_config(self) -> None:
+    def _write_config(self) -> Path:
         """The config this launch trains with: config.yaml at step 0, config.resume_step{N}.yaml when it resumes
         step N, and .launch{k} beside an earlier launch from the same step that ran with another config (a resume
-        that failed, then one with other overrides): every config a run trained under is on file, none overwritten."""
+        that failed, then one with other overrides): every config a run trained under is on file, none overwritten.
+        Returns its path (the launch's provenance record names it)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         text = OmegaConf.to_yaml(self.cfg, resolve=True)
         stem = "config" if self.step == 0 else f"config.resume_step{self.step}"
@@ -463,6 +464,7 @@ class Trainer:
             write_atomic(path, text)
         else:
             os.utime(path)  # a launch repeating a config on file: it is the newest launch's (the report reads it)
+        return path
 
     def state_dict(self) -> dict:
         return self.checkpointer.state_dict()  # collective (RNG gather): every rank takes part

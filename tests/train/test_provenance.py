@@ -68,6 +68,9 @@ def test_a_run_records_its_command_and_reruns_to_the_same_config(train_env, tiny
                                                                     if k != "launches"}
     assert resumed["launches"][0] == record["launches"][0]
     assert resumed["launches"][1]["overrides"] == [*args, "trainer.max_steps=4", "trainer.resume=true"]
+    # each launch names the config it trained under: the report reads the newest launch's bounds from it
+    assert [launch["config_file"] for launch in resumed["launches"]] == ["config.yaml", "config.resume_step2.yaml"]
+    assert (first / "config.resume_step2.yaml").is_file()
 
 
 def test_outside_a_git_tree_git_is_null(tmp_path, monkeypatch):
