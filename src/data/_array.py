@@ -240,10 +240,20 @@ def _decode_error(arr: zarr.Array, rows, cols: slice, field: str, cause: Excepti
     return ChunkError(f"{field}: reading {_where(arr)} failed: {type(cause).__name__}: {cause}")
 
 
+def own_file(folder: Path, name, attr: str, where) -> Path:
+    """folder / name for a dataset attribute naming one of the dataset's own files (tokenizer_file, bayes_nll): a plain
+    name beside its splits. ValueError naming the attribute for anything else (a path elsewhere, '..'): a dataset's
+    attributes never make a run read, or copy into its folder, a file outside the dataset."""
+    if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise ValueError(f"{where}: attribute {attr}={name!r} is not a file name beside the dataset's splits (a dataset "
+                         f"names only its own files)")
+    return Path(folder) / name
+
+
 def bayes_path(arr: zarr.Array) -> Path | None:
     rel = array_attrs(arr).get("bayes_nll")
     where = array_dir(arr)
     if rel is None or where is None:
         return None
-    p = (where.parent / rel)
+    p = own_file(where.parent, rel, "bayes_nll", where)
     return p if p.exists() else None

@@ -128,7 +128,7 @@ def load_tokenizer(dataset_path):
         >>> tok.decode(tok.encode("def f(x):\\n    return x"))
         'def f(x):\\n    return x'
     """
-    from ._array import array_attrs, open_tokens
+    from ._array import array_attrs, open_tokens, own_file
 
     p = Path(os.path.expanduser(str(dataset_path)))
     root = p.parent if p.suffix == ".zarr" else p
@@ -136,7 +136,7 @@ def load_tokenizer(dataset_path):
     attrs = array_attrs(open_tokens(split, field="dataset_path"))
     name = attrs.get("tokenizer")
     if attrs.get("tokenizer_file"):
-        f = root / attrs["tokenizer_file"]
+        f = own_file(root, attrs["tokenizer_file"], "tokenizer_file", split)
         if not f.is_file():
             raise FileNotFoundError(f"dataset_path: {str(root)!r} records tokenizer {name!r} in "
                                     f"{attrs['tokenizer_file']!r}, which is missing")
@@ -159,11 +159,14 @@ def load_tokenizer(dataset_path):
 def tokenizer_file_of(split_path) -> Path | None:
     """The tokenizer file a dataset's split records (a prepared corpus's BPE `tokenizer.json`, beside its splits),
     None for data without one."""
-    from ._array import array_attrs, open_tokens
+    from ._array import array_attrs, open_tokens, own_file
 
     split = Path(os.path.expanduser(str(split_path)))
     name = array_attrs(open_tokens(split, field="data.path")).get("tokenizer_file")
-    return split.parent / name if name and (split.parent / name).is_file() else None
+    if not name:
+        return None
+    path = own_file(split.parent, name, "tokenizer_file", split)
+    return path if path.is_file() else None
 
 
 def split_tokens(split_path) -> dict:

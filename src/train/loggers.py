@@ -78,10 +78,34 @@ class JsonlLogger:
             count += is_record(record)
         return count
 
-    def truncate_after(self, step: int) -> None:
-        """On resume: drop evaluations newer than the checkpoint (they are redone identically), atomically."""
-        kept = [r for r in self.records() if r["step"] <= step]
-        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+    def truncate_after(self, step: int) -> Path | None:
+        """On resume: drop the evaluations newer than the checkpoint from metrics.jsonl (the resumed launch redoes
+        them, perhaps under another config), atomically, having kept them first: their lines go to
+        `redone_after_step{N}[.k]/evaluations.jsonl` in the run folder and their per-document records and
+        per-position curves move there under the names the lines give (relative to that folder). Returns that folder,
+        None when nothing was dropped."""
+        records = self.records()
+        dropped = [r for r in records if r["step"] > step]
+        if not dropped:
+            return None
+        run_dir = self.path.parent
+        k, folder = 1, run_dir / f"redone_after_step{step}"
+        while folder.exists() or folder.is_symlink():
+            k += 1
+            folder = run_dir / f"redone_after_step{step}.{k}"
+        folder.mkdir()
+        write_atomic(folder / "evaluations.jsonl", "".join(json.dumps(r) + "\n" for r in dropped))
+        for record in dropped:
+            names = [str(record.get("doc_bins") or "").partition("#")[0],
+                     f"per_position_loss/step_{record['step']:08d}.npy"]
+            for name in filter(None, names):
+                source = run_dir / name
+                inside = ".." not in Path(name).parts and not Path(name).is_absolute()  # a line names only its own
+                if inside and source.is_file() and not source.is_symlink():
+                    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                    source.rename(folder / name)
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        return folder
 
 
 def new_wandb_id() -> str:

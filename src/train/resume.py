@@ -7,7 +7,8 @@ Every changed key is either applied or refused by name:
 - how the run runs, not what it trains (evaluation and checkpoint cadence, precision, threads, compilation,
   context parallelism, logging, locations, the stop_when bound): taken as they are;
 - anything else (the model, attention, data, ctx, seed, the optimizer's kind, ...) would make the checkpoint mean
-  something else: refused.
+  something else: refused; so is a trainer.init_from given only on the resume (the checkpoint's weights are what a
+  resume continues: none would be loaded). One that moved (another path to the same weights) is taken.
 A key only one side has (a config written before an option existed) is not compared.
 """
 from __future__ import annotations
@@ -45,6 +46,8 @@ def classify(changes: dict[str, tuple]) -> tuple[dict, dict, dict]:
     schedule = {k: v for k, v in changes.items() if k in SCHEDULE_KEYS}
     applied = {k: v for k, v in changes.items()
                if k in OPTIMIZER_KEYS or k in RUNTIME_KEYS or k.startswith(RUNTIME_PREFIXES)}
+    if not changes.get("trainer.init_from", (True,))[0]:  # weights to start from, named only now: the checkpoint's
+        applied.pop("trainer.init_from")                   # are what a resume continues, so none would be loaded
     refused = {k: v for k, v in changes.items() if k not in schedule and k not in applied}
     return schedule, applied, refused
 

@@ -330,8 +330,11 @@ class Trainer:
             self._keep_tokenizer()
             provenance.write(self.run_dir, self.device_name, self.dist.world_size, config_file=config_file.name)
             log_to_file(self.run_dir)
-            if candidates:
-                self.jsonl.truncate_after(self.step)  # evaluations after the checkpoint are redone
+            if candidates:  # evaluations after the checkpoint are redone; the ones dropped are kept aside
+                kept = self.jsonl.truncate_after(self.step)
+                if kept is not None:
+                    log.info(f"the evaluations after step {self.step} are redone from its checkpoint; the earlier "
+                             f"ones are kept in {kept}")
             if cfg.logger.wandb.mode != "disabled":
                 self.wandb_id = wandb_id_for(self.run_dir, self.wandb_id)
                 self.wandb = WandbLogger(cfg.logger, self.run_dir, OmegaConf.to_container(cfg, resolve=True),

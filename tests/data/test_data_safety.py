@@ -371,3 +371,22 @@ def test_heldout_docs_given_takes_a_zero_heldout_frac(tmp_path):
                                heldout_frac=0.0))
     with pytest.raises(ValueError, match=r"heldout_frac \(--heldout-frac\): must be in \(0, 1\)"):
         check_config(PrepareConfig(source=str(tmp_path / "x.txt"), out=str(tmp_path / "ds"), heldout_frac=0.0))
+
+
+@pytest.mark.parametrize("attr,name", [("tokenizer_file", "/etc/passwd"), ("tokenizer_file", "../outside.json"),
+                                       ("bayes_nll", "../../elsewhere.zarr"), ("bayes_nll", "/tmp")])
+def test_a_dataset_attribute_never_names_a_file_outside_the_dataset(tmp_path, attr, name):
+    """tokenizer_file (which a run copies into its folder) and bayes_nll name the dataset's own files: a path
+    elsewhere is one error naming the attribute, never read."""
+    from longctx.data._array import bayes_path, open_tokens
+    from longctx.data.tokenizer import load_tokenizer, tokenizer_file_of
+
+    (tmp_path / "outside.json").write_text("{}")
+    root = tmp_path / "ds"
+    root.mkdir()
+    split = write_v3(root / "train.zarr", random_tokens(4, 64, 8), (4, 64), attrs={"bos_id": 0, attr: name})
+    with pytest.raises(ValueError, match=f"attribute {attr}={name!r} is not a file name beside"):
+        tokenizer_file_of(split) if attr == "tokenizer_file" else bayes_path(open_tokens(split))
+    if attr == "tokenizer_file":
+        with pytest.raises(ValueError, match=f"attribute {attr}="):
+            load_tokenizer(root)

@@ -4,6 +4,7 @@ take (seed, data, ...) is refused naming it, before anything is written. FLOP-bu
 The lrs are checked against the schedule's closed form, written out here independently of the code."""
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -114,6 +115,18 @@ def test_resume_refuses_a_change_the_checkpoint_cannot_take(compose, tiny, nine_
     assert snapshot(run) == before
 
 
+def test_weights_named_only_on_the_resume_are_refused_not_ignored(compose, tiny, nine_steps, tmp_path):
+    """trainer.init_from given on a resume would load nothing (the checkpoint's weights are what it continues): refused
+    by name, where it once said 'applied'."""
+    run = tmp_path / "run"
+    shutil.copytree(nine_steps, run)
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=r"cannot change \(trainer\.init_from: None -> '" + str(nine_steps)):
+        Trainer(compose(*tiny, "trainer.max_steps=12", f"trainer.init_from={nine_steps}", "trainer.resume=true",
+                        f"run_dir={run}"))
+    assert snapshot(run) == before
+
+
 def test_a_refused_resume_is_its_error_alone(compose, tiny, nine_steps, tmp_path, capsys, monkeypatch):
     """A resume the checkpoint cannot take says nothing before its error: the start-up estimate and the warmup note
     come once the checkpoint is known to take the config (they read as if the run were starting)."""
@@ -176,3 +189,41 @@ def test_flops_budget_run_anneals_to_its_budget(compose, tiny, tmp_path, capsys)
     assert ("optim.warmup_steps=4 is longer than the run (2 steps, trainer.flops_budget): warming up over 1 step "
             "instead (10% of it)") in capsys.readouterr().out
     short.close()
+
+
+def test_a_resume_from_an_older_checkpoint_keeps_the_evaluations_it_redoes(compose, tiny, nine_steps, tmp_path):
+    """The evaluations after the checkpoint resumed from (steps 6 and 9 here, the newer checkpoints gone) leave
+    metrics.jsonl for redone_after_step3/, with their per-document records: nothing a launch wrote is lost, and the
+    redone ones do not meet the old ones under one name."""
+    cut = tmp_path / "cut"
+    shutil.copytree(nine_steps, cut)
+    for path in (cut / "checkpoints").glob("step_*"):
+        if not path.name.startswith("step_00000003."):
+            path.unlink()
+    before = records(cut)
+    old_npz = {r["step"]: (cut / r["doc_bins"]).read_bytes() for r in before}
+    Trainer(compose(*tiny, "trainer.max_steps=9", "optim.lr=1e-3", "trainer.resume=true", f"run_dir={cut}"))
+    kept = cut / "redone_after_step3"
+    assert [r["step"] for r in records(cut)] == [3]
+    assert [json.loads(line) for line in (kept / "evaluations.jsonl").read_text().splitlines()] == before[1:]
+    for r in before[1:]:
+        assert (kept / r["doc_bins"]).read_bytes() == old_npz[r["step"]] and not (cut / r["doc_bins"]).exists()
+    assert (cut / before[0]["doc_bins"]).read_bytes() == old_npz[3]
+
+
+def test_dropped_records_never_move_a_file_outside_the_run(tmp_path):
+    from longctx.train.loggers import JsonlLogger
+
+    outside = tmp_path / "outside.npz"
+    outside.write_bytes(b"not the run's")
+    run = tmp_path / "run"
+    run.mkdir()
+    log = JsonlLogger(run)
+    for step, name in ((2, "eval/a.npz"), (4, "../outside.npz"), (6, str(outside))):
+        log.log({"step": step, "doc_bins": name})
+    assert log.truncate_after(6) is None                       # nothing newer: nothing kept aside
+    kept = log.truncate_after(2)
+    assert kept == run / "redone_after_step2" and outside.read_bytes() == b"not the run's"
+    assert [json.loads(line)["step"] for line in (kept / "evaluations.jsonl").read_text().splitlines()] == [4, 6]
+    log.log({"step": 4})
+    assert log.truncate_after(2) == run / "redone_after_step2.2"   # a second resume from one step: its own folder
