@@ -98,6 +98,24 @@ def linked_run_files(run_dir: str | Path) -> list[Path]:
     return [Path(run_dir) / name for name in RUN_FILES if (Path(run_dir) / name).is_symlink()]
 
 
+RUN_FOLDERS = ("checkpoints", "eval", "per_position_loss")  # the folders a launch writes into
+
+
+def check_entry_kinds(run_dir: str | Path) -> None:
+    """Refuse a run folder where a file a launch writes is a folder, or a folder it writes into is a file (one line,
+    naming it): found before training, not at the first evaluation or checkpoint."""
+    run_dir = Path(run_dir)
+    for name in RUN_FILES:
+        if (run_dir / name).is_dir():
+            raise ValueError(f"run_dir={str(run_dir)!r}: {run_dir / name} is a folder, where the run writes a file; "
+                             f"move it away. Nothing was written.")
+    for name in RUN_FOLDERS:
+        path = run_dir / name
+        if (path.exists() or path.is_symlink()) and not path.is_dir():
+            raise ValueError(f"run_dir={str(run_dir)!r}: {path} is not a folder, where the run writes its {name}; "
+                             f"move it away. Nothing was written.")
+
+
 def check_no_links(run_dir: str | Path) -> None:
     """Refuse a run folder whose files a launch writes are symbolic links (one line, naming the first)."""
     linked = linked_run_files(run_dir)

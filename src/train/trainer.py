@@ -47,7 +47,7 @@ from longctx.train.optim import (WARMUP_FRACTION, Schedule, apply_hyperparameter
 from longctx.train.resume import classify, config_changes, format_changes, refusal
 from longctx.train.rng import RNGState, seed_everything
 from longctx.train.run_dir import RunLock
-from longctx.train.run_files import check_no_links, launched_before, set_aside, write_atomic
+from longctx.train.run_files import check_entry_kinds, check_no_links, launched_before, set_aside, write_atomic
 from longctx.train.stop import StopRequested, StopSignals, resume_command
 from longctx.train.stop_when import parse_stop_when
 
@@ -240,6 +240,7 @@ class Trainer:
         check_generated_data(cfg.data, cfg.ctx)  # a bad data value named before "the folder holds a run"
         self._lock_run_dir()
         check_no_links(self.run_dir)
+        check_entry_kinds(self.run_dir)
         candidates = self._check_run_dir()
         metrics = JsonlLogger(self.run_dir)
         if not self.restart:  # a start-over sets both files aside as they are: nothing of them is read
@@ -487,6 +488,8 @@ class Trainer:
         except ckpt.CheckpointError as err:
             raise ValueError(f"trainer.resume: {err}") from None
         self._check_same_model(state, path)
+        self._refuse_non_finite(state, path, "trainer.resume", "move it aside to resume from the older checkpoint "
+                                "kept beside it (trainer.keep_checkpoints)")
         notes = self._resume_decision(state)
         if self.dist.is_main:
             log.info(f"resuming from {path} (step {state['trainer']['step']})")
@@ -579,6 +582,7 @@ class Trainer:
         except ckpt.CheckpointError as err:
             raise ValueError(f"trainer.init_from={str(source)!r}: {err}") from None
         self._check_same_model(state, path, key="trainer.init_from", may_differ=("ctx",))
+        self._refuse_non_finite(state, path, "trainer.init_from", "name an earlier checkpoint file of that run")
         self.model.load_state_dict(state["model"])
         step = state.get("trainer", {}).get("step")
         self.prior_tokens, self.prior_flops = prior_training(path, step)
@@ -599,6 +603,15 @@ class Trainer:
             hint = ("resume with the run's own config (" + str(self.run_dir / "config.yaml") + ") or start a new "
                     "run_name") if key == "trainer.resume" else "build the same model (arch, attention, model.*)"
             raise ValueError(f"{key}: {path} was written by a different model ({shown}); {hint}")
+
+    @staticmethod
+    def _refuse_non_finite(state: dict, path: Path, key: str, advice: str) -> None:
+        """Weights holding NaN or infinities train nothing (the first step's loss is NaN): refused before any work,
+        as evaluate refuses them."""
+        bad = ckpt.first_non_finite(state["model"])
+        if bad is not None:
+            raise ValueError(f"{key}: {path}: non-finite weights ({bad} holds NaN or infinite values); {advice}. "
+                             f"Nothing was written.")
 
     def save(self) -> None:
         state = self.checkpointer.state_dict()  # collective (RNG gather): every rank takes part

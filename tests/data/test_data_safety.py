@@ -390,3 +390,14 @@ def test_a_dataset_attribute_never_names_a_file_outside_the_dataset(tmp_path, at
     if attr == "tokenizer_file":
         with pytest.raises(ValueError, match=f"attribute {attr}="):
             load_tokenizer(root)
+
+
+def test_running_the_prepare_library_as_a_command_names_the_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "longctx.data.prepare", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip() == ("longctx.data.prepare is the library behind scripts/prepare_dataset.py; run: python "
+                                  "scripts/prepare_dataset.py --help")

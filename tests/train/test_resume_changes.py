@@ -227,3 +227,23 @@ def test_dropped_records_never_move_a_file_outside_the_run(tmp_path):
     assert [json.loads(line)["step"] for line in (kept / "evaluations.jsonl").read_text().splitlines()] == [4, 6]
     log.log({"step": 4})
     assert log.truncate_after(2) == run / "redone_after_step2.2"   # a second resume from one step: its own folder
+
+
+def test_non_finite_weights_are_refused_before_a_resume_or_init_from_trains(compose, tiny, nine_steps, tmp_path):
+    """A checkpoint holding NaN weights trains nothing (its first loss is NaN): resume and init_from refuse it by
+    name before any work, as evaluate does."""
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(nine_steps, run)
+    path = run / "checkpoints" / "step_00000009.pt"
+    state = torch.load(path, weights_only=True)
+    name = next(k for k, v in state["model"].items() if v.is_floating_point())
+    state["model"][name] = torch.full_like(state["model"][name], float("nan"))
+    torch.save(state, path)
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=rf"trainer\.resume: {path}: non-finite weights \({name} holds NaN"):
+        Trainer(compose(*tiny, "trainer.max_steps=12", "trainer.resume=true", f"run_dir={run}"))
+    assert snapshot(run) == before
+    with pytest.raises(ValueError, match=rf"trainer\.init_from: {path}: non-finite weights \({name} holds NaN"):
+        Trainer(compose(*tiny, f"trainer.init_from={path}", f"run_dir={tmp_path / 'new'}"))

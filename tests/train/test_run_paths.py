@@ -172,3 +172,19 @@ def test_the_kept_tokenizer_is_never_written_through_a_link(tmp_path, train_run)
     with pytest.raises(ValueError, match="tokenizer.json is a symbolic link"):
         train_run(run, [*TRAIN, f"data.path={tmp_path / 'corpus'}"])
     assert precious.read_text() == "keep me\n" and sorted(p.name for p in run.iterdir()) == ["tokenizer.json"]
+
+
+@pytest.mark.parametrize("name,kind", [("checkpoints", "file"), ("eval", "file"), ("metrics.jsonl", "folder"),
+                                       ("train.log", "folder")])
+def test_an_entry_of_the_wrong_kind_is_refused_before_training(compose, tiny, tmp_path, name, kind):
+    """A file where the run writes a folder (checkpoints/, eval/) or a folder where it writes a file: one line naming
+    it before any step, not a traceback at the first evaluation or checkpoint."""
+    from longctx.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).mkdir() if kind == "folder" else (run / name).write_text("mine\n")
+    what = "is a folder, where the run writes a file" if kind == "folder" else "is not a folder, where the run writes"
+    with pytest.raises(ValueError, match=f"{run / name} {what}"):
+        Trainer(compose(*tiny, f"run_dir={run}"))
+    assert sorted(p.name for p in run.iterdir()) == [name]
