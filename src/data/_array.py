@@ -104,6 +104,15 @@ def array_dir(arr: zarr.Array) -> Path | None:
     return Path(root) / arr.path if arr.path else Path(root)
 
 
+def _int_attr(arr: zarr.Array, attrs: dict, name: str, default: int, least: int) -> int:
+    """An integer attribute of the array (its default when absent); ValueError naming the array and the attribute
+    for anything else (a string, a float, a bool) or a value below `least`."""
+    value = attrs.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{_where(arr)}: attribute {name}={value!r} is not an integer >= {least}")
+    return value
+
+
 def info(arr: zarr.Array) -> dict:
     attrs = array_attrs(arr)
     n, L = (int(s) for s in arr.shape)
@@ -113,8 +122,8 @@ def info(arr: zarr.Array) -> dict:
         "dtype": str(np.dtype(arr.dtype)),
         "chunks": tuple(int(c) for c in arr.chunks),
         "zarr_format": int(arr.metadata.zarr_format),
-        "bos_id": int(attrs.get("bos_id", GPT2_EOT)),
-        "vocab_size": int(attrs.get("vocab_size", GPT2_VOCAB)),
+        "bos_id": _int_attr(arr, attrs, "bos_id", GPT2_EOT, least=0),
+        "vocab_size": _int_attr(arr, attrs, "vocab_size", GPT2_VOCAB, least=1),
         "max_token_id": attrs.get("max_token_id"),
         "rolled": attrs.get("rolled"),
         "packed": bool(attrs.get("packed", False)),

@@ -96,7 +96,13 @@ def generate_once(cache_dir, name: str, params: dict, generate) -> Path:
     root = cache / name
     if (root / "params.json").exists():
         return root
-    cache.mkdir(parents=True, exist_ok=True)
+    try:  # a folder that cannot be made or written: named now, not as the traceback of a generation half begun
+        cache.mkdir(parents=True, exist_ok=True)
+        if not os.access(cache, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as err:
+        raise ValueError(f"data.cache_dir={str(cache_dir)!r} (the config's cache_dir, or $LONGCTX_CACHE): cannot hold "
+                         f"the generated data ({err.strerror or err}); give a writable folder") from None
     with one_writer(cache, root.name):
         if (root / "params.json").exists():
             return root

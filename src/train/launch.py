@@ -200,9 +200,11 @@ def check_overrides(overrides: list[str], conf_dir: Path) -> None:
         known = known if known is not None else schema(conf_dir)
         if not _defined(name, known):
             raise ValueError(f"config: {item.lstrip('+')}: {unknown_key(name, known)}")
-        if override.is_add() or override.is_force_add() or override.is_delete():
+        if override.is_delete():
             continue
-        _check_chosen_option_has(name, item, overrides, conf_dir)
+        _check_chosen_option_has(name, item, overrides, conf_dir)   # `+key` too: nothing would read it
+        if override.is_add() or override.is_force_add():
+            continue
         _check_read(name, item, overrides, conf_dir, texts)
 
 
@@ -216,10 +218,18 @@ def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir
     if not (conf_dir / group).is_dir():
         return
     chosen = _chosen_option(group, overrides, conf_dir)
-    if chosen is None or _defined(key, schema(conf_dir, {group: chosen})):
+    # no experiment is picked here (_chosen_option): the keys its recipes set globally are not the option's
+    unpicked = {folder.relative_to(conf_dir).as_posix(): None for folder in conf_dir.glob("experiment*")
+                if folder.is_dir()}
+    unpicked.update((folder.relative_to(conf_dir).as_posix(), None) for folder in conf_dir.glob("experiment/*")
+                    if folder.is_dir())
+    if chosen is None or _defined(key, schema(conf_dir, {**unpicked, group: chosen})):
         return
     having = [path.stem for path in sorted((conf_dir / group).glob("*.yaml"))
-              if _defined(key, schema(conf_dir, {group: path.stem}))]
+              if _defined(key, schema(conf_dir, {**unpicked, group: path.stem}))]
+    if not having:   # only an experiment's recipe sets it
+        raise ValueError(f"config: {item}: {group}={chosen} has no key {key[len(group) + 1:]} (only experiments set "
+                         f"it: pick one with experiment=NAME)")
     raise ValueError(f"config: {item}: {group}={chosen} has no key {key[len(group) + 1:]} (only {group}="
                      f"{', '.join(having)}; pick one, e.g. {group}={having[0]} {item})")
 

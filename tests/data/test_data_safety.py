@@ -401,3 +401,33 @@ def test_running_the_prepare_library_as_a_command_names_the_command():
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip() == ("longctx.data.prepare is the library behind scripts/prepare_dataset.py; run: python "
                                   "scripts/prepare_dataset.py --help")
+
+
+@pytest.mark.parametrize("attrs,named", [({"bos_id": "x"}, "bos_id='x'"), ({"vocab_size": "abc"}, "vocab_size='abc'"),
+                                         ({"vocab_size": -5}, "vocab_size=-5"), ({"bos_id": 1.5}, "bos_id=1.5")])
+def test_a_malformed_integer_attribute_is_named(tmp_path, attrs, named):
+    from longctx.data._array import info, open_tokens
+
+    split = write_v3(tmp_path / "train.zarr", random_tokens(4, 64, 8), (4, 64), attrs=attrs)
+    with pytest.raises(ValueError, match=f"train.zarr.*: attribute {named} is not an integer"):
+        info(open_tokens(split))
+
+
+def test_a_cache_dir_that_cannot_hold_generated_data_is_one_line_naming_the_key(tmp_path):
+    from longctx.data._tmpdir import generate_once
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+
+    def never(folder, params):
+        raise AssertionError("nothing is generated")
+    for where in (a_file, a_file / "below"):
+        with pytest.raises(ValueError, match=rf"data\.cache_dir='{where}' .*: cannot hold the generated data"):
+            generate_once(where, "x", {}, never)
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.access(read_only, os.W_OK):   # root writes anywhere: the permission case cannot be made here
+        return
+    with pytest.raises(ValueError, match="cannot hold the generated data"):
+        generate_once(read_only, "x", {}, never)

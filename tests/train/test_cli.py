@@ -281,6 +281,12 @@ OPTIONS = {group: ", ".join(sorted(p.stem for p in (REPO / "conf" / group).glob(
                        "pick one, e.g. data=longcrawl64 data.path=/x)"),
     (["attention=power", "attention.sink=true"], "config: attention.sink=true: attention=power has no key sink (only "
                                                  "attention=exp; pick one, e.g. attention=exp attention.sink=true)"),
+    # a key that only other options (and the experiments' recipes) set: named, with `+` too (nothing would read it)
+    (["data=longcrawl64", "data.path=/x", "data.train_tokens=5"], "config: data.train_tokens=5: data=longcrawl64 has "
+     "no key train_tokens (only data=icl_markov, icl_markov_long, icl_markov_long16k, icl_markov_long_cpu, "
+     "icl_markov_long_disjoint, mqar; pick one, e.g. data=icl_markov data.train_tokens=5)"),
+    (["arch=llama", "+arch.token_shift=true"], "config: +arch.token_shift=true: arch=llama has no key token_shift "
+                                               "(only arch=gpt2; pick one, e.g. arch=gpt2 +arch.token_shift=true)"),
     # under an experiment, the options its recipe composes (Hydra's several lines; p was silently unused)
     (["experiment=icl_small", "data.path=/x"], "config: data.path=/x: experiment=icl_small composes "
                                                "data=icl_markov_long, which has no key path; pick another data with "
