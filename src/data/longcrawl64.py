@@ -171,8 +171,11 @@ class LongCrawl64:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"data state: checkpoint has {key}={state[key]!r} but this loader has "
                                  f"{key}={getattr(self, key)!r}; the batch order would differ")
+        batch = state["batch"]
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+            raise ValueError(f"data state: batch={batch!r} is not a batch count >= 0")
         self._stop_worker()
-        self._next = int(state["batch"])
+        self._next = batch
 
     # ----- iteration -----------------------------------------------------------------------------------
     def __iter__(self):

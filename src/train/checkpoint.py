@@ -87,8 +87,15 @@ class Attributes:
         return {name: getattr(self.obj, name) for name in self.defaults}
 
     def load_state_dict(self, state: dict) -> None:
+        """ValueError naming a counter whose saved value is not of its default's kind (an int count, a float sum, a
+        non-negative number): a damaged checkpoint is refused here, not as a TypeError steps later."""
         for name, default in self.defaults.items():
-            setattr(self.obj, name, state.get(name, default))
+            value = state.get(name, default)
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                kinds = (int,) if isinstance(default, int) else (int, float)
+                if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+                    raise ValueError(f"{name}={value!r} is not a {'count' if kinds == (int,) else 'number'} >= 0")
+            setattr(self.obj, name, value)
 
 
 # ----- folder ---------------------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ class RNGState:
 
     def load_state_dict(self, state: dict) -> None:
         ranks = state["per_rank"]
+        if not isinstance(ranks, list) or not ranks:
+            raise ValueError(f"per_rank holds no rank's RNG state (a {type(ranks).__name__}: {str(ranks)[:40]})")
         if len(ranks) != self.dist.world_size and self.note is not None:
             self.note(f"note: checkpoint holds RNG states of {len(ranks)} ranks, this run has "
                       f"{self.dist.world_size}; ranks beyond them reuse rank 0's")

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -64,6 +65,17 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("config: device='cuda' but no CUDA device is available")
     return torch.device(name)
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """ValueError when a loaded optimizer's per-parameter tensors (AdamW's moments) do not have their parameter's
+    shape: load_state_dict takes them as they are, and the first step would fail on them."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape != param.shape:
+                    raise ValueError(f"a parameter's {key} has shape {tuple(value.shape)}, its parameter "
+                                     f"{tuple(param.shape)}")
 
 
 def prior_training(checkpoint: Path, step: int | None) -> tuple[int, float]:
@@ -496,10 +508,18 @@ class Trainer:
             for note in notes:
                 log.info(note)
         # every part but the optimizer and its schedule as saved; those two as the resume decision says
-        for name, part in self.checkpointer.parts.items():
-            if name not in ("optimizer", "scheduler"):
-                part.load_state_dict(state[name])
-        self._restore_optimizer(state)
+        name = "optimizer"
+        try:  # a part that does not fit (a damaged or edited checkpoint): one line naming it, before any step
+            for name, part in self.checkpointer.parts.items():
+                if name not in ("optimizer", "scheduler"):
+                    part.load_state_dict(state[name])
+            name = "optimizer"
+            self._restore_optimizer(state)
+            check_optimizer_state(self.optimizer)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(f"trainer.resume: {path}: its {name} state cannot be loaded ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else 'no detail'}); move it aside to resume from "
+                             f"the older checkpoint kept beside it (trainer.keep_checkpoints)") from None
         self.checkpointer.parts["scheduler"] = self.scheduler  # rebuilt by _restore_optimizer
 
     def _set_aside_unreadable(self, step: int) -> None:
@@ -575,6 +595,10 @@ class Trainer:
                     raise FileNotFoundError(f"trainer.init_from={str(source)!r}: holds no checkpoint "
                                             f"(looked in {ckpt.checkpoint_dir(path)})")
                 _, path, state = ckpt.read_newest(found, ("model",), log.warning if self.dist.is_main else None)
+            elif path.suffix == ".safetensors" and path.is_file():   # the weights written beside a checkpoint
+                state = ckpt.read_weights(path)   # (no pickle); its step is in its name, for the tokens before
+                named = re.fullmatch(r"step_(\d{8})\.safetensors", path.name)
+                state["trainer"] = {"step": int(named[1])} if named else {}
             elif path.is_file():
                 state = ckpt.read(path, ("model",))
             else:

@@ -247,3 +247,54 @@ def test_non_finite_weights_are_refused_before_a_resume_or_init_from_trains(comp
     assert snapshot(run) == before
     with pytest.raises(ValueError, match=rf"trainer\.init_from: {path}: non-finite weights \({name} holds NaN"):
         Trainer(compose(*tiny, f"trainer.init_from={path}", f"run_dir={tmp_path / 'new'}"))
+
+
+def _damaged(nine_steps, tmp_path, edit):
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(nine_steps, run)
+    path = run / "checkpoints" / "step_00000009.pt"
+    state = torch.load(path, weights_only=True)
+    edit(state)
+    torch.save(state, path)
+    return run, path
+
+
+def _wrong_moment(state):
+    first = next(iter(state["optimizer"]["state"].values()))
+    first["exp_avg"] = first["exp_avg"].flatten()[:3].clone()
+
+
+@pytest.mark.parametrize("edit,part,says", [
+    (lambda s: s["rng"].update(per_rank=[]), "rng", "per_rank holds no rank's RNG state"),
+    (lambda s: s["trainer"].update(tokens="lots"), "trainer", "tokens='lots' is not a count >= 0"),
+    (lambda s: s["trainer"].update(elapsed=-1.0), "trainer", "elapsed=-1.0 is not a number >= 0"),
+    (lambda s: s["data"].update(batch=-7), "data", "data state: batch=-7 is not a batch count >= 0"),
+    (_wrong_moment, "optimizer", "exp_avg has shape (3,)"),
+])
+def test_a_checkpoint_part_that_does_not_fit_is_one_line_naming_it(compose, tiny, nine_steps, tmp_path, edit, part,
+                                                                   says):
+    """A damaged or edited checkpoint whose parts load (torch reads it) but do not fit: refused naming the file and
+    the part before any step, not a traceback at the first step (a moment of the wrong shape, a count that is a
+    string) nor accepted (a negative data position)."""
+    run, path = _damaged(nine_steps, tmp_path, edit)
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=rf"trainer\.resume: {path}: its {part} state cannot be loaded .*"
+                                         + says.replace("(", r"\(").replace(")", r"\)")):
+        Trainer(compose(*tiny, "trainer.max_steps=12", "trainer.resume=true", f"run_dir={run}"))
+    assert snapshot(run) == before
+
+
+def test_init_from_the_weights_file_beside_a_checkpoint(compose, tiny, nine_steps, tmp_path):
+    """trainer.init_from may name a step_*.safetensors (read without unpickling, as load_run reads it): the same
+    weights as its checkpoint, and the tokens trained before counted to its step."""
+    import torch
+
+    weights = nine_steps / "checkpoints" / "step_00000006.safetensors"
+    from_weights = Trainer(compose(*tiny, f"trainer.init_from={weights}", f"run_dir={tmp_path / 'a'}"))
+    from_pt = Trainer(compose(*tiny, f"trainer.init_from={weights.with_suffix('.pt')}", f"run_dir={tmp_path / 'b'}"))
+    a, b = from_weights.model.state_dict(), from_pt.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    six = next(r for r in records(nine_steps) if r["step"] == 6)
+    assert from_weights.prior_tokens == from_pt.prior_tokens == six["tokens"]
