@@ -201,8 +201,10 @@ def recorded_train(run_dir) -> dict | None:
 
 
 def parse_ids(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3]; an empty item ('1,,2', a trailing comma) is refused: a dropped id would change the
+    prompt unseen."""
     try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+        ids = [int(x) for x in text.replace(" ", "").split(",")]
     except ValueError:
         raise ValueError(f"--prompt-ids={text!r}: expected comma-separated integers, e.g. 1,2,3") from None
     if not ids:
@@ -221,6 +223,8 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
         raise ValueError(f"--max-new-tokens={max_new_tokens}: must be a positive integer")
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"--top-k={top_k}: must be a positive integer (leave it out to sample from every token)")
     device = check_device(device, "--device")
     model, cfg = load_run(run_dir, step=step, device=device)
     vocab = model.spec.vocab_size

@@ -82,6 +82,19 @@ def test_bad_temperature_is_one_line(run, capsys, value):
                                                  f"(0 = greedy)"]
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-ids", "1", "--top-k", "0"], "--top-k=0: must be a positive integer (leave it out to sample from every "
+                                            "token)"),
+    (["--prompt-ids", "1,,2"], "--prompt-ids='1,,2': expected comma-separated integers, e.g. 1,2,3"),
+    (["--prompt-ids", "1,2,"], "--prompt-ids='1,2,': expected comma-separated integers, e.g. 1,2,3"),
+])
+def test_bad_sampling_flags_and_ids_are_one_line_naming_the_flag(run, capsys, args, message):
+    code = generate_cli.main([str(run), *args, "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip().splitlines() == [f"error: {message}"]
+
+
 def test_a_closed_pipe_leaves_no_traceback(run):
     proc = subprocess.run(f"{sys.executable} -m longctx.generate {run} --prompt-ids 1,2 --max-new-tokens 5 "
                           f"--device cpu | head -c 0", shell=True, capture_output=True, text=True, timeout=300,
