@@ -136,7 +136,7 @@ def _llama_fields(config: dict) -> dict[str, tuple]:
             "qkv_bias": (qwen2, "model_type")}
 
 
-# The config key of each ModelSpec field (the trainer's SPEC_KEYS for the arch options), for errors and overrides
+# The config key of each ModelSpec field (models.spec.SPEC_KEYS for the arch options), for errors and overrides
 CONFIG_KEYS = {"arch": "arch", "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
                "mlp_ratio": "model.mlp_ratio", "rope_base": "arch.rope_base", "rotary_dims": "arch.rope_dims",
                "token_shift": "arch.token_shift", "positions": "arch.positions",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
 from .attention import attention_class, params_from_conf, parse_params
@@ -151,6 +152,16 @@ OPTIONAL_KEYS = {"model.mlp_ratio": "mlp_ratio", "arch.rope_base": "rope_base", 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.default is not dataclasses.MISSING}
 
 
+# Each ModelSpec field's config key, for messages in config terms
+SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size (from the data)",
+             "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
+             "mlp_ratio": "model.mlp_ratio", "ctx": "ctx", "attention_params": "attention.*",
+             "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims", "token_shift": "arch.token_shift",
+             "positions": "arch.positions", "activation": "arch.activation", "n_kv_heads": "arch.n_kv_heads",
+             "d_ff": "arch.d_ff", "norm_eps": "arch.norm_eps", "tie_embeddings": "arch.tie_embeddings",
+             "qkv_bias": "arch.qkv_bias"}
+
+
 def _config_value(cfg, key: str, default=dataclasses.MISSING):
     """cfg's value at the dotted `key`; `default` where it is missing or null, else a ValueError naming the key."""
     node = cfg
@@ -168,6 +179,16 @@ def model_spec(cfg, vocab_size: int) -> ModelSpec:
     tag) go to the attention core. Keys newer than a saved config take ModelSpec's defaults; a missing required
     key raises ValueError naming it."""
     optional = {name: _config_value(cfg, key, DEFAULTS[name]) for key, name in OPTIONAL_KEYS.items()}
+    try:
+        return _spec_of(cfg, vocab_size, optional)
+    except ValueError as err:   # ModelSpec names its field; the user typed the config key
+        field = re.match(r"ModelSpec\.(\w+)=", str(err))
+        if field is None or field[1] not in SPEC_KEYS:
+            raise
+        raise ValueError(SPEC_KEYS[field[1]] + str(err)[len(f"ModelSpec.{field[1]}"):]) from None
+
+
+def _spec_of(cfg, vocab_size: int, optional: dict) -> ModelSpec:
     return ModelSpec(
         arch=_config_value(cfg, "arch.name"), attention=_config_value(cfg, "attention.name"),
         attention_params=params_from_conf(_config_value(cfg, "attention")), vocab_size=vocab_size,

@@ -27,7 +27,7 @@ from longctx.eval.records import RECORD_DIR
 from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
                           write_doc_record)
 from longctx.models import ModelSpec, build_model
-from longctx.models.spec import model_spec, model_vocab_size
+from longctx.models.spec import SPEC_KEYS, model_spec, model_vocab_size
 from longctx import provenance
 from longctx.train import checkpoint as ckpt
 from longctx.train.config import check_context_parallel, validate
@@ -147,13 +147,6 @@ START_OVER_ASIDE = ("metrics.jsonl", RECORD_DIR, "icl_curves.png", "config.yaml"
 # ModelSpec fields that change how the model runs, not what it is: a resumed run may change them.
 RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
 # The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
-SPEC_KEYS = {"arch": "arch", "attention": "attention", "vocab_size": "vocab_size (from the data)",
-             "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
-             "mlp_ratio": "model.mlp_ratio", "ctx": "ctx", "attention_params": "attention.*",
-             "rope_base": "arch.rope_base", "rope_dims": "arch.rope_dims", "token_shift": "arch.token_shift",
-             "positions": "arch.positions", "activation": "arch.activation", "n_kv_heads": "arch.n_kv_heads",
-             "d_ff": "arch.d_ff", "norm_eps": "arch.norm_eps", "tie_embeddings": "arch.tie_embeddings",
-             "qkv_bias": "arch.qkv_bias"}
 
 
 def starts_over(run_dir: str | Path) -> bool:
