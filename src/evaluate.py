@@ -331,6 +331,11 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     if docs is not None:
         cfg.data.eval_docs = docs
     generated_vocab_fits(cfg, model)
+    # before any data is read or generated (generated documents are max(1024, ctx) long): the data config's count of
+    # documents bounds what will be held; the count the heldout split has is checked again below
+    held = int(cfg.data.eval_docs)
+    fits_memory("--ctx", [ctx], model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), held), precision, 16 * held,
+                f"{held} heldout documents held", "evaluate at a shorter --ctx, or with fewer --docs or --micro-docs")
     splits = resolve_splits(cfg.data, ctx, "--ctx")  # refuses a --ctx longer than the documents
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
@@ -395,6 +400,11 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     wanted = contexts or [train_ctx // 4, train_ctx // 2, train_ctx]
     longest = max(wanted)
     generated_vocab_fits(cfg, model)
+    prompts = len(depths or DEFAULT_DEPTHS) * trials  # of one context, int64, held twice (+ BOS) with the haystacks
+    needle_docs = 2 * trials + 16 if task == "needle" else 0   # at most; the split's own count is checked below
+    fits_memory("--contexts", wanted, model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), prompts), precision,
+                8 * (2 * prompts + trials + needle_docs), f"{prompts} prompts of a context held",
+                "evaluate shorter --contexts, or with fewer --trials, --depths or --micro-docs")  # before any data
     splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
@@ -409,8 +419,7 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
         raise ValueError(f"--contexts: {too_short[0]} is shorter than a prompt's two copies of marker "
                          f"({len(alphabet.marker)} tokens) + key ({digits}) + 1 token of haystack; use contexts "
                          f">= {shortest}")
-    prompts = len(depths or DEFAULT_DEPTHS) * trials  # of one context, int64, held twice (+ BOS) with the haystacks
-    needle_docs = min(dataset_info(splits.heldout_path)["num_docs"], 2 * trials + 16) if task == "needle" else 0
+    needle_docs = min(dataset_info(splits.heldout_path)["num_docs"], needle_docs)
     fits_memory("--contexts", contexts, model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), prompts), precision,
                 8 * (2 * prompts + trials + needle_docs), f"{prompts} prompts of a context held",
                 "evaluate shorter --contexts, or with fewer --trials, --depths or --micro-docs")
@@ -531,9 +540,9 @@ def evaluate_harness(run_dir: str | Path, tasks: str | None = None, out: str | P
               **evaluate_run(run_dir, out.with_suffix(""), tasks, step=step, device=device, limit=limit, **options),
               "seconds": round(time.perf_counter() - start, 2)}
     if limit is not None:  # lm-eval keeps each task's first rows: a smoke test, not the tasks' measures
-        record["limit_note"] = (f"--limit {limit}: each task scored its first {limit} rows only (heldout: the first "
-                                f"{limit} bins of the first document; passkey/needle: the shortest context's first "
-                                f"prompts), not the task's measure")
+        record["limit_note"] = (f"--limit {limit}: each task scored its first {limit} rows only (heldout: the bins "
+                                f"of its first documents, a document's bins a row each; passkey/needle: the shortest "
+                                f"context's first prompts), not the task's measure")
         logging.getLogger("longctx").warning(record["limit_note"])
     with records_whole([out]):
         write_json(out, record)

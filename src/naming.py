@@ -16,6 +16,7 @@ would share one folder, the second resuming the first.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -36,10 +37,10 @@ NOT_IN_SUFFIX = (
     "run_dir", "cache_dir", "device", "experiment", "hydra.", "logger.", "trainer.max_steps", "trainer.eval_every",
     "trainer.resume", "trainer.num_threads", "trainer.compile", "trainer.keep_checkpoints", "trainer.micro_docs",
     "trainer.activation_checkpointing", "trainer.icl_bins", "trainer.on_nonfinite", "trainer.max_skipped_steps",
-    "trainer.flops_budget", "trainer.context_parallel",
+    "trainer.flops_budget", "trainer.context_parallel", "trainer.stop_when",
 )
 # Keys of NOT_IN_SUFFIX that name the jobs of a sweep over them (a run length: each value its own run)
-SWEEP_NAMED = ("trainer.max_steps", "trainer.flops_budget")
+SWEEP_NAMED = ("trainer.max_steps", "trainer.flops_budget", "trainer.stop_when")
 # Keys of NOT_IN_SUFFIX the name's base shows (run_name: arch, attention tag, model, data, ctx, seed)
 SHOWN_BY_BASE = ("arch", "attention", "p", "window", "attention.p", "attention.window", "model", "model.name",
                  "model.d_model", "model.n_layers", "data", "data.tag", "data.n_pairs", "data.path", "ctx", "seed")
@@ -88,7 +89,15 @@ def override_suffix(overrides: list[str], swept=(), shown: tuple | None = None) 
         if _named(key, swept) and (shown is None or bare not in ("model.d_model", "model.n_layers")):
             continue
         parts.append(re.sub(r"[^A-Za-z0-9._\-]+", "-", key.lstrip("+~").split(".")[-1] + value).strip("-"))
-    return "".join(f"_{p}" for p in parts if p)
+    suffix = "".join(f"_{p}" for p in parts if p)
+    if len(suffix) > MAX_SUFFIX:   # a folder name holds 255 bytes: a long tail (paths in values) becomes its digest,
+        # the same for the same overrides, so a relaunch still finds its folder
+        digest = hashlib.sha1(suffix.encode()).hexdigest()[:12]
+        suffix = suffix[:MAX_SUFFIX - len(digest) - 1].rstrip("_-") + "_" + digest
+    return suffix
+
+
+MAX_SUFFIX = 120  # characters of the override suffix kept whole (the base name takes up to ~100 more)
 
 
 _GIVEN: list = []  # (overrides, swept) that name a config composed outside a Hydra job (given_overrides)

@@ -126,8 +126,10 @@ def haystacks(task: str, alphabet: Alphabet, length: int, trials: int, documents
         raise ValueError(f"needle: haystacks of {length} tokens need heldout documents at least that long")
     found = [doc[:length] for doc in documents if not contains(doc[:length], alphabet.marker)]
     if len(found) < trials:
+        marked = len(documents) - len(found)
+        why = f"{marked} of them hold{'s' if marked == 1 else ''} the marker" if marked else "the split has no more"
         raise ValueError(f"--trials={trials}: only {len(found)} of the {len(documents)} heldout documents read "
-                         f"serve as haystacks (the others hold the marker); use fewer trials")
+                         f"serve as haystacks ({why}); use fewer trials")
     return np.stack(found[:trials]).astype(np.int64)
 
 

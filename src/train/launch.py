@@ -434,7 +434,10 @@ def check_command_line(argv: list[str], conf_dir: Path) -> list[str]:
         # run_dir is Hydra's output folder, which --cfg never makes (it would print null): show where a run would go
         quotable = run_dir and not any(c in run_dir for c in ("'", "\\", "${"))
         if quotable and "run_dir" not in _by_key(args.overrides) and args.cfg in ("job", "all"):
-            argv = [*argv, f"run_dir='{run_dir}'"]
+            # beside the other overrides (argparse takes them as one run of positionals: `a=1 --cfg job` and
+            # `--cfg job a=1` alike)
+            at = argv.index(args.overrides[0]) if args.overrides and args.overrides[0] in argv else len(argv)
+            argv = [*argv[:at], f"run_dir='{run_dir}'", *argv[at:]]
     if args.cfg in ("job", "all") and not (args.resolve or args.multirun):
         argv = [*argv, "--resolve"]
     return argv

@@ -102,8 +102,12 @@ def test_needle_haystacks_pass_over_documents_holding_the_marker():
     picked = haystacks("needle", a, 200, 5, docs)
     assert picked.tolist() == docs[[0, 2, 3, 4, 5], :200].tolist()
     assert not any(contains(h, a.marker) for h in picked)
-    with pytest.raises(ValueError, match="--trials=6: only 5 of the 6 heldout documents"):
+    with pytest.raises(ValueError, match=r"--trials=6: only 5 of the 6 heldout documents read serve as haystacks "
+                                         r"\(1 of them holds the marker\)"):
         haystacks("needle", a, 200, 6, docs)
+    with pytest.raises(ValueError, match=r"only 1 of the 1 heldout documents read serve as haystacks \(the split has "
+                                         r"no more\)"):
+        haystacks("needle", a, 200, 2, docs[[0]])    # a split of one document: none holds the marker
 
 
 @pytest.mark.parametrize("task", ["passkey", "needle"])

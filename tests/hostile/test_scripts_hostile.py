@@ -313,6 +313,19 @@ def test_a_heldout_context_that_cannot_fit_is_refused_before_any_work(tiny_run, 
     assert eval_files(tiny_run) == before
 
 
+@pytest.mark.parametrize("args", [["--ctx", "100000000"], ["--task", "needle", "--contexts", "100000000"]])
+def test_an_evaluation_that_cannot_fit_generates_no_data_first(tiny_run, tmp_path, capsys, args):
+    """The generated data's documents are max(1024, ctx) long: an evaluation refused for its memory is refused before
+    any of it is generated (it once generated for minutes, silently, before the check)."""
+    from longctx.evaluate import main as evaluate_main
+
+    cache = tmp_path / "cache"
+    assert evaluate_main([str(tiny_run), *args, "--device", "cpu", f"data.cache_dir={cache}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {args[-2]}: 100000000 needs ~"), err
+    assert not cache.exists() or not any(cache.iterdir())
+
+
 def disk_full_after_writing(path_of, partial: bytes = b"\x89PNG half"):
     """A writer that puts `partial` bytes where it writes (path_of(*args)), then fails as a full disk does."""
     import errno

@@ -410,6 +410,9 @@ def test_cfg_job_prints_resolved_values(train_env, tmp_path):
         assert shown["run_dir"] == folder
     shown = yaml.safe_load(run_cli(["--cfg", "job", "optim.lr=0.001"], train_env, tmp_path).stdout)
     assert shown["run_name"].endswith("_lr0.001") and shown["run_dir"] == str(tmp_path / "runs" / shown["run_name"])
+    after = run_cli(["optim.lr=0.001", "--cfg", "job"], train_env, tmp_path)   # the order `--help` shows
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert yaml.safe_load(after.stdout) == shown
     assert not (tmp_path / "runs").exists()  # printing made no folder
     # a run given run_dir=X leaves no empty runs/<name> from Hydra in the folder it was launched from
     done = run_cli(["trainer.max_steps=1", "trainer.eval_every=1", "logger.wandb.mode=disabled",

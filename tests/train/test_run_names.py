@@ -55,6 +55,23 @@ def test_other_overrides_that_change_training_are_appended(compose):
     assert run_name(cfg, ["trainer.max_steps=100"]) == run_name(cfg, [])  # training further continues the run
 
 
+def test_a_long_suffix_ends_in_its_digest_and_a_stop_rule_is_not_named(compose):
+    """Paths in override values (an init_from under a Hugging Face cache) would pass a folder name's 255 bytes: the
+    suffix keeps its first characters and a digest of the whole, the same for the same overrides. trainer.stop_when
+    says how long to train, as trainer.max_steps does: not part of the name (`>=` and `<=` once gave one name)."""
+    far = "trainer.init_from=/" + "/".join(["a_long_folder_name"] * 12) + "/ckpt"
+    suffix = override_suffix([far, "optim.lr=1e-3"])
+    assert len(suffix) == naming.MAX_SUFFIX and suffix == override_suffix(["optim.lr=1e-3", far])
+    assert suffix.startswith("_lr1e-3_init_from-a_long_folder_name")
+    assert suffix != override_suffix([far + "2", "optim.lr=1e-3"])
+    assert override_suffix(["optim.lr=1e-3"]) == "_lr1e-3"   # a short one is whole
+    cfg = compose()
+    assert len(run_name(cfg, [far, "optim.lr=1e-3"]).encode()) < 255
+    assert run_name(cfg, ["trainer.stop_when='best_context_loss<=0.99'"]) == run_name(cfg, [])
+    swept = override_suffix(["trainer.stop_when=best_context_loss<=0.9"], swept={"trainer.stop_when"})
+    assert swept == "_stop_whenbest_context_loss-0.9"   # a sweep over it names each job
+
+
 def sweep(folder: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "train.py"), "-m", f"hydra.sweep.dir={folder}", *args],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
