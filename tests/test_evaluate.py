@@ -471,7 +471,7 @@ def test_generate_cli_prints_the_continuation_and_speed(run):
     (["--prompt-ids", "1,99"], "--prompt-ids: id 99 is outside the model's vocabulary 0..4"),
     (["--prompt-ids", "1,x"], "expected comma-separated integers"),
     (["--prompt", "hello"], "has no tokenizer; give --prompt-ids"),
-    (["--prompt-ids", "1", "--top-k", "0"], "top_k"),
+    (["--prompt-ids", "1", "--top-k", "0"], "--top-k=0"),
 ])
 def test_generate_bad_input_is_one_line(run, capsys, args, words):
     code = generate_main([str(run), "--max-new-tokens", "3", "--device", "cpu", *args])

@@ -86,8 +86,13 @@ class JsonlLogger:
         None when nothing was dropped."""
         records = self.records()
         dropped = [r for r in records if r["step"] > step]
-        if not dropped:
-            return None
+        folder = self._keep(dropped, step) if dropped else None
+        # rewritten whole even when nothing is dropped: a line cut short by a kill goes, later lines never follow it
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        return folder
+
+    def _keep(self, dropped: list[dict], step: int) -> Path:
+        """truncate_after's folder for the records it drops, with their files."""
         run_dir = self.path.parent
         k, folder = 1, run_dir / f"redone_after_step{step}"
         while folder.exists() or folder.is_symlink():
@@ -104,7 +109,6 @@ class JsonlLogger:
                 if inside and source.is_file() and not source.is_symlink():
                     (folder / name).parent.mkdir(parents=True, exist_ok=True)
                     source.rename(folder / name)
-        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
         return folder
 
 
