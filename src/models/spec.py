@@ -182,10 +182,10 @@ def model_spec(cfg, vocab_size: int) -> ModelSpec:
     try:
         return _spec_of(cfg, vocab_size, optional)
     except ValueError as err:   # ModelSpec names its field; the user typed the config key
-        field = re.match(r"ModelSpec\.(\w+)=", str(err))
-        if field is None or field[1] not in SPEC_KEYS:
+        named = re.match(r"ModelSpec\.(\w+)=", str(err))
+        if named is None or named[1] not in SPEC_KEYS:
             raise
-        raise ValueError(SPEC_KEYS[field[1]] + str(err)[len(f"ModelSpec.{field[1]}"):]) from None
+        raise ValueError(SPEC_KEYS[named[1]] + str(err)[len(f"ModelSpec.{named[1]}"):]) from None
 
 
 def _spec_of(cfg, vocab_size: int, optional: dict) -> ModelSpec:

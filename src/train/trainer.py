@@ -146,7 +146,6 @@ START_OVER_ASIDE = ("metrics.jsonl", RECORD_DIR, "icl_curves.png", "config.yaml"
                     "wandb_id")
 # ModelSpec fields that change how the model runs, not what it is: a resumed run may change them.
 RUNTIME_SPEC_FIELDS = ("chunk_size", "checkpoint_activations")
-# The config key behind each ModelSpec field, for errors (the vocabulary comes from the data).
 
 
 def starts_over(run_dir: str | Path) -> bool:
