@@ -46,7 +46,8 @@ from longctx.runs import check_data_tokens, check_device, load_run
 from longctx.train.config import check_set, check_types, did_you_mean, schema
 from longctx.train.console import command_progress, setup_logging
 from longctx.train.data import build_heldout, resolve_splits
-from longctx.train.estimate import check_evaluation_fits, data_vocab, evaluation_line, forward_memory
+from longctx.train.estimate import (assumed_rate, check_evaluation_fits, data_vocab, evaluation_line, evaluation_seconds,
+                                   forward_memory)
 
 # evaluate's way out where a run's heldout data holds another tokenizer's ids (runs.check_data_tokens)
 OWN_DATA = "evaluate it on data of its own tokenizer"
@@ -251,6 +252,25 @@ def forward_docs(micro_docs: int | None, run_cfg: DictConfig, cfg: DictConfig) -
     return int(micro_docs or run_cfg.trainer.micro_docs or cfg.data.docs_per_batch)
 
 
+FORWARD_PACE_S = 60   # the longest one forward of a heldout evaluation is estimated to take, unless --micro-docs
+
+
+def paced_forward_docs(model, ctx: int, docs: int, precision: str, per_forward: int, source: str) -> tuple[int, str]:
+    """(documents a forward holds, where that number came from): `per_forward`, fewer where one forward of `docs`
+    documents at `ctx` is estimated (longctx.train.estimate) to take over FORWARD_PACE_S, so that the progress moves
+    during a long evaluation (one forward of 16 documents at 64k on a CPU ran silent for 8 minutes). Each document's
+    loss is its own whatever the split."""
+    device = model_device(model)
+    rate = assumed_rate(device)
+    if rate is None or docs <= 1:
+        return per_forward, source
+    seconds = evaluation_seconds(model, [ctx], docs, docs, device, uses_bf16(device, precision), rate)[1]
+    if seconds <= FORWARD_PACE_S:
+        return per_forward, source
+    paced = max(1, int(docs * FORWARD_PACE_S / seconds))
+    return paced, f"a forward of {docs} estimated at ~{seconds / 60:.0f} min (the run's number); --micro-docs sets it"
+
+
 def forward_docs_source(micro_docs: int | None, run_cfg: DictConfig) -> str:
     """Where forward_docs' number came from, as the progress line says it."""
     if micro_docs:
@@ -348,19 +368,22 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
                                    bins or int(run_cfg.trainer.icl_bins), bins_key="--bins")
     out = out or default_out(run_dir, f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}",
                              "heldout")
-    per_forward = forward_docs(micro_docs, run_cfg, cfg)
+    per_forward, source = forward_docs(micro_docs, run_cfg, cfg), forward_docs_source(micro_docs, run_cfg)
+    if micro_docs is None:   # the run's number, unless one forward of it would leave the progress still for minutes
+        per_forward, source = paced_forward_docs(model, ctx, min(evaluation.docs_per_forward(per_forward),
+                                                                 evaluation.n_docs), precision, per_forward, source)
     powers_below = [[2 ** k] for k in range((ctx - 1).bit_length() - 1, 0, -1)]
     say_time_estimate(model, [ctx], evaluation.n_docs, evaluation.docs_per_forward(per_forward), precision, "--ctx",
                       powers_below, "fewer --docs")
     start = time.perf_counter()
     with command_progress(evaluation.n_docs, f"evaluate ctx {ctx}", "doc",
-                          evaluation.forwards_note(per_forward, forward_docs_source(micro_docs, run_cfg))) as progress:
+                          evaluation.forwards_note(per_forward, source)) as progress:
         result = evaluation.run(model, per_forward, precision, on_batch=progress.update)
     if not result.finite:
         raise FloatingPointError(f"non-finite heldout loss ({int((~np.isfinite(result.per_position)).sum())} of "
                                  f"{ctx} positions) from {model.checkpoint_path}: its weights are not usable; "
                                  f"nothing written")
-    record = {**run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides, precision, micro_docs),
+    record = {**run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides, precision, per_forward),
               "task": "heldout", "ctx": ctx,
               "docs": evaluation.n_docs, "seconds": round(time.perf_counter() - start, 2)}
     record.update(result.summary)

@@ -403,6 +403,22 @@ def test_evaluate_says_how_its_forwards_go_before_the_first(run, tmp_path, capsy
                        "counted per forward)")
 
 
+def test_a_forward_estimated_over_a_minute_is_split_so_the_progress_moves(run, tmp_path, capsys, monkeypatch):
+    """Without --micro-docs, a forward of the run's documents estimated over FORWARD_PACE_S is split (a forward of
+    16 documents at 64k ran silent for 8 minutes on a CPU); the start line says why, and the record holds the number
+    used. On a machine slowed down until one document's forward takes ~40 s: one document a forward."""
+    import longctx.evaluate as evaluate_cli
+
+    real = evaluate_cli.evaluation_seconds
+    monkeypatch.setattr(evaluate_cli, "evaluation_seconds",
+                        lambda model, contexts, docs, *rest: (real(model, contexts, docs, *rest)[0], 40.0 * docs))
+    assert evaluate_main([str(run), "--docs", "3", "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 0
+    started = next(line for line in capsys.readouterr().err.splitlines() if "started" in line)
+    assert started == ("evaluate ctx 64: started (3 docs in 3 forwards of up to 1, set by a forward of 3 estimated at "
+                       "~2 min (the run's number); --micro-docs sets it; progress is counted per forward)")
+    assert json.loads((tmp_path / "x.json").read_text())["micro_docs"] == 1
+
+
 def test_a_long_evaluation_names_a_shorter_ctx(run, tmp_path, capsys, monkeypatch):
     """An estimate over 10 minutes says so and names the longest power-of-two --ctx estimated under them. On a
     machine slowed down (its matmul rate) until the run's ctx takes 15 minutes, against the time that rate gives the
