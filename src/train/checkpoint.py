@@ -355,6 +355,10 @@ def read(path: str | Path, needs: Iterable[str] = ()) -> dict:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"checkpoint {path} is unreadable (its trainer state has no step count: "
                                   f"step={step!r})")
+        named = _NAME.match(path.name)
+        if named and int(named[1]) != step:   # a run's checkpoint is named by the step it holds
+            raise CheckpointError(f"checkpoint {path} is unreadable (it holds step {step}, its name step "
+                                  f"{int(named[1])}: edited or renamed)")
     return state
 
 

@@ -286,17 +286,19 @@ def test_a_full_disk_stops_training_with_one_line(compose, tmp_path, monkeypatch
 
 
 @pytest.mark.slow  # a train.py process
-def test_a_failed_write_in_train_py_is_one_line_exit_1(train_env, tmp_path):
-    """The checkpoint folder cannot be made (a file holds its name): the run stops at its first save, one line."""
+def test_a_checkpoint_folder_that_cannot_be_made_is_one_line_before_training(train_env, tmp_path):
+    """A file holds the checkpoint folder's name: train.py refuses in one line before the first step (it once
+    trained up to its first save, then stopped); a write that fails mid-run is test_a_full_disk_stops_training."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoints").write_text("in the way")
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), *TRAIN, f"hydra.run.dir={run}"],
                           env=train_env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
-        f"error: could not write checkpoint {run / 'checkpoints' / 'step_00000002.pt'}: File exists: "
-        f"{run / 'checkpoints'}; nothing was written there (older checkpoints are kept)"]
+        f"error: run_dir={str(run)!r}: {run / 'checkpoints'} is not a folder, where the run writes its checkpoints; "
+        f"move it away. Nothing was written."]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]
 
 
 def test_stale_temp_files_are_removed_at_the_next_start(run, compose, tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from longctx.train import checkpoint as ckpt
 from longctx.train.trainer import Trainer
 from _resumed import records
 
@@ -298,3 +299,14 @@ def test_init_from_the_weights_file_beside_a_checkpoint(compose, tiny, nine_step
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     six = next(r for r in records(nine_steps) if r["step"] == 6)
     assert from_weights.prior_tokens == from_pt.prior_tokens == six["tokens"]
+
+
+def test_a_checkpoint_holding_another_step_than_its_name_is_refused(compose, tiny, nine_steps, tmp_path):
+    """A checkpoint is named by the step it holds: one edited to another step (it resumed as 'complete at step
+    1000000000' and then reported step 9) or renamed is unreadable, naming both steps; the resume falls back to the
+    older one kept beside it, saying so."""
+    run, path = _damaged(nine_steps, tmp_path, lambda s: s["trainer"].update(step=10 ** 9))
+    with pytest.raises(ckpt.CheckpointError, match=r"it holds step 1000000000, its name step 9"):
+        ckpt.read(path, ("trainer",))
+    trainer = Trainer(compose(*tiny, "trainer.max_steps=12", "trainer.resume=true", f"run_dir={run}"))
+    assert trainer.step == 6
