@@ -351,18 +351,18 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     if docs is not None:
         cfg.data.eval_docs = docs
     generated_vocab_fits(cfg, model)
+    def check_fits(held: int) -> None:   # `held` documents' inputs and targets, int64, beside the forward
+        fits_memory("--ctx", [ctx], model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), held), precision,
+                    16 * held, f"{held} heldout documents held",
+                    "evaluate at a shorter --ctx, or with fewer --docs or --micro-docs")
+
     # before any data is read or generated (generated documents are max(1024, ctx) long): the data config's count of
-    # documents bounds what will be held; the count the heldout split has is checked again below
-    held = int(cfg.data.eval_docs)
-    fits_memory("--ctx", [ctx], model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), held), precision, 16 * held,
-                f"{held} heldout documents held", "evaluate at a shorter --ctx, or with fewer --docs or --micro-docs")
+    # documents bounds what will be held; the count the heldout split has is checked again once it is known
+    check_fits(int(cfg.data.eval_docs))
     splits = resolve_splits(cfg.data, ctx, "--ctx")  # refuses a --ctx longer than the documents
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
-    held = min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"])  # inputs and targets, int64
-    fits_memory("--ctx", [ctx], model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), held), precision, 16 * held,
-                f"{held} heldout documents held",
-                "evaluate at a shorter --ctx, or with fewer --docs or --micro-docs")
+    check_fits(min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"]))
     evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size,
                                                  "--docs" if docs is not None else "data.eval_docs"),
                                    bins or int(run_cfg.trainer.icl_bins), bins_key="--bins")
@@ -424,10 +424,14 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     longest = max(wanted)
     generated_vocab_fits(cfg, model)
     prompts = len(depths or DEFAULT_DEPTHS) * trials  # of one context, int64, held twice (+ BOS) with the haystacks
+
+    def check_fits(contexts: list[int], needle_docs: int) -> None:
+        fits_memory("--contexts", contexts, model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), prompts),
+                    precision, 8 * (2 * prompts + trials + needle_docs), f"{prompts} prompts of a context held",
+                    "evaluate shorter --contexts, or with fewer --trials, --depths or --micro-docs")
+
     needle_docs = 2 * trials + 16 if task == "needle" else 0   # at most; the split's own count is checked below
-    fits_memory("--contexts", wanted, model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), prompts), precision,
-                8 * (2 * prompts + trials + needle_docs), f"{prompts} prompts of a context held",
-                "evaluate shorter --contexts, or with fewer --trials, --depths or --micro-docs")  # before any data
+    check_fits(wanted, needle_docs)   # before any data is read or generated
     splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
@@ -442,10 +446,7 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
         raise ValueError(f"--contexts: {too_short[0]} is shorter than a prompt's two copies of marker "
                          f"({len(alphabet.marker)} tokens) + key ({digits}) + 1 token of haystack; use contexts "
                          f">= {shortest}")
-    needle_docs = min(dataset_info(splits.heldout_path)["num_docs"], needle_docs)
-    fits_memory("--contexts", contexts, model, cfg, min(forward_docs(micro_docs, run_cfg, cfg), prompts), precision,
-                8 * (2 * prompts + trials + needle_docs), f"{prompts} prompts of a context held",
-                "evaluate shorter --contexts, or with fewer --trials, --depths or --micro-docs")
+    check_fits(contexts, min(dataset_info(splits.heldout_path)["num_docs"], needle_docs))
     documents = None
     if task == "needle":
         available = dataset_info(splits.heldout_path)["num_docs"]

@@ -47,6 +47,7 @@ SHOWN_BY_BASE = ("arch", "attention", "p", "window", "attention.p", "attention.w
 # the SWEEP_NAMED keys a grid of plain runs varies (scripts/run_points.py sets it for its points): named as in a
 # multirun, so two points of different lengths never share a folder
 SWEPT_ENV = "LONGCTX_SWEPT_KEYS"
+MAX_SUFFIX = 120  # characters of the override suffix kept whole (the base name takes up to ~100 more)
 
 
 def data_name(data: DictConfig) -> str:
@@ -96,8 +97,6 @@ def override_suffix(overrides: list[str], swept=(), shown: tuple | None = None) 
         suffix = suffix[:MAX_SUFFIX - len(digest) - 1].rstrip("_-") + "_" + digest
     return suffix
 
-
-MAX_SUFFIX = 120  # characters of the override suffix kept whole (the base name takes up to ~100 more)
 
 
 _GIVEN: list = []  # (overrides, swept) that name a config composed outside a Hydra job (given_overrides)

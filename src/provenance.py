@@ -235,7 +235,8 @@ def format_command(record: dict) -> str:
     return shlex.join(command_line(record))
 
 
-def _diff_digest(diff: bytes | None) -> str | None:
+def diff_digest(diff: bytes | None) -> str | None:
+    """A short digest of an uncommitted diff (None for none): equal digests, equal edits."""
     return None if diff is None else hashlib.sha256(diff).hexdigest()[:16]
 
 
@@ -244,7 +245,7 @@ def code_now() -> dict:
     a digest of its uncommitted diff, and longctx's version."""
     record, diffs = _collect("cpu", 1)
     return {"commit": record["git"].get("commit"), "dirty": record["git"].get("dirty"),
-            "diff_sha256": _diff_digest(diffs.get("git")), "longctx": record["versions"].get("longctx")}
+            "diff_sha256": diff_digest(diffs.get("git")), "longctx": record["versions"].get("longctx")}
 
 
 def differences_from_now(record: dict | None, run_dir: str | Path | None = None) -> dict[str, tuple]:
@@ -261,9 +262,11 @@ def differences_from_now(record: dict | None, run_dir: str | Path | None = None)
     pairs["git.commit"] = (then_git.get("commit"), now["git"]["commit"])
     if run_dir is not None and then_git.get("dirty") is not None and now["git"].get("dirty") is not None:
         diff_file = Path(run_dir) / str(then_git.get("diff_file") or "")
-        then_diff = ("none" if not then_git["dirty"] else _diff_digest(diff_file.read_bytes())
-                     if then_git.get("diff_file") and diff_file.is_file() else "unknown")
-        now_diff = _diff_digest(diffs.get("git")) or "none"
-        if then_diff != "unknown":
-            pairs["git.diff"] = (then_diff, now_diff)
+        if not then_git["dirty"]:
+            then_diff = "none"
+        elif then_git.get("diff_file") and diff_file.is_file():
+            then_diff = diff_digest(diff_file.read_bytes())
+        else:
+            then_diff = None    # a dirty launch whose diff is gone: not compared
+        pairs["git.diff"] = (then_diff, diff_digest(diffs.get("git")) or "none")
     return {k: (a, b) for k, (a, b) in pairs.items() if a != b and a is not None and b is not None}

@@ -194,7 +194,8 @@ def compile_attention(p, d, dtype, *, norm=True, gated=True, hq=4, hk=2, arch=90
     """Compile the attention-form kernels (forward, the two backward kernels) for one (p, d, dtype) with the blocks
     and operand types AttentionForm uses; returns [(name, shared bytes, registers, spill stack bytes)]. xt: as the
     chunked form launches them with the Gluon outer products' scaled copies (forward XT_MODE 1, dq XT_MODE 2), on
-    chunks of config.dispatch's chunk_p2 rows; t: the attention form's sequence length (None: one that is not whole tiles, masks kept)."""
+    chunks of config.dispatch's chunk_p2 rows; t: the attention form's sequence length (None: one that is not whole
+    tiles, masks kept)."""
     torch_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     ints = {"scale": "fp32", "scale_p": "fp32", "T": "i32"}

@@ -195,13 +195,13 @@ def different_data_lines(groups: list[Group]) -> list[str]:
 def paired_rows(groups: list[Group], n_boot: int) -> tuple[list[dict], list[str]]:
     """Paired differences (first minus second) between groups evaluated on the same heldout documents, and one
     line for each pair refused (same data, other documents)."""
-    with_docs = [(g, _final_docs(g)) for g in groups]
-    without = [g for g, d in with_docs if d is None]
-    with_docs = [(g, d) for g, d in with_docs if d is not None]
+    each = [(g, [run.doc_bins(run.final) for run in g.runs]) for g in groups]   # _final_docs, the runs named
+    with_docs = [(g, d) for g, d in each if all(x is not None for x in d)]
     pairs = list(combinations(with_docs, 2))
-    refused = [f"{g.label}: " + ", ".join(r.name for r in g.runs if r.doc_bins(r.final) is None) + " has no usable "
+    refused = [f"{g.label}: " + ", ".join(r.name for r, x in zip(g.runs, d) if x is None) + " has no usable "
                "per-document record of its final evaluation (eval/step_*.npz: missing, or rows of packed documents); "
-               "the group is in no paired difference" for g in without] if len(groups) > 1 else []
+               "the group is in no paired difference" for g, d in each
+               if any(x is None for x in d)] if len(groups) > 1 else []
     refused += different_data_lines([g for g, _ in with_docs])
     pairs = [(a, b) for a, b in pairs if _documents_key(a[0]) == _documents_key(b[0])]
     if len(pairs) > MAX_PAIRS:

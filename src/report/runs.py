@@ -51,6 +51,7 @@ class Run:
     last_launch: dict = field(default_factory=dict)  # the flattened config of its newest resume (none: {})
     packed_said: bool = field(default=False, repr=False, compare=False)  # the packed-rows warning given
     source: str = "metrics.jsonl"  # the file its records were read from (a report record's, for runs_from_record)
+    provenance: dict | None = field(default=None, repr=False)  # its provenance.json as written (None: none)
 
     @property
     def attention(self) -> str:
@@ -305,7 +306,8 @@ def load_run(path: Path) -> Run:
     changed = resume_changes(path, run.flat)
     if changed:  # what it trained under is more than config.yaml says: labelled, and never a seed of one that was not
         run.flat[RESUMED] = changed
-    run.last_launch = newest_resume_config(path)
+    run.provenance = provenance_record(path)
+    run.last_launch = newest_resume_config(path, run.provenance)
     own = own_stage_source(path, run.flat.get("trainer.init_from"))
     if own:
         run.flat["trainer.init_from"] = own
@@ -333,14 +335,11 @@ def _written(p: Path) -> tuple:
     return int(match.group(1)) if match else 0, p.stat().st_mtime_ns, p.name
 
 
-def _recorded_newest(path: Path) -> Path | None:
-    """The config file of the run's newest launch as provenance.json names it (launches record the config they
-    trained under), None for runs made before they did or without a readable record."""
-    try:
-        record = json.loads((path / "provenance.json").read_text())
-        name = (record.get("launches") or [record])[-1].get("config_file")
-    except (OSError, ValueError, AttributeError, TypeError):
-        return None
+def _recorded_newest(path: Path, record: dict | None) -> Path | None:
+    """The config file of the run's newest launch as its provenance record names it (launches record the config they
+    trained under), None for runs made before they did or without a record."""
+    launches = (record or {}).get("launches") or [record or {}]
+    name = launches[-1].get("config_file") if isinstance(launches, list) and isinstance(launches[-1], dict) else None
     if not isinstance(name, str) or Path(name).name != name or not (path / name).is_file():
         return None
     return path / name
@@ -354,10 +353,11 @@ def _flat_config_file(p: Path) -> dict | None:
         return None
 
 
-def newest_resume_config(path: Path) -> dict:
+def newest_resume_config(path: Path, record: dict | None = None) -> dict:
     """The flattened config of a run's newest launch when it resumed, {} when it never resumed, its first config is
-    the newest, or the file is unreadable (the run's status then falls back to config.yaml's bounds)."""
-    newest = _recorded_newest(path) or max(_resume_configs(path) + [path / "config.yaml"], key=_written)
+    the newest, or the file is unreadable (the run's status then falls back to config.yaml's bounds). record: the
+    run's provenance record (provenance_record), which names the newest launch's config where the run is recent."""
+    newest = _recorded_newest(path, record) or max(_resume_configs(path) + [path / "config.yaml"], key=_written)
     return {} if newest.name == "config.yaml" else _flat_config_file(newest) or {}
 
 
@@ -697,9 +697,10 @@ def describe_comparison(runs: list[Run], keys: list[str]) -> str:
 PER_RUN_PROVENANCE = ("time", "command", "overrides", "launches", "git.diff_file")
 
 
-def read_provenance(run: Run) -> dict | None:
-    """<run_dir>/provenance.json, flattened, when the run has one (older runs do not)."""
-    path = run.path / "provenance.json"
+def provenance_record(path: Path) -> dict | None:
+    """<run_dir>/provenance.json as written, when the run has one (older runs do not); one that is not a JSON object
+    is ignored, with a warning when it is not JSON at all."""
+    path = Path(path) / "provenance.json"
     if not path.exists():
         return None
     try:
@@ -707,7 +708,9 @@ def read_provenance(run: Run) -> dict | None:
     except json.JSONDecodeError as err:
         log.warning(f"warning: {path}: not valid JSON ({err.msg}, line {err.lineno}); ignored")
         return None
-    return flatten(data) if isinstance(data, dict) else None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 CODE_KEY = "code of every launch"  # provenance_differences' entry: each launch's commit and uncommitted diff
@@ -715,25 +718,21 @@ CODE_KEY = "code of every launch"  # provenance_differences' entry: each launch'
 
 def launches_code(run: Run) -> str | None:
     """The code each launch of a run trained with, in launch order, repeats dropped: its commit, '+diff <digest>' when
-    the tree was dirty (the digest of the provenance diff beside the record: two runs of one commit with other
+    the tree was dirty (provenance.diff_digest of the diff file beside the record: two runs of one commit with other
     uncommitted edits differ here), joined by ' -> '. None for a run without a record."""
-    import hashlib
+    from longctx.provenance import diff_digest
 
-    try:
-        record = json.loads((run.path / "provenance.json").read_text())
-        launches = record.get("launches") or [record]
-    except (OSError, ValueError, AttributeError):
+    if run.provenance is None:
         return None
+    launches = run.provenance.get("launches") or [run.provenance]
     codes = []
-    for launch in launches:
+    for launch in launches if isinstance(launches, list) else []:
         git = launch.get("git") if isinstance(launch, dict) else None
         git = git if isinstance(git, dict) else {}
         code = str(git.get("commit"))[:12]
         if git.get("dirty"):
             diff = run.path / str(git.get("diff_file") or "")
-            digest = hashlib.sha256(diff.read_bytes()).hexdigest()[:10] if git.get("diff_file") and diff.is_file() \
-                else "unknown"
-            code += f"+diff {digest}"
+            code += f"+diff {diff_digest(diff.read_bytes()) if git.get('diff_file') and diff.is_file() else 'unknown'}"
         if not codes or codes[-1] != code:
             codes.append(code)
     return " -> ".join(codes)
@@ -745,7 +744,7 @@ def provenance_differences(runs: list[Run]) -> dict[str, dict[str, str]]:
     overrides, each launch's record, the diff file's name) are left out: the run table shows what differs in the
     config, this lists code, versions and machines. CODE_KEY compares the code of every launch (a resume under
     another commit, or uncommitted edits that differ): listed when it differs between runs or within one."""
-    prov = {run.name: read_provenance(run) for run in runs}
+    prov = {run.name: None if run.provenance is None else flatten(run.provenance) for run in runs}
     if all(p is None for p in prov.values()):
         return {}
     keys = list(dict.fromkeys(k for p in prov.values() if p for k in p if k not in PER_RUN_PROVENANCE))

@@ -219,10 +219,9 @@ def _check_chosen_option_has(key: str, item: str, overrides: list[str], conf_dir
         return
     chosen = _chosen_option(group, overrides, conf_dir)
     # no experiment is picked here (_chosen_option): the keys its recipes set globally are not the option's
-    unpicked = {folder.relative_to(conf_dir).as_posix(): None for folder in conf_dir.glob("experiment*")
-                if folder.is_dir()}
-    unpicked.update((folder.relative_to(conf_dir).as_posix(), None) for folder in conf_dir.glob("experiment/*")
-                    if folder.is_dir())
+    unpicked = {group.relative_to(conf_dir).as_posix(): None for group in [conf_dir / "experiment",
+                                                                           *conf_dir.glob("experiment/**")]
+                if group.is_dir()}
     if chosen is None or _defined(key, schema(conf_dir, {**unpicked, group: chosen})):
         return
     having = [path.stem for path in sorted((conf_dir / group).glob("*.yaml"))

@@ -500,7 +500,6 @@ class Trainer:
             for note in notes:
                 log.info(note)
         # every part but the optimizer and its schedule as saved; those two as the resume decision says
-        name = "optimizer"
         try:  # a part that does not fit (a damaged or edited checkpoint): one line naming it, before any step
             for name, part in self.checkpointer.parts.items():
                 if name not in ("optimizer", "scheduler"):

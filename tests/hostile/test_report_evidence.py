@@ -14,7 +14,8 @@ from report_fixtures import fake_run
 
 from longctx.report import main
 from longctx.report.findings import judge_record
-from longctx.report.runs import CODE_KEY, find_runs, load_run, provenance_differences, unevaluated_runs
+from longctx.report.runs import (CODE_KEY, find_runs, load_run, provenance_differences, provenance_record,
+                                 unevaluated_runs)
 
 from test_report_hostile import interval_labels, paired_lines, run_cli
 
@@ -143,9 +144,11 @@ def test_a_linked_run_folder_in_a_sweep_is_found_once(tmp_path):
 
 
 def _provenance(run, launches, diffs=None):
+    """Write a provenance record (and its diff files) into a loaded run's folder, and read it as load_run does."""
     for name, text in (diffs or {}).items():
-        (run / name).write_text(text)
-    (run / "provenance.json").write_text(json.dumps({**launches[0], "launches": launches}))
+        (run.path / name).write_text(text)
+    (run.path / "provenance.json").write_text(json.dumps({**launches[0], "launches": launches}))
+    run.provenance = provenance_record(run.path)
 
 
 def test_code_that_differs_between_launches_or_uncommitted_edits_is_listed(tmp_path):
@@ -153,15 +156,15 @@ def test_code_that_differs_between_launches_or_uncommitted_edits_is_listed(tmp_p
     for run in runs:
         run.name = run.path.name
     clean = {"git": {"commit": "a" * 40, "dirty": False}}
-    _provenance(runs[0].path, [clean])
-    _provenance(runs[1].path, [clean, {"git": {"commit": "b" * 40, "dirty": False}}])   # resumed under other code
+    _provenance(runs[0], [clean])
+    _provenance(runs[1], [clean, {"git": {"commit": "b" * 40, "dirty": False}}])   # resumed under other code
     assert provenance_differences(runs[:2])[CODE_KEY] == {"exp_s0": "a" * 12, "exp_s1": "a" * 12 + " -> " + "b" * 12}
     edited = {"git": {"commit": "a" * 40, "dirty": True, "diff_file": "provenance.diff"}}
-    _provenance(runs[1].path, [edited], {"provenance.diff": "one edit"})
-    _provenance(runs[2].path, [edited], {"provenance.diff": "another edit"})
+    _provenance(runs[1], [edited], {"provenance.diff": "one edit"})
+    _provenance(runs[2], [edited], {"provenance.diff": "another edit"})
     code = provenance_differences(runs[1:])[CODE_KEY]
     assert code["exp_s1"] != code["exp_s2"] and all("+diff " in c for c in code.values())
-    _provenance(runs[2].path, [edited], {"provenance.diff": "one edit"})
+    _provenance(runs[2], [edited], {"provenance.diff": "one edit"})
     assert CODE_KEY not in provenance_differences(runs[1:])
 
 
@@ -195,7 +198,7 @@ def test_code_now_and_its_differences_from_a_run(tmp_path):
     differs = provenance.differences_from_now(record, tmp_path)
     if now["commit"] is not None:   # inside a git checkout (CI's clone is one)
         then, current = differs["git.diff"]
-        assert then == provenance._diff_digest(b"an edit this checkout does not hold")
+        assert then == provenance.diff_digest(b"an edit this checkout does not hold")
         assert current == (now["diff_sha256"] or "none")
     record["git"]["dirty"] = False        # trained clean: a dirty checkout now is a difference, a clean one none
     assert ("git.diff" in provenance.differences_from_now(record, tmp_path)) == bool(now["dirty"])
