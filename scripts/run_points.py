@@ -189,10 +189,12 @@ def main(argv=None) -> int:
     if clash:
         parser.error(clash)
     from longctx.train.launch import check_overrides
-    try:  # a mistyped key or option: one line now, not a failure of every point (each point's value as train.py would)
-        check_overrides([*args.overrides, *{o for point in grid for o in point}], ROOT / "conf")
-    except ValueError as e:
-        parser.error(str(e))
+    # a mistyped key or option: one line now, not a failure of every point (each point as train.py would check it)
+    for point in [[], *grid]:
+        try:
+            check_overrides([*args.overrides, *point], ROOT / "conf")
+        except ValueError as e:
+            parser.error(f"{e} (the point {' '.join(point)})" if point else str(e))
     out = Path(args.dir).expanduser().absolute()  # the caller's folder, whatever the points' working folder
     named = {SWEPT_ENV: ",".join(swept)} if swept else {}   # a run length swept: each its own folder, as in a multirun
     points = [Point(ov, out / "logs" / f"{point_name(ov)}.log",

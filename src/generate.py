@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from longctx.data import dataset_info
+from longctx.models import decoding
 from longctx.models.decoding import compile_available, takes_fused_state
 from longctx.runs import check_device, load_run
 from longctx.train.estimate import available_memory
@@ -68,20 +69,25 @@ def codec(name: str | None):
     return None
 
 
-def run_codec(cfg, run_dir=None):
+_READ = object()   # run_codec / prompt_bos: read the run's record themselves
+
+
+def run_codec(cfg, run_dir=None, recorded=_READ):
     """The run's text tokenizer as (encode, decode), or None where its data has no text (loaded only for --prompt),
     from what the run itself recorded first: the tokenizer file it keeps (a prepared corpus's BPE, copied into the
     run folder at launch); the tokenizer it recorded with its data (data_identity.json: bytes and GPT-2 load by
     name, a BPE from its dataset only while the dataset still holds that one); for a run that recorded none, the
     dataset's own where the data is on this machine (`longctx.data.load_tokenizer`, offline), else the one its data's
     name implies (LongCrawl64: GPT-2). A dataset re-prepared with another tokenizer since is said in a warning
-    naming both, and never decodes."""
+    naming both, and never decodes. recorded: recorded_tokens(run_dir) where the caller has it (read once: a damaged
+    record is said once)."""
     from longctx.data.tokenizer import TOKENIZER_FILE, BPETokenizer
 
     if cfg.data.name == "icl_markov":
         return None
     kept = Path(run_dir).expanduser() / TOKENIZER_FILE if run_dir is not None else None
-    recorded, current = recorded_tokens(run_dir), dataset_tokens(cfg)
+    recorded = recorded_tokens(run_dir) if recorded is _READ else recorded
+    current = dataset_tokens(cfg)
     if kept is not None and kept.is_file():
         tok = BPETokenizer.from_file(kept)  # a damaged file: one line naming it
         found = tok.encode, tok.decode
@@ -112,6 +118,23 @@ def recorded_codec(cfg, recorded: dict, current: dict | None):
                          f"data.path={str(path)!r}, now holds ids of {describe_tokens(current)}; the run's tokenizer "
                          f"cannot be loaded: give --prompt-ids")
     return dataset_codec(cfg)
+
+
+def prompt_bos(cfg, run_dir, recorded=_READ) -> int:
+    """The BOS id the run's documents began with (the trainer's inputs[:, 0]): its record's; else the end-of-text of
+    the BPE it keeps (a prepared corpus's BOS); else its dataset's; else the reader's default (GPT-2's end-of-text,
+    LongCrawl64's)."""
+    from longctx.data._array import GPT2_EOT
+    from longctx.data.tokenizer import TOKENIZER_FILE, BPETokenizer
+
+    recorded = recorded_tokens(run_dir) if recorded is _READ else recorded
+    if recorded is not None and recorded.get("bos_id") is not None:
+        return int(recorded["bos_id"])
+    kept = Path(run_dir).expanduser() / TOKENIZER_FILE
+    if kept.is_file():
+        return int(BPETokenizer.from_file(kept).eot_id)
+    current = dataset_tokens(cfg)
+    return int(current["bos_id"]) if current is not None and current.get("bos_id") is not None else GPT2_EOT
 
 
 def recorded_tokenizer_name(recorded: dict) -> str | None:
@@ -228,19 +251,22 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     device = check_device(device, "--device")
     model, cfg = load_run(run_dir, step=step, device=device)
     vocab = model.spec.vocab_size
-    text = run_codec(cfg, run_dir) if prompt is not None else None  # ids in, ids out: no tokenizer (nor its download)
+    recorded = recorded_tokens(run_dir) if prompt is not None else None
+    text = run_codec(cfg, run_dir, recorded) if prompt is not None else None  # ids in, ids out: no tokenizer loaded
     if prompt is not None:
         if text is None:
             raise ValueError(f"--prompt: the run's data ({cfg.data.name}) has no tokenizer; give --prompt-ids")
         ids = text[0](prompt)
         if not ids:
             raise ValueError("--prompt: the text encodes to no tokens")
+        ids = [prompt_bos(cfg, run_dir, recorded), *ids]   # after BOS, as every training document and evaluate's prompts
     else:
         ids = parse_ids(prompt_ids)
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
         raise ValueError(f"--prompt-ids: id {bad[0]} is outside the model's vocabulary 0..{vocab - 1}")
-    check_positions(model, len(ids), max_new_tokens, "--prompt" if prompt is not None else "--prompt-ids")
+    decoding.check_positions(model, len(ids), max_new_tokens, "--prompt" if prompt is not None else "--prompt-ids",
+                             "--max-new-tokens")
     dev = next(model.parameters()).device
     check_decoding_memory(model, len(ids), max_new_tokens, dev)
     idx = torch.tensor([ids], device=dev)
@@ -259,21 +285,6 @@ def generate_from_run(run_dir, max_new_tokens: int = 100, prompt: str | None = N
     return {"prompt_ids": ids, "ids": new, "text": text[1](new) if text else None, "seconds": seconds,
             "tokens_per_s": len(new) / seconds, "step": model.checkpoint_step, "use_cache": use_cache,
             "decoder": decoder_name(use_cache, static, dev, compile, takes_fused_state(model))}
-
-
-def check_positions(model, prompt_len: int, max_new_tokens: int, prompt_flag: str = "--prompt-ids") -> None:
-    """Learned positions end at the model's ctx: a sequence past it is refused before any decoding, on every path
-    alike (the static decoder's position is a device tensor, which the embedding would read past its table). The
-    last new token is never fed back, so the model reads prompt_len + max_new_tokens - 1 positions."""
-    ctx, need = int(model.spec.ctx), prompt_len + max_new_tokens - 1
-    if model.spec.positions != "learned" or need <= ctx:
-        return
-    if prompt_len > ctx:
-        raise ValueError(f"{prompt_flag}: {prompt_len} tokens need positions up to {prompt_len}: "
-                         f"arch.positions=learned holds ctx={ctx} positions; give a shorter prompt")
-    raise ValueError(f"--max-new-tokens={max_new_tokens}: a prompt of {prompt_len} tokens and {max_new_tokens} new "
-                     f"ones need positions up to {need}: arch.positions=learned holds ctx={ctx} positions; ask for at "
-                     f"most {ctx - prompt_len + 1}")
 
 
 def check_decoding_memory(model, prompt_len: int, max_new_tokens: int, device: torch.device) -> None:

@@ -152,13 +152,24 @@ def job_swept_keys() -> set[str]:
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return set(os.environ.get(SWEPT_ENV, "").split(",")) & set(SWEEP_NAMED)   # a point of run_points' grid
-    try:
-        saved = OmegaConf.load(Path(str(HydraConfig.get().sweep.dir)) / "multirun.yaml").hydra
-        overrides = [str(o) for o in saved.overrides.task]
-        params = OmegaConf.to_container(saved.sweeper.params) if OmegaConf.select(saved, "sweeper.params") else {}
-    except Exception:  # no record (a launcher that writes none): the job's own overrides name it
-        return set()
-    return swept_keys(overrides, params)
+    return sweep_folder_swept_keys(Path(str(HydraConfig.get().sweep.dir)))
+
+
+def sweep_folder_swept_keys(sweep_dir: Path) -> set[str]:
+    """swept_keys of every launch into a sweep folder (multirun.yaml and the earlier launches' multirun.launch<N>.yaml):
+    a relaunch of one value of a swept run length (`trainer.max_steps=4` after `=2,4`) still names it, and so
+    resumes `_max_steps4` rather than training a copy under the bare name. No record (a launcher that writes none):
+    none, the job's own overrides name it."""
+    swept = set()
+    for record in [sweep_dir / "multirun.yaml", *sorted(sweep_dir.glob("multirun.launch*.yaml"))]:
+        try:
+            saved = OmegaConf.load(record).hydra   # OmegaConf.load reads YAML safely (no code runs)
+            overrides = [str(o) for o in saved.overrides.task]
+            params = OmegaConf.to_container(saved.sweeper.params) if OmegaConf.select(saved, "sweeper.params") else {}
+        except Exception:
+            continue
+        swept |= swept_keys(overrides, params)
+    return swept
 
 
 def run_name(cfg: DictConfig, overrides: list[str] | None = None, swept=None) -> str:

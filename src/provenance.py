@@ -221,13 +221,17 @@ def write(run_dir: str | Path, device: str | None = None, world_size: int = 1, c
 
 def command_line(record: dict, python: str = "python") -> list[str]:
     """The command that makes this run again: the entry point and this job's overrides (a sweep's job gets its
-    own values, not the sweep's `-m a=1,2`). Records without Hydra overrides replay their argv."""
+    own values, not the sweep's `-m a=1,2`). Records without Hydra overrides replay their argv. A launch of several
+    processes starts as `torchrun --nproc_per_node=N` on one machine (the world size a context-parallel run's config
+    needs; across nodes, give torchrun the same N in all)."""
     argv = record["command"]
+    world = int(record.get("world_size") or 1)
+    start = [python] if world == 1 else ["torchrun", f"--nproc_per_node={world}"]
     if record.get("overrides") is None:
-        return [python, *argv]
+        return [*start, *argv]
     # A Slurm job's argv is submitit's runner, not the script the sweep was launched with
     script = argv[0] if argv and argv[0].endswith(".py") and "submitit" not in argv[0] else "train.py"
-    return [python, script, *record["overrides"]]
+    return [*start, script, *record["overrides"]]
 
 
 def format_command(record: dict) -> str:

@@ -121,6 +121,20 @@ def test_learned_positions_past_ctx_are_one_line_on_every_path(learned, capsys, 
         "arch.positions=learned holds ctx=64 positions; ask for at most 61"]
 
 
+def test_the_python_generate_past_learned_positions_names_its_argument(learned):
+    """model.generate refuses as the command does, naming its own arguments (not an IndexError of the table)."""
+    from longctx.runs import load_run
+    model = load_run(learned)[0]
+    prompt = torch.tensor([[1, 2, 3, 0]])
+    assert model.generate(prompt, 61, temperature=0).shape == (1, 65)
+    with pytest.raises(ValueError) as caught:
+        model.generate(prompt, 62, temperature=0)
+    assert str(caught.value) == ("max_new_tokens=62: a prompt of 4 tokens and 62 new ones need positions up to 65: "
+                                 "arch.positions=learned holds ctx=64 positions; ask for at most 61")
+    with pytest.raises(ValueError, match=r"^idx: 65 tokens need positions up to 65: "):
+        model.generate(torch.ones(1, 65, dtype=torch.long), 1)
+
+
 def test_a_prompt_past_learned_positions_is_one_line(learned, capsys):
     code = generate_cli.main([str(learned), "--prompt-ids", ",".join(["1"] * 65), "--max-new-tokens", "1",
                               "--device", "cpu"])

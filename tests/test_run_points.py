@@ -1,6 +1,7 @@
 """scripts/run_points.py: grid expansion, at most --jobs at once, the deadline, and a real two-point run that a
 second launch finds finished."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -47,6 +48,13 @@ def test_points_apart_only_in_what_names_do_not_show_are_refused(import_script, 
                         "trainer.max_stepz=2", "--grid", "seed=0,1"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
         "error: config: trainer.max_stepz=2: unknown key (no config file defines it; did you mean trainer.max_steps?)")
+    for hash_seed in ("0", "2"):  # each point checked as train.py would check it, whatever the order of a set
+        r = subprocess.run([sys.executable, str(REPO / "scripts/run_points.py"), "--dir", str(tmp_path), "--dry-run",
+                            "--grid", "attention=exp,power", "--grid", "p=2"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+            "p=2: attention=exp does not read p (only attention=power does); add attention=power, or leave p out "
+            "(the point attention=exp p=2)"), r.stderr
     from omegaconf import OmegaConf
 
     from longctx.naming import job_swept_keys, run_name

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 import longctx.generate as generate_cli
@@ -85,7 +86,7 @@ def test_generate_encodes_and_decodes_with_the_runs_tokenizer(bytes_run, capsys)
 
     setup_logging()
     res = generate_cli.generate_from_run(bytes_run, 6, prompt=PROMPT, temperature=0, device="cpu")
-    assert res["prompt_ids"] == list(PROMPT.encode("utf-8"))
+    assert res["prompt_ids"] == [256, *PROMPT.encode("utf-8")]   # BOS first, as the run's documents
     assert res["text"] == bytes(i for i in res["ids"] if i < 256).decode("utf-8", errors="replace")
     data = bytes_run.parent / "ds"
     assert stderr_lines(capsys) == [
@@ -111,6 +112,18 @@ def test_generate_keeps_the_runs_bpe_copy_and_says_the_dataset_changed(bpe_run, 
     _, cfg = load_run(bpe_run, device="cpu")
     truth = BPETokenizer.from_file(corpora["bpe"] / "tokenizer.json")
     assert generate_cli.run_codec(cfg, bpe_run)[0]("def f_1") == truth.encode("def f_1")
+
+
+def test_a_text_prompt_is_read_after_the_runs_bos(bpe_run, bytes_run):
+    """Every training document began with BOS (inputs[:, 0]), and so does a --prompt: the run's recorded BOS (the BPE
+    run's 0, though its dataset now holds bytes, whose BOS is 256), then the prompt's ids."""
+    out = generate_cli.generate_from_run(bpe_run, 2, prompt="def f_1", temperature=0, device="cpu")
+    _, cfg = load_run(bpe_run, device="cpu")
+    assert out["prompt_ids"] == [0, *generate_cli.run_codec(cfg, bpe_run)[0]("def f_1")]
+    out = generate_cli.generate_from_run(bytes_run, 2, prompt="def f", temperature=0, device="cpu")
+    assert out["prompt_ids"] == [256, *b"def f"]
+    model, _ = load_run(bytes_run, device="cpu")   # the continuation is the model's greedy after BOS + prompt
+    assert out["ids"] == model.generate(torch.tensor([[256, *b"def f"]]), 2, temperature=0)[0, -2:].tolist()
 
 
 def test_generate_refuses_when_the_runs_bpe_is_gone(bpe_run, tmp_path, capsys):
@@ -223,6 +236,7 @@ def test_generate_reads_a_run_whose_data_record_is_damaged(bpe_run, tmp_path, ca
     (run / "data_identity.json").write_text("{not json")
     setup_logging()
     res = generate_cli.generate_from_run(run, 3, prompt=PROMPT, temperature=0, device="cpu")
-    assert res["prompt_ids"] == BPETokenizer.from_file(run / "tokenizer.json").encode(PROMPT)
+    kept = BPETokenizer.from_file(run / "tokenizer.json")   # BOS: the kept BPE's end-of-text, as its corpus's
+    assert res["prompt_ids"] == [kept.eot_id, *kept.encode(PROMPT)]
     assert stderr_lines(capsys) == [f"warning: {run / 'data_identity.json'}: unreadable data identity (JSONDecodeError)"
                                     f": the run's tokenizer is taken as if it recorded none"]

@@ -125,6 +125,19 @@ def test_best_bin_of_each_resample_is_the_trainers_best_bin():
     assert list(best_bins(curves, rec.edges)) == [best_bin(c, bins, min_positions_for(bins[-1][1])) for c in curves]
 
 
+def test_best_bin_never_takes_a_bin_no_packed_document_reaches():
+    """Packed documents shorter than every wide bin: NaN wide bins; the best context is the lowest reached bin (of
+    any width), in the trainer's best_bin and in the report's best_bins alike; a reached wide bin comes first."""
+    from longctx.report.stats import best_bins
+    bins = [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64), (64, 128)]
+    edges = np.array(bins)
+    short = np.array([3.0, 2.5, 2.0, 2.2, np.nan, np.nan, np.nan, np.nan])   # no document reaches 8
+    assert best_bin(short, bins, 16, skip_nan=True) == 2
+    longer = np.array([3.0, 2.5, 2.0, 2.2, 2.1, 2.4, np.nan, np.nan])        # one wide bin reached: it wins over 2.0
+    assert best_bin(longer, bins, 16, skip_nan=True) == 5
+    assert list(best_bins(np.stack([short, longer]), edges, 16)) == [2, 5]
+
+
 def test_seed_aggregate_is_the_mean_of_seeds_with_their_spread():
     rng = np.random.default_rng(6)
     recs = [synthetic_eval(rng, offset=off)[0] for off in (0.05, 0.10, 0.20)]

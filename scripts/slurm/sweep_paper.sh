@@ -10,7 +10,7 @@
 #            28 runs (loss/ICL vs context length at fixed size)
 #   reshape  attention=power x ctx=1024,8192,65536 with data.reshape_block=1024: 3 runs (the paper's
 #            "fooled by context" ablation: same tokens, no long context; compare with `ctx`)
-#   smoke    the tiny CPU default on the bundled ICL Markov data: attention x ctx=128,256, 200 steps.
+#   smoke    the tiny CPU default on the bundled ICL Markov data: attention x ctx=128,256, 200 steps, window 64.
 #            8 runs, minutes each; checks a cluster setup end to end before spending GPU hours
 #
 # Launchers:
@@ -72,7 +72,8 @@ case $GRID in
   reshape) SWEEP=("ctx=1024,8192,65536")
            FIXED=(attention=power p=2 model=small data.reshape_block=1024) ;;
   smoke)   SWEEP=("attention=$ATTENTIONS" "ctx=128,256")
-           FIXED=(p=2 model=tiny trainer.max_steps=200 trainer.eval_every=100) ;;
+           FIXED=(p=2 model=tiny trainer.max_steps=200 trainer.eval_every=100)
+           WINDOW=${WINDOW:-64} ;;   # below its contexts: the config's 1024 would make the window arm softmax
   *) echo "sweep_paper.sh: unknown grid '$GRID' (main, ctx, reshape, smoke)" >&2; usage 2 ;;
 esac
 SWEEP+=("seed=$SEEDS")
@@ -88,6 +89,20 @@ if [[ $GRID != smoke ]]; then
   FIXED+=(experiment=paper "data.path=$DATA_PATH")
 fi
 FIXED+=("logger.wandb.group=$GROUP")
+# An extra override of a key the grid sweeps would make every point the same run; for sbatch (one plain train.py
+# per point) a comma value would be a sweep inside each job: both refused before anything is submitted.
+swept_keys=" ${SWEEP[*]%%=*} "
+for item in "${EXTRA[@]}"; do
+  key=${item%%=*}; key=${key#[+~]}; key=${key#+}
+  if [[ $swept_keys == *" $key "* ]]; then
+    hint="every point would get this one value"; [[ $key == seed ]] && hint="SEEDS=0,1 sets the grid's seeds"
+    echo "sweep_paper.sh: $item: the $GRID grid sweeps $key ($hint)" >&2; exit 2
+  fi
+  if [[ $LAUNCHER == sbatch && ${item#*=} == *,* && $item != *[\[\(\{\'\"]* ]]; then
+    echo "sweep_paper.sh: $item: several values are a sweep, and --launcher sbatch submits one plain run per point" \
+         "(SEEDS=0,1 for seeds; other axes: one sweep_paper.sh call per value)" >&2; exit 2
+  fi
+done
 
 run() {  # print the command (shell-quoted), then run it unless --dry-run
   printf '%q ' "$@"; echo
@@ -135,8 +150,19 @@ case $LAUNCHER in
     read -r -a sbatch_args <<<"${SBATCH_ARGS:-}"
     for pt in "${points[@]}"; do
       read -r -a pt_args <<<"$pt"
+      # train.py refuses a key its point's attention does not read (p for exp, window for power): each point
+      # gets p and WINDOW only where its attention reads them, as a multirun's jobs compose them unread
+      chosen=" ${FIXED[*]} ${pt_args[*]} "
+      pt_fixed=()
+      for f in "${FIXED[@]}"; do
+        case $f in
+          p=*) [[ $chosen == *" attention=power "* ]] || continue ;;
+          window=*) [[ $chosen == *" attention=window "* ]] || continue ;;
+        esac
+        pt_fixed+=("$f")
+      done
       run sbatch --job-name="$GROUP" "${sbatch_args[@]}" scripts/slurm/sbatch_ddp.sh \
-          "hydra.run.dir=runs/$GROUP/\${run_name}" "${FIXED[@]}" "${pt_args[@]}" "${EXTRA[@]}"
+          "hydra.run.dir=runs/$GROUP/\${run_name}" "${pt_fixed[@]}" "${pt_args[@]}" "${EXTRA[@]}"
     done
     ;;
   *) echo "sweep_paper.sh: unknown launcher '$LAUNCHER' (slurm, sbatch, local)" >&2; exit 2 ;;

@@ -601,8 +601,11 @@ def _prepare_packages(tmp: Path, cfg: PrepareConfig, tok) -> dict:
     nbytes = {name: sum(len(t.encode("utf-8")) for t in parts) for name, parts in texts.items()}
     eligible = [name for name in texts if nbytes[name] >= L]
     if not eligible:
+        links = sum(1 for root in roots for child in root.iterdir() if child.is_symlink())
+        unfollowed = (f"; {links} symbolic link{'s' * (links != 1)} in the inputs, never followed: give the folders "
+                      f"they point to as inputs") if links else ""
         raise ValueError(f"input: no package of {', '.join(cfg.inputs)} holds >= doc_len={L} bytes of text "
-                         f"({len(texts)} packages with text)")
+                         f"({len(texts)} packages with text){unfollowed}")
     rng = np.random.default_rng(cfg.seed)
     shuffled = [eligible[i] for i in rng.permutation(len(eligible))]
     target = cfg.heldout_frac * sum(nbytes[n] for n in eligible)

@@ -81,9 +81,18 @@ class HeldoutLoss:
     reached: np.ndarray | None = None  # (T,) bool, packed rows only
 
     @property
+    def reached_curve(self) -> np.ndarray:
+        """The per-position losses that are losses: every position, or with packed rows those some document reaches."""
+        return self.per_position if self.reached is None else self.per_position[self.reached]
+
+    @property
     def finite(self) -> bool:
-        curve = self.per_position if self.reached is None else self.per_position[self.reached]
-        return bool(np.isfinite(curve).all())
+        return bool(np.isfinite(self.reached_curve).all())
+
+    @property
+    def mean_loss(self) -> float:
+        """The heldout loss: the curve's mean over the positions that hold losses."""
+        return float(self.reached_curve.mean())
 
 
 class HeldoutEvaluation:

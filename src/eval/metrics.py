@@ -86,11 +86,14 @@ def last_fraction_mean(per_position: np.ndarray, fraction: float = 0.1, reached:
 
 def best_bin(binned: np.ndarray, bins: list[tuple[int, int]], min_positions: int, skip_nan: bool = False) -> int:
     """Index of the lowest bin among those holding >= min_positions positions (check_bins makes sure one does).
-    skip_nan: leave out NaN bins (packed documents: bins no document reaches), unless every candidate is NaN."""
+    skip_nan: leave out NaN bins (packed documents: bins no document reaches); where no wide bin is reached (documents
+    all shorter than the first wide bin), the lowest reached bin of any width, never a NaN one while one is reached."""
     widths = np.array([b - a for a, b in bins])
     wide = widths >= min_positions
-    reached = wide & ~np.isnan(np.asarray(binned, dtype=np.float64))
-    candidates = np.flatnonzero(reached if skip_nan and reached.any() else wide)
+    finite = ~np.isnan(np.asarray(binned, dtype=np.float64))
+    candidates = np.flatnonzero(wide)
+    if skip_nan and finite.any():
+        candidates = np.flatnonzero(wide & finite if (wide & finite).any() else finite)
     if not len(candidates):
         raise ValueError(f"no bin holds {min_positions} positions (widest {widths.max()}): too many bins")
     return int(candidates[np.argmin(np.asarray(binned)[candidates])])

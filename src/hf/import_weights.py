@@ -46,6 +46,10 @@ def read_config(folder) -> dict:
     if not isinstance(config, dict):
         raise HFImportError(f"{path}: expected a JSON object, found {type(config).__name__}")
     model_type = config.get("model_type")
+    if model_type == "longctx":   # an export of a longctx run: its run folder or checkpoint is the source
+        raise HFImportError(f"{path}: model_type='longctx' is an export of a longctx run, not a model to import; give "
+                            f"trainer.init_from the run folder or a checkpoint it was exported from "
+                            f"(checkpoints/step_*.pt or .safetensors)")
     if model_type not in MODEL_TYPES:
         raise HFImportError(f"{path}: model_type={model_type!r} cannot be imported; supported: "
                             f"{', '.join(sorted(MODEL_TYPES))}")

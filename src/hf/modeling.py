@@ -122,6 +122,20 @@ class LongctxPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         pass  # the longctx model initialises its own weights when built; loaded weights replace them
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' loading, refusing a folder whose weights file lacks some of the model's tensors (a damaged
+        or partial export): transformers would load it anyway, those tensors left as uninitialised memory (NaN
+        logits scored as results)."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:
+            where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+            raise ValueError(f"{where}: its weights lack {len(missing)} of the model's tensors, the first "
+                             f"{missing[0]} (a damaged or partial export); export the run again")
+        return (model, info) if want_info else model
+
 
 class LongctxForCausalLM(LongctxPreTrainedModel, GenerationMixin):
     """A longctx model as a transformers causal LM (see the module docstring). forward(input_ids, attention_mask,

@@ -71,6 +71,24 @@ def check_generate_args(model, idx, max_new_tokens, temperature, top_k) -> None:
         raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or a positive integer, got {top_k!r}")
+    check_positions(model, idx.shape[1], max_new_tokens)
+
+
+def check_positions(model, prompt_len: int, max_new_tokens: int, prompt_flag: str = "idx",
+                    new_flag: str = "max_new_tokens") -> None:
+    """Learned positions end at the model's ctx: a sequence past it is refused before any decoding, on every path
+    alike (the static decoder's position is a device tensor, which the embedding would read past its table). The
+    last new token is never fed back, so the model reads prompt_len + max_new_tokens - 1 positions. The flags name
+    the arguments in the message (the CLI's --prompt-ids / --max-new-tokens)."""
+    ctx, need = int(model.spec.ctx), prompt_len + max_new_tokens - 1
+    if model.spec.positions != "learned" or need <= ctx:
+        return
+    if prompt_len > ctx:
+        raise ValueError(f"{prompt_flag}: {prompt_len} tokens need positions up to {prompt_len}: "
+                         f"arch.positions=learned holds ctx={ctx} positions; give a shorter prompt")
+    raise ValueError(f"{new_flag}={max_new_tokens}: a prompt of {prompt_len} tokens and {max_new_tokens} new "
+                     f"ones need positions up to {need}: arch.positions=learned holds ctx={ctx} positions; ask for at "
+                     f"most {ctx - prompt_len + 1}")
 
 
 def autocast_weights(model: nn.Module) -> nn.Module:

@@ -137,13 +137,18 @@ def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> tuple[n
 def best_bins(curves: np.ndarray, edges: np.ndarray, min_positions: int | None = None) -> np.ndarray:
     """Each curve's best-context bin, as the trainer's `longctx.eval.metrics.best_bin`: the lowest among bins of at
     least `min_positions` positions (default: `min_positions_for` the curves' context). curves (R, n_bins) -> (R,)
-    int. Records whose bins are all narrower (made before the rule) take the widest bins."""
+    int. Records whose bins are all narrower (made before the rule) take the widest bins. A NaN bin (packed
+    documents: one no document reaches) is never taken while the curve has a finite one: as best_bin, a curve with
+    no finite wide bin takes its lowest finite bin of any width."""
     widths = edges[:, 1] - edges[:, 0]
     if min_positions is None:
         min_positions = min_positions_for(int(edges[-1, 1]))
     eligible = widths >= min(min_positions, widths.max())
-    masked = np.where(eligible[None, :], curves, np.inf)
-    return np.argmin(masked, axis=1)
+    finite = ~np.isnan(curves)
+    wide = eligible[None, :] & finite
+    allowed = np.where(wide.any(axis=1, keepdims=True), wide, finite)
+    allowed = np.where(allowed.any(axis=1, keepdims=True), allowed, eligible[None, :])
+    return np.argmin(np.where(allowed, np.nan_to_num(curves, nan=np.inf), np.inf), axis=1)
 
 
 def last_fraction_weights(edges: np.ndarray, fraction: float = 0.1) -> np.ndarray:

@@ -120,18 +120,27 @@ def check_sweep_jobs(overrides: list[str], conf_dir: Path) -> None:
     varying = {k for i, k in enumerate(keys) if len({job[i] for job in jobs}) > 1}  # every job: these keys, in order
     swept = swept_keys(overrides, {k: ",".join(sorted({j[i].split("=", 1)[1] for j in jobs}))
                                    for i, k in enumerate(keys) if k in varying})
+    own_subdir = "hydra.sweep.subdir" in _by_key(overrides)
+    folders: dict[str, tuple[int, str]] = {}   # run name (each job's folder) -> the first job named so
     with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
         for n, job in enumerate(jobs, 1):
             composed = _run_config(job, swept)
             if composed is None:
                 continue
             cfg, choices, _ = composed
+            shown = " ".join(o for o in job if o.split("=", 1)[0] in varying)
             try:
                 cfg.trainer.resume = resolve_resume(cfg.trainer.resume, multirun=True)
                 validate(cfg, choices, conf_dir, for_run=True)
             except ValueError as err:
-                shown = " ".join(o for o in job if o.split("=", 1)[0] in varying)
                 raise ValueError(f"{err} (sweep job {n} of {len(jobs)}: {shown}); no job was launched") from None
+            # two jobs of one name would train in one folder, the second failing on (or resuming) the first's run
+            first = folders.setdefault(str(cfg.run_name), (n, shown))
+            if first[0] != n and not own_subdir:
+                raise ValueError(f"config: sweep jobs {first[0]} ({first[1]}) and {n} ({shown}) of {len(jobs)} are "
+                                 f"both named {cfg.run_name}, so they would share one run folder (the name does not "
+                                 f"show what tells them apart); launch one sweep per value (each with its own "
+                                 f"hydra.sweep.dir), or set hydra.sweep.subdir; no job was launched")
 
 
 def check_sweep_reuse(sweep: Path, overrides: list[str]) -> None:

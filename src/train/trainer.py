@@ -110,7 +110,10 @@ def model_vocab(cfg: DictConfig, depth: int = 0):
     if not source:
         return model_vocab_size
     if is_hf_folder(source):
-        from longctx.hf.import_weights import checkpoint_vocab
+        try:
+            from longctx.hf.import_weights import checkpoint_vocab
+        except ImportError as err:   # the hf extra missing: one line naming the key, not a traceback
+            raise ValueError(f"trainer.init_from={source}: a Hugging Face folder; {err}") from None
         return lambda vocab: checkpoint_vocab(source, vocab)
     path = Path(str(source)).expanduser()
     run_dir = path if path.is_dir() else path.parent.parent if path.parent.name == "checkpoints" else path.parent
@@ -212,6 +215,16 @@ def _repoint_records(moved: list[Path]) -> None:
         write_atomic(metrics, b"\n".join(lines))
 
 
+def whole_context_window(cfg) -> str | None:
+    """A sliding window at least as long as the context masks nothing: the run is softmax attention under the name
+    window (a sweep's short contexts). Said once at the start, so that its curves are not read as a window's."""
+    att = cfg.attention
+    if att.get("name") == "window" and int(att.window) >= int(cfg.ctx):
+        return (f"attention.window={att.window} >= ctx={cfg.ctx}: every position sees its whole context, so this run "
+                f"is softmax attention (attention=exp) named {att.tag}; a window below ctx restricts it")
+    return None
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, choices: dict | None = None):
         """Check everything (config, data, checkpoint) before the run directory is written to.
@@ -276,6 +289,8 @@ class Trainer:
         bf16 = cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and self.device.type == "cuda")
         self.flops = flops_report(self.model, cfg.ctx, self.device.type, torch.bfloat16 if bf16 else torch.float32)
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        if self.dist.is_main and (note := whole_context_window(cfg)):
+            log.warning(note)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.schedule = self._planned_schedule(say=not candidates)    # a resume's own note says its schedule
         self.scheduler = build_scheduler(self.optimizer, self.schedule)
@@ -737,8 +752,9 @@ class Trainer:
                                          lambda done: bar.update(done * layout.dp_world))
         self.model.train()
         if not result.finite:
-            what = (f"non-finite heldout loss at step {self.step} (mean {result.per_position.mean()}, "
-                    f"{int((~np.isfinite(result.per_position)).sum())} of {len(result.per_position)} positions)")
+            curve = result.reached_curve
+            what = (f"non-finite heldout loss at step {self.step} (mean {result.mean_loss}, "
+                    f"{int((~np.isfinite(curve)).sum())} of {len(curve)} positions)")
             if self.cfg.trainer.on_nonfinite == "stop":
                 raise FloatingPointError(f"{what}; stopping without a checkpoint (trainer.on_nonfinite=stop)")
             if self.dist.is_main:
@@ -756,7 +772,7 @@ class Trainer:
         record["epochs"] = round(self.tokens / self.train_tokens, 4)  # passes over the training split
         record["mfu"] = mfu(tokens_per_s, self.flops["train_flops_per_token"], self.device_name, self.dist.world_size)
         record.update(result.summary)
-        record["heldout_loss"] = float(curve.mean())
+        record["heldout_loss"] = result.mean_loss   # packed rows: over the positions some document reaches
         # train_loss: since the last evaluation, over the targets the loss counts (data.loss_on: the queried values)
         counted = "recall_loss" if self.loss_on_queries else "heldout_loss"
         record["heldout_minus_train"] = record[counted] - train_loss

@@ -148,6 +148,8 @@ def test_heldout_curve_is_by_position_within_each_document():
     short = {k: v[:2] for k, v in heldout.items()}
     res = HeldoutEvaluation(short, num_bins=4).run(model, micro_docs=2, precision="fp32")
     assert np.isnan(res.per_position[40:]).all() and np.isfinite(res.per_position[:40]).all() and res.finite
+    assert res.mean_loss == pytest.approx(want_short := res.per_position[:40].mean(), rel=1e-12)  # the heldout loss
+    assert np.isfinite(want_short) and result.mean_loss == pytest.approx(want.mean(), rel=1e-12)
     assert np.isfinite(res.summary["best_context_loss"])
     edges = HeldoutEvaluation(short, num_bins=4).edges
     means = [res.per_position[a:min(b, 40)].mean() for a, b in edges if b - a >= min_positions_for(T) and a < 40]

@@ -266,3 +266,21 @@ def test_heldout_packages_without_a_document_are_refused(tmp_path):
         prepare_dataset(PrepareConfig(source=[str(tmp_path / "site")], out=str(out), doc_len=256, group_by="package",
                                       vocab_size=300, heldout_frac=0.01, progress=False))
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_linked_packages_are_not_followed_and_the_refusal_says_so(tmp_path):
+    """An input whose packages are symbolic links (a tree of links to site-packages): none is read, and the one-line
+    refusal counts the links and says to give the folders they point to."""
+    from longctx.data.prepare import PrepareConfig, prepare_dataset
+
+    make_tree(tmp_path / "real", package_sources(3, 2, seed=1))
+    (tmp_path / "site").mkdir()
+    for pkg in sorted((tmp_path / "real").iterdir()):
+        (tmp_path / "site" / pkg.name).symlink_to(pkg)
+    with pytest.raises(ValueError) as caught:
+        prepare_dataset(PrepareConfig(source=[str(tmp_path / "site")], out=str(tmp_path / "ds"), doc_len=512,
+                                      group_by="package", tokenizer="bytes", heldout_docs=1, progress=False))
+    assert str(caught.value) == (f"input: no package of {tmp_path / 'site'} holds >= doc_len=512 bytes of text (0 "
+                                 f"packages with text); 3 symbolic links in the inputs, never followed: give the "
+                                 f"folders they point to as inputs")
+    assert not (tmp_path / "ds").exists()

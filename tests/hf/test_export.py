@@ -146,6 +146,25 @@ def test_registered_auto_classes_load_without_remote_code(exported, tmp_path):
     assert hf.model.lm_head.weight is hf.model.wte.weight  # stored once, tied again on load
 
 
+def test_a_folder_missing_weights_is_refused_naming_one(exported, tmp_path):
+    """A tensor cut from model.safetensors: refused in one line, not loaded as uninitialised memory (NaN logits)."""
+    from safetensors.torch import load_file, save_file
+    _, folder = exported("gpt2", "power")
+    cut = tmp_path / "cut"
+    shutil.copytree(folder, cut)
+    tensors = load_file(str(cut / "model.safetensors"))
+    gone = sorted(k for k in tensors if k.endswith(".weight") and ".blocks.1." in k)[0]
+    del tensors[gone]
+    save_file(tensors, str(cut / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError) as caught:
+        transformers.AutoModelForCausalLM.from_pretrained(cut, trust_remote_code=True)
+    assert str(caught.value) == (f"{cut}: its weights lack 1 of the model's tensors, the first {gone} (a damaged or "
+                                 f"partial export); export the run again")
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True,
+                                                                 output_loading_info=True)
+    assert not info["missing_keys"] and hf.model.lm_head.weight is hf.model.wte.weight   # a whole export loads
+
+
 def test_tied_weights_are_stored_once(exported):
     from safetensors import safe_open
     _, folder = exported("gpt2", "power")
@@ -238,6 +257,36 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
         require("transformers", "safetensors", what="longctx.export")
     assert str(caught.value) == ("longctx.export needs the optional package 'safetensors', which is not installed: "
                                  "pip install 'longctx[hf]'")
+
+
+@pytest.mark.parametrize("command", [["longctx.hf.import_weights", "x"], ["longctx.hf.harness", "x", "--out", "y"],
+                                     ["longctx.export", "x", "--out", "y"]])
+def test_every_hf_command_without_the_extra_is_one_line(command, tmp_path):
+    """transformers not installed (a sitecustomize hides it): each `python -m` command of the extra says so in one
+    line and exits 2, the package's own modules too (their package's import fails before their main runs)."""
+    import subprocess
+    import sys
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['transformers'] = None\n")
+    proc = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        "needs the optional package 'transformers', which is not installed: pip install 'longctx[hf]'"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_run_from_a_hugging_face_folder_without_the_extra_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['transformers'] = None\n")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "gpt2"}')
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"trainer.init_from={tmp_path / 'hf'}",
+                           f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [
+        f"error: trainer.init_from={tmp_path / 'hf'}: a Hugging Face folder; longctx.hf needs the optional package "
+        f"'transformers', which is not installed: pip install 'longctx[hf]'"], proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def recorded(tokenizer: str, bos_id: int) -> dict:

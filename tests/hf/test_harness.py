@@ -93,6 +93,20 @@ def test_tasks_are_the_runs_heldout_documents_and_the_retrieval_prompts(text_run
         assert a.replace(str(tmp_path / "a"), str(tmp_path / "b")) == b
 
 
+def test_bits_per_byte_counts_the_texts_bytes_not_the_end_of_text_spelling():
+    """A heldout document holding end-of-text tokens (documents joined in a row): each bin's bytes are its byte
+    tokens', the end-of-text ids counting none (not the 13 characters lm-eval's text spells them with)."""
+    from longctx.hf.export import byte_tokenizer
+    from longctx.hf.harness.tasks import Codec, heldout_task
+
+    doc = np.array([[*b"abc def", 256, *b"gh\xc3\xa9", 256, *b"xyz"] + [ord("q")] * 16])
+    data = heldout_task(Codec(byte_tokenizer()), doc, 3)
+    assert data.skipped == 0
+    for r in data.rows:
+        part = doc[0, r["start"]:r["end"]]
+        assert r["bytes"] == int((part < 256).sum()) and r["tokens"] == len(part), r
+
+
 def test_the_yamls_are_lm_eval_tasks_naming_longctx_callbacks(text_run, tmp_path):
     from lm_eval.tasks import TaskManager
 
@@ -199,12 +213,16 @@ def test_lm_eval_on_the_export_equals_longctx_on_the_same_documents(text_run, mo
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     run, data = text_run
     monkeypatch.setenv("HF_DATASETS_CACHE", str(run / "hf_datasets"))
+    import longctx.hf.harness as harness
+    fed = []   # the max_length each lm-eval call was given
+    monkeypatch.setattr(harness, "run_lm_eval", lambda *a, **k: fed.append(k.get("max_length")) or run_lm_eval(*a, **k))
     code = evaluate_main([str(run), "--harness", "--tasks", "heldout,passkey,needle", "--docs", "3", "--bins", "4",
-                          "--contexts", "64,128", "--depths", "0,0.5,1", "--trials", "2", "--device", "cpu"])
+                          "--contexts", "64,128,256", "--depths", "0,0.5,1", "--trials", "2", "--device", "cpu"])
     assert code == 0, capsys.readouterr().err[-2000:]
     out = capsys.readouterr().out
     assert "step 2, longctx_heldout: nll " in out and f"wrote {run / 'eval' / 'harness-step2.json'}" in out
     record = json.loads((run / "eval" / "harness-step2.json").read_text())
+    assert fed == [record["max_length"]] == [257]   # prompts past the run's ctx go whole (not cut on the left)
     got = {task: {k.split(",")[0]: v for k, v in metrics.items()} for task, metrics in
            record["lm_eval"]["results"].items()}
     model, _ = load_run(run, device="cpu")
@@ -218,15 +236,16 @@ def test_lm_eval_on_the_export_equals_longctx_on_the_same_documents(text_run, mo
     # passkey, needle: longctx's retrieval accuracy on the same prompts (python -m longctx.evaluate --task ...)
     alphabet = alphabet_for(257, 256, CTX, ByteTokenizer().encode, 0)
     for task in ("passkey", "needle"):
-        documents = heldout_batch(data / "heldout.zarr", CTX, 6)["targets"].numpy() if task == "needle" else None
-        own = run_retrieval(model, task, alphabet, [64, CTX], [0.0, 0.5, 1.0], 2, 5, 4, "fp32", documents, 0)
-        for i, ctx in enumerate((64, CTX)):
+        documents = heldout_batch(data / "heldout.zarr", 256, 6)["targets"].numpy() if task == "needle" else None
+        own = run_retrieval(model, task, alphabet, [64, CTX, 256], [0.0, 0.5, 1.0], 2, 5, 4, "fp32", documents, 0)
+        for i, ctx in enumerate((64, CTX, 256)):
             for j, depth in enumerate((0, 0.5, 1)):
                 assert got[f"longctx_{task}"][f"acc_{ctx}_{depth:g}"] == own["key_accuracy"][i][j], (task, ctx, depth)
     # and every key lm-eval generated is longctx's own greedy continuation (the export and the tasks were kept)
     folder = run / "eval" / "harness-step2"
-    samples = run_lm_eval(folder / "model", folder / "tasks", ["longctx_needle"], log_samples=True)["samples"]
-    assert len(samples["longctx_needle"]) == 12
+    samples = run_lm_eval(folder / "model", folder / "tasks", ["longctx_needle"], log_samples=True,
+                          max_length=record["max_length"])["samples"]
+    assert len(samples["longctx_needle"]) == 18
     for s in samples["longctx_needle"]:
         ids = [256] + list(s["doc"]["context"].removeprefix(EOT).encode())
         assert s["resps"][0][0] == bytes(greedy(model, ids, 5)).decode(errors="replace"), s["doc"]["cell"]

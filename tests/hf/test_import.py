@@ -109,9 +109,10 @@ def test_trainer_starts_from_a_hugging_face_folder_and_trains(kind, attention, c
 
 def bad_folder(tmp_path, what: str):
     folder = saved(hf_model("gpt2" if what == "ctx" else "llama"), tmp_path / "hf")
-    if what in ("model_type", "hidden_size"):
+    if what in ("model_type", "hidden_size", "longctx_export"):
         config = json.loads((folder / "config.json").read_text())
-        bad = {"model_type": "mamba"} if what == "model_type" else {"hidden_size": "32"}
+        bad = {"model_type": "mamba"} if what == "model_type" else {"hidden_size": "32"} if what == "hidden_size" \
+            else {"model_type": "longctx"}
         (folder / "config.json").write_text(json.dumps(config | bad))
     elif what == "safetensors":
         (folder / "model.safetensors").unlink()
@@ -124,6 +125,8 @@ def bad_folder(tmp_path, what: str):
 @pytest.mark.parametrize("what, extra, message", [
     pytest.param(*case, id=case[0]) for case in [
         ("model_type", [], r"config\.json: model_type='mamba' cannot be imported; supported: gpt2, llama, qwen2$"),
+        ("longctx_export", [], r"config\.json: model_type='longctx' is an export of a longctx run, not a model to "
+                               r"import; give trainer\.init_from the run folder or a checkpoint it was exported from"),
         ("hidden_size", [], r"config\.json hidden_size='32': must be a positive integer \(model_type=llama\)$"),
         ("d_model", ["model.d_model=64"], r"the checkpoint \(config\.json hidden_size=32\) needs model\.d_model=32, "
                                           r"the run has model\.d_model=64; build the checkpoint's model"),
@@ -142,7 +145,8 @@ def bad_folder(tmp_path, what: str):
 def test_a_folder_that_does_not_fit_fails_in_one_line(what, extra, message, compose, tiny, tmp_path):
     """Before anything is written to the run directory."""
     folder = bad_folder(tmp_path, what)
-    base = overrides(bad_folder(tmp_path / "good", "")) if what in ("model_type", "hidden_size") else overrides(folder)
+    base = overrides(bad_folder(tmp_path / "good", "")) if what in ("model_type", "hidden_size", "longctx_export") \
+        else overrides(folder)
     run = tmp_path / "run"
     with pytest.raises(ValueError, match=message) as err:
         Trainer(compose(*tiny, *base, *extra, f"trainer.init_from={folder}", f"run_dir={run}"))

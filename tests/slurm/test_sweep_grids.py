@@ -67,6 +67,8 @@ def _check_point(cfg, grid: str, point: list[str]) -> None:
         assert cfg.data.name == "longcrawl64" and cfg.data.path == "/data/lc64"
     if cfg.attention.name == "power":
         assert cfg.attention.p == 2
+    if cfg.attention.name == "window" and grid == "smoke":
+        assert cfg.attention.window < cfg.ctx   # not softmax under another name
 
 
 @pytest.mark.parametrize("grid", sorted(GRIDS))
@@ -91,7 +93,12 @@ def test_sbatch_grid_composes(grid):
         assert cmd[:script] == ["sbatch", f"--job-name=paper-{grid}-gpt2", "--nodes=2", "--gpus-per-node=8"]
         points.append(["trainer.resume=auto", *cmd[script + 1:]])  # what sbatch_ddp.sh hands train.py
     assert len({tuple(p) for p in points}) == len(points), "two sbatch jobs with the same overrides"
+    from longctx.train.launch import check_no_sweep, check_overrides, check_under_experiment
+    for point in points:   # each job is a plain train.py: its checks pass (p only where the attention reads it)
+        check_overrides(point, REPO / "conf")
+        check_no_sweep(point)
     for point in points[:: max(1, len(points) // 6)]:
+        check_under_experiment(point, REPO / "conf")
         cfg = _compose(point)
         assert cfg.hydra.run.dir.startswith(f"runs/paper-{grid}-gpt2/")
         _check_point(cfg, grid, point)
@@ -103,6 +110,22 @@ def test_local_launcher_and_extra_overrides():
     points = _points(cmd[3:])
     assert len(points) == 2 * GRIDS["smoke"]
     assert all(_compose(p).trainer.max_steps == 5 for p in points[:2])
+
+
+@pytest.mark.parametrize("launcher", ["sbatch", "local"])
+def test_extra_overrides_of_a_swept_key_or_sweeps_inside_a_job_are_refused(launcher):
+    def refusal(*extra):
+        proc = subprocess.run(["bash", str(SWEEP), "smoke", "--launcher", launcher, "--dry-run", *extra], cwd=REPO,
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and not proc.stdout, proc.stdout   # nothing printed as submitted
+        return proc.stderr.strip()
+    assert refusal("attention=power") == ("sweep_paper.sh: attention=power: the smoke grid sweeps attention (every "
+                                          "point would get this one value)")
+    assert refusal("seed=0,1").endswith("sweeps seed (SEEDS=0,1 sets the grid's seeds)")
+    if launcher == "sbatch":
+        assert "several values are a sweep" in refusal("optim.lr=1e-3,3e-3")
+    (cmd, *_) = _dry_run("smoke", launcher, "+optim.betas=[0.9,0.95]")   # a list's commas are not a sweep
+    assert cmd[-1] == "+optim.betas=[0.9,0.95]"
 
 
 def test_real_grids_need_data_path():

@@ -212,6 +212,18 @@ def test_every_job_of_a_recipe_grid_and_the_command_lines_axes_is_checked():
                                  "data.n_pairs=2 optim.lr=-1); no job was launched")
     with pytest.raises(ValueError, match=r"^config: ctx=0: must be a positive integer \(sweep job 2 of 4: seed=0 "):
         check_sweep_jobs(["seed=0,1", "ctx=64,0"], conf)
-    for good in (["experiment=recall_state_cpu"], ["attention=exp,power", "p=2,3"], ["data=glob(icl_*)", "seed=0,1"],
-                 ["ctx=0"]):
+    for good in (["experiment=recall_state_cpu"], ["attention=power", "p=2,3"], ["data=glob(icl_*)", "seed=0,1"],
+                 ["ctx=0"], ["run_name=trial", "seed=0,1", "hydra.sweep.subdir=${hydra.job.num}"]):
         check_sweep_jobs(good, conf)
+    # jobs whose names do not tell them apart (exp does not show p; a fixed run_name; two datasets' folders of one
+    # name) would train in one folder: refused before any job, naming the two
+    for grid, first, second, name in [
+            (["attention=exp,power", "p=2,3"], "1 (attention=exp p=2)", "2 (attention=exp p=3)", "gpt2_exp_"),
+            (["run_name=trial", "seed=0,1"], "1 (seed=0)", "2 (seed=1)", "trial,"),
+            (["data=longcrawl64", "data.path=/a/data,/b/data"], "1 (data.path=/a/data)", "2 (data.path=/b/data)",
+             "gpt2_exp_d64l3_data_")]:
+        with pytest.raises(ValueError) as caught:
+            check_sweep_jobs(grid, conf)
+        said = str(caught.value)
+        assert said.startswith(f"config: sweep jobs {first} and {second} of ") and f"both named {name}" in said, said
+        assert said.endswith("or set hydra.sweep.subdir; no job was launched")

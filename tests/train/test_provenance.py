@@ -122,6 +122,9 @@ def test_a_dirty_tree_leaves_each_launch_its_diff(tmp_path, monkeypatch):
 def test_command_line_replays_the_jobs_own_overrides(overrides, argv, expected):
     assert provenance.command_line({"command": argv, "overrides": overrides}) == expected
     assert shlex.split(provenance.format_command({"command": argv, "overrides": overrides})) == expected
+    # a launch of two processes (DDP, context parallelism) starts as two again: its config may need that world size
+    two = {"command": argv, "overrides": overrides, "world_size": 2}
+    assert provenance.command_line(two) == ["torchrun", "--nproc_per_node=2", *expected[1:]]
 
 
 def test_an_unreadable_record_is_kept_aside(tmp_path, monkeypatch):

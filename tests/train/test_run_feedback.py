@@ -94,3 +94,20 @@ def test_a_terminal_gets_a_bar_and_a_pipe_gets_lines(monkeypatch, capsys):
         assert isinstance(lines, console.ProgressLines)
         lines.update(2)
     assert capsys.readouterr().err.splitlines()[-1].startswith("evaluate ctx 64: done, 2/2 docs in ")
+
+
+def test_a_window_as_long_as_the_context_is_said_to_be_softmax(compose, tmp_path):
+    """window >= ctx masks nothing (the sweep grids' short contexts): one line says the run is softmax attention;
+    a window below ctx, or another attention, says nothing; the run itself still logs it at its start."""
+    from longctx.train.trainer import whole_context_window
+
+    note = whole_context_window(compose("attention=window", "window=128", "ctx=128"))
+    assert note == ("attention.window=128 >= ctx=128: every position sees its whole context, so this run is softmax "
+                    "attention (attention=exp) named window128; a window below ctx restricts it")
+    assert whole_context_window(compose("attention=window", "window=127", "ctx=128")) is None
+    assert whole_context_window(compose("attention=exp", "window=128", "ctx=128")) is None
+    cfg = compose("attention=window", "window=256", "ctx=128", "trainer.max_steps=1", "logger.wandb.mode=disabled",
+                  f"run_dir={tmp_path / 'run'}", "model=tiny", "trainer.compile=false")
+    Trainer(cfg)
+    said = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if "attention.window=" in line]
+    assert len(said) == 1 and said[0].endswith(whole_context_window(cfg)), said

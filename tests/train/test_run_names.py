@@ -100,6 +100,20 @@ def test_relaunching_part_of_a_sweep_trains_nothing_twice(train_env, tiny, tmp_p
             .read_text().splitlines()] == [2]
 
 
+def test_a_run_length_swept_by_any_launch_into_a_sweep_folder_stays_named(tmp_path):
+    """`trainer.max_steps=2,4`, then one value relaunched into the same folder: the key is still named (the job
+    resumes `_max_steps4`, not a copy under the bare name); a folder that never swept it names nothing."""
+    def record(name, task):
+        (tmp_path / name).write_text(yaml.safe_dump({"hydra": {"overrides": {"task": task}, "sweeper": {"params": None}}}))
+    record("multirun.yaml", ["trainer.max_steps=4", "seed=0"])
+    assert naming.sweep_folder_swept_keys(tmp_path) == set()
+    record("multirun.launch1.yaml", ["trainer.max_steps=2,4", "seed=0"])
+    assert naming.sweep_folder_swept_keys(tmp_path) == {"trainer.max_steps"}
+    (tmp_path / "multirun.launch2.yaml").write_text("{not yaml")   # an unreadable record is passed over
+    assert naming.sweep_folder_swept_keys(tmp_path) == {"trainer.max_steps"}
+    assert naming.sweep_folder_swept_keys(tmp_path / "none") == set()
+
+
 def sweep_points():
     """(experiment, the overrides of one job) for every job of every shipped experiment's sweep."""
     for path in sorted((REPO / "conf" / "experiment").glob("*.yaml")):

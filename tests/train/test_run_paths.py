@@ -90,7 +90,7 @@ def test_generate_from_another_folder_with_the_runs_tokenizer(launched, kind, tm
     monkeypatch.chdir(tmp_path)
     args = [str(run), "--prompt", "def f", "--max-new-tokens", "3", "--temperature", "0", "--device", "cpu"]
     tok = BPETokenizer.from_file(work / "data" / "corpus" / "tokenizer.json") if kind == "bpe" else ByteTokenizer()
-    prompt = f"prompt of {len(tok.encode('def f'))} tokens"
+    prompt = f"prompt of {1 + len(tok.encode('def f'))} tokens"   # BOS and the text's
     assert generate_main(args) == 0, capsys.readouterr().err
     *text, speed = capsys.readouterr().out.splitlines()
     assert prompt in speed, speed

@@ -179,8 +179,12 @@ def generate(source, out, tasks: str | None = None, *, text=None, ctx: int | Non
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
+    # the most tokens a row feeds (BOS and its document or prompt, generated tokens included): lm-eval cuts the left
+    # of anything longer, so a passkey past the model's ctx would be scored on a prompt without its needle
+    longest = max([source.ctx, *(max(d.notes["contexts"]) for d in made if "contexts" in d.notes)])
     return {"out": str(out), "tasks": [PREFIX + d.task for d in made], "notes": [summary_line(d) for d in made],
-            "data": {d.task: d.notes for d in made}, "tokenizer": str(out) if source.ids else None}
+            "data": {d.task: d.notes for d in made}, "tokenizer": str(out) if source.ids else None,
+            "max_length": longest + 1}
 
 
 def retrieval_data(task: str, source: Source, codec: Codec, contexts, depths, trials: int, digits: int,
@@ -270,9 +274,8 @@ def evaluate_run(run_dir, folder, tasks: str | None = None, step: int | None = N
     try:
         summary = generate(run_dir, folder / "tasks", tasks, **options)  # checks the arguments before the export
         model_dir = export_run(run_dir, folder / "model", step=step)
-        ctx = json.loads((model_dir / "config.json").read_text())["ctx"]
         result = run_lm_eval(model_dir, folder / "tasks", summary["tasks"], limit=limit, device=device,
-                             tokenizer=summary["tokenizer"])
+                             tokenizer=summary["tokenizer"], max_length=summary["max_length"])
     except BaseException:
         import shutil
         shutil.rmtree(folder, ignore_errors=True)  # made here (it did not exist): nothing half-done stays
@@ -280,7 +283,7 @@ def evaluate_run(run_dir, folder, tasks: str | None = None, step: int | None = N
     keep = {key: result.get(key) for key in ("results", "versions", "n-samples", "higher_is_better")}
     keep = json.loads(json.dumps(keep, default=handle_non_serializable))
     return {"task": "harness", "tasks": summary["tasks"], "model": str(model_dir), "task_dir": summary["out"],
-            "max_length": ctx + 1, "limit": limit, "documents": summary["notes"], "lm_eval": keep}
+            "max_length": summary["max_length"], "limit": limit, "documents": summary["notes"], "lm_eval": keep}
 
 
 def result_lines(record: dict) -> list[str]:

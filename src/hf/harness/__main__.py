@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def parse_args(argv):
@@ -20,8 +21,8 @@ def parse_args(argv):
                                         "needle; heldout, mqar for an MQAR run)")
     parser.add_argument("--text", help="a UTF-8 text file, cut into documents of --ctx tokens, instead of the run's "
                                        "heldout split")
-    parser.add_argument("--ctx", type=int, help="document length in tokens (default: the run's ctx; longer needs "
-                                                "lm-eval's max_length >= CTX+1)")
+    parser.add_argument("--ctx", type=int, help="document length in tokens (default: the run's ctx; the printed "
+                                                "command's max_length fits the longest)")
     parser.add_argument("--docs", type=int, default=8, help="documents of heldout and mqar (default 8)")
     parser.add_argument("--bins", type=int, help="position bins of heldout (default: the run's trainer.icl_bins)")
     parser.add_argument("--contexts", help="passkey/needle prompt lengths, comma-separated (default: 1/4, 1/2 and "
@@ -49,8 +50,13 @@ def main(argv=None) -> int:
     for line in summary["notes"]:
         print(line)
     tokenizer = f",tokenizer={summary['tokenizer']}" if summary["tokenizer"] else ""  # data without text: its ids
-    print(f"wrote {summary['out']}; run: lm_eval --model hf --model_args pretrained=EXPORT_DIR,trust_remote_code=True,"
-          f"max_length=CTX+1{tokenizer} --tasks {','.join(summary['tasks'])} --include_path {summary['out']}")
+    exported = (Path(args.source) / "config.json").is_file() and not (Path(args.source) / "config.yaml").is_file()
+    model = args.source if exported else "EXPORT_DIR"
+    # max_length: the longest row's tokens and BOS (lm-eval cuts the left of longer prompts)
+    print(f"wrote {summary['out']}; run: lm_eval --model hf --model_args pretrained={model},trust_remote_code=True,"
+          f"max_length={summary['max_length']}{tokenizer} --tasks {','.join(summary['tasks'])} --include_path "
+          f"{summary['out']}" + ("" if exported else f"  (EXPORT_DIR: python -m longctx.export {args.source} --out "
+                                                      f"EXPORT_DIR)"))
     return 0
 
 

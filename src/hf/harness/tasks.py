@@ -54,6 +54,11 @@ class Codec:
         text = self.decode(ids)
         return text if self.encode(text) == ids else None
 
+    def text_bytes(self, text: str) -> int:
+        """The bytes of a text that text() gave, its BOS / end-of-text tokens counting none: their spelling reads
+        back as the one token (a literal copy would not have read back as its ids), and is no text of the data."""
+        return len(text.encode()) - text.count(self.bos_text) * len(self.bos_text.encode())
+
 
 def id_tokenizer(vocab_size: int, bos: int):
     """Text for data without any (the ICL Markov states, MQAR): each id written as its decimal number, ids separated
@@ -96,7 +101,7 @@ def heldout_task(codec: Codec, documents: np.ndarray, bins: int) -> TaskData:
         for a, b in edges:
             choices = [texts[b]] if a == 0 else [texts[a], texts[b]]
             rows.append({"doc": i, "start": a, "end": b, "cell": f"nll_{a}_{b}", "choices": choices,
-                         "tokens": b - a, "bytes": len(texts[b].encode()) - len(texts[a].encode())})
+                         "tokens": b - a, "bytes": codec.text_bytes(texts[b]) - codec.text_bytes(texts[a])})
     metrics = ["nll", "bits_per_byte"] + [f"nll_{a}_{b}" for a, b in edges]
     return TaskData("heldout", rows, metrics, skipped, notes={"docs": n - skipped, "ctx": ctx, "bins": edges})
 
