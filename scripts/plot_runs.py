@@ -39,9 +39,15 @@ def load(run_dir: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             print(f"warning: {path}:{number}: incomplete line skipped (a run still writing?)", file=sys.stderr)
+            continue
+        if records and isinstance(record, dict) and not record.get("step", 0) > records[-1].get("step", -1):
+            # the report refuses such a file too (runs.read_metrics): the trainer never writes a step twice
+            raise ValueError(f"{path}:{number}: step {record.get('step')} after step {records[-1].get('step')}: an "
+                             f"evaluation repeated or out of order (a file edited or joined from two runs?)")
+        records.append(record)
     return records
 
 

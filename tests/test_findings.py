@@ -186,3 +186,26 @@ def test_a_seed_recorded_before_its_run_ended_fails_convergence(tmp_path):
     verdict = judge(tmp_path / f"{name}.json", findings, n_boot=20)[0]["verdict"]
     assert "convergence" in verdict.failing()
     assert "window1170 seed 1 is unfinished: step 600 of trainer.max_steps=1200" in verdict.conditions["convergence"][1]
+
+
+def test_arms_evaluated_on_other_heldout_data_are_not_paired(tmp_path):
+    """One arm's runs evaluated on other heldout documents (another data seed): documents of one index are other
+    documents, so the finding is refused naming the two runs and what tells their data apart."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    name = "best_context_table_seeds"
+    spec = OmegaConf.to_container(OmegaConf.load(PAPER_FINDINGS))[name][1]
+    findings = tmp_path / "findings.yaml"
+    findings.write_text(json.dumps({name: [spec]}))
+    record = json.loads((RESULTS / f"{name}.json").read_text())
+    moved = [r for r in record["runs"] if r["seed_label"].startswith("window1170")]
+    for run in moved:
+        run["heldout"] = run["heldout"].replace("data.gen_seed=", "data.gen_seed=9") if "data.gen_seed=" in \
+            run["heldout"] else run["heldout"] + ", data.gen_seed=99"
+    (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    shutil.copy(RESULTS / f"{name}.npz", tmp_path / f"{name}.npz")
+    with pytest.raises(ValueError, match=r"were evaluated on different heldout data \(data\.heldout: .* vs .*\); a "
+                                         r"paired difference needs the same documents$"):
+        judge(tmp_path / f"{name}.json", findings, n_boot=20)

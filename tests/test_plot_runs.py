@@ -82,3 +82,15 @@ def test_the_default_output_is_named_and_never_written_over(tmp_path, import_scr
     assert written.read_bytes() == before
     plot_runs.main([str(a), "--x", "step", "--overwrite", "-o", "runs_comparison.png"])
     assert capsys.readouterr().out.strip() == f"wrote {written}" and written.read_bytes() != before
+
+
+def test_a_file_joined_from_two_runs_is_refused_as_the_report_refuses_it(tmp_path, import_script, capsys):
+    plot_runs = import_script("plot_runs")
+    a = _run(tmp_path / "a", 1.0)
+    (a / "metrics.jsonl").write_text((a / "metrics.jsonl").read_text() * 2)   # another run's records appended
+    with pytest.raises(SystemExit) as exit_:
+        plot_runs.main([str(a), "-o", str(tmp_path / "x.png")])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip() == (
+        f"error: {a / 'metrics.jsonl'}:4: step 1 after step 3: an evaluation repeated or out of order (a file edited "
+        f"or joined from two runs?)")
+    assert not (tmp_path / "x.png").exists()

@@ -2,7 +2,7 @@
 # Real text on one GPU, resumable across calls on the same machine (docs/experiments.md, "Real text"):
 #   1. data/source_corpus from this machine's own site-packages and /usr/share/doc, 64k-token documents
 #      (skipped once data/source_corpus/prepare.json exists);
-#   2. experiment=corpus_attention: softmax, window (power p=2's state) and power p=2 at ctx 8192 x SEEDS, plus
+#   2. experiment=corpus_attention: softmax, window w=1170 (power p=2's tiled state) and power p=2 at ctx 8192 x SEEDS, plus
 #      power p=2 at ctx 65536, every point sharing the card (scripts/run_points.py, trainer.resume=auto);
 #   3. passkey and needle retrieval for every point as soon as it has finished (while the others train; a point
 #      whose retrieval was cut by END gets it on the next call);
@@ -63,7 +63,7 @@ if [ "$train_s" -gt 30 ]; then
   watch_retrieval & watcher=$!
   common=(experiment=corpus_attention logger.wandb.mode=disabled trainer.keep_checkpoints=1 trainer.eval_every=50 "${EXTRA[@]}")
   python3 scripts/run_points.py --jobs 6 --dir $DIR --deadline-s "$train_s" "${common[@]}" \
-    --grid seed="$SEEDS" --grid +experiment/arm=exp,window,power_p2 > "$OUT/corpus_ctx8192.log" 2>&1 &
+    --grid seed="$SEEDS" --grid +experiment/arm=exp,window_tiled_state,power_p2 > "$OUT/corpus_ctx8192.log" 2>&1 &
   python3 scripts/run_points.py --jobs 1 --dir $DIR --deadline-s "$train_s" "${common[@]}" \
     +experiment/arm=power_p2 +experiment/ctx=c65536 trainer.micro_docs=1 > "$OUT/corpus_ctx65536.log" 2>&1
   wait $(jobs -p | grep -vx "$watcher")

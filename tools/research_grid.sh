@@ -11,7 +11,7 @@ DEADLINE_S=${DEADLINE_S:-480}
 common=(+experiment/scale=quarter_batch logger.wandb.mode=disabled trainer.keep_checkpoints=1)
 python3 scripts/run_points.py --jobs ${JOBS_A:-13} --dir multirun/equal_state --deadline-s "$DEADLINE_S" \
   experiment=attention_equal_state "${common[@]}" --grid seed=0,1,2 \
-  --grid +experiment/arm=exp,window,power_p2,power_p4,linear,window_linear_state > "$OUT/equal_state.log" 2>&1 &
+  --grid +experiment/arm=exp,window_tiled_state,power_p2,power_p4,linear,window_linear_state > "$OUT/equal_state.log" 2>&1 &
 python3 scripts/run_points.py --jobs 3 --dir multirun/best_context_table --deadline-s "$DEADLINE_S" \
   experiment=best_context_table "${common[@]}" --grid seed=0,1,2 --grid +experiment/table=exp \
   > "$OUT/best_context_table.log" 2>&1 &

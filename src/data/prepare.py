@@ -440,7 +440,11 @@ def prepare_dataset(cfg: PrepareConfig) -> dict:
                                    "prepare.json"])
         (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
         release(tmp)
-        if out.exists():  # only reachable with overwrite=True on a folder this module wrote; replaced after success
+        if out.exists():  # replaced after success, with overwrite=True, when this module wrote it
+            if not cfg.overwrite:   # another prepare wrote it while this one worked: its dataset is never removed
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise FileExistsError(f"out={str(out)!r}: written by another run while this one worked; nothing "
+                                      f"replaced (pass --overwrite to replace it, or give another --out)")
             _check_replaceable(out)  # again: files may have been added while we worked
             shutil.rmtree(out)
         os.rename(tmp, out)

@@ -26,7 +26,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from longctx.report.recall import accuracy_docs, first_stage_failed
-from longctx.report.runs import check_record_labels, runs_from_record
+from longctx.report.runs import check_record_labels, data_difference, runs_from_record
 from longctx.report.stats import DEFAULT_BOOTSTRAP, paired_seed_difference
 from longctx.report.verdict import Finding, decide, welch_interval
 
@@ -150,6 +150,11 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
                                  f"(arms: {'; '.join(sorted(arms))})")
         metric = spec.get("metric", "best_context_loss")
         a, b = arms[spec["a"]], arms[spec["b"]]
+        apart = next((r for r in a + b if r.heldout_key[1:] != a[0].heldout_key[1:]), None)
+        if apart is not None:   # documents of one index are other documents there: no paired difference
+            raise ValueError(f"{where}: the finding {spec['claim']!r}: {a[0].name} and {apart.name} were evaluated on "
+                             f"different heldout data ({data_difference(a[0], apart)}); a paired difference needs "
+                             f"the same documents")
         docs_a, finals_a = _metric(metric, a, spec["claim"], where)
         docs_b, finals_b = _metric(metric, b, spec["claim"], where)
         for arm, members, finals in ((spec["a"], a, finals_a), (spec["b"], b, finals_b)):

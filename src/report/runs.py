@@ -307,6 +307,7 @@ def load_run(path: Path) -> Run:
     if changed:  # what it trained under is more than config.yaml says: labelled, and never a seed of one that was not
         run.flat[RESUMED] = changed
     run.provenance = provenance_record(path)
+    check_config_against_launch(path, run.flat, run.provenance)
     run.last_launch = newest_resume_config(path, run.provenance)
     own = own_stage_source(path, run.flat.get("trainer.init_from"))
     if own:
@@ -695,6 +696,47 @@ def describe_comparison(runs: list[Run], keys: list[str]) -> str:
 # ----- provenance -------------------------------------------------------------------------------------------
 
 PER_RUN_PROVENANCE = ("time", "command", "overrides", "launches", "git.diff_file")
+
+
+def _override_value(text: str):
+    """A command line's value as Hydra reads a plain one: an int, a float (1e-3 too), a bool, null, else the text."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    low = text.lower()
+    return {"true": True, "false": False, "null": None}.get(low, text.strip("'\""))
+
+
+# what a comparison is keyed on, checked against the first launch's command line (groups: their option is .name)
+_LAUNCH_CHECKED_KEYS = ("seed", "ctx", "p", "window")
+_LAUNCH_CHECKED_GROUPS = ("attention", "arch")
+_LAUNCH_CHECKED_PREFIXES = ("attention.", "optim.", "model.")
+
+
+def check_config_against_launch(path: Path, flat: dict, provenance: dict | None) -> None:
+    """ValueError when config.yaml (the first launch's resolved config) disagrees with that launch's own command line
+    on what runs are compared by (seed, ctx, the attention and its parameters, the architecture, the optimizer, the
+    model): a config.yaml edited after training would move the run into another arm or seed unseen. Runs without a
+    provenance record, and keys the command line did not set, are not checked."""
+    launches = (provenance or {}).get("launches", [provenance] if provenance else [])
+    overrides = (launches[0] or {}).get("overrides") if launches else None
+    for item in overrides or []:
+        key, sep, given = str(item).lstrip("+~").partition("=")
+        if not sep or "${" in given:
+            continue
+        if key in _LAUNCH_CHECKED_GROUPS:
+            key, want = f"{key}.name", given
+        elif key in _LAUNCH_CHECKED_KEYS or key.startswith(_LAUNCH_CHECKED_PREFIXES):
+            want = _override_value(given)
+        else:
+            continue
+        have = flat.get(key, UNSET)
+        same = have == want or (_is_number(have) and _is_number(want) and math.isclose(have, want, rel_tol=1e-9))
+        if have is not UNSET and not same:
+            raise ValueError(f"{path / 'config.yaml'}: {key}={show(key, have)}, but the run was launched with {item} "
+                             f"(provenance.json): the config was edited after training; restore it")
 
 
 def provenance_record(path: Path) -> dict | None:

@@ -75,6 +75,9 @@ def resolve_splits(data_cfg: DictConfig, ctx: int, ctx_key: str = "ctx") -> Data
         if not root.exists():
             raise FileNotFoundError(f"data.path={str(root)!r}: does not exist")
         train, heldout = root / data_cfg.train_split, root / data_cfg.heldout_split
+        if train.resolve() == heldout.resolve():   # a heldout loss of trained-on documents would read as one
+            raise ValueError(f"data.heldout_split={data_cfg.heldout_split!r}: the same array as data.train_split="
+                             f"{data_cfg.train_split!r} ({train.resolve()}); the heldout documents must be others")
     info = dataset_info(train)
     check_splits_agree(train, heldout)  # ids of one tokenizer in both splits
     if data_cfg.get("pack", False) and not info["packed"]:

@@ -287,7 +287,9 @@ class Trainer:
 
         self.model = set_context_parallel(build_model(self.spec).to(self.device), self.layout.cp)
         bf16 = cfg.trainer.precision == "bf16" or (cfg.trainer.precision == "auto" and self.device.type == "cuda")
-        self.flops = flops_report(self.model, cfg.ctx, self.device.type, torch.bfloat16 if bf16 else torch.float32)
+        # the training sequences' length: data.reshape_block cuts each document into rows of that many tokens
+        train_len = cfg.data.get("reshape_block") or cfg.ctx
+        self.flops = flops_report(self.model, train_len, self.device.type, torch.bfloat16 if bf16 else torch.float32)
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         if self.dist.is_main and (note := whole_context_window(cfg)):
             log.warning(note)

@@ -309,3 +309,24 @@ def test_a_sweep_over_run_length_gives_each_job_its_folder(compose, tmp_path, mo
 def test_a_sweep_in_the_sweepers_params_names_its_jobs_too():
     assert naming.swept_keys([], {"trainer.max_steps": "5,10", "seed": "0,1"}) == {"trainer.max_steps"}
     assert naming.swept_keys(["trainer.flops_budget=range(1,3)", "trainer.max_steps=7"]) == {"trainer.flops_budget"}
+
+
+def test_a_config_edited_after_training_is_refused_by_the_report(run6, tmp_path):
+    """config.yaml changed to another attention and seed than the launch's command line set (provenance.json):
+    the report's reader refuses the run naming the key, where the untouched run (and one whose command set the same
+    values in another spelling) loads."""
+    import json
+
+    from longctx.report.runs import load_run
+
+    run = copy_run(run6, tmp_path)
+    record = json.loads((run / "provenance.json").read_text())
+    record.setdefault("launches", [record])[0]["overrides"] = ["attention=exp", "seed=0", "optim.lr=3e-3"]
+    (run / "provenance.json").write_text(json.dumps(record))
+    config = (run / "config.yaml").read_text()
+    assert "lr: 0.003" in config and load_run(run).seed == 0   # 3e-3 on the command line is 0.003 in the config
+    (run / "config.yaml").write_text(config.replace("seed: 0", "seed: 7"))
+    with pytest.raises(ValueError) as caught:
+        load_run(run)
+    assert str(caught.value) == (f"{run / 'config.yaml'}: seed=7, but the run was launched with seed=0 "
+                                 f"(provenance.json): the config was edited after training; restore it")

@@ -250,3 +250,46 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(compose, tiny, tmp
         Trainer(compose(*tiny, f"trainer.init_from={empty}", f"run_dir={tmp_path / 'c'}"))
     assert snapshot(source) == before
     assert not any((tmp_path / name).exists() for name in ("a", "b", "c"))
+
+
+def test_a_heldout_split_that_is_the_training_split_is_refused(compose, tiny, tmp_path):
+    """data.heldout_split naming the training array (or a link to it): the heldout loss would be a training loss."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(8):
+        (corpus / f"{i}.txt").write_text("power attention " * 20 + str(i))
+    out = tmp_path / "ds"
+    prepare_dataset(PrepareConfig(source=str(corpus), out=str(out), doc_len=64, heldout_docs=2, tokenizer="bytes",
+                                  progress=False))
+    (out / "again.zarr").symlink_to(out / "train.zarr")
+    for split in ("train.zarr", "again.zarr"):
+        with pytest.raises(ValueError) as caught:
+            Trainer(compose(*generic(tiny), "data=longcrawl64", f"data.path={out}", f"data.heldout_split={split}",
+                            f"run_dir={tmp_path / 'run'}"))
+        assert str(caught.value) == (f"data.heldout_split='{split}': the same array as data.train_split='train.zarr' "
+                                     f"({out / 'train.zarr'}); the heldout documents must be others")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dataset_written_by_another_prepare_meanwhile_is_never_removed(tmp_path, monkeypatch):
+    """Two prepares into one --out without --overwrite: the one that finishes second finds the folder written and
+    refuses in one line, the first one's dataset kept whole."""
+    import longctx.data.prepare as prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(8):
+        (corpus / f"{i}.txt").write_text("power attention " * 20 + str(i))
+    out = tmp_path / "ds"
+    release = prepare.release
+
+    def other_prepare_finishes(tmp):   # the race: another run's dataset lands at out while this one works
+        release(tmp)
+        out.mkdir()
+        (out / "prepare.json").write_text('{"seed": 1}')
+    monkeypatch.setattr(prepare, "release", other_prepare_finishes)
+    with pytest.raises(FileExistsError, match=r"written by another run while this one worked; nothing replaced"):
+        prepare_dataset(PrepareConfig(source=str(corpus), out=str(out), doc_len=64, heldout_docs=2,
+                                      tokenizer="bytes", progress=False))
+    assert (out / "prepare.json").read_text() == '{"seed": 1}'   # the other run's dataset, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "ds"]   # and no temporary folder left

@@ -316,3 +316,16 @@ def test_flops_script_bad_override_is_one_line(override, message):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [f"error: {message}"]
+
+
+def test_rows_cut_by_reshape_block_count_the_flops_of_their_length(compose, tiny, tmp_path):
+    """data.reshape_block=16 trains on rows of 16 tokens: its FLOPs per token, state FLOPs and WSFR are those of a run
+    at ctx 16, not of its documents' ctx (the paper's "no long context" ablation, and a flops_budget's stopping step)."""
+    from longctx.train.trainer import Trainer
+
+    def flops(*extra):
+        folder = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        trainer = Trainer(compose(*tiny, "attention=exp", *extra, f"run_dir={folder}"))   # exp: FLOPs grow with ctx
+        return {k: trainer.flops[k] for k in ("train_flops_per_token", "state_flops_per_token", "wsfr")}
+    cut, short, whole = flops("ctx=64", "data.reshape_block=16"), flops("ctx=16"), flops("ctx=64")
+    assert cut == short and cut["state_flops_per_token"] != whole["state_flops_per_token"]
