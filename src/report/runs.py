@@ -719,13 +719,16 @@ def check_config_against_launch(path: Path, flat: dict, provenance: dict | None)
     """ValueError when config.yaml (the first launch's resolved config) disagrees with that launch's own command line
     on what runs are compared by (seed, ctx, the attention and its parameters, the architecture, the optimizer, the
     model): a config.yaml edited after training would move the run into another arm or seed unseen. Runs without a
-    provenance record, and keys the command line did not set, are not checked."""
+    provenance record, keys the command line did not set, and a staged run's stages (each its own ctx, batch, lr or
+    attention, under the one command line) are not checked."""
+    if (path.parent / "stages.json").exists():
+        return
     launches = (provenance or {}).get("launches", [provenance] if provenance else [])
     overrides = (launches[0] or {}).get("overrides") if launches else None
     for item in overrides or []:
         key, sep, given = str(item).lstrip("+~").partition("=")
-        if not sep or "${" in given:
-            continue
+        if not sep or "${" in given or given.startswith(("[", "{", "'", '"')) or "(" in given:
+            continue   # interpolations, lists, dicts, quoted strings, sweep functions: not compared
         if key in _LAUNCH_CHECKED_GROUPS:
             key, want = f"{key}.name", given
         elif key in _LAUNCH_CHECKED_KEYS or key.startswith(_LAUNCH_CHECKED_PREFIXES):
