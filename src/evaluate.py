@@ -42,7 +42,7 @@ from longctx.eval.loss import model_device, uses_bf16
 from longctx.eval.plots import plot_icl, plot_retrieval
 from longctx.eval.retrieval import prompt_length
 from longctx.generate import recorded_tokens, run_codec
-from longctx.runs import check_data_tokens, check_device, load_run
+from longctx.runs import check_data_tokens, check_device, check_own_heldout, load_run
 from longctx.train.config import check_set, check_types, did_you_mean, schema
 from longctx.train.console import command_progress, setup_logging
 from longctx.train.data import build_heldout, resolve_splits
@@ -362,6 +362,8 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     splits = resolve_splits(cfg.data, ctx, "--ctx")  # refuses a --ctx longer than the documents
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
+    if not data_overrides:
+        check_own_heldout(run_dir, splits.heldout_path)
     check_fits(min(cfg.data.eval_docs, dataset_info(splits.heldout_path)["num_docs"]))
     evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size,
                                                  "--docs" if docs is not None else "data.eval_docs"),
@@ -435,6 +437,8 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
     splits = resolve_splits(cfg.data, longest if task == "needle" else min(train_ctx, longest))
     data_vocab_fits(splits, model)
     check_data_tokens(run_dir, splits.heldout_path, recorded_tokens(run_dir), OWN_DATA)
+    if not data_overrides and task == "needle":   # the haystacks are the run's heldout documents
+        check_own_heldout(run_dir, splits.heldout_path)
     text = text_codec_of(cfg, None if data_overrides else run_dir)
     alphabet = alphabet_for(splits.info["vocab_size"], splits.info["bos_id"], longest,
                             None if text is None else text[0], seed)

@@ -132,6 +132,26 @@ def check_data_tokens(run_dir: Path, split_path, recorded: dict | None, advice: 
                          f"of {describe_tokens(recorded)}, as its {IDENTITY_FILE} records; {advice}")
 
 
+def check_own_heldout(run_dir: Path, heldout_path) -> None:
+    """The run's own heldout split (no data override) under the path its first launch recorded must still hold the
+    documents it recorded: a dataset replaced there would be evaluated and labelled as the run's data. ValueError
+    naming both digests; a run without a record, or data read from another path, is not checked."""
+    from longctx.data.identity import IDENTITY_FILE, read_identity, split_identity
+
+    try:
+        recorded = read_identity(run_dir)
+    except ValueError:   # a damaged record: the tokenizer check and the report say so; nothing to compare with
+        return
+    now_path = Path(str(heldout_path)).expanduser().resolve()
+    if recorded is None or Path(str(recorded["heldout"].get("path", ""))) != now_path:
+        return
+    now, was = split_identity(now_path), recorded["heldout"]
+    if (now["digest"], now["hashed"]) != (was.get("digest"), was.get("hashed")):
+        raise ValueError(f"data: {now_path} holds other heldout documents (digest {now['digest'][:12]}) than {run_dir} "
+                         f"recorded there at its first launch ({str(was.get('digest'))[:12]}, {IDENTITY_FILE}): the "
+                         f"dataset was replaced; to evaluate on it anyway, name it: data.path={now_path.parent}")
+
+
 def check_device(name, flag: str = "--device") -> str:
     """auto, cpu, cuda or cuda:N, and the device must exist: the name to use ("auto" resolved); `flag` names it in
     the error."""

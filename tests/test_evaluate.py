@@ -547,3 +547,33 @@ def test_ctrl_c_is_one_line_and_writes_nothing(run, tmp_path, capsys, monkeypatc
     assert evaluate_main([str(run), "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["interrupted by Ctrl-C before the result was written"]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_dataset_replaced_under_the_runs_path_is_refused_unless_named(train_run, tiny_overrides, tmp_path, capsys):
+    """The run's dataset prepared again at its path (another seed: other heldout documents): evaluate refuses to
+    label those as the run's data, naming both digests; naming the data (data.path=...) evaluates it knowingly."""
+    from longctx.data.prepare import PrepareConfig, prepare_dataset
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(16):
+        (corpus / f"{i}.txt").write_text(" ".join(rng.choice(["power", "attention", "state", "context"], 60)))
+    data = tmp_path / "ds"
+
+    def prepare(seed, overwrite=False):
+        prepare_dataset(PrepareConfig(source=str(corpus), out=str(data), doc_len=128, heldout_docs=4, seed=seed,
+                                      tokenizer="bytes", overwrite=overwrite, progress=False))
+    prepare(0)
+    generic = [o for o in tiny_overrides if not o.startswith(("data.eval_docs", "data.train_tokens", "data.n_heldout"))]
+    run = train_run(tmp_path / "run", [*generic, "trainer.max_steps=3", "data=longcrawl64", f"data.path={data}",
+                                       "data.eval_docs=4", "data.docs_per_batch=4"])
+    args = [str(run), "--device", "cpu", "--out"]
+    assert evaluate_main([*args, str(tmp_path / "a.json")]) == 0
+    prepare(1, overwrite=True)
+    assert evaluate_main([*args, str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: data: {data / 'heldout.zarr'} holds other heldout documents (digest ") and \
+        err.endswith(f"the dataset was replaced; to evaluate on it anyway, name it: data.path={data}"), err
+    assert not (tmp_path / "b.json").exists()
+    assert evaluate_main([*args, str(tmp_path / "c.json"), f"data.path={data}"]) == 0

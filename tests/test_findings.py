@@ -209,3 +209,22 @@ def test_arms_evaluated_on_other_heldout_data_are_not_paired(tmp_path):
     with pytest.raises(ValueError, match=r"were evaluated on different heldout data \(data\.heldout: .* vs .*\); a "
                                          r"paired difference needs the same documents$"):
         judge(tmp_path / f"{name}.json", findings, n_boot=20)
+
+
+def test_a_claim_over_runs_of_other_code_says_so(capsys, tmp_path):
+    """A record keeps the code of each run's launches: a claim whose runs were trained by other code gets a warning
+    naming the codes beside its verdict; the committed records (no code kept) get none."""
+    import shutil
+
+    name = "best_context_table_seeds"
+    assert main([str(RESULTS / f"{name}.json"), "--bootstrap", "20"]) == 0
+    assert "warning:" not in capsys.readouterr().err
+    record = json.loads((RESULTS / f"{name}.json").read_text())
+    for i, run in enumerate(record["runs"]):
+        run["code"] = "0123456789ab" if i else "0123456789ab+diff feedfacefeedface"
+    (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    shutil.copy(RESULTS / f"{name}.npz", tmp_path / f"{name}.npz")
+    assert main([str(tmp_path / f"{name}.json"), "--bootstrap", "20"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warned and all(line.endswith("its runs were trained by other code (0123456789ab; 0123456789ab+diff "
+                                        "feedfacefeedface)") for line in warned), warned

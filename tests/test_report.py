@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from report_fixtures import fake_run
 
 from longctx.report import find_runs, gap_curve, label_runs, load_run, main
+from longctx.report.cli import write_report
 from longctx.report.runs import describe_comparison, group_runs
 from longctx.report.stats import bootstrap, load_doc_bins, paired_difference
 
@@ -79,6 +80,14 @@ def test_equal_flop_overlay_and_sweep_discovery(tmp_path):
     assert load_run(tmp_path / "b").at_flops(3e13)["step"] == 30
     main([str(tmp_path), "--out", str(tmp_path / "out"), "--at-flops", "3e13"])
     assert (tmp_path / "out" / "icl_curves.png").exists()
+    text = (tmp_path / "out" / "report.md").read_text()   # the figure says which evaluations it shows, the tables not
+    assert "Each run at its last evaluation within 3e+13 training FLOPs (--at-flops); the tables above are every " \
+           "run's final evaluation." in text.split("## ICL curves")[1]
+    # a record keeps final evaluations, from which its figures would be redrawn otherwise: refused, nothing written
+    with pytest.raises(ValueError, match=r"^--at-flops with --record: a record keeps each run's final evaluation"):
+        write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "out2", at_flops=3e13,
+                     record=tmp_path / "rec" / "r.json")
+    assert not (tmp_path / "out2").exists() and not (tmp_path / "rec").exists()
 
 
 def _labels(tmp_path, variants: dict, attention="exp") -> list:

@@ -46,6 +46,14 @@ def doc_record(evaluation: HeldoutEvaluation, result: HeldoutLoss) -> dict[str, 
     return arrays
 
 
+def loss_digest(loss) -> str:
+    """A short digest of a per-document record's losses as stored (float32): metrics.jsonl keeps it beside the
+    record's name, so a file replaced by other losses of the same means is told from the evaluation's own."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(loss, dtype=np.float32)).tobytes()).hexdigest()[:16]
+
+
 def write_doc_record(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
     """Write the arrays to `path` (.npz) through a fresh temporary file renamed into place, so a reader never meets
     half a record."""

@@ -20,7 +20,8 @@ DIR gets:
                                intervals, the paired differences, the runs' retrieval results (passkey, needle;
                                longctx.report.retrieval), provenance that differs, and the figures
     icl_curves.png             final ICL curves overlaid (bands: 95% intervals), each data's Bayes optimum dashed
-                               (with --at-flops: each run's last evaluation within that FLOP budget instead)
+                               (with --at-flops: each run's last evaluation within that FLOP budget instead,
+                               said under the figure; the tables stay final; not with --record)
     gap_to_optimum.png         the same curves minus the Bayes optimum, bin by bin, against the 0.05-nat line
                                (runs whose data has a known optimum; omitted when none has)
     paired_differences.png     per bin, each run's loss minus the first run's on the same heldout documents, with
@@ -280,6 +281,10 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
     out = Path(out)
     if carry and record is None:
         raise ValueError("--carry: needs --record, the record the carried runs go into")
+    if at_flops is not None and record is not None:   # the record keeps final evaluations: its figures would differ
+        raise ValueError("--at-flops with --record: a record keeps each run's final evaluation, from which "
+                         "plot_results.py would redraw other curves under the same names; make the record without "
+                         "--at-flops")
     if add_seeds and not carry:
         raise ValueError("--add-seeds: needs --carry, the record whose points the new seeds join")
     runs, left_out = load_runs(paths)
@@ -375,6 +380,9 @@ def write_report(paths: list[Path], out: Path, title: str | None = None, at_flop
             print(f"provenance {key} differs: " + "; ".join(f"{n}: {v}" for n, v in values.items()))
     for name, png, _ in figs:
         text += [f"## {name}", "", f"![{name}]({png})", ""]
+        if at_flops is not None and png in ("icl_curves.png", "gap_to_optimum.png"):
+            text[-1:-1] = [f"Each run at its last evaluation within {at_flops:.3g} training FLOPs (--at-flops); the "
+                           f"tables above are every run's final evaluation.", ""]
     text += notes
     check_writable(outputs)  # every output, before the first is written
     out.mkdir(parents=True, exist_ok=True)

@@ -174,8 +174,9 @@ def judge_record(record: dict, folder: Path, name: str, findings_path: Path = PA
         difference = tuple(float(np.ravel(x)[0]) for x in (ci.estimate, ci.low, ci.high))
         verdict = decide(finding, finals_a, finals_b, difference, curves, gap, untrained)
         seed = welch_interval(finals_a, finals_b)
+        codes = sorted({r.code for r in a + b if r.code})   # the code of each run's launches, where the record keeps it
         out.append({**spec, "metric": metric, "verdict": verdict, "difference": difference,
-                    "seed_interval": (seed.estimate, seed.low, seed.high), "seeds": (len(a), len(b))})
+                    "seed_interval": (seed.estimate, seed.low, seed.high), "seeds": (len(a), len(b)), "codes": codes})
     return out
 
 
@@ -244,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--figure {str(args.figure)!r}: exists; nothing is overwritten")
         judged = judge(args.record, args.findings, args.bootstrap, args.claims)
         print(markdown(judged))
+        for j in judged:   # seeds made by other code: the verdict stands on them, said beside it
+            if len(j["codes"]) > 1:
+                print(f"warning: {j['claim']}: its runs were trained by other code ({'; '.join(j['codes'])})",
+                      file=sys.stderr)
         if args.figure is not None:
             from longctx.plotting import save_figure
 

@@ -12,7 +12,9 @@
      "recall": [{"label", "attention", "p", "window", "state", "n_pairs", "chance", "seeds": [accuracy, ...]}, ...]
                (report.recall.recall_points: one per group of seeds that measured recall)}
 
-`heldout` names the runs' heldout data (runs sharing it share documents and optimum); `seed_label` groups seeds.
+`heldout` names the runs' heldout data (runs sharing it share documents and optimum); `seed_label` groups seeds;
+`code` is the code of each run's launches (runs.launches_code: commit, '+diff <digest>' when dirty; null without a
+provenance record), which the findings name when a claim's runs differ in it.
 
 A record can carry an earlier one (`read_carried`, the report's `--carry`): its runs, per-document arrays, recall
 points and retrieval results go into the new record beside the new runs', as they were written (a sweep that grows
@@ -29,7 +31,8 @@ import numpy as np
 from longctx.report import figures
 from longctx.report.manifest import write_listed
 from longctx.report.recall import run_hits
-from longctx.report.runs import Run, check_record_labels, config_digest, group_runs, runs_from_record
+from longctx.report.runs import (Run, check_record_labels, config_digest, group_runs, launches_code,
+                                 runs_from_record)
 
 RECORD_KEYS = ("step", "flops", "tokens", "flops_all_stages", "tokens_all_stages", "epochs", "heldout_minus_train",
                "best_context_loss", "last10_loss", "icl_curve", "bayes_curve", "recall_accuracy", "recall_chance")
@@ -122,7 +125,7 @@ def write_record(runs: list[Run], title: str, path: Path, figure_names: dict[str
     for run in runs:
         i = len(out["runs"])
         entry = {"name": run.name, "label": run.label, "seed_label": run.seed_label, "seed": run.seed,
-                 "config": config_digest(run),
+                 "config": config_digest(run), "code": launches_code(run),
                  "ctx": run.ctx, "attention": run.tag, "heldout": _heldout_name(run), "status": run.status,
                  "records": [{k: r[k] for k in RECORD_KEYS if k in r} for r in run.records]}
         docs = run.doc_bins(run.final)

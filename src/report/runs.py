@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from longctx.models.attention import CONF_ONLY_KEYS, attention_class
 from longctx.report.evaldata import data_items
+from longctx.eval.records import loss_digest
 from longctx.report.stats import DocBins, load_doc_bins
 from longctx.train.stop_when import parse_stop_when
 
@@ -52,6 +53,7 @@ class Run:
     packed_said: bool = field(default=False, repr=False, compare=False)  # the packed-rows warning given
     source: str = "metrics.jsonl"  # the file its records were read from (a report record's, for runs_from_record)
     provenance: dict | None = field(default=None, repr=False)  # its provenance.json as written (None: none)
+    code: str | None = None   # a record's run: the code of its launches as the record keeps it (launches_code)
 
     @property
     def attention(self) -> str:
@@ -120,6 +122,10 @@ def check_doc_bins(docs: DocBins, record: dict, where: str, source: str) -> None
     if docs.edges.tolist() != edges:
         raise ValueError(f"{where}: its bins {docs.edges.tolist()[:3]}... are not {source}'s icl_curve bins at step "
                          f"{record['step']} ({edges[:3]}...): not this evaluation's per-document record")
+    digest = record.get("doc_bins_digest")   # records written before it was kept have none
+    if digest is not None and loss_digest(docs.loss) != digest:
+        raise ValueError(f"{where}: its losses are not those {source}'s evaluation at step {record['step']} wrote "
+                         f"(digest {loss_digest(docs.loss)}, the record says {digest}): the file was replaced")
     means = docs.loss.mean(axis=0)
     losses = np.array([v for *_, v in curve], dtype=np.float64)
     off = ~np.isclose(means, losses, rtol=1e-4, atol=1e-6, equal_nan=True)
@@ -865,6 +871,6 @@ def runs_from_record(record: dict, folder: Path, source: str = "the report recor
                   records=entry["records"], flat={"data.heldout": re.sub(r", ctx=\d+$", "", entry["heldout"]),
                                                  "seed": entry.get("seed")},
                   name=entry["name"], label=entry["label"], seed_label=entry.get("seed_label", entry["label"]),
-                  status=entry.get("status", "complete"), source=source)
+                  status=entry.get("status", "complete"), source=source, code=entry.get("code"))
         runs.append(run)
     return runs

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from longctx.data.identity import IDENTITY_FILE, data_identity, read_identity
 from longctx.data.mqar import IGNORE
 from longctx.data.tokenizer import TOKENIZER_FILE, tokenizer_file_of
-from longctx.eval.records import RECORD_DIR
+from longctx.eval.records import RECORD_DIR, loss_digest
 from longctx.eval import (HeldoutEvaluation, autocast, doc_record, eval_line, step_record_path,
                           write_doc_record)
 from longctx.models import ModelSpec, build_model
@@ -582,6 +582,23 @@ class Trainer:
             self.scheduler = build_scheduler(self.optimizer, self.schedule, state["trainer"]["step"])
         apply_hyperparameters(self.optimizer, self.cfg.optim)
 
+    def _check_same_tokens(self, source_run: Path, source: str) -> None:
+        """Weights trained on text ids of one tokenizer go on with ids of the same one: another tokenizer's (or
+        another BPE's of the same size) would map the embeddings onto other text unseen. Checked where both the
+        source run and this data record a tokenizer (generated data's ids are states, not text)."""
+        from longctx.data.tokenizer import describe_tokens, split_tokens, tokens_differ
+        from longctx.generate import recorded_tokens
+
+        theirs = recorded_tokens(source_run)
+        if not theirs or not theirs.get("tokenizer"):
+            return
+        ours = split_tokens(self.splits.train_path)
+        if ours.get("tokenizer") and tokens_differ(theirs, ours):
+            raise ValueError(f"trainer.init_from={source!r}: its weights were trained on ids of "
+                             f"{describe_tokens(theirs)}, but {self.splits.train_path} holds ids of "
+                             f"{describe_tokens(ours)}; prepare this data with that tokenizer, or start from weights "
+                             f"trained on this one")
+
     def _init_weights(self, source: str) -> None:
         """A new run from another run's weights (trainer.init_from): the model only; optimizer, schedule,
         data order and step count start fresh. The model must be the same (ctx and data may differ). A Hugging Face
@@ -614,6 +631,7 @@ class Trainer:
         except ckpt.CheckpointError as err:
             raise ValueError(f"trainer.init_from={str(source)!r}: {err}") from None
         self._check_same_model(state, path, key="trainer.init_from", may_differ=("ctx",))
+        self._check_same_tokens(path.parent.parent if path.parent.name == "checkpoints" else path.parent, source)
         self._refuse_non_finite(state, path, "trainer.init_from", "name an earlier checkpoint file of that run")
         self.model.load_state_dict(state["model"])
         step = state.get("trainer", {}).get("step")
@@ -795,7 +813,9 @@ class Trainer:
                 np.save(buffer, curve.astype(np.float32))
                 write_atomic(folder / f"step_{self.step:08d}.npy", buffer.getvalue())
             record["doc_bins"] = step_record_path(self.step)  # each document's binned loss (paired comparisons)
-            write_doc_record(self.run_dir / record["doc_bins"], doc_record(self.evaluation, result))
+            arrays = doc_record(self.evaluation, result)
+            record["doc_bins_digest"] = loss_digest(arrays["loss"])   # the report tells a replaced file by it
+            write_doc_record(self.run_dir / record["doc_bins"], arrays)
             self.jsonl.log(record)
             png = plot_icl_curves(self.jsonl.records(), self.run_dir / "icl_curves.png",
                                   f"{self.cfg.run_name}: ICL curves over training")

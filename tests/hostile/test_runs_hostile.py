@@ -330,3 +330,25 @@ def test_a_config_edited_after_training_is_refused_by_the_report(run6, tmp_path)
         load_run(run)
     assert str(caught.value) == (f"{run / 'config.yaml'}: seed=7, but the run was launched with seed=0 "
                                  f"(provenance.json): the config was edited after training; restore it")
+
+
+def test_a_per_document_record_replaced_by_other_losses_of_the_same_means_is_refused(run6, tmp_path):
+    """Each document's losses shifted against each other, every bin's mean kept: the means check cannot tell, the
+    digest the trainer wrote beside the record's name does."""
+    import json
+
+    import numpy as np
+
+    from longctx.report.runs import load_run
+
+    run = copy_run(run6, tmp_path)
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert load_run(run).doc_bins(last) is not None   # the untouched record loads
+    path = run / last["doc_bins"]
+    arrays = dict(np.load(path, allow_pickle=False))
+    loss = arrays["loss"].astype(np.float64)
+    arrays["loss"] = (loss + np.linspace(-0.1, 0.1, len(loss))[:, None]).astype(np.float32)   # the means barely move
+    np.savez_compressed(path, **arrays)
+    with pytest.raises(ValueError, match=r"its losses are not those .* wrote \(digest [0-9a-f]{16}, the record says "
+                                         r"[0-9a-f]{16}\): the file was replaced"):
+        load_run(run).doc_bins(last)

@@ -293,3 +293,30 @@ def test_a_dataset_written_by_another_prepare_meanwhile_is_never_removed(tmp_pat
                                       tokenizer="bytes", progress=False))
     assert (out / "prepare.json").read_text() == '{"seed": 1}'   # the other run's dataset, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "ds"]   # and no temporary folder left
+
+
+def test_init_from_weights_of_another_tokenizers_text_is_refused(compose, tiny, tmp_path):
+    """Weights trained on byte ids, started on a BPE corpus: each id would mean other text, refused in one line naming
+    both tokenizers before anything is written; the same tokenizer's data goes on."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(16):
+        (corpus / f"{i}.txt").write_text(" ".join(rng.choice(["power", "attention", "state", "context"], 60)))
+    for name, seed in (("bytes", 0), ("bpe", 0), ("bytes2", 1)):
+        prepare_dataset(PrepareConfig(source=str(corpus), out=str(tmp_path / name), doc_len=128, heldout_docs=2,
+                                      tokenizer="bytes", seed=seed, progress=False))
+    for split in ("train.zarr", "heldout.zarr"):   # the same ids said to be another tokenizer's (as a BPE of 257)
+        zarr.open(str(tmp_path / "bpe" / split), mode="r+").attrs["tokenizer"] = "bpe-257"
+    common = [*generic(tiny), "data=longcrawl64", "data.docs_per_batch=4", "data.eval_docs=2", "trainer.max_steps=1"]
+    source = tmp_path / "source"
+    Trainer(compose(*common, f"data.path={tmp_path / 'bytes'}", f"run_dir={source}")).fit()
+    with pytest.raises(ValueError) as caught:
+        Trainer(compose(*common, f"data.path={tmp_path / 'bpe'}", f"trainer.init_from={source}",
+                        f"run_dir={tmp_path / 'next'}"))
+    said = str(caught.value)
+    assert said.startswith(f"trainer.init_from='{source}': its weights were trained on ids of tokenizer bytes ") and \
+        "holds ids of tokenizer bpe-257 " in said and "\n" not in said, said
+    assert not (tmp_path / "next").exists()
+    Trainer(compose(*common, f"data.path={tmp_path / 'bytes2'}", f"trainer.init_from={source}",
+                    f"run_dir={tmp_path / 'same'}"))
