@@ -292,6 +292,20 @@ def run_facts(run_dir, model, run_cfg, cfg, splits, data_overrides=(), precision
             "micro_docs": forward_docs(micro_docs, run_cfg, cfg), "code": provenance.code_now()}
 
 
+def write_claimed(out: Path, write, again=None) -> Path:
+    """write(out) -> out; with a default name (`again`: the next free one), a name another evaluation of the run took
+    while this one worked moves on to the next free name (its JSON is created exclusively, first), so finished
+    results are never lost to a concurrent one. A name the user gave stays an error."""
+    while True:
+        try:
+            write(out)
+            return out
+        except FileExistsError:
+            if again is None or again() == out:
+                raise
+            out = again()
+
+
 def write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "x") as f:  # never overwrites: a file that appeared since the checks is an error
@@ -368,8 +382,9 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
     evaluation = HeldoutEvaluation(build_heldout(splits, cfg.data, ctx, model.spec.vocab_size,
                                                  "--docs" if docs is not None else "data.eval_docs"),
                                    bins or int(run_cfg.trainer.icl_bins), bins_key="--bins")
-    out = out or default_out(run_dir, f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}",
-                             "heldout")
+    stem = f"ctx{ctx}-step{model.checkpoint_step}-{cfg.data.get('tag', cfg.data.name)}"
+    again = None if out else (lambda: default_out(run_dir, stem, "heldout"))
+    out = out or again()
     per_forward, source = forward_docs(micro_docs, run_cfg, cfg), forward_docs_source(micro_docs, run_cfg)
     if micro_docs is None:   # the run's number, unless one forward of it would leave the progress still for minutes
         per_forward, source = paced_forward_docs(model, ctx, min(evaluation.docs_per_forward(per_forward),
@@ -390,10 +405,13 @@ def evaluate(run_dir: str | Path, ctx: int | None = None, out: str | Path | None
               "docs": evaluation.n_docs, "seconds": round(time.perf_counter() - start, 2)}
     record.update(result.summary)
     record["per_position_loss"] = [round(float(x), 5) for x in result.per_position]
-    record["doc_bins"] = out.with_suffix(".npz").name  # beside the JSON
-    with records_whole([out, out.with_suffix(".npz")]):
-        write_json(out, record)  # first: created only if absent
-        write_doc_record(out.with_suffix(".npz"), doc_record(evaluation, result))
+
+    def write(path: Path) -> None:
+        record["doc_bins"] = path.with_suffix(".npz").name  # beside the JSON
+        with records_whole([path, path.with_suffix(".npz")]):
+            write_json(path, record)  # first: created only if absent
+            write_doc_record(path.with_suffix(".npz"), doc_record(evaluation, result))
+    out = write_claimed(out, write, again)
     title = (f"{run_dir.name}: step {record['step']} evaluated at ctx {ctx} (trained at {record['train_ctx']}), "
              f"{cfg.data.name}, {record['docs']} heldout documents")
     with figure_or_error(out.with_suffix(".png"), [out, out.with_suffix(".npz")]):
@@ -459,7 +477,8 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
         else:
             documents = heldout_batch(str(splits.heldout_path), max(contexts), min(available, 2 * trials + 16))
             documents = documents["targets"].numpy()
-    out = out or default_out(run_dir, f"{task}-step{model.checkpoint_step}", task)
+    again = None if out else (lambda: default_out(run_dir, f"{task}-step{model.checkpoint_step}", task))
+    out = out or again()
     ordered = sorted(contexts)
     say_time_estimate(model, contexts, prompts, forward_docs(micro_docs, run_cfg, cfg), precision, "--contexts",
                       [ordered[:n] for n in range(len(ordered) - 1, 0, -1)],
@@ -474,8 +493,11 @@ def evaluate_retrieval(run_dir: str | Path, task: str, contexts: list[int] | Non
               "seconds": round(time.perf_counter() - start, 2)}
     if text is not None and tuple(text[0](str(i))[0] for i in range(alphabet.base)) == alphabet.digits:
         record.update(alphabet_text(alphabet, text[1]))  # a word alphabet: say the words
-    with records_whole([out]):
-        write_json(out, record)
+
+    def write(path: Path) -> None:
+        with records_whole([path]):
+            write_json(path, record)
+    out = write_claimed(out, write, again)
     title = (f"{run_dir.name}: {task}, step {record['step']} (trained at ctx {record['train_ctx']}), "
              f"{trials} trials per cell, {digits}-symbol keys of base {alphabet.base}")
     with figure_or_error(out.with_suffix(".png"), [out]):

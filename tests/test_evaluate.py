@@ -216,6 +216,36 @@ def test_default_out_is_a_new_file_in_the_run_folder(run, capsys):
     assert files_under(run) == before
 
 
+def test_a_default_name_taken_meanwhile_moves_on_and_loses_nothing(run, capsys, monkeypatch):
+    """Another evaluate of the run writes the default name while this one works (the names are picked at the start):
+    this one's results go to the next free name, the other's stay as written; a name the user gave stays an error."""
+    import longctx.evaluate as evaluate_module
+
+    before = files_under(run)
+    write_json, taken = evaluate_module.write_json, []
+
+    def other_first(path, record):   # the concurrent evaluation lands at this name just before this one writes
+        if not taken:
+            taken.append(path)
+            write_json(path, {"other": True})
+        write_json(path, record)
+    monkeypatch.setattr(evaluate_module, "write_json", other_first)
+    assert evaluate_main([str(run), "--docs", "2", "--device", "cpu"]) == 0
+    mine = Path(capsys.readouterr().out.splitlines()[-1].split()[1].rstrip(","))
+    assert mine == taken[0].with_name(taken[0].stem + "-2.json") and json.loads(taken[0].read_text()) == {"other": True}
+    assert json.loads(mine.read_text())["doc_bins"] == mine.with_suffix(".npz").name and mine.with_suffix(".npz").exists()
+    taken.clear()
+    given = run / "eval" / "given.json"
+    assert evaluate_main([str(run), "--docs", "2", "--device", "cpu", "--out", str(given)]) == 2
+    assert json.loads(given.read_text()) == {"other": True}
+    for path in (mine, taken[0] if taken else given):
+        for p in (path, path.with_suffix(".npz"), path.with_suffix(".png")):
+            p.unlink(missing_ok=True)
+    for p in (run / "eval").glob("ctx64-step4-icl_markov*"):
+        p.unlink()
+    assert files_under(run) == before
+
+
 BAD = {  # extra arguments -> the words of the one error line
     "missing run": ([], "does not exist"),
     "no checkpoints": ([], "holds no checkpoint"),
