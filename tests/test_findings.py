@@ -228,3 +228,18 @@ def test_a_claim_over_runs_of_other_code_says_so(capsys, tmp_path):
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert warned and all(line.endswith("its runs were trained by other code (0123456789ab; 0123456789ab+diff "
                                         "feedfacefeedface)") for line in warned), warned
+
+
+def test_a_claim_compared_on_no_setting_is_refused(tmp_path):
+    """axes: {} would pass the setting gate on any record: refused naming the field, as is an axis that is not
+    [ours, the paper's]."""
+    from omegaconf import OmegaConf
+
+    name = "best_context_table_seeds"
+    spec = OmegaConf.to_container(OmegaConf.load(PAPER_FINDINGS))[name][1]
+    for axes in ({}, {"model": ["a", "b"]}, {"model": ["a", "b"], "data": "x"}):
+        findings = tmp_path / "findings.yaml"
+        findings.write_text(json.dumps({name: [{**spec, "axes": axes}]}))
+        with pytest.raises(ValueError, match=r"\[0\]\.axes: must set model and data \(or task\), each \[ours, the "
+                                             r"paper's\], so that the setting gate compares them"):
+            judge(RESULTS / f"{name}.json", findings, n_boot=20)

@@ -60,6 +60,11 @@ def load_findings(path: Path, record_name: str, named: bool = False) -> list[dic
         if not FIELDS <= keys <= FIELDS | OPTIONAL:
             raise ValueError(f"--findings {str(path)!r}: {record_name}[{i}] needs {', '.join(sorted(FIELDS))}"
                              f" (and may set {', '.join(sorted(OPTIONAL))}); got {', '.join(sorted(keys))}")
+        axes = f.get("axes")   # the setting gate compares these: compared on nothing, it would pass any record
+        if not (isinstance(axes, dict) and "model" in axes and {"data", "task"} & set(axes)
+                and all(isinstance(v, (list, tuple)) and len(v) == 2 for v in axes.values())):
+            raise ValueError(f"--findings {str(path)!r}: {record_name}[{i}].axes: must set model and data (or task), "
+                             f"each [ours, the paper's], so that the setting gate compares them; got {axes!r}")
         if f.get("metric", "best_context_loss") not in METRICS:
             raise ValueError(f"--findings {str(path)!r}: {record_name}[{i}].metric={f['metric']!r}: must be one of "
                              f"{', '.join(METRICS)}")
