@@ -64,6 +64,22 @@ def tiny():
     return list(TINY)
 
 
+@pytest.fixture
+def make_corpus():
+    """make_corpus(folder, files=16, words=60, seed=0, vocab=...) -> the folder, holding `files` text files of random
+    words: a small input for scripts/prepare_dataset.py."""
+    import numpy as np
+
+    def make(folder: Path, files: int = 16, words: int = 60, seed: int = 0,
+             vocab=("power", "attention", "state", "context")) -> Path:
+        folder.mkdir(parents=True)
+        rng = np.random.default_rng(seed)
+        for i in range(files):
+            (folder / f"{i}.txt").write_text(" ".join(rng.choice(list(vocab), words)))
+        return folder
+    return make
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """One dataset cache for the whole test run (generated once, on first use)."""

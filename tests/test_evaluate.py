@@ -579,16 +579,13 @@ def test_ctrl_c_is_one_line_and_writes_nothing(run, tmp_path, capsys, monkeypatc
     assert not (tmp_path / "x.json").exists()
 
 
-def test_a_dataset_replaced_under_the_runs_path_is_refused_unless_named(train_run, tiny_overrides, tmp_path, capsys):
+def test_a_dataset_replaced_under_the_runs_path_is_refused_unless_named(train_run, tiny_overrides, tmp_path, capsys,
+                                                                         make_corpus):
     """The run's dataset prepared again at its path (another seed: other heldout documents): evaluate refuses to
     label those as the run's data, naming both digests; naming the data (data.path=...) evaluates it knowingly."""
     from longctx.data.prepare import PrepareConfig, prepare_dataset
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(16):
-        (corpus / f"{i}.txt").write_text(" ".join(rng.choice(["power", "attention", "state", "context"], 60)))
+    corpus = make_corpus(tmp_path / "corpus")
     data = tmp_path / "ds"
 
     def prepare(seed, overwrite=False):

@@ -139,14 +139,10 @@ def test_heldout_ids_beyond_the_vocabulary_fail_up_front(compose, tiny, tmp_path
     assert not run.exists()
 
 
-def test_small_prepared_dataset_trains_with_default_eval_docs(compose, tiny, tmp_path, capsys):
+def test_small_prepared_dataset_trains_with_default_eval_docs(compose, tiny, tmp_path, capsys, make_corpus):
     """A dataset prepared from a small corpus has fewer heldout documents than data.eval_docs (64): the run
     evaluates on all of them, saying so once, instead of stopping."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        (corpus / f"{i}.txt").write_text(" ".join(rng.choice(["long", "context", "power", "attention"], 80)))
+    corpus = make_corpus(tmp_path / "corpus", files=12, words=80, vocab=("long", "context", "power", "attention"))
     out = tmp_path / "ds"
     prepare_dataset(PrepareConfig(source=str(corpus), out=str(out), doc_len=128, heldout_docs=2,
                                   tokenizer="bytes", progress=False))
@@ -252,12 +248,9 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(compose, tiny, tmp
     assert not any((tmp_path / name).exists() for name in ("a", "b", "c"))
 
 
-def test_a_heldout_split_that_is_the_training_split_is_refused(compose, tiny, tmp_path):
+def test_a_heldout_split_that_is_the_training_split_is_refused(compose, tiny, tmp_path, make_corpus):
     """data.heldout_split naming the training array (or a link to it): the heldout loss would be a training loss."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(8):
-        (corpus / f"{i}.txt").write_text("power attention " * 20 + str(i))
+    corpus = make_corpus(tmp_path / "corpus", files=8)
     out = tmp_path / "ds"
     prepare_dataset(PrepareConfig(source=str(corpus), out=str(out), doc_len=64, heldout_docs=2, tokenizer="bytes",
                                   progress=False))
@@ -271,15 +264,12 @@ def test_a_heldout_split_that_is_the_training_split_is_refused(compose, tiny, tm
     assert not (tmp_path / "run").exists()
 
 
-def test_a_dataset_written_by_another_prepare_meanwhile_is_never_removed(tmp_path, monkeypatch):
+def test_a_dataset_written_by_another_prepare_meanwhile_is_never_removed(tmp_path, monkeypatch, make_corpus):
     """Two prepares into one --out without --overwrite: the one that finishes second finds the folder written and
     refuses in one line, the first one's dataset kept whole."""
     import longctx.data.prepare as prepare
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(8):
-        (corpus / f"{i}.txt").write_text("power attention " * 20 + str(i))
+    corpus = make_corpus(tmp_path / "corpus", files=8)
     out = tmp_path / "ds"
     release = prepare.release
 
@@ -295,14 +285,10 @@ def test_a_dataset_written_by_another_prepare_meanwhile_is_never_removed(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "ds"]   # and no temporary folder left
 
 
-def test_init_from_weights_of_another_tokenizers_text_is_refused(compose, tiny, tmp_path):
+def test_init_from_weights_of_another_tokenizers_text_is_refused(compose, tiny, tmp_path, make_corpus):
     """Weights trained on byte ids, started on a BPE corpus: each id would mean other text, refused in one line naming
     both tokenizers before anything is written; the same tokenizer's data goes on."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(16):
-        (corpus / f"{i}.txt").write_text(" ".join(rng.choice(["power", "attention", "state", "context"], 60)))
+    corpus = make_corpus(tmp_path / "corpus")
     for name, seed in (("bytes", 0), ("bpe", 0), ("bytes2", 1)):
         prepare_dataset(PrepareConfig(source=str(corpus), out=str(tmp_path / name), doc_len=128, heldout_docs=2,
                                       tokenizer="bytes", seed=seed, progress=False))
