@@ -409,7 +409,8 @@ def test_add_seeds_joins_new_runs_to_a_carried_point(recall_runs, tmp_path, caps
         assert len(point["by_distance"]) == 4
     assert {r["seed_label"] for r in record["runs"]} == {"exp", "window8"}
     finding = {"claim": "softmax above a window", "source": "t", "a": "exp", "b": "window8", "sign": 1,
-               "reference": "exp", "metric": "recall_accuracy", "axes": {"task": ["MQAR", "MQAR"]}}
+               "reference": "exp", "metric": "recall_accuracy",
+               "axes": {"model": ["tiny", "tiny"], "task": ["MQAR", "MQAR"]}}
     claims = tmp_path / "claims.yaml"
     import yaml
     claims.write_text(yaml.safe_dump({"new": [finding]}))
